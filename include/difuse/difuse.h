@@ -1,0 +1,154 @@
+/* difuse.h — the C ABI of libdifuse: fused, bit-exact kernels for diffusion transformers.
+ *
+ * Every function returns a difuse_status. On anything but DIFUSE_OK, difuse_last_error() returns the
+ * reason as text (per thread, valid until the next difuse call on that thread). An unsupported input
+ * yields DIFUSE_ERR_UNSUPPORTED and a message listing EVERY violated precondition, one per line
+ * ("  - ..."), never just the first. Nothing is written to an output on failure.
+ *
+ * Tensors are passed as difuse_tensor_view: a data pointer, a dtype, a rank, sizes and strides counted
+ * in elements, and a device (-1 = host memory, >= 0 = CUDA device ordinal). No ownership is taken.
+ * Launchers enqueue on the given CUDA stream (NULL = the legacy default stream) and never synchronize.
+ */
+#ifndef DIFUSE_DIFUSE_H_
+#define DIFUSE_DIFUSE_H_
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(_WIN32)
+#define DIFUSE_API __declspec(dllexport)
+#else
+#define DIFUSE_API __attribute__((visibility("default")))
+#endif
+
+#define DIFUSE_VERSION_MAJOR 0
+#define DIFUSE_VERSION_MINOR 1
+#define DIFUSE_VERSION_PATCH 0
+#define DIFUSE_MAX_RANK 8
+
+typedef enum difuse_status {
+  DIFUSE_OK = 0,
+  DIFUSE_ERR_UNSUPPORTED = 1,      /* input outside the op's contract: the predicate's reasons */
+  DIFUSE_ERR_INVALID_ARGUMENT = 2, /* malformed call: NULL view, rank > DIFUSE_MAX_RANK, bad handle */
+  DIFUSE_ERR_CUDA = 3,             /* a CUDA runtime call failed: the message names the call */
+  DIFUSE_ERR_INTERNAL = 4,
+  DIFUSE_ERR_NOT_FOUND = 5         /* registry lookup found nothing */
+} difuse_status;
+
+typedef enum difuse_dtype {
+  DIFUSE_BF16 = 0,
+  DIFUSE_F16 = 1,
+  DIFUSE_F32 = 2,
+  DIFUSE_F8E4M3 = 3,
+  DIFUSE_I32 = 4,
+  DIFUSE_I64 = 5
+} difuse_dtype;
+
+typedef struct difuse_tensor_view {
+  void* data;
+  int32_t dtype; /* difuse_dtype */
+  int32_t rank;  /* 0..DIFUSE_MAX_RANK */
+  int64_t sizes[DIFUSE_MAX_RANK];
+  int64_t strides[DIFUSE_MAX_RANK]; /* in elements */
+  int32_t device;                   /* -1: host; >= 0: CUDA device ordinal */
+} difuse_tensor_view;
+
+DIFUSE_API const char* difuse_last_error(void);
+DIFUSE_API const char* difuse_version(void);
+DIFUSE_API const char* difuse_status_name(difuse_status s);
+DIFUSE_API const char* difuse_dtype_name(int32_t dtype);
+
+/* ---- registry (metadata only: no CUDA context, no allocation) ---------------------------------- */
+typedef struct difuse_kernel_info {
+  const char* op;          /* "layernorm_modulate" */
+  const char* backend;     /* "cuda" */
+  const char* contract;    /* "bit_exact" | "approximate" | "model_native" */
+  const char* reference;   /* the eager chain it reproduces */
+  const char* platform;    /* where the contract was verified */
+  int32_t min_sm;          /* capability range, e.g. 90..90 */
+  int32_t max_sm;
+  const char* description; /* one line */
+} difuse_kernel_info;
+
+DIFUSE_API int32_t difuse_registry_count(void);
+DIFUSE_API difuse_status difuse_registry_get(int32_t index, difuse_kernel_info* out);
+/* backend may be NULL (any); the first registered match wins. */
+DIFUSE_API difuse_status difuse_registry_select(const char* op, const char* backend, difuse_kernel_info* out);
+
+/* ---- BitExactGate ------------------------------------------------------------------------------- */
+typedef struct difuse_gate difuse_gate;
+typedef enum difuse_gate_mode { DIFUSE_GATE_ONCE = 0, DIFUSE_GATE_PER_SIGNATURE = 1 } difuse_gate_mode;
+typedef enum difuse_gate_decision {
+  DIFUSE_GATE_RUN_FUSED = 0, /* verified: run the fused op */
+  DIFUSE_GATE_VERIFY = 1,    /* unverified: call difuse_gate_begin_verify */
+  DIFUSE_GATE_FALLBACK = 2   /* disabled, or unverified while capturing/tracing: run the reference */
+} difuse_gate_decision;
+typedef enum difuse_gate_fallback_reason {
+  DIFUSE_FALLBACK_DISABLED = 0,
+  DIFUSE_FALLBACK_CAPTURING = 1,   /* first sight during CUDA-graph capture or compile tracing */
+  DIFUSE_FALLBACK_UNSUPPORTED = 2, /* the predicate refused (counted by the caller) */
+  DIFUSE_FALLBACK_MISMATCH = 3,    /* the verification that disabled the gate */
+  DIFUSE_FALLBACK_HOST_ERROR = 4,  /* the fused op raised on the host */
+  DIFUSE_FALLBACK_REASON_COUNT = 5
+} difuse_gate_fallback_reason;
+
+typedef struct difuse_gate_counters {
+  int64_t verified_signatures;
+  int64_t verifications; /* comparisons run */
+  int64_t fused_calls;
+  int64_t fallbacks;
+  int64_t fallback_reasons[DIFUSE_FALLBACK_REASON_COUNT];
+  int32_t disabled;
+} difuse_gate_counters;
+
+/* op: the op name used in log lines. Gates are independent objects; state is kept per device. */
+DIFUSE_API difuse_status difuse_gate_create(const char* op, int32_t mode, difuse_gate** out);
+DIFUSE_API void difuse_gate_destroy(difuse_gate* gate);
+/* Lock-free. capturing: the caller's knowledge (compile tracing); the gate additionally asks its
+ * capture probe about `stream` (cudaStreamIsCapturing unless a probe was injected). */
+DIFUSE_API difuse_status difuse_gate_decide(difuse_gate* gate, int32_t device, const char* signature,
+                                            int32_t capturing, void* stream, int32_t* decision);
+/* Takes the gate's lock. *proceed = 1: compare now, then call difuse_gate_end_verify (same thread).
+ * *proceed = 0: another thread settled it meanwhile (lock already released); decide again. */
+DIFUSE_API difuse_status difuse_gate_begin_verify(difuse_gate* gate, int32_t device, const char* signature,
+                                                  int32_t* proceed);
+/* Releases the lock. mismatches == 0 marks the signature verified; > 0 disables the gate on this device
+ * for good and logs one line (op, signature, differing elements, detail, platform); < 0 means a host
+ * error (detail says which) and disables likewise. */
+DIFUSE_API difuse_status difuse_gate_end_verify(difuse_gate* gate, int32_t device, const char* signature,
+                                                int64_t mismatches, const char* detail);
+DIFUSE_API difuse_status difuse_gate_note_fallback(difuse_gate* gate, int32_t device, int32_t reason);
+DIFUSE_API difuse_status difuse_gate_note_fused(difuse_gate* gate, int32_t device);
+DIFUSE_API difuse_status difuse_gate_disable(difuse_gate* gate, int32_t device, const char* reason);
+DIFUSE_API difuse_status difuse_gate_reset(difuse_gate* gate);
+DIFUSE_API difuse_status difuse_gate_counters_get(difuse_gate* gate, int32_t device, difuse_gate_counters* out);
+DIFUSE_API difuse_status difuse_gate_is_verified(difuse_gate* gate, int32_t device, const char* signature,
+                                                 int32_t* verified);
+/* The platform text appended to disable log lines: the caller's part (e.g. "torch 2.11.0+cu130"), to
+ * which the gate adds CUDA runtime/driver versions and the GPU name. */
+DIFUSE_API difuse_status difuse_set_platform_note(const char* note);
+/* Where gate log lines go: NULL restores stderr. The callback receives one line without newline. */
+typedef void (*difuse_log_fn)(const char* line, void* user);
+DIFUSE_API difuse_status difuse_set_log_sink(difuse_log_fn fn, void* user);
+
+/* ---- ops ---------------------------------------------------------------------------------------- */
+
+/* out = bf16 chain of F.layer_norm(x, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]
+ * x, out: [B, L, H] bf16 contiguous; scale, shift: [B, H] bf16, last dim contiguous, any row stride.
+ * eps is used as (float)eps, as aten does. */
+DIFUSE_API difuse_status difuse_can_use_layernorm_modulate(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                           const difuse_tensor_view* scale,
+                                                           const difuse_tensor_view* shift, double eps);
+DIFUSE_API difuse_status difuse_layernorm_modulate(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                   const difuse_tensor_view* scale, const difuse_tensor_view* shift,
+                                                   double eps, void* stream);
+
+#ifdef __cplusplus
+} /* extern "C" */
+#endif
+
+#endif /* DIFUSE_DIFUSE_H_ */

@@ -1,0 +1,218 @@
+// The C ABI: every entry point catches everything, returns a status and leaves the reason in
+// difuse_last_error() for this thread.
+#include <exception>
+#include <new>
+#include <string>
+
+#include "core/error.h"
+#include "core/gate.h"
+#include "core/registry.h"
+#include "difuse/difuse.h"
+#include "norm/layernorm_modulate.h"
+
+namespace difuse::detail {
+const std::string& last_error();
+}
+
+using difuse::detail::Failure;
+
+namespace {
+
+template <class F>
+difuse_status guarded(F&& f) {
+  try {
+    difuse::detail::clear_last_error();
+    f();
+    return DIFUSE_OK;
+  } catch (const Failure& e) {
+    difuse::detail::set_last_error(e.what());
+    return e.status();
+  } catch (const std::bad_alloc&) {
+    difuse::detail::set_last_error("out of host memory");
+    return DIFUSE_ERR_INTERNAL;
+  } catch (const std::exception& e) {
+    difuse::detail::set_last_error(std::string("internal error: ") + e.what());
+    return DIFUSE_ERR_INTERNAL;
+  } catch (...) {
+    difuse::detail::set_last_error("internal error: unknown exception");
+    return DIFUSE_ERR_INTERNAL;
+  }
+}
+
+void require(bool cond, const char* what) {
+  if (!cond) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, what);
+}
+
+const difuse_tensor_view& view(const difuse_tensor_view* v, const char* name) {
+  if (v == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, std::string(name) + " is a NULL difuse_tensor_view");
+  if (v->rank < 0 || v->rank > DIFUSE_MAX_RANK)
+    throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, std::string(name) + " has rank " + std::to_string(v->rank) +
+                                                   " outside [0, " + std::to_string(DIFUSE_MAX_RANK) + "]");
+  return *v;
+}
+
+void fill(const difuse::detail::KernelInfo& k, difuse_kernel_info* out) {
+  out->op = k.op.c_str();
+  out->backend = k.backend.c_str();
+  out->contract = k.contract.c_str();
+  out->reference = k.reference.c_str();
+  out->platform = k.platform.c_str();
+  out->min_sm = k.min_sm;
+  out->max_sm = k.max_sm;
+  out->description = k.description.c_str();
+}
+
+difuse::detail::BitExactGate& gate_ref(difuse_gate* g) {
+  require(g != nullptr, "NULL difuse_gate handle");
+  return *reinterpret_cast<difuse::detail::BitExactGate*>(g);
+}
+
+const char* sig_or_empty(const char* s) { return s ? s : ""; }
+
+}  // namespace
+
+extern "C" {
+
+const char* difuse_last_error(void) { return difuse::detail::last_error().c_str(); }
+
+const char* difuse_version(void) { return "0.1.0"; }
+
+const char* difuse_status_name(difuse_status s) {
+  switch (s) {
+    case DIFUSE_OK: return "ok";
+    case DIFUSE_ERR_UNSUPPORTED: return "unsupported";
+    case DIFUSE_ERR_INVALID_ARGUMENT: return "invalid_argument";
+    case DIFUSE_ERR_CUDA: return "cuda_error";
+    case DIFUSE_ERR_INTERNAL: return "internal_error";
+    case DIFUSE_ERR_NOT_FOUND: return "not_found";
+  }
+  return "unknown_status";
+}
+
+const char* difuse_dtype_name(int32_t dtype) {
+  switch (dtype) {
+    case DIFUSE_BF16: return "bf16";
+    case DIFUSE_F16: return "fp16";
+    case DIFUSE_F32: return "fp32";
+    case DIFUSE_F8E4M3: return "fp8_e4m3";
+    case DIFUSE_I32: return "int32";
+    case DIFUSE_I64: return "int64";
+  }
+  return "unknown_dtype";
+}
+
+int32_t difuse_registry_count(void) {
+  return static_cast<int32_t>(difuse::detail::registered_kernels().size());
+}
+
+difuse_status difuse_registry_get(int32_t index, difuse_kernel_info* out) {
+  return guarded([&] {
+    require(out != nullptr, "NULL difuse_kernel_info");
+    const auto& ks = difuse::detail::registered_kernels();
+    if (index < 0 || static_cast<size_t>(index) >= ks.size())
+      throw Failure(DIFUSE_ERR_NOT_FOUND, "registry index " + std::to_string(index) + " outside [0, " +
+                                              std::to_string(ks.size()) + ")");
+    fill(ks[static_cast<size_t>(index)], out);
+  });
+}
+
+difuse_status difuse_registry_select(const char* op, const char* backend, difuse_kernel_info* out) {
+  return guarded([&] {
+    require(op != nullptr && out != nullptr, "difuse_registry_select needs an op name and an output");
+    const auto* k = difuse::detail::select_kernel(op, backend);
+    if (!k)
+      throw Failure(DIFUSE_ERR_NOT_FOUND, std::string("no kernel registered for op '") + op + "'" +
+                                              (backend ? std::string(" with backend '") + backend + "'" : ""));
+    fill(*k, out);
+  });
+}
+
+difuse_status difuse_gate_create(const char* op, int32_t mode, difuse_gate** out) {
+  return guarded([&] {
+    require(op != nullptr && out != nullptr, "difuse_gate_create needs an op name and an output");
+    require(mode == DIFUSE_GATE_ONCE || mode == DIFUSE_GATE_PER_SIGNATURE, "gate mode must be ONCE or PER_SIGNATURE");
+    *out = reinterpret_cast<difuse_gate*>(
+        new difuse::detail::BitExactGate(op, static_cast<difuse::detail::GateMode>(mode)));
+  });
+}
+
+void difuse_gate_destroy(difuse_gate* gate) { delete reinterpret_cast<difuse::detail::BitExactGate*>(gate); }
+
+difuse_status difuse_gate_decide(difuse_gate* gate, int32_t device, const char* signature, int32_t capturing,
+                                 void* stream, int32_t* decision) {
+  return guarded([&] {
+    require(decision != nullptr, "NULL decision output");
+    *decision = static_cast<int32_t>(gate_ref(gate).decide(device, sig_or_empty(signature), capturing != 0, stream));
+  });
+}
+
+difuse_status difuse_gate_begin_verify(difuse_gate* gate, int32_t device, const char* signature, int32_t* proceed) {
+  return guarded([&] {
+    require(proceed != nullptr, "NULL proceed output");
+    *proceed = gate_ref(gate).begin_verify(device, sig_or_empty(signature)) ? 1 : 0;
+  });
+}
+
+difuse_status difuse_gate_end_verify(difuse_gate* gate, int32_t device, const char* signature, int64_t mismatches,
+                                     const char* detail) {
+  return guarded([&] { gate_ref(gate).end_verify(device, sig_or_empty(signature), mismatches, sig_or_empty(detail)); });
+}
+
+difuse_status difuse_gate_note_fallback(difuse_gate* gate, int32_t device, int32_t reason) {
+  return guarded([&] { gate_ref(gate).note_fallback(device, reason); });
+}
+
+difuse_status difuse_gate_note_fused(difuse_gate* gate, int32_t device) {
+  return guarded([&] { gate_ref(gate).note_fused(device); });
+}
+
+difuse_status difuse_gate_disable(difuse_gate* gate, int32_t device, const char* reason) {
+  return guarded([&] { gate_ref(gate).disable(device, sig_or_empty(reason)); });
+}
+
+difuse_status difuse_gate_reset(difuse_gate* gate) {
+  return guarded([&] { gate_ref(gate).reset(); });
+}
+
+difuse_status difuse_gate_counters_get(difuse_gate* gate, int32_t device, difuse_gate_counters* out) {
+  return guarded([&] {
+    require(out != nullptr, "NULL counters output");
+    *out = gate_ref(gate).counters(device);
+  });
+}
+
+difuse_status difuse_gate_is_verified(difuse_gate* gate, int32_t device, const char* signature, int32_t* verified) {
+  return guarded([&] {
+    require(verified != nullptr, "NULL verified output");
+    *verified = gate_ref(gate).is_verified(device, sig_or_empty(signature)) ? 1 : 0;
+  });
+}
+
+difuse_status difuse_set_platform_note(const char* note) {
+  return guarded([&] { difuse::detail::BitExactGate::set_platform_note(sig_or_empty(note)); });
+}
+
+difuse_status difuse_set_log_sink(difuse_log_fn fn, void* user) {
+  return guarded([&] { difuse::detail::BitExactGate::set_log_sink(fn, user); });
+}
+
+difuse_status difuse_can_use_layernorm_modulate(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                const difuse_tensor_view* scale, const difuse_tensor_view* shift,
+                                                double eps) {
+  return guarded([&] {
+    const auto s = difuse::norm::can_use_layernorm_modulate(view(out, "out"), view(x, "x"), view(scale, "scale"),
+                                                            view(shift, "shift"), eps);
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("layernorm_modulate"));
+  });
+}
+
+difuse_status difuse_layernorm_modulate(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                        const difuse_tensor_view* scale, const difuse_tensor_view* shift, double eps,
+                                        void* stream) {
+  return guarded([&] {
+    difuse::norm::layernorm_modulate(view(out, "out"), view(x, "x"), view(scale, "scale"), view(shift, "shift"), eps,
+                                     static_cast<cudaStream_t>(stream));
+  });
+}
+
+}  // extern "C"

@@ -1,0 +1,91 @@
+// BitExactGate: proves a fused path against the live eager chain before trusting it.
+//
+// State machine, per (gate, device):
+//   unverified --verify(0 mismatches)--> verified (per signature, or for the whole device in Once mode)
+//   any        --verify(>0 mismatches) or host error or disable()--> disabled for good (one log line)
+//   reset() returns every device to unverified with zeroed counters (tests, changed platforms).
+// decide() is the hot path: two atomic loads and one hash lookup, no lock. Verification runs under the
+// gate's mutex (begin_verify .. end_verify, same thread), so concurrent first calls verify once.
+// A first verification is refused while the stream is being captured into a CUDA graph (the probe) or
+// while the caller says it is tracing (torch.compile): the caller then runs the reference.
+#pragma once
+
+#include <array>
+#include <atomic>
+#include <deque>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <unordered_set>
+#include <vector>
+
+#include "difuse/difuse.h"
+
+namespace difuse::detail {
+
+enum class GateMode { Once = DIFUSE_GATE_ONCE, PerSignature = DIFUSE_GATE_PER_SIGNATURE };
+enum class GateDecision { RunFused = DIFUSE_GATE_RUN_FUSED, Verify = DIFUSE_GATE_VERIFY, Fallback = DIFUSE_GATE_FALLBACK };
+
+using CaptureProbe = bool (*)(void* stream);  // true while `stream` is capturing
+using LogSink = void (*)(const char* line, void* user);
+
+class BitExactGate {
+ public:
+  static constexpr int kMaxDevices = 64;
+
+  BitExactGate(std::string op, GateMode mode);
+  ~BitExactGate();
+  BitExactGate(const BitExactGate&) = delete;
+  BitExactGate& operator=(const BitExactGate&) = delete;
+
+  const std::string& op() const { return op_; }
+  GateMode mode() const { return mode_; }
+
+  GateDecision decide(int device, std::string_view sig, bool capturing, void* stream);
+  bool begin_verify(int device, std::string_view sig);  // true: lock held, compare now
+  void end_verify(int device, std::string_view sig, int64_t mismatches, std::string_view detail);
+  void note_fallback(int device, int reason);
+  void note_fused(int device);
+  void disable(int device, std::string_view reason);
+  void reset();
+  bool is_verified(int device, std::string_view sig) const;
+  difuse_gate_counters counters(int device) const;
+
+  // Process-wide settings.
+  static void set_capture_probe(CaptureProbe probe);  // nullptr: cudaStreamIsCapturing
+  static void set_log_sink(LogSink sink, void* user);  // nullptr: stderr
+  static void set_platform_note(std::string note);
+  static std::string platform_description(int device);  // note + CUDA runtime/driver + GPU name
+  static void log_line(const std::string& line);
+
+ private:
+  struct Snapshot {
+    std::unordered_set<std::string_view> sigs;  // views into owned_ (stable storage)
+    bool any = false;
+  };
+  struct Device {
+    std::atomic<const Snapshot*> verified{nullptr};
+    std::atomic<bool> disabled{false};
+    std::atomic<int64_t> verifications{0}, fused_calls{0}, fallbacks{0};
+    std::array<std::atomic<int64_t>, DIFUSE_FALLBACK_REASON_COUNT> reasons{};
+  };
+
+  Device& dev(int device);
+  const Device& dev(int device) const;
+  bool verified_in(const Snapshot* s, std::string_view sig) const;
+  void check_owner(const char* what) const;
+  void disable_locked(int device, const std::string& line);
+
+  const std::string op_;
+  const GateMode mode_;
+  std::array<Device, kMaxDevices> devices_;
+  mutable std::mutex mu_;
+  std::atomic<std::thread::id> owner_{};
+  // Snapshots and signature strings are retired, never freed before the gate: readers hold no lock.
+  std::vector<std::unique_ptr<Snapshot>> snapshots_;
+  std::deque<std::string> owned_;
+};
+
+}  // namespace difuse::detail

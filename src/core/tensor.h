@@ -1,0 +1,22 @@
+// Internal helpers over difuse_tensor_view used by predicates: every check returns a readable reason.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/error.h"
+#include "difuse/difuse.h"
+
+namespace difuse::detail {
+
+int64_t dtype_size(int32_t dtype);  // 0 for an unknown dtype
+std::string describe(const difuse_tensor_view& v);  // "bf16[1, 4096, 3072] strides [..] cuda:0"
+int64_t numel(const difuse_tensor_view& v);
+bool is_contiguous(const difuse_tensor_view& v);
+// Bytes spanned by the view: [data, data + extent_bytes) holds every element (0 for an empty view).
+int64_t extent_bytes(const difuse_tensor_view& v);
+bool overlaps(const difuse_tensor_view& a, const difuse_tensor_view& b);
+inline uintptr_t address(const difuse_tensor_view& v) { return reinterpret_cast<uintptr_t>(v.data); }
+inline bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace difuse::detail

@@ -1,0 +1,391 @@
+// layernorm_modulate — adaLN LayerNorm + modulate in one pass, bit-exact against eager PyTorch.
+//
+// Eager chain reproduced (diffusers AdaLayerNormZero / AdaLayerNormZeroSingle / AdaLayerNormContinuous,
+// SD3 / Sana equivalents), bf16 throughout:
+//     out = F.layer_norm(x, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]
+// four eager kernels, each rounding to bf16:  n = LN(x);  a = 1 + scale;  u = n * a;  out = u + shift.
+//
+// Replays: torch 2.11.0+cu130, sm_90 — at::native::vectorized_layer_norm_kernel<c10::BFloat16, float,
+// false> (128 threads per row, Welford push with the correctly rounded reciprocal of the count, FFMA
+// updates, cuWelfordCombine tree 16..1 then warps (0,2),(1,3),(0,1), var = sigma2 / N, rstd =
+// rsqrtf(var + eps), output bf16(RN(rstd * RN(x - mean)))), then CUDAFunctorOnSelf_add<bf16> (1 + scale),
+// the broadcast mul and add (fp32 opmath, bf16 store each). Details: shared/reference/torch-2.11-numerics.md
+// §1.1-1.2 and §4; the schedule mapping in layernorm_schedule.h.
+//
+// Guards (can_use_layernorm_modulate; every violation is reported): x and out [B, L, H] bf16 contiguous on
+// one CUDA device, 8-byte aligned (aten's vectorized path: H % 4 == 0, H <= 2^24, aligned X); scale and
+// shift [B, H] bf16, last dim contiguous, any non-negative row stride; B * L <= 2^31 - 1 (aten's grid
+// limit); out overlaps no input. Inputs aten sends down its two-kernel path (H % 4 != 0, misaligned x) are
+// refused: that path rounds differently.
+//
+// Schedules: H <= 3072 one warp per row, H <= 6144 two warps, H <= 16384 four warps, each with the row in
+// registers (one read, one write); H > 16384 a 128-thread two-pass kernel (second read mostly from L2).
+// 16-byte accesses when H % 8 == 0 and x, out are 16-byte aligned, else 8-byte.
+//
+// Verified on the H200 (tests/gpu/test_layernorm_modulate.py, bench/results/h200/tests.json): FLUX.1, SD3,
+// Sana and Wan site shapes, H = 4 .. 2^24, seeded random shapes and strides, adversarial and non-finite values.
+#include "norm/layernorm_modulate.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "core/registry.h"
+#include "core/tensor.h"
+#include "norm/layernorm_schedule.h"
+
+namespace difuse::norm {
+
+namespace {
+
+using num::VecWelford;
+
+const detail::KernelRegistration kRegistration{{
+    "layernorm_modulate", "cuda", "bit_exact",
+    "F.layer_norm(x, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]  (bf16; x [B,L,H], scale/shift [B,H])",
+    "torch 2.11.0+cu130, sm_90 (H200)", 90, 90,
+    "adaLN LayerNorm + modulate in one pass; replays aten's vectorized LayerNorm Welford tree"}};
+
+struct Params {
+  const uint16_t* __restrict__ x;
+  uint16_t* __restrict__ out;
+  const uint16_t* __restrict__ scale;
+  const uint16_t* __restrict__ shift;
+  int64_t rows;
+  int64_t seq;
+  int64_t scale_stride;
+  int64_t shift_stride;
+  int h;
+  int v;  // H / 4
+  float eps;
+  bool mod_vec;  // scale/shift rows 8-byte aligned: 4 values per load
+};
+
+__device__ __forceinline__ VecWelford shfl_down_state(VecWelford s, int delta) {
+  VecWelford r;
+  r.mean = __shfl_down_sync(0xffffffffu, s.mean, delta);
+  r.sigma2 = __shfl_down_sync(0xffffffffu, s.sigma2, delta);
+  r.count = __shfl_down_sync(0xffffffffu, s.count, delta);
+  return r;
+}
+
+template <int G>
+__device__ __forceinline__ void row_sync() {
+  if constexpr (G == 32)
+    __syncwarp();
+  else
+    __syncthreads();
+}
+
+// Modulation values for columns c..c+3 of batch row b.
+__device__ __forceinline__ void load_mod4(const Params& p, int64_t b, int c, float sc[4], float sh[4]) {
+  const uint16_t* s = p.scale + b * p.scale_stride + c;
+  const uint16_t* t = p.shift + b * p.shift_stride + c;
+  if (p.mod_vec) {
+    const uint2 ws = *reinterpret_cast<const uint2*>(s);
+    const uint2 wt = *reinterpret_cast<const uint2*>(t);
+    sc[0] = num::bf16_lo(ws.x), sc[1] = num::bf16_hi(ws.x), sc[2] = num::bf16_lo(ws.y), sc[3] = num::bf16_hi(ws.y);
+    sh[0] = num::bf16_lo(wt.x), sh[1] = num::bf16_hi(wt.x), sh[2] = num::bf16_lo(wt.y), sh[3] = num::bf16_hi(wt.y);
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sc[e] = num::bf16_to_float(s[e]), sh[e] = num::bf16_to_float(t[e]);
+  }
+}
+
+// 4 bf16 of x (as two words) -> 4 bf16 outputs (two words).
+__device__ __forceinline__ uint2 modulate4(uint2 w, RowStats st, const float sc[4], const float sh[4]) {
+  const float o0 = layernorm_modulate_value(num::bf16_lo(w.x), st, sc[0], sh[0]);
+  const float o1 = layernorm_modulate_value(num::bf16_hi(w.x), st, sc[1], sh[1]);
+  const float o2 = layernorm_modulate_value(num::bf16_lo(w.y), st, sc[2], sh[2]);
+  const float o3 = layernorm_modulate_value(num::bf16_hi(w.y), st, sc[3], sh[3]);
+  return make_uint2(num::pack_bf16x2(o0, o1), num::pack_bf16x2(o2, o3));
+}
+
+__device__ __forceinline__ VecWelford push4(VecWelford s, int k, uint2 w) {
+  return push_vec4(s, k, num::bf16_lo(w.x), num::bf16_hi(w.x), num::bf16_lo(w.y), num::bf16_hi(w.y));
+}
+
+// Register-resident rows: 256 threads per block, 256 / G rows per block, NS sweeps of 128 vectors at most.
+template <int G, bool PAIRED, int NS>
+__global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
+  using Map = AtenThreadMap<G, PAIRED>;
+  constexpr int A = Map::kSlots;
+  constexpr int ROWS = 256 / G;
+  constexpr int STEP = PAIRED ? 2 : 1;
+  __shared__ VecWelford roots[ROWS][4];
+  __shared__ RowStats stats[ROWS];
+
+  const int i = static_cast<int>(threadIdx.x) % G;
+  const int rb = static_cast<int>(threadIdx.x) / G;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * ROWS + rb;
+  const bool active = row < p.rows;
+  if constexpr (G == 32) {
+    if (!active) return;  // whole warp: no shuffle or barrier is left half-populated
+  }
+  const uint16_t* xr = p.x + row * p.h;
+  uint16_t* orow = p.out + row * p.h;
+
+  uint2 v[NS][A];
+#pragma unroll
+  for (int k = 0; k < NS; ++k) {
+#pragma unroll
+    for (int j = 0; j < A; j += STEP) {
+      const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+      if (active && vi < p.v) {
+        if constexpr (PAIRED) {
+          const uint4 w = *reinterpret_cast<const uint4*>(xr + kVecElems * vi);
+          v[k][j] = make_uint2(w.x, w.y);
+          v[k][j + 1] = make_uint2(w.z, w.w);
+        } else {
+          v[k][j] = *reinterpret_cast<const uint2*>(xr + kVecElems * vi);
+        }
+      }
+    }
+  }
+
+  VecWelford st[A];
+#pragma unroll
+  for (int k = 0; k < NS; ++k) {
+#pragma unroll
+    for (int j = 0; j < A; ++j) {
+      const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+      if (active && vi < p.v) st[j] = push4(st[j], k, v[k][j]);
+    }
+  }
+
+  // aten's intra-warp tree: offsets 16, 8, 4, 2, 1; own = combine(own, shfl_down(own, o)).
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) {
+    const int delta = Map::lane_delta(o);
+    if (delta > 0) {
+#pragma unroll
+      for (int j = 0; j < A; ++j) {
+        const VecWelford in = shfl_down_state(st[j], delta);
+        st[j] = num::vec_welford_combine(st[j], in);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < A; ++j)
+        if (Map::receives(o, j)) st[j] = num::vec_welford_combine(st[j], st[Map::partner_slot(o, j)]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < A; ++j) {
+    const int t = Map::aten_thread(i, j);
+    if (t % kAtenWarp == 0) roots[rb][t / kAtenWarp] = st[j];
+  }
+  row_sync<G>();
+  if (i == 0) stats[rb] = finalize_roots(roots[rb], p.h, p.eps);
+  row_sync<G>();
+  if (!active) return;  // G > 32: no barrier follows
+  const RowStats rs = stats[rb];
+
+  const int64_t b = row / p.seq;
+#pragma unroll
+  for (int k = 0; k < NS; ++k) {
+#pragma unroll
+    for (int j = 0; j < A; j += STEP) {
+      const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+      if (vi < p.v) {
+        const int c = kVecElems * vi;
+        float sc[4], sh[4];
+        load_mod4(p, b, c, sc, sh);
+        const uint2 o0 = modulate4(v[k][j], rs, sc, sh);
+        if constexpr (PAIRED) {
+          load_mod4(p, b, c + 4, sc, sh);
+          const uint2 o1 = modulate4(v[k][j + 1], rs, sc, sh);
+          *reinterpret_cast<uint4*>(orow + c) = make_uint4(o0.x, o0.y, o1.x, o1.y);
+        } else {
+          *reinterpret_cast<uint2*>(orow + c) = o0;
+        }
+      }
+    }
+  }
+}
+
+// Rows wider than 16384: aten's own layout (128 threads, 8-byte vectors), statistics in a first pass,
+// the output in a second pass over x.
+__global__ void __launch_bounds__(128) layernorm_modulate_stream(const Params p) {
+  __shared__ VecWelford roots[4];
+  __shared__ RowStats stats;
+  const int t = static_cast<int>(threadIdx.x);
+  const int64_t row = blockIdx.x;
+  const uint16_t* xr = p.x + row * p.h;
+  uint16_t* orow = p.out + row * p.h;
+
+  VecWelford st;
+  constexpr int U = 4;
+  for (int k0 = 0; k0 * kAtenThreads < p.v; k0 += U) {
+    uint2 w[U];
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int vi = t + kAtenThreads * (k0 + u);
+      if (vi < p.v) w[u] = *reinterpret_cast<const uint2*>(xr + kVecElems * vi);
+    }
+#pragma unroll
+    for (int u = 0; u < U; ++u) {
+      const int vi = t + kAtenThreads * (k0 + u);
+      if (vi < p.v) st = push4(st, k0 + u, w[u]);
+    }
+  }
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) st = num::vec_welford_combine(st, shfl_down_state(st, o));
+  if (t % kAtenWarp == 0) roots[t / kAtenWarp] = st;
+  __syncthreads();
+  if (t == 0) stats = finalize_roots(roots, p.h, p.eps);
+  __syncthreads();
+  const RowStats rs = stats;
+  const int64_t b = row / p.seq;
+  for (int vi = t; vi < p.v; vi += kAtenThreads) {
+    const int c = kVecElems * vi;
+    float sc[4], sh[4];
+    load_mod4(p, b, c, sc, sh);
+    *reinterpret_cast<uint2*>(orow + c) = modulate4(*reinterpret_cast<const uint2*>(xr + c), rs, sc, sh);
+  }
+}
+
+template <int G, bool PAIRED, int NS>
+void launch_rows(const Params& p, cudaStream_t stream) {
+  constexpr int ROWS = 256 / G;
+  const int64_t blocks = (p.rows + ROWS - 1) / ROWS;
+  layernorm_modulate_rows<G, PAIRED, NS><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p);
+}
+
+template <bool PAIRED>
+void launch_registered(const LayernormModulateConfig& cfg, const Params& p, cudaStream_t s) {
+  switch (cfg.threads_per_row * 100 + cfg.sweeps) {
+    case 3201: return launch_rows<32, PAIRED, 1>(p, s);
+    case 3202: return launch_rows<32, PAIRED, 2>(p, s);
+    case 3203: return launch_rows<32, PAIRED, 3>(p, s);
+    case 3204: return launch_rows<32, PAIRED, 4>(p, s);
+    case 3205: return launch_rows<32, PAIRED, 5>(p, s);
+    case 3206: return launch_rows<32, PAIRED, 6>(p, s);
+    case 6408: return launch_rows<64, PAIRED, 8>(p, s);
+    case 6410: return launch_rows<64, PAIRED, 10>(p, s);
+    case 6412: return launch_rows<64, PAIRED, 12>(p, s);
+    default: break;
+  }
+  if constexpr (!PAIRED) {
+    switch (cfg.threads_per_row * 100 + cfg.sweeps) {
+      case 12816: return launch_rows<128, false, 16>(p, s);
+      case 12824: return launch_rows<128, false, 24>(p, s);
+      case 12832: return launch_rows<128, false, 32>(p, s);
+      default: break;
+    }
+  }
+  throw detail::Failure(DIFUSE_ERR_INTERNAL, "layernorm_modulate: no kernel instantiated for threads_per_row=" +
+                                                 std::to_string(cfg.threads_per_row) +
+                                                 " sweeps=" + std::to_string(cfg.sweeps));
+}
+
+void require_bf16_view(detail::Support& s, const difuse_tensor_view& v, const char* name) {
+  s.require(v.dtype == DIFUSE_BF16, std::string(name) + " must be bf16, got " + difuse_dtype_name(v.dtype));
+  s.require(v.device >= 0, std::string(name) + " must be on a CUDA device, got host memory");
+}
+
+}  // namespace
+
+LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16) {
+  const int64_t sweeps = (h / kVecElems + kAtenThreads - 1) / kAtenThreads;
+  const bool paired = aligned16 && h % 8 == 0;
+  if (sweeps <= 6) return {32, paired, static_cast<int>(sweeps)};
+  if (sweeps <= 12) return {64, paired, static_cast<int>(sweeps <= 8 ? 8 : sweeps <= 10 ? 10 : 12)};
+  if (sweeps <= 32) return {128, false, static_cast<int>(sweeps <= 16 ? 16 : sweeps <= 24 ? 24 : 32)};
+  return {0, false, 0};
+}
+
+detail::Support can_use_layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x,
+                                           const difuse_tensor_view& scale, const difuse_tensor_view& shift,
+                                           double eps) {
+  (void)eps;  // any eps: aten uses (float)eps, and so do we
+  detail::Support s;
+  require_bf16_view(s, x, "x");
+  require_bf16_view(s, scale, "scale");
+  require_bf16_view(s, shift, "shift");
+  require_bf16_view(s, out, "out");
+  const bool x3 = x.rank == 3;
+  s.require(x3, "x must have rank 3 [B, L, H], got " + detail::describe(x));
+  if (!x3) return s;
+  const int64_t B = x.sizes[0], L = x.sizes[1], H = x.sizes[2];
+  const bool empty = B == 0 || L == 0 || H == 0;
+  s.require(detail::is_contiguous(x), "x must be contiguous, got " + detail::describe(x));
+  s.require(H % 4 == 0, "H must be a multiple of 4 (aten's vectorized LayerNorm), got H = " + std::to_string(H));
+  s.require(H <= (int64_t{1} << 24), "H must be at most 2^24 (aten keeps counts in fp32), got H = " + std::to_string(H));
+  s.require(B * L <= int64_t{2147483647}, "B * L must be at most 2^31 - 1 (aten's grid limit), got " + std::to_string(B * L));
+  if (!empty)
+    s.require(detail::aligned(x.data, 8),
+              "x must be 8-byte aligned (a misaligned view takes aten's two-kernel LayerNorm, which rounds differently)");
+  for (const auto* m : {&scale, &shift}) {
+    const char* name = m == &scale ? "scale" : "shift";
+    if (m->rank != 2) {
+      s.require(false, std::string(name) + " must have rank 2 [B, H], got " + detail::describe(*m));
+      continue;
+    }
+    s.require(m->sizes[0] == B && m->sizes[1] == H, std::string(name) + " must have shape [" + std::to_string(B) + ", " +
+                                                        std::to_string(H) + "], got " + detail::describe(*m));
+    s.require(m->strides[1] == 1 || m->sizes[1] <= 1,
+              std::string(name) + " must have a contiguous last dim (stride 1), got " + detail::describe(*m));
+    s.require(m->strides[0] >= 0, std::string(name) + " must have a non-negative row stride, got " + detail::describe(*m));
+    s.require(m->device == x.device, std::string(name) + " must be on the device of x (cuda:" + std::to_string(x.device) +
+                                         "), got " + detail::describe(*m));
+    if (!empty) s.require(m->data != nullptr, std::string(name) + " has a null data pointer");
+  }
+  const bool out3 = out.rank == 3 && out.sizes[0] == B && out.sizes[1] == L && out.sizes[2] == H;
+  s.require(out3, "out must have the shape of x [" + std::to_string(B) + ", " + std::to_string(L) + ", " +
+                      std::to_string(H) + "], got " + detail::describe(out));
+  s.require(detail::is_contiguous(out), "out must be contiguous, got " + detail::describe(out));
+  s.require(out.device == x.device, "out must be on the device of x, got " + detail::describe(out));
+  if (!empty) {
+    s.require(x.data != nullptr && out.data != nullptr, "x and out must have non-null data pointers");
+    s.require(detail::aligned(out.data, 8), "out must be 8-byte aligned");
+    s.require(!detail::overlaps(out, x) && !detail::overlaps(out, scale) && !detail::overlaps(out, shift),
+              "out must not overlap x, scale or shift");
+  }
+  return s;
+}
+
+void layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& scale,
+                        const difuse_tensor_view& shift, double eps, cudaStream_t stream) {
+  const detail::Support s = can_use_layernorm_modulate(out, x, scale, shift, eps);
+  if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("layernorm_modulate"));
+  const int64_t B = x.sizes[0], L = x.sizes[1], H = x.sizes[2];
+  if (B == 0 || L == 0 || H == 0) return;
+
+  Params p{};
+  p.x = static_cast<const uint16_t*>(x.data);
+  p.out = static_cast<uint16_t*>(out.data);
+  p.scale = static_cast<const uint16_t*>(scale.data);
+  p.shift = static_cast<const uint16_t*>(shift.data);
+  p.rows = B * L;
+  p.seq = L;
+  p.scale_stride = scale.strides[0];
+  p.shift_stride = shift.strides[0];
+  p.h = static_cast<int>(H);
+  p.v = static_cast<int>(H / 4);
+  p.eps = static_cast<float>(eps);
+  p.mod_vec = detail::aligned(scale.data, 8) && detail::aligned(shift.data, 8) && scale.strides[0] % 4 == 0 &&
+              shift.strides[0] % 4 == 0;
+
+  int current = -1;
+  DIFUSE_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != x.device) DIFUSE_CUDA_CHECK(cudaSetDevice(x.device));
+  struct Restore {
+    int dev;
+    bool on;
+    ~Restore() {
+      if (on) (void)cudaSetDevice(dev);
+    }
+  } restore{current, current != x.device};
+
+  const bool aligned16 = detail::aligned(x.data, 16) && detail::aligned(out.data, 16);
+  const LayernormModulateConfig cfg = layernorm_modulate_config(H, aligned16);
+  if (cfg.threads_per_row == 0)
+    layernorm_modulate_stream<<<static_cast<unsigned>(p.rows), 128, 0, stream>>>(p);
+  else if (cfg.paired)
+    launch_registered<true>(cfg, p, stream);
+  else
+    launch_registered<false>(cfg, p, stream);
+  DIFUSE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace difuse::norm

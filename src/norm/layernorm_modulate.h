@@ -1,0 +1,26 @@
+// layernorm_modulate: adaLN LayerNorm + modulate, bit-exact (contract in layernorm_modulate.cu).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "core/error.h"
+#include "difuse/difuse.h"
+
+namespace difuse::norm {
+
+detail::Support can_use_layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x,
+                                           const difuse_tensor_view& scale, const difuse_tensor_view& shift,
+                                           double eps);
+// Throws detail::Failure (DIFUSE_ERR_UNSUPPORTED with every reason, or DIFUSE_ERR_CUDA).
+void layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& scale,
+                        const difuse_tensor_view& shift, double eps, cudaStream_t stream);
+
+// Which schedule a row width and alignment take (exposed for tests and the kernel list).
+struct LayernormModulateConfig {
+  int threads_per_row;  // 32, 64, 128; 0 = the two-pass streaming kernel (H > 16384)
+  bool paired;          // 16-byte loads
+  int sweeps;           // register-resident sweeps of 512 elements (template bound)
+};
+LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16);
+
+}  // namespace difuse::norm

@@ -1,0 +1,80 @@
+// The arithmetic schedule of torch 2.11's vectorized LayerNorm (vectorized_layer_norm_kernel<bf16, float,
+// false>), split into the pieces that device kernels and host emulations both call.
+//
+// aten runs one 128-thread block per row. Thread t (0..127) owns the 4-element vectors t, t+128, t+256, ...
+// of the row (V = H/4 vectors), pushes their elements in order into its own Welford state, then the block
+// combines: a shuffle-down tree with offsets 16, 8, 4, 2, 1 inside each 32-thread warp, then warp roots
+// (0,2), (1,3), then (0,1). A row's bits depend on exactly that tree, never on how we launch.
+//
+// We run G threads per row (G = 32, 64 or 128), each holding A = 128/G of aten's threads ("slots"):
+//   strided (8-byte loads): slot j of thread i is aten thread i + j*G;
+//   paired (16-byte loads): slots (s, h) of thread i are aten threads 2*(i + s*G) + h, h = 0, 1, whose
+//                            vectors are adjacent in memory, so one 16-byte load covers both.
+// Every aten shuffle then maps to one shuffle of ours (or an in-thread combine) with the same operands.
+// The host emulation in tests/cpu runs these same functions for every (G, layout) and checks them bit for
+// bit against G = 128 strided, which is aten's own thread layout.
+#pragma once
+
+#include "difuse/numerics/bf16.h"
+#include "difuse/numerics/welford.h"
+
+namespace difuse::norm {
+
+constexpr int kAtenThreads = 128;  // num_threads() = 4 * C10_WARP_SIZE
+constexpr int kAtenWarp = 32;
+constexpr int kVecElems = 4;       // vec_size in aten's vectorized LayerNorm, for every dtype
+
+template <int G, bool PAIRED>
+struct AtenThreadMap {
+  static_assert(G == 32 || G == 64 || G == 128, "G threads per row must be 32, 64 or 128");
+  static_assert(!PAIRED || G <= 64, "paired slots need at least two aten threads per thread");
+  static constexpr int kThreads = G;
+  static constexpr int kSlots = kAtenThreads / G;
+  static constexpr bool kPaired = PAIRED;
+
+  DIFUSE_HD static constexpr int aten_thread(int i, int j) {
+    return PAIRED ? 2 * (i + (j / 2) * G) + (j % 2) : i + j * G;
+  }
+  // For aten's shuffle offset `o`, the partner of slot j is in thread i + lane_delta(o), slot partner_slot(o, j).
+  // lane_delta == 0 means an in-thread combine.
+  DIFUSE_HD static constexpr int lane_delta(int o) { return PAIRED ? o / 2 : o; }
+  DIFUSE_HD static constexpr int partner_slot(int o, int j) { return (PAIRED && o == 1) ? j + 1 : j; }
+  // Slots that receive in an in-thread step (the others hold values aten never reads).
+  DIFUSE_HD static constexpr bool receives(int o, int j) { return !(PAIRED && o == 1) || (j % 2 == 0); }
+};
+
+// Push aten vector `k` (the thread's k-th, 0-based) of 4 elements: counts 4k+1 .. 4k+4.
+DIFUSE_HD num::VecWelford push_vec4(num::VecWelford s, int k, float x0, float x1, float x2, float x3) {
+  s = num::vec_welford_push(s, x0, num::rcp_of_count(4 * k + 1));
+  s = num::vec_welford_push(s, x1, num::rcp_of_count(4 * k + 2));
+  s = num::vec_welford_push(s, x2, num::rcp_of_count(4 * k + 3));
+  s = num::vec_welford_push(s, x3, num::rcp_of_count(4 * k + 4));
+  return s;
+}
+
+struct RowStats {
+  float mean;
+  float rstd;
+};
+
+// Warp roots w0..w3 (aten threads 0, 32, 64, 96 after their warp trees) -> mean, rstd.
+// var = div(sigma2, (float)N) (an IEEE division by N, not by the count); rstd = rsqrtf(RN(var + eps)).
+DIFUSE_HD RowStats finalize_roots(const num::VecWelford* roots, int n, float eps) {
+  const num::VecWelford r02 = num::vec_welford_combine(roots[0], roots[2]);
+  const num::VecWelford r13 = num::vec_welford_combine(roots[1], roots[3]);
+  const num::VecWelford r = num::vec_welford_combine(r02, r13);
+  const float var = num::div_rn(r.sigma2, static_cast<float>(n));
+  return RowStats{r.mean, num::rsqrt_cuda(num::add_rn(var, eps))};
+}
+
+// One output element of  F.layer_norm(x) * (1 + scale) + shift  in bf16, with a rounding after every
+// eager op:  n = bf16(RN(rstd * RN(x - mean)));  a = bf16(RN(scale + 1));  u = bf16(RN(n * a));
+//            out = bf16(RN(u + shift)).  Inputs are the fp32 widenings of the bf16 operands.
+DIFUSE_HD float layernorm_modulate_value(float x, RowStats st, float scale, float shift) {
+  const float n = num::round_bf16(num::mul_rn(st.rstd, num::sub_rn(x, st.mean)));
+  const float a = num::round_bf16(num::add_rn(scale, 1.0f));
+  const float u = num::round_bf16(num::mul_rn(n, a));
+  return num::add_rn(u, shift);  // the caller rounds to bf16 at the store
+}
+
+}  // namespace difuse::norm

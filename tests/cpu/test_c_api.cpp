@@ -1,0 +1,167 @@
+// The C ABI's error path and layernorm_modulate's predicate: every violated precondition is listed,
+// nothing is launched. Predicates never touch memory, so fake device addresses are enough here.
+#include <gtest/gtest.h>
+
+#include <string>
+#include <thread>
+
+#include "difuse/difuse.hpp"
+#include "norm/layernorm_modulate.h"
+
+using difuse::DType;
+using difuse::TensorView;
+
+namespace {
+
+void* fake(uintptr_t addr) { return reinterpret_cast<void*>(addr); }
+
+struct Case {
+  TensorView out, x, scale, shift;
+};
+
+// A valid FLUX-like call: x [B, L, H], scale/shift column chunks of a [B, 6H] projection.
+Case valid(int64_t B = 2, int64_t L = 300, int64_t H = 3072) {
+  Case c;
+  c.x = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {B, L, H}, 0);
+  c.out = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {B, L, H}, 0);
+  c.scale = TensorView(fake(0x2000000000ull + 2 * H), DType::BF16, {B, H}, {6 * H, 1}, 0);
+  c.shift = TensorView(fake(0x2000000000ull), DType::BF16, {B, H}, {6 * H, 1}, 0);
+  return c;
+}
+
+difuse::Support can_use(const Case& c, double eps = 1e-6) {
+  return difuse::can_use_layernorm_modulate(c.out, c.x, c.scale, c.shift, eps);
+}
+
+bool mentions(const difuse::Support& s, const std::string& needle) {
+  for (const auto& r : s.reasons)
+    if (r.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+}  // namespace
+
+TEST(CApi, ValidCallPassesThePredicate) {
+  EXPECT_TRUE(can_use(valid()).ok);
+  EXPECT_TRUE(can_use(valid(1, 1, 4)).ok);
+  EXPECT_TRUE(can_use(valid(1, 3, 1 << 24)).ok);
+  EXPECT_TRUE(can_use(valid(4, 33000, 16384)).ok);
+}
+
+TEST(CApi, EveryViolationIsListed) {
+  Case c = valid();
+  c.x.dtype = DIFUSE_F32;
+  c.scale.strides[1] = 2;
+  c.shift.device = 1;
+  c.out.device = -1;
+  const auto s = can_use(c);
+  ASSERT_FALSE(s.ok);
+  EXPECT_TRUE(mentions(s, "x must be bf16"));
+  EXPECT_TRUE(mentions(s, "scale must have a contiguous last dim"));
+  EXPECT_TRUE(mentions(s, "shift must be on the device of x"));
+  EXPECT_TRUE(mentions(s, "out must be on a CUDA device"));
+  EXPECT_GE(s.reasons.size(), 4u);
+}
+
+TEST(CApi, RefusesWhatAtenSendsDownItsOtherPath) {
+  Case c = valid(1, 7, 3070);
+  c.scale.sizes[1] = c.shift.sizes[1] = 3070;
+  EXPECT_TRUE(mentions(can_use(c), "multiple of 4"));
+  Case m = valid();
+  m.x.data = fake(0x100000002ull);  // a contiguous view at an odd element offset
+  EXPECT_TRUE(mentions(can_use(m), "8-byte aligned"));
+  Case big = valid(1, 2, (int64_t{1} << 24) + 4);
+  big.scale.sizes[1] = big.shift.sizes[1] = big.x.sizes[2];
+  EXPECT_TRUE(mentions(can_use(big), "at most 2^24"));
+}
+
+TEST(CApi, RefusesLayoutsAndShapes) {
+  Case c = valid();
+  c.x.strides[1] = 2 * 3072;  // non-contiguous x
+  EXPECT_TRUE(mentions(can_use(c), "x must be contiguous"));
+  Case r = valid();
+  r.x.rank = 2;
+  EXPECT_TRUE(mentions(can_use(r), "rank 3"));
+  Case s = valid();
+  s.scale.sizes[0] = 1;
+  EXPECT_TRUE(mentions(can_use(s), "scale must have shape [2, 3072]"));
+  Case o = valid();
+  o.out.data = o.x.data;
+  EXPECT_TRUE(mentions(can_use(o), "must not overlap"));
+  Case n = valid();
+  n.shift.strides[0] = -3072;
+  EXPECT_TRUE(mentions(can_use(n), "non-negative row stride"));
+}
+
+TEST(CApi, EmptyInputsAreSupportedAndLaunchNothing) {
+  Case c = valid(2, 0, 3072);
+  c.x.data = c.out.data = nullptr;
+  EXPECT_TRUE(can_use(c).ok);
+  EXPECT_NO_THROW(difuse::layernorm_modulate(c.out, c.x, c.scale, c.shift, 1e-6));
+}
+
+TEST(CApi, LauncherFailsWithTheFullListAndWritesNothing) {
+  Case c = valid();
+  c.x.device = c.out.device = c.scale.device = c.shift.device = -1;  // host memory
+  c.x.dtype = DIFUSE_F16;
+  try {
+    difuse::layernorm_modulate(c.out, c.x, c.scale, c.shift, 1e-6);
+    FAIL() << "expected difuse::Unsupported";
+  } catch (const difuse::Unsupported& e) {
+    EXPECT_EQ(e.status(), DIFUSE_ERR_UNSUPPORTED);
+    EXPECT_GE(e.reasons().size(), 5u);  // 4 x host memory + dtype
+    EXPECT_NE(std::string(e.what()).find("difuse::layernorm_modulate: unsupported input"), std::string::npos);
+  }
+  // The C ABI reports the same through a status and the thread's last error.
+  EXPECT_EQ(difuse_layernorm_modulate(&c.out, &c.x, &c.scale, &c.shift, 1e-6, nullptr), DIFUSE_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(difuse_last_error()).find("x must be bf16, got fp16"), std::string::npos);
+}
+
+TEST(CApi, NullAndMalformedViews) {
+  Case c = valid();
+  EXPECT_EQ(difuse_layernorm_modulate(nullptr, &c.x, &c.scale, &c.shift, 1e-6, nullptr), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(difuse_last_error()).find("out is a NULL"), std::string::npos);
+  c.x.rank = 9;
+  EXPECT_EQ(difuse_can_use_layernorm_modulate(&c.out, &c.x, &c.scale, &c.shift, 1e-6), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(difuse_last_error()).find("rank 9"), std::string::npos);
+}
+
+TEST(CApi, LastErrorIsPerThreadAndClearedOnSuccess) {
+  Case bad = valid();
+  bad.x.dtype = DIFUSE_I64;
+  ASSERT_EQ(difuse_can_use_layernorm_modulate(&bad.out, &bad.x, &bad.scale, &bad.shift, 1e-6), DIFUSE_ERR_UNSUPPORTED);
+  std::string other;
+  std::thread([&] { other = difuse_last_error(); }).join();
+  EXPECT_TRUE(other.empty());
+  EXPECT_NE(std::string(difuse_last_error()).find("int64"), std::string::npos);
+  Case good = valid();
+  ASSERT_EQ(difuse_can_use_layernorm_modulate(&good.out, &good.x, &good.scale, &good.shift, 1e-6), DIFUSE_OK);
+  EXPECT_STREQ(difuse_last_error(), "");
+}
+
+TEST(CApi, NamesAndVersion) {
+  EXPECT_STREQ(difuse_status_name(DIFUSE_ERR_UNSUPPORTED), "unsupported");
+  EXPECT_STREQ(difuse_dtype_name(DIFUSE_BF16), "bf16");
+  EXPECT_STREQ(difuse_dtype_name(DIFUSE_F8E4M3), "fp8_e4m3");
+  EXPECT_STREQ(difuse_dtype_name(99), "unknown_dtype");
+  EXPECT_STREQ(difuse_version(), "0.1.0");
+}
+
+TEST(LayernormModulateConfig, PicksTheScheduleByWidthAndAlignment) {
+  using difuse::norm::layernorm_modulate_config;
+  auto c = layernorm_modulate_config(3072, true);
+  EXPECT_EQ(c.threads_per_row, 32);
+  EXPECT_TRUE(c.paired);
+  EXPECT_EQ(c.sweeps, 6);
+  EXPECT_FALSE(layernorm_modulate_config(3076, true).paired);  // H % 8 != 0: 8-byte accesses
+  EXPECT_FALSE(layernorm_modulate_config(3072, false).paired);
+  EXPECT_EQ(layernorm_modulate_config(4, true).sweeps, 1);
+  c = layernorm_modulate_config(5120, true);
+  EXPECT_EQ(c.threads_per_row, 64);
+  EXPECT_EQ(c.sweeps, 10);
+  c = layernorm_modulate_config(16384, true);
+  EXPECT_EQ(c.threads_per_row, 128);
+  EXPECT_FALSE(c.paired);
+  EXPECT_EQ(c.sweeps, 32);
+  EXPECT_EQ(layernorm_modulate_config(16388, true).threads_per_row, 0);
+}

@@ -1,0 +1,185 @@
+// Host emulation of layernorm_modulate's device schedules, built from the same schedule and numerics code
+// the kernels use. Each (threads per row, load layout) is run lane by lane in lockstep (shuffles with
+// __shfl_down_sync semantics, warp roots through "shared memory") and must equal, bit for bit, the
+// emulation with aten's own layout (128 threads, strided). All are deterministic and close to a
+// double-precision LayerNorm + modulate. (rsqrt is the host approximation here, so these are not GPU bits;
+// the GPU tests compare the kernel with torch itself.)
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdint>
+#include <random>
+#include <vector>
+
+#include "norm/layernorm_schedule.h"
+
+using namespace difuse;
+using namespace difuse::norm;
+using num::VecWelford;
+
+namespace {
+
+struct Row {
+  std::vector<uint16_t> x, scale, shift;
+};
+
+template <int G, bool PAIRED>
+std::vector<uint16_t> emulate(const Row& r, float eps) {
+  using Map = AtenThreadMap<G, PAIRED>;
+  constexpr int A = Map::kSlots;
+  const int H = static_cast<int>(r.x.size()), V = H / kVecElems;
+  const int NS = (V + kAtenThreads - 1) / kAtenThreads;
+  std::vector<std::array<VecWelford, A>> st(G);
+  auto xf = [&](int idx) { return num::bf16_to_float(r.x[idx]); };
+  for (int i = 0; i < G; ++i)
+    for (int k = 0; k < NS; ++k)
+      for (int j = 0; j < A; ++j) {
+        const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+        if (vi < V) {
+          const int c = kVecElems * vi;
+          st[i][j] = push_vec4(st[i][j], k, xf(c), xf(c + 1), xf(c + 2), xf(c + 3));
+        }
+      }
+  for (int o = 16; o >= 1; o /= 2) {
+    const int delta = Map::lane_delta(o);
+    if (delta > 0) {
+      const auto snap = st;
+      for (int i = 0; i < G; ++i)
+        for (int j = 0; j < A; ++j) {
+          const int src = (i % 32) + delta < 32 ? i + delta : i;  // shfl_down: out of range -> own value
+          st[i][j] = num::vec_welford_combine(st[i][j], snap[src][j]);
+        }
+    } else {
+      for (int i = 0; i < G; ++i)
+        for (int j = 0; j < A; ++j)
+          if (Map::receives(o, j)) st[i][j] = num::vec_welford_combine(st[i][j], st[i][Map::partner_slot(o, j)]);
+    }
+  }
+  VecWelford roots[4];
+  int written = 0;
+  for (int i = 0; i < G; ++i)
+    for (int j = 0; j < A; ++j) {
+      const int t = Map::aten_thread(i, j);
+      if (t % kAtenWarp == 0) roots[t / kAtenWarp] = st[i][j], ++written;
+    }
+  EXPECT_EQ(written, 4);
+  const RowStats rs = finalize_roots(roots, H, eps);
+  std::vector<uint16_t> out(H);
+  for (int c = 0; c < H; ++c)
+    out[c] = num::float_to_bf16_rne(layernorm_modulate_value(xf(c), rs, num::bf16_to_float(r.scale[c]),
+                                                             num::bf16_to_float(r.shift[c])));
+  return out;
+}
+
+uint16_t bf(float f) { return num::float_to_bf16_rne(f); }
+
+Row random_row(int H, std::mt19937& rng, float mu = 0.f, float sigma = 1.f) {
+  std::normal_distribution<float> nd(mu, sigma), sd(0.f, 0.5f);
+  Row r;
+  for (int c = 0; c < H; ++c) {
+    r.x.push_back(bf(nd(rng)));
+    r.scale.push_back(bf(sd(rng)));
+    r.shift.push_back(bf(sd(rng)));
+  }
+  return r;
+}
+
+void expect_all_schedules_equal_aten(const Row& r, float eps, const char* what) {
+  const auto aten = emulate<128, false>(r, eps);
+  const int H = static_cast<int>(r.x.size());
+  auto same = [&](const std::vector<uint16_t>& o, const char* name) {
+    int64_t diff = 0;
+    for (int c = 0; c < H; ++c) diff += o[c] != aten[c];
+    EXPECT_EQ(diff, 0) << what << " H=" << H << " schedule " << name;
+  };
+  same(emulate<32, false>(r, eps), "32 strided");
+  same(emulate<64, false>(r, eps), "64 strided");
+  if (H % 8 == 0) {
+    same(emulate<32, true>(r, eps), "32 paired");
+    same(emulate<64, true>(r, eps), "64 paired");
+  }
+  same(emulate<128, false>(r, eps), "128 strided (determinism)");
+}
+
+const int kWidths[] = {4, 8, 12, 60, 64, 128, 132, 256, 500, 512, 516, 1000, 1536, 2240, 3072, 3076, 4096, 5120, 6144, 7000, 8192, 12288, 16384};
+
+}  // namespace
+
+TEST(LayernormModulateSchedule, ThreadMapsCoverAtenExactlyOnce) {
+  auto check = [](auto map_tag) {
+    using Map = decltype(map_tag);
+    std::vector<int> seen(kAtenThreads, 0);
+    for (int i = 0; i < Map::kThreads; ++i)
+      for (int j = 0; j < Map::kSlots; ++j) seen[Map::aten_thread(i, j)]++;
+    for (int t = 0; t < kAtenThreads; ++t) EXPECT_EQ(seen[t], 1) << t;
+    // Every aten shuffle the root depends on (aten lane < offset) finds its partner in the same warp of ours.
+    for (int o = 16; o >= 1; o /= 2)
+      for (int i = 0; i < Map::kThreads; ++i)
+        for (int j = 0; j < Map::kSlots; ++j) {
+          const int t = Map::aten_thread(i, j);
+          if (t % kAtenWarp >= o || !Map::receives(o, j)) continue;
+          const int d = Map::lane_delta(o);
+          const int pi = i + d, pj = Map::partner_slot(o, j);
+          EXPECT_EQ(pi / 32, i / 32);
+          EXPECT_EQ(Map::aten_thread(pi, pj), t + o);
+        }
+  };
+  check(AtenThreadMap<32, false>{});
+  check(AtenThreadMap<32, true>{});
+  check(AtenThreadMap<64, false>{});
+  check(AtenThreadMap<64, true>{});
+  check(AtenThreadMap<128, false>{});
+}
+
+TEST(LayernormModulateSchedule, EverySchedulesMatchesAtenLayoutOnRandomRows) {
+  std::mt19937 rng(1234);
+  for (int H : kWidths) expect_all_schedules_equal_aten(random_row(H, rng), 1e-6f, "random");
+  for (int H : kWidths) expect_all_schedules_equal_aten(random_row(H, rng, 40.f, 0.01f), 1e-5f, "offset");
+}
+
+TEST(LayernormModulateSchedule, AdversarialRows) {
+  std::mt19937 rng(99);
+  for (int H : {4, 64, 520, 3072, 5120}) {
+    Row r = random_row(H, rng);
+    Row constant = r;
+    for (auto& v : constant.x) v = bf(3.25f);  // zero variance
+    expect_all_schedules_equal_aten(constant, 1e-6f, "constant");
+    Row huge = r;
+    for (auto& v : huge.x) v = bf((rng() % 2 ? 3e38f : -3e38f) * 0.9f);
+    expect_all_schedules_equal_aten(huge, 1e-6f, "huge");
+    Row tiny = r;
+    for (auto& v : tiny.x) v = bf(static_cast<float>(rng() % 7) * 1e-39f);
+    expect_all_schedules_equal_aten(tiny, 1e-6f, "tiny");
+    Row outlier = r;
+    outlier.x[H / 3] = bf(1e4f);
+    for (auto& v : outlier.scale) v = bf(-1.f);
+    expect_all_schedules_equal_aten(outlier, 1e-6f, "outlier, scale -1");
+    Row nonfinite = r;
+    nonfinite.x[1] = bf(INFINITY);
+    expect_all_schedules_equal_aten(nonfinite, 1e-6f, "inf");
+    nonfinite.x[2] = bf(NAN);
+    expect_all_schedules_equal_aten(nonfinite, 1e-6f, "nan");
+  }
+}
+
+TEST(LayernormModulateSchedule, CloseToDoublePrecision) {
+  std::mt19937 rng(77);
+  for (int H : kWidths) {
+    const Row r = random_row(H, rng, 0.5f, 2.f);
+    const auto out = emulate<32, false>(r, 1e-6f);
+    double mean = 0, var = 0;
+    for (auto v : r.x) mean += num::bf16_to_float(v);
+    mean /= H;
+    for (auto v : r.x) var += std::pow(num::bf16_to_float(v) - mean, 2);
+    var /= H;
+    const double rstd = 1.0 / std::sqrt(var + 1e-6);
+    for (int c = 0; c < H; ++c) {
+      const double n = (num::bf16_to_float(r.x[c]) - mean) * rstd;
+      const double a = 1.0 + num::bf16_to_float(r.scale[c]);
+      const double sh = num::bf16_to_float(r.shift[c]);
+      const double ref = n * a + sh;
+      const double tol = std::ldexp(std::fabs(n * a) + std::fabs(sh), -6) + 1e-6;
+      ASSERT_NEAR(num::bf16_to_float(out[c]), ref, tol) << "H=" << H << " c=" << c;
+    }
+  }
+}

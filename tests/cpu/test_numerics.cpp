@@ -1,0 +1,164 @@
+// Host twins of the rounding primitives: bf16 RNE (ties, NaN, inf, subnormals, signed zero), the
+// uncontracted fp32 ops, the compile-time reciprocal and both Welford flavours.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+#include <random>
+
+#include "difuse/numerics/bf16.h"
+#include "difuse/numerics/welford.h"
+
+using namespace difuse::num;
+
+namespace {
+uint16_t b16(uint32_t fbits) { return float_to_bf16_rne(float_from_bits(fbits)); }
+}  // namespace
+
+TEST(Bf16, RoundsToNearestEven) {
+  EXPECT_EQ(b16(0x3F800000u), 0x3F80);  // 1.0
+  EXPECT_EQ(b16(0x3F808000u), 0x3F80);  // exact tie, even below
+  EXPECT_EQ(b16(0x3F818000u), 0x3F82);  // exact tie, even above
+  EXPECT_EQ(b16(0x3F808001u), 0x3F81);  // just above the tie
+  EXPECT_EQ(b16(0x3F807FFFu), 0x3F80);  // just below the tie
+  EXPECT_EQ(b16(0xBF818000u), 0xBF82);  // negative tie
+}
+
+TEST(Bf16, InfinityAndOverflow) {
+  EXPECT_EQ(b16(0x7F800000u), 0x7F80);
+  EXPECT_EQ(b16(0xFF800000u), 0xFF80);
+  EXPECT_EQ(b16(0x7F7FFFFFu), 0x7F80);  // FLT_MAX rounds up to +inf
+  EXPECT_EQ(b16(0x7F7F7FFFu), 0x7F7F);  // largest value that stays finite
+  EXPECT_EQ(b16(0xFF7FFFFFu), 0xFF80);
+}
+
+TEST(Bf16, NaNBecomesCanonical) {
+  for (uint32_t bits : {0x7FC00000u, 0xFFC00000u, 0x7F800001u, 0xFFFFFFFFu, 0x7FBFFFFFu})
+    EXPECT_EQ(b16(bits), 0x7FFF) << std::hex << bits;
+}
+
+TEST(Bf16, SubnormalsAndSignedZero) {
+  EXPECT_EQ(b16(0x00000000u), 0x0000);
+  EXPECT_EQ(b16(0x80000000u), 0x8000);  // -0 keeps its sign
+  EXPECT_EQ(b16(0x00010000u), 0x0001);  // smallest bf16 subnormal is kept (no flush)
+  EXPECT_EQ(b16(0x00008000u), 0x0000);  // tie to even (down)
+  EXPECT_EQ(b16(0x00018000u), 0x0002);  // tie to even (up)
+  EXPECT_EQ(b16(0x00000001u), 0x0000);
+  EXPECT_EQ(b16(0x80008001u), 0x8001);
+  EXPECT_EQ(b16(0x007FFFFFu), 0x0080);  // largest fp32 subnormal rounds to FLT_MIN's bf16
+}
+
+TEST(Bf16, WideningRoundTripsEveryPattern) {
+  for (uint32_t b = 0; b < 65536; ++b) {
+    const float f = bf16_to_float(static_cast<uint16_t>(b));
+    if (std::isnan(f)) {
+      EXPECT_EQ(float_to_bf16_rne(f), 0x7FFF);
+    } else {
+      ASSERT_EQ(float_to_bf16_rne(f), b) << b;
+    }
+  }
+}
+
+TEST(Bf16, PackKeepsElementOrder) {
+  const uint32_t w = pack_bf16x2(1.0f, -2.0f);
+  EXPECT_EQ(w & 0xFFFFu, 0x3F80u);
+  EXPECT_EQ(w >> 16, 0xC000u);
+  EXPECT_EQ(bf16_lo(w), 1.0f);
+  EXPECT_EQ(bf16_hi(w), -2.0f);
+}
+
+TEST(Fp32, OperationsRoundOnceEach) {
+  // (1 + 2^-23) * (1 - 2^-23) - 1: the product rounds to 1, so mul then sub gives 0 while an fma keeps -2^-46.
+  const float a = 1.0f + std::ldexp(1.0f, -23), b = 1.0f - std::ldexp(1.0f, -23);
+  EXPECT_EQ(sub_rn(mul_rn(a, b), 1.0f), 0.0f);
+  EXPECT_EQ(fma_rn(a, b, -1.0f), -std::ldexp(1.0f, -46));
+  EXPECT_EQ(div_rn(1.0f, 3.0f), 1.0f / 3.0f);
+  EXPECT_EQ(rcp_rn(3.0f), div_rn(1.0f, 3.0f));
+}
+
+TEST(Fp32, CompileTimeReciprocalMatchesRuntime) {
+  static_assert(rcp_of_count(1) == 1.0f, "rcp(1)");
+  constexpr float r3 = rcp_of_count(3);
+  EXPECT_EQ(r3, rcp_rn(3.0f));
+  for (int k = 1; k <= 1 << 17; ++k) ASSERT_EQ(rcp_of_count(k), rcp_rn(static_cast<float>(k))) << k;
+}
+
+TEST(Welford, VectorizedPushMatchesFormula) {
+  VecWelford s;
+  for (float v : {1.f, 2.f, 3.f, 4.f}) s = vec_welford_push(s, v);
+  EXPECT_EQ(s.count, 4.f);
+  EXPECT_EQ(s.mean, 2.5f);
+  EXPECT_EQ(s.sigma2, 5.0f);  // sum of squared deviations
+  // The reciprocal variant with a precomputed count is the same operation.
+  VecWelford a, b;
+  std::mt19937 rng(7);
+  std::normal_distribution<float> nd(3.f, 2.f);
+  for (int k = 1; k <= 200; ++k) {
+    const float v = nd(rng);
+    a = vec_welford_push(a, v);
+    b = vec_welford_push(b, v, rcp_of_count(k));
+    ASSERT_EQ(float_bits(a.mean), float_bits(b.mean));
+    ASSERT_EQ(float_bits(a.sigma2), float_bits(b.sigma2));
+  }
+}
+
+TEST(Welford, CombineWithEmptySideIsNotAShortcut) {
+  // k * rcp(k) is not always exactly 1 in fp32, so combining with an empty state can change the mean:
+  // aten does not special-case it and neither may we.
+  int k_off = 0;
+  for (int k = 1; k < 4096 && !k_off; ++k)
+    if (mul_rn(static_cast<float>(k), rcp_rn(static_cast<float>(k))) != 1.0f) k_off = k;
+  ASSERT_GT(k_off, 0);
+  VecWelford own{0.7f, 3.0f, static_cast<float>(k_off)}, empty{};
+  const VecWelford r = vec_welford_combine(own, empty);
+  const float n_own = mul_rn(own.count, rcp_rn(own.count));
+  EXPECT_EQ(float_bits(r.mean), float_bits(fma_rn(0.f, 0.f, mul_rn(n_own, own.mean))));
+  EXPECT_NE(float_bits(r.mean), float_bits(own.mean));
+  EXPECT_EQ(r.count, own.count);
+  // Both sides empty: aten writes zeros.
+  const VecWelford z = vec_welford_combine(empty, empty);
+  EXPECT_EQ(z.mean, 0.f);
+  EXPECT_EQ(z.sigma2, 0.f);
+  EXPECT_EQ(z.count, 0.f);
+}
+
+TEST(Welford, CombineOfHalvesApproximatesWholeRow) {
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(-1.f, 4.f);
+  VecWelford left, right, whole;
+  std::vector<float> xs(256);
+  for (auto& v : xs) v = nd(rng);
+  for (int i = 0; i < 128; ++i) left = vec_welford_push(left, xs[i]);
+  for (int i = 128; i < 256; ++i) right = vec_welford_push(right, xs[i]);
+  for (float v : xs) whole = vec_welford_push(whole, v);
+  const VecWelford c = vec_welford_combine(left, right);
+  EXPECT_EQ(c.count, 256.f);
+  EXPECT_NEAR(c.mean, whole.mean, 1e-5);
+  EXPECT_NEAR(c.sigma2 / 256.f, whole.sigma2 / 256.f, 1e-3);
+}
+
+TEST(Welford, OpsFlavourPushAndCombine) {
+  OpsWelford a, b, w;
+  std::vector<double> xs;
+  std::mt19937 rng(5);
+  std::uniform_real_distribution<float> ud(-3.f, 5.f);
+  for (int i = 0; i < 1000; ++i) {
+    const float v = ud(rng);
+    xs.push_back(v);
+    (i % 2 ? a : b) = ops_welford_push(i % 2 ? a : b, v);
+    w = ops_welford_push(w, v);
+  }
+  double mean = 0, m2 = 0;
+  for (double v : xs) mean += v;
+  mean /= xs.size();
+  for (double v : xs) m2 += (v - mean) * (v - mean);
+  const OpsWelford c = ops_welford_combine(a, b);
+  EXPECT_EQ(c.n, 1000);
+  EXPECT_NEAR(c.mean, mean, 1e-5);
+  EXPECT_NEAR(c.m2 / 1000, m2 / 1000, 1e-3);
+  EXPECT_NEAR(w.m2 / 1000, m2 / 1000, 1e-3);
+  // Empty sides return the other operand unchanged (WelfordOps::combine's early returns).
+  const OpsWelford e;
+  EXPECT_EQ(float_bits(ops_welford_combine(e, a).mean), float_bits(a.mean));
+  EXPECT_EQ(float_bits(ops_welford_combine(a, e).m2), float_bits(a.m2));
+}
