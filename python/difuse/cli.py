@@ -1,0 +1,87 @@
+"""`python -m difuse {kernels,check,bench}`.
+
+  kernels            the kernel registry (works without torch or a GPU)
+  check              every registered op against its live eager chain on this GPU, bit for bit
+  bench [ops]        the main job: fused ops vs eager (and peers) with floor, % of floor and speedup
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+
+
+def _platform() -> str:
+    import torch
+
+    p = torch.cuda.get_device_properties(0)
+    return "%s (sm_%d%d, %d SMs), torch %s, CUDA %s" % (p.name, p.major, p.minor, p.multi_processor_count,
+                                                        torch.__version__, torch.version.cuda)
+
+
+def cmd_kernels(_args) -> int:
+    from . import kernels
+
+    ks = kernels()
+    w = max(len(k["op"]) for k in ks) if ks else 2
+    print("%-*s  %-7s  %-10s  %-7s  %s" % (w, "op", "backend", "contract", "sm", "description"))
+    for k in ks:
+        print("%-*s  %-7s  %-10s  %-7s  %s" % (w, k["op"], k["backend"], k["contract"],
+                                              "%d-%d" % (k["min_sm"], k["max_sm"]), k["description"]))
+        print("%-*s  reproduces %s; verified on %s" % (w, "", k["reference"], k["platform"]))
+    return 0
+
+
+def cmd_check(args) -> int:
+    import torch
+
+    from .gate import count_mismatches
+    from .ops import CHECKS
+
+    if not torch.cuda.is_available():
+        print("difuse check needs a CUDA GPU; none is visible", file=sys.stderr)
+        return 2
+    print("platform:", _platform())
+    g = torch.Generator(device="cuda").manual_seed(args.seed)
+    failed = 0
+    print("%-20s %-28s %12s %10s  %s" % ("op", "shape", "elements", "mismatches", "result"))
+    for name, c in CHECKS.items():
+        if args.op and name not in args.op:
+            continue
+        for spec in c["shapes"]:
+            inputs = c["inputs"](spec, "cuda", g)
+            try:
+                m = count_mismatches(c["fused"](*inputs), c["eager"](*inputs))
+                res = "PASS" if m == 0 else "FAIL"
+            except Exception as e:  # report and go on: one broken op must not hide the others
+                m, res = -1, "ERROR %s: %s" % (type(e).__name__, str(e).splitlines()[0])
+            failed += res != "PASS"
+            print("%-20s %-28s %12d %10d  %s" % (name, str(spec), inputs[0].numel(), m, res))
+            del inputs
+    print("%d failed" % failed if failed else "all exact")
+    return 1 if failed else 0
+
+
+def cmd_bench(args) -> int:
+    from . import bench
+
+    return bench.main(args)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m difuse", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = ap.add_subparsers(dest="cmd")
+    sub.add_parser("kernels", help="list the kernel registry")
+    c = sub.add_parser("check", help="check every op against its live eager chain on this GPU")
+    c.add_argument("--op", action="append", help="only this op (repeatable)")
+    c.add_argument("--seed", type=int, default=0)
+    b = sub.add_parser("bench", help="benchmark (the main job)")
+    b.add_argument("what", nargs="?", default="ops", choices=["ops"], help="what to benchmark (default: ops)")
+    b.add_argument("--out", help="write the JSON records here")
+    b.add_argument("--reps", type=int, default=200, help="timed calls per arm and shape")
+    b.add_argument("--quick", action="store_true", help="three shapes only")
+    b.add_argument("--peer-dir", help="folder holding a peer implementation to time alongside (see docs)")
+    args = ap.parse_args(argv)
+    if args.cmd is None:
+        args = ap.parse_args(["bench"] + (argv or sys.argv[1:]))
+    return {"kernels": cmd_kernels, "check": cmd_check, "bench": cmd_bench}[args.cmd](args)

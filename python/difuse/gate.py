@@ -1,0 +1,158 @@
+"""BitExactGate for Python, backed by the C++ gate in libdifuse (DESIGN §3).
+
+    gate = difuse.BitExactGate("layernorm_modulate", mode="per_signature")
+    out = difuse.run_verified(gate, sig, fused=lambda: ..., eager=lambda: ..., device=0)
+
+`run_verified` is the protocol every site uses: a verified signature runs the fused op (one lock-free
+lookup); an unverified one runs both, compares bit patterns and either keeps the fused result or disables
+the gate for good (one log line) and returns the eager result; no first verification happens while the
+current stream is capturing a CUDA graph or while torch.compile traces: the eager result is returned.
+"""
+from __future__ import annotations
+
+import ctypes
+import logging
+from typing import Callable
+
+from . import _capi
+from ._loader import core, last_error
+
+log = logging.getLogger("difuse")
+
+_MODES = {"once": _capi.GATE_ONCE, "per_signature": _capi.GATE_PER_SIGNATURE}
+
+
+def _check(status: int, what: str) -> None:
+    if status != _capi.OK:
+        raise RuntimeError("difuse %s failed (%s): %s" % (what, core().difuse_status_name(status).decode(), last_error()))
+
+
+@_capi.LOG_FN
+def _log_sink(line, _user):  # gate log lines go through Python logging (one WARNING each)
+    log.warning(line.decode(errors="replace"))
+
+
+_sink_installed = False
+
+
+def _install_log_sink() -> None:
+    global _sink_installed
+    if not _sink_installed:
+        _check(core().difuse_set_log_sink(_log_sink, None), "set_log_sink")
+        _sink_installed = True
+
+
+class BitExactGate:
+    def __init__(self, op: str, mode: str = "per_signature"):
+        if mode not in _MODES:
+            raise ValueError("mode must be 'once' or 'per_signature', got %r" % (mode,))
+        _install_log_sink()
+        self.op, self.mode = op, mode
+        h = ctypes.c_void_p()
+        _check(core().difuse_gate_create(op.encode(), _MODES[mode], ctypes.byref(h)), "gate_create")
+        self._h = h
+
+    def __del__(self):
+        h = getattr(self, "_h", None)
+        if h is not None and h.value:
+            try:
+                core().difuse_gate_destroy(h)
+            except Exception:  # interpreter shutdown
+                pass
+
+    def decide(self, device: int, signature: str, capturing: bool = False, stream: int = 0) -> int:
+        d = ctypes.c_int32()
+        _check(core().difuse_gate_decide(self._h, device, signature.encode(), int(capturing), ctypes.c_void_p(stream),
+                                         ctypes.byref(d)), "gate_decide")
+        return d.value
+
+    def begin_verify(self, device: int, signature: str) -> bool:
+        p = ctypes.c_int32()
+        _check(core().difuse_gate_begin_verify(self._h, device, signature.encode(), ctypes.byref(p)), "gate_begin_verify")
+        return bool(p.value)
+
+    def end_verify(self, device: int, signature: str, mismatches: int, detail: str = "") -> None:
+        _check(core().difuse_gate_end_verify(self._h, device, signature.encode(), int(mismatches), detail.encode()),
+               "gate_end_verify")
+
+    def note_fallback(self, device: int, reason: str) -> None:
+        _check(core().difuse_gate_note_fallback(self._h, device, _capi.FALLBACK_REASONS.index(reason)), "note_fallback")
+
+    def disable(self, device: int, reason: str) -> None:
+        _check(core().difuse_gate_disable(self._h, device, reason.encode()), "gate_disable")
+
+    def reset(self) -> None:
+        _check(core().difuse_gate_reset(self._h), "gate_reset")
+
+    def is_verified(self, device: int, signature: str) -> bool:
+        v = ctypes.c_int32()
+        _check(core().difuse_gate_is_verified(self._h, device, signature.encode(), ctypes.byref(v)), "gate_is_verified")
+        return bool(v.value)
+
+    def counters(self, device: int = 0) -> dict:
+        c = _capi.GateCounters()
+        _check(core().difuse_gate_counters_get(self._h, device, ctypes.byref(c)), "gate_counters")
+        return {
+            "verified_signatures": c.verified_signatures,
+            "verifications": c.verifications,
+            "fused_calls": c.fused_calls,
+            "fallbacks": c.fallbacks,
+            "fallback_reasons": dict(zip(_capi.FALLBACK_REASONS, list(c.fallback_reasons))),
+            "disabled": bool(c.disabled),
+        }
+
+    def __repr__(self):
+        return "BitExactGate(%r, mode=%r)" % (self.op, self.mode)
+
+
+def count_mismatches(a, b) -> int:
+    """Elements whose bit patterns differ (NaN == NaN when the payload matches, +0 != -0)."""
+    import torch
+
+    if a.shape != b.shape or a.dtype != b.dtype:
+        return max(a.numel(), b.numel(), 1)
+    ints = {1: torch.int8, 2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return int((a.contiguous().view(ints) != b.contiguous().view(ints)).sum().item())
+
+
+def _tracing() -> bool:
+    import torch
+
+    return bool(torch.compiler.is_compiling())
+
+
+def run_verified(gate: BitExactGate, signature: str, fused: Callable, eager: Callable, device: int,
+                 supported: bool = True, compare: Callable = count_mismatches):
+    """predicate -> gate -> fused op, or the eager callable. Returns the result to use."""
+    import torch
+
+    if not supported:
+        gate.note_fallback(device, "unsupported")
+        return eager()
+    tracing = _tracing()
+    stream = torch.cuda.current_stream(device).cuda_stream
+    while True:
+        d = gate.decide(device, signature, capturing=tracing, stream=stream)
+        if d == _capi.RUN_FUSED:
+            try:
+                return fused()
+            except Exception as e:  # a host-side failure: disable, answer from the eager chain
+                gate.disable(device, "the fused op raised %s: %s" % (type(e).__name__, e))
+                return eager()
+        if d == _capi.FALLBACK:
+            return eager()
+        if not gate.begin_verify(device, signature):
+            continue  # another thread settled this signature meanwhile
+        try:
+            try:
+                out = fused()
+            except Exception as e:
+                gate.end_verify(device, signature, -1, "%s: %s" % (type(e).__name__, e))
+                return eager()
+            ref = eager()
+            mism = compare(out, ref)
+        except BaseException:
+            gate.end_verify(device, signature, -1, "verification interrupted")
+            raise
+        gate.end_verify(device, signature, mism, "")
+        return out if mism == 0 else ref

@@ -1,0 +1,115 @@
+"""Fused ops: `difuse.ops.<op>` (raises difuse.Unsupported with every reason), `can_use_<op>`, the eager
+chain each op reproduces, and `<op>_verified` (predicate -> BitExactGate -> fused or eager)."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ._loader import torch_extension
+
+
+class Unsupported(ValueError):
+    """The input is outside the op's contract; `reasons` lists every violated precondition."""
+
+    def __init__(self, op: str, reasons: list[str]):
+        self.op, self.reasons = op, list(reasons)
+        super().__init__("difuse::%s: unsupported input (%d violated precondition%s):\n  - %s"
+                         % (op, len(reasons), "" if len(reasons) == 1 else "s", "\n  - ".join(reasons)))
+
+
+@dataclass
+class Support:
+    ok: bool
+    reasons: list[str] = field(default_factory=list)
+
+    def __bool__(self):
+        return self.ok
+
+
+def _ops():
+    torch_extension()
+    import torch
+
+    return torch.ops.difuse
+
+
+# ---- layernorm_modulate -------------------------------------------------------------------------------
+def layernorm_modulate_eager(x, scale, shift, eps: float = 1e-6):
+    """The eager chain: F.layer_norm(x, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]."""
+    import torch.nn.functional as F
+
+    return F.layer_norm(x, (x.shape[-1],), eps=eps) * (1 + scale[:, None]) + shift[:, None]
+
+
+def can_use_layernorm_modulate(x, scale, shift, eps: float = 1e-6) -> Support:
+    reasons = list(_ops().layernorm_modulate_unsupported(x, scale, shift, eps))
+    return Support(not reasons, reasons)
+
+
+def layernorm_modulate(x, scale, shift, eps: float = 1e-6):
+    """Fused, bit-exact `layernorm_modulate_eager` for x [B, L, H] bf16 and [B, H] scale/shift rows."""
+    if not x.is_meta and not _is_fake(x):
+        s = can_use_layernorm_modulate(x, scale, shift, eps)
+        if not s:
+            raise Unsupported("layernorm_modulate", s.reasons)
+    return _ops().layernorm_modulate(x, scale, shift, eps)
+
+
+def layernorm_modulate_signature(x, scale, shift, eps: float) -> str:
+    def t(name, v):
+        return "%s%s%s@%d" % (name, tuple(v.shape), v.stride(), v.data_ptr() % 16)
+    return "|".join((str(x.dtype), t("x", x), t("scale", scale), t("shift", shift), "eps=%r" % float(eps)))
+
+
+_GATES: dict = {}
+
+
+def default_gate(op: str):
+    from .gate import BitExactGate
+
+    if op not in _GATES:
+        _GATES[op] = BitExactGate(op, "per_signature")
+    return _GATES[op]
+
+
+def layernorm_modulate_verified(x, scale, shift, eps: float = 1e-6, gate=None):
+    """predicate -> BitExactGate (per signature) -> fused op, or the eager chain."""
+    from .gate import run_verified
+
+    gate = gate or default_gate("layernorm_modulate")
+    ok = x.is_cuda and bool(can_use_layernorm_modulate(x, scale, shift, eps))
+    return run_verified(gate, layernorm_modulate_signature(x, scale, shift, eps) if ok else "",
+                        fused=lambda: _ops().layernorm_modulate(x, scale, shift, eps),
+                        eager=lambda: layernorm_modulate_eager(x, scale, shift, eps),
+                        device=x.device.index if x.is_cuda else 0, supported=ok)
+
+
+def _is_fake(t) -> bool:
+    try:
+        from torch._subclasses.fake_tensor import FakeTensor
+
+        return isinstance(t, FakeTensor)
+    except Exception:  # pragma: no cover
+        return False
+
+
+# Every op `python -m difuse check` exercises: name -> (fused, eager, make inputs for a shape spec).
+def _layernorm_modulate_inputs(spec, device, generator):
+    import torch
+
+    (B, L, H), chunks = spec
+    x = torch.randn(B, L, H, device=device, dtype=torch.bfloat16, generator=generator)
+    emb = torch.randn(B, chunks * H, device=device, dtype=torch.bfloat16, generator=generator) * 0.5
+    parts = emb.chunk(chunks, dim=1)
+    return (x, parts[1], parts[0], 1e-6)
+
+
+CHECKS = {
+    "layernorm_modulate": dict(
+        fused=lambda *a: layernorm_modulate(*a),
+        eager=layernorm_modulate_eager,
+        inputs=_layernorm_modulate_inputs,
+        shapes=[((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 4608, 3072), 3), ((2, 300, 3072), 6),
+                ((2, 4096, 1536), 6), ((2, 333, 1536), 6), ((2, 1024, 2240), 6), ((1, 32760, 5120), 6),
+                ((1, 32760, 1536), 6), ((1, 1, 4), 2), ((3, 7, 20000), 2)],
+    ),
+}

@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# scripts/device-check.sh --stage build|tests|bench|all
+#
+# The H200 loop (run through the device tool; each stage fits one call). Every stage writes its logs and
+# JSON under $OUT (default: ./device-out): build.log, platform.txt, tests.log + tests.json (the GPU test
+# report), sanitizer.log, bench.log + ops.json. Set DIFUSE_GIT_SHA to the commit being tested (the device
+# copy has no .git). Exit status: non-zero when any stage fails.
+set -uo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+STAGE=all
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --stage) STAGE=$2; shift 2 ;;
+    --stage=*) STAGE=${1#--stage=}; shift ;;
+    *) echo "usage: $0 --stage build|tests|bench|all" >&2; exit 2 ;;
+  esac
+done
+OUT=${OUT:-$ROOT/device-out}
+mkdir -p "$OUT"
+BUILD=${DIFUSE_BUILD_DIR:-$ROOT/build-device}
+export PYTHONUNBUFFERED=1 DIFUSE_BUILD_DIR=$BUILD DIFUSE_LIB_DIR=$BUILD PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
+export DIFUSE_GIT_SHA=${DIFUSE_GIT_SHA:-$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)}
+rc=0
+t0=$(date +%s)
+say() { printf '\n[device-check %4ss] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
+
+stage_build() {
+  say "build ($BUILD)"
+  {
+    nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
+    nvcc --version | tail -2
+    python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
+    echo "git $DIFUSE_GIT_SHA"
+  } >"$OUT/platform.txt" 2>&1
+  cat "$OUT/platform.txt"
+  cmake -S "$ROOT" -B "$BUILD" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDIFUSE_BUILD_TORCH=ON >"$OUT/build.log" 2>&1 &&
+    cmake --build "$BUILD" -j "$(nproc)" >>"$OUT/build.log" 2>&1 || { tail -n 60 "$OUT/build.log"; return 1; }
+  tail -n 2 "$OUT/build.log"
+}
+
+stage_tests() {
+  say "tests: scripts/test.sh (CPU, torch Meta, GPU exact) -> tests.json"
+  DIFUSE_TEST_REPORT="$OUT/tests.json" DIFUSE_TEST_COMMAND="scripts/device-check.sh --stage tests" \
+    "$ROOT/scripts/test.sh" 2>&1 | tee "$OUT/tests.log" | grep -E '^(==|[0-9]+ passed|FAILED|ERROR|scripts/test.sh)|passed|failed' | tail -n 40
+  local r=${PIPESTATUS[0]}
+  say "compute-sanitizer memcheck + racecheck on the native smoke test"
+  {
+    compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
+      compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
+      compute-sanitizer --tool initcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick
+  } >"$OUT/sanitizer.log" 2>&1
+  local s=$?
+  grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|passed, ' "$OUT/sanitizer.log"
+  [ $r = 0 ] && [ $s = 0 ]
+}
+
+stage_bench() {
+  say "bench: python -m difuse bench ops -> ops.json"
+  python3 -m difuse bench ops --out "$OUT/ops.json" ${DIFUSE_BENCH_ARGS:-} 2>&1 | tee "$OUT/bench.log"
+  return "${PIPESTATUS[0]}"
+}
+
+case "$STAGE" in
+  build) stage_build || rc=1 ;;
+  tests) stage_build && stage_tests || rc=1 ;;
+  bench) stage_build && stage_bench || rc=1 ;;
+  all) stage_build && { stage_tests || rc=1; stage_bench || rc=1; } || rc=1 ;;
+  *) echo "unknown stage $STAGE" >&2; exit 2 ;;
+esac
+say "done: stage $STAGE, exit $rc"
+exit $rc

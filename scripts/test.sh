@@ -1,0 +1,71 @@
+#!/usr/bin/env bash
+# The test command (README): builds libdifuse, and the PyTorch extension where torch imports; runs every CPU
+# test; runs the torch Meta/fake checks where torch imports; runs the GPU tests when a CUDA GPU is visible,
+# where a skipped GPU test counts as a failure.
+#
+#   scripts/test.sh            everything this machine can run
+#   DIFUSE_TEST_REPORT=f.json  also write the GPU test report there
+#
+# On CI (CI=true) or with DIFUSE_CI_TORCH=1 it first makes (or reuses) a venv with torch 2.11.0 at
+# ${DIFUSE_CI_CACHE:-$HOME/.cache/difuse-ci}/venv, outside the repo, so the binding compiles and its
+# Meta implementations are checked on a CPU-only machine too.
+set -euo pipefail
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+BUILD=${DIFUSE_BUILD_DIR:-$ROOT/build}
+PY=${DIFUSE_PYTHON:-python3}
+TORCH_VERSION=2.11.0
+JOBS=${DIFUSE_JOBS:-$(nproc)}
+step() { printf '\n== %s\n' "$*"; }
+
+if [ "${CI:-}" = true ] || [ "${DIFUSE_CI_TORCH:-0}" = 1 ]; then
+  CACHE=${DIFUSE_CI_CACHE:-$HOME/.cache/difuse-ci}
+  VENV=$CACHE/venv
+  step "torch $TORCH_VERSION venv at $VENV"
+  if ! "$VENV/bin/python" -c "import torch, pytest, numpy; assert torch.__version__.startswith('$TORCH_VERSION')" 2>/dev/null; then
+    rm -rf "$VENV"
+    python3 -m venv "$VENV"
+    "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy pytest
+  fi
+  PY=$VENV/bin/python
+fi
+
+HAVE_TORCH=0
+"$PY" -c "import torch" 2>/dev/null && HAVE_TORCH=1
+HAVE_GPU=0
+if [ $HAVE_TORCH = 1 ] && "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+  HAVE_GPU=1
+elif command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q GPU; then
+  echo "a CUDA GPU is visible but torch is not usable with it: the GPU tests cannot run" >&2
+  exit 1
+fi
+echo "python: $PY; torch: $([ $HAVE_TORCH = 1 ] && "$PY" -c 'import torch; print(torch.__version__)' || echo absent); GPU: $([ $HAVE_GPU = 1 ] && echo yes || echo no)"
+
+step "configure + build ($BUILD)"
+GEN=()
+command -v ninja >/dev/null && GEN=(-G Ninja)
+cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDIFUSE_PYTHON="$PY" \
+  -DDIFUSE_BUILD_TORCH=$([ $HAVE_TORCH = 1 ] && echo ON || echo OFF) >"$BUILD.configure.log" 2>&1 \
+  || { cat "$BUILD.configure.log"; exit 1; }
+cmake --build "$BUILD" -j "$JOBS"
+
+step "CPU tests (ctest)"
+ctest --test-dir "$BUILD" -L cpu --output-on-failure
+
+step "Python tests without torch or GPU (unittest)"
+DIFUSE_LIB_DIR="$BUILD" python3 -m unittest discover -s "$ROOT/tests/python" -t "$ROOT" -v 2>&1 | tail -n 25
+test "${PIPESTATUS[0]}" = 0
+
+if [ $HAVE_TORCH = 1 ]; then
+  step "torch binding: Meta / fake-tensor checks (pytest)"
+  DIFUSE_LIB_DIR="$BUILD" "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests/torch_cpu"
+fi
+
+if [ $HAVE_GPU = 1 ]; then
+  step "GPU tests (pytest, exact against the live eager chains; skips are failures)"
+  DIFUSE_LIB_DIR="$BUILD" DIFUSE_REQUIRE_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -rfEs "$ROOT/tests/gpu"
+  step "native GPU smoke test"
+  "$BUILD/difuse_gpu_smoke"
+else
+  echo; echo "no CUDA GPU visible: GPU tests not run (they run on the H200 through scripts/device-check.sh)"
+fi
+echo; echo "scripts/test.sh: all passed"

@@ -1,0 +1,277 @@
+"""layernorm_modulate against the live eager chain on the GPU, bit for bit:
+    F.layer_norm(x, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]
+Site shapes, >= 200 seeded random shapes and strides, adversarial and non-finite values, the widest rows
+aten vectorizes, refusals, torch.compile, CUDA-graph replay, opcheck and the gate protocol."""
+import logging
+import os
+import random
+
+import pytest
+import torch
+
+import difuse
+from difuse import ops
+from difuse.gate import count_mismatches
+
+DEV = "cuda"
+BF = torch.bfloat16
+SEED = int(os.environ.get("DIFUSE_TEST_SEED", "20261129"))
+print("difuse GPU tests: seed", SEED)
+
+
+def make(B, L, H, chunks=6, gen=None, scale_of=1, shift_of=0, x_scale=1.0, x_offset=0.0):
+    x = (torch.randn(B, L, H, device=DEV, dtype=torch.float32, generator=gen) * x_scale + x_offset).to(BF)
+    emb = (torch.randn(B, chunks * H, device=DEV, dtype=torch.float32, generator=gen) * 0.5).to(BF)
+    parts = emb.chunk(chunks, dim=1)
+    return x, parts[scale_of % chunks], parts[shift_of % chunks]
+
+
+def assert_exact(x, scale, shift, eps=1e-6):
+    ref = ops.layernorm_modulate_eager(x, scale, shift, eps)
+    out = ops.layernorm_modulate(x, scale, shift, eps)
+    assert out.shape == ref.shape and out.dtype == ref.dtype
+    m = count_mismatches(out, ref)
+    assert m == 0, "%d of %d elements differ (x %s, scale stride %s)" % (m, ref.numel(), tuple(x.shape), scale.stride())
+
+
+SITES = [  # (B, L, H), chunks: FLUX.1 D1/D1c/S1/CFG, SD3, Sana, Wan-size rows
+    ((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 4608, 3072), 3), ((2, 300, 3072), 6),
+    ((2, 4096, 1536), 6), ((2, 333, 1536), 6), ((2, 1024, 2240), 6),
+    ((1, 32760, 5120), 6), ((1, 32760, 1536), 6), ((1, 4096, 4096), 6),
+]
+
+
+@pytest.mark.parametrize("shape,chunks", SITES, ids=lambda v: "x".join(map(str, v)) if isinstance(v, tuple) else str(v))
+def test_site_shapes(shape, chunks):
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    assert_exact(*make(*shape, chunks=chunks, gen=g, scale_of=1, shift_of=0))
+
+
+@pytest.mark.parametrize("H", [4, 8, 12, 16, 20, 124, 128, 132, 508, 512, 516, 2044, 3076, 6148, 12284, 16384, 16388,
+                               20000, 65536, 1 << 20, 1 << 24])
+def test_widths_up_to_the_largest_vectorized_row(H):
+    g = torch.Generator(device=DEV).manual_seed(SEED + H)
+    L = max(1, min(33, (1 << 25) // H))
+    assert_exact(*make(2 if H <= 65536 else 1, L, H, chunks=2, gen=g))
+
+
+def _random_case(i):
+    rnd = random.Random(SEED * 1000 + i)
+    H = 4 * rnd.randint(1, 4096)
+    B = rnd.randint(1, 4)
+    L = rnd.choice([1, rnd.randrange(1, 200, 2), rnd.randint(1, 4096), rnd.randint(1, 33000)])
+    while B * L * H > (1 << 27):
+        L = max(1, L // 2)
+    return B, L, H, rnd.choice([2, 3, 6, 9]), rnd.randrange(9), rnd.randrange(9), rnd.choice([1.0, 1e-3, 30.0]), \
+        rnd.choice([0.0, 0.0, 5.0, -100.0])
+
+
+@pytest.mark.parametrize("i", range(240))
+def test_random_shapes_and_strides(i):
+    B, L, H, chunks, si, hi, xs, xo = _random_case(i)
+    g = torch.Generator(device=DEV).manual_seed(SEED + 7919 * i)
+    assert_exact(*make(B, L, H, chunks=chunks, gen=g, scale_of=si, shift_of=hi, x_scale=xs, x_offset=xo))
+
+
+ADVERSARIAL = ["constant", "offset_tiny_spread", "huge", "tiny", "outlier", "scale_minus_one", "zeros_signed",
+               "inf", "nan", "nan_scale", "inf_shift"]
+
+
+@pytest.mark.parametrize("kind", ADVERSARIAL)
+@pytest.mark.parametrize("H", [64, 3072, 5120])
+def test_adversarial_rows(kind, H):
+    g = torch.Generator(device=DEV).manual_seed(SEED + len(kind) * H)
+    x, scale, shift = make(2, 37, H, gen=g)
+    x = x.clone()
+    emb = torch.cat([shift, scale], dim=1)  # fresh strided parents for edits
+    shift, scale = emb[:, :H], emb[:, H:]
+    if kind == "constant":
+        x[:, ::2] = 3.25
+    elif kind == "offset_tiny_spread":
+        x = (1000.0 + torch.randn(x.shape, device=DEV, generator=g) * 1e-2).to(BF)
+    elif kind == "huge":
+        x = (torch.randn(x.shape, device=DEV, generator=g).sign() * 3e38).to(BF)
+    elif kind == "tiny":
+        x = (torch.randn(x.shape, device=DEV, generator=g) * 1e-38).to(BF)
+    elif kind == "outlier":
+        x[:, :, H // 3] = 3e4
+    elif kind == "scale_minus_one":
+        scale.fill_(-1.0)
+    elif kind == "zeros_signed":
+        x[:, 0] = 0.0
+        x[:, 1] = -0.0
+        shift[:, : H // 2] = -0.0
+    elif kind == "inf":
+        x[0, 0, 3] = float("inf")
+        x[1, 2, 5] = float("-inf")
+    elif kind == "nan":
+        x[0, 1, 7] = float("nan")
+    elif kind == "nan_scale":
+        scale[0, 9] = float("nan")
+    elif kind == "inf_shift":
+        shift[1, 2] = float("inf")
+    assert_exact(x, scale, shift)
+
+
+@pytest.mark.parametrize("eps", [1e-6, 1e-5, 0.0, 1.0])
+def test_eps(eps):
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    assert_exact(*make(1, 300, 3072, gen=g), eps=eps)
+
+
+def test_eight_byte_aligned_x_takes_the_narrow_path_exactly():
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    buf = torch.randn(2 * 100 * 3072 + 4, device=DEV, generator=g).to(BF)
+    x = buf[4:].view(2, 100, 3072)  # 8-byte, not 16-byte aligned: aten still vectorizes
+    _, scale, shift = make(2, 100, 3072, gen=g)
+    assert_exact(x, scale, shift)
+
+
+def test_unaligned_modulation_rows():
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    x, _, _ = make(3, 50, 3072, gen=g)
+    emb = torch.randn(3, 2 * 3072 + 3, device=DEV, generator=g).to(BF)
+    assert_exact(x, emb[:, 1:3073], emb[:, 3075:])  # 2-byte aligned rows, odd row stride
+
+
+def test_broadcast_row_stride_zero():
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    x, _, _ = make(3, 20, 3072, gen=g)
+    row = torch.randn(1, 2 * 3072, device=DEV, generator=g).to(BF)
+    assert_exact(x, row[:, :3072].expand(3, 3072), row[:, 3072:].expand(3, 3072))
+
+
+def test_empty_sequence():
+    x = torch.empty(2, 0, 3072, device=DEV, dtype=BF)
+    s = torch.zeros(2, 3072, device=DEV, dtype=BF)
+    assert ops.layernorm_modulate(x, s, s).shape == (2, 0, 3072)
+
+
+# ---- refusals: what aten sends down its two-kernel path, and everything outside the contract ------------------
+def _refused(x, scale, shift, *needles):
+    s = ops.can_use_layernorm_modulate(x, scale, shift)
+    assert not s.ok
+    for n in needles:
+        assert any(n in r for r in s.reasons), (n, s.reasons)
+    with pytest.raises(difuse.Unsupported) as e:
+        ops.layernorm_modulate(x, scale, shift)
+    assert e.value.reasons == s.reasons
+    # The raw torch op refuses too (ValueError carrying the same list; CPU tensors have no kernel at all).
+    with pytest.raises((ValueError, NotImplementedError)) as raw:
+        torch.ops.difuse.layernorm_modulate(x, scale, shift, 1e-6)
+    if x.is_cuda and scale.is_cuda and shift.is_cuda:
+        assert all(r in str(raw.value) for r in s.reasons)
+
+
+def test_refuses_h_not_multiple_of_4():
+    x, s, h = make(1, 8, 3070, chunks=2)
+    _refused(x, s, h, "multiple of 4")
+
+
+def test_refuses_misaligned_view():
+    flat = torch.randn(8 * 3072 + 1, device=DEV).to(BF)
+    x = flat[1:].view(1, 8, 3072)  # contiguous at an odd element offset: aten's two-kernel path
+    _, s, h = make(1, 8, 3072)
+    _refused(x, s, h, "8-byte aligned")
+
+
+def test_refuses_wrong_dtype_device_layout_and_lists_all():
+    x, s, h = make(2, 8, 256)
+    _refused(x.half(), s.float(), h, "x must be bf16", "scale must be bf16")
+    _refused(x.cpu(), s.cpu(), h.cpu(), "x must be on a CUDA device", "scale must be on a CUDA device")
+    _refused(x.transpose(0, 1), s[:1], h, "x must be contiguous")
+    _refused(x, s[:, ::2].repeat(1, 2)[:, :256].t().contiguous().t(), h, "contiguous last dim")
+    _refused(x, s[:1], h[:, :128], "scale must have shape", "shift must have shape")
+    s2 = ops.can_use_layernorm_modulate(x.half(), s.float(), h[:, :128])
+    assert len(s2.reasons) >= 3
+
+
+# ---- torch.compile, CUDA graphs, opcheck -------------------------------------------------------------------
+def test_opcheck():
+    x, s, h = make(2, 33, 512)
+    torch.library.opcheck(torch.ops.difuse.layernorm_modulate.default, (x, s, h, 1e-6))
+
+
+def test_torch_compile_fullgraph():
+    def block(x, emb):
+        shift, scale = emb.chunk(2, dim=1)
+        y = torch.ops.difuse.layernorm_modulate(x, scale, shift, 1e-6)
+        return y * 2
+
+    compiled = torch.compile(block, fullgraph=True)
+    for L in (64, 300):
+        g = torch.Generator(device=DEV).manual_seed(SEED + L)
+        x = torch.randn(2, L, 3072, device=DEV, generator=g).to(BF)
+        emb = torch.randn(2, 6144, device=DEV, generator=g).to(BF)
+        shift, scale = emb.chunk(2, dim=1)
+        ref = ops.layernorm_modulate_eager(x, scale, shift) * 2
+        assert count_mismatches(compiled(x, emb), ref) == 0
+
+
+def test_cuda_graph_replay_with_new_values():
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    x, s, h = make(1, 4096, 3072, gen=g)
+    x, s, h = x.clone(), s.clone(), h.clone()
+    torch.ops.difuse.layernorm_modulate(x, s, h, 1e-6)  # warm up outside capture
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.difuse.layernorm_modulate(x, s, h, 1e-6)
+    for i in range(3):
+        nx, ns, nh = make(1, 4096, 3072, gen=g)
+        x.copy_(nx), s.copy_(ns), h.copy_(nh)
+        graph.replay()
+        torch.cuda.synchronize()
+        assert count_mismatches(out, ops.layernorm_modulate_eager(x, s, h)) == 0, i
+
+
+# ---- the gate protocol on the GPU ----------------------------------------------------------------------------
+def test_verified_helper_verifies_once_then_runs_fused():
+    gate = difuse.BitExactGate("layernorm_modulate", "per_signature")
+    x, s, h = make(1, 512, 3072)
+    for _ in range(3):
+        out = ops.layernorm_modulate_verified(x, s, h, gate=gate)
+        assert count_mismatches(out, ops.layernorm_modulate_eager(x, s, h)) == 0
+    c = gate.counters(0)
+    assert c["verified_signatures"] == 1 and c["verifications"] == 1 and c["fused_calls"] == 3 and not c["disabled"]
+
+
+def test_gate_disables_on_mismatch_with_one_log_line(caplog):
+    gate = difuse.BitExactGate("layernorm_modulate", "per_signature")
+    x, s, h = make(1, 64, 3072)
+    wrong = lambda: ops.layernorm_modulate_eager(x, s, h) * 1.5  # a "reference" the kernel cannot match
+    with caplog.at_level(logging.WARNING, logger="difuse"):
+        out = difuse.run_verified(gate, "sig", fused=lambda: ops.layernorm_modulate(x, s, h), eager=wrong, device=0)
+        difuse.run_verified(gate, "sig2", fused=lambda: ops.layernorm_modulate(x, s, h), eager=wrong, device=0)
+    assert count_mismatches(out, wrong()) == 0  # the reference result is returned
+    assert gate.counters(0)["disabled"]
+    lines = [r.getMessage() for r in caplog.records if "disabled for good" in r.getMessage()]
+    assert len(lines) == 1 and "elements differ" in lines[0] and "torch 2.11" in lines[0] and "H200" in lines[0], lines
+
+
+def test_gate_never_verifies_during_capture():
+    gate = difuse.BitExactGate("layernorm_modulate", "per_signature")
+    x, s, h = make(1, 128, 3072)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = ops.layernorm_modulate_verified(x, s, h, gate=gate)
+    graph.replay()
+    torch.cuda.synchronize()
+    assert count_mismatches(out, ops.layernorm_modulate_eager(x, s, h)) == 0
+    c = gate.counters(0)
+    assert c["verified_signatures"] == 0 and c["fallback_reasons"]["capturing"] == 1
+
+
+def test_unsupported_input_falls_back_and_is_counted():
+    gate = difuse.BitExactGate("layernorm_modulate", "per_signature")
+    x, s, h = make(1, 8, 3070, chunks=2)
+    out = ops.layernorm_modulate_verified(x, s, h, gate=gate)
+    assert count_mismatches(out, ops.layernorm_modulate_eager(x, s, h)) == 0
+    assert gate.counters(0)["fallback_reasons"]["unsupported"] == 1
+
+
+def test_check_command_passes():
+    from difuse.cli import main
+
+    assert main(["check"]) == 0

@@ -1,0 +1,69 @@
+"""The Python package without torch or a GPU: import, the kernel list, the gate through ctypes, and the
+error a user gets when the compiled library is missing."""
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+
+import difuse  # noqa: E402
+
+
+class PackageTest(unittest.TestCase):
+    def test_kernels_lists_layernorm_modulate(self):
+        ks = {k["op"]: k for k in difuse.kernels()}
+        self.assertIn("layernorm_modulate", ks)
+        self.assertEqual(ks["layernorm_modulate"]["contract"], "bit_exact")
+        self.assertEqual(ks["layernorm_modulate"]["backend"], "cuda")
+
+    def test_cli_kernels(self):
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+        out = subprocess.run([sys.executable, "-m", "difuse", "kernels"], env=env, capture_output=True, text=True,
+                             check=True).stdout
+        self.assertIn("layernorm_modulate", out)
+        self.assertIn("bit_exact", out)
+
+    def test_gate_through_ctypes(self):
+        g = difuse.BitExactGate("layernorm_modulate", "per_signature")
+        self.assertEqual(g.decide(0, "s", capturing=False), 1)  # VERIFY
+        self.assertTrue(g.begin_verify(0, "s"))
+        g.end_verify(0, "s", 0)
+        self.assertEqual(g.decide(0, "s"), 0)  # RUN_FUSED
+        self.assertEqual(g.decide(0, "t", capturing=True), 2)  # FALLBACK while tracing
+        c = g.counters(0)
+        self.assertEqual(c["verified_signatures"], 1)
+        self.assertEqual(c["fallback_reasons"]["capturing"], 1)
+        with self.assertLogs("difuse", level="WARNING") as logs:
+            self.assertTrue(g.begin_verify(0, "u"))
+            g.end_verify(0, "u", 3, "test")
+        self.assertEqual(len(logs.records), 1)
+        self.assertIn("3 elements differ", logs.output[0])
+        self.assertTrue(g.counters(0)["disabled"])
+        g.reset()
+        self.assertFalse(g.counters(0)["disabled"])
+        with self.assertRaises(ValueError):
+            difuse.BitExactGate("x", "sometimes")
+        with self.assertRaises(RuntimeError):
+            g.end_verify(0, "never-begun", 0)
+
+    def test_import_without_the_compiled_library(self):
+        with tempfile.TemporaryDirectory() as d:
+            shutil.copytree(ROOT / "python" / "difuse", Path(d) / "difuse",
+                            ignore=shutil.ignore_patterns("_lib", "__pycache__"))
+            env = {k: v for k, v in os.environ.items() if k != "DIFUSE_LIB_DIR"}
+            env["PYTHONPATH"] = d
+            code = ("import difuse\n"
+                    "try:\n    difuse.kernels()\nexcept difuse.MissingExtension as e:\n    print('MISSING', e)\n")
+            out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=d)
+            self.assertEqual(out.returncode, 0, out.stderr)
+            self.assertIn("MISSING libdifuse is not built", out.stdout)
+            self.assertIn("cmake", out.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,87 @@
+"""The torch binding on any machine (no GPU needed): schema, Meta/fake implementations, opcheck on meta
+tensors, torch.compile tracing through FakeTensorMode, and the predicate's reasons."""
+import pytest
+import torch
+from torch._subclasses.fake_tensor import FakeTensorMode
+
+import difuse
+from difuse import ops
+
+ops.can_use_layernorm_modulate  # noqa: B018
+difuse._loader.torch_extension()
+OP = torch.ops.difuse.layernorm_modulate
+
+
+def meta_inputs(B=2, L=300, H=3072, chunks=6, device="meta"):
+    x = torch.empty(B, L, H, dtype=torch.bfloat16, device=device)
+    emb = torch.empty(B, chunks * H, dtype=torch.bfloat16, device=device)
+    parts = emb.chunk(chunks, dim=1)
+    return x, parts[1], parts[0]
+
+
+def test_schema():
+    s = str(OP.default._schema)
+    assert s.startswith("difuse::layernorm_modulate(Tensor x, Tensor scale, Tensor shift, float eps=")
+
+
+def test_meta_shape_and_dtype():
+    out = OP(*meta_inputs(), 1e-6)
+    assert out.shape == (2, 300, 3072) and out.dtype == torch.bfloat16 and out.is_contiguous()
+
+
+def test_meta_rejects_bad_shapes():
+    x, s, h = meta_inputs()
+    with pytest.raises(ValueError, match="scale must be"):
+        OP(x, s[:1], h, 1e-6)
+    with pytest.raises(ValueError, match="bf16"):
+        OP(x.float(), s, h, 1e-6)
+
+
+def test_fake_tensor_mode_on_cuda_tensors():
+    with FakeTensorMode():
+        out = OP(*meta_inputs(device="cuda"), 1e-6)
+        assert out.device.type == "cuda" and out.shape == (2, 300, 3072)
+
+
+def test_opcheck_on_meta():
+    x, s, h = meta_inputs(1, 33, 256, chunks=2)
+    torch.library.opcheck(OP.default, (x, s, h, 1e-6))
+
+
+def test_compile_traces_with_fake_tensors():
+    from torch._dynamo.testing import EagerAndRecordGraphs
+
+    backend = EagerAndRecordGraphs()
+
+    def f(x, emb):
+        shift, scale = emb.chunk(2, dim=1)
+        return OP(x, scale, shift, 1e-6) + 1
+
+    x = torch.empty(2, 64, 512, dtype=torch.bfloat16, device="meta")
+    emb = torch.empty(2, 1024, dtype=torch.bfloat16, device="meta")
+    torch.compile(f, backend=backend, fullgraph=True)(x, emb)
+    assert len(backend.graphs) == 1
+    assert "difuse.layernorm_modulate" in backend.graphs[0].code
+
+
+def test_predicate_lists_every_reason_on_cpu_tensors():
+    x = torch.empty(2, 3, 10, dtype=torch.float16)
+    s = ops.can_use_layernorm_modulate(x, torch.empty(2, 10), torch.empty(2, 10))
+    assert not s.ok
+    joined = "\n".join(s.reasons)
+    for needle in ("x must be bf16", "x must be on a CUDA device", "scale must be bf16", "multiple of 4"):
+        assert needle in joined
+    with pytest.raises(difuse.Unsupported) as e:
+        ops.layernorm_modulate(x, torch.empty(2, 10), torch.empty(2, 10))
+    assert e.value.reasons == s.reasons
+    assert "violated preconditions" in str(e.value)
+
+
+def test_reference_op_is_the_eager_chain_on_cpu():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(2, 5, 64, generator=g).to(torch.bfloat16)
+    emb = torch.randn(2, 128, generator=g).to(torch.bfloat16)
+    shift, scale = emb.chunk(2, dim=1)
+    a = torch.ops.difuse.layernorm_modulate_reference(x, scale, shift, 1e-6)
+    b = ops.layernorm_modulate_eager(x, scale, shift, 1e-6)
+    assert difuse.count_mismatches(a, b) == 0

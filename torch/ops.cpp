@@ -1,0 +1,90 @@
+// TORCH_LIBRARY(difuse): the torch ops over libdifuse's C ABI, each with a CUDA and a Meta (fake)
+// implementation so they trace under torch.compile(fullgraph=True) and replay in CUDA graphs (no host
+// sync, no allocation but the output, the current stream), plus the ATen reference chain each op
+// reproduces (used by `python -m difuse check` and by callers that verify a direct op call).
+#include <ATen/ATen.h>
+#include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAGuard.h>
+#include <torch/library.h>
+
+#include "difuse/difuse.h"
+#include "tensor_view.h"
+
+namespace {
+
+using difuse::torch_binding::check_status;
+using difuse::torch_binding::to_view;
+
+// Shape and dtype rules the Meta impl can check (alignment and strides are the CUDA predicate's job).
+void check_layernorm_modulate_meta(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift) {
+  TORCH_CHECK_VALUE(x.dim() == 3, "difuse::layernorm_modulate: x must be [B, L, H], got ", x.sizes());
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kBFloat16 && scale.scalar_type() == at::kBFloat16 &&
+                        shift.scalar_type() == at::kBFloat16,
+                    "difuse::layernorm_modulate: x, scale and shift must be bf16");
+  const int64_t B = x.size(0), H = x.size(2);
+  TORCH_CHECK_VALUE(scale.dim() == 2 && scale.size(0) == B && scale.size(1) == H,
+                    "difuse::layernorm_modulate: scale must be [B, H] = [", B, ", ", H, "], got ", scale.sizes());
+  TORCH_CHECK_VALUE(shift.dim() == 2 && shift.size(0) == B && shift.size(1) == H,
+                    "difuse::layernorm_modulate: shift must be [B, H] = [", B, ", ", H, "], got ", shift.sizes());
+}
+
+at::Tensor layernorm_modulate_cuda(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, double eps) {
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const difuse_tensor_view vo = to_view(out), vx = to_view(x), vs = to_view(scale), vh = to_view(shift);
+  check_status(difuse_layernorm_modulate(&vo, &vx, &vs, &vh, eps, at::cuda::getCurrentCUDAStream().stream()),
+               "layernorm_modulate");
+  return out;
+}
+
+at::Tensor layernorm_modulate_meta(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, double) {
+  check_layernorm_modulate_meta(x, scale, shift);
+  return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+// The eager chain, op for op: F.layer_norm(x, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None].
+at::Tensor layernorm_modulate_reference(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+                                        double eps) {
+  const at::Tensor n = at::layer_norm(x, {x.size(-1)}, {}, {}, eps);
+  return n * (scale.unsqueeze(1) + 1) + shift.unsqueeze(1);
+}
+
+// Predicate as a list of reasons (empty = supported); works for any tensors, no launch.
+std::vector<std::string> layernorm_modulate_unsupported(const at::Tensor& x, const at::Tensor& scale,
+                                                        const at::Tensor& shift, double eps) {
+  difuse_tensor_view vo = to_view(x);  // the output we would allocate: contiguous, fresh, bf16, on x's device
+  vo.dtype = DIFUSE_BF16;
+  vo.device = vo.device >= 0 ? vo.device : 0;
+  vo.data = x.numel() ? reinterpret_cast<void*>(uintptr_t{1} << 48) : nullptr;  // never overlaps, 256-aligned
+  int64_t acc = 1;
+  for (int i = vo.rank - 1; i >= 0; --i) vo.strides[i] = acc, acc *= vo.sizes[i];
+  const difuse_tensor_view vx = to_view(x), vs = to_view(scale), vh = to_view(shift);
+  const difuse_status s = difuse_can_use_layernorm_modulate(&vo, &vx, &vs, &vh, eps);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_layernorm_modulate");
+  std::vector<std::string> reasons;
+  const std::string msg = difuse_last_error(), mark = "\n  - ";
+  for (size_t p = msg.find(mark); p != std::string::npos;) {
+    const size_t b = p + mark.size(), n = msg.find(mark, b);
+    reasons.push_back(msg.substr(b, n == std::string::npos ? std::string::npos : n - b));
+    p = n;
+  }
+  return reasons;
+}
+
+}  // namespace
+
+TORCH_LIBRARY(difuse, m) {
+  m.def("layernorm_modulate(Tensor x, Tensor scale, Tensor shift, float eps=1e-06) -> Tensor");
+  m.def("layernorm_modulate_reference(Tensor x, Tensor scale, Tensor shift, float eps=1e-06) -> Tensor");
+  m.def("layernorm_modulate_unsupported(Tensor x, Tensor scale, Tensor shift, float eps=1e-06) -> str[]");
+}
+
+TORCH_LIBRARY_IMPL(difuse, CUDA, m) { m.impl("layernorm_modulate", &layernorm_modulate_cuda); }
+TORCH_LIBRARY_IMPL(difuse, Meta, m) { m.impl("layernorm_modulate", &layernorm_modulate_meta); }
+TORCH_LIBRARY_IMPL(difuse, CompositeImplicitAutograd, m) {
+  m.impl("layernorm_modulate_reference", &layernorm_modulate_reference);
+}
+TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
+  m.impl("layernorm_modulate_unsupported", &layernorm_modulate_unsupported);
+}
