@@ -20,6 +20,9 @@ mkdir -p "$OUT"
 BUILD=${DIFUSE_BUILD_DIR:-$ROOT/build-device}
 export PYTHONUNBUFFERED=1 DIFUSE_BUILD_DIR=$BUILD DIFUSE_LIB_DIR=$BUILD PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
 export DIFUSE_GIT_SHA=${DIFUSE_GIT_SHA:-$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)}
+# The system compiler, as torch extensions are built there (the image's CXX may point at a toolchain that
+# links libstdc++ statically).
+[ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
 rc=0
 t0=$(date +%s)
 say() { printf '\n[device-check %4ss] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }

@@ -54,7 +54,7 @@ def core() -> ctypes.CDLL:
                     "libdifuse is not built: looked in " + ", ".join(map(str, search_dirs()))
                     + ". Build it with `cmake -S . -B build -G Ninja && ninja -C build`, or `pip install .`, "
                     "or point DIFUSE_LIB_DIR at a folder holding libdifuse.so.0")
-            lib = _capi.declare(ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL))
+            lib = _capi.declare(ctypes.CDLL(str(path)))
             _core = lib
         return _core
 
