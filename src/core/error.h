@@ -25,9 +25,6 @@ class Failure : public std::runtime_error {
 struct Support {
   std::vector<std::string> violations;
   bool ok() const { return violations.empty(); }
-  void require(bool cond, std::string what) {
-    if (!cond) violations.push_back(std::move(what));
-  }
   // "difuse::<op>: unsupported input (N violated preconditions):\n  - a\n  - b"
   std::string message(const char* op) const;
 };
@@ -38,6 +35,13 @@ void clear_last_error();
 [[noreturn]] void throw_cuda(cudaError_t err, const char* call, const char* file, int line);
 
 }  // namespace difuse::detail
+
+// Records a violated precondition; the message is only built when the condition fails (predicates run
+// on every launch, so the passing path must not allocate).
+#define DIFUSE_REQUIRE(support, cond, ...)                                 \
+  do {                                                                     \
+    if (!(cond)) (support).violations.push_back(__VA_ARGS__);              \
+  } while (0)
 
 // Every CUDA runtime call in the library goes through this.
 #define DIFUSE_CUDA_CHECK(call)                                                         \

@@ -28,6 +28,7 @@
 
 #include <cuda_runtime.h>
 
+#include <cstdlib>
 #include <string>
 
 #include "core/registry.h"
@@ -279,17 +280,30 @@ void launch_registered(const LayernormModulateConfig& cfg, const Params& p, cuda
 }
 
 void require_bf16_view(detail::Support& s, const difuse_tensor_view& v, const char* name) {
-  s.require(v.dtype == DIFUSE_BF16, std::string(name) + " must be bf16, got " + difuse_dtype_name(v.dtype));
-  s.require(v.device >= 0, std::string(name) + " must be on a CUDA device, got host memory");
+  DIFUSE_REQUIRE(s, v.dtype == DIFUSE_BF16, std::string(name) + " must be bf16, got " + difuse_dtype_name(v.dtype));
+  DIFUSE_REQUIRE(s, v.device >= 0, std::string(name) + " must be on a CUDA device, got host memory");
 }
 
+}  // namespace
+
+namespace {
+// Tuning knob for measurements: DIFUSE_LNMOD_MIN_THREADS=64|128 raises the threads per row the heuristic
+// picks (the bits do not change: every schedule replays the same tree). Read once.
+int min_threads_per_row() {
+  static const int v = [] {
+    const char* e = std::getenv("DIFUSE_LNMOD_MIN_THREADS");
+    return e ? std::atoi(e) : 0;
+  }();
+  return v;
+}
 }  // namespace
 
 LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16) {
   const int64_t sweeps = (h / kVecElems + kAtenThreads - 1) / kAtenThreads;
   const bool paired = aligned16 && h % 8 == 0;
-  if (sweeps <= 6) return {32, paired, static_cast<int>(sweeps)};
-  if (sweeps <= 12) return {64, paired, static_cast<int>(sweeps <= 8 ? 8 : sweeps <= 10 ? 10 : 12)};
+  const int floor_g = min_threads_per_row();
+  if (sweeps <= 6 && floor_g <= 32) return {32, paired, static_cast<int>(sweeps)};
+  if (sweeps <= 12 && floor_g <= 64) return {64, paired, static_cast<int>(sweeps <= 8 ? 8 : sweeps <= 10 ? 10 : 12)};
   if (sweeps <= 32) return {128, false, static_cast<int>(sweeps <= 16 ? 16 : sweeps <= 24 ? 24 : 32)};
   return {0, false, 0};
 }
@@ -304,41 +318,41 @@ detail::Support can_use_layernorm_modulate(const difuse_tensor_view& out, const 
   require_bf16_view(s, shift, "shift");
   require_bf16_view(s, out, "out");
   const bool x3 = x.rank == 3;
-  s.require(x3, "x must have rank 3 [B, L, H], got " + detail::describe(x));
+  DIFUSE_REQUIRE(s, x3, "x must have rank 3 [B, L, H], got " + detail::describe(x));
   if (!x3) return s;
   const int64_t B = x.sizes[0], L = x.sizes[1], H = x.sizes[2];
   const bool empty = B == 0 || L == 0 || H == 0;
-  s.require(detail::is_contiguous(x), "x must be contiguous, got " + detail::describe(x));
-  s.require(H % 4 == 0, "H must be a multiple of 4 (aten's vectorized LayerNorm), got H = " + std::to_string(H));
-  s.require(H <= (int64_t{1} << 24), "H must be at most 2^24 (aten keeps counts in fp32), got H = " + std::to_string(H));
-  s.require(B * L <= int64_t{2147483647}, "B * L must be at most 2^31 - 1 (aten's grid limit), got " + std::to_string(B * L));
+  DIFUSE_REQUIRE(s, detail::is_contiguous(x), "x must be contiguous, got " + detail::describe(x));
+  DIFUSE_REQUIRE(s, H % 4 == 0, "H must be a multiple of 4 (aten's vectorized LayerNorm), got H = " + std::to_string(H));
+  DIFUSE_REQUIRE(s, H <= (int64_t{1} << 24), "H must be at most 2^24 (aten keeps counts in fp32), got H = " + std::to_string(H));
+  DIFUSE_REQUIRE(s, B * L <= int64_t{2147483647}, "B * L must be at most 2^31 - 1 (aten's grid limit), got " + std::to_string(B * L));
   if (!empty)
-    s.require(detail::aligned(x.data, 8),
+    DIFUSE_REQUIRE(s, detail::aligned(x.data, 8),
               "x must be 8-byte aligned (a misaligned view takes aten's two-kernel LayerNorm, which rounds differently)");
   for (const auto* m : {&scale, &shift}) {
     const char* name = m == &scale ? "scale" : "shift";
     if (m->rank != 2) {
-      s.require(false, std::string(name) + " must have rank 2 [B, H], got " + detail::describe(*m));
+      DIFUSE_REQUIRE(s, false, std::string(name) + " must have rank 2 [B, H], got " + detail::describe(*m));
       continue;
     }
-    s.require(m->sizes[0] == B && m->sizes[1] == H, std::string(name) + " must have shape [" + std::to_string(B) + ", " +
+    DIFUSE_REQUIRE(s, m->sizes[0] == B && m->sizes[1] == H, std::string(name) + " must have shape [" + std::to_string(B) + ", " +
                                                         std::to_string(H) + "], got " + detail::describe(*m));
-    s.require(m->strides[1] == 1 || m->sizes[1] <= 1,
+    DIFUSE_REQUIRE(s, m->strides[1] == 1 || m->sizes[1] <= 1,
               std::string(name) + " must have a contiguous last dim (stride 1), got " + detail::describe(*m));
-    s.require(m->strides[0] >= 0, std::string(name) + " must have a non-negative row stride, got " + detail::describe(*m));
-    s.require(m->device == x.device, std::string(name) + " must be on the device of x (cuda:" + std::to_string(x.device) +
+    DIFUSE_REQUIRE(s, m->strides[0] >= 0, std::string(name) + " must have a non-negative row stride, got " + detail::describe(*m));
+    DIFUSE_REQUIRE(s, m->device == x.device, std::string(name) + " must be on the device of x (cuda:" + std::to_string(x.device) +
                                          "), got " + detail::describe(*m));
-    if (!empty) s.require(m->data != nullptr, std::string(name) + " has a null data pointer");
+    if (!empty) DIFUSE_REQUIRE(s, m->data != nullptr, std::string(name) + " has a null data pointer");
   }
   const bool out3 = out.rank == 3 && out.sizes[0] == B && out.sizes[1] == L && out.sizes[2] == H;
-  s.require(out3, "out must have the shape of x [" + std::to_string(B) + ", " + std::to_string(L) + ", " +
+  DIFUSE_REQUIRE(s, out3, "out must have the shape of x [" + std::to_string(B) + ", " + std::to_string(L) + ", " +
                       std::to_string(H) + "], got " + detail::describe(out));
-  s.require(detail::is_contiguous(out), "out must be contiguous, got " + detail::describe(out));
-  s.require(out.device == x.device, "out must be on the device of x, got " + detail::describe(out));
+  DIFUSE_REQUIRE(s, detail::is_contiguous(out), "out must be contiguous, got " + detail::describe(out));
+  DIFUSE_REQUIRE(s, out.device == x.device, "out must be on the device of x, got " + detail::describe(out));
   if (!empty) {
-    s.require(x.data != nullptr && out.data != nullptr, "x and out must have non-null data pointers");
-    s.require(detail::aligned(out.data, 8), "out must be 8-byte aligned");
-    s.require(!detail::overlaps(out, x) && !detail::overlaps(out, scale) && !detail::overlaps(out, shift),
+    DIFUSE_REQUIRE(s, x.data != nullptr && out.data != nullptr, "x and out must have non-null data pointers");
+    DIFUSE_REQUIRE(s, detail::aligned(out.data, 8), "out must be 8-byte aligned");
+    DIFUSE_REQUIRE(s, !detail::overlaps(out, x) && !detail::overlaps(out, scale) && !detail::overlaps(out, shift),
               "out must not overlap x, scale or shift");
   }
   return s;
