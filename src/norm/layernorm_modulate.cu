@@ -78,28 +78,22 @@ __device__ __forceinline__ void row_sync() {
     __syncthreads();
 }
 
-// Modulation values for columns c..c+3 of batch row b.
-__device__ __forceinline__ void load_mod4(const Params& p, int64_t b, int c, float sc[4], float sh[4]) {
+// Modulation words (two bf16 each) for columns c..c+3 of batch row b.
+__device__ __forceinline__ void load_mod4(const Params& p, int64_t b, int c, uint2& sc, uint2& sh) {
   const uint16_t* s = p.scale + b * p.scale_stride + c;
   const uint16_t* t = p.shift + b * p.shift_stride + c;
   if (p.mod_vec) {
-    const uint2 ws = *reinterpret_cast<const uint2*>(s);
-    const uint2 wt = *reinterpret_cast<const uint2*>(t);
-    sc[0] = num::bf16_lo(ws.x), sc[1] = num::bf16_hi(ws.x), sc[2] = num::bf16_lo(ws.y), sc[3] = num::bf16_hi(ws.y);
-    sh[0] = num::bf16_lo(wt.x), sh[1] = num::bf16_hi(wt.x), sh[2] = num::bf16_lo(wt.y), sh[3] = num::bf16_hi(wt.y);
+    sc = *reinterpret_cast<const uint2*>(s);
+    sh = *reinterpret_cast<const uint2*>(t);
   } else {
-#pragma unroll
-    for (int e = 0; e < 4; ++e) sc[e] = num::bf16_to_float(s[e]), sh[e] = num::bf16_to_float(t[e]);
+    sc = make_uint2(s[0] | (uint32_t{s[1]} << 16), s[2] | (uint32_t{s[3]} << 16));
+    sh = make_uint2(t[0] | (uint32_t{t[1]} << 16), t[2] | (uint32_t{t[3]} << 16));
   }
 }
 
-// 4 bf16 of x (as two words) -> 4 bf16 outputs (two words).
-__device__ __forceinline__ uint2 modulate4(uint2 w, RowStats st, const float sc[4], const float sh[4]) {
-  const float o0 = layernorm_modulate_value(num::bf16_lo(w.x), st, sc[0], sh[0]);
-  const float o1 = layernorm_modulate_value(num::bf16_hi(w.x), st, sc[1], sh[1]);
-  const float o2 = layernorm_modulate_value(num::bf16_lo(w.y), st, sc[2], sh[2]);
-  const float o3 = layernorm_modulate_value(num::bf16_hi(w.y), st, sc[3], sh[3]);
-  return make_uint2(num::pack_bf16x2(o0, o1), num::pack_bf16x2(o2, o3));
+// 4 bf16 of x (two words) -> 4 bf16 outputs (two words).
+__device__ __forceinline__ uint2 modulate4(uint2 w, RowStats st, uint2 sc, uint2 sh) {
+  return make_uint2(layernorm_modulate_pair(w.x, st, sc.x, sh.x), layernorm_modulate_pair(w.y, st, sc.y, sh.y));
 }
 
 __device__ __forceinline__ VecWelford push4(VecWelford s, int k, uint2 w) {
@@ -189,7 +183,7 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
       const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
       if (vi < p.v) {
         const int c = kVecElems * vi;
-        float sc[4], sh[4];
+        uint2 sc, sh;
         load_mod4(p, b, c, sc, sh);
         const uint2 o0 = modulate4(v[k][j], rs, sc, sh);
         if constexpr (PAIRED) {
@@ -239,7 +233,7 @@ __global__ void __launch_bounds__(128) layernorm_modulate_stream(const Params p)
   const int64_t b = row / p.seq;
   for (int vi = t; vi < p.v; vi += kAtenThreads) {
     const int c = kVecElems * vi;
-    float sc[4], sh[4];
+    uint2 sc, sh;
     load_mod4(p, b, c, sc, sh);
     *reinterpret_cast<uint2*>(orow + c) = modulate4(*reinterpret_cast<const uint2*>(xr + c), rs, sc, sh);
   }

@@ -77,4 +77,15 @@ DIFUSE_HD float layernorm_modulate_value(float x, RowStats st, float scale, floa
   return num::add_rn(u, shift);  // the caller rounds to bf16 at the store
 }
 
+// Two adjacent output elements at once, the form the kernels run: x2, scale2 and shift2 hold two bf16 each.
+// Same bits as layernorm_modulate_value on each element (the bf16x2 add/mul equal the eager fp32 op
+// followed by a bf16 rounding: numerics/bf16.h), with one conversion per two elements.
+DIFUSE_HD uint32_t layernorm_modulate_pair(uint32_t x2, RowStats st, uint32_t scale2, uint32_t shift2) {
+  const float t0 = num::mul_rn(st.rstd, num::sub_rn(num::bf16_lo(x2), st.mean));
+  const float t1 = num::mul_rn(st.rstd, num::sub_rn(num::bf16_hi(x2), st.mean));
+  const uint32_t n2 = num::pack_bf16x2(t0, t1);
+  const uint32_t a2 = num::bf16x2_add_rn(scale2, num::kBf16x2One);
+  return num::bf16x2_add_rn(num::bf16x2_mul_rn(n2, a2), shift2);
+}
+
 }  // namespace difuse::norm

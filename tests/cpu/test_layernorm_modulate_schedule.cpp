@@ -87,6 +87,24 @@ Row random_row(int H, std::mt19937& rng, float mu = 0.f, float sigma = 1.f) {
 void expect_all_schedules_equal_aten(const Row& r, float eps, const char* what) {
   const auto aten = emulate<128, false>(r, eps);
   const int H = static_cast<int>(r.x.size());
+  // The packed epilogue the kernels run equals the scalar eager chain element by element.
+  {
+    VecWelford st;
+    for (auto v : r.x) st = num::vec_welford_push(st, num::bf16_to_float(v));
+    const RowStats rs{st.mean, num::rsqrt_cuda(num::add_rn(num::div_rn(st.sigma2, static_cast<float>(H)), eps))};
+    int64_t diff = 0;
+    for (int c = 0; c < H; c += 2) {
+      auto w = [](uint16_t lo, uint16_t hi) { return static_cast<uint32_t>(lo) | (static_cast<uint32_t>(hi) << 16); };
+      const uint32_t o = layernorm_modulate_pair(w(r.x[c], r.x[c + 1]), rs, w(r.scale[c], r.scale[c + 1]),
+                                                 w(r.shift[c], r.shift[c + 1]));
+      for (int e = 0; e < 2; ++e) {
+        const uint16_t want = num::float_to_bf16_rne(layernorm_modulate_value(
+            num::bf16_to_float(r.x[c + e]), rs, num::bf16_to_float(r.scale[c + e]), num::bf16_to_float(r.shift[c + e])));
+        diff += static_cast<uint16_t>(o >> (16 * e)) != want;
+      }
+    }
+    EXPECT_EQ(diff, 0) << what << " H=" << H << " packed epilogue";
+  }
   auto same = [&](const std::vector<uint16_t>& o, const char* name) {
     int64_t diff = 0;
     for (int c = 0; c < H; ++c) diff += o[c] != aten[c];

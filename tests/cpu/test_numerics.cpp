@@ -162,3 +162,65 @@ TEST(Welford, OpsFlavourPushAndCombine) {
   EXPECT_EQ(float_bits(ops_welford_combine(e, a).mean), float_bits(a.mean));
   EXPECT_EQ(float_bits(ops_welford_combine(a, e).m2), float_bits(a.m2));
 }
+
+namespace {
+double as_double(uint16_t b) { return static_cast<double>(bf16_to_float(b)); }
+uint16_t random_bf16(std::mt19937& rng) {
+  for (;;) {
+    const uint16_t b = static_cast<uint16_t>(rng());
+    if ((b & 0x7F80) != 0x7F80) return b;  // finite
+  }
+}
+}  // namespace
+
+// The claim numerics/bf16.h makes for bf16x2_add_rn: bf16(RN32(a + b)) is the correctly rounded bf16 sum,
+// because the fp32 sum is exact unless the smaller operand is below a quarter bf16 ulp of the larger.
+TEST(Bf16x2, AddOfTwoBf16RoundsOnceInEffect) {
+  std::mt19937 rng(2026);
+  int64_t inexact = 0;
+  for (int i = 0; i < 4000000; ++i) {
+    uint16_t a = random_bf16(rng), b = random_bf16(rng);
+    if (i % 2) b = static_cast<uint16_t>((a & 0x8000) ^ ((a & 0x7F80) - ((rng() % 24) << 7)) ^ (rng() & 0x807F));
+    if ((b & 0x7F80) == 0x7F80) continue;
+    const double exact = as_double(a) + as_double(b);  // exact: |exponent difference| < 2^7 << 53 bits
+    const float f32 = add_rn(bf16_to_float(a), bf16_to_float(b));
+    if (static_cast<double>(f32) == exact) continue;  // no fp32 rounding: one bf16 rounding, trivially
+    if (std::isinf(f32)) {  // overflow: the exact sum is beyond bf16's range too, both give that infinity
+      ASSERT_GE(std::fabs(exact), std::ldexp(1.0, 128) * (1.0 - std::ldexp(1.0, -25)));
+      continue;
+    }
+    ++inexact;
+    const bool a_larger = std::fabs(as_double(a)) >= std::fabs(as_double(b));
+    const uint16_t large = a_larger ? a : b;
+    const double small = std::fabs(as_double(a_larger ? b : a));
+    int e;
+    std::frexp(as_double(large), &e);  // |large| in [2^(e-1), 2^e): bf16 ulp 2^(e-8)
+    ASSERT_LT(small, std::ldexp(1.0, e - 10)) << std::hex << a << " " << b;  // below a quarter ulp
+    ASSERT_EQ(float_to_bf16_rne(f32), large) << std::hex << a << " " << b;
+  }
+  EXPECT_GT(inexact, 0);  // the structured half reaches the rounding case
+}
+
+// bf16x2_mul_rn's claim, on the products layernorm_modulate forms: n (any bf16) times bf16(1 + scale)
+// (any bf16 scale) is exact in fp32, so the hardware's single rounding equals the eager fp32 mul + bf16.
+TEST(Bf16x2, ModulationProductsAreExactInFp32) {
+  std::mt19937 rng(7);
+  for (int i = 0; i < 512; ++i) {
+    const uint16_t s = random_bf16(rng);
+    const float a = round_bf16(add_rn(bf16_to_float(s), 1.0f));
+    for (uint32_t n = 0; n < 65536; ++n) {
+      if ((n & 0x7F80) == 0x7F80) continue;
+      const double exact = as_double(static_cast<uint16_t>(n)) * static_cast<double>(a);
+      if (std::fabs(exact) > 3.0e38) continue;  // overflows to inf either way
+      ASSERT_EQ(static_cast<double>(mul_rn(bf16_to_float(static_cast<uint16_t>(n)), a)), exact)
+          << std::hex << n << " " << s;
+    }
+  }
+}
+
+TEST(Bf16x2, HostTwinsAreTheEagerFormula) {
+  const uint32_t a = pack_bf16x2(1.5f, -2.0f), b = pack_bf16x2(0.25f, 3.0f);
+  EXPECT_EQ(bf16x2_add_rn(a, b), pack_bf16x2(1.75f, 1.0f));
+  EXPECT_EQ(bf16x2_mul_rn(a, b), pack_bf16x2(0.375f, -6.0f));
+  EXPECT_EQ(bf16x2_add_rn(pack_bf16x2(-0.0f, -0.0f), pack_bf16x2(-0.0f, 0.0f)), pack_bf16x2(-0.0f, 0.0f));
+}

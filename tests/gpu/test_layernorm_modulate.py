@@ -74,7 +74,7 @@ def test_random_shapes_and_strides(i):
 
 
 ADVERSARIAL = ["constant", "offset_tiny_spread", "huge", "tiny", "outlier", "scale_minus_one", "zeros_signed",
-               "inf", "nan", "nan_scale", "inf_shift"]
+               "inf", "nan", "nan_scale", "inf_shift", "subnormal_products", "subnormal_sums", "overflowing_sums"]
 
 
 @pytest.mark.parametrize("kind", ADVERSARIAL)
@@ -110,6 +110,17 @@ def test_adversarial_rows(kind, H):
         scale[0, 9] = float("nan")
     elif kind == "inf_shift":
         shift[1, 2] = float("inf")
+    elif kind == "subnormal_products":  # n ~ 1e-36, a = bf16(1 + scale) = 2^-8: u = n * a is a bf16 subnormal
+        x = (torch.randn(x.shape, device=DEV, generator=g) * 1e-39).to(BF)
+        scale.fill_(-0.99609375)
+        shift.zero_()
+    elif kind == "subnormal_sums":  # subnormal u plus subnormal and tiny normal shifts
+        x = (torch.randn(x.shape, device=DEV, generator=g) * 1e-39).to(BF)
+        scale.fill_(-0.99609375)
+        shift.copy_((torch.randn(shift.shape, device=DEV, generator=g) * 2e-38).to(BF))
+    elif kind == "overflowing_sums":  # u + shift beyond bf16's range
+        scale.fill_(3e38)
+        shift.fill_(3e38)
     assert_exact(x, scale, shift)
 
 

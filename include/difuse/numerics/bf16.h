@@ -50,4 +50,35 @@ DIFUSE_HD uint32_t pack_bf16x2(float lo, float hi) {
 #endif
 }
 
+// ---- packed bf16x2 arithmetic (element 0 in the low half) -------------------------------------------
+// The eager bf16 ops compute in fp32 and round the result to bf16: two roundings. For add and mul of two
+// bf16 operands that equals ONE correct rounding of the exact result, so the device may use the native
+// add.rn.bf16x2 / mul.rn.bf16x2 (two elements per instruction, no fp32 round trip):
+//   mul: two 8-bit significands give an exact 16-bit product, so the fp32 step does not round;
+//   add: the exact sum fits fp32's 24 bits unless the exponents differ by more than 16, and then the
+//        smaller operand is below a quarter bf16 ulp of the larger, so both paths return the larger.
+// tests/cpu/test_numerics.cpp checks the claim against exact arithmetic; the GPU tests check the hardware
+// (subnormal results included) against torch. The .rn forms are never contracted into an fma.
+DIFUSE_HD uint32_t bf16x2_add_rn(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("add.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+#else
+  return pack_bf16x2(add_rn(bf16_lo(a), bf16_lo(b)), add_rn(bf16_hi(a), bf16_hi(b)));
+#endif
+}
+
+DIFUSE_HD uint32_t bf16x2_mul_rn(uint32_t a, uint32_t b) {
+#if defined(__CUDA_ARCH__)
+  uint32_t r;
+  asm("mul.rn.bf16x2 %0, %1, %2;" : "=r"(r) : "r"(a), "r"(b));
+  return r;
+#else
+  return pack_bf16x2(mul_rn(bf16_lo(a), bf16_lo(b)), mul_rn(bf16_hi(a), bf16_hi(b)));
+#endif
+}
+
+constexpr uint32_t kBf16x2One = 0x3F803F80u;
+
 }  // namespace difuse::num
