@@ -18,9 +18,10 @@
 // limit); out overlaps no input. Inputs aten sends down its two-kernel path (H % 4 != 0, misaligned x) are
 // refused: that path rounds differently.
 //
-// Schedules: H <= 3072 one warp per row, H <= 6144 two warps, H <= 16384 four warps, each with the row in
-// registers (one read, one write); H > 16384 a 128-thread two-pass kernel (second read mostly from L2).
-// 16-byte accesses when H % 8 == 0 and x, out are 16-byte aligned, else 8-byte.
+// Schedules: H <= 3072 one warp per row (8 rows per block), H <= 6144 two warps (4 rows), H <= 24576 four
+// warps (1 row), each staging its row in shared memory with cp.async (one read, one write); H > 24576 a
+// 128-thread two-pass kernel (second read mostly from L2). 16-byte accesses when H % 8 == 0 and x, out
+// are 16-byte aligned, else 8-byte; modulation rows are read as words when 8-byte aligned, else as bf16.
 //
 // Verified on the H200 (tests/gpu/test_layernorm_modulate.py, bench/results/h200/tests.json): FLUX.1, SD3,
 // Sana and Wan site shapes, H = 4 .. 2^24, seeded random shapes and strides, adversarial and non-finite values.
@@ -28,6 +29,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <cstdlib>
 #include <string>
 
@@ -78,21 +80,15 @@ __device__ __forceinline__ void row_sync() {
     __syncthreads();
 }
 
-// Modulation words (two bf16 each) for columns c..c+3 of batch row b.
-__device__ __forceinline__ void load_mod4(const Params& p, int64_t b, int c, uint2& sc, uint2& sh) {
-  const uint16_t* s = p.scale + b * p.scale_stride + c;
-  const uint16_t* t = p.shift + b * p.shift_stride + c;
-  if (p.mod_vec) {
-    sc = *reinterpret_cast<const uint2*>(s);
-    sh = *reinterpret_cast<const uint2*>(t);
-  } else {
-    sc = make_uint2(s[0] | (uint32_t{s[1]} << 16), s[2] | (uint32_t{s[3]} << 16));
-    sh = make_uint2(t[0] | (uint32_t{t[1]} << 16), t[2] | (uint32_t{t[3]} << 16));
-  }
+// Four bf16 of a modulation row at any 2-byte alignment, as two words.
+__device__ __forceinline__ uint2 load_mod_words(const uint16_t* s) {
+  return make_uint2(s[0] | (uint32_t{s[1]} << 16), s[2] | (uint32_t{s[3]} << 16));
 }
 
-// 4 bf16 of x (two words) -> 4 bf16 outputs (two words).
-__device__ __forceinline__ uint2 modulate4(uint2 w, RowStats st, uint2 sc, uint2 sh) {
+// 4 bf16 of x (two words) -> 4 bf16 outputs (two words); modulation rows of any alignment.
+__device__ __forceinline__ uint2 modulate4_any(const Params& p, int64_t b, int c, uint2 w, RowStats st) {
+  const uint2 sc = load_mod_words(p.scale + b * p.scale_stride + c);
+  const uint2 sh = load_mod_words(p.shift + b * p.shift_stride + c);
   return make_uint2(layernorm_modulate_pair(w.x, st, sc.x, sh.x), layernorm_modulate_pair(w.y, st, sc.y, sh.y));
 }
 
@@ -100,13 +96,37 @@ __device__ __forceinline__ VecWelford push4(VecWelford s, int k, uint2 w) {
   return push_vec4(s, k, num::bf16_lo(w.x), num::bf16_hi(w.x), num::bf16_lo(w.y), num::bf16_hi(w.y));
 }
 
-// Register-resident rows: 256 threads per block, 256 / G rows per block, NS sweeps of 128 vectors at most.
-template <int G, bool PAIRED, int NS>
+// Correctly rounded reciprocals of the counts a thread reaches (aten: `1.f / count`), folded at compile time.
+constexpr int kMaxStagedSweeps = 48;  // H <= 48 * 512 = 24576 takes the staged kernels
+struct RcpCounts {
+  float v[4 * kMaxStagedSweeps + 1];
+};
+constexpr RcpCounts make_rcp_counts() {
+  RcpCounts t{};
+  for (int k = 1; k <= 4 * kMaxStagedSweeps; ++k) t.v[k] = num::rcp_of_count(k);
+  return t;
+}
+__constant__ RcpCounts c_rcp = make_rcp_counts();
+
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem, int bytes16) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  if (bytes16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+// Staged rows: ROWS rows per block, G threads per row. Each thread copies its own aten threads' vectors
+// into shared memory (cp.async, all in flight at once), replays their Welford pushes, the tree, and the
+// epilogue from there. A thread only ever reads the vectors it copied, so no barrier guards the staging.
+// Loops stay loops: a fully unrolled row overflowed the instruction cache.
+template <int G, bool PAIRED, bool MODVEC>
 __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
   using Map = AtenThreadMap<G, PAIRED>;
   constexpr int A = Map::kSlots;
-  constexpr int ROWS = 256 / G;
+  constexpr int ROWS = G == 128 ? 1 : 256 / G;
   constexpr int STEP = PAIRED ? 2 : 1;
+  extern __shared__ uint2 staged[];  // ROWS x V vectors of 4 bf16
   __shared__ VecWelford roots[ROWS][4];
   __shared__ RowStats stats[ROWS];
 
@@ -117,34 +137,37 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
   if constexpr (G == 32) {
     if (!active) return;  // whole warp: no shuffle or barrier is left half-populated
   }
-  const uint16_t* xr = p.x + row * p.h;
-  uint16_t* orow = p.out + row * p.h;
+  const int V = p.v;
+  const int sweeps = (V + kAtenThreads - 1) / kAtenThreads;
+  uint2* sx = staged + static_cast<int64_t>(rb) * V;
+  const uint2* gx = reinterpret_cast<const uint2*>(p.x + row * p.h);
 
-  uint2 v[NS][A];
+  if (active) {
+    for (int k = 0; k < sweeps; ++k) {
 #pragma unroll
-  for (int k = 0; k < NS; ++k) {
-#pragma unroll
-    for (int j = 0; j < A; j += STEP) {
-      const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
-      if (active && vi < p.v) {
-        if constexpr (PAIRED) {
-          const uint4 w = *reinterpret_cast<const uint4*>(xr + kVecElems * vi);
-          v[k][j] = make_uint2(w.x, w.y);
-          v[k][j + 1] = make_uint2(w.z, w.w);
-        } else {
-          v[k][j] = *reinterpret_cast<const uint2*>(xr + kVecElems * vi);
-        }
+      for (int j = 0; j < A; j += STEP) {
+        const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+        if (vi < V) cp_async(sx + vi, gx + vi, PAIRED);
       }
     }
   }
+  asm volatile("cp.async.wait_all;" ::: "memory");
 
   VecWelford st[A];
+  if (active) {
+    for (int k = 0; k < sweeps; ++k) {
+      const float* r = c_rcp.v + 4 * k;
 #pragma unroll
-  for (int k = 0; k < NS; ++k) {
-#pragma unroll
-    for (int j = 0; j < A; ++j) {
-      const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
-      if (active && vi < p.v) st[j] = push4(st[j], k, v[k][j]);
+      for (int j = 0; j < A; ++j) {
+        const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+        if (vi < V) {
+          const uint2 w = sx[vi];
+          st[j] = num::vec_welford_push(st[j], num::bf16_lo(w.x), r[1]);
+          st[j] = num::vec_welford_push(st[j], num::bf16_hi(w.x), r[2]);
+          st[j] = num::vec_welford_push(st[j], num::bf16_lo(w.y), r[3]);
+          st[j] = num::vec_welford_push(st[j], num::bf16_hi(w.y), r[4]);
+        }
+      }
     }
   }
 
@@ -176,22 +199,40 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
   const RowStats rs = stats[rb];
 
   const int64_t b = row / p.seq;
-#pragma unroll
-  for (int k = 0; k < NS; ++k) {
+  const uint16_t* srow = p.scale + b * p.scale_stride;
+  const uint16_t* hrow = p.shift + b * p.shift_stride;
+  uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.h);
+  for (int k = 0; k < sweeps; ++k) {
 #pragma unroll
     for (int j = 0; j < A; j += STEP) {
       const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
-      if (vi < p.v) {
-        const int c = kVecElems * vi;
-        uint2 sc, sh;
-        load_mod4(p, b, c, sc, sh);
-        const uint2 o0 = modulate4(v[k][j], rs, sc, sh);
+      if (vi < V) {
         if constexpr (PAIRED) {
-          load_mod4(p, b, c + 4, sc, sh);
-          const uint2 o1 = modulate4(v[k][j + 1], rs, sc, sh);
-          *reinterpret_cast<uint4*>(orow + c) = make_uint4(o0.x, o0.y, o1.x, o1.y);
+          const uint4 w = *reinterpret_cast<const uint4*>(sx + vi);
+          uint4 sc, sh;
+          if constexpr (MODVEC) {  // rows are 8-byte aligned: two word pairs
+            const uint2 s0 = *reinterpret_cast<const uint2*>(srow + kVecElems * vi);
+            const uint2 s1 = *reinterpret_cast<const uint2*>(srow + kVecElems * vi + 4);
+            const uint2 h0 = *reinterpret_cast<const uint2*>(hrow + kVecElems * vi);
+            const uint2 h1 = *reinterpret_cast<const uint2*>(hrow + kVecElems * vi + 4);
+            sc = make_uint4(s0.x, s0.y, s1.x, s1.y);
+            sh = make_uint4(h0.x, h0.y, h1.x, h1.y);
+          } else {
+            const uint2 s0 = load_mod_words(srow + kVecElems * vi), s1 = load_mod_words(srow + kVecElems * vi + 4);
+            const uint2 h0 = load_mod_words(hrow + kVecElems * vi), h1 = load_mod_words(hrow + kVecElems * vi + 4);
+            sc = make_uint4(s0.x, s0.y, s1.x, s1.y);
+            sh = make_uint4(h0.x, h0.y, h1.x, h1.y);
+          }
+          *reinterpret_cast<uint4*>(orow + vi) =
+              make_uint4(layernorm_modulate_pair(w.x, rs, sc.x, sh.x), layernorm_modulate_pair(w.y, rs, sc.y, sh.y),
+                         layernorm_modulate_pair(w.z, rs, sc.z, sh.z), layernorm_modulate_pair(w.w, rs, sc.w, sh.w));
         } else {
-          *reinterpret_cast<uint2*>(orow + c) = o0;
+          const uint2 w = sx[vi];
+          const uint2 sc = MODVEC ? *reinterpret_cast<const uint2*>(srow + kVecElems * vi)
+                                  : load_mod_words(srow + kVecElems * vi);
+          const uint2 sh = MODVEC ? *reinterpret_cast<const uint2*>(hrow + kVecElems * vi)
+                                  : load_mod_words(hrow + kVecElems * vi);
+          orow[vi] = make_uint2(layernorm_modulate_pair(w.x, rs, sc.x, sh.x), layernorm_modulate_pair(w.y, rs, sc.y, sh.y));
         }
       }
     }
@@ -233,44 +274,41 @@ __global__ void __launch_bounds__(128) layernorm_modulate_stream(const Params p)
   const int64_t b = row / p.seq;
   for (int vi = t; vi < p.v; vi += kAtenThreads) {
     const int c = kVecElems * vi;
-    uint2 sc, sh;
-    load_mod4(p, b, c, sc, sh);
-    *reinterpret_cast<uint2*>(orow + c) = modulate4(*reinterpret_cast<const uint2*>(xr + c), rs, sc, sh);
+    *reinterpret_cast<uint2*>(orow + c) = modulate4_any(p, b, c, *reinterpret_cast<const uint2*>(xr + c), rs);
   }
 }
 
-template <int G, bool PAIRED, int NS>
-void launch_rows(const Params& p, cudaStream_t stream) {
-  constexpr int ROWS = 256 / G;
+constexpr size_t kMaxStagedBytes = 48 * 1024;  // dynamic staging per block, by the config's limits
+
+template <int G, bool PAIRED, bool MODVEC>
+void launch_rows(const Params& p, int device, cudaStream_t stream) {
+  constexpr int ROWS = G == 128 ? 1 : 256 / G;
+  auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC>;
+  // 48 KB of dynamic shared memory plus the kernel's static part needs the opt-in, once per device.
+  static std::atomic<uint64_t> opted_in{0};
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if (!(opted_in.load(std::memory_order_acquire) & bit)) {
+    DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           static_cast<int>(kMaxStagedBytes)));
+    opted_in.fetch_or(bit, std::memory_order_acq_rel);
+  }
   const int64_t blocks = (p.rows + ROWS - 1) / ROWS;
-  layernorm_modulate_rows<G, PAIRED, NS><<<static_cast<unsigned>(blocks), 256, 0, stream>>>(p);
+  const size_t smem = static_cast<size_t>(ROWS) * p.v * sizeof(uint2);
+  kernel<<<static_cast<unsigned>(blocks), G * ROWS, smem, stream>>>(p);
 }
 
-template <bool PAIRED>
-void launch_registered(const LayernormModulateConfig& cfg, const Params& p, cudaStream_t s) {
-  switch (cfg.threads_per_row * 100 + cfg.sweeps) {
-    case 3201: return launch_rows<32, PAIRED, 1>(p, s);
-    case 3202: return launch_rows<32, PAIRED, 2>(p, s);
-    case 3203: return launch_rows<32, PAIRED, 3>(p, s);
-    case 3204: return launch_rows<32, PAIRED, 4>(p, s);
-    case 3205: return launch_rows<32, PAIRED, 5>(p, s);
-    case 3206: return launch_rows<32, PAIRED, 6>(p, s);
-    case 6408: return launch_rows<64, PAIRED, 8>(p, s);
-    case 6410: return launch_rows<64, PAIRED, 10>(p, s);
-    case 6412: return launch_rows<64, PAIRED, 12>(p, s);
+template <bool MODVEC>
+void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, cudaStream_t s) {
+  switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
+    case 65: return launch_rows<32, true, MODVEC>(p, d, s);
+    case 64: return launch_rows<32, false, MODVEC>(p, d, s);
+    case 129: return launch_rows<64, true, MODVEC>(p, d, s);
+    case 128: return launch_rows<64, false, MODVEC>(p, d, s);
+    case 256: return launch_rows<128, false, MODVEC>(p, d, s);
     default: break;
   }
-  if constexpr (!PAIRED) {
-    switch (cfg.threads_per_row * 100 + cfg.sweeps) {
-      case 12816: return launch_rows<128, false, 16>(p, s);
-      case 12824: return launch_rows<128, false, 24>(p, s);
-      case 12832: return launch_rows<128, false, 32>(p, s);
-      default: break;
-    }
-  }
-  throw detail::Failure(DIFUSE_ERR_INTERNAL, "layernorm_modulate: no kernel instantiated for threads_per_row=" +
-                                                 std::to_string(cfg.threads_per_row) +
-                                                 " sweeps=" + std::to_string(cfg.sweeps));
+  throw detail::Failure(DIFUSE_ERR_INTERNAL, "layernorm_modulate: no kernel for threads_per_row=" +
+                                                 std::to_string(cfg.threads_per_row) + (cfg.paired ? " paired" : ""));
 }
 
 void require_bf16_view(detail::Support& s, const difuse_tensor_view& v, const char* name) {
@@ -296,10 +334,11 @@ LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16) {
   const int64_t sweeps = (h / kVecElems + kAtenThreads - 1) / kAtenThreads;
   const bool paired = aligned16 && h % 8 == 0;
   const int floor_g = min_threads_per_row();
+  // Shared memory per block stays <= 48 KB: 8 rows x 3072, 4 rows x 6144, 1 row x 24576 elements.
   if (sweeps <= 6 && floor_g <= 32) return {32, paired, static_cast<int>(sweeps)};
-  if (sweeps <= 12 && floor_g <= 64) return {64, paired, static_cast<int>(sweeps <= 8 ? 8 : sweeps <= 10 ? 10 : 12)};
-  if (sweeps <= 32) return {128, false, static_cast<int>(sweeps <= 16 ? 16 : sweeps <= 24 ? 24 : 32)};
-  return {0, false, 0};
+  if (sweeps <= 12 && floor_g <= 64) return {64, paired, static_cast<int>(sweeps)};
+  if (sweeps <= kMaxStagedSweeps) return {128, false, static_cast<int>(sweeps)};
+  return {0, false, static_cast<int>(sweeps)};
 }
 
 detail::Support can_use_layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x,
@@ -389,10 +428,10 @@ void layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view&
   const LayernormModulateConfig cfg = layernorm_modulate_config(H, aligned16);
   if (cfg.threads_per_row == 0)
     layernorm_modulate_stream<<<static_cast<unsigned>(p.rows), 128, 0, stream>>>(p);
-  else if (cfg.paired)
-    launch_registered<true>(cfg, p, stream);
+  else if (p.mod_vec)
+    launch_staged<true>(cfg, p, x.device, stream);
   else
-    launch_registered<false>(cfg, p, stream);
+    launch_staged<false>(cfg, p, x.device, stream);
   DIFUSE_CUDA_CHECK(cudaGetLastError());
 }
 

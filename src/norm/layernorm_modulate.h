@@ -17,9 +17,9 @@ void layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view&
 
 // Which schedule a row width and alignment take (exposed for tests and the kernel list).
 struct LayernormModulateConfig {
-  int threads_per_row;  // 32, 64, 128; 0 = the two-pass streaming kernel (H > 16384)
-  bool paired;          // 16-byte loads
-  int sweeps;           // register-resident sweeps of 512 elements (template bound)
+  int threads_per_row;  // 32, 64, 128 (rows staged in shared memory); 0 = the two-pass kernel (H > 24576)
+  bool paired;          // 16-byte accesses
+  int sweeps;           // sweeps of 512 elements (aten's 128 threads x 4) per row
 };
 LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16);
 

@@ -165,5 +165,6 @@ TEST(LayernormModulateConfig, PicksTheScheduleByWidthAndAlignment) {
   EXPECT_EQ(c.threads_per_row, 128);
   EXPECT_FALSE(c.paired);
   EXPECT_EQ(c.sweeps, 32);
-  EXPECT_EQ(layernorm_modulate_config(16388, true).threads_per_row, 0);
+  EXPECT_EQ(layernorm_modulate_config(24576, true).threads_per_row, 128);
+  EXPECT_EQ(layernorm_modulate_config(24580, true).threads_per_row, 0);
 }

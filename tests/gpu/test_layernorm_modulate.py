@@ -48,7 +48,7 @@ def test_site_shapes(shape, chunks):
 
 
 @pytest.mark.parametrize("H", [4, 8, 12, 16, 20, 124, 128, 132, 508, 512, 516, 2044, 3076, 6148, 12284, 16384, 16388,
-                               20000, 65536, 1 << 20, 1 << 24])
+                               20000, 24576, 24580, 65536, 1 << 20, 1 << 24])
 def test_widths_up_to_the_largest_vectorized_row(H):
     g = torch.Generator(device=DEV).manual_seed(SEED + H)
     L = max(1, min(33, (1 << 25) // H))
