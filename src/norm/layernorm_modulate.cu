@@ -134,13 +134,27 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
   const int rb = static_cast<int>(threadIdx.x) / G;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * ROWS + rb;
   const bool active = row < p.rows;
-  if constexpr (G == 32) {
+  // Multi-row blocks with aligned modulation rows also stage the scale and shift rows of the block's first
+  // batch once (rows of another batch, at a batch boundary, read them from global memory).
+  constexpr bool STAGE_MOD = ROWS > 1 && MODVEC;
+  if constexpr (G == 32 && !STAGE_MOD) {
     if (!active) return;  // whole warp: no shuffle or barrier is left half-populated
   }
   const int V = p.v;
   const int sweeps = (V + kAtenThreads - 1) / kAtenThreads;
   uint2* sx = staged + static_cast<int64_t>(rb) * V;
   const uint2* gx = reinterpret_cast<const uint2*>(p.x + row * p.h);
+  const int64_t b0 = static_cast<int64_t>(blockIdx.x) * ROWS / p.seq;
+  uint2* s_scale = staged + static_cast<int64_t>(ROWS) * V;
+  uint2* s_shift = s_scale + V;
+  if constexpr (STAGE_MOD) {
+    const uint2* gs = reinterpret_cast<const uint2*>(p.scale + b0 * p.scale_stride);
+    const uint2* gh = reinterpret_cast<const uint2*>(p.shift + b0 * p.shift_stride);
+    for (int t = static_cast<int>(threadIdx.x); t < V; t += G * ROWS) {
+      cp_async(s_scale + t, gs + t, 0);
+      cp_async(s_shift + t, gh + t, 0);
+    }
+  }
 
   if (active) {
     for (int k = 0; k < sweeps; ++k) {
@@ -152,6 +166,7 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
     }
   }
   asm volatile("cp.async.wait_all;" ::: "memory");
+  if constexpr (STAGE_MOD) __syncthreads();  // the modulation rows were copied by the whole block
 
   VecWelford st[A];
   if (active) {
@@ -202,6 +217,28 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
   const uint16_t* srow = p.scale + b * p.scale_stride;
   const uint16_t* hrow = p.shift + b * p.shift_stride;
   uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.h);
+  if (STAGE_MOD && b == b0) {
+    for (int k = 0; k < sweeps; ++k) {
+#pragma unroll
+      for (int j = 0; j < A; j += STEP) {
+        const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+        if (vi < V) {
+          if constexpr (PAIRED) {
+            const uint4 w = *reinterpret_cast<const uint4*>(sx + vi);
+            const uint4 sc = *reinterpret_cast<const uint4*>(s_scale + vi);
+            const uint4 sh = *reinterpret_cast<const uint4*>(s_shift + vi);
+            *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
+                layernorm_modulate_pair(w.x, rs, sc.x, sh.x), layernorm_modulate_pair(w.y, rs, sc.y, sh.y),
+                layernorm_modulate_pair(w.z, rs, sc.z, sh.z), layernorm_modulate_pair(w.w, rs, sc.w, sh.w));
+          } else {
+            const uint2 w = sx[vi], sc = s_scale[vi], sh = s_shift[vi];
+            orow[vi] = make_uint2(layernorm_modulate_pair(w.x, rs, sc.x, sh.x), layernorm_modulate_pair(w.y, rs, sc.y, sh.y));
+          }
+        }
+      }
+    }
+    return;
+  }
   for (int k = 0; k < sweeps; ++k) {
 #pragma unroll
     for (int j = 0; j < A; j += STEP) {
@@ -278,7 +315,7 @@ __global__ void __launch_bounds__(128) layernorm_modulate_stream(const Params p)
   }
 }
 
-constexpr size_t kMaxStagedBytes = 48 * 1024;  // dynamic staging per block, by the config's limits
+constexpr size_t kMaxStagedBytes = 72 * 1024;  // dynamic staging per block: (8+2) x 6 KB, (4+2) x 12 KB, 1 x 48 KB
 
 template <int G, bool PAIRED, bool MODVEC>
 void launch_rows(const Params& p, int device, cudaStream_t stream) {
@@ -293,7 +330,8 @@ void launch_rows(const Params& p, int device, cudaStream_t stream) {
     opted_in.fetch_or(bit, std::memory_order_acq_rel);
   }
   const int64_t blocks = (p.rows + ROWS - 1) / ROWS;
-  const size_t smem = static_cast<size_t>(ROWS) * p.v * sizeof(uint2);
+  const int staged_rows = ROWS + (ROWS > 1 && MODVEC ? 2 : 0);  // x rows, then scale and shift rows
+  const size_t smem = static_cast<size_t>(staged_rows) * p.v * sizeof(uint2);
   kernel<<<static_cast<unsigned>(blocks), G * ROWS, smem, stream>>>(p);
 }
 
