@@ -170,17 +170,26 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
 
   VecWelford st[A];
   if (active) {
+    // All of a sweep's shared-memory reads are issued before its pushes (the pushes are a dependent chain
+    // per slot; the reads are not).
+#pragma unroll 2
     for (int k = 0; k < sweeps; ++k) {
       const float* r = c_rcp.v + 4 * k;
+      uint2 w[A];
+      bool valid[A];
 #pragma unroll
       for (int j = 0; j < A; ++j) {
         const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
-        if (vi < V) {
-          const uint2 w = sx[vi];
-          st[j] = num::vec_welford_push(st[j], num::bf16_lo(w.x), r[1]);
-          st[j] = num::vec_welford_push(st[j], num::bf16_hi(w.x), r[2]);
-          st[j] = num::vec_welford_push(st[j], num::bf16_lo(w.y), r[3]);
-          st[j] = num::vec_welford_push(st[j], num::bf16_hi(w.y), r[4]);
+        valid[j] = vi < V;
+        w[j] = valid[j] ? sx[vi] : make_uint2(0, 0);
+      }
+#pragma unroll
+      for (int j = 0; j < A; ++j) {
+        if (valid[j]) {
+          st[j] = num::vec_welford_push(st[j], num::bf16_lo(w[j].x), r[1]);
+          st[j] = num::vec_welford_push(st[j], num::bf16_hi(w[j].x), r[2]);
+          st[j] = num::vec_welford_push(st[j], num::bf16_lo(w[j].y), r[3]);
+          st[j] = num::vec_welford_push(st[j], num::bf16_hi(w[j].y), r[4]);
         }
       }
     }
@@ -218,21 +227,26 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
   const uint16_t* hrow = p.shift + b * p.shift_stride;
   uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.h);
   if (STAGE_MOD && b == b0) {
+#pragma unroll 2
     for (int k = 0; k < sweeps; ++k) {
+      uint2 w[A], sc[A], sh[A];
+#pragma unroll
+      for (int j = 0; j < A; ++j) {
+        const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+        if (vi < V) w[j] = sx[vi], sc[j] = s_scale[vi], sh[j] = s_shift[vi];
+      }
 #pragma unroll
       for (int j = 0; j < A; j += STEP) {
         const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
         if (vi < V) {
+          const uint2 o0 = make_uint2(layernorm_modulate_pair(w[j].x, rs, sc[j].x, sh[j].x),
+                                      layernorm_modulate_pair(w[j].y, rs, sc[j].y, sh[j].y));
           if constexpr (PAIRED) {
-            const uint4 w = *reinterpret_cast<const uint4*>(sx + vi);
-            const uint4 sc = *reinterpret_cast<const uint4*>(s_scale + vi);
-            const uint4 sh = *reinterpret_cast<const uint4*>(s_shift + vi);
-            *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
-                layernorm_modulate_pair(w.x, rs, sc.x, sh.x), layernorm_modulate_pair(w.y, rs, sc.y, sh.y),
-                layernorm_modulate_pair(w.z, rs, sc.z, sh.z), layernorm_modulate_pair(w.w, rs, sc.w, sh.w));
+            const uint2 o1 = make_uint2(layernorm_modulate_pair(w[j + 1].x, rs, sc[j + 1].x, sh[j + 1].x),
+                                        layernorm_modulate_pair(w[j + 1].y, rs, sc[j + 1].y, sh[j + 1].y));
+            *reinterpret_cast<uint4*>(orow + vi) = make_uint4(o0.x, o0.y, o1.x, o1.y);
           } else {
-            const uint2 w = sx[vi], sc = s_scale[vi], sh = s_shift[vi];
-            orow[vi] = make_uint2(layernorm_modulate_pair(w.x, rs, sc.x, sh.x), layernorm_modulate_pair(w.y, rs, sc.y, sh.y));
+            orow[vi] = o0;
           }
         }
       }
