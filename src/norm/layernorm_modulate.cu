@@ -18,8 +18,9 @@
 // limit); out overlaps no input. Inputs aten sends down its two-kernel path (H % 4 != 0, misaligned x) are
 // refused: that path rounds differently.
 //
-// Schedules: H <= 3072 one warp per row (8 rows per block), H <= 6144 two warps (4 rows), H <= 24576 four
-// warps (1 row), each staging its row in shared memory with cp.async (one read, one write); H > 24576 a
+// Schedules: H <= 6144 two warps per row (4 rows per block), H <= 24576 four warps (1 row), each staging its
+// row (and, for multi-row blocks, the batch's scale and shift rows) in shared memory with cp.async (one
+// read, one write); one warp per row exists for measurements (DIFUSE_LNMOD_THREADS_PER_ROW=32); H > 24576 a
 // 128-thread two-pass kernel (second read mostly from L2). 16-byte accesses when H % 8 == 0 and x, out
 // are 16-byte aligned, else 8-byte; modulation rows are read as words when 8-byte aligned, else as bf16.
 //
@@ -371,11 +372,11 @@ void require_bf16_view(detail::Support& s, const difuse_tensor_view& v, const ch
 }  // namespace
 
 namespace {
-// Tuning knob for measurements: DIFUSE_LNMOD_MIN_THREADS=64|128 raises the threads per row the heuristic
-// picks (the bits do not change: every schedule replays the same tree). Read once.
-int min_threads_per_row() {
+// Measurement knob: DIFUSE_LNMOD_THREADS_PER_ROW=32|64|128 forces a schedule where the row fits it (the bits
+// do not change: every schedule replays the same tree). Read once.
+int forced_threads_per_row() {
   static const int v = [] {
-    const char* e = std::getenv("DIFUSE_LNMOD_MIN_THREADS");
+    const char* e = std::getenv("DIFUSE_LNMOD_THREADS_PER_ROW");
     return e ? std::atoi(e) : 0;
   }();
   return v;
@@ -385,12 +386,15 @@ int min_threads_per_row() {
 LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16) {
   const int64_t sweeps = (h / kVecElems + kAtenThreads - 1) / kAtenThreads;
   const bool paired = aligned16 && h % 8 == 0;
-  const int floor_g = min_threads_per_row();
-  // Shared memory per block stays <= 48 KB: 8 rows x 3072, 4 rows x 6144, 1 row x 24576 elements.
-  if (sweeps <= 6 && floor_g <= 32) return {32, paired, static_cast<int>(sweeps)};
-  if (sweeps <= 12 && floor_g <= 64) return {64, paired, static_cast<int>(sweeps)};
-  if (sweeps <= kMaxStagedSweeps) return {128, false, static_cast<int>(sweeps)};
-  return {0, false, static_cast<int>(sweeps)};
+  const int ns = static_cast<int>(sweeps);
+  // Shared memory per block: (8+2) rows x 3072, (4+2) rows x 6144, 1 row x 24576 elements.
+  const int forced = forced_threads_per_row();
+  if (forced == 32 && sweeps <= 6) return {32, paired, ns};
+  if (forced == 128 && sweeps <= kMaxStagedSweeps) return {128, false, ns};
+  // Measured on the H200 (bench/results/h200/NOTES.md): two warps per row beat one for H <= 6144.
+  if (sweeps <= 12) return {64, paired, ns};
+  if (sweeps <= kMaxStagedSweeps) return {128, false, ns};
+  return {0, false, ns};
 }
 
 detail::Support can_use_layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x,

@@ -152,7 +152,7 @@ TEST(CApi, NamesAndVersion) {
 TEST(LayernormModulateConfig, PicksTheScheduleByWidthAndAlignment) {
   using difuse::norm::layernorm_modulate_config;
   auto c = layernorm_modulate_config(3072, true);
-  EXPECT_EQ(c.threads_per_row, 32);
+  EXPECT_EQ(c.threads_per_row, 64);
   EXPECT_TRUE(c.paired);
   EXPECT_EQ(c.sweeps, 6);
   EXPECT_FALSE(layernorm_modulate_config(3076, true).paired);  // H % 8 != 0: 8-byte accesses
