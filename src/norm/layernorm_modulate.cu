@@ -18,10 +18,9 @@
 // limit); out overlaps no input. Inputs aten sends down its two-kernel path (H % 4 != 0, misaligned x) are
 // refused: that path rounds differently.
 //
-// Schedules: H <= 6144 two warps per row (2 rows per block), H <= 24576 four warps (1 row), persistent
-// blocks double-buffering rows (and, for multi-row blocks, the batch's scale and shift rows) in shared
-// memory with cp.async (one read, one write); one warp per row (4 rows per block) exists for measurements
-// (DIFUSE_LNMOD_THREADS_PER_ROW=32); H > 24576 a
+// Schedules: H <= 6144 two warps per row (4 rows per block), H <= 24576 four warps (1 row), each staging its
+// row (and, for multi-row blocks, the batch's scale and shift rows) in shared memory with cp.async (one
+// read, one write); one warp per row exists for measurements (DIFUSE_LNMOD_THREADS_PER_ROW=32); H > 24576 a
 // 128-thread two-pass kernel (second read mostly from L2). 16-byte accesses when H % 8 == 0 and x, out
 // are 16-byte aligned, else 8-byte; modulation rows are read as words when 8-byte aligned, else as bf16.
 //
@@ -31,7 +30,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <string>
@@ -99,8 +97,6 @@ __device__ __forceinline__ VecWelford push4(VecWelford s, int k, uint2 w) {
   return push_vec4(s, k, num::bf16_lo(w.x), num::bf16_hi(w.x), num::bf16_lo(w.y), num::bf16_hi(w.y));
 }
 
-constexpr int staged_rows_per_block(int g) { return g == 32 ? 4 : g == 64 ? 2 : 1; }
-
 // Correctly rounded reciprocals of the counts a thread reaches (aten: `1.f / count`), folded at compile time.
 constexpr int kMaxStagedSweeps = 48;  // H <= 48 * 512 = 24576 takes the staged kernels
 struct RcpCounts {
@@ -121,35 +117,47 @@ __device__ __forceinline__ void cp_async(void* smem, const void* gmem, int bytes
     asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
 }
 
-// Staged rows, persistent: ROWS rows per block, G threads per row, the grid sized to fill the GPU once and
-// each block walking rows with a stride. Each thread copies its own aten threads' vectors into shared
-// memory with cp.async, double-buffered: the next row's copies are in flight while this row's Welford
-// pushes, tree and epilogue run. A thread only reads back the vectors it copied, so no barrier guards the
-// x buffers. Multi-row blocks with aligned modulation rows also stage the current batch's scale and shift
-// rows (re-staged when the batch changes; rows of another batch in the same block read global memory).
+// Staged rows: ROWS rows per block, G threads per row. Each thread copies its own aten threads' vectors
+// into shared memory (cp.async, all in flight at once), replays their Welford pushes, the tree, and the
+// epilogue from there. A thread only ever reads the vectors it copied, so no barrier guards the staging.
+// Loops stay loops: a fully unrolled row overflowed the instruction cache.
 template <int G, bool PAIRED, bool MODVEC>
 __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
   using Map = AtenThreadMap<G, PAIRED>;
   constexpr int A = Map::kSlots;
-  constexpr int ROWS = staged_rows_per_block(G);
+  constexpr int ROWS = G == 128 ? 1 : 256 / G;
   constexpr int STEP = PAIRED ? 2 : 1;
-  constexpr bool STAGE_MOD = ROWS > 1 && MODVEC;
-  extern __shared__ uint2 staged[];  // [2][ROWS][V] x vectors, then scale [V] and shift [V]
+  extern __shared__ uint2 staged[];  // ROWS x V vectors of 4 bf16
   __shared__ VecWelford roots[ROWS][4];
   __shared__ RowStats stats[ROWS];
 
   const int i = static_cast<int>(threadIdx.x) % G;
   const int rb = static_cast<int>(threadIdx.x) / G;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * ROWS + rb;
+  const bool active = row < p.rows;
+  // Multi-row blocks with aligned modulation rows also stage the scale and shift rows of the block's first
+  // batch once (rows of another batch, at a batch boundary, read them from global memory).
+  constexpr bool STAGE_MOD = ROWS > 1 && MODVEC;
+  if constexpr (G == 32 && !STAGE_MOD) {
+    if (!active) return;  // whole warp: no shuffle or barrier is left half-populated
+  }
   const int V = p.v;
   const int sweeps = (V + kAtenThreads - 1) / kAtenThreads;
-  const int64_t stride = static_cast<int64_t>(gridDim.x) * ROWS;
-  uint2* s_scale = staged + 2 * static_cast<int64_t>(ROWS) * V;
+  uint2* sx = staged + static_cast<int64_t>(rb) * V;
+  const uint2* gx = reinterpret_cast<const uint2*>(p.x + row * p.h);
+  const int64_t b0 = static_cast<int64_t>(blockIdx.x) * ROWS / p.seq;
+  uint2* s_scale = staged + static_cast<int64_t>(ROWS) * V;
   uint2* s_shift = s_scale + V;
+  if constexpr (STAGE_MOD) {
+    const uint2* gs = reinterpret_cast<const uint2*>(p.scale + b0 * p.scale_stride);
+    const uint2* gh = reinterpret_cast<const uint2*>(p.shift + b0 * p.shift_stride);
+    for (int t = static_cast<int>(threadIdx.x); t < V; t += G * ROWS) {
+      cp_async(s_scale + t, gs + t, 0);
+      cp_async(s_shift + t, gh + t, 0);
+    }
+  }
 
-  auto copy_row = [&](int64_t r, int buf) {
-    if (r >= p.rows) return;
-    uint2* sx = staged + (static_cast<int64_t>(buf) * ROWS + rb) * V;
-    const uint2* gx = reinterpret_cast<const uint2*>(p.x + r * p.h);
+  if (active) {
     for (int k = 0; k < sweeps; ++k) {
 #pragma unroll
       for (int j = 0; j < A; j += STEP) {
@@ -157,125 +165,120 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
         if (vi < V) cp_async(sx + vi, gx + vi, PAIRED);
       }
     }
-  };
-  auto stage_mod = [&](int64_t b) {
-    const uint2* gs = reinterpret_cast<const uint2*>(p.scale + b * p.scale_stride);
-    const uint2* gh = reinterpret_cast<const uint2*>(p.shift + b * p.shift_stride);
-    for (int t = static_cast<int>(threadIdx.x); t < V; t += G * ROWS) {
-      cp_async(s_scale + t, gs + t, 0);
-      cp_async(s_shift + t, gh + t, 0);
-    }
-  };
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");
+  if constexpr (STAGE_MOD) __syncthreads();  // the modulation rows were copied by the whole block
 
-  int64_t base = static_cast<int64_t>(blockIdx.x) * ROWS;  // block-uniform
-  int64_t staged_b = -1;
-  int buf = 0;
-  copy_row(base + rb, 0);
-  asm volatile("cp.async.commit_group;" ::: "memory");
-  for (; base < p.rows; base += stride, buf ^= 1) {
-    const int64_t row = base + rb;
-    const bool active = row < p.rows;
-    const int64_t b_block = base / p.seq;
-    if (STAGE_MOD && b_block != staged_b) {  // block-uniform
-      __syncthreads();  // nobody still reads the previous batch's rows
-      stage_mod(b_block);
-      asm volatile("cp.async.commit_group;" ::: "memory");
-      staged_b = b_block;
-    }
-    copy_row(base + stride + rb, buf ^ 1);  // the next row, in flight during this one
-    asm volatile("cp.async.commit_group;" ::: "memory");
-    asm volatile("cp.async.wait_group 1;" ::: "memory");  // all but the next row's copies have landed
-    if constexpr (STAGE_MOD) __syncthreads();  // the modulation rows were copied by the whole block
-    const uint2* sx = staged + (static_cast<int64_t>(buf) * ROWS + rb) * V;
-
-    VecWelford st[A];
-    if (active) {
+  VecWelford st[A];
+  if (active) {
+    // All of a sweep's shared-memory reads are issued before its pushes (the pushes are a dependent chain
+    // per slot; the reads are not).
 #pragma unroll 2
-      for (int k = 0; k < sweeps; ++k) {
-        const float* r = c_rcp.v + 4 * k;
-        uint2 w[A];
-        bool valid[A];
-#pragma unroll
-        for (int j = 0; j < A; ++j) {
-          const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
-          valid[j] = vi < V;
-          w[j] = valid[j] ? sx[vi] : make_uint2(0, 0);
-        }
-#pragma unroll
-        for (int j = 0; j < A; ++j) {
-          if (valid[j]) {
-            st[j] = num::vec_welford_push(st[j], num::bf16_lo(w[j].x), r[1]);
-            st[j] = num::vec_welford_push(st[j], num::bf16_hi(w[j].x), r[2]);
-            st[j] = num::vec_welford_push(st[j], num::bf16_lo(w[j].y), r[3]);
-            st[j] = num::vec_welford_push(st[j], num::bf16_hi(w[j].y), r[4]);
-          }
-        }
-      }
-    }
-
-    // aten's intra-warp tree: offsets 16, 8, 4, 2, 1; own = combine(own, shfl_down(own, o)).
-#pragma unroll
-    for (int o = 16; o >= 1; o /= 2) {
-      const int delta = Map::lane_delta(o);
-      if (delta > 0) {
-#pragma unroll
-        for (int j = 0; j < A; ++j) {
-          const VecWelford in = shfl_down_state(st[j], delta);
-          st[j] = num::vec_welford_combine(st[j], in);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < A; ++j)
-          if (Map::receives(o, j)) st[j] = num::vec_welford_combine(st[j], st[Map::partner_slot(o, j)]);
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < A; ++j) {
-      const int t = Map::aten_thread(i, j);
-      if (t % kAtenWarp == 0) roots[rb][t / kAtenWarp] = st[j];
-    }
-    row_sync<G>();
-    if (i == 0) stats[rb] = finalize_roots(roots[rb], p.h, p.eps);
-    row_sync<G>();
-    if (!active) continue;
-    const RowStats rs = stats[rb];
-
-    const int64_t b = row / p.seq;
-    uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.h);
-    if (STAGE_MOD && b == staged_b) {
-#pragma unroll 2
-      for (int k = 0; k < sweeps; ++k) {
-        uint2 w[A], sc[A], sh[A];
-#pragma unroll
-        for (int j = 0; j < A; ++j) {
-          const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
-          if (vi < V) w[j] = sx[vi], sc[j] = s_scale[vi], sh[j] = s_shift[vi];
-        }
-#pragma unroll
-        for (int j = 0; j < A; j += STEP) {
-          const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
-          if (vi < V) {
-            const uint2 o0 = make_uint2(layernorm_modulate_pair(w[j].x, rs, sc[j].x, sh[j].x),
-                                        layernorm_modulate_pair(w[j].y, rs, sc[j].y, sh[j].y));
-            if constexpr (PAIRED) {
-              const uint2 o1 = make_uint2(layernorm_modulate_pair(w[j + 1].x, rs, sc[j + 1].x, sh[j + 1].x),
-                                          layernorm_modulate_pair(w[j + 1].y, rs, sc[j + 1].y, sh[j + 1].y));
-              *reinterpret_cast<uint4*>(orow + vi) = make_uint4(o0.x, o0.y, o1.x, o1.y);
-            } else {
-              orow[vi] = o0;
-            }
-          }
-        }
-      }
-      continue;
-    }
-    const uint16_t* srow = p.scale + b * p.scale_stride;
-    const uint16_t* hrow = p.shift + b * p.shift_stride;
     for (int k = 0; k < sweeps; ++k) {
+      const float* r = c_rcp.v + 4 * k;
+      uint2 w[A];
+      bool valid[A];
+#pragma unroll
+      for (int j = 0; j < A; ++j) {
+        const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+        valid[j] = vi < V;
+        w[j] = valid[j] ? sx[vi] : make_uint2(0, 0);
+      }
+#pragma unroll
+      for (int j = 0; j < A; ++j) {
+        if (valid[j]) {
+          st[j] = num::vec_welford_push(st[j], num::bf16_lo(w[j].x), r[1]);
+          st[j] = num::vec_welford_push(st[j], num::bf16_hi(w[j].x), r[2]);
+          st[j] = num::vec_welford_push(st[j], num::bf16_lo(w[j].y), r[3]);
+          st[j] = num::vec_welford_push(st[j], num::bf16_hi(w[j].y), r[4]);
+        }
+      }
+    }
+  }
+
+  // aten's intra-warp tree: offsets 16, 8, 4, 2, 1; own = combine(own, shfl_down(own, o)).
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) {
+    const int delta = Map::lane_delta(o);
+    if (delta > 0) {
+#pragma unroll
+      for (int j = 0; j < A; ++j) {
+        const VecWelford in = shfl_down_state(st[j], delta);
+        st[j] = num::vec_welford_combine(st[j], in);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < A; ++j)
+        if (Map::receives(o, j)) st[j] = num::vec_welford_combine(st[j], st[Map::partner_slot(o, j)]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < A; ++j) {
+    const int t = Map::aten_thread(i, j);
+    if (t % kAtenWarp == 0) roots[rb][t / kAtenWarp] = st[j];
+  }
+  row_sync<G>();
+  if (i == 0) stats[rb] = finalize_roots(roots[rb], p.h, p.eps);
+  row_sync<G>();
+  if (!active) return;  // G > 32: no barrier follows
+  const RowStats rs = stats[rb];
+
+  const int64_t b = row / p.seq;
+  const uint16_t* srow = p.scale + b * p.scale_stride;
+  const uint16_t* hrow = p.shift + b * p.shift_stride;
+  uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.h);
+  if (STAGE_MOD && b == b0) {
+#pragma unroll 2
+    for (int k = 0; k < sweeps; ++k) {
+      uint2 w[A], sc[A], sh[A];
+#pragma unroll
+      for (int j = 0; j < A; ++j) {
+        const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+        if (vi < V) w[j] = sx[vi], sc[j] = s_scale[vi], sh[j] = s_shift[vi];
+      }
 #pragma unroll
       for (int j = 0; j < A; j += STEP) {
         const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
         if (vi < V) {
+          const uint2 o0 = make_uint2(layernorm_modulate_pair(w[j].x, rs, sc[j].x, sh[j].x),
+                                      layernorm_modulate_pair(w[j].y, rs, sc[j].y, sh[j].y));
+          if constexpr (PAIRED) {
+            const uint2 o1 = make_uint2(layernorm_modulate_pair(w[j + 1].x, rs, sc[j + 1].x, sh[j + 1].x),
+                                        layernorm_modulate_pair(w[j + 1].y, rs, sc[j + 1].y, sh[j + 1].y));
+            *reinterpret_cast<uint4*>(orow + vi) = make_uint4(o0.x, o0.y, o1.x, o1.y);
+          } else {
+            orow[vi] = o0;
+          }
+        }
+      }
+    }
+    return;
+  }
+  for (int k = 0; k < sweeps; ++k) {
+#pragma unroll
+    for (int j = 0; j < A; j += STEP) {
+      const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+      if (vi < V) {
+        if constexpr (PAIRED) {
+          const uint4 w = *reinterpret_cast<const uint4*>(sx + vi);
+          uint4 sc, sh;
+          if constexpr (MODVEC) {  // rows are 8-byte aligned: two word pairs
+            const uint2 s0 = *reinterpret_cast<const uint2*>(srow + kVecElems * vi);
+            const uint2 s1 = *reinterpret_cast<const uint2*>(srow + kVecElems * vi + 4);
+            const uint2 h0 = *reinterpret_cast<const uint2*>(hrow + kVecElems * vi);
+            const uint2 h1 = *reinterpret_cast<const uint2*>(hrow + kVecElems * vi + 4);
+            sc = make_uint4(s0.x, s0.y, s1.x, s1.y);
+            sh = make_uint4(h0.x, h0.y, h1.x, h1.y);
+          } else {
+            const uint2 s0 = load_mod_words(srow + kVecElems * vi), s1 = load_mod_words(srow + kVecElems * vi + 4);
+            const uint2 h0 = load_mod_words(hrow + kVecElems * vi), h1 = load_mod_words(hrow + kVecElems * vi + 4);
+            sc = make_uint4(s0.x, s0.y, s1.x, s1.y);
+            sh = make_uint4(h0.x, h0.y, h1.x, h1.y);
+          }
+          *reinterpret_cast<uint4*>(orow + vi) =
+              make_uint4(layernorm_modulate_pair(w.x, rs, sc.x, sh.x), layernorm_modulate_pair(w.y, rs, sc.y, sh.y),
+                         layernorm_modulate_pair(w.z, rs, sc.z, sh.z), layernorm_modulate_pair(w.w, rs, sc.w, sh.w));
+        } else {
           const uint2 w = sx[vi];
           const uint2 sc = MODVEC ? *reinterpret_cast<const uint2*>(srow + kVecElems * vi)
                                   : load_mod_words(srow + kVecElems * vi);
@@ -286,7 +289,6 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
       }
     }
   }
-  asm volatile("cp.async.wait_all;" ::: "memory");
 }
 
 // Rows wider than 16384: aten's own layout (128 threads, 8-byte vectors), statistics in a first pass,
@@ -328,14 +330,13 @@ __global__ void __launch_bounds__(128) layernorm_modulate_stream(const Params p)
   }
 }
 
-constexpr size_t kMaxStagedBytes = 128 * 1024;  // dynamic staging: 2 x ROWS x + 2 modulation rows
+constexpr size_t kMaxStagedBytes = 72 * 1024;  // dynamic staging per block: (8+2) x 6 KB, (4+2) x 12 KB, 1 x 48 KB
 
 template <int G, bool PAIRED, bool MODVEC>
 void launch_rows(const Params& p, int device, cudaStream_t stream) {
-  constexpr int ROWS = staged_rows_per_block(G);
-  constexpr int THREADS = G * ROWS;
+  constexpr int ROWS = G == 128 ? 1 : 256 / G;
   auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC>;
-  // More than 48 KB of dynamic shared memory needs the opt-in, once per device.
+  // 48 KB of dynamic shared memory plus the kernel's static part needs the opt-in, once per device.
   static std::atomic<uint64_t> opted_in{0};
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (!(opted_in.load(std::memory_order_acquire) & bit)) {
@@ -343,25 +344,10 @@ void launch_rows(const Params& p, int device, cudaStream_t stream) {
                                            static_cast<int>(kMaxStagedBytes)));
     opted_in.fetch_or(bit, std::memory_order_acq_rel);
   }
-  const size_t smem = (2 * static_cast<size_t>(ROWS) + (ROWS > 1 && MODVEC ? 2 : 0)) * p.v * sizeof(uint2);
-  // Persistent grid: as many blocks as fit on the GPU at once (cached for the last (device, smem) seen).
-  static std::atomic<int64_t> cached_key{-1};
-  static std::atomic<int> cached_blocks{0};
-  const int64_t key = (static_cast<int64_t>(device) << 40) | static_cast<int64_t>(smem);
-  int resident = 0;
-  if (cached_key.load(std::memory_order_acquire) == key) {
-    resident = cached_blocks.load(std::memory_order_acquire);
-  } else {
-    int per_sm = 0, sms = 0;
-    DIFUSE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, THREADS, smem));
-    DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    resident = std::max(1, per_sm) * sms;
-    cached_blocks.store(resident, std::memory_order_release);
-    cached_key.store(key, std::memory_order_release);
-  }
-  const int64_t needed = (p.rows + ROWS - 1) / ROWS;
-  const int64_t blocks = std::min<int64_t>(needed, resident);
-  kernel<<<static_cast<unsigned>(blocks), THREADS, smem, stream>>>(p);
+  const int64_t blocks = (p.rows + ROWS - 1) / ROWS;
+  const int staged_rows = ROWS + (ROWS > 1 && MODVEC ? 2 : 0);  // x rows, then scale and shift rows
+  const size_t smem = static_cast<size_t>(staged_rows) * p.v * sizeof(uint2);
+  kernel<<<static_cast<unsigned>(blocks), G * ROWS, smem, stream>>>(p);
 }
 
 template <bool MODVEC>
