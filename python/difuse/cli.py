@@ -18,6 +18,21 @@ def _platform() -> str:
                                                         torch.__version__, torch.version.cuda)
 
 
+def _torch_with_gpu(what: str):
+    """torch, or None after saying what is missing (without torch, a checkout's torch/ folder would shadow it)."""
+    try:
+        import torch
+    except ImportError:
+        torch = None
+    if torch is None or not hasattr(torch, "cuda"):
+        print("difuse %s needs PyTorch; `import torch` does not find it" % what, file=sys.stderr)
+        return None
+    if not torch.cuda.is_available():
+        print("difuse %s needs a CUDA GPU; none is visible" % what, file=sys.stderr)
+        return None
+    return torch
+
+
 def cmd_kernels(_args) -> int:
     from . import kernels
 
@@ -32,14 +47,12 @@ def cmd_kernels(_args) -> int:
 
 
 def cmd_check(args) -> int:
-    import torch
-
+    torch = _torch_with_gpu("check")
+    if torch is None:
+        return 2
     from .gate import count_mismatches
     from .ops import CHECKS
 
-    if not torch.cuda.is_available():
-        print("difuse check needs a CUDA GPU; none is visible", file=sys.stderr)
-        return 2
     print("platform:", _platform())
     g = torch.Generator(device="cuda").manual_seed(args.seed)
     failed = 0
@@ -62,6 +75,8 @@ def cmd_check(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if _torch_with_gpu("bench") is None:
+        return 2
     from . import bench
 
     return bench.main(args)
