@@ -46,12 +46,19 @@ def can_use_layernorm_modulate(x, scale, shift, eps: float = 1e-6) -> Support:
 
 
 def layernorm_modulate(x, scale, shift, eps: float = 1e-6):
-    """Fused, bit-exact `layernorm_modulate_eager` for x [B, L, H] bf16 and [B, H] scale/shift rows."""
-    if not x.is_meta and not _is_fake(x):
+    """Fused, bit-exact `layernorm_modulate_eager` for x [B, L, H] bf16 and [B, H] scale/shift rows.
+
+    The predicate runs in C++ inside the op; only when the op refuses does Python ask for the reasons
+    again, to raise difuse.Unsupported with the list (the hot path is one op call)."""
+    try:
+        return _ops().layernorm_modulate(x, scale, shift, eps)
+    except (ValueError, NotImplementedError):
+        if any(t.is_meta or _is_fake(t) for t in (x, scale, shift)):
+            raise  # the Meta impl's own message
         s = can_use_layernorm_modulate(x, scale, shift, eps)
         if not s:
-            raise Unsupported("layernorm_modulate", s.reasons)
-    return _ops().layernorm_modulate(x, scale, shift, eps)
+            raise Unsupported("layernorm_modulate", s.reasons) from None
+        raise
 
 
 def layernorm_modulate_signature(x, scale, shift, eps: float) -> str:
