@@ -8,6 +8,7 @@
 #include "core/gate.h"
 #include "core/registry.h"
 #include "difuse/difuse.h"
+#include "modulate/gated_residual.h"
 #include "norm/layernorm_modulate.h"
 
 namespace difuse::detail {
@@ -211,6 +212,23 @@ difuse_status difuse_layernorm_modulate(const difuse_tensor_view* out, const dif
                                         void* stream) {
   return guarded([&] {
     difuse::norm::layernorm_modulate(view(out, "out"), view(x, "x"), view(scale, "scale"), view(shift, "shift"), eps,
+                                     static_cast<cudaStream_t>(stream));
+  });
+}
+
+difuse_status difuse_can_use_gated_residual(const difuse_tensor_view* out, const difuse_tensor_view* h,
+                                            const difuse_tensor_view* a, const difuse_tensor_view* gate) {
+  return guarded([&] {
+    const auto s = difuse::modulate::can_use_gated_residual(view(out, "out"), view(h, "h"), view(a, "a"),
+                                                            view(gate, "gate"));
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("gated_residual"));
+  });
+}
+
+difuse_status difuse_gated_residual(const difuse_tensor_view* out, const difuse_tensor_view* h,
+                                    const difuse_tensor_view* a, const difuse_tensor_view* gate, void* stream) {
+  return guarded([&] {
+    difuse::modulate::gated_residual(view(out, "out"), view(h, "h"), view(a, "a"), view(gate, "gate"),
                                      static_cast<cudaStream_t>(stream));
   });
 }

@@ -15,6 +15,19 @@ namespace {
 using difuse::torch_binding::check_status;
 using difuse::torch_binding::to_view;
 
+// Reasons from a C predicate's message ("...:\n  - a\n  - b").
+std::vector<std::string> reasons_from_last_error() {
+  std::vector<std::string> reasons;
+  const std::string msg = difuse_last_error(), mark = "\n  - ";
+  for (size_t p = msg.find(mark); p != std::string::npos;) {
+    const size_t b = p + mark.size(), n = msg.find(mark, b);
+    reasons.push_back(msg.substr(b, n == std::string::npos ? std::string::npos : n - b));
+    p = n;
+  }
+  return reasons;
+}
+
+
 // Shape and dtype rules the Meta impl can check (alignment and strides are the CUDA predicate's job).
 void check_layernorm_modulate_meta(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift) {
   TORCH_CHECK_VALUE(x.dim() == 3, "difuse::layernorm_modulate: x must be [B, L, H], got ", x.sizes());
@@ -62,14 +75,65 @@ std::vector<std::string> layernorm_modulate_unsupported(const at::Tensor& x, con
   const difuse_status s = difuse_can_use_layernorm_modulate(&vo, &vx, &vs, &vh, eps);
   if (s == DIFUSE_OK) return {};
   if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_layernorm_modulate");
-  std::vector<std::string> reasons;
-  const std::string msg = difuse_last_error(), mark = "\n  - ";
-  for (size_t p = msg.find(mark); p != std::string::npos;) {
-    const size_t b = p + mark.size(), n = msg.find(mark, b);
-    reasons.push_back(msg.substr(b, n == std::string::npos ? std::string::npos : n - b));
-    p = n;
-  }
-  return reasons;
+  return reasons_from_last_error();
+}
+
+// ---- gated_residual ----------------------------------------------------------------------------------------
+void check_gated_residual_meta(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+  TORCH_CHECK_VALUE(h.dim() == 3, "difuse::gated_residual: h must be [B, L, H], got ", h.sizes());
+  TORCH_CHECK_VALUE(h.scalar_type() == at::kBFloat16 && a.scalar_type() == at::kBFloat16 &&
+                        gate.scalar_type() == at::kBFloat16,
+                    "difuse::gated_residual: h, a and gate must be bf16");
+  TORCH_CHECK_VALUE(a.sizes() == h.sizes(), "difuse::gated_residual: a must have the shape of h ", h.sizes(),
+                    ", got ", a.sizes());
+  const bool g2 = gate.dim() == 2 && gate.size(0) == h.size(0) && gate.size(1) == h.size(2);
+  TORCH_CHECK_VALUE(g2 || gate.sizes() == h.sizes(), "difuse::gated_residual: gate must be [B, H] or [B, L, H], got ",
+                    gate.sizes());
+}
+
+void gated_residual_into(const at::Tensor& out, const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+  const c10::cuda::OptionalCUDAGuard guard(h.device());
+  const difuse_tensor_view vo = to_view(out), vh = to_view(h), va = to_view(a), vg = to_view(gate);
+  check_status(difuse_gated_residual(&vo, &vh, &va, &vg, at::cuda::getCurrentCUDAStream().stream()), "gated_residual");
+}
+
+at::Tensor gated_residual_cuda(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+  at::Tensor out = at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::Contiguous));
+  gated_residual_into(out, h, a, gate);
+  return out;
+}
+
+at::Tensor& gated_residual_inplace_cuda(at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+  gated_residual_into(h, h, a, gate);
+  return h;
+}
+
+at::Tensor gated_residual_meta(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+  check_gated_residual_meta(h, a, gate);
+  return at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+at::Tensor& gated_residual_inplace_meta(at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+  check_gated_residual_meta(h, a, gate);
+  return h;
+}
+
+at::Tensor gated_residual_reference(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+  return h + (gate.dim() == 2 ? gate.unsqueeze(1) : gate) * a;
+}
+
+std::vector<std::string> gated_residual_unsupported(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+  difuse_tensor_view vo = to_view(h);  // a fresh contiguous bf16 output on h's device
+  vo.data = h.numel() ? reinterpret_cast<void*>(uintptr_t{1} << 48) : nullptr;
+  vo.dtype = DIFUSE_BF16;
+  vo.device = vo.device >= 0 ? vo.device : 0;
+  int64_t acc = 1;
+  for (int i = vo.rank - 1; i >= 0; --i) vo.strides[i] = acc, acc *= vo.sizes[i];
+  const difuse_tensor_view vh = to_view(h), va = to_view(a), vg = to_view(gate);
+  const difuse_status s = difuse_can_use_gated_residual(&vo, &vh, &va, &vg);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_gated_residual");
+  return reasons_from_last_error();
 }
 
 }  // namespace
@@ -78,13 +142,27 @@ TORCH_LIBRARY(difuse, m) {
   m.def("layernorm_modulate(Tensor x, Tensor scale, Tensor shift, float eps=1e-06) -> Tensor");
   m.def("layernorm_modulate_reference(Tensor x, Tensor scale, Tensor shift, float eps=1e-06) -> Tensor");
   m.def("layernorm_modulate_unsupported(Tensor x, Tensor scale, Tensor shift, float eps=1e-06) -> str[]");
+  m.def("gated_residual(Tensor h, Tensor a, Tensor gate) -> Tensor");
+  m.def("gated_residual_(Tensor(a!) h, Tensor a, Tensor gate) -> Tensor(a!)");
+  m.def("gated_residual_reference(Tensor h, Tensor a, Tensor gate) -> Tensor");
+  m.def("gated_residual_unsupported(Tensor h, Tensor a, Tensor gate) -> str[]");
 }
 
-TORCH_LIBRARY_IMPL(difuse, CUDA, m) { m.impl("layernorm_modulate", &layernorm_modulate_cuda); }
-TORCH_LIBRARY_IMPL(difuse, Meta, m) { m.impl("layernorm_modulate", &layernorm_modulate_meta); }
+TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
+  m.impl("layernorm_modulate", &layernorm_modulate_cuda);
+  m.impl("gated_residual", &gated_residual_cuda);
+  m.impl("gated_residual_", &gated_residual_inplace_cuda);
+}
+TORCH_LIBRARY_IMPL(difuse, Meta, m) {
+  m.impl("layernorm_modulate", &layernorm_modulate_meta);
+  m.impl("gated_residual", &gated_residual_meta);
+  m.impl("gated_residual_", &gated_residual_inplace_meta);
+}
 TORCH_LIBRARY_IMPL(difuse, CompositeImplicitAutograd, m) {
   m.impl("layernorm_modulate_reference", &layernorm_modulate_reference);
+  m.impl("gated_residual_reference", &gated_residual_reference);
 }
 TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
   m.impl("layernorm_modulate_unsupported", &layernorm_modulate_unsupported);
+  m.impl("gated_residual_unsupported", &gated_residual_unsupported);
 }

@@ -147,6 +147,15 @@ DIFUSE_API difuse_status difuse_layernorm_modulate(const difuse_tensor_view* out
                                                    const difuse_tensor_view* scale, const difuse_tensor_view* shift,
                                                    double eps, void* stream);
 
+/* out = bf16 chain of h + gate[:, None] * a (gate [B, H]) or h + gate * a (gate [B, L, H]).
+ * h, a, out: [B, L, H] bf16 contiguous; gate: last dim contiguous, any non-negative strides.
+ * out may be h itself (in place). */
+DIFUSE_API difuse_status difuse_can_use_gated_residual(const difuse_tensor_view* out, const difuse_tensor_view* h,
+                                                       const difuse_tensor_view* a, const difuse_tensor_view* gate);
+DIFUSE_API difuse_status difuse_gated_residual(const difuse_tensor_view* out, const difuse_tensor_view* h,
+                                               const difuse_tensor_view* a, const difuse_tensor_view* gate,
+                                               void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

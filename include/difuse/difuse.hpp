@@ -124,6 +124,15 @@ inline void layernorm_modulate(const TensorView& out, const TensorView& x, const
   check(difuse_layernorm_modulate(&out, &x, &scale, &shift, eps, stream));
 }
 
+inline Support can_use_gated_residual(const TensorView& out, const TensorView& h, const TensorView& a,
+                                      const TensorView& gate) {
+  return support_from(difuse_can_use_gated_residual(&out, &h, &a, &gate));
+}
+inline void gated_residual(const TensorView& out, const TensorView& h, const TensorView& a, const TensorView& gate,
+                           void* stream = nullptr) {
+  check(difuse_gated_residual(&out, &h, &a, &gate, stream));
+}
+
 // ---- registry -----------------------------------------------------------------------------------------
 struct KernelInfo {
   std::string op, backend, contract, reference, platform, description;

@@ -74,6 +74,7 @@ def declare(lib: C.CDLL) -> C.CDLL:
         "difuse_set_platform_note": (st, [C.c_char_p]),
         "difuse_set_log_sink": (st, [LOG_FN, C.c_void_p]),
         "difuse_can_use_layernorm_modulate": (st, [p(TensorView)] * 4 + [C.c_double]),
+        "difuse_can_use_gated_residual": (st, [p(TensorView)] * 4),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

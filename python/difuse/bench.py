@@ -16,12 +16,50 @@ import subprocess
 import sys
 import time
 
-SHAPES = [  # (B, L, H), chunks: FLUX.1, SD3, Sana and Wan sites, plus the anchors' extra rows
+LN_SHAPES = [  # (B, L, H), chunks: FLUX.1, SD3, Sana and Wan sites, plus the anchors' extra rows
     ((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 4608, 3072), 3), ((2, 300, 3072), 6),
     ((1, 4096, 4096), 6), ((2, 4096, 3072), 6), ((2, 4096, 1536), 6), ((2, 333, 1536), 6),
     ((2, 1024, 2240), 6), ((1, 32760, 5120), 6), ((1, 32760, 1536), 6),
 ]
-QUICK = [((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 32760, 5120), 6)]
+GR_SHAPES = [  # chunks 0: per-token gate [B, L, H]
+    ((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 4608, 3072), 3), ((2, 300, 3072), 6),
+    ((2, 4096, 1536), 6), ((1, 32760, 5120), 6), ((1, 4096, 3072), 0),
+]
+QUICK = {((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 32760, 5120), 6)}
+
+
+def _ln_case(torch, B, L, H, chunks, g):
+    x = torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g)
+    parts = (torch.randn(B, chunks * H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.5).chunk(chunks, dim=1)
+    return (x, parts[1], parts[0], 1e-6)
+
+
+def _gr_case(torch, B, L, H, chunks, g):
+    h = torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g)
+    a = torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g)
+    if chunks == 0:
+        return (h, a, torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g))
+    return (h, a, torch.randn(B, chunks * H, device="cuda", dtype=torch.bfloat16, generator=g).chunk(chunks, dim=1)[2])
+
+
+def op_specs(torch):
+    """name -> shapes, bytes that must move, input maker, eager chain, fused op, peer module attribute."""
+    from . import ops
+
+    ops.can_use_layernorm_modulate  # noqa: B018
+    from ._loader import torch_extension
+
+    torch_extension()
+    return {
+        "layernorm_modulate": dict(
+            shapes=LN_SHAPES, bytes=lambda B, L, H, c: 2 * B * L * H * 2 + 2 * B * H * 2, make=_ln_case,
+            eager=ops.layernorm_modulate_eager, fused=torch.ops.difuse.layernorm_modulate,
+            variant=lambda c: "chunk%d" % c, peer="layernorm_modulate"),
+        "gated_residual": dict(
+            shapes=GR_SHAPES, bytes=lambda B, L, H, c: 3 * B * L * H * 2 + (B * L * H if c == 0 else B * H) * 2,
+            make=_gr_case, eager=ops.gated_residual_eager, fused=torch.ops.difuse.gated_residual,
+            variant=lambda c: "per_token_gate" if c == 0 else "chunk%d" % c, peer="gated_residual"),
+    }
 
 
 def git_sha() -> str:
@@ -66,29 +104,28 @@ def copy_bandwidth() -> float:
     b = torch.empty_like(a)
     a.fill_(1)
     us = time_calls([lambda: b.copy_(a)], reps=30, warmup=3)
-    del a, b
     return 2 * n / (us * 1e-6)
 
 
 def _load_peer(peer_dir):
-    """A peer kernel with the signature fn(x, scale, shift, eps) -> out, from <peer_dir>/peer_layernorm_modulate.py
-    (not part of difuse; see docs/ARCHITECTURE.md, Benchmarks)."""
+    """Peer kernels (not part of difuse; see docs/ARCHITECTURE.md, Benchmarks): <peer_dir>/peer_ops.py may
+    define functions named like the ops (layernorm_modulate(x, scale, shift, eps), gated_residual(h, a, gate))
+    and NAME."""
     if not peer_dir:
-        return None, None
+        return None
     sys.path.insert(0, peer_dir)
     try:
-        import peer_layernorm_modulate as p  # type: ignore
+        import peer_ops  # type: ignore
 
-        return p.layernorm_modulate, getattr(p, "NAME", "peer")
+        return peer_ops
     except Exception as e:
         print("peer not available: %s: %s" % (type(e).__name__, e), file=sys.stderr)
-        return None, None
+        return None
 
 
 def main(args) -> int:
     import torch
 
-    from . import ops
     from .gate import count_mismatches
 
     if not torch.cuda.is_available():
@@ -99,50 +136,51 @@ def main(args) -> int:
     l2 = props.L2_cache_size
     command = "python -m difuse " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py") else \
         os.environ.get("DIFUSE_BENCH_COMMAND", "python -m difuse bench ops")
-    peer, peer_name = _load_peer(args.peer_dir)
+    peer = _load_peer(args.peer_dir)
+    peer_name = getattr(peer, "NAME", "peer") if peer else None
     bw = copy_bandwidth()
     print("platform: %s, torch %s; copy bandwidth %.2f TB/s; L2 %d MB; git %s" % (gpu, torch.__version__, bw / 1e12,
                                                                                   l2 >> 20, git_sha()[:12]))
-    shapes = QUICK if args.quick else SHAPES
-    hdr = "%-20s %6s %8s %9s %9s %9s %9s %8s %8s %10s" % ("shape", "chunks", "MB", "floor us", "eager us", "difuse us",
-                                                         "peer us", "% floor", "x eager", "mismatch")
-    print(hdr)
+    specs = op_specs(torch)
     records = []
     g = torch.Generator(device="cuda").manual_seed(0)
-    for (B, L, H), chunks in shapes:
-        nbytes = 2 * B * L * H * 2 + 2 * B * H * 2
-        sets = max(2, math.ceil(3 * l2 / nbytes))
-        inputs = []
-        for _ in range(sets):
-            x = torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g)
-            emb = torch.randn(B, chunks * H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.5
-            parts = emb.chunk(chunks, dim=1)
-            inputs.append((x, parts[1], parts[0], 1e-6))
-        ops.can_use_layernorm_modulate(*inputs[0])  # loads the extension
-        op = torch.ops.difuse.layernorm_modulate
-        mism = count_mismatches(op(*inputs[0]), ops.layernorm_modulate_eager(*inputs[0]))
-        eager_us = time_calls([lambda a=a: ops.layernorm_modulate_eager(*a) for a in inputs], args.reps)
-        difuse_us = time_calls([lambda a=a: op(*a) for a in inputs], args.reps)
-        peer_us = None
-        if peer is not None:
-            try:
-                peer_us = time_calls([lambda a=a: peer(*a) for a in inputs], args.reps)
-            except Exception as e:
-                print("peer failed on %s: %s" % ((B, L, H), e), file=sys.stderr)
-        floor_us = nbytes / bw * 1e6
-        rec = dict(op="layernorm_modulate", variant="chunk%d" % chunks, shape=[B, L, H], bytes=nbytes,
-                   floor_us=round(floor_us, 3), eager_us=round(eager_us, 3), difuse_us=round(difuse_us, 3),
-                   peer_us=None if peer_us is None else round(peer_us, 3), peer=peer_name,
-                   pct_of_floor=round(100 * floor_us / difuse_us, 1), speedup_vs_eager=round(eager_us / difuse_us, 2),
-                   mismatches=mism, git_sha=git_sha(), command=command, torch=torch.__version__, gpu=gpu,
-                   copy_bw_tbs=round(bw / 1e12, 3), input_sets=sets, reps=args.reps,
-                   date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
-        records.append(rec)
-        print("%-20s %6d %8.1f %9.1f %9.1f %9.1f %9s %7.0f%% %8.2f %10d" % (
-            "x".join(map(str, (B, L, H))), chunks, nbytes / 1e6, floor_us, eager_us, difuse_us,
-            "-" if peer_us is None else "%.1f" % peer_us, rec["pct_of_floor"], rec["speedup_vs_eager"], mism))
-        del inputs
-        torch.cuda.empty_cache()
+    for name, spec in specs.items():
+        if args.op and name not in args.op:
+            continue
+        print("\n%s\n%-20s %14s %8s %9s %9s %9s %9s %8s %8s %10s" % (
+            name, "shape", "variant", "MB", "floor us", "eager us", "difuse us", "peer us", "% floor", "x eager",
+            "mismatch"))
+        peer_fn = getattr(peer, spec["peer"], None) if peer else None
+        for (B, L, H), chunks in spec["shapes"]:
+            if args.quick and ((B, L, H), chunks) not in QUICK:
+                continue
+            nbytes = spec["bytes"](B, L, H, chunks)
+            sets = max(2, math.ceil(3 * l2 / nbytes))
+            inputs = [spec["make"](torch, B, L, H, chunks, g) for _ in range(sets)]
+            fused, eager = spec["fused"], spec["eager"]
+            mism = count_mismatches(fused(*inputs[0]), eager(*inputs[0]))
+            eager_us = time_calls([lambda a=a: eager(*a) for a in inputs], args.reps)
+            difuse_us = time_calls([lambda a=a: fused(*a) for a in inputs], args.reps)
+            peer_us = None
+            if peer_fn is not None:
+                try:
+                    peer_us = time_calls([lambda a=a: peer_fn(*a) for a in inputs], args.reps)
+                except Exception as e:
+                    print("peer failed on %s: %s" % ((B, L, H), e), file=sys.stderr)
+            floor_us = nbytes / bw * 1e6
+            rec = dict(op=name, variant=spec["variant"](chunks), shape=[B, L, H], bytes=nbytes,
+                       floor_us=round(floor_us, 3), eager_us=round(eager_us, 3), difuse_us=round(difuse_us, 3),
+                       peer_us=None if peer_us is None else round(peer_us, 3), peer=peer_name if peer_fn else None,
+                       pct_of_floor=round(100 * floor_us / difuse_us, 1),
+                       speedup_vs_eager=round(eager_us / difuse_us, 2), mismatches=mism, git_sha=git_sha(),
+                       command=command, torch=torch.__version__, gpu=gpu, copy_bw_tbs=round(bw / 1e12, 3),
+                       input_sets=sets, reps=args.reps, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+            records.append(rec)
+            print("%-20s %14s %8.1f %9.1f %9.1f %9.1f %9s %7.0f%% %8.2f %10d" % (
+                "x".join(map(str, (B, L, H))), rec["variant"], nbytes / 1e6, floor_us, eager_us, difuse_us,
+                "-" if peer_us is None else "%.1f" % peer_us, rec["pct_of_floor"], rec["speedup_vs_eager"], mism))
+            del inputs
+            torch.cuda.empty_cache()
     if args.out:
         with open(args.out, "w") as f:
             json.dump(records, f, indent=1)

@@ -94,8 +94,9 @@ def main(argv=None) -> int:
     b.add_argument("what", nargs="?", default="ops", choices=["ops"], help="what to benchmark (default: ops)")
     b.add_argument("--out", help="write the JSON records here")
     b.add_argument("--reps", type=int, default=200, help="timed calls per arm and shape")
-    b.add_argument("--quick", action="store_true", help="three shapes only")
-    b.add_argument("--peer-dir", help="folder holding a peer implementation to time alongside (see docs)")
+    b.add_argument("--quick", action="store_true", help="three shapes per op only")
+    b.add_argument("--op", action="append", help="only this op (repeatable)")
+    b.add_argument("--peer-dir", help="folder holding peer_ops.py, peer implementations to time alongside (see docs)")
     args = ap.parse_args(argv)
     if args.cmd is None:
         args = ap.parse_args(["bench"] + (argv or sys.argv[1:]))

@@ -99,6 +99,51 @@ def _is_fake(t) -> bool:
         return False
 
 
+# ---- gated_residual ----------------------------------------------------------------------------------------
+def gated_residual_eager(h, a, gate):
+    """The eager chain: h + gate[:, None] * a (gate [B, H]) or h + gate * a (gate [B, L, H])."""
+    return h + (gate[:, None] if gate.dim() == 2 else gate) * a
+
+
+def can_use_gated_residual(h, a, gate) -> Support:
+    reasons = list(_ops().gated_residual_unsupported(h, a, gate))
+    return Support(not reasons, reasons)
+
+
+def _gated_residual_call(fn, h, a, gate):
+    try:
+        return fn(h, a, gate)
+    except (ValueError, NotImplementedError):
+        if any(t.is_meta or _is_fake(t) for t in (h, a, gate)):
+            raise
+        s = can_use_gated_residual(h, a, gate)
+        if not s:
+            raise Unsupported("gated_residual", s.reasons) from None
+        raise
+
+
+def gated_residual(h, a, gate):
+    """Fused, bit-exact `gated_residual_eager` into a new tensor."""
+    return _gated_residual_call(_ops().gated_residual, h, a, gate)
+
+
+def gated_residual_(h, a, gate):
+    """In place: h <- h + gate * a (same bits as the out-of-place op)."""
+    return _gated_residual_call(_ops().gated_residual_, h, a, gate)
+
+
+def _gated_residual_inputs(spec, device, generator):
+    import torch
+
+    (B, L, H), chunks = spec
+    h = torch.randn(B, L, H, device=device, dtype=torch.bfloat16, generator=generator)
+    a = torch.randn(B, L, H, device=device, dtype=torch.bfloat16, generator=generator)
+    if chunks == 0:  # per-token gate
+        return (h, a, torch.randn(B, L, H, device=device, dtype=torch.bfloat16, generator=generator))
+    emb = torch.randn(B, chunks * H, device=device, dtype=torch.bfloat16, generator=generator) * 0.5
+    return (h, a, emb.chunk(chunks, dim=1)[2])
+
+
 # Every op `python -m difuse check` exercises: name -> (fused, eager, make inputs for a shape spec).
 def _layernorm_modulate_inputs(spec, device, generator):
     import torch
@@ -118,5 +163,12 @@ CHECKS = {
         shapes=[((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 4608, 3072), 3), ((2, 300, 3072), 6),
                 ((2, 4096, 1536), 6), ((2, 333, 1536), 6), ((2, 1024, 2240), 6), ((1, 32760, 5120), 6),
                 ((1, 32760, 1536), 6), ((1, 1, 4), 2), ((3, 7, 20000), 2)],
+    ),
+    "gated_residual": dict(
+        fused=lambda *a: gated_residual(*a),
+        eager=gated_residual_eager,
+        inputs=_gated_residual_inputs,
+        shapes=[((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 4608, 3072), 3), ((2, 300, 3072), 6),
+                ((2, 4096, 1536), 6), ((1, 32760, 5120), 6), ((1, 4096, 3072), 0), ((1, 7, 3), 3)],
     ),
 }

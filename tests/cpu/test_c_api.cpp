@@ -168,3 +168,58 @@ TEST(LayernormModulateConfig, PicksTheScheduleByWidthAndAlignment) {
   EXPECT_EQ(layernorm_modulate_config(24576, true).threads_per_row, 128);
   EXPECT_EQ(layernorm_modulate_config(24580, true).threads_per_row, 0);
 }
+
+// ---- gated_residual's predicate and vector width ----------------------------------------------------------
+#include "modulate/gated_residual.h"
+
+namespace {
+struct GrCase {
+  TensorView out, h, a, gate;
+};
+GrCase gr_valid(int64_t B = 2, int64_t L = 300, int64_t H = 3072) {
+  GrCase c;
+  c.h = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {B, L, H}, 0);
+  c.a = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {B, L, H}, 0);
+  c.out = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {B, L, H}, 0);
+  c.gate = TensorView(fake(0x3000000000ull + 4 * H), DType::BF16, {B, H}, {6 * H, 1}, 0);
+  return c;
+}
+difuse::Support gr_can_use(const GrCase& c) { return difuse::can_use_gated_residual(c.out, c.h, c.a, c.gate); }
+}  // namespace
+
+TEST(GatedResidual, ValidCallsPass) {
+  EXPECT_TRUE(gr_can_use(gr_valid()).ok);
+  GrCase inplace = gr_valid();
+  inplace.out = inplace.h;
+  EXPECT_TRUE(gr_can_use(inplace).ok);
+  GrCase per_token = gr_valid(2, 7, 3);  // any H, per-token gate
+  per_token.gate = TensorView(fake(0x3000000000ull), DType::BF16, {2, 7, 3}, {100, 10, 1}, 0);
+  EXPECT_TRUE(gr_can_use(per_token).ok);
+}
+
+TEST(GatedResidual, EveryViolationIsListed) {
+  GrCase c = gr_valid();
+  c.h.dtype = DIFUSE_F16;
+  c.a.sizes[2] = 3071;
+  c.gate.strides[1] = 2;
+  c.out.data = fake(0x100000000ull + 2);  // overlaps h without being h
+  const auto s = gr_can_use(c);
+  ASSERT_FALSE(s.ok);
+  EXPECT_TRUE(mentions(s, "h must be bf16"));
+  EXPECT_TRUE(mentions(s, "a must have the shape of h"));
+  EXPECT_TRUE(mentions(s, "gate must have a contiguous last dim"));
+  EXPECT_TRUE(mentions(s, "out must be h itself (in place) or not overlap it"));
+}
+
+TEST(GatedResidual, VectorWidthFollowsAlignment) {
+  using difuse::modulate::gated_residual_vector_width;
+  GrCase c = gr_valid();
+  EXPECT_EQ(gated_residual_vector_width(c.out, c.h, c.a, c.gate), 8);
+  c.a.data = fake(0x1000000000ull + 8);
+  EXPECT_EQ(gated_residual_vector_width(c.out, c.h, c.a, c.gate), 4);
+  c.a.data = fake(0x1000000000ull + 2);
+  EXPECT_EQ(gated_residual_vector_width(c.out, c.h, c.a, c.gate), 1);
+  GrCase odd = gr_valid(1, 5, 6);
+  odd.gate.strides[0] = 6;
+  EXPECT_EQ(gated_residual_vector_width(odd.out, odd.h, odd.a, odd.gate), 2);
+}

@@ -85,3 +85,27 @@ def test_reference_op_is_the_eager_chain_on_cpu():
     a = torch.ops.difuse.layernorm_modulate_reference(x, scale, shift, 1e-6)
     b = ops.layernorm_modulate_eager(x, scale, shift, 1e-6)
     assert difuse.count_mismatches(a, b) == 0
+
+
+def test_gated_residual_meta_and_opcheck():
+    h = torch.empty(2, 33, 512, dtype=torch.bfloat16, device="meta")
+    gate = torch.empty(2, 3 * 512, dtype=torch.bfloat16, device="meta").chunk(3, dim=1)[2]
+    out = torch.ops.difuse.gated_residual(h, h, gate)
+    assert out.shape == h.shape and out.is_contiguous()
+    torch.library.opcheck(torch.ops.difuse.gated_residual.default, (h, h, gate))
+    torch.library.opcheck(torch.ops.difuse.gated_residual_.default, (h.clone(), h, gate))
+    with pytest.raises(ValueError, match="gate must be"):
+        torch.ops.difuse.gated_residual(h, h, gate[:1])
+
+
+def test_gated_residual_reasons_on_cpu_tensors():
+    h = torch.empty(2, 3, 8, dtype=torch.float16)
+    s = ops.can_use_gated_residual(h, h, torch.empty(2, 8))
+    assert not s.ok and any("h must be bf16" in r for r in s.reasons)
+    with pytest.raises(difuse.Unsupported):
+        ops.gated_residual(h, h, torch.empty(2, 8))
+    g = torch.Generator().manual_seed(0)
+    hb = torch.randn(2, 3, 8, generator=g).to(torch.bfloat16)
+    gb = torch.randn(2, 8, generator=g).to(torch.bfloat16)
+    ref = torch.ops.difuse.gated_residual_reference(hb, hb, gb)
+    assert difuse.count_mismatches(ref, ops.gated_residual_eager(hb, hb, gb)) == 0

@@ -51,12 +51,15 @@ DIFUSE_HD uint32_t pack_bf16x2(float lo, float hi) {
 }
 
 // ---- packed bf16x2 arithmetic (element 0 in the low half) -------------------------------------------
-// The eager bf16 ops compute in fp32 and round the result to bf16: two roundings. For add and mul of two
-// bf16 operands that equals ONE correct rounding of the exact result, so the device may use the native
-// add.rn.bf16x2 / mul.rn.bf16x2 (two elements per instruction, no fp32 round trip):
-//   mul: two 8-bit significands give an exact 16-bit product, so the fp32 step does not round;
-//   add: the exact sum fits fp32's 24 bits unless the exponents differ by more than 16, and then the
-//        smaller operand is below a quarter bf16 ulp of the larger, so both paths return the larger.
+// The eager bf16 ops compute in fp32 and round the result to bf16: two roundings. Where that equals ONE
+// correct rounding of the exact result, the device may use the native add.rn.bf16x2 / mul.rn.bf16x2 (two
+// elements per instruction, no fp32 round trip):
+//   add (always): the exact sum of two bf16 fits fp32's 24 bits unless the exponents differ by more than
+//        16, and then the smaller operand is below a quarter bf16 ulp of the larger: both return the larger;
+//   mul (only when the caller guarantees it): two 8-bit significands give an exact 16-bit product UNLESS
+//        it falls below fp32's subnormal grid (2^-149), where the fp32 step rounds first. Use it only for
+//        products whose operands rule that out (layernorm_modulate: bf16(1 + scale) is 0 or a multiple of
+//        2^-8, so n * a keeps its bits above 2^-141); otherwise multiply in fp32 and round (pack_bf16x2).
 // tests/cpu/test_numerics.cpp checks the claim against exact arithmetic; the GPU tests check the hardware
 // (subnormal results included) against torch. The .rn forms are never contracted into an fma.
 DIFUSE_HD uint32_t bf16x2_add_rn(uint32_t a, uint32_t b) {

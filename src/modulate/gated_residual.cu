@@ -1,0 +1,213 @@
+// gated_residual — the adaLN-Zero gated residual in one pass, bit-exact against eager PyTorch.
+//
+// Eager chain reproduced (FLUX.1 D6/D6c/S4 and the residual half of D4; Qwen-Image, SD3 alike), bf16:
+//     out = h + gate[:, None] * a        (gate [B, H], a strided row of an adaLN chunk)
+//     out = h + gate * a                 (gate [B, L, H], per-token modulation)
+// two eager kernels, each rounding to bf16:  t = bf16(RN(gate * a));  out = bf16(RN(h + t)).
+//
+// Replays: torch 2.11.0+cu130 — binary_internal::MulFunctor<float> and CUDAFunctor_add<bf16> with alpha 1
+// (shared/reference/torch-2.11-numerics.md §4): fp32 opmath, one bf16 RNE store each, no contraction
+// between the two kernels. The product is formed in fp32 and rounded (a bf16 x bf16 product can fall below
+// fp32's subnormal grid, so mul.rn.bf16x2 is not used); the sum uses add.rn.bf16x2, which equals the fp32
+// add + bf16 rounding for any two bf16 (numerics/bf16.h).
+//
+// Guards (can_use_gated_residual; every violation is reported): h, a, out [B, L, H] bf16 contiguous on one
+// CUDA device; gate [B, H] or [B, L, H] bf16 with a contiguous last dim and non-negative strides; out is h
+// (in place) or overlaps nothing. Any alignment (accesses of 16, 8, 4 or 2 bytes by alignment).
+//
+// Verification status: CPU tests only at this commit; the GPU tests in tests/gpu/test_gated_residual.py
+// have not yet run on the H200 (the registry says so until they have).
+#include "modulate/gated_residual.h"
+
+#include <cuda_runtime.h>
+
+#include <algorithm>
+#include <string>
+
+#include "core/registry.h"
+#include "core/tensor.h"
+#include "difuse/numerics/bf16.h"
+
+namespace difuse::modulate {
+
+namespace {
+
+const detail::KernelRegistration kRegistration{{
+    "gated_residual", "cuda", "bit_exact",
+    "h + gate[:, None] * a  (bf16; h, a [B,L,H]; gate [B,H] or [B,L,H])",
+    "pending H200 verification (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "adaLN-Zero gated residual in one pass, both eager roundings"}};
+
+struct Params {
+  const uint16_t* h;
+  const uint16_t* a;
+  const uint16_t* g;
+  uint16_t* out;
+  int64_t rows, seq, cols;
+  int64_t g_sb, g_sl;  // gate strides (batch, token); g_sl = 0 for a [B, H] gate
+};
+
+// Two elements: bf16(RN(h + bf16(RN(g * a)))).
+__device__ __forceinline__ uint32_t gated2(uint32_t h2, uint32_t a2, uint32_t g2) {
+  const uint32_t t2 = num::pack_bf16x2(num::mul_rn(num::bf16_lo(g2), num::bf16_lo(a2)),
+                                       num::mul_rn(num::bf16_hi(g2), num::bf16_hi(a2)));
+  return num::bf16x2_add_rn(h2, t2);
+}
+
+template <int VEC>
+struct Access;
+template <>
+struct Access<8> {
+  using T = uint4;
+  static constexpr int kWords = 4;
+};
+template <>
+struct Access<4> {
+  using T = uint2;
+  static constexpr int kWords = 2;
+};
+template <>
+struct Access<2> {
+  using T = uint32_t;
+  static constexpr int kWords = 1;
+};
+
+template <int VEC>
+__global__ void __launch_bounds__(256) gated_residual_kernel(const Params p) {
+  const int64_t nvec = p.cols / VEC;
+  for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
+    const int64_t b = r / p.seq, l = r - b * p.seq;
+    const uint16_t* grow = p.g + b * p.g_sb + l * p.g_sl;
+    const int64_t base = r * p.cols;
+    for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec;
+         v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int64_t c = v * VEC;
+      if constexpr (VEC == 1) {
+        const float t = num::round_bf16(num::mul_rn(num::bf16_to_float(grow[c]), num::bf16_to_float(p.a[base + c])));
+        p.out[base + c] = num::float_to_bf16_rne(num::add_rn(num::bf16_to_float(p.h[base + c]), t));
+      } else {
+        using T = typename Access<VEC>::T;
+        constexpr int W = Access<VEC>::kWords;
+        T hv = *reinterpret_cast<const T*>(p.h + base + c);
+        const T av = *reinterpret_cast<const T*>(p.a + base + c);
+        const T gv = *reinterpret_cast<const T*>(grow + c);
+        uint32_t* hw = reinterpret_cast<uint32_t*>(&hv);
+        const uint32_t* aw = reinterpret_cast<const uint32_t*>(&av);
+        const uint32_t* gw = reinterpret_cast<const uint32_t*>(&gv);
+#pragma unroll
+        for (int w = 0; w < W; ++w) hw[w] = gated2(hw[w], aw[w], gw[w]);
+        *reinterpret_cast<T*>(p.out + base + c) = hv;
+      }
+    }
+  }
+}
+
+template <int VEC>
+void launch(const Params& p, cudaStream_t stream) {
+  const int64_t nvec = p.cols / VEC;
+  const unsigned gx = static_cast<unsigned>(std::min<int64_t>((nvec + 255) / 256, 65535));
+  const unsigned gy = static_cast<unsigned>(std::min<int64_t>(p.rows, 65535));
+  gated_residual_kernel<VEC><<<dim3(gx, gy), 256, 0, stream>>>(p);
+}
+
+bool vec_ok(const void* ptr, int64_t elems_stride, int vec) {
+  return detail::aligned(ptr, static_cast<uintptr_t>(2 * vec)) && elems_stride % vec == 0;
+}
+
+}  // namespace
+
+int gated_residual_vector_width(const difuse_tensor_view& out, const difuse_tensor_view& h, const difuse_tensor_view& a,
+                                const difuse_tensor_view& gate) {
+  const int64_t H = h.sizes[2];
+  const bool per_token = gate.rank == 3;
+  for (int vec : {8, 4, 2}) {
+    if (H % vec) continue;
+    const bool ok = vec_ok(h.data, H, vec) && vec_ok(a.data, H, vec) && vec_ok(out.data, H, vec) &&
+                    vec_ok(gate.data, gate.strides[0], vec) && (!per_token || gate.strides[1] % vec == 0);
+    if (ok) return vec;
+  }
+  return 1;
+}
+
+detail::Support can_use_gated_residual(const difuse_tensor_view& out, const difuse_tensor_view& h,
+                                       const difuse_tensor_view& a, const difuse_tensor_view& gate) {
+  detail::Support s;
+  const difuse_tensor_view* views[] = {&h, &a, &gate, &out};
+  const char* names[] = {"h", "a", "gate", "out"};
+  for (int k = 0; k < 4; ++k) {
+    DIFUSE_REQUIRE(s, views[k]->dtype == DIFUSE_BF16,
+                   std::string(names[k]) + " must be bf16, got " + difuse_dtype_name(views[k]->dtype));
+    DIFUSE_REQUIRE(s, views[k]->device >= 0, std::string(names[k]) + " must be on a CUDA device, got host memory");
+    DIFUSE_REQUIRE(s, views[k]->device == h.device,
+                   std::string(names[k]) + " must be on the device of h, got " + detail::describe(*views[k]));
+  }
+  if (h.rank != 3) {
+    DIFUSE_REQUIRE(s, false, "h must have rank 3 [B, L, H], got " + detail::describe(h));
+    return s;
+  }
+  const int64_t B = h.sizes[0], L = h.sizes[1], H = h.sizes[2];
+  const bool empty = B == 0 || L == 0 || H == 0;
+  DIFUSE_REQUIRE(s, detail::is_contiguous(h), "h must be contiguous, got " + detail::describe(h));
+  for (const auto* t : {&a, &out}) {
+    const char* name = t == &a ? "a" : "out";
+    DIFUSE_REQUIRE(s, t->rank == 3 && t->sizes[0] == B && t->sizes[1] == L && t->sizes[2] == H,
+                   std::string(name) + " must have the shape of h, got " + detail::describe(*t));
+    DIFUSE_REQUIRE(s, detail::is_contiguous(*t), std::string(name) + " must be contiguous, got " + detail::describe(*t));
+  }
+  const bool g2 = gate.rank == 2 && gate.sizes[0] == B && gate.sizes[1] == H;
+  const bool g3 = gate.rank == 3 && gate.sizes[0] == B && gate.sizes[1] == L && gate.sizes[2] == H;
+  DIFUSE_REQUIRE(s, g2 || g3, "gate must be [B, H] or [B, L, H] = [" + std::to_string(B) + ", (" + std::to_string(L) +
+                                  ",) " + std::to_string(H) + "], got " + detail::describe(gate));
+  if (g2 || g3) {
+    DIFUSE_REQUIRE(s, gate.strides[gate.rank - 1] == 1 || H <= 1,
+                   "gate must have a contiguous last dim, got " + detail::describe(gate));
+    bool nonneg = true;
+    for (int d = 0; d < gate.rank; ++d) nonneg = nonneg && gate.strides[d] >= 0;
+    DIFUSE_REQUIRE(s, nonneg, "gate must have non-negative strides, got " + detail::describe(gate));
+  }
+  if (!empty) {
+    DIFUSE_REQUIRE(s, h.data && a.data && gate.data && out.data, "h, a, gate and out must have non-null data pointers");
+    DIFUSE_REQUIRE(s, out.data == h.data || !detail::overlaps(out, h),
+                   "out must be h itself (in place) or not overlap it");
+    DIFUSE_REQUIRE(s, !detail::overlaps(out, a) && !detail::overlaps(out, gate), "out must not overlap a or gate");
+  }
+  return s;
+}
+
+void gated_residual(const difuse_tensor_view& out, const difuse_tensor_view& h, const difuse_tensor_view& a,
+                    const difuse_tensor_view& gate, cudaStream_t stream) {
+  const detail::Support s = can_use_gated_residual(out, h, a, gate);
+  if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("gated_residual"));
+  const int64_t B = h.sizes[0], L = h.sizes[1], H = h.sizes[2];
+  if (B == 0 || L == 0 || H == 0) return;
+  Params p{};
+  p.h = static_cast<const uint16_t*>(h.data);
+  p.a = static_cast<const uint16_t*>(a.data);
+  p.g = static_cast<const uint16_t*>(gate.data);
+  p.out = static_cast<uint16_t*>(out.data);
+  p.rows = B * L;
+  p.seq = L;
+  p.cols = H;
+  p.g_sb = gate.strides[0];
+  p.g_sl = gate.rank == 3 ? gate.strides[1] : 0;
+
+  int current = -1;
+  DIFUSE_CUDA_CHECK(cudaGetDevice(&current));
+  if (current != h.device) DIFUSE_CUDA_CHECK(cudaSetDevice(h.device));
+  struct Restore {
+    int dev;
+    bool on;
+    ~Restore() {
+      if (on) (void)cudaSetDevice(dev);
+    }
+  } restore{current, current != h.device};
+  switch (gated_residual_vector_width(out, h, a, gate)) {
+    case 8: launch<8>(p, stream); break;
+    case 4: launch<4>(p, stream); break;
+    case 2: launch<2>(p, stream); break;
+    default: launch<1>(p, stream); break;
+  }
+  DIFUSE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace difuse::modulate

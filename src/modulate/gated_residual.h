@@ -1,0 +1,19 @@
+// gated_residual: h + gate * a with both eager roundings (contract in gated_residual.cu).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "core/error.h"
+#include "difuse/difuse.h"
+
+namespace difuse::modulate {
+
+detail::Support can_use_gated_residual(const difuse_tensor_view& out, const difuse_tensor_view& h,
+                                       const difuse_tensor_view& a, const difuse_tensor_view& gate);
+void gated_residual(const difuse_tensor_view& out, const difuse_tensor_view& h, const difuse_tensor_view& a,
+                    const difuse_tensor_view& gate, cudaStream_t stream);
+// Elements per access (8, 4, 2 or 1) for these pointers and strides.
+int gated_residual_vector_width(const difuse_tensor_view& out, const difuse_tensor_view& h, const difuse_tensor_view& a,
+                                const difuse_tensor_view& gate);
+
+}  // namespace difuse::modulate
