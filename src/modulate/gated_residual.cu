@@ -24,6 +24,7 @@
 #include <algorithm>
 #include <string>
 
+#include "core/device.h"
 #include "core/registry.h"
 #include "core/tensor.h"
 #include "difuse/numerics/bf16.h"
@@ -191,16 +192,7 @@ void gated_residual(const difuse_tensor_view& out, const difuse_tensor_view& h, 
   p.g_sb = gate.strides[0];
   p.g_sl = gate.rank == 3 ? gate.strides[1] : 0;
 
-  int current = -1;
-  DIFUSE_CUDA_CHECK(cudaGetDevice(&current));
-  if (current != h.device) DIFUSE_CUDA_CHECK(cudaSetDevice(h.device));
-  struct Restore {
-    int dev;
-    bool on;
-    ~Restore() {
-      if (on) (void)cudaSetDevice(dev);
-    }
-  } restore{current, current != h.device};
+  const detail::DeviceGuard device_guard(h.device);
   switch (gated_residual_vector_width(out, h, a, gate)) {
     case 8: launch<8>(p, stream); break;
     case 4: launch<4>(p, stream); break;

@@ -34,6 +34,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "core/device.h"
 #include "core/registry.h"
 #include "core/tensor.h"
 #include "norm/layernorm_schedule.h"
@@ -469,16 +470,7 @@ void layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view&
   p.mod_vec = detail::aligned(scale.data, 8) && detail::aligned(shift.data, 8) && scale.strides[0] % 4 == 0 &&
               shift.strides[0] % 4 == 0;
 
-  int current = -1;
-  DIFUSE_CUDA_CHECK(cudaGetDevice(&current));
-  if (current != x.device) DIFUSE_CUDA_CHECK(cudaSetDevice(x.device));
-  struct Restore {
-    int dev;
-    bool on;
-    ~Restore() {
-      if (on) (void)cudaSetDevice(dev);
-    }
-  } restore{current, current != x.device};
+  const detail::DeviceGuard device_guard(x.device);
 
   const bool aligned16 = detail::aligned(x.data, 16) && detail::aligned(out.data, 16);
   const LayernormModulateConfig cfg = layernorm_modulate_config(H, aligned16);
