@@ -16,6 +16,18 @@ PY=${DIFUSE_PYTHON:-python3}
 TORCH_VERSION=2.11.0
 JOBS=${DIFUSE_JOBS:-$(nproc)}
 step() { printf '\n== %s\n' "$*"; }
+LOGDIR=$(mktemp -d)
+trap 'rm -rf "$LOGDIR"' EXIT
+# Tally of every runner's counts for the closing line (a failing runner stops the script first: set -e).
+PASSED=0
+FAILED=0
+tally() {  # tally PASSED FAILED
+  PASSED=$((PASSED + $1))
+  FAILED=$((FAILED + $2))
+}
+pytest_passed() {  # passed count from pytest's last summary line (a failing run never gets here: set -e)
+  grep -oE '[0-9]+ passed' "$1" | tail -n 1 | grep -oE '[0-9]+' || echo 0
+}
 
 if [ "${CI:-}" = true ] || [ "${DIFUSE_CI_TORCH:-0}" = 1 ]; then
   CACHE=${DIFUSE_CI_CACHE:-$HOME/.cache/difuse-ci}
@@ -49,23 +61,37 @@ cmake -S "$ROOT" -B "$BUILD" "${GEN[@]}" -DCMAKE_BUILD_TYPE=Release -DDIFUSE_PYT
 cmake --build "$BUILD" -j "$JOBS"
 
 step "CPU tests (ctest)"
-ctest --test-dir "$BUILD" -L cpu --output-on-failure
+ctest --test-dir "$BUILD" -L cpu --output-on-failure | tee "$LOGDIR/ctest.log"
+test "${PIPESTATUS[0]}" = 0
+n=$(grep -oE 'out of [0-9]+' "$LOGDIR/ctest.log" | grep -oE '[0-9]+' | tail -n 1)
+tally "${n:-0}" 0
 
 step "Python tests without torch or GPU (unittest)"
-DIFUSE_LIB_DIR="$BUILD" python3 -m unittest discover -s "$ROOT/tests/python" -t "$ROOT" -v 2>&1 | tail -n 25
+DIFUSE_LIB_DIR="$BUILD" python3 -m unittest discover -s "$ROOT/tests/python" -t "$ROOT" -v 2>&1 | tee "$LOGDIR/unittest.log" | tail -n 25
 test "${PIPESTATUS[0]}" = 0
+n=$(grep -oE '^Ran [0-9]+' "$LOGDIR/unittest.log" | grep -oE '[0-9]+')
+tally "${n:-0}" 0
 
 if [ $HAVE_TORCH = 1 ]; then
   step "torch binding: Meta / fake-tensor checks (pytest)"
-  DIFUSE_LIB_DIR="$BUILD" "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests/torch_cpu"
+  DIFUSE_LIB_DIR="$BUILD" "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests/torch_cpu" | tee "$LOGDIR/meta.log"
+  test "${PIPESTATUS[0]}" = 0
+  tally "$(pytest_passed "$LOGDIR/meta.log")" 0
 fi
 
 if [ $HAVE_GPU = 1 ]; then
   step "GPU tests (pytest, exact against the live eager chains; skips are failures)"
-  DIFUSE_LIB_DIR="$BUILD" DIFUSE_REQUIRE_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -rfEs "$ROOT/tests/gpu"
+  DIFUSE_LIB_DIR="$BUILD" DIFUSE_REQUIRE_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -rfEs "$ROOT/tests/gpu" \
+    | tee "$LOGDIR/gpu.log"
+  test "${PIPESTATUS[0]}" = 0
+  tally "$(pytest_passed "$LOGDIR/gpu.log")" 0
   step "native GPU smoke test"
-  "$BUILD/difuse_gpu_smoke"
+  "$BUILD/difuse_gpu_smoke" | tee "$LOGDIR/smoke.log"
+  test "${PIPESTATUS[0]}" = 0
+  n=$(grep -oE '^[0-9]+ passed' "$LOGDIR/smoke.log" | grep -oE '[0-9]+')
+  tally "${n:-0}" 0
 else
   echo; echo "no CUDA GPU visible: GPU tests not run (they run on the H200 through scripts/device-check.sh)"
 fi
 echo; echo "scripts/test.sh: all passed"
+echo "difuse: $PASSED passed, $FAILED failed"
