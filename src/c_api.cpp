@@ -10,6 +10,7 @@
 #include "difuse/difuse.h"
 #include "modulate/gated_residual.h"
 #include "norm/layernorm_modulate.h"
+#include "norm/rms_norm.h"
 
 namespace difuse::detail {
 const std::string& last_error();
@@ -230,6 +231,24 @@ difuse_status difuse_gated_residual(const difuse_tensor_view* out, const difuse_
   return guarded([&] {
     difuse::modulate::gated_residual(view(out, "out"), view(h, "h"), view(a, "a"), view(gate, "gate"),
                                      static_cast<cudaStream_t>(stream));
+  });
+}
+
+difuse_status difuse_can_use_rms_norm(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                      const difuse_tensor_view* weight, double eps) {
+  return guarded([&] {
+    const difuse_tensor_view none{};
+    const auto s = difuse::norm::can_use_rms_norm(view(out, "out"), view(x, "x"), weight ? view(weight, "weight") : none, eps);
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("rms_norm"));
+  });
+}
+
+difuse_status difuse_rms_norm(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                              const difuse_tensor_view* weight, double eps, void* stream) {
+  return guarded([&] {
+    const difuse_tensor_view none{};
+    difuse::norm::rms_norm(view(out, "out"), view(x, "x"), weight ? view(weight, "weight") : none, eps,
+                           static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -136,6 +136,49 @@ std::vector<std::string> gated_residual_unsupported(const at::Tensor& h, const a
   return reasons_from_last_error();
 }
 
+// ---- rms_norm ------------------------------------------------------------------------------------------
+at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const difuse_tensor_view vo = to_view(out), vx = to_view(x);
+  difuse_tensor_view vw{};
+  if (weight.has_value() && weight->defined()) vw = to_view(*weight);
+  check_status(difuse_rms_norm(&vo, &vx, vw.rank || vw.data ? &vw : nullptr, eps,
+                               at::cuda::getCurrentCUDAStream().stream()),
+               "rms_norm");
+  return out;
+}
+
+at::Tensor rms_norm_meta(const at::Tensor& x, const std::optional<at::Tensor>& weight, double) {
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.dim() <= 4, "difuse::rms_norm: x must have rank 1 to 4, got ", x.sizes());
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kBFloat16, "difuse::rms_norm: x must be bf16");
+  if (weight.has_value() && weight->defined())
+    TORCH_CHECK_VALUE(weight->dim() == 1 && weight->size(0) == x.size(-1) && weight->scalar_type() == at::kBFloat16,
+                      "difuse::rms_norm: weight must be a bf16 [", x.size(-1), "], got ", weight->sizes());
+  return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+at::Tensor rms_norm_reference(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  return at::rms_norm(x, {x.size(-1)}, weight, eps);
+}
+
+std::vector<std::string> rms_norm_unsupported(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  difuse_tensor_view vo = to_view(x);  // a fresh contiguous bf16 output on x's device
+  vo.data = x.numel() ? reinterpret_cast<void*>(uintptr_t{1} << 48) : nullptr;
+  vo.dtype = DIFUSE_BF16;
+  vo.device = vo.device >= 0 ? vo.device : 0;
+  int64_t acc = 1;
+  for (int i = vo.rank - 1; i >= 0; --i) vo.strides[i] = acc, acc *= vo.sizes[i];
+  const difuse_tensor_view vx = to_view(x);
+  difuse_tensor_view vw{};
+  const bool has_w = weight.has_value() && weight->defined();
+  if (has_w) vw = to_view(*weight);
+  const difuse_status s = difuse_can_use_rms_norm(&vo, &vx, has_w ? &vw : nullptr, eps);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_rms_norm");
+  return reasons_from_last_error();
+}
+
 }  // namespace
 
 TORCH_LIBRARY(difuse, m) {
@@ -146,23 +189,30 @@ TORCH_LIBRARY(difuse, m) {
   m.def("gated_residual_(Tensor(a!) h, Tensor a, Tensor gate) -> Tensor(a!)");
   m.def("gated_residual_reference(Tensor h, Tensor a, Tensor gate) -> Tensor");
   m.def("gated_residual_unsupported(Tensor h, Tensor a, Tensor gate) -> str[]");
+  m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
+  m.def("rms_norm_reference(Tensor x, Tensor? weight, float eps) -> Tensor");
+  m.def("rms_norm_unsupported(Tensor x, Tensor? weight, float eps) -> str[]");
 }
 
 TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
   m.impl("layernorm_modulate", &layernorm_modulate_cuda);
   m.impl("gated_residual", &gated_residual_cuda);
   m.impl("gated_residual_", &gated_residual_inplace_cuda);
+  m.impl("rms_norm", &rms_norm_cuda);
 }
 TORCH_LIBRARY_IMPL(difuse, Meta, m) {
   m.impl("layernorm_modulate", &layernorm_modulate_meta);
   m.impl("gated_residual", &gated_residual_meta);
   m.impl("gated_residual_", &gated_residual_inplace_meta);
+  m.impl("rms_norm", &rms_norm_meta);
 }
 TORCH_LIBRARY_IMPL(difuse, CompositeImplicitAutograd, m) {
   m.impl("layernorm_modulate_reference", &layernorm_modulate_reference);
   m.impl("gated_residual_reference", &gated_residual_reference);
+  m.impl("rms_norm_reference", &rms_norm_reference);
 }
 TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
   m.impl("layernorm_modulate_unsupported", &layernorm_modulate_unsupported);
   m.impl("gated_residual_unsupported", &gated_residual_unsupported);
+  m.impl("rms_norm_unsupported", &rms_norm_unsupported);
 }

@@ -156,6 +156,13 @@ DIFUSE_API difuse_status difuse_gated_residual(const difuse_tensor_view* out, co
                                                const difuse_tensor_view* a, const difuse_tensor_view* gate,
                                                void* stream);
 
+/* out = F.rms_norm(x, (N,), weight, eps) in bf16 (torch.nn.RMSNorm). x: rank 1-4, last dim contiguous, any
+ * non-negative leading strides; weight: NULL or a contiguous bf16 [N]; out: contiguous, shape of x. */
+DIFUSE_API difuse_status difuse_can_use_rms_norm(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                 const difuse_tensor_view* weight, double eps);
+DIFUSE_API difuse_status difuse_rms_norm(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                         const difuse_tensor_view* weight, double eps, void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -133,6 +133,15 @@ inline void gated_residual(const TensorView& out, const TensorView& h, const Ten
   check(difuse_gated_residual(&out, &h, &a, &gate, stream));
 }
 
+// weight: nullptr for none.
+inline Support can_use_rms_norm(const TensorView& out, const TensorView& x, const TensorView* weight, double eps) {
+  return support_from(difuse_can_use_rms_norm(&out, &x, weight, eps));
+}
+inline void rms_norm(const TensorView& out, const TensorView& x, const TensorView* weight, double eps,
+                     void* stream = nullptr) {
+  check(difuse_rms_norm(&out, &x, weight, eps, stream));
+}
+
 // ---- registry -----------------------------------------------------------------------------------------
 struct KernelInfo {
   std::string op, backend, contract, reference, platform, description;

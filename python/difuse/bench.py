@@ -25,21 +25,34 @@ GR_SHAPES = [  # chunks 0: per-token gate [B, L, H]
     ((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 4608, 3072), 3), ((2, 300, 3072), 6),
     ((2, 4096, 1536), 6), ((1, 32760, 5120), 6), ((1, 4096, 3072), 0),
 ]
-QUICK = {((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 32760, 5120), 6)}
+RMS_SHAPES = [  # (shape, chunks): chunks 1 = weight, 0 = no weight
+    ((1, 4608, 24, 128), 1), ((1, 4608, 24, 128), 0), ((1, 4096, 24, 128), 1), ((1, 32760, 5120), 1),
+    ((1, 32760, 1536), 1),
+]
+QUICK = {((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 32760, 5120), 6), ((1, 4608, 24, 128), 1),
+         ((1, 32760, 5120), 1)}
 
 
-def _ln_case(torch, B, L, H, chunks, g):
+def _ln_case(torch, shape, chunks, g):
+    B, L, H = shape
     x = torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g)
     parts = (torch.randn(B, chunks * H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.5).chunk(chunks, dim=1)
     return (x, parts[1], parts[0], 1e-6)
 
 
-def _gr_case(torch, B, L, H, chunks, g):
+def _gr_case(torch, shape, chunks, g):
+    B, L, H = shape
     h = torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g)
     a = torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g)
     if chunks == 0:
         return (h, a, torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g))
     return (h, a, torch.randn(B, chunks * H, device="cuda", dtype=torch.bfloat16, generator=g).chunk(chunks, dim=1)[2])
+
+
+def _rms_case(torch, shape, with_weight, g):
+    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g)
+    w = torch.randn(shape[-1], device="cuda", dtype=torch.bfloat16, generator=g) if with_weight else None
+    return (x, w, 1e-6)
 
 
 def op_specs(torch):
@@ -52,13 +65,18 @@ def op_specs(torch):
     torch_extension()
     return {
         "layernorm_modulate": dict(
-            shapes=LN_SHAPES, bytes=lambda B, L, H, c: 2 * B * L * H * 2 + 2 * B * H * 2, make=_ln_case,
+            shapes=LN_SHAPES, bytes=lambda s, c: 2 * s[0] * s[1] * s[2] * 2 + 2 * s[0] * s[2] * 2, make=_ln_case,
             eager=ops.layernorm_modulate_eager, fused=torch.ops.difuse.layernorm_modulate,
             variant=lambda c: "chunk%d" % c, peer="layernorm_modulate"),
         "gated_residual": dict(
-            shapes=GR_SHAPES, bytes=lambda B, L, H, c: 3 * B * L * H * 2 + (B * L * H if c == 0 else B * H) * 2,
+            shapes=GR_SHAPES,
+            bytes=lambda s, c: 3 * s[0] * s[1] * s[2] * 2 + (s[0] * s[1] * s[2] if c == 0 else s[0] * s[2]) * 2,
             make=_gr_case, eager=ops.gated_residual_eager, fused=torch.ops.difuse.gated_residual,
             variant=lambda c: "per_token_gate" if c == 0 else "chunk%d" % c, peer="gated_residual"),
+        "rms_norm": dict(
+            shapes=RMS_SHAPES, bytes=lambda s, c: 2 * 2 * math.prod(s) + (2 * s[-1] if c else 0),
+            make=_rms_case, eager=ops.rms_norm_eager, fused=torch.ops.difuse.rms_norm,
+            variant=lambda c: "weight" if c else "no_weight", peer="rms_norm"),
     }
 
 
@@ -151,12 +169,12 @@ def main(args) -> int:
             name, "shape", "variant", "MB", "floor us", "eager us", "difuse us", "peer us", "% floor", "x eager",
             "mismatch"))
         peer_fn = getattr(peer, spec["peer"], None) if peer else None
-        for (B, L, H), chunks in spec["shapes"]:
-            if args.quick and ((B, L, H), chunks) not in QUICK:
+        for shape, chunks in spec["shapes"]:
+            if args.quick and (shape, chunks) not in QUICK:
                 continue
-            nbytes = spec["bytes"](B, L, H, chunks)
+            nbytes = spec["bytes"](shape, chunks)
             sets = max(2, math.ceil(3 * l2 / nbytes))
-            inputs = [spec["make"](torch, B, L, H, chunks, g) for _ in range(sets)]
+            inputs = [spec["make"](torch, shape, chunks, g) for _ in range(sets)]
             fused, eager = spec["fused"], spec["eager"]
             mism = count_mismatches(fused(*inputs[0]), eager(*inputs[0]))
             eager_us = time_calls([lambda a=a: eager(*a) for a in inputs], args.reps)
@@ -166,9 +184,9 @@ def main(args) -> int:
                 try:
                     peer_us = time_calls([lambda a=a: peer_fn(*a) for a in inputs], args.reps)
                 except Exception as e:
-                    print("peer failed on %s: %s" % ((B, L, H), e), file=sys.stderr)
+                    print("peer failed on %s: %s" % (shape, e), file=sys.stderr)
             floor_us = nbytes / bw * 1e6
-            rec = dict(op=name, variant=spec["variant"](chunks), shape=[B, L, H], bytes=nbytes,
+            rec = dict(op=name, variant=spec["variant"](chunks), shape=list(shape), bytes=nbytes,
                        floor_us=round(floor_us, 3), eager_us=round(eager_us, 3), difuse_us=round(difuse_us, 3),
                        peer_us=None if peer_us is None else round(peer_us, 3), peer=peer_name if peer_fn else None,
                        pct_of_floor=round(100 * floor_us / difuse_us, 1),
@@ -177,7 +195,7 @@ def main(args) -> int:
                        input_sets=sets, reps=args.reps, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
             records.append(rec)
             print("%-20s %14s %8.1f %9.1f %9.1f %9.1f %9s %7.0f%% %8.2f %10d" % (
-                "x".join(map(str, (B, L, H))), rec["variant"], nbytes / 1e6, floor_us, eager_us, difuse_us,
+                "x".join(map(str, shape)), rec["variant"], nbytes / 1e6, floor_us, eager_us, difuse_us,
                 "-" if peer_us is None else "%.1f" % peer_us, rec["pct_of_floor"], rec["speedup_vs_eager"], mism))
             del inputs
             torch.cuda.empty_cache()

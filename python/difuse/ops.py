@@ -144,6 +144,47 @@ def _gated_residual_inputs(spec, device, generator):
     return (h, a, emb.chunk(chunks, dim=1)[2])
 
 
+# ---- rms_norm (torch.nn.RMSNorm / F.rms_norm) ----------------------------------------------------------------
+def _rms_eps(eps):
+    import torch
+
+    return torch.finfo(torch.float32).eps if eps is None else float(eps)  # aten's default for bf16: FLT_EPSILON
+
+
+def rms_norm_eager(x, weight=None, eps=None):
+    """The eager op: F.rms_norm(x, (N,), weight, eps) (aten's fused kernel, one rounding)."""
+    import torch.nn.functional as F
+
+    return F.rms_norm(x, (x.shape[-1],), weight, eps)
+
+
+def can_use_rms_norm(x, weight=None, eps=None) -> Support:
+    reasons = list(_ops().rms_norm_unsupported(x, weight, _rms_eps(eps)))
+    return Support(not reasons, reasons)
+
+
+def rms_norm(x, weight=None, eps=None):
+    """Fused, bit-exact `rms_norm_eager`; x may be a strided view (rows of a fused projection)."""
+    try:
+        return _ops().rms_norm(x, weight, _rms_eps(eps))
+    except (ValueError, NotImplementedError):
+        if any(t is not None and (t.is_meta or _is_fake(t)) for t in (x, weight)):
+            raise
+        s = can_use_rms_norm(x, weight, eps)
+        if not s:
+            raise Unsupported("rms_norm", s.reasons) from None
+        raise
+
+
+def _rms_norm_inputs(spec, device, generator):
+    import torch
+
+    shape, with_weight = spec
+    x = torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=generator)
+    w = torch.randn(shape[-1], device=device, dtype=torch.bfloat16, generator=generator) if with_weight else None
+    return (x, w, 1e-6)
+
+
 # Every op `python -m difuse check` exercises: name -> (fused, eager, make inputs for a shape spec).
 def _layernorm_modulate_inputs(spec, device, generator):
     import torch
@@ -170,5 +211,12 @@ CHECKS = {
         inputs=_gated_residual_inputs,
         shapes=[((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 4608, 3072), 3), ((2, 300, 3072), 6),
                 ((2, 4096, 1536), 6), ((1, 32760, 5120), 6), ((1, 4096, 3072), 0), ((1, 7, 3), 3)],
+    ),
+    "rms_norm": dict(
+        fused=lambda *a: rms_norm(*a),
+        eager=rms_norm_eager,
+        inputs=_rms_norm_inputs,
+        shapes=[((1, 4608, 24, 128), True), ((1, 4608, 24, 128), False), ((2, 4096, 24, 64), True),
+                ((1, 32760, 5120), True), ((1, 32760, 1536), True), ((3, 7, 30000), True)],
     ),
 }

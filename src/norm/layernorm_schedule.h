@@ -88,4 +88,33 @@ DIFUSE_HD uint32_t layernorm_modulate_pair(uint32_t x2, RowStats st, uint32_t sc
   return num::bf16x2_add_rn(num::bf16x2_mul_rn(n2, a2), shift2);
 }
 
+// ---- the same kernel with rms_norm = true (F.rms_norm / torch.nn.RMSNorm, aten's fused RMS path) ----------
+// Per thread s = fma(v, v, s) over the same elements in the same order; tree steps s = RN(s + s_in) with the
+// same offsets and warp pairs; ms = div(s, (float)N); rstd = rsqrtf(RN(ms + eps)).
+DIFUSE_HD float rms_push_vec4(float s, float x0, float x1, float x2, float x3) {
+  s = num::fma_rn(x0, x0, s);
+  s = num::fma_rn(x1, x1, s);
+  s = num::fma_rn(x2, x2, s);
+  return num::fma_rn(x3, x3, s);
+}
+
+DIFUSE_HD float rms_combine(float own, float in) { return num::add_rn(own, in); }
+
+// Warp roots w0..w3 -> rstd.
+DIFUSE_HD float rms_finalize_roots(const float* roots, int n, float eps) {
+  const float s = rms_combine(rms_combine(roots[0], roots[2]), rms_combine(roots[1], roots[3]));
+  return num::rsqrt_cuda(num::add_rn(num::div_rn(s, static_cast<float>(n)), eps));
+}
+
+// Two output elements: bf16(RN(w * RN(rstd * x))), or bf16(RN(rstd * x)) without a weight.
+DIFUSE_HD uint32_t rms_norm_pair(uint32_t x2, float rstd, bool has_weight, uint32_t w2) {
+  float y0 = num::mul_rn(rstd, num::bf16_lo(x2));
+  float y1 = num::mul_rn(rstd, num::bf16_hi(x2));
+  if (has_weight) {
+    y0 = num::mul_rn(num::bf16_lo(w2), y0);
+    y1 = num::mul_rn(num::bf16_hi(w2), y1);
+  }
+  return num::pack_bf16x2(y0, y1);
+}
+
 }  // namespace difuse::norm

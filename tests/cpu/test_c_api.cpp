@@ -223,3 +223,28 @@ TEST(GatedResidual, VectorWidthFollowsAlignment) {
   odd.gate.strides[0] = 6;
   EXPECT_EQ(gated_residual_vector_width(odd.out, odd.h, odd.a, odd.gate), 2);
 }
+
+// ---- rms_norm's predicate ------------------------------------------------------------------------------------
+TEST(RmsNorm, PredicateAcceptsSitesAndListsViolations) {
+  // FLUX per-head q from a fused QKV projection: [1, 4608, 24, 128] view with strides (4608*9216, 9216, 128, 1).
+  const TensorView q(fake(0x100000000ull), DType::BF16, {1, 4608, 24, 128}, {4608 * 9216, 9216, 128, 1}, 0);
+  const auto out = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {1, 4608, 24, 128}, 0);
+  const auto w = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {128}, 0);
+  EXPECT_TRUE(difuse::can_use_rms_norm(out, q, &w, 1e-6).ok);
+  EXPECT_TRUE(difuse::can_use_rms_norm(out, q, nullptr, 1e-6).ok);
+  TensorView bad = q;
+  bad.sizes[3] = 126;
+  bad.data = fake(0x100000002ull);
+  TensorView wbad = w;
+  wbad.dtype = DIFUSE_F32;
+  const auto s = difuse::can_use_rms_norm(out, bad, &wbad, 1e-6);
+  ASSERT_FALSE(s.ok);
+  EXPECT_TRUE(mentions(s, "multiple of 4"));
+  EXPECT_TRUE(mentions(s, "8-byte aligned rows"));
+  EXPECT_TRUE(mentions(s, "weight must be bf16"));
+  EXPECT_TRUE(mentions(s, "out must have the shape of x"));
+  // A contiguous but misaligned x is aten's two-kernel path: refused with that reason.
+  TensorView c = TensorView::contiguous(fake(0x100000002ull), DType::BF16, {8, 128}, 0);
+  const auto oc = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {8, 128}, 0);
+  EXPECT_TRUE(mentions(difuse::can_use_rms_norm(oc, c, nullptr, 1e-6), "two-kernel"));
+}

@@ -201,3 +201,78 @@ TEST(LayernormModulateSchedule, CloseToDoublePrecision) {
     }
   }
 }
+
+// ---- the RMS policy of the same aten kernel (rms_norm) --------------------------------------------------------
+namespace {
+
+template <int G, bool PAIRED>
+std::vector<uint16_t> emulate_rms(const std::vector<uint16_t>& x, const std::vector<uint16_t>* w, float eps) {
+  using Map = AtenThreadMap<G, PAIRED>;
+  constexpr int A = Map::kSlots;
+  const int H = static_cast<int>(x.size()), V = H / kVecElems;
+  const int NS = (V + kAtenThreads - 1) / kAtenThreads;
+  std::vector<std::array<float, A>> s(G);
+  for (auto& t : s) t.fill(0.f);
+  auto xf = [&](int idx) { return num::bf16_to_float(x[idx]); };
+  for (int i = 0; i < G; ++i)
+    for (int k = 0; k < NS; ++k)
+      for (int j = 0; j < A; ++j) {
+        const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+        if (vi < V) s[i][j] = rms_push_vec4(s[i][j], xf(4 * vi), xf(4 * vi + 1), xf(4 * vi + 2), xf(4 * vi + 3));
+      }
+  for (int o = 16; o >= 1; o /= 2) {
+    const int delta = Map::lane_delta(o);
+    if (delta > 0) {
+      const auto snap = s;
+      for (int i = 0; i < G; ++i)
+        for (int j = 0; j < A; ++j) s[i][j] = rms_combine(s[i][j], snap[(i % 32) + delta < 32 ? i + delta : i][j]);
+    } else {
+      for (int i = 0; i < G; ++i)
+        for (int j = 0; j < A; ++j)
+          if (Map::receives(o, j)) s[i][j] = rms_combine(s[i][j], s[i][Map::partner_slot(o, j)]);
+    }
+  }
+  float roots[4] = {0, 0, 0, 0};
+  for (int i = 0; i < G; ++i)
+    for (int j = 0; j < A; ++j)
+      if (Map::aten_thread(i, j) % kAtenWarp == 0) roots[Map::aten_thread(i, j) / kAtenWarp] = s[i][j];
+  const float rstd = rms_finalize_roots(roots, H, eps);
+  std::vector<uint16_t> out(H);
+  for (int c = 0; c < H; c += 2) {
+    const uint32_t x2 = x[c] | (static_cast<uint32_t>(x[c + 1]) << 16);
+    const uint32_t w2 = w ? ((*w)[c] | (static_cast<uint32_t>((*w)[c + 1]) << 16)) : 0;
+    const uint32_t o = rms_norm_pair(x2, rstd, w != nullptr, w2);
+    out[c] = static_cast<uint16_t>(o), out[c + 1] = static_cast<uint16_t>(o >> 16);
+  }
+  return out;
+}
+
+}  // namespace
+
+TEST(RmsNormSchedule, EveryScheduleMatchesAtenLayoutAndDoublePrecision) {
+  std::mt19937 rng(4242);
+  for (int H : {4, 8, 64, 128, 132, 1536, 3072, 3076, 5120, 6144, 12288, 16384}) {
+    const Row r = random_row(H, rng, 0.3f, 3.f);
+    for (const std::vector<uint16_t>* w : {static_cast<const std::vector<uint16_t>*>(nullptr), &r.scale}) {
+      const auto aten = emulate_rms<128, false>(r.x, w, 1e-6f);
+      auto same = [&](const std::vector<uint16_t>& o, const char* name) {
+        int64_t diff = 0;
+        for (int c = 0; c < H; ++c) diff += o[c] != aten[c];
+        EXPECT_EQ(diff, 0) << "H=" << H << " " << name << (w ? " weight" : "");
+      };
+      same(emulate_rms<32, false>(r.x, w, 1e-6f), "32 strided");
+      same(emulate_rms<64, false>(r.x, w, 1e-6f), "64 strided");
+      if (H % 8 == 0) {
+        same(emulate_rms<32, true>(r.x, w, 1e-6f), "32 paired");
+        same(emulate_rms<64, true>(r.x, w, 1e-6f), "64 paired");
+      }
+      double ss = 0;
+      for (auto v : r.x) ss += std::pow(num::bf16_to_float(v), 2);
+      const double rstd = 1.0 / std::sqrt(ss / H + 1e-6);
+      for (int c = 0; c < H; ++c) {
+        const double ref = num::bf16_to_float(r.x[c]) * rstd * (w ? num::bf16_to_float((*w)[c]) : 1.0);
+        ASSERT_NEAR(num::bf16_to_float(aten[c]), ref, std::ldexp(std::fabs(ref), -7) + 1e-6) << "H=" << H << " c=" << c;
+      }
+    }
+  }
+}

@@ -109,3 +109,25 @@ def test_gated_residual_reasons_on_cpu_tensors():
     gb = torch.randn(2, 8, generator=g).to(torch.bfloat16)
     ref = torch.ops.difuse.gated_residual_reference(hb, hb, gb)
     assert difuse.count_mismatches(ref, ops.gated_residual_eager(hb, hb, gb)) == 0
+
+
+def test_rms_norm_meta_and_opcheck():
+    x = torch.empty(2, 33, 4, 128, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(128, dtype=torch.bfloat16, device="meta")
+    out = torch.ops.difuse.rms_norm(x, w, 1e-6)
+    assert out.shape == x.shape and out.is_contiguous()
+    torch.library.opcheck(torch.ops.difuse.rms_norm.default, (x, w, 1e-6))
+    torch.library.opcheck(torch.ops.difuse.rms_norm.default, (x, None, 1e-6))
+    with pytest.raises(ValueError, match="weight must be"):
+        torch.ops.difuse.rms_norm(x, w[:64], 1e-6)
+
+
+def test_rms_norm_reference_and_reasons_on_cpu():
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(3, 5, 64, generator=g).to(torch.bfloat16)
+    w = torch.randn(64, generator=g).to(torch.bfloat16)
+    assert difuse.count_mismatches(torch.ops.difuse.rms_norm_reference(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6)) == 0
+    s = ops.can_use_rms_norm(x.float(), w)
+    assert not s.ok and any("x must be bf16" in r for r in s.reasons)
+    with pytest.raises(difuse.Unsupported):
+        ops.rms_norm(x, w)

@@ -1,0 +1,302 @@
+// rms_norm — torch.nn.RMSNorm / F.rms_norm over the last dim, bit-exact against eager PyTorch.
+//
+// Eager chain reproduced (FLUX.1 and Wan QK norms, per head 64/128 or across heads 1536/5120), bf16:
+//     out = F.rms_norm(x, (N,), weight, eps)         one aten kernel, one bf16 rounding
+//
+// Replays: torch 2.11.0+cu130, sm_90 — at::native::vectorized_layer_norm_kernel<c10::BFloat16, float, true>
+// (shared/reference/torch-2.11-numerics.md §2): 128 threads per row in aten's layout, s = fma(v, v, s) per
+// element, tree s = RN(s + s_in) with offsets 16..1 then warps (0,2),(1,3),(0,1), ms = div(s, N),
+// rstd = rsqrtf(RN(ms + eps)), out = bf16(RN(w * RN(rstd * x))) (or bf16(RN(rstd * x)) without weight).
+// Same thread maps as layernorm_modulate (layernorm_schedule.h), rows staged in shared memory.
+//
+// Guards (can_use_rms_norm; every violation is reported): x bf16 on a CUDA device, rank 1-4, last dim
+// contiguous, N % 4 == 0, N <= 2^24; a contiguous x must be 8-byte aligned (otherwise aten runs its
+// two-kernel path, which rounds differently); a strided x (aten copies it to an aligned buffer first) needs
+// 8-byte aligned rows for our loads; weight (optional) bf16 [N] contiguous, 8-byte aligned; out
+// contiguous bf16 of x's shape, overlapping nothing.
+//
+// Verification status: CPU tests only at this commit; tests/gpu/test_rms_norm.py has not yet run on the H200.
+#include "norm/rms_norm.h"
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <string>
+
+#include "core/device.h"
+#include "core/registry.h"
+#include "core/tensor.h"
+#include "norm/layernorm_schedule.h"
+
+namespace difuse::norm {
+
+namespace {
+
+const detail::KernelRegistration kRegistration{{
+    "rms_norm", "cuda", "bit_exact", "F.rms_norm(x, (N,), weight, eps)  (bf16; torch.nn.RMSNorm, aten's fused kernel)",
+    "pending H200 verification (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "RMSNorm over the last dim (per head or across heads), strided rows, optional weight"}};
+
+struct Params {
+  const uint16_t* x;
+  uint16_t* out;
+  const uint16_t* w;
+  int64_t rows;
+  int64_t d1, d2;      // sizes of the 2nd and 3rd leading dims (1 when absent)
+  int64_t s0, s1, s2;  // strides of the leading dims, in elements
+  int n, v;
+  float eps;
+  bool has_w;
+};
+
+__device__ __forceinline__ const uint16_t* row_ptr(const Params& p, int64_t r) {
+  const int64_t i2 = r % p.d2, t = r / p.d2;
+  const int64_t i1 = t % p.d1, i0 = t / p.d1;
+  return p.x + i0 * p.s0 + i1 * p.s1 + i2 * p.s2;
+}
+
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool bytes16) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  if (bytes16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+template <int G>
+__device__ __forceinline__ void row_sync() {
+  if constexpr (G == 32)
+    __syncwarp();
+  else
+    __syncthreads();
+}
+
+constexpr int rows_per_block(int g) { return g == 128 ? 1 : 256 / g; }
+
+template <int G, bool PAIRED>
+__global__ void __launch_bounds__(256) rms_norm_rows(const Params p) {
+  using Map = AtenThreadMap<G, PAIRED>;
+  constexpr int A = Map::kSlots;
+  constexpr int ROWS = rows_per_block(G);
+  constexpr int STEP = PAIRED ? 2 : 1;
+  extern __shared__ uint2 staged[];  // ROWS x V vectors
+  __shared__ float roots[ROWS][4];
+  __shared__ float rstd_s[ROWS];
+
+  const int i = static_cast<int>(threadIdx.x) % G;
+  const int rb = static_cast<int>(threadIdx.x) / G;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * ROWS + rb;
+  const bool active = row < p.rows;
+  if constexpr (G == 32) {
+    if (!active) return;  // whole warp
+  }
+  const int V = p.v;
+  const int sweeps = (V + kAtenThreads - 1) / kAtenThreads;
+  uint2* sx = staged + static_cast<int64_t>(rb) * V;
+  if (active) {
+    const uint2* gx = reinterpret_cast<const uint2*>(row_ptr(p, row));
+    for (int k = 0; k < sweeps; ++k) {
+#pragma unroll
+      for (int j = 0; j < A; j += STEP) {
+        const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+        if (vi < V) cp_async(sx + vi, gx + vi, PAIRED);
+      }
+    }
+  }
+  asm volatile("cp.async.wait_all;" ::: "memory");
+
+  float s[A];
+#pragma unroll
+  for (int j = 0; j < A; ++j) s[j] = 0.f;
+  if (active) {
+    for (int k = 0; k < sweeps; ++k) {
+#pragma unroll
+      for (int j = 0; j < A; ++j) {
+        const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+        if (vi < V) {
+          const uint2 w = sx[vi];
+          s[j] = rms_push_vec4(s[j], num::bf16_lo(w.x), num::bf16_hi(w.x), num::bf16_lo(w.y), num::bf16_hi(w.y));
+        }
+      }
+    }
+  }
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) {
+    const int delta = Map::lane_delta(o);
+    if (delta > 0) {
+#pragma unroll
+      for (int j = 0; j < A; ++j) s[j] = rms_combine(s[j], __shfl_down_sync(0xffffffffu, s[j], delta));
+    } else {
+#pragma unroll
+      for (int j = 0; j < A; ++j)
+        if (Map::receives(o, j)) s[j] = rms_combine(s[j], s[Map::partner_slot(o, j)]);
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < A; ++j) {
+    const int t = Map::aten_thread(i, j);
+    if (t % kAtenWarp == 0) roots[rb][t / kAtenWarp] = s[j];
+  }
+  row_sync<G>();
+  if (i == 0) rstd_s[rb] = rms_finalize_roots(roots[rb], p.n, p.eps);
+  row_sync<G>();
+  if (!active) return;
+  const float rstd = rstd_s[rb];
+  uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.n);
+  const uint2* wv = reinterpret_cast<const uint2*>(p.w);
+  for (int k = 0; k < sweeps; ++k) {
+#pragma unroll
+    for (int j = 0; j < A; ++j) {
+      const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+      if (vi < V) {
+        const uint2 xw = sx[vi];
+        const uint2 ww = p.has_w ? wv[vi] : make_uint2(0, 0);
+        orow[vi] = make_uint2(rms_norm_pair(xw.x, rstd, p.has_w, ww.x), rms_norm_pair(xw.y, rstd, p.has_w, ww.y));
+      }
+    }
+  }
+}
+
+// Rows wider than 24576: aten's own layout, two passes over global memory.
+__global__ void __launch_bounds__(128) rms_norm_stream(const Params p) {
+  __shared__ float roots[4];
+  __shared__ float rstd_s;
+  const int t = static_cast<int>(threadIdx.x);
+  const int64_t row = blockIdx.x;
+  const uint2* gx = reinterpret_cast<const uint2*>(row_ptr(p, row));
+  float s = 0.f;
+  for (int vi = t; vi < p.v; vi += kAtenThreads) {
+    const uint2 w = gx[vi];
+    s = rms_push_vec4(s, num::bf16_lo(w.x), num::bf16_hi(w.x), num::bf16_lo(w.y), num::bf16_hi(w.y));
+  }
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) s = rms_combine(s, __shfl_down_sync(0xffffffffu, s, o));
+  if (t % kAtenWarp == 0) roots[t / kAtenWarp] = s;
+  __syncthreads();
+  if (t == 0) rstd_s = rms_finalize_roots(roots, p.n, p.eps);
+  __syncthreads();
+  const float rstd = rstd_s;
+  uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.n);
+  const uint2* wv = reinterpret_cast<const uint2*>(p.w);
+  for (int vi = t; vi < p.v; vi += kAtenThreads) {
+    const uint2 xw = gx[vi];
+    const uint2 ww = p.has_w ? wv[vi] : make_uint2(0, 0);
+    orow[vi] = make_uint2(rms_norm_pair(xw.x, rstd, p.has_w, ww.x), rms_norm_pair(xw.y, rstd, p.has_w, ww.y));
+  }
+}
+
+template <int G, bool PAIRED>
+void launch_rows(const Params& p, int device, cudaStream_t stream) {
+  constexpr int ROWS = rows_per_block(G);
+  auto kernel = rms_norm_rows<G, PAIRED>;
+  static std::atomic<uint64_t> opted_in{0};
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if (!(opted_in.load(std::memory_order_acquire) & bit)) {
+    DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
+    opted_in.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  const int64_t blocks = (p.rows + ROWS - 1) / ROWS;
+  const size_t smem = static_cast<size_t>(ROWS) * p.v * sizeof(uint2);  // <= 48 KB by the thresholds below
+  kernel<<<static_cast<unsigned>(blocks), G * ROWS, smem, stream>>>(p);
+}
+
+bool rows_aligned(const difuse_tensor_view& x, uintptr_t bytes) {
+  if (!detail::aligned(x.data, bytes)) return false;
+  for (int d = 0; d + 1 < x.rank; ++d)
+    if (x.sizes[d] > 1 && (x.strides[d] * 2) % static_cast<int64_t>(bytes) != 0) return false;
+  return true;
+}
+
+}  // namespace
+
+detail::Support can_use_rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x,
+                                 const difuse_tensor_view& weight, double eps) {
+  (void)eps;
+  detail::Support s;
+  DIFUSE_REQUIRE(s, x.dtype == DIFUSE_BF16, std::string("x must be bf16, got ") + difuse_dtype_name(x.dtype));
+  DIFUSE_REQUIRE(s, x.device >= 0, "x must be on a CUDA device, got host memory");
+  if (x.rank < 1 || x.rank > 4) {
+    DIFUSE_REQUIRE(s, false, "x must have rank 1 to 4, got " + detail::describe(x));
+    return s;
+  }
+  const int64_t N = x.sizes[x.rank - 1];
+  const int64_t rows = detail::numel(x) / (N ? N : 1);
+  const bool empty = detail::numel(x) == 0;
+  DIFUSE_REQUIRE(s, x.strides[x.rank - 1] == 1 || N <= 1, "x must have a contiguous last dim, got " + detail::describe(x));
+  bool nonneg = true;
+  for (int d = 0; d < x.rank; ++d) nonneg = nonneg && x.strides[d] >= 0;
+  DIFUSE_REQUIRE(s, nonneg, "x must have non-negative strides, got " + detail::describe(x));
+  DIFUSE_REQUIRE(s, N % 4 == 0, "the normalized width must be a multiple of 4 (aten's vectorized RMSNorm), got " +
+                                    std::to_string(N));
+  DIFUSE_REQUIRE(s, N <= (int64_t{1} << 24), "the normalized width must be at most 2^24, got " + std::to_string(N));
+  DIFUSE_REQUIRE(s, rows <= int64_t{2147483647}, "at most 2^31 - 1 rows (aten's grid limit), got " + std::to_string(rows));
+  if (!empty) {
+    if (detail::is_contiguous(x))
+      DIFUSE_REQUIRE(s, detail::aligned(x.data, 8),
+                     "a contiguous x must be 8-byte aligned (a misaligned x takes aten's two-kernel RMSNorm, which "
+                     "rounds differently)");
+    else
+      DIFUSE_REQUIRE(s, rows_aligned(x, 8),
+                     "a strided x needs 8-byte aligned rows (data pointer and leading strides multiples of 4 "
+                     "elements), got " + detail::describe(x));
+  }
+  if (weight.data != nullptr || weight.rank != 0) {
+    DIFUSE_REQUIRE(s, weight.dtype == DIFUSE_BF16,
+                   std::string("weight must be bf16 like x (another dtype takes aten's composite RMSNorm), got ") +
+                       difuse_dtype_name(weight.dtype));
+    DIFUSE_REQUIRE(s, weight.rank == 1 && weight.sizes[0] == N && (weight.strides[0] == 1 || N <= 1),
+                   "weight must be a contiguous [" + std::to_string(N) + "], got " + detail::describe(weight));
+    DIFUSE_REQUIRE(s, weight.device == x.device, "weight must be on the device of x, got " + detail::describe(weight));
+    if (!empty)
+      DIFUSE_REQUIRE(s, weight.data != nullptr && detail::aligned(weight.data, 8),
+                     "weight must be 8-byte aligned (aten vectorizes only then)");
+  }
+  DIFUSE_REQUIRE(s, out.dtype == DIFUSE_BF16, std::string("out must be bf16, got ") + difuse_dtype_name(out.dtype));
+  bool same_shape = out.rank == x.rank;
+  for (int d = 0; same_shape && d < x.rank; ++d) same_shape = out.sizes[d] == x.sizes[d];
+  DIFUSE_REQUIRE(s, same_shape, "out must have the shape of x, got " + detail::describe(out));
+  DIFUSE_REQUIRE(s, detail::is_contiguous(out), "out must be contiguous, got " + detail::describe(out));
+  DIFUSE_REQUIRE(s, out.device == x.device, "out must be on the device of x, got " + detail::describe(out));
+  if (!empty) {
+    DIFUSE_REQUIRE(s, x.data != nullptr && out.data != nullptr, "x and out must have non-null data pointers");
+    DIFUSE_REQUIRE(s, detail::aligned(out.data, 8), "out must be 8-byte aligned");
+    DIFUSE_REQUIRE(s, !detail::overlaps(out, x) && !detail::overlaps(out, weight), "out must not overlap x or weight");
+  }
+  return s;
+}
+
+void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& weight, double eps,
+              cudaStream_t stream) {
+  const detail::Support s = can_use_rms_norm(out, x, weight, eps);
+  if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("rms_norm"));
+  if (detail::numel(x) == 0) return;
+  Params p{};
+  p.x = static_cast<const uint16_t*>(x.data);
+  p.out = static_cast<uint16_t*>(out.data);
+  p.w = static_cast<const uint16_t*>(weight.data);
+  p.has_w = weight.data != nullptr;
+  p.n = static_cast<int>(x.sizes[x.rank - 1]);
+  p.v = p.n / 4;
+  p.rows = detail::numel(x) / p.n;
+  // Leading dims, right-aligned into (d0, d1, d2) with strides (s0, s1, s2).
+  int64_t sz[3] = {1, 1, 1}, st[3] = {0, 0, 0};
+  for (int d = x.rank - 2, k = 2; d >= 0; --d, --k) sz[k] = x.sizes[d], st[k] = x.strides[d];
+  p.d1 = sz[1];
+  p.d2 = sz[2];
+  p.s0 = st[0];
+  p.s1 = st[1];
+  p.s2 = st[2];
+  p.eps = static_cast<float>(eps);
+  const detail::DeviceGuard device_guard(x.device);
+  const int64_t sweeps = (p.v + kAtenThreads - 1) / kAtenThreads;
+  const bool paired = p.n % 8 == 0 && rows_aligned(x, 16) && detail::aligned(out.data, 16);
+  if (sweeps <= 12)
+    paired ? launch_rows<64, true>(p, x.device, stream) : launch_rows<64, false>(p, x.device, stream);
+  else if (sweeps <= 48)
+    launch_rows<128, false>(p, x.device, stream);
+  else
+    rms_norm_stream<<<static_cast<unsigned>(p.rows), 128, 0, stream>>>(p);
+  DIFUSE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace difuse::norm

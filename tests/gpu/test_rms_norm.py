@@ -1,0 +1,129 @@
+"""rms_norm against torch.nn.RMSNorm / F.rms_norm on the GPU, bit for bit: per head (64, 128) and across
+heads (1536, 3072, 5120), with and without weight, strided rows of fused projections, >= 200 seeded random
+shapes, adversarial and non-finite values, refusals, torch.compile, CUDA graphs and opcheck."""
+import os
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import difuse
+from difuse import ops
+from difuse.gate import count_mismatches
+
+DEV = "cuda"
+BF = torch.bfloat16
+SEED = int(os.environ.get("DIFUSE_TEST_SEED", "20261129"))
+
+
+def rnd(*shape, gen=None, scale=1.0, offset=0.0):
+    return (torch.randn(*shape, device=DEV, generator=gen) * scale + offset).to(BF)
+
+
+def assert_exact(x, w, eps=1e-6):
+    ref = F.rms_norm(x, (x.shape[-1],), w, eps)
+    out = ops.rms_norm(x, w, eps)
+    m = count_mismatches(out, ref)
+    assert m == 0, "%d of %d elements differ (x %s strides %s, weight %s)" % (m, ref.numel(), tuple(x.shape), x.stride(),
+                                                                            w is not None)
+
+
+@pytest.mark.parametrize("with_weight", [True, False])
+@pytest.mark.parametrize("shape", [(1, 4608, 24, 128), (1, 4096, 24, 128), (2, 4096, 24, 64), (1, 32760, 5120),
+                                   (1, 32760, 1536), (2, 333, 3072), (1, 1, 4)], ids=str)
+def test_site_shapes(shape, with_weight):
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    assert_exact(rnd(*shape, gen=g), rnd(shape[-1], gen=g) if with_weight else None)
+
+
+def test_rows_of_a_fused_qkv_projection():
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    qkv = rnd(2, 512, 3 * 24 * 128, gen=g)
+    q, k, v = qkv.chunk(3, dim=-1)
+    w = rnd(128, gen=g)
+    for t in (q, k):
+        assert_exact(t.view(2, 512, 24, 128), w)  # per head, strided rows
+    assert_exact(qkv[..., 3072:6144], rnd(3072, gen=g))  # across heads, row stride 9216
+
+
+def test_default_eps_is_flt_epsilon():
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    x, w = rnd(64, 3072, gen=g), rnd(3072, gen=g)
+    assert count_mismatches(ops.rms_norm(x, w), F.rms_norm(x, (3072,), w)) == 0
+
+
+def _random_case(i):
+    r = random.Random(SEED * 13 + i)
+    N = r.choice([64, 128, 4 * r.randint(1, 1024), 4 * r.randint(1, 8192)])
+    lead = [r.randint(1, 3), r.choice([1, r.randint(1, 300), r.randint(1, 4096)])]
+    if r.random() < 0.3:
+        lead.append(r.randint(1, 24))
+    while N * torch.Size(lead).numel() > (1 << 26):
+        lead[1] = max(1, lead[1] // 2)
+    return lead, N, r.random() < 0.7, r.choice([0, 0, 4, 8]), r.choice([1.0, 1e-3, 40.0]), r.choice([1e-6, 1e-5, 0.0])
+
+
+@pytest.mark.parametrize("i", range(220))
+def test_random_shapes_and_strides(i):
+    lead, N, with_weight, pad, scale, eps = _random_case(i)
+    g = torch.Generator(device=DEV).manual_seed(SEED + 7 * i)
+    x = rnd(*lead, N + pad, gen=g, scale=scale)[..., :N] if pad else rnd(*lead, N, gen=g, scale=scale)
+    assert_exact(x, rnd(N, gen=g) if with_weight else None, eps)
+
+
+@pytest.mark.parametrize("kind", ["constant", "zeros", "huge", "tiny", "outlier", "inf", "nan", "neg_zero_weight"])
+@pytest.mark.parametrize("N", [128, 3072, 5120])
+def test_adversarial(kind, N):
+    g = torch.Generator(device=DEV).manual_seed(SEED + N)
+    x, w = rnd(37, N, gen=g).clone(), rnd(N, gen=g).clone()
+    if kind == "constant":
+        x[::2] = 3.25
+    elif kind == "zeros":
+        x[1] = 0.0
+        x[2] = -0.0
+    elif kind == "huge":
+        x = (torch.randn(x.shape, device=DEV, generator=g).sign() * 3e38).to(BF)
+    elif kind == "tiny":
+        x = (torch.randn(x.shape, device=DEV, generator=g) * 1e-39).to(BF)
+    elif kind == "outlier":
+        x[:, N // 3] = 3e4
+    elif kind == "inf":
+        x[0, 3] = float("inf")
+    elif kind == "nan":
+        x[1, 5] = float("nan")
+    elif kind == "neg_zero_weight":
+        w[::3] = -0.0
+    assert_exact(x, w)
+
+
+def test_refusals():
+    x = rnd(8, 126)
+    s = ops.can_use_rms_norm(x, None)
+    assert not s.ok and any("multiple of 4" in r for r in s.reasons)
+    with pytest.raises(difuse.Unsupported):
+        ops.rms_norm(x)
+    flat = rnd(8 * 128 + 1)
+    s = ops.can_use_rms_norm(flat[1:].view(8, 128), None)  # contiguous, misaligned: aten's two-kernel path
+    assert not s.ok and any("two-kernel" in r for r in s.reasons)
+    s = ops.can_use_rms_norm(rnd(8, 128), rnd(128).float())
+    assert not s.ok and any("weight must be bf16" in r for r in s.reasons)
+
+
+def test_opcheck_compile_and_graph():
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    x, w = rnd(2, 64, 8, 128, gen=g), rnd(128, gen=g)
+    torch.library.opcheck(torch.ops.difuse.rms_norm.default, (x, w, 1e-6))
+    compiled = torch.compile(lambda a, b: torch.ops.difuse.rms_norm(a, b, 1e-6) + 1, fullgraph=True)
+    assert count_mismatches(compiled(x, w), F.rms_norm(x, (128,), w, 1e-6) + 1) == 0
+    xs, ws = x.clone(), w.clone()
+    torch.ops.difuse.rms_norm(xs, ws, 1e-6)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.difuse.rms_norm(xs, ws, 1e-6)
+    for _ in range(2):
+        xs.copy_(rnd(2, 64, 8, 128, gen=g))
+        graph.replay()
+        torch.cuda.synchronize()
+        assert count_mismatches(out, F.rms_norm(xs, (128,), ws, 1e-6)) == 0
