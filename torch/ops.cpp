@@ -15,6 +15,18 @@ namespace {
 using difuse::torch_binding::check_status;
 using difuse::torch_binding::to_view;
 
+// The output an op would allocate for `like`: contiguous, bf16, on its device, at an address that overlaps
+// nothing (predicates only read metadata and addresses).
+difuse_tensor_view fresh_output_view(const at::Tensor& like) {
+  difuse_tensor_view vo = to_view(like);
+  vo.data = like.numel() ? reinterpret_cast<void*>(uintptr_t{1} << 48) : nullptr;
+  vo.dtype = DIFUSE_BF16;
+  vo.device = vo.device >= 0 ? vo.device : 0;
+  int64_t acc = 1;
+  for (int i = vo.rank - 1; i >= 0; --i) vo.strides[i] = acc, acc *= vo.sizes[i];
+  return vo;
+}
+
 // Reasons from a C predicate's message ("...:\n  - a\n  - b").
 std::vector<std::string> reasons_from_last_error() {
   std::vector<std::string> reasons;
@@ -65,12 +77,7 @@ at::Tensor layernorm_modulate_reference(const at::Tensor& x, const at::Tensor& s
 // Predicate as a list of reasons (empty = supported); works for any tensors, no launch.
 std::vector<std::string> layernorm_modulate_unsupported(const at::Tensor& x, const at::Tensor& scale,
                                                         const at::Tensor& shift, double eps) {
-  difuse_tensor_view vo = to_view(x);  // the output we would allocate: contiguous, fresh, bf16, on x's device
-  vo.dtype = DIFUSE_BF16;
-  vo.device = vo.device >= 0 ? vo.device : 0;
-  vo.data = x.numel() ? reinterpret_cast<void*>(uintptr_t{1} << 48) : nullptr;  // never overlaps, 256-aligned
-  int64_t acc = 1;
-  for (int i = vo.rank - 1; i >= 0; --i) vo.strides[i] = acc, acc *= vo.sizes[i];
+  const difuse_tensor_view vo = fresh_output_view(x);
   const difuse_tensor_view vx = to_view(x), vs = to_view(scale), vh = to_view(shift);
   const difuse_status s = difuse_can_use_layernorm_modulate(&vo, &vx, &vs, &vh, eps);
   if (s == DIFUSE_OK) return {};
@@ -123,12 +130,7 @@ at::Tensor gated_residual_reference(const at::Tensor& h, const at::Tensor& a, co
 }
 
 std::vector<std::string> gated_residual_unsupported(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
-  difuse_tensor_view vo = to_view(h);  // a fresh contiguous bf16 output on h's device
-  vo.data = h.numel() ? reinterpret_cast<void*>(uintptr_t{1} << 48) : nullptr;
-  vo.dtype = DIFUSE_BF16;
-  vo.device = vo.device >= 0 ? vo.device : 0;
-  int64_t acc = 1;
-  for (int i = vo.rank - 1; i >= 0; --i) vo.strides[i] = acc, acc *= vo.sizes[i];
+  const difuse_tensor_view vo = fresh_output_view(h);
   const difuse_tensor_view vh = to_view(h), va = to_view(a), vg = to_view(gate);
   const difuse_status s = difuse_can_use_gated_residual(&vo, &vh, &va, &vg);
   if (s == DIFUSE_OK) return {};
@@ -163,12 +165,7 @@ at::Tensor rms_norm_reference(const at::Tensor& x, const std::optional<at::Tenso
 }
 
 std::vector<std::string> rms_norm_unsupported(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
-  difuse_tensor_view vo = to_view(x);  // a fresh contiguous bf16 output on x's device
-  vo.data = x.numel() ? reinterpret_cast<void*>(uintptr_t{1} << 48) : nullptr;
-  vo.dtype = DIFUSE_BF16;
-  vo.device = vo.device >= 0 ? vo.device : 0;
-  int64_t acc = 1;
-  for (int i = vo.rank - 1; i >= 0; --i) vo.strides[i] = acc, acc *= vo.sizes[i];
+  const difuse_tensor_view vo = fresh_output_view(x);
   const difuse_tensor_view vx = to_view(x);
   difuse_tensor_view vw{};
   const bool has_w = weight.has_value() && weight->defined();

@@ -25,6 +25,20 @@ class Support:
         return self.ok
 
 
+def _call_or_explain(op: str, fn, tensors, predicate):
+    """Runs a fused op; when it refuses, asks its predicate for every reason and raises Unsupported
+    (meta/fake tensors keep the Meta impl's own message). The predicate runs only on failure."""
+    try:
+        return fn()
+    except (ValueError, NotImplementedError):
+        if any(t is not None and (t.is_meta or _is_fake(t)) for t in tensors):
+            raise
+        s = predicate()
+        if not s:
+            raise Unsupported(op, s.reasons) from None
+        raise
+
+
 def _ops():
     torch_extension()
     import torch
@@ -50,15 +64,8 @@ def layernorm_modulate(x, scale, shift, eps: float = 1e-6):
 
     The predicate runs in C++ inside the op; only when the op refuses does Python ask for the reasons
     again, to raise difuse.Unsupported with the list (the hot path is one op call)."""
-    try:
-        return _ops().layernorm_modulate(x, scale, shift, eps)
-    except (ValueError, NotImplementedError):
-        if any(t.is_meta or _is_fake(t) for t in (x, scale, shift)):
-            raise  # the Meta impl's own message
-        s = can_use_layernorm_modulate(x, scale, shift, eps)
-        if not s:
-            raise Unsupported("layernorm_modulate", s.reasons) from None
-        raise
+    return _call_or_explain("layernorm_modulate", lambda: _ops().layernorm_modulate(x, scale, shift, eps),
+                            (x, scale, shift), lambda: can_use_layernorm_modulate(x, scale, shift, eps))
 
 
 def layernorm_modulate_signature(x, scale, shift, eps: float) -> str:
@@ -111,15 +118,8 @@ def can_use_gated_residual(h, a, gate) -> Support:
 
 
 def _gated_residual_call(fn, h, a, gate):
-    try:
-        return fn(h, a, gate)
-    except (ValueError, NotImplementedError):
-        if any(t.is_meta or _is_fake(t) for t in (h, a, gate)):
-            raise
-        s = can_use_gated_residual(h, a, gate)
-        if not s:
-            raise Unsupported("gated_residual", s.reasons) from None
-        raise
+    return _call_or_explain("gated_residual", lambda: fn(h, a, gate), (h, a, gate),
+                            lambda: can_use_gated_residual(h, a, gate))
 
 
 def gated_residual(h, a, gate):
@@ -165,15 +165,8 @@ def can_use_rms_norm(x, weight=None, eps=None) -> Support:
 
 def rms_norm(x, weight=None, eps=None):
     """Fused, bit-exact `rms_norm_eager`; x may be a strided view (rows of a fused projection)."""
-    try:
-        return _ops().rms_norm(x, weight, _rms_eps(eps))
-    except (ValueError, NotImplementedError):
-        if any(t is not None and (t.is_meta or _is_fake(t)) for t in (x, weight)):
-            raise
-        s = can_use_rms_norm(x, weight, eps)
-        if not s:
-            raise Unsupported("rms_norm", s.reasons) from None
-        raise
+    return _call_or_explain("rms_norm", lambda: _ops().rms_norm(x, weight, _rms_eps(eps)), (x, weight),
+                            lambda: can_use_rms_norm(x, weight, eps))
 
 
 def _rms_norm_inputs(spec, device, generator):

@@ -38,6 +38,7 @@
 #include "core/registry.h"
 #include "core/tensor.h"
 #include "norm/layernorm_schedule.h"
+#include "norm/row_staging.cuh"
 
 namespace difuse::norm {
 
@@ -74,14 +75,6 @@ __device__ __forceinline__ VecWelford shfl_down_state(VecWelford s, int delta) {
   return r;
 }
 
-template <int G>
-__device__ __forceinline__ void row_sync() {
-  if constexpr (G == 32)
-    __syncwarp();
-  else
-    __syncthreads();
-}
-
 // Four bf16 of a modulation row at any 2-byte alignment, as two words.
 __device__ __forceinline__ uint2 load_mod_words(const uint16_t* s) {
   return make_uint2(s[0] | (uint32_t{s[1]} << 16), s[2] | (uint32_t{s[3]} << 16));
@@ -109,14 +102,6 @@ constexpr RcpCounts make_rcp_counts() {
   return t;
 }
 __constant__ RcpCounts c_rcp = make_rcp_counts();
-
-__device__ __forceinline__ void cp_async(void* smem, const void* gmem, int bytes16) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  if (bytes16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
-}
 
 // Staged rows: ROWS rows per block, G threads per row. Each thread copies its own aten threads' vectors
 // into shared memory (cp.async, all in flight at once), replays their Welford pushes, the tree, and the
@@ -167,7 +152,7 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
       }
     }
   }
-  asm volatile("cp.async.wait_all;" ::: "memory");
+  cp_async_wait_all();
   if constexpr (STAGE_MOD) __syncthreads();  // the modulation rows were copied by the whole block
 
   VecWelford st[A];
@@ -339,12 +324,7 @@ void launch_rows(const Params& p, int device, cudaStream_t stream) {
   auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC>;
   // 48 KB of dynamic shared memory plus the kernel's static part needs the opt-in, once per device.
   static std::atomic<uint64_t> opted_in{0};
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if (!(opted_in.load(std::memory_order_acquire) & bit)) {
-    DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           static_cast<int>(kMaxStagedBytes)));
-    opted_in.fetch_or(bit, std::memory_order_acq_rel);
-  }
+  opt_in_shared_memory(kernel, device, static_cast<int>(kMaxStagedBytes), opted_in);
   const int64_t blocks = (p.rows + ROWS - 1) / ROWS;
   const int staged_rows = ROWS + (ROWS > 1 && MODVEC ? 2 : 0);  // x rows, then scale and shift rows
   const size_t smem = static_cast<size_t>(staged_rows) * p.v * sizeof(uint2);

@@ -27,6 +27,7 @@
 #include "core/registry.h"
 #include "core/tensor.h"
 #include "norm/layernorm_schedule.h"
+#include "norm/row_staging.cuh"
 
 namespace difuse::norm {
 
@@ -53,22 +54,6 @@ __device__ __forceinline__ const uint16_t* row_ptr(const Params& p, int64_t r) {
   const int64_t i2 = r % p.d2, t = r / p.d2;
   const int64_t i1 = t % p.d1, i0 = t / p.d1;
   return p.x + i0 * p.s0 + i1 * p.s1 + i2 * p.s2;
-}
-
-__device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool bytes16) {
-  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
-  if (bytes16)
-    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
-  else
-    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
-}
-
-template <int G>
-__device__ __forceinline__ void row_sync() {
-  if constexpr (G == 32)
-    __syncwarp();
-  else
-    __syncthreads();
 }
 
 constexpr int rows_per_block(int g) { return g == 128 ? 1 : 256 / g; }
@@ -103,7 +88,7 @@ __global__ void __launch_bounds__(256) rms_norm_rows(const Params p) {
       }
     }
   }
-  asm volatile("cp.async.wait_all;" ::: "memory");
+  cp_async_wait_all();
 
   float s[A];
 #pragma unroll
@@ -190,11 +175,7 @@ void launch_rows(const Params& p, int device, cudaStream_t stream) {
   constexpr int ROWS = rows_per_block(G);
   auto kernel = rms_norm_rows<G, PAIRED>;
   static std::atomic<uint64_t> opted_in{0};
-  const uint64_t bit = uint64_t{1} << (device & 63);
-  if (!(opted_in.load(std::memory_order_acquire) & bit)) {
-    DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 64 * 1024));
-    opted_in.fetch_or(bit, std::memory_order_acq_rel);
-  }
+  opt_in_shared_memory(kernel, device, 64 * 1024, opted_in);
   const int64_t blocks = (p.rows + ROWS - 1) / ROWS;
   const size_t smem = static_cast<size_t>(ROWS) * p.v * sizeof(uint2);  // <= 48 KB by the thresholds below
   kernel<<<static_cast<unsigned>(blocks), G * ROWS, smem, stream>>>(p);

@@ -1,0 +1,43 @@
+// Device and launch helpers shared by the row kernels that stage rows in shared memory
+// (layernorm_modulate, rms_norm): cp.async copies, the row-group barrier, the shared-memory opt-in.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "core/error.h"
+
+namespace difuse::norm {
+
+// One asynchronous global -> shared copy of 16 bytes (L1 bypassed) or 8 bytes.
+__device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool bytes16) {
+  const uint32_t s = static_cast<uint32_t>(__cvta_generic_to_shared(smem));
+  if (bytes16)
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(s), "l"(gmem) : "memory");
+  else
+    asm volatile("cp.async.ca.shared.global [%0], [%1], 8;" ::"r"(s), "l"(gmem) : "memory");
+}
+
+__device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
+
+// Barrier among the threads of one row: a warp for G = 32, the block otherwise.
+template <int G>
+__device__ __forceinline__ void row_sync() {
+  if constexpr (G == 32)
+    __syncwarp();
+  else
+    __syncthreads();
+}
+
+// Raises a kernel's dynamic shared-memory limit to `bytes`, once per device (bit per device ordinal).
+template <class Kernel>
+void opt_in_shared_memory(Kernel kernel, int device, int bytes, std::atomic<uint64_t>& done) {
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if (done.load(std::memory_order_acquire) & bit) return;
+  DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  done.fetch_or(bit, std::memory_order_acq_rel);
+}
+
+}  // namespace difuse::norm
