@@ -7,7 +7,8 @@
 // (shared/reference/torch-2.11-numerics.md §2): 128 threads per row in aten's layout, s = fma(v, v, s) per
 // element, tree s = RN(s + s_in) with offsets 16..1 then warps (0,2),(1,3),(0,1), ms = div(s, N),
 // rstd = rsqrtf(RN(ms + eps)), out = bf16(RN(w * RN(rstd * x))) (or bf16(RN(rstd * x)) without weight).
-// Same thread maps as layernorm_modulate (layernorm_schedule.h), rows staged in shared memory.
+// Rows of <= 128 elements (per-head norms): one warp is aten's warp 0, four rows per warp at once. Wider
+// rows: the thread maps of layernorm_modulate (layernorm_schedule.h), rows staged in shared memory.
 //
 // Guards (can_use_rms_norm; every violation is reported): x bf16 on a CUDA device, rank 1-4, last dim
 // contiguous, N % 4 == 0, N <= 2^24; a contiguous x must be 8-byte aligned (otherwise aten runs its
@@ -142,6 +143,47 @@ __global__ void __launch_bounds__(256) rms_norm_rows(const Params p) {
   }
 }
 
+// Rows of at most 128 elements (per-head QK norms): only aten's warp 0 holds data, so lane l of one of our
+// warps is aten thread l (one 4-element vector), lanes >= V hold +0 exactly like aten's threads without
+// data, and warps 1..3 contribute +0 roots: the same five shuffle levels and the same final combine with
+// those zero roots give aten's bits. Each warp takes ROWS_PER_WARP rows at once so enough loads are in
+// flight.
+constexpr int kSmallRowsPerWarp = 4;
+
+__global__ void __launch_bounds__(256) rms_norm_small_rows(const Params p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t warp = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
+  const int64_t r0 = warp * kSmallRowsPerWarp;
+  if (r0 >= p.rows) return;  // whole warp
+  uint2 xw[kSmallRowsPerWarp];
+  float s[kSmallRowsPerWarp];
+#pragma unroll
+  for (int q = 0; q < kSmallRowsPerWarp; ++q) {
+    const int64_t r = r0 + q;
+    xw[q] = (r < p.rows && lane < p.v) ? reinterpret_cast<const uint2*>(row_ptr(p, r))[lane] : make_uint2(0, 0);
+  }
+#pragma unroll
+  for (int q = 0; q < kSmallRowsPerWarp; ++q)
+    s[q] = lane < p.v ? rms_push_vec4(0.f, num::bf16_lo(xw[q].x), num::bf16_hi(xw[q].x), num::bf16_lo(xw[q].y),
+                                      num::bf16_hi(xw[q].y))
+                      : 0.f;
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) {
+#pragma unroll
+    for (int q = 0; q < kSmallRowsPerWarp; ++q) s[q] = rms_combine(s[q], __shfl_down_sync(0xffffffffu, s[q], o));
+  }
+  const uint2 ww = (p.has_w && lane < p.v) ? reinterpret_cast<const uint2*>(p.w)[lane] : make_uint2(0, 0);
+#pragma unroll
+  for (int q = 0; q < kSmallRowsPerWarp; ++q) {
+    const int64_t r = r0 + q;
+    const float roots[4] = {__shfl_sync(0xffffffffu, s[q], 0), 0.f, 0.f, 0.f};
+    const float rstd = rms_finalize_roots(roots, p.n, p.eps);
+    if (r < p.rows && lane < p.v)
+      reinterpret_cast<uint2*>(p.out + r * p.n)[lane] =
+          make_uint2(rms_norm_pair(xw[q].x, rstd, p.has_w, ww.x), rms_norm_pair(xw[q].y, rstd, p.has_w, ww.y));
+  }
+}
+
 // Rows wider than 24576: aten's own layout, two passes over global memory.
 __global__ void __launch_bounds__(128) rms_norm_stream(const Params p) {
   __shared__ float roots[4];
@@ -271,7 +313,10 @@ void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const 
   const detail::DeviceGuard device_guard(x.device);
   const int64_t sweeps = (p.v + kAtenThreads - 1) / kAtenThreads;
   const bool paired = p.n % 8 == 0 && rows_aligned(x, 16) && detail::aligned(out.data, 16);
-  if (sweeps <= 12)
+  if (p.v <= 32) {
+    const int64_t warps = (p.rows + kSmallRowsPerWarp - 1) / kSmallRowsPerWarp;
+    rms_norm_small_rows<<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(p);
+  } else if (sweeps <= 12)
     paired ? launch_rows<64, true>(p, x.device, stream) : launch_rows<64, false>(p, x.device, stream);
   else if (sweeps <= 48)
     launch_rows<128, false>(p, x.device, stream);

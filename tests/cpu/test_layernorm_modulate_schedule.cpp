@@ -6,6 +6,7 @@
 // the GPU tests compare the kernel with torch itself.)
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <random>
@@ -274,5 +275,36 @@ TEST(RmsNormSchedule, EveryScheduleMatchesAtenLayoutAndDoublePrecision) {
         ASSERT_NEAR(num::bf16_to_float(aten[c]), ref, std::ldexp(std::fabs(ref), -7) + 1e-6) << "H=" << H << " c=" << c;
       }
     }
+  }
+}
+
+// rms_norm's per-head kernel: one warp of 32 lanes = aten's warp 0 (lanes >= V hold +0), warps 1..3 as +0
+// roots. Must equal aten's full 128-thread layout for every width up to 128.
+TEST(RmsNormSchedule, PerHeadWarpEqualsAtenLayout) {
+  std::mt19937 rng(99);
+  for (int H = 4; H <= 128; H += 4) {
+    const Row r = random_row(H, rng, 0.f, 2.f);
+    const int V = H / 4;
+    float lane_s[32];
+    for (int l = 0; l < 32; ++l) {
+      auto xf = [&](int c) { return num::bf16_to_float(r.x[c]); };
+      lane_s[l] = l < V ? rms_push_vec4(0.f, xf(4 * l), xf(4 * l + 1), xf(4 * l + 2), xf(4 * l + 3)) : 0.f;
+    }
+    for (int o = 16; o >= 1; o /= 2) {
+      float snap[32];
+      std::copy(lane_s, lane_s + 32, snap);
+      for (int l = 0; l < 32; ++l) lane_s[l] = rms_combine(lane_s[l], snap[l + o < 32 ? l + o : l]);
+    }
+    const float roots[4] = {lane_s[0], 0.f, 0.f, 0.f};
+    const float rstd = rms_finalize_roots(roots, H, 1e-6f);
+    const auto aten = emulate_rms<128, false>(r.x, &r.scale, 1e-6f);
+    int64_t diff = 0;
+    for (int c = 0; c < H; c += 2) {
+      const uint32_t o = rms_norm_pair(r.x[c] | (static_cast<uint32_t>(r.x[c + 1]) << 16), rstd, true,
+                                       r.scale[c] | (static_cast<uint32_t>(r.scale[c + 1]) << 16));
+      diff += static_cast<uint16_t>(o) != aten[c];
+      diff += static_cast<uint16_t>(o >> 16) != aten[c + 1];
+    }
+    EXPECT_EQ(diff, 0) << "H=" << H;
   }
 }
