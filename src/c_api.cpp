@@ -4,6 +4,7 @@
 #include <new>
 #include <string>
 
+#include "activation/gelu_tanh.h"
 #include "core/error.h"
 #include "core/gate.h"
 #include "core/registry.h"
@@ -249,6 +250,19 @@ difuse_status difuse_rms_norm(const difuse_tensor_view* out, const difuse_tensor
     const difuse_tensor_view none{};
     difuse::norm::rms_norm(view(out, "out"), view(x, "x"), weight ? view(weight, "weight") : none, eps,
                            static_cast<cudaStream_t>(stream));
+  });
+}
+
+difuse_status difuse_can_use_gelu_tanh(const difuse_tensor_view* out, const difuse_tensor_view* x) {
+  return guarded([&] {
+    const auto s = difuse::activation::can_use_gelu_tanh(view(out, "out"), view(x, "x"));
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("gelu_tanh"));
+  });
+}
+
+difuse_status difuse_gelu_tanh(const difuse_tensor_view* out, const difuse_tensor_view* x, void* stream) {
+  return guarded([&] {
+    difuse::activation::gelu_tanh(view(out, "out"), view(x, "x"), static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -176,6 +176,47 @@ std::vector<std::string> rms_norm_unsupported(const at::Tensor& x, const std::op
   return reasons_from_last_error();
 }
 
+// ---- gelu_tanh -----------------------------------------------------------------------------------------------
+at::Tensor& gelu_tanh_out_cuda(const at::Tensor& x, at::Tensor& out) {
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  const difuse_tensor_view vo = to_view(out), vx = to_view(x);
+  check_status(difuse_gelu_tanh(&vo, &vx, at::cuda::getCurrentCUDAStream().stream()), "gelu_tanh");
+  return out;
+}
+
+at::Tensor gelu_tanh_cuda(const at::Tensor& x) {
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  gelu_tanh_out_cuda(x, out);
+  return out;
+}
+
+void check_gelu_tanh_meta(const at::Tensor& x) {
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kBFloat16, "difuse::gelu_tanh: x must be bf16");
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.dim() <= 4, "difuse::gelu_tanh: x must have rank 1 to 4, got ", x.sizes());
+}
+
+at::Tensor gelu_tanh_meta(const at::Tensor& x) {
+  check_gelu_tanh_meta(x);
+  return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+at::Tensor& gelu_tanh_out_meta(const at::Tensor& x, at::Tensor& out) {
+  check_gelu_tanh_meta(x);
+  TORCH_CHECK_VALUE(out.sizes() == x.sizes() && out.scalar_type() == at::kBFloat16,
+                    "difuse::gelu_tanh: out must be bf16 with the sizes of x ", x.sizes(), ", got ", out.sizes());
+  return out;
+}
+
+at::Tensor gelu_tanh_reference(const at::Tensor& x) { return at::gelu(x, "tanh"); }
+
+std::vector<std::string> gelu_tanh_unsupported(const at::Tensor& x) {
+  const difuse_tensor_view vo = fresh_output_view(x), vx = to_view(x);
+  const difuse_status s = difuse_can_use_gelu_tanh(&vo, &vx);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_gelu_tanh");
+  return reasons_from_last_error();
+}
+
 }  // namespace
 
 TORCH_LIBRARY(difuse, m) {
@@ -189,6 +230,10 @@ TORCH_LIBRARY(difuse, m) {
   m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
   m.def("rms_norm_reference(Tensor x, Tensor? weight, float eps) -> Tensor");
   m.def("rms_norm_unsupported(Tensor x, Tensor? weight, float eps) -> str[]");
+  m.def("gelu_tanh(Tensor x) -> Tensor");
+  m.def("gelu_tanh.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def("gelu_tanh_reference(Tensor x) -> Tensor");
+  m.def("gelu_tanh_unsupported(Tensor x) -> str[]");
 }
 
 TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
@@ -196,20 +241,26 @@ TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
   m.impl("gated_residual", &gated_residual_cuda);
   m.impl("gated_residual_", &gated_residual_inplace_cuda);
   m.impl("rms_norm", &rms_norm_cuda);
+  m.impl("gelu_tanh", &gelu_tanh_cuda);
+  m.impl("gelu_tanh.out", &gelu_tanh_out_cuda);
 }
 TORCH_LIBRARY_IMPL(difuse, Meta, m) {
   m.impl("layernorm_modulate", &layernorm_modulate_meta);
   m.impl("gated_residual", &gated_residual_meta);
   m.impl("gated_residual_", &gated_residual_inplace_meta);
   m.impl("rms_norm", &rms_norm_meta);
+  m.impl("gelu_tanh", &gelu_tanh_meta);
+  m.impl("gelu_tanh.out", &gelu_tanh_out_meta);
 }
 TORCH_LIBRARY_IMPL(difuse, CompositeImplicitAutograd, m) {
   m.impl("layernorm_modulate_reference", &layernorm_modulate_reference);
   m.impl("gated_residual_reference", &gated_residual_reference);
   m.impl("rms_norm_reference", &rms_norm_reference);
+  m.impl("gelu_tanh_reference", &gelu_tanh_reference);
 }
 TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
   m.impl("layernorm_modulate_unsupported", &layernorm_modulate_unsupported);
   m.impl("gated_residual_unsupported", &gated_residual_unsupported);
   m.impl("rms_norm_unsupported", &rms_norm_unsupported);
+  m.impl("gelu_tanh_unsupported", &gelu_tanh_unsupported);
 }

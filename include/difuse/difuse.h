@@ -163,6 +163,11 @@ DIFUSE_API difuse_status difuse_can_use_rms_norm(const difuse_tensor_view* out, 
 DIFUSE_API difuse_status difuse_rms_norm(const difuse_tensor_view* out, const difuse_tensor_view* x,
                                          const difuse_tensor_view* weight, double eps, void* stream);
 
+/* out = F.gelu(x, approximate="tanh") in bf16. x, out: same sizes, rank 1-4, last dim contiguous, leading dims
+ * collapsing into one row stride each (out may be a column slice of a larger buffer, or x itself). */
+DIFUSE_API difuse_status difuse_can_use_gelu_tanh(const difuse_tensor_view* out, const difuse_tensor_view* x);
+DIFUSE_API difuse_status difuse_gelu_tanh(const difuse_tensor_view* out, const difuse_tensor_view* x, void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -142,6 +142,13 @@ inline void rms_norm(const TensorView& out, const TensorView& x, const TensorVie
   check(difuse_rms_norm(&out, &x, weight, eps, stream));
 }
 
+inline Support can_use_gelu_tanh(const TensorView& out, const TensorView& x) {
+  return support_from(difuse_can_use_gelu_tanh(&out, &x));
+}
+inline void gelu_tanh(const TensorView& out, const TensorView& x, void* stream = nullptr) {
+  check(difuse_gelu_tanh(&out, &x, stream));
+}
+
 // ---- registry -----------------------------------------------------------------------------------------
 struct KernelInfo {
   std::string op, backend, contract, reference, platform, description;

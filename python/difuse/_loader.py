@@ -31,7 +31,9 @@ def search_dirs() -> list[Path]:
     if os.environ.get("DIFUSE_LIB_DIR"):
         dirs.append(Path(os.environ["DIFUSE_LIB_DIR"]))
     dirs.append(_PKG / "_lib")
-    dirs += [Path(p) for p in sorted(glob.glob(str(_REPO / "build*")))]
+    # A checkout's build folders, newest first (a stale one must not shadow the current build).
+    builds = [Path(p) for p in glob.glob(str(_REPO / "build*")) if Path(p).is_dir()]
+    dirs += sorted(builds, key=lambda d: -max((f.stat().st_mtime for f in d.glob("libdifuse.so*")), default=0))
     return dirs
 
 
@@ -54,7 +56,10 @@ def core() -> ctypes.CDLL:
                     "libdifuse is not built: looked in " + ", ".join(map(str, search_dirs()))
                     + ". Build it with `cmake -S . -B build -G Ninja && ninja -C build`, or `pip install .`, "
                     "or point DIFUSE_LIB_DIR at a folder holding libdifuse.so.0")
-            lib = _capi.declare(ctypes.CDLL(str(path)))
+            try:
+                lib = _capi.declare(ctypes.CDLL(str(path)))
+            except AttributeError as e:
+                raise MissingExtension("%s is older than this difuse package (%s); rebuild it" % (path, e)) from None
             _core = lib
         return _core
 

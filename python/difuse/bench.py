@@ -29,7 +29,8 @@ RMS_SHAPES = [  # (shape, chunks): chunks 1 = weight, 0 = no weight
     ((1, 4608, 24, 128), 1), ((1, 4608, 24, 128), 0), ((1, 4096, 24, 128), 1), ((1, 32760, 5120), 1),
     ((1, 32760, 1536), 1),
 ]
-QUICK = {((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 32760, 5120), 6), ((1, 4608, 24, 128), 1),
+GELU_SHAPES = [((1, 4608, 12288), 0), ((1, 4096, 12288), 0), ((1, 512, 12288), 0), ((1, 4608, 12288), 1)]
+QUICK = {((1, 4608, 12288), 0), ((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 32760, 5120), 6), ((1, 4608, 24, 128), 1),
          ((1, 32760, 5120), 1)}
 
 
@@ -55,6 +56,31 @@ def _rms_case(torch, shape, with_weight, g):
     return (x, w, 1e-6)
 
 
+def _gelu_case(torch, shape, into_concat, g):
+    x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g) * 2
+    if not into_concat:
+        return (x,)
+    # The single block's [attention, mlp] buffer: the MLP half is a column slice (FLUX: 3072 + 12288).
+    buf = torch.empty(*shape[:-1], shape[-1] + 3072, device="cuda", dtype=torch.bfloat16)
+    return (x, buf[..., 3072:])
+
+
+def _gelu_fused(torch):
+    def run(x, out=None):
+        return torch.ops.difuse.gelu_tanh(x) if out is None else torch.ops.difuse.gelu_tanh.out(x, out=out)
+    return run
+
+
+def _gelu_eager(x, out=None):
+    from . import ops
+
+    y = ops.gelu_tanh_eager(x)
+    if out is not None:
+        out.copy_(y)  # eager writes the MLP half with a copy (torch.cat in diffusers)
+        return out
+    return y
+
+
 def op_specs(torch):
     """name -> shapes, bytes that must move, input maker, eager chain, fused op, peer module attribute."""
     from . import ops
@@ -77,6 +103,9 @@ def op_specs(torch):
             shapes=RMS_SHAPES, bytes=lambda s, c: 2 * 2 * math.prod(s) + (2 * s[-1] if c else 0),
             make=_rms_case, eager=ops.rms_norm_eager, fused=torch.ops.difuse.rms_norm,
             variant=lambda c: "weight" if c else "no_weight", peer="rms_norm"),
+        "gelu_tanh": dict(
+            shapes=GELU_SHAPES, bytes=lambda s, c: 2 * 2 * math.prod(s), make=_gelu_case, eager=_gelu_eager,
+            fused=_gelu_fused(torch), variant=lambda c: "into_concat_slice" if c else "contiguous", peer="gelu_tanh"),
     }
 
 

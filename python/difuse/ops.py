@@ -178,6 +178,34 @@ def _rms_norm_inputs(spec, device, generator):
     return (x, w, 1e-6)
 
 
+# ---- gelu_tanh -------------------------------------------------------------------------------------------------
+def gelu_tanh_eager(x):
+    """The eager op: F.gelu(x, approximate="tanh")."""
+    import torch.nn.functional as F
+
+    return F.gelu(x, approximate="tanh")
+
+
+def can_use_gelu_tanh(x) -> Support:
+    reasons = list(_ops().gelu_tanh_unsupported(x))
+    return Support(not reasons, reasons)
+
+
+def gelu_tanh(x, out=None):
+    """Fused, bit-exact `gelu_tanh_eager`; `out` may be a column slice of a larger buffer (or x itself)."""
+    if out is None:
+        return _call_or_explain("gelu_tanh", lambda: _ops().gelu_tanh(x), (x,), lambda: can_use_gelu_tanh(x))
+    return _call_or_explain("gelu_tanh", lambda: _ops().gelu_tanh.out(x, out=out), (x, out),
+                            lambda: can_use_gelu_tanh(x))
+
+
+def _gelu_tanh_inputs(spec, device, generator):
+    import torch
+
+    shape, _ = spec
+    return (torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=generator) * 2,)
+
+
 # Every op `python -m difuse check` exercises: name -> (fused, eager, make inputs for a shape spec).
 def _layernorm_modulate_inputs(spec, device, generator):
     import torch
@@ -211,5 +239,11 @@ CHECKS = {
         inputs=_rms_norm_inputs,
         shapes=[((1, 4608, 24, 128), True), ((1, 4608, 24, 128), False), ((2, 4096, 24, 64), True),
                 ((1, 32760, 5120), True), ((1, 32760, 1536), True), ((3, 7, 30000), True)],
+    ),
+    "gelu_tanh": dict(
+        fused=lambda *a: gelu_tanh(*a),
+        eager=gelu_tanh_eager,
+        inputs=_gelu_tanh_inputs,
+        shapes=[((1, 4608, 12288), 0), ((1, 512, 12288), 0), ((2, 4096, 6144), 0), ((7, 3), 0)],
     ),
 }

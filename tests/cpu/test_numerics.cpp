@@ -224,3 +224,17 @@ TEST(Bf16x2, HostTwinsAreTheEagerFormula) {
   EXPECT_EQ(bf16x2_mul_rn(a, b), pack_bf16x2(0.375f, -6.0f));
   EXPECT_EQ(bf16x2_add_rn(pack_bf16x2(-0.0f, -0.0f), pack_bf16x2(-0.0f, 0.0f)), pack_bf16x2(-0.0f, 0.0f));
 }
+
+#include "difuse/numerics/activation.h"
+
+TEST(Activation, GeluTanhHostTwinIsCloseToTheDefinition) {
+  // The host twin's tanh is std::tanh (libdevice's tanhf only exists on the device), so this checks the
+  // formula and constants, not bits: the GPU tests compare every bf16 input with torch.
+  for (float x : {-8.f, -3.f, -1.f, -0.5f, 0.f, 0.25f, 1.f, 2.f, 6.f}) {
+    const double ref = 0.5 * x * (1.0 + std::tanh(std::sqrt(2.0 / M_PI) * (x + 0.044715 * x * x * x)));
+    EXPECT_NEAR(gelu_tanh(x), ref, 1e-6 + 1e-6 * std::fabs(ref)) << x;
+  }
+  EXPECT_EQ(float_bits(gelu_tanh(-0.f)), float_bits(-0.f * 0.5f * 1.f));
+  EXPECT_EQ(kGeluBeta, static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5));
+  EXPECT_EQ(kGeluKappa, 0.044715f);
+}

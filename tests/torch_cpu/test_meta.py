@@ -131,3 +131,14 @@ def test_rms_norm_reference_and_reasons_on_cpu():
     assert not s.ok and any("x must be bf16" in r for r in s.reasons)
     with pytest.raises(difuse.Unsupported):
         ops.rms_norm(x, w)
+
+
+def test_gelu_tanh_meta_out_variant_and_reasons():
+    x = torch.empty(2, 3, 8, dtype=torch.bfloat16, device="meta")
+    torch.library.opcheck(torch.ops.difuse.gelu_tanh.default, (x,))
+    torch.library.opcheck(torch.ops.difuse.gelu_tanh.out, (x,), {"out": torch.empty_like(x)})
+    s = ops.can_use_gelu_tanh(torch.empty(3, 8, dtype=torch.float32))
+    assert not s.ok and any("x must be bf16" in r for r in s.reasons)
+    g = torch.Generator().manual_seed(3)
+    xb = (torch.randn(4, 16, generator=g) * 3).to(torch.bfloat16)
+    assert difuse.count_mismatches(torch.ops.difuse.gelu_tanh_reference(xb), ops.gelu_tanh_eager(xb)) == 0

@@ -1,0 +1,95 @@
+"""gelu_tanh against F.gelu(x, approximate="tanh") on the GPU, bit for bit: all 65,536 bf16 inputs (NaN
+payloads, infinities, subnormals), site shapes, writing into a column slice of a larger buffer, in place,
+>= 200 seeded random shapes, strides and alignments, refusals, torch.compile, CUDA graphs and opcheck."""
+import os
+import random
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import difuse
+from difuse import ops
+from difuse.gate import count_mismatches
+
+DEV = "cuda"
+BF = torch.bfloat16
+SEED = int(os.environ.get("DIFUSE_TEST_SEED", "20261129"))
+
+
+def ref(x):
+    return F.gelu(x, approximate="tanh")
+
+
+def test_every_bf16_input():
+    x = torch.arange(65536, device=DEV, dtype=torch.int32).to(torch.int16).view(BF)
+    assert count_mismatches(ops.gelu_tanh(x), ref(x)) == 0
+    grid = x.view(256, 256)
+    assert count_mismatches(ops.gelu_tanh(grid), ref(grid)) == 0
+    buf = torch.zeros(256, 300, device=DEV, dtype=BF)
+    ops.gelu_tanh(grid, out=buf[:, 40:296])  # into a column slice (row stride 300)
+    assert count_mismatches(buf[:, 40:296], ref(grid)) == 0
+    assert count_mismatches(buf[:, :40], torch.zeros(256, 40, device=DEV, dtype=BF)) == 0  # untouched
+
+
+@pytest.mark.parametrize("shape", [(1, 4608, 12288), (1, 4096, 12288), (1, 512, 12288), (2, 4096, 6144)], ids=str)
+def test_site_shapes(shape):
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    x = (torch.randn(*shape, device=DEV, generator=g) * 3).to(BF)
+    assert count_mismatches(ops.gelu_tanh(x), ref(x)) == 0
+
+
+def test_single_block_concat_slice_and_in_place():
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    x = (torch.randn(1, 4608, 12288, device=DEV, generator=g) * 3).to(BF)
+    joint = torch.empty(1, 4608, 3072 + 12288, device=DEV, dtype=BF)
+    ops.gelu_tanh(x, out=joint[..., 3072:])
+    assert count_mismatches(joint[..., 3072:], ref(x)) == 0
+    y = x.clone()
+    ops.gelu_tanh(y, out=y)
+    assert count_mismatches(y, ref(x)) == 0
+
+
+@pytest.mark.parametrize("i", range(210))
+def test_random_shapes_strides_alignments(i):
+    r = random.Random(SEED * 17 + i)
+    cols = r.choice([r.randint(1, 64), 8 * r.randint(1, 2048), r.randint(1, 20000)])
+    rows = r.choice([1, r.randint(1, 300), r.randint(1, 5000)])
+    while rows * cols > (1 << 26):
+        rows = max(1, rows // 2)
+    g = torch.Generator(device=DEV).manual_seed(SEED + i)
+    pad_x, pad_o, off = r.choice([0, 0, 1, 4]), r.choice([0, 0, 3, 8]), r.choice([0, 0, 1, 2, 4])
+    x = (torch.randn(rows, cols + pad_x + off, device=DEV, generator=g) * r.choice([1.0, 10.0, 1e-3])).to(BF)
+    x = x[:, off:off + cols]
+    out = torch.empty(rows, cols + pad_o, device=DEV, dtype=BF)[:, pad_o:]
+    ops.gelu_tanh(x, out=out)
+    assert count_mismatches(out, ref(x)) == 0
+
+
+def test_refusals():
+    x = torch.randn(4, 8, device=DEV).to(BF)
+    s = ops.can_use_gelu_tanh(x.half())
+    assert not s.ok and any("x must be bf16" in r for r in s.reasons)
+    with pytest.raises(difuse.Unsupported):
+        ops.gelu_tanh(x.t())  # last dim not contiguous
+    with pytest.raises(difuse.Unsupported):
+        ops.gelu_tanh(x.cpu())
+
+
+def test_opcheck_compile_and_graph():
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    x = (torch.randn(2, 64, 1024, device=DEV, generator=g) * 2).to(BF)
+    torch.library.opcheck(torch.ops.difuse.gelu_tanh.default, (x,))
+    torch.library.opcheck(torch.ops.difuse.gelu_tanh.out, (x,), {"out": torch.empty_like(x)})
+    compiled = torch.compile(lambda a: torch.ops.difuse.gelu_tanh(a) * 2, fullgraph=True)
+    assert count_mismatches(compiled(x), ref(x) * 2) == 0
+    xs = x.clone()
+    torch.ops.difuse.gelu_tanh(xs)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.difuse.gelu_tanh(xs)
+    xs.copy_((torch.randn(2, 64, 1024, device=DEV, generator=g) * 5).to(BF))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert count_mismatches(out, ref(xs)) == 0
