@@ -20,6 +20,7 @@
 #include <string>
 
 #include "core/device.h"
+#include "core/elementwise.cuh"
 #include "core/registry.h"
 #include "core/tensor.h"
 #include "difuse/numerics/activation.h"
@@ -45,21 +46,6 @@ __device__ __forceinline__ uint32_t gelu2(uint32_t w) {
 }
 
 template <int VEC>
-struct Access;
-template <>
-struct Access<8> {
-  using T = uint4;
-};
-template <>
-struct Access<4> {
-  using T = uint2;
-};
-template <>
-struct Access<2> {
-  using T = uint32_t;
-};
-
-template <int VEC>
 __global__ void __launch_bounds__(256) gelu_tanh_kernel(const Params p) {
   const int64_t nvec = p.cols / VEC;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
@@ -70,7 +56,7 @@ __global__ void __launch_bounds__(256) gelu_tanh_kernel(const Params p) {
       if constexpr (VEC == 1) {
         orow[v] = num::float_to_bf16_rne(num::gelu_tanh(num::bf16_to_float(xr[v])));
       } else {
-        using T = typename Access<VEC>::T;
+        using T = typename detail::Bf16Access<VEC>::T;
         T w = *reinterpret_cast<const T*>(xr + v * VEC);
         uint32_t* words = reinterpret_cast<uint32_t*>(&w);
 #pragma unroll
@@ -83,10 +69,7 @@ __global__ void __launch_bounds__(256) gelu_tanh_kernel(const Params p) {
 
 template <int VEC>
 void launch(const Params& p, cudaStream_t stream) {
-  const int64_t nvec = p.cols / VEC;
-  const unsigned gx = static_cast<unsigned>(std::min<int64_t>((nvec + 255) / 256, 65535));
-  const unsigned gy = static_cast<unsigned>(std::min<int64_t>(p.rows, 65535));
-  gelu_tanh_kernel<VEC><<<dim3(gx, gy), 256, 0, stream>>>(p);
+  gelu_tanh_kernel<VEC><<<detail::elementwise_grid(p.rows, p.cols, VEC), detail::kElementwiseThreads, 0, stream>>>(p);
 }
 
 // The single stride of the collapsed leading dims, or -1 when they do not collapse.

@@ -25,6 +25,7 @@
 #include <string>
 
 #include "core/device.h"
+#include "core/elementwise.cuh"
 #include "core/registry.h"
 #include "core/tensor.h"
 #include "difuse/numerics/bf16.h"
@@ -56,24 +57,6 @@ __device__ __forceinline__ uint32_t gated2(uint32_t h2, uint32_t a2, uint32_t g2
 }
 
 template <int VEC>
-struct Access;
-template <>
-struct Access<8> {
-  using T = uint4;
-  static constexpr int kWords = 4;
-};
-template <>
-struct Access<4> {
-  using T = uint2;
-  static constexpr int kWords = 2;
-};
-template <>
-struct Access<2> {
-  using T = uint32_t;
-  static constexpr int kWords = 1;
-};
-
-template <int VEC>
 __global__ void __launch_bounds__(256) gated_residual_kernel(const Params p) {
   const int64_t nvec = p.cols / VEC;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
@@ -87,8 +70,8 @@ __global__ void __launch_bounds__(256) gated_residual_kernel(const Params p) {
         const float t = num::round_bf16(num::mul_rn(num::bf16_to_float(grow[c]), num::bf16_to_float(p.a[base + c])));
         p.out[base + c] = num::float_to_bf16_rne(num::add_rn(num::bf16_to_float(p.h[base + c]), t));
       } else {
-        using T = typename Access<VEC>::T;
-        constexpr int W = Access<VEC>::kWords;
+        using T = typename detail::Bf16Access<VEC>::T;
+        constexpr int W = VEC / 2;
         T hv = *reinterpret_cast<const T*>(p.h + base + c);
         const T av = *reinterpret_cast<const T*>(p.a + base + c);
         const T gv = *reinterpret_cast<const T*>(grow + c);
@@ -105,10 +88,7 @@ __global__ void __launch_bounds__(256) gated_residual_kernel(const Params p) {
 
 template <int VEC>
 void launch(const Params& p, cudaStream_t stream) {
-  const int64_t nvec = p.cols / VEC;
-  const unsigned gx = static_cast<unsigned>(std::min<int64_t>((nvec + 255) / 256, 65535));
-  const unsigned gy = static_cast<unsigned>(std::min<int64_t>(p.rows, 65535));
-  gated_residual_kernel<VEC><<<dim3(gx, gy), 256, 0, stream>>>(p);
+  gated_residual_kernel<VEC><<<detail::elementwise_grid(p.rows, p.cols, VEC), detail::kElementwiseThreads, 0, stream>>>(p);
 }
 
 bool vec_ok(const void* ptr, int64_t elems_stride, int vec) {
