@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "difuse/difuse.hpp"
+#include "difuse/numerics/activation.h"
 #include "norm/layernorm_schedule.h"
 
 #define CHECK_CUDA(x)                                                                      \
@@ -84,6 +85,84 @@ int run_case(int64_t B, int64_t L, int64_t H, int64_t chunks, bool misalign16) {
   return ok ? 0 : 1;
 }
 
+// Elementwise and RMS ops: every element written, deterministic, close to a double-precision reference.
+template <class Launch, class Ref>
+int run_elementwise(const char* name, int64_t rows, int64_t cols, Launch launch, Ref ref) {
+  std::mt19937 rng(static_cast<unsigned>(rows * 31 + cols));
+  std::normal_distribution<float> nd(0.f, 2.f);
+  const int64_t n = rows * cols;
+  std::vector<uint16_t> ha(n), hb(n), hw(cols);
+  for (auto& v : ha) v = num::float_to_bf16_rne(nd(rng));
+  for (auto& v : hb) v = num::float_to_bf16_rne(nd(rng));
+  for (auto& v : hw) v = num::float_to_bf16_rne(nd(rng));
+  uint16_t *da, *db, *dw, *dout;
+  CHECK_CUDA(cudaMalloc(&da, n * 2));
+  CHECK_CUDA(cudaMalloc(&db, n * 2));
+  CHECK_CUDA(cudaMalloc(&dw, cols * 2));
+  CHECK_CUDA(cudaMalloc(&dout, n * 2));
+  CHECK_CUDA(cudaMemcpy(da, ha.data(), n * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(db, hb.data(), n * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dw, hw.data(), cols * 2, cudaMemcpyHostToDevice));
+  std::vector<uint16_t> o1(n), o2(n);
+  for (auto* o : {&o1, &o2}) {
+    CHECK_CUDA(cudaMemset(dout, 0xFF, n * 2));
+    launch(dout, da, db, dw);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaMemcpy(o->data(), dout, n * 2, cudaMemcpyDeviceToHost));
+  }
+  int64_t unwritten = 0, nondet = 0, far = 0;
+  for (int64_t i = 0; i < n; ++i) {
+    unwritten += o1[i] == 0xFFFF;
+    nondet += o1[i] != o2[i];
+    const double want = ref(ha, hb, hw, i / cols, i % cols, cols);
+    far += std::fabs(num::bf16_to_float(o1[i]) - want) > std::ldexp(std::fabs(want), -6) + 1e-5;
+  }
+  for (auto* p : {da, db, dw, dout}) CHECK_CUDA(cudaFree(p));
+  const bool ok = unwritten == 0 && nondet == 0 && far == 0;
+  std::printf("%-4s %s %lldx%lld: unwritten %lld, nondeterministic %lld, out of tolerance %lld\n", ok ? "ok" : "FAIL",
+              name, (long long)rows, (long long)cols, (long long)unwritten, (long long)nondet, (long long)far);
+  return ok ? 0 : 1;
+}
+
+double f(const std::vector<uint16_t>& v, int64_t i) { return num::bf16_to_float(v[i]); }
+
+int run_other_ops() {
+  int fails = 0;
+  for (int64_t cols : {3072, 126}) {  // 16-byte and 4-byte accesses
+    fails += run_elementwise("gated_residual", 37, cols,
+        [&](uint16_t* out, uint16_t* h, uint16_t* a, uint16_t* g) {
+          gated_residual(TensorView::contiguous(out, DType::BF16, {1, 37, cols}, 0),
+                         TensorView::contiguous(h, DType::BF16, {1, 37, cols}, 0),
+                         TensorView::contiguous(a, DType::BF16, {1, 37, cols}, 0),
+                         TensorView::contiguous(g, DType::BF16, {1, cols}, 0), nullptr);
+        },
+        [](auto& h, auto& a, auto& g, int64_t r, int64_t c, int64_t n) { return f(h, r * n + c) + f(g, c) * f(a, r * n + c); });
+    fails += run_elementwise("gelu_tanh", 37, cols,
+        [&](uint16_t* out, uint16_t* x, uint16_t*, uint16_t*) {
+          gelu_tanh(TensorView::contiguous(out, DType::BF16, {37, cols}, 0),
+                    TensorView::contiguous(x, DType::BF16, {37, cols}, 0), nullptr);
+        },
+        [](auto& x, auto&, auto&, int64_t r, int64_t c, int64_t n) {
+          const double v = f(x, r * n + c);
+          return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+        });
+  }
+  for (int64_t cols : {128, 3072, 5120, 30000}) {  // per head, staged one/two warps, four warps / two-pass
+    fails += run_elementwise("rms_norm", 19, cols,
+        [&](uint16_t* out, uint16_t* x, uint16_t*, uint16_t* w) {
+          const auto wv = TensorView::contiguous(w, DType::BF16, {cols}, 0);
+          rms_norm(TensorView::contiguous(out, DType::BF16, {19, cols}, 0),
+                   TensorView::contiguous(x, DType::BF16, {19, cols}, 0), &wv, 1e-6, nullptr);
+        },
+        [](auto& x, auto&, auto& w, int64_t r, int64_t c, int64_t n) {
+          double ss = 0;
+          for (int64_t k = 0; k < n; ++k) ss += f(x, r * n + k) * f(x, r * n + k);
+          return f(x, r * n + c) / std::sqrt(ss / n + 1e-6) * f(w, c);
+        });
+  }
+  return fails;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -97,11 +176,13 @@ int main(int argc, char** argv) {
     fails += run_case(2, 11, 5120, 6, false);  // two warps per row
     fails += run_case(1, 7, 12288, 3, false);  // four warps per row
     fails += run_case(1, 3, 30000, 2, false);  // two-pass kernel
+    fails += run_other_ops();
     if (!quick) fails += run_case(1, 4096, 3072, 6, false);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "exception: %s\n", e.what());
     return 2;
   }
-  std::printf("%d passed, %d failed\n", quick ? 7 - fails : 8 - fails, fails);
+  const int total = (quick ? 7 : 8) + 8;
+  std::printf("%d passed, %d failed\n", total - fails, fails);
   return fails ? 1 : 0;
 }
