@@ -12,6 +12,7 @@
 #include "modulate/gated_residual.h"
 #include "norm/layernorm_modulate.h"
 #include "norm/rms_norm.h"
+#include "norm/rms_norm_diffusers.h"
 
 namespace difuse::detail {
 const std::string& last_error();
@@ -263,6 +264,25 @@ difuse_status difuse_can_use_gelu_tanh(const difuse_tensor_view* out, const difu
 difuse_status difuse_gelu_tanh(const difuse_tensor_view* out, const difuse_tensor_view* x, void* stream) {
   return guarded([&] {
     difuse::activation::gelu_tanh(view(out, "out"), view(x, "x"), static_cast<cudaStream_t>(stream));
+  });
+}
+
+difuse_status difuse_can_use_rms_norm_diffusers(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                const difuse_tensor_view* weight, double eps) {
+  return guarded([&] {
+    const difuse_tensor_view none{};
+    const auto s = difuse::norm::can_use_rms_norm_diffusers(view(out, "out"), view(x, "x"),
+                                                            weight ? view(weight, "weight") : none, eps);
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("rms_norm_diffusers"));
+  });
+}
+
+difuse_status difuse_rms_norm_diffusers(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                        const difuse_tensor_view* weight, double eps, void* stream) {
+  return guarded([&] {
+    const difuse_tensor_view none{};
+    difuse::norm::rms_norm_diffusers(view(out, "out"), view(x, "x"), weight ? view(weight, "weight") : none, eps,
+                                     static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -176,6 +176,39 @@ std::vector<std::string> rms_norm_unsupported(const at::Tensor& x, const std::op
   return reasons_from_last_error();
 }
 
+// ---- rms_norm_diffusers ------------------------------------------------------------------------------------
+at::Tensor rms_norm_diffusers_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const difuse_tensor_view vo = to_view(out), vx = to_view(x);
+  const bool has_w = weight.has_value() && weight->defined();
+  difuse_tensor_view vw{};
+  if (has_w) vw = to_view(*weight);
+  check_status(difuse_rms_norm_diffusers(&vo, &vx, has_w ? &vw : nullptr, eps, at::cuda::getCurrentCUDAStream().stream()),
+               "rms_norm_diffusers");
+  return out;
+}
+
+// The chain as diffusers' RMSNorm.forward runs it (bf16 weight, no bias).
+at::Tensor rms_norm_diffusers_reference(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
+  const at::Tensor var = x.to(at::kFloat).pow(2).mean(-1, /*keepdim=*/true);
+  at::Tensor y = x * at::rsqrt(var + eps);
+  if (weight.has_value() && weight->defined()) return y.to(weight->scalar_type()) * *weight;
+  return y.to(x.scalar_type());
+}
+
+std::vector<std::string> rms_norm_diffusers_unsupported(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                                        double eps) {
+  const difuse_tensor_view vo = fresh_output_view(x), vx = to_view(x);
+  const bool has_w = weight.has_value() && weight->defined();
+  difuse_tensor_view vw{};
+  if (has_w) vw = to_view(*weight);
+  const difuse_status s = difuse_can_use_rms_norm_diffusers(&vo, &vx, has_w ? &vw : nullptr, eps);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_rms_norm_diffusers");
+  return reasons_from_last_error();
+}
+
 // ---- gelu_tanh -----------------------------------------------------------------------------------------------
 at::Tensor& gelu_tanh_out_cuda(const at::Tensor& x, at::Tensor& out) {
   const c10::cuda::OptionalCUDAGuard guard(x.device());
@@ -230,6 +263,9 @@ TORCH_LIBRARY(difuse, m) {
   m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
   m.def("rms_norm_reference(Tensor x, Tensor? weight, float eps) -> Tensor");
   m.def("rms_norm_unsupported(Tensor x, Tensor? weight, float eps) -> str[]");
+  m.def("rms_norm_diffusers(Tensor x, Tensor? weight, float eps) -> Tensor");
+  m.def("rms_norm_diffusers_reference(Tensor x, Tensor? weight, float eps) -> Tensor");
+  m.def("rms_norm_diffusers_unsupported(Tensor x, Tensor? weight, float eps) -> str[]");
   m.def("gelu_tanh(Tensor x) -> Tensor");
   m.def("gelu_tanh.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)");
   m.def("gelu_tanh_reference(Tensor x) -> Tensor");
@@ -241,6 +277,7 @@ TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
   m.impl("gated_residual", &gated_residual_cuda);
   m.impl("gated_residual_", &gated_residual_inplace_cuda);
   m.impl("rms_norm", &rms_norm_cuda);
+  m.impl("rms_norm_diffusers", &rms_norm_diffusers_cuda);
   m.impl("gelu_tanh", &gelu_tanh_cuda);
   m.impl("gelu_tanh.out", &gelu_tanh_out_cuda);
 }
@@ -249,6 +286,7 @@ TORCH_LIBRARY_IMPL(difuse, Meta, m) {
   m.impl("gated_residual", &gated_residual_meta);
   m.impl("gated_residual_", &gated_residual_inplace_meta);
   m.impl("rms_norm", &rms_norm_meta);
+  m.impl("rms_norm_diffusers", &rms_norm_meta);  // same shape rules as rms_norm
   m.impl("gelu_tanh", &gelu_tanh_meta);
   m.impl("gelu_tanh.out", &gelu_tanh_out_meta);
 }
@@ -256,11 +294,13 @@ TORCH_LIBRARY_IMPL(difuse, CompositeImplicitAutograd, m) {
   m.impl("layernorm_modulate_reference", &layernorm_modulate_reference);
   m.impl("gated_residual_reference", &gated_residual_reference);
   m.impl("rms_norm_reference", &rms_norm_reference);
+  m.impl("rms_norm_diffusers_reference", &rms_norm_diffusers_reference);
   m.impl("gelu_tanh_reference", &gelu_tanh_reference);
 }
 TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
   m.impl("layernorm_modulate_unsupported", &layernorm_modulate_unsupported);
   m.impl("gated_residual_unsupported", &gated_residual_unsupported);
   m.impl("rms_norm_unsupported", &rms_norm_unsupported);
+  m.impl("rms_norm_diffusers_unsupported", &rms_norm_diffusers_unsupported);
   m.impl("gelu_tanh_unsupported", &gelu_tanh_unsupported);
 }

@@ -168,6 +168,13 @@ DIFUSE_API difuse_status difuse_rms_norm(const difuse_tensor_view* out, const di
 DIFUSE_API difuse_status difuse_can_use_gelu_tanh(const difuse_tensor_view* out, const difuse_tensor_view* x);
 DIFUSE_API difuse_status difuse_gelu_tanh(const difuse_tensor_view* out, const difuse_tensor_view* x, void* stream);
 
+/* out = the diffusers RMSNorm chain: bf16(bf16(x * rsqrt(mean(f32(x)^2, -1) + eps)) * weight), weight NULL
+ * or a contiguous bf16 [N]. Only the configurations whose mean reduction is replayed are accepted. */
+DIFUSE_API difuse_status difuse_can_use_rms_norm_diffusers(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                           const difuse_tensor_view* weight, double eps);
+DIFUSE_API difuse_status difuse_rms_norm_diffusers(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                   const difuse_tensor_view* weight, double eps, void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -149,6 +149,15 @@ inline void gelu_tanh(const TensorView& out, const TensorView& x, void* stream =
   check(difuse_gelu_tanh(&out, &x, stream));
 }
 
+inline Support can_use_rms_norm_diffusers(const TensorView& out, const TensorView& x, const TensorView* weight,
+                                          double eps) {
+  return support_from(difuse_can_use_rms_norm_diffusers(&out, &x, weight, eps));
+}
+inline void rms_norm_diffusers(const TensorView& out, const TensorView& x, const TensorView* weight, double eps,
+                               void* stream = nullptr) {
+  check(difuse_rms_norm_diffusers(&out, &x, weight, eps, stream));
+}
+
 // ---- registry -----------------------------------------------------------------------------------------
 struct KernelInfo {
   std::string op, backend, contract, reference, platform, description;

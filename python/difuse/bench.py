@@ -29,6 +29,7 @@ RMS_SHAPES = [  # (shape, chunks): chunks 1 = weight, 0 = no weight
     ((1, 4608, 24, 128), 1), ((1, 4608, 24, 128), 0), ((1, 4096, 24, 128), 1), ((1, 32760, 5120), 1),
     ((1, 32760, 1536), 1),
 ]
+RMSD_SHAPES = [((1, 4608, 24, 128), 1), ((1, 4096, 24, 128), 1), ((2, 24, 4096, 64), 1), ((1, 512, 3584), 1)]
 GELU_SHAPES = [((1, 4608, 12288), 0), ((1, 4096, 12288), 0), ((1, 512, 12288), 0), ((1, 4608, 12288), 1)]
 QUICK = {((1, 4608, 12288), 0), ((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 32760, 5120), 6), ((1, 4608, 24, 128), 1),
          ((1, 32760, 5120), 1)}
@@ -103,6 +104,10 @@ def op_specs(torch):
             shapes=RMS_SHAPES, bytes=lambda s, c: 2 * 2 * math.prod(s) + (2 * s[-1] if c else 0),
             make=_rms_case, eager=ops.rms_norm_eager, fused=torch.ops.difuse.rms_norm,
             variant=lambda c: "weight" if c else "no_weight", peer="rms_norm"),
+        "rms_norm_diffusers": dict(
+            shapes=RMSD_SHAPES, bytes=lambda s, c: 2 * 2 * math.prod(s) + (2 * s[-1] if c else 0),
+            make=_rms_case, eager=ops.rms_norm_diffusers_eager, fused=torch.ops.difuse.rms_norm_diffusers,
+            variant=lambda c: "weight" if c else "no_weight", peer="rms_norm_diffusers"),
         "gelu_tanh": dict(
             shapes=GELU_SHAPES, bytes=lambda s, c: 2 * 2 * math.prod(s), make=_gelu_case, eager=_gelu_eager,
             fused=_gelu_fused(torch), variant=lambda c: "into_concat_slice" if c else "contiguous", peer="gelu_tanh"),

@@ -178,6 +178,27 @@ def _rms_norm_inputs(spec, device, generator):
     return (x, w, 1e-6)
 
 
+# ---- rms_norm_diffusers (the diffusers RMSNorm class: two roundings) --------------------------------------------
+def rms_norm_diffusers_eager(x, weight=None, eps=1e-6):
+    """diffusers.models.normalization.RMSNorm.forward for a bf16 x and a bf16 (or no) weight."""
+    import torch
+
+    variance = x.to(torch.float32).pow(2).mean(-1, keepdim=True)
+    y = x * torch.rsqrt(variance + eps)
+    return (y.to(weight.dtype) * weight) if weight is not None else y.to(x.dtype)
+
+
+def can_use_rms_norm_diffusers(x, weight=None, eps=1e-6) -> Support:
+    reasons = list(_ops().rms_norm_diffusers_unsupported(x, weight, float(eps)))
+    return Support(not reasons, reasons)
+
+
+def rms_norm_diffusers(x, weight=None, eps=1e-6):
+    """Fused, bit-exact `rms_norm_diffusers_eager` (the configurations whose mean order is replayed)."""
+    return _call_or_explain("rms_norm_diffusers", lambda: _ops().rms_norm_diffusers(x, weight, float(eps)), (x, weight),
+                            lambda: can_use_rms_norm_diffusers(x, weight, eps))
+
+
 # ---- gelu_tanh -------------------------------------------------------------------------------------------------
 def gelu_tanh_eager(x):
     """The eager op: F.gelu(x, approximate="tanh")."""
@@ -239,6 +260,13 @@ CHECKS = {
         inputs=_rms_norm_inputs,
         shapes=[((1, 4608, 24, 128), True), ((1, 4608, 24, 128), False), ((2, 4096, 24, 64), True),
                 ((1, 32760, 5120), True), ((1, 32760, 1536), True), ((3, 7, 30000), True)],
+    ),
+    "rms_norm_diffusers": dict(
+        fused=lambda *a: rms_norm_diffusers(*a),
+        eager=rms_norm_diffusers_eager,
+        inputs=_rms_norm_inputs,
+        shapes=[((1, 4608, 24, 128), True), ((1, 4096, 24, 128), True), ((2, 24, 4096, 64), True),
+                ((1, 512, 3584), True), ((1, 37, 3584), True)],
     ),
     "gelu_tanh": dict(
         fused=lambda *a: gelu_tanh(*a),

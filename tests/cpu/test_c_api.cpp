@@ -248,3 +248,29 @@ TEST(RmsNorm, PredicateAcceptsSitesAndListsViolations) {
   const auto oc = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {8, 128}, 0);
   EXPECT_TRUE(mentions(difuse::can_use_rms_norm(oc, c, nullptr, 1e-6), "two-kernel"));
 }
+
+// ---- rms_norm_diffusers: the mean's factor and the replayed configurations ------------------------------------
+#include "norm/rms_norm_diffusers.h"
+
+TEST(RmsNormDiffusers, MeanFactorIsFormedLikeAten) {
+  using difuse::norm::diffusers_mean_factor;
+  EXPECT_EQ(diffusers_mean_factor(110592, 128), 1.0f / 128.0f);
+  // rows * n = 16777221 is not representable in fp32: aten rounds the element count first (to 16777220),
+  // so the factor is not RN(1/n).
+  EXPECT_EQ(static_cast<float>(int64_t{5592407} * 3), 16777220.0f);
+  EXPECT_NE(diffusers_mean_factor(5592407, 3), 1.0f / 3.0f);
+  EXPECT_EQ(diffusers_mean_factor(5592407, 3), 5592407.0f / 16777220.0f);
+}
+
+TEST(RmsNormDiffusers, PredicateListsTheUnreplayedConfigurations) {
+  const auto x = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {8, 130}, 0);
+  const auto out = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {8, 130}, 0);
+  const auto s = difuse::can_use_rms_norm_diffusers(out, x, nullptr, 1e-6);
+  ASSERT_FALSE(s.ok);
+  EXPECT_TRUE(mentions(s, "at least 16 rows"));
+  EXPECT_TRUE(mentions(s, "multiple of 4"));
+  const auto q = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {1, 4608, 24, 128}, 0);
+  const auto oq = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {1, 4608, 24, 128}, 0);
+  const auto w = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {128}, 0);
+  EXPECT_TRUE(difuse::can_use_rms_norm_diffusers(oq, q, &w, 1e-6).ok);
+}

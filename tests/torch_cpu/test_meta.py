@@ -142,3 +142,13 @@ def test_gelu_tanh_meta_out_variant_and_reasons():
     g = torch.Generator().manual_seed(3)
     xb = (torch.randn(4, 16, generator=g) * 3).to(torch.bfloat16)
     assert difuse.count_mismatches(torch.ops.difuse.gelu_tanh_reference(xb), ops.gelu_tanh_eager(xb)) == 0
+
+
+def test_rms_norm_diffusers_reference_matches_the_python_chain_on_cpu():
+    g = torch.Generator().manual_seed(5)
+    x = torch.randn(20, 128, generator=g).to(torch.bfloat16)
+    w = torch.randn(128, generator=g).to(torch.bfloat16)
+    a = torch.ops.difuse.rms_norm_diffusers_reference(x, w, 1e-6)
+    assert difuse.count_mismatches(a, ops.rms_norm_diffusers_eager(x, w, 1e-6)) == 0
+    xm = torch.empty(20, 128, dtype=torch.bfloat16, device="meta")
+    torch.library.opcheck(torch.ops.difuse.rms_norm_diffusers.default, (xm, None, 1e-6))

@@ -1,0 +1,187 @@
+// rms_norm_diffusers — diffusers.models.normalization.RMSNorm's forward, bit-exact against eager PyTorch.
+//
+// Eager chain reproduced (Qwen-Image QK norms and txt_norm, SD3.5 QK norms on BHSD views), bf16 x:
+//     var = x.float().pow(2).mean(-1, keepdim=True)       copy, pow (RN(x*x)), Reduce.cuh mean
+//     y   = x * torch.rsqrt(var + eps)                     RN(var + eps), rsqrtf, bf16 * fp32 -> fp32 RN
+//     out = y.to(bf16) * weight     (weight bf16)          two bf16 roundings
+//     out = y.to(bf16)              (no weight)
+// Replays: torch 2.11.0+cu130 reduce_kernel<512, 1, ReduceOp<float, MeanOps<float, float, float, float>, ...,
+// vt0 = 4, input_vec_size = 4>> (shared/reference/torch-2.11-numerics.md §3) for the configurations where
+// its block is (32, 16): one warp per output row, lane x takes vectors x, x + 32, ... into four accumulators
+// (N >= 128, vectorized) or elements x + 32 i in groups of four (32 <= N < 128), accumulators combined
+// ((a0 + a1) + a2) + a3, a shuffle-down tree 16..1, mean = RN(sum * factor) with factor = (float)rows /
+// (float)numel as aten forms it on the host (not a division by N).
+//
+// Guards (can_use_rms_norm_diffusers; every violation is reported): x bf16 on a CUDA device, rank 1-4,
+// last dim contiguous; rows >= 16 and 32 <= N <= 32640 (aten's block is then (32, 16) with no split of a row
+// across warps or blocks: other configurations are not replayed); N % 4 == 0 when N >= 128 (a vectorized
+// mean over misaligned fp32 rows starts with an alignment head, not replayed); rows * N < 2^31; x rows
+// 8-byte aligned when N % 4 == 0; weight (optional) bf16 [N] contiguous; out contiguous bf16 of x's shape.
+//
+// Verification status: CPU tests only at this commit; tests/gpu/test_rms_norm_diffusers.py has not yet run
+// on the H200.
+#include "norm/rms_norm_diffusers.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "core/device.h"
+#include "core/registry.h"
+#include "core/tensor.h"
+#include "difuse/numerics/bf16.h"
+
+namespace difuse::norm {
+
+namespace {
+
+const detail::KernelRegistration kRegistration{{
+    "rms_norm_diffusers", "cuda", "bit_exact",
+    "diffusers RMSNorm: bf16(bf16(x * rsqrt(mean(f32(x)^2) + eps)) * w)  (two roundings)",
+    "pending H200 verification (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "the diffusers RMSNorm class chain, replaying aten's mean reduction order"}};
+
+constexpr int kRowsPerBlock = 8;  // one warp per row
+
+struct Params {
+  const uint16_t* x;
+  uint16_t* out;
+  const uint16_t* w;
+  int64_t rows, d1, d2, s0, s1, s2;
+  int n;
+  float eps, factor;
+  bool has_w, vectorized;
+};
+
+__device__ __forceinline__ const uint16_t* row_ptr(const Params& p, int64_t r) {
+  const int64_t i2 = r % p.d2, t = r / p.d2;
+  const int64_t i1 = t % p.d1, i0 = t / p.d1;
+  return p.x + i0 * p.s0 + i1 * p.s1 + i2 * p.s2;
+}
+
+__device__ __forceinline__ float sq(uint16_t b) {
+  const float v = num::bf16_to_float(b);
+  return num::mul_rn(v, v);  // .pow(2) in fp32
+}
+
+__global__ void __launch_bounds__(256) rms_norm_diffusers_kernel(const Params p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= p.rows) return;  // whole warp
+  const uint16_t* xr = row_ptr(p, row);
+  float a[4] = {0.f, 0.f, 0.f, 0.f};
+  if (p.vectorized) {  // input_vectorized_thread_reduce_impl: vl[k] += s[4v + k], v = lane, lane + 32, ...
+    for (int v = lane; 4 * v + 3 < p.n; v += 32) {
+      const uint2 w = reinterpret_cast<const uint2*>(xr)[v];
+      a[0] = num::add_rn(a[0], sq(static_cast<uint16_t>(w.x)));
+      a[1] = num::add_rn(a[1], sq(static_cast<uint16_t>(w.x >> 16)));
+      a[2] = num::add_rn(a[2], sq(static_cast<uint16_t>(w.y)));
+      a[3] = num::add_rn(a[3], sq(static_cast<uint16_t>(w.y >> 16)));
+    }
+  } else {  // thread_reduce_impl, vt0 = 4: accumulator i takes idx + 32 i, in groups of 128, then the tail
+    int idx = lane;
+    for (; idx + 3 * 32 < p.n; idx += 4 * 32) {
+#pragma unroll
+      for (int i = 0; i < 4; ++i) a[i] = num::add_rn(a[i], sq(xr[idx + 32 * i]));
+    }
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      if (idx + 32 * i < p.n) a[i] = num::add_rn(a[i], sq(xr[idx + 32 * i]));
+  }
+  float s = num::add_rn(num::add_rn(num::add_rn(a[0], a[1]), a[2]), a[3]);
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) s = num::add_rn(s, __shfl_down_sync(0xffffffffu, s, o));
+  const float mean = num::mul_rn(__shfl_sync(0xffffffffu, s, 0), p.factor);
+  const float r = num::rsqrt_cuda(num::add_rn(mean, p.eps));
+  uint16_t* orow = p.out + row * p.n;
+  for (int c = lane; c < p.n; c += 32) {
+    const float yb = num::round_bf16(num::mul_rn(num::bf16_to_float(xr[c]), r));  // bf16 * fp32 -> fp32, .to(bf16)
+    orow[c] = num::float_to_bf16_rne(p.has_w ? num::mul_rn(yb, num::bf16_to_float(p.w[c])) : yb);
+  }
+}
+
+}  // namespace
+
+float diffusers_mean_factor(int64_t rows, int64_t n) {
+  return static_cast<float>(rows) / static_cast<float>(rows * n);
+}
+
+detail::Support can_use_rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view& x,
+                                           const difuse_tensor_view& weight, double eps) {
+  (void)eps;
+  detail::Support s;
+  DIFUSE_REQUIRE(s, x.dtype == DIFUSE_BF16, std::string("x must be bf16, got ") + difuse_dtype_name(x.dtype));
+  DIFUSE_REQUIRE(s, x.device >= 0, "x must be on a CUDA device, got host memory");
+  if (x.rank < 1 || x.rank > 4) {
+    DIFUSE_REQUIRE(s, false, "x must have rank 1 to 4, got " + detail::describe(x));
+    return s;
+  }
+  const int64_t N = x.sizes[x.rank - 1];
+  const int64_t rows = N ? detail::numel(x) / N : 0;
+  DIFUSE_REQUIRE(s, x.strides[x.rank - 1] == 1 || N <= 1, "x must have a contiguous last dim, got " + detail::describe(x));
+  bool nonneg = true;
+  for (int d = 0; d < x.rank; ++d) nonneg = nonneg && x.strides[d] >= 0;
+  DIFUSE_REQUIRE(s, nonneg, "x must have non-negative strides, got " + detail::describe(x));
+  DIFUSE_REQUIRE(s, N >= 32 && N <= 32640,
+                 "the normalized width must be in [32, 32640] (aten's mean then runs one warp per row), got " +
+                     std::to_string(N));
+  DIFUSE_REQUIRE(s, rows >= 16,
+                 "at least 16 rows are needed (fewer change aten's mean block shape, which is not replayed), got " +
+                     std::to_string(rows));
+  DIFUSE_REQUIRE(s, N < 128 || N % 4 == 0,
+                 "a width of 128 or more must be a multiple of 4 (aten's vectorized mean over misaligned rows is not "
+                 "replayed), got " + std::to_string(N));
+  DIFUSE_REQUIRE(s, rows * N <= int64_t{2147483647}, "at most 2^31 - 1 elements (aten splits larger reductions)");
+  if (N % 4 == 0 && detail::numel(x) > 0) {
+    bool aligned = detail::aligned(x.data, 8);
+    for (int d = 0; d + 1 < x.rank; ++d) aligned = aligned && (x.sizes[d] <= 1 || x.strides[d] % 4 == 0);
+    DIFUSE_REQUIRE(s, aligned, "x rows must be 8-byte aligned, got " + detail::describe(x));
+  }
+  if (weight.data != nullptr || weight.rank != 0) {
+    DIFUSE_REQUIRE(s, weight.dtype == DIFUSE_BF16,
+                   std::string("weight must be bf16 (an fp32 weight multiplies in fp32: another chain), got ") +
+                       difuse_dtype_name(weight.dtype));
+    DIFUSE_REQUIRE(s, weight.rank == 1 && weight.sizes[0] == N && weight.strides[0] == 1,
+                   "weight must be a contiguous [" + std::to_string(N) + "], got " + detail::describe(weight));
+    DIFUSE_REQUIRE(s, weight.device == x.device, "weight must be on the device of x, got " + detail::describe(weight));
+  }
+  DIFUSE_REQUIRE(s, out.dtype == DIFUSE_BF16, std::string("out must be bf16, got ") + difuse_dtype_name(out.dtype));
+  bool same = out.rank == x.rank;
+  for (int d = 0; same && d < x.rank; ++d) same = out.sizes[d] == x.sizes[d];
+  DIFUSE_REQUIRE(s, same, "out must have the shape of x, got " + detail::describe(out));
+  DIFUSE_REQUIRE(s, detail::is_contiguous(out), "out must be contiguous, got " + detail::describe(out));
+  DIFUSE_REQUIRE(s, out.device == x.device, "out must be on the device of x, got " + detail::describe(out));
+  if (detail::numel(x) > 0)
+    DIFUSE_REQUIRE(s, !detail::overlaps(out, x) && !detail::overlaps(out, weight), "out must not overlap x or weight");
+  return s;
+}
+
+void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& weight,
+                        double eps, cudaStream_t stream) {
+  const detail::Support s = can_use_rms_norm_diffusers(out, x, weight, eps);
+  if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("rms_norm_diffusers"));
+  if (detail::numel(x) == 0) return;
+  Params p{};
+  p.x = static_cast<const uint16_t*>(x.data);
+  p.out = static_cast<uint16_t*>(out.data);
+  p.w = static_cast<const uint16_t*>(weight.data);
+  p.has_w = weight.data != nullptr;
+  p.n = static_cast<int>(x.sizes[x.rank - 1]);
+  p.rows = detail::numel(x) / p.n;
+  int64_t sz[3] = {1, 1, 1}, st[3] = {0, 0, 0};
+  for (int d = x.rank - 2, k = 2; d >= 0; --d, --k) sz[k] = x.sizes[d], st[k] = x.strides[d];
+  p.d1 = sz[1];
+  p.d2 = sz[2];
+  p.s0 = st[0];
+  p.s1 = st[1];
+  p.s2 = st[2];
+  p.eps = static_cast<float>(eps);
+  p.factor = diffusers_mean_factor(p.rows, p.n);
+  p.vectorized = p.n >= 128;
+  const detail::DeviceGuard device_guard(x.device);
+  rms_norm_diffusers_kernel<<<static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                              32 * kRowsPerBlock, 0, stream>>>(p);
+  DIFUSE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace difuse::norm

@@ -1,0 +1,102 @@
+"""rms_norm_diffusers against diffusers' RMSNorm chain (written out as diffusers runs it) on the GPU, bit for
+bit: Qwen-Image per-head q/k (128), SD3.5 per-head on BHSD views (64), Qwen txt_norm (3584) at several
+prompt lengths, with and without weight, >= 200 seeded random shapes, adversarial values, refusals of the
+configurations whose mean order is not replayed, torch.compile, CUDA graphs and opcheck."""
+import os
+import random
+
+import pytest
+import torch
+
+import difuse
+from difuse import ops
+from difuse.gate import count_mismatches
+
+DEV = "cuda"
+BF = torch.bfloat16
+SEED = int(os.environ.get("DIFUSE_TEST_SEED", "20261129"))
+
+
+def rnd(*shape, gen=None, scale=1.0):
+    return (torch.randn(*shape, device=DEV, generator=gen) * scale).to(BF)
+
+
+def assert_exact(x, w, eps=1e-6):
+    ref = ops.rms_norm_diffusers_eager(x, w, eps)
+    m = count_mismatches(ops.rms_norm_diffusers(x, w, eps), ref)
+    assert m == 0, "%d of %d differ (x %s strides %s)" % (m, ref.numel(), tuple(x.shape), x.stride())
+
+
+@pytest.mark.parametrize("with_weight", [True, False])
+@pytest.mark.parametrize("shape", [(1, 4608, 24, 128), (1, 4096, 24, 128), (2, 512, 24, 128), (1, 512, 3584),
+                                   (1, 77, 3584), (1, 16, 3584), (2, 4096, 24, 64)], ids=str)
+def test_site_shapes(shape, with_weight):
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    assert_exact(rnd(*shape, gen=g), rnd(shape[-1], gen=g) if with_weight else None)
+
+
+def test_sd35_bhsd_view_and_fused_projection_rows():
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    q = rnd(2, 4096, 24 * 64, gen=g).view(2, 4096, 24, 64).transpose(1, 2)  # BHSD, not contiguous
+    assert_exact(q, rnd(64, gen=g))
+    qkv = rnd(1, 4096, 3 * 3072, gen=g)
+    assert_exact(qkv[..., :3072].view(1, 4096, 24, 128), rnd(128, gen=g))
+
+
+@pytest.mark.parametrize("i", range(210))
+def test_random_shapes(i):
+    r = random.Random(SEED * 19 + i)
+    N = r.choice([r.randint(32, 127), 4 * r.randint(32, 2048), 64, 128])
+    rows = r.choice([16, r.randint(16, 300), r.randint(16, 20000)])
+    while rows * N > (1 << 26):
+        rows = max(16, rows // 2)
+    g = torch.Generator(device=DEV).manual_seed(SEED + 3 * i)
+    x = rnd(rows, N, gen=g, scale=r.choice([1.0, 1e-3, 30.0]))
+    assert_exact(x, rnd(N, gen=g) if r.random() < 0.7 else None, r.choice([1e-6, 1e-5]))
+
+
+@pytest.mark.parametrize("kind", ["constant", "huge", "tiny", "inf", "nan", "zero_row"])
+def test_adversarial(kind):
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    x, w = rnd(64, 128, gen=g).clone(), rnd(128, gen=g)
+    if kind == "constant":
+        x[::2] = 2.5
+    elif kind == "huge":
+        x.mul_(1e36)
+    elif kind == "tiny":
+        x = (torch.randn(x.shape, device=DEV, generator=g) * 1e-30).to(BF)
+    elif kind == "inf":
+        x[0, 1] = float("inf")
+    elif kind == "nan":
+        x[1, 2] = float("nan")
+    elif kind == "zero_row":
+        x[3] = 0.0
+    assert_exact(x, w)
+
+
+def test_refusals_name_the_unreplayed_configurations():
+    x = rnd(8, 128)
+    s = ops.can_use_rms_norm_diffusers(x, None)
+    assert not s.ok and any("at least 16 rows" in r for r in s.reasons)
+    with pytest.raises(difuse.Unsupported):
+        ops.rms_norm_diffusers(x)
+    s = ops.can_use_rms_norm_diffusers(rnd(32, 16), None)
+    assert not s.ok and any("[32, 32640]" in r for r in s.reasons)
+
+
+def test_opcheck_compile_and_graph():
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    x, w = rnd(2, 64, 8, 128, gen=g), rnd(128, gen=g)
+    torch.library.opcheck(torch.ops.difuse.rms_norm_diffusers.default, (x, w, 1e-6))
+    compiled = torch.compile(lambda a, b: torch.ops.difuse.rms_norm_diffusers(a, b, 1e-6) * 2, fullgraph=True)
+    assert count_mismatches(compiled(x, w), ops.rms_norm_diffusers_eager(x, w) * 2) == 0
+    xs = x.clone()
+    torch.ops.difuse.rms_norm_diffusers(xs, w, 1e-6)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.difuse.rms_norm_diffusers(xs, w, 1e-6)
+    xs.copy_(rnd(2, 64, 8, 128, gen=g))
+    graph.replay()
+    torch.cuda.synchronize()
+    assert count_mismatches(out, ops.rms_norm_diffusers_eager(xs, w)) == 0
