@@ -256,8 +256,7 @@ TEST(RmsNormDiffusers, MeanFactorIsFormedLikeAten) {
   using difuse::norm::diffusers_mean_factor;
   EXPECT_EQ(diffusers_mean_factor(110592, 128), 1.0f / 128.0f);
   // rows * n = 16777227 is not representable in fp32: aten rounds the element count first (to 16777228),
-  // and the factor then differs from RN(1/n). (Widths 64, 128 and 3584 are powers of two times 7 at most,
-  // where it does not happen for realistic row counts; the formula is aten's either way.)
+  // and the factor then differs from RN(1/n). The kernel uses aten's formula whatever the width.
   EXPECT_EQ(static_cast<float>(int64_t{5592409} * 3), 16777228.0f);
   EXPECT_NE(diffusers_mean_factor(5592409, 3), 1.0f / 3.0f);
   EXPECT_EQ(diffusers_mean_factor(5592409, 3), 5592409.0f / 16777228.0f);
