@@ -47,10 +47,11 @@ void check_layernorm_modulate_meta(const at::Tensor& x, const at::Tensor& scale,
                         shift.scalar_type() == at::kBFloat16,
                     "difuse::layernorm_modulate: x, scale and shift must be bf16");
   const int64_t B = x.size(0), H = x.size(2);
-  TORCH_CHECK_VALUE(scale.dim() == 2 && scale.size(0) == B && scale.size(1) == H,
-                    "difuse::layernorm_modulate: scale must be [B, H] = [", B, ", ", H, "], got ", scale.sizes());
-  TORCH_CHECK_VALUE(shift.dim() == 2 && shift.size(0) == B && shift.size(1) == H,
-                    "difuse::layernorm_modulate: shift must be [B, H] = [", B, ", ", H, "], got ", shift.sizes());
+  for (const auto* m : {&scale, &shift}) {
+    const bool rows = m->dim() == 2 && m->size(0) == B && m->size(1) == H;
+    TORCH_CHECK_VALUE(rows || m->sizes() == x.sizes(), "difuse::layernorm_modulate: ", m == &scale ? "scale" : "shift",
+                      " must be [B, H] = [", B, ", ", H, "] or [B, L, H] = ", x.sizes(), ", got ", m->sizes());
+  }
 }
 
 at::Tensor layernorm_modulate_cuda(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, double eps) {
@@ -71,7 +72,9 @@ at::Tensor layernorm_modulate_meta(const at::Tensor& x, const at::Tensor& scale,
 at::Tensor layernorm_modulate_reference(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
                                         double eps) {
   const at::Tensor n = at::layer_norm(x, {x.size(-1)}, {}, {}, eps);
-  return n * (scale.unsqueeze(1) + 1) + shift.unsqueeze(1);
+  const at::Tensor sc = scale.dim() == 2 ? scale.unsqueeze(1) : scale;
+  const at::Tensor sh = shift.dim() == 2 ? shift.unsqueeze(1) : shift;
+  return n * (sc + 1) + sh;
 }
 
 // Predicate as a list of reasons (empty = supported); works for any tensors, no launch.

@@ -48,10 +48,15 @@ def _ops():
 
 # ---- layernorm_modulate -------------------------------------------------------------------------------
 def layernorm_modulate_eager(x, scale, shift, eps: float = 1e-6):
-    """The eager chain: F.layer_norm(x, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]."""
+    """The eager chain: F.layer_norm(x, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]
+    ([B, H] rows), or * (1 + scale) + shift for per-token [B, L, H] modulation."""
     import torch.nn.functional as F
 
-    return F.layer_norm(x, (x.shape[-1],), eps=eps) * (1 + scale[:, None]) + shift[:, None]
+    if scale.dim() == 2:
+        scale = scale[:, None]
+    if shift.dim() == 2:
+        shift = shift[:, None]
+    return F.layer_norm(x, (x.shape[-1],), eps=eps) * (1 + scale) + shift
 
 
 def can_use_layernorm_modulate(x, scale, shift, eps: float = 1e-6) -> Support:

@@ -2,7 +2,9 @@
 //
 // Eager chain reproduced (diffusers AdaLayerNormZero / AdaLayerNormZeroSingle / AdaLayerNormContinuous,
 // SD3 / Sana equivalents), bf16 throughout:
-//     out = F.layer_norm(x, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]
+//     out = F.layer_norm(x, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]     (scale, shift [B, H])
+//     out = F.layer_norm(x, (H,), eps=eps) * (1 + scale) + shift                       (per token: [B, L, H],
+//           Qwen-Image zero_cond_t, Wan 2.2 TI2V)
 // four eager kernels, each rounding to bf16:  n = LN(x);  a = 1 + scale;  u = n * a;  out = u + shift.
 //
 // Replays: torch 2.11.0+cu130, sm_90 — at::native::vectorized_layer_norm_kernel<c10::BFloat16, float,
@@ -14,7 +16,7 @@
 //
 // Guards (can_use_layernorm_modulate; every violation is reported): x and out [B, L, H] bf16 contiguous on
 // one CUDA device, 8-byte aligned (aten's vectorized path: H % 4 == 0, H <= 2^24, aligned X); scale and
-// shift [B, H] bf16, last dim contiguous, any non-negative row stride; B * L <= 2^31 - 1 (aten's grid
+// shift [B, H] or [B, L, H] bf16, last dim contiguous, any non-negative strides; B * L <= 2^31 - 1 (aten's grid
 // limit); out overlaps no input. Inputs aten sends down its two-kernel path (H % 4 != 0, misaligned x) are
 // refused: that path rounds differently.
 //
@@ -61,6 +63,8 @@ struct Params {
   int64_t seq;
   int64_t scale_stride;
   int64_t shift_stride;
+  int64_t scale_stride_l;  // per-token modulation ([B, L, H]); 0 for [B, H] rows
+  int64_t shift_stride_l;
   int h;
   int v;  // H / 4
   float eps;
@@ -81,9 +85,9 @@ __device__ __forceinline__ uint2 load_mod_words(const uint16_t* s) {
 }
 
 // 4 bf16 of x (two words) -> 4 bf16 outputs (two words); modulation rows of any alignment.
-__device__ __forceinline__ uint2 modulate4_any(const Params& p, int64_t b, int c, uint2 w, RowStats st) {
-  const uint2 sc = load_mod_words(p.scale + b * p.scale_stride + c);
-  const uint2 sh = load_mod_words(p.shift + b * p.shift_stride + c);
+__device__ __forceinline__ uint2 modulate4_any(const Params& p, int64_t b, int64_t l, int c, uint2 w, RowStats st) {
+  const uint2 sc = load_mod_words(p.scale + b * p.scale_stride + l * p.scale_stride_l + c);
+  const uint2 sh = load_mod_words(p.shift + b * p.shift_stride + l * p.shift_stride_l + c);
   return make_uint2(layernorm_modulate_pair(w.x, st, sc.x, sh.x), layernorm_modulate_pair(w.y, st, sc.y, sh.y));
 }
 
@@ -123,7 +127,8 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
   const bool active = row < p.rows;
   // Multi-row blocks with aligned modulation rows also stage the scale and shift rows of the block's first
   // batch once (rows of another batch, at a batch boundary, read them from global memory).
-  constexpr bool STAGE_MOD = ROWS > 1 && MODVEC;
+  constexpr bool STAGE_MOD = ROWS > 1 && MODVEC;  // and, at run time, one modulation row per batch
+  const bool stage_mod = STAGE_MOD && p.scale_stride_l == 0 && p.shift_stride_l == 0;
   if constexpr (G == 32 && !STAGE_MOD) {
     if (!active) return;  // whole warp: no shuffle or barrier is left half-populated
   }
@@ -134,7 +139,7 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
   const int64_t b0 = static_cast<int64_t>(blockIdx.x) * ROWS / p.seq;
   uint2* s_scale = staged + static_cast<int64_t>(ROWS) * V;
   uint2* s_shift = s_scale + V;
-  if constexpr (STAGE_MOD) {
+  if (stage_mod) {
     const uint2* gs = reinterpret_cast<const uint2*>(p.scale + b0 * p.scale_stride);
     const uint2* gh = reinterpret_cast<const uint2*>(p.shift + b0 * p.shift_stride);
     for (int t = static_cast<int>(threadIdx.x); t < V; t += G * ROWS) {
@@ -209,11 +214,11 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
   if (!active) return;  // G > 32: no barrier follows
   const RowStats rs = stats[rb];
 
-  const int64_t b = row / p.seq;
-  const uint16_t* srow = p.scale + b * p.scale_stride;
-  const uint16_t* hrow = p.shift + b * p.shift_stride;
+  const int64_t b = row / p.seq, l = row - b * p.seq;
+  const uint16_t* srow = p.scale + b * p.scale_stride + l * p.scale_stride_l;
+  const uint16_t* hrow = p.shift + b * p.shift_stride + l * p.shift_stride_l;
   uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.h);
-  if (STAGE_MOD && b == b0) {
+  if (stage_mod && b == b0) {
 #pragma unroll 2
     for (int k = 0; k < sweeps; ++k) {
       uint2 w[A], sc[A], sh[A];
@@ -309,10 +314,10 @@ __global__ void __launch_bounds__(128) layernorm_modulate_stream(const Params p)
   if (t == 0) stats = finalize_roots(roots, p.h, p.eps);
   __syncthreads();
   const RowStats rs = stats;
-  const int64_t b = row / p.seq;
+  const int64_t b = row / p.seq, l = row - b * p.seq;
   for (int vi = t; vi < p.v; vi += kAtenThreads) {
     const int c = kVecElems * vi;
-    *reinterpret_cast<uint2*>(orow + c) = modulate4_any(p, b, c, *reinterpret_cast<const uint2*>(xr + c), rs);
+    *reinterpret_cast<uint2*>(orow + c) = modulate4_any(p, b, l, c, *reinterpret_cast<const uint2*>(xr + c), rs);
   }
 }
 
@@ -401,15 +406,20 @@ detail::Support can_use_layernorm_modulate(const difuse_tensor_view& out, const 
               "x must be 8-byte aligned (a misaligned view takes aten's two-kernel LayerNorm, which rounds differently)");
   for (const auto* m : {&scale, &shift}) {
     const char* name = m == &scale ? "scale" : "shift";
-    if (m->rank != 2) {
-      DIFUSE_REQUIRE(s, false, std::string(name) + " must have rank 2 [B, H], got " + detail::describe(*m));
+    if (m->rank != 2 && m->rank != 3) {
+      DIFUSE_REQUIRE(s, false, std::string(name) + " must have rank 2 [B, H] or 3 [B, L, H], got " + detail::describe(*m));
       continue;
     }
-    DIFUSE_REQUIRE(s, m->sizes[0] == B && m->sizes[1] == H, std::string(name) + " must have shape [" + std::to_string(B) + ", " +
-                                                        std::to_string(H) + "], got " + detail::describe(*m));
-    DIFUSE_REQUIRE(s, m->strides[1] == 1 || m->sizes[1] <= 1,
+    const bool shape_ok = m->rank == 2 ? (m->sizes[0] == B && m->sizes[1] == H)
+                                       : (m->sizes[0] == B && m->sizes[1] == L && m->sizes[2] == H);
+    DIFUSE_REQUIRE(s, shape_ok, std::string(name) + " must have shape [" + std::to_string(B) + ", " + std::to_string(H) +
+                                    "] or [" + std::to_string(B) + ", " + std::to_string(L) + ", " + std::to_string(H) +
+                                    "], got " + detail::describe(*m));
+    DIFUSE_REQUIRE(s, m->strides[m->rank - 1] == 1 || H <= 1,
               std::string(name) + " must have a contiguous last dim (stride 1), got " + detail::describe(*m));
-    DIFUSE_REQUIRE(s, m->strides[0] >= 0, std::string(name) + " must have a non-negative row stride, got " + detail::describe(*m));
+    bool nonneg = true;
+    for (int d = 0; d + 1 < m->rank; ++d) nonneg = nonneg && m->strides[d] >= 0;
+    DIFUSE_REQUIRE(s, nonneg, std::string(name) + " must have non-negative strides, got " + detail::describe(*m));
     DIFUSE_REQUIRE(s, m->device == x.device, std::string(name) + " must be on the device of x (cuda:" + std::to_string(x.device) +
                                          "), got " + detail::describe(*m));
     if (!empty) DIFUSE_REQUIRE(s, m->data != nullptr, std::string(name) + " has a null data pointer");
@@ -444,11 +454,13 @@ void layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view&
   p.seq = L;
   p.scale_stride = scale.strides[0];
   p.shift_stride = shift.strides[0];
+  p.scale_stride_l = scale.rank == 3 ? scale.strides[1] : 0;
+  p.shift_stride_l = shift.rank == 3 ? shift.strides[1] : 0;
   p.h = static_cast<int>(H);
   p.v = static_cast<int>(H / 4);
   p.eps = static_cast<float>(eps);
   p.mod_vec = detail::aligned(scale.data, 8) && detail::aligned(shift.data, 8) && scale.strides[0] % 4 == 0 &&
-              shift.strides[0] % 4 == 0;
+              shift.strides[0] % 4 == 0 && p.scale_stride_l % 4 == 0 && p.shift_stride_l % 4 == 0;
 
   const detail::DeviceGuard device_guard(x.device);
 

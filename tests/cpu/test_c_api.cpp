@@ -48,6 +48,14 @@ TEST(CApi, ValidCallPassesThePredicate) {
   EXPECT_TRUE(can_use(valid(4, 33000, 16384)).ok);
 }
 
+TEST(CApi, PerTokenModulationIsAccepted) {
+  Case c = valid(2, 300, 3072);
+  c.scale = TensorView(fake(0x2000000000ull + 2 * 3072), DType::BF16, {2, 300, 3072}, {300 * 6 * 3072, 6 * 3072, 1}, 0);
+  EXPECT_TRUE(can_use(c).ok);
+  c.scale.sizes[1] = 299;
+  EXPECT_TRUE(mentions(can_use(c), "scale must have shape [2, 3072] or [2, 300, 3072]"));
+}
+
 TEST(CApi, EveryViolationIsListed) {
   Case c = valid();
   c.x.dtype = DIFUSE_F32;
@@ -90,7 +98,7 @@ TEST(CApi, RefusesLayoutsAndShapes) {
   EXPECT_TRUE(mentions(can_use(o), "must not overlap"));
   Case n = valid();
   n.shift.strides[0] = -3072;
-  EXPECT_TRUE(mentions(can_use(n), "non-negative row stride"));
+  EXPECT_TRUE(mentions(can_use(n), "shift must have non-negative strides"));
 }
 
 TEST(CApi, EmptyInputsAreSupportedAndLaunchNothing) {

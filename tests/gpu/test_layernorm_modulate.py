@@ -152,6 +152,17 @@ def test_broadcast_row_stride_zero():
     assert_exact(x, row[:, :3072].expand(3, 3072), row[:, 3072:].expand(3, 3072))
 
 
+@pytest.mark.parametrize("B,L,H", [(1, 4096, 3072), (2, 300, 3072), (2, 77, 5120), (1, 9, 20000), (2, 33, 36)])
+def test_per_token_modulation(B, L, H):
+    g = torch.Generator(device=DEV).manual_seed(SEED + L)
+    x, _, _ = make(B, L, H, gen=g)
+    emb = (torch.randn(B, L, 6 * H, device=DEV, generator=g) * 0.5).to(BF)  # Wan 2.2-like [B, L, 6, H] chunks
+    parts = emb.chunk(6, dim=-1)
+    assert_exact(x, parts[1], parts[0])
+    contiguous = (torch.randn(B, L, H, device=DEV, generator=g) * 0.5).to(BF)  # Qwen zero_cond_t-like
+    assert_exact(x, contiguous, parts[2])
+
+
 def test_empty_sequence():
     x = torch.empty(2, 0, 3072, device=DEV, dtype=BF)
     s = torch.zeros(2, 3072, device=DEV, dtype=BF)
