@@ -286,4 +286,27 @@ difuse_status difuse_rms_norm_diffusers(const difuse_tensor_view* out, const dif
   });
 }
 
+difuse_status difuse_can_use_gated_residual_layernorm_modulate(
+    const difuse_tensor_view* out, const difuse_tensor_view* residual, const difuse_tensor_view* h,
+    const difuse_tensor_view* a, const difuse_tensor_view* gate, const difuse_tensor_view* scale,
+    const difuse_tensor_view* shift, double eps) {
+  return guarded([&] {
+    const auto s = difuse::norm::can_use_gated_residual_layernorm_modulate(
+        view(out, "out"), view(residual, "residual"), view(h, "h"), view(a, "a"), view(gate, "gate"),
+        view(scale, "scale"), view(shift, "shift"), eps);
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("gated_residual_layernorm_modulate"));
+  });
+}
+
+difuse_status difuse_gated_residual_layernorm_modulate(
+    const difuse_tensor_view* out, const difuse_tensor_view* residual, const difuse_tensor_view* h,
+    const difuse_tensor_view* a, const difuse_tensor_view* gate, const difuse_tensor_view* scale,
+    const difuse_tensor_view* shift, double eps, void* stream) {
+  return guarded([&] {
+    difuse::norm::gated_residual_layernorm_modulate(view(out, "out"), view(residual, "residual"), view(h, "h"),
+                                                    view(a, "a"), view(gate, "gate"), view(scale, "scale"),
+                                                    view(shift, "shift"), eps, static_cast<cudaStream_t>(stream));
+  });
+}
+
 }  // extern "C"

@@ -212,6 +212,49 @@ std::vector<std::string> rms_norm_diffusers_unsupported(const at::Tensor& x, con
   return reasons_from_last_error();
 }
 
+// ---- gated_residual_layernorm_modulate -----------------------------------------------------------------------
+std::tuple<at::Tensor, at::Tensor> gated_residual_layernorm_modulate_cuda(const at::Tensor& h, const at::Tensor& a,
+                                                                          const at::Tensor& gate, const at::Tensor& scale,
+                                                                          const at::Tensor& shift, double eps) {
+  const c10::cuda::OptionalCUDAGuard guard(h.device());
+  at::Tensor residual = at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::Contiguous));
+  at::Tensor out = at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::Contiguous));
+  const difuse_tensor_view vo = to_view(out), vr = to_view(residual), vh = to_view(h), va = to_view(a),
+                           vg = to_view(gate), vs = to_view(scale), vsh = to_view(shift);
+  check_status(difuse_gated_residual_layernorm_modulate(&vo, &vr, &vh, &va, &vg, &vs, &vsh, eps,
+                                                        at::cuda::getCurrentCUDAStream().stream()),
+               "gated_residual_layernorm_modulate");
+  return {residual, out};
+}
+
+std::tuple<at::Tensor, at::Tensor> gated_residual_layernorm_modulate_meta(const at::Tensor& h, const at::Tensor& a,
+                                                                          const at::Tensor& gate, const at::Tensor& scale,
+                                                                          const at::Tensor& shift, double) {
+  check_gated_residual_meta(h, a, gate);
+  check_layernorm_modulate_meta(h, scale, shift);
+  const auto opts = h.options().memory_format(at::MemoryFormat::Contiguous);
+  return {at::empty(h.sizes(), opts), at::empty(h.sizes(), opts)};
+}
+
+std::tuple<at::Tensor, at::Tensor> gated_residual_layernorm_modulate_reference(
+    const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate, const at::Tensor& scale, const at::Tensor& shift,
+    double eps) {
+  const at::Tensor h1 = gated_residual_reference(h, a, gate);
+  return {h1, layernorm_modulate_reference(h1, scale, shift, eps)};
+}
+
+std::vector<std::string> gated_residual_layernorm_modulate_unsupported(const at::Tensor& h, const at::Tensor& a,
+                                                                       const at::Tensor& gate, const at::Tensor& scale,
+                                                                       const at::Tensor& shift, double eps) {
+  difuse_tensor_view vo = fresh_output_view(h), vr = fresh_output_view(h);
+  vr.data = vr.data ? reinterpret_cast<void*>(uintptr_t{1} << 47) : nullptr;  // a second fresh buffer
+  const difuse_tensor_view vh = to_view(h), va = to_view(a), vg = to_view(gate), vs = to_view(scale), vsh = to_view(shift);
+  const difuse_status s = difuse_can_use_gated_residual_layernorm_modulate(&vo, &vr, &vh, &va, &vg, &vs, &vsh, eps);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_gated_residual_layernorm_modulate");
+  return reasons_from_last_error();
+}
+
 // ---- gelu_tanh -----------------------------------------------------------------------------------------------
 at::Tensor& gelu_tanh_out_cuda(const at::Tensor& x, at::Tensor& out) {
   const c10::cuda::OptionalCUDAGuard guard(x.device());
@@ -269,6 +312,12 @@ TORCH_LIBRARY(difuse, m) {
   m.def("rms_norm_diffusers(Tensor x, Tensor? weight, float eps) -> Tensor");
   m.def("rms_norm_diffusers_reference(Tensor x, Tensor? weight, float eps) -> Tensor");
   m.def("rms_norm_diffusers_unsupported(Tensor x, Tensor? weight, float eps) -> str[]");
+  m.def("gated_residual_layernorm_modulate(Tensor h, Tensor a, Tensor gate, Tensor scale, Tensor shift, "
+        "float eps=1e-06) -> (Tensor, Tensor)");
+  m.def("gated_residual_layernorm_modulate_reference(Tensor h, Tensor a, Tensor gate, Tensor scale, Tensor shift, "
+        "float eps=1e-06) -> (Tensor, Tensor)");
+  m.def("gated_residual_layernorm_modulate_unsupported(Tensor h, Tensor a, Tensor gate, Tensor scale, Tensor shift, "
+        "float eps=1e-06) -> str[]");
   m.def("gelu_tanh(Tensor x) -> Tensor");
   m.def("gelu_tanh.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)");
   m.def("gelu_tanh_reference(Tensor x) -> Tensor");
@@ -281,6 +330,7 @@ TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
   m.impl("gated_residual_", &gated_residual_inplace_cuda);
   m.impl("rms_norm", &rms_norm_cuda);
   m.impl("rms_norm_diffusers", &rms_norm_diffusers_cuda);
+  m.impl("gated_residual_layernorm_modulate", &gated_residual_layernorm_modulate_cuda);
   m.impl("gelu_tanh", &gelu_tanh_cuda);
   m.impl("gelu_tanh.out", &gelu_tanh_out_cuda);
 }
@@ -290,6 +340,7 @@ TORCH_LIBRARY_IMPL(difuse, Meta, m) {
   m.impl("gated_residual_", &gated_residual_inplace_meta);
   m.impl("rms_norm", &rms_norm_meta);
   m.impl("rms_norm_diffusers", &rms_norm_meta);  // same shape rules as rms_norm
+  m.impl("gated_residual_layernorm_modulate", &gated_residual_layernorm_modulate_meta);
   m.impl("gelu_tanh", &gelu_tanh_meta);
   m.impl("gelu_tanh.out", &gelu_tanh_out_meta);
 }
@@ -298,6 +349,7 @@ TORCH_LIBRARY_IMPL(difuse, CompositeImplicitAutograd, m) {
   m.impl("gated_residual_reference", &gated_residual_reference);
   m.impl("rms_norm_reference", &rms_norm_reference);
   m.impl("rms_norm_diffusers_reference", &rms_norm_diffusers_reference);
+  m.impl("gated_residual_layernorm_modulate_reference", &gated_residual_layernorm_modulate_reference);
   m.impl("gelu_tanh_reference", &gelu_tanh_reference);
 }
 TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
@@ -305,5 +357,6 @@ TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
   m.impl("gated_residual_unsupported", &gated_residual_unsupported);
   m.impl("rms_norm_unsupported", &rms_norm_unsupported);
   m.impl("rms_norm_diffusers_unsupported", &rms_norm_diffusers_unsupported);
+  m.impl("gated_residual_layernorm_modulate_unsupported", &gated_residual_layernorm_modulate_unsupported);
   m.impl("gelu_tanh_unsupported", &gelu_tanh_unsupported);
 }

@@ -175,6 +175,18 @@ DIFUSE_API difuse_status difuse_can_use_rms_norm_diffusers(const difuse_tensor_v
 DIFUSE_API difuse_status difuse_rms_norm_diffusers(const difuse_tensor_view* out, const difuse_tensor_view* x,
                                                    const difuse_tensor_view* weight, double eps, void* stream);
 
+/* The pre-FF site in one pass: residual = h + gate[:, None] * a (gate [B, H] or [B, L, H]), then
+ * out = F.layer_norm(residual) * (1 + scale[:, None]) + shift[:, None], every eager rounding kept.
+ * residual may be h itself (in place). */
+DIFUSE_API difuse_status difuse_can_use_gated_residual_layernorm_modulate(
+    const difuse_tensor_view* out, const difuse_tensor_view* residual, const difuse_tensor_view* h,
+    const difuse_tensor_view* a, const difuse_tensor_view* gate, const difuse_tensor_view* scale,
+    const difuse_tensor_view* shift, double eps);
+DIFUSE_API difuse_status difuse_gated_residual_layernorm_modulate(
+    const difuse_tensor_view* out, const difuse_tensor_view* residual, const difuse_tensor_view* h,
+    const difuse_tensor_view* a, const difuse_tensor_view* gate, const difuse_tensor_view* scale,
+    const difuse_tensor_view* shift, double eps, void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

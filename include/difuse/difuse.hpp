@@ -158,6 +158,18 @@ inline void rms_norm_diffusers(const TensorView& out, const TensorView& x, const
   check(difuse_rms_norm_diffusers(&out, &x, weight, eps, stream));
 }
 
+inline Support can_use_gated_residual_layernorm_modulate(const TensorView& out, const TensorView& residual,
+                                                         const TensorView& h, const TensorView& a, const TensorView& gate,
+                                                         const TensorView& scale, const TensorView& shift, double eps) {
+  return support_from(
+      difuse_can_use_gated_residual_layernorm_modulate(&out, &residual, &h, &a, &gate, &scale, &shift, eps));
+}
+inline void gated_residual_layernorm_modulate(const TensorView& out, const TensorView& residual, const TensorView& h,
+                                              const TensorView& a, const TensorView& gate, const TensorView& scale,
+                                              const TensorView& shift, double eps, void* stream = nullptr) {
+  check(difuse_gated_residual_layernorm_modulate(&out, &residual, &h, &a, &gate, &scale, &shift, eps, stream));
+}
+
 // ---- registry -----------------------------------------------------------------------------------------
 struct KernelInfo {
   std::string op, backend, contract, reference, platform, description;

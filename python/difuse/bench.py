@@ -57,6 +57,14 @@ def _rms_case(torch, shape, with_weight, g):
     return (x, w, 1e-6)
 
 
+def _grln_case(torch, shape, chunks, g):
+    B, L, H = shape
+    h = torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g)
+    a = torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g)
+    parts = (torch.randn(B, chunks * H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.5).chunk(chunks, dim=1)
+    return (h, a, parts[2], parts[4], parts[3], 1e-6)  # FLUX: gate_msa, scale_mlp, shift_mlp
+
+
 def _gelu_case(torch, shape, into_concat, g):
     x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g) * 2
     if not into_concat:
@@ -100,6 +108,11 @@ def op_specs(torch):
             bytes=lambda s, c: 3 * s[0] * s[1] * s[2] * 2 + (s[0] * s[1] * s[2] if c == 0 else s[0] * s[2]) * 2,
             make=_gr_case, eager=ops.gated_residual_eager, fused=torch.ops.difuse.gated_residual,
             variant=lambda c: "per_token_gate" if c == 0 else "chunk%d" % c, peer="gated_residual"),
+        "gated_residual_layernorm_modulate": dict(
+            shapes=[((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((2, 4096, 1536), 6), ((2, 300, 3072), 6)],
+            bytes=lambda s, c: 4 * s[0] * s[1] * s[2] * 2 + 3 * s[0] * s[2] * 2, make=_grln_case,
+            eager=ops.gated_residual_layernorm_modulate_eager, fused=torch.ops.difuse.gated_residual_layernorm_modulate,
+            variant=lambda c: "chunk%d" % c, peer="gated_residual_layernorm_modulate"),
         "rms_norm": dict(
             shapes=RMS_SHAPES, bytes=lambda s, c: 2 * 2 * math.prod(s) + (2 * s[-1] if c else 0),
             make=_rms_case, eager=ops.rms_norm_eager, fused=torch.ops.difuse.rms_norm,

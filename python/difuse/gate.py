@@ -106,8 +106,14 @@ class BitExactGate:
 
 
 def count_mismatches(a, b) -> int:
-    """Elements whose bit patterns differ (NaN == NaN when the payload matches, +0 != -0)."""
+    """Elements whose bit patterns differ (NaN == NaN when the payload matches, +0 != -0); tuples of outputs
+    are compared pairwise and summed."""
     import torch
+
+    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
+        if not (isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and len(a) == len(b)):
+            return max(1, sum(t.numel() for t in (a if isinstance(a, (tuple, list)) else b)))
+        return sum(count_mismatches(x, y) for x, y in zip(a, b))
 
     if a.shape != b.shape or a.dtype != b.dtype:
         return max(a.numel(), b.numel(), 1)

@@ -137,6 +137,12 @@ def gated_residual_(h, a, gate):
     return _gated_residual_call(_ops().gated_residual_, h, a, gate)
 
 
+def _grln_inputs(spec, device, generator):
+    h, a, gate = _gated_residual_inputs(spec, device, generator)
+    _, scale, shift, eps = _layernorm_modulate_inputs(spec, device, generator)
+    return (h, a, gate, scale, shift, eps)
+
+
 def _gated_residual_inputs(spec, device, generator):
     import torch
 
@@ -147,6 +153,26 @@ def _gated_residual_inputs(spec, device, generator):
         return (h, a, torch.randn(B, L, H, device=device, dtype=torch.bfloat16, generator=generator))
     emb = torch.randn(B, chunks * H, device=device, dtype=torch.bfloat16, generator=generator) * 0.5
     return (h, a, emb.chunk(chunks, dim=1)[2])
+
+
+# ---- gated_residual_layernorm_modulate (the pre-FF site) ---------------------------------------------------------
+def gated_residual_layernorm_modulate_eager(h, a, gate, scale, shift, eps: float = 1e-6):
+    """The eager chain: h1 = h + gate[:, None] * a; (h1, LN(h1) * (1 + scale[:, None]) + shift[:, None])."""
+    h1 = gated_residual_eager(h, a, gate)
+    return h1, layernorm_modulate_eager(h1, scale, shift, eps)
+
+
+def can_use_gated_residual_layernorm_modulate(h, a, gate, scale, shift, eps: float = 1e-6) -> Support:
+    reasons = list(_ops().gated_residual_layernorm_modulate_unsupported(h, a, gate, scale, shift, eps))
+    return Support(not reasons, reasons)
+
+
+def gated_residual_layernorm_modulate(h, a, gate, scale, shift, eps: float = 1e-6):
+    """Fused, bit-exact `gated_residual_layernorm_modulate_eager`: returns (new residual, modulated norm)."""
+    return _call_or_explain(
+        "gated_residual_layernorm_modulate",
+        lambda: _ops().gated_residual_layernorm_modulate(h, a, gate, scale, shift, eps), (h, a, gate, scale, shift),
+        lambda: can_use_gated_residual_layernorm_modulate(h, a, gate, scale, shift, eps))
 
 
 # ---- rms_norm (torch.nn.RMSNorm / F.rms_norm) ----------------------------------------------------------------
@@ -258,6 +284,12 @@ CHECKS = {
         inputs=_gated_residual_inputs,
         shapes=[((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 4608, 3072), 3), ((2, 300, 3072), 6),
                 ((2, 4096, 1536), 6), ((1, 32760, 5120), 6), ((1, 4096, 3072), 0), ((1, 7, 3), 3)],
+    ),
+    "gated_residual_layernorm_modulate": dict(
+        fused=lambda *a: gated_residual_layernorm_modulate(*a),
+        eager=gated_residual_layernorm_modulate_eager,
+        inputs=_grln_inputs,
+        shapes=[((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((2, 300, 3072), 6), ((2, 4096, 1536), 6)],
     ),
     "rms_norm": dict(
         fused=lambda *a: rms_norm(*a),

@@ -18,6 +18,7 @@
 // Verification status: CPU tests only at this commit; the GPU tests in tests/gpu/test_gated_residual.py
 // have not yet run on the H200 (the registry says so until they have).
 #include "modulate/gated_residual.h"
+#include "modulate/gated_residual_pair.h"
 
 #include <cuda_runtime.h>
 
@@ -49,13 +50,6 @@ struct Params {
   int64_t g_sb, g_sl;  // gate strides (batch, token); g_sl = 0 for a [B, H] gate
 };
 
-// Two elements: bf16(RN(h + bf16(RN(g * a)))).
-__device__ __forceinline__ uint32_t gated2(uint32_t h2, uint32_t a2, uint32_t g2) {
-  const uint32_t t2 = num::pack_bf16x2(num::mul_rn(num::bf16_lo(g2), num::bf16_lo(a2)),
-                                       num::mul_rn(num::bf16_hi(g2), num::bf16_hi(a2)));
-  return num::bf16x2_add_rn(h2, t2);
-}
-
 template <int VEC>
 __global__ void __launch_bounds__(256) gated_residual_kernel(const Params p) {
   const int64_t nvec = p.cols / VEC;
@@ -79,7 +73,7 @@ __global__ void __launch_bounds__(256) gated_residual_kernel(const Params p) {
         const uint32_t* aw = reinterpret_cast<const uint32_t*>(&av);
         const uint32_t* gw = reinterpret_cast<const uint32_t*>(&gv);
 #pragma unroll
-        for (int w = 0; w < W; ++w) hw[w] = gated2(hw[w], aw[w], gw[w]);
+        for (int w = 0; w < W; ++w) hw[w] = gated_residual_pair(hw[w], aw[w], gw[w]);
         *reinterpret_cast<T*>(p.out + base + c) = hv;
       }
     }

@@ -30,6 +30,8 @@
 // Sana and Wan site shapes, H = 4 .. 2^24, seeded random shapes and strides, adversarial and non-finite values.
 #include "norm/layernorm_modulate.h"
 
+#include "modulate/gated_residual_pair.h"
+
 #include <cuda_runtime.h>
 
 #include <atomic>
@@ -48,6 +50,12 @@ namespace {
 
 using num::VecWelford;
 
+const detail::KernelRegistration kResidualRegistration{{
+    "gated_residual_layernorm_modulate", "cuda", "bit_exact",
+    "h1 = h + gate[:, None] * a;  F.layer_norm(h1, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]  (bf16)",
+    "pending H200 verification (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "the pre-FF site: gated residual, then adaLN LayerNorm + modulate of the new residual, one pass"}};
+
 const detail::KernelRegistration kRegistration{{
     "layernorm_modulate", "cuda", "bit_exact",
     "F.layer_norm(x, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]  (bf16; x [B,L,H], scale/shift [B,H])",
@@ -65,6 +73,11 @@ struct Params {
   int64_t shift_stride;
   int64_t scale_stride_l;  // per-token modulation ([B, L, H]); 0 for [B, H] rows
   int64_t shift_stride_l;
+  // gated_residual_layernorm_modulate only: x is h, the row normalised is residual = h + gate * a.
+  const uint16_t* a;
+  const uint16_t* gate;
+  uint16_t* residual;
+  int64_t gate_stride, gate_stride_l;
   int h;
   int v;  // H / 4
   float eps;
@@ -111,7 +124,7 @@ __constant__ RcpCounts c_rcp = make_rcp_counts();
 // into shared memory (cp.async, all in flight at once), replays their Welford pushes, the tree, and the
 // epilogue from there. A thread only ever reads the vectors it copied, so no barrier guards the staging.
 // Loops stay loops: a fully unrolled row overflowed the instruction cache.
-template <int G, bool PAIRED, bool MODVEC>
+template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL>
 __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
   using Map = AtenThreadMap<G, PAIRED>;
   constexpr int A = Map::kSlots;
@@ -159,6 +172,28 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
   }
   cp_async_wait_all();
   if constexpr (STAGE_MOD) __syncthreads();  // the modulation rows were copied by the whole block
+
+  if constexpr (RESIDUAL) {  // h1 = h + gate * a, rounded as eager, written out and normalised from here on
+    if (active) {
+      const int64_t bb = row / p.seq, ll = row - bb * p.seq;
+      const uint16_t* grow = p.gate + bb * p.gate_stride + ll * p.gate_stride_l;
+      const uint2* ar = reinterpret_cast<const uint2*>(p.a + row * p.h);
+      uint2* rr = reinterpret_cast<uint2*>(p.residual + row * p.h);
+      for (int k = 0; k < sweeps; ++k) {
+#pragma unroll
+        for (int j = 0; j < A; ++j) {
+          const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+          if (vi < V) {
+            const uint2 hw = sx[vi], aw = ar[vi], gw = load_mod_words(grow + kVecElems * vi);
+            const uint2 h1 = make_uint2(modulate::gated_residual_pair(hw.x, aw.x, gw.x),
+                                        modulate::gated_residual_pair(hw.y, aw.y, gw.y));
+            sx[vi] = h1;
+            rr[vi] = h1;
+          }
+        }
+      }
+    }
+  }
 
   VecWelford st[A];
   if (active) {
@@ -323,10 +358,10 @@ __global__ void __launch_bounds__(128) layernorm_modulate_stream(const Params p)
 
 constexpr size_t kMaxStagedBytes = 72 * 1024;  // dynamic staging per block: (8+2) x 6 KB, (4+2) x 12 KB, 1 x 48 KB
 
-template <int G, bool PAIRED, bool MODVEC>
+template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL>
 void launch_rows(const Params& p, int device, cudaStream_t stream) {
   constexpr int ROWS = G == 128 ? 1 : 256 / G;
-  auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC>;
+  auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC, RESIDUAL>;
   // 48 KB of dynamic shared memory plus the kernel's static part needs the opt-in, once per device.
   static std::atomic<uint64_t> opted_in{0};
   opt_in_shared_memory(kernel, device, static_cast<int>(kMaxStagedBytes), opted_in);
@@ -336,14 +371,14 @@ void launch_rows(const Params& p, int device, cudaStream_t stream) {
   kernel<<<static_cast<unsigned>(blocks), G * ROWS, smem, stream>>>(p);
 }
 
-template <bool MODVEC>
+template <bool MODVEC, bool RESIDUAL>
 void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, cudaStream_t s) {
   switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
-    case 65: return launch_rows<32, true, MODVEC>(p, d, s);
-    case 64: return launch_rows<32, false, MODVEC>(p, d, s);
-    case 129: return launch_rows<64, true, MODVEC>(p, d, s);
-    case 128: return launch_rows<64, false, MODVEC>(p, d, s);
-    case 256: return launch_rows<128, false, MODVEC>(p, d, s);
+    case 65: return launch_rows<32, true, MODVEC, RESIDUAL>(p, d, s);
+    case 64: return launch_rows<32, false, MODVEC, RESIDUAL>(p, d, s);
+    case 129: return launch_rows<64, true, MODVEC, RESIDUAL>(p, d, s);
+    case 128: return launch_rows<64, false, MODVEC, RESIDUAL>(p, d, s);
+    case 256: return launch_rows<128, false, MODVEC, RESIDUAL>(p, d, s);
     default: break;
   }
   throw detail::Failure(DIFUSE_ERR_INTERNAL, "layernorm_modulate: no kernel for threads_per_row=" +
@@ -438,41 +473,110 @@ detail::Support can_use_layernorm_modulate(const difuse_tensor_view& out, const 
   return s;
 }
 
-void layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& scale,
-                        const difuse_tensor_view& shift, double eps, cudaStream_t stream) {
-  const detail::Support s = can_use_layernorm_modulate(out, x, scale, shift, eps);
-  if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("layernorm_modulate"));
-  const int64_t B = x.sizes[0], L = x.sizes[1], H = x.sizes[2];
-  if (B == 0 || L == 0 || H == 0) return;
+namespace {
 
+Params make_params(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& scale,
+                   const difuse_tensor_view& shift, double eps) {
   Params p{};
   p.x = static_cast<const uint16_t*>(x.data);
   p.out = static_cast<uint16_t*>(out.data);
   p.scale = static_cast<const uint16_t*>(scale.data);
   p.shift = static_cast<const uint16_t*>(shift.data);
-  p.rows = B * L;
-  p.seq = L;
+  p.rows = x.sizes[0] * x.sizes[1];
+  p.seq = x.sizes[1];
   p.scale_stride = scale.strides[0];
   p.shift_stride = shift.strides[0];
   p.scale_stride_l = scale.rank == 3 ? scale.strides[1] : 0;
   p.shift_stride_l = shift.rank == 3 ? shift.strides[1] : 0;
-  p.h = static_cast<int>(H);
-  p.v = static_cast<int>(H / 4);
+  p.h = static_cast<int>(x.sizes[2]);
+  p.v = p.h / 4;
   p.eps = static_cast<float>(eps);
   p.mod_vec = detail::aligned(scale.data, 8) && detail::aligned(shift.data, 8) && scale.strides[0] % 4 == 0 &&
               shift.strides[0] % 4 == 0 && p.scale_stride_l % 4 == 0 && p.shift_stride_l % 4 == 0;
+  return p;
+}
 
+template <bool RESIDUAL>
+void launch(const Params& p, const difuse_tensor_view& x, const difuse_tensor_view& out, cudaStream_t stream) {
   const detail::DeviceGuard device_guard(x.device);
-
   const bool aligned16 = detail::aligned(x.data, 16) && detail::aligned(out.data, 16);
-  const LayernormModulateConfig cfg = layernorm_modulate_config(H, aligned16);
-  if (cfg.threads_per_row == 0)
+  const LayernormModulateConfig cfg = layernorm_modulate_config(p.h, aligned16);
+  if (cfg.threads_per_row == 0) {
+    if constexpr (RESIDUAL) throw detail::Failure(DIFUSE_ERR_INTERNAL, "residual rows wider than 24576 reached the launcher");
     layernorm_modulate_stream<<<static_cast<unsigned>(p.rows), 128, 0, stream>>>(p);
-  else if (p.mod_vec)
-    launch_staged<true>(cfg, p, x.device, stream);
-  else
-    launch_staged<false>(cfg, p, x.device, stream);
+  } else if (p.mod_vec) {
+    launch_staged<true, RESIDUAL>(cfg, p, x.device, stream);
+  } else {
+    launch_staged<false, RESIDUAL>(cfg, p, x.device, stream);
+  }
   DIFUSE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+void layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& scale,
+                        const difuse_tensor_view& shift, double eps, cudaStream_t stream) {
+  const detail::Support s = can_use_layernorm_modulate(out, x, scale, shift, eps);
+  if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("layernorm_modulate"));
+  if (detail::numel(x) == 0) return;
+  launch<false>(make_params(out, x, scale, shift, eps), x, out, stream);
+}
+
+detail::Support can_use_gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& residual,
+                                                          const difuse_tensor_view& h, const difuse_tensor_view& a,
+                                                          const difuse_tensor_view& gate, const difuse_tensor_view& scale,
+                                                          const difuse_tensor_view& shift, double eps) {
+  detail::Support s = can_use_layernorm_modulate(out, h, scale, shift, eps);  // h in the place of x
+  if (h.rank != 3) return s;
+  const int64_t B = h.sizes[0], L = h.sizes[1], H = h.sizes[2];
+  const bool empty = detail::numel(h) == 0;
+  DIFUSE_REQUIRE(s, H <= int64_t{4} * kAtenThreads * kMaxStagedSweeps,
+                 "H must be at most 24576 for the residual variant (it stages rows), got H = " + std::to_string(H));
+  for (const auto* t : {&a, &residual}) {
+    const char* name = t == &a ? "a" : "residual";
+    DIFUSE_REQUIRE(s, t->dtype == DIFUSE_BF16, std::string(name) + " must be bf16, got " + difuse_dtype_name(t->dtype));
+    DIFUSE_REQUIRE(s, t->device == h.device, std::string(name) + " must be on the device of h, got " + detail::describe(*t));
+    DIFUSE_REQUIRE(s, t->rank == 3 && t->sizes[0] == B && t->sizes[1] == L && t->sizes[2] == H,
+                   std::string(name) + " must have the shape of h, got " + detail::describe(*t));
+    DIFUSE_REQUIRE(s, detail::is_contiguous(*t), std::string(name) + " must be contiguous, got " + detail::describe(*t));
+    if (!empty) DIFUSE_REQUIRE(s, t->data && detail::aligned(t->data, 8), std::string(name) + " must be 8-byte aligned");
+  }
+  DIFUSE_REQUIRE(s, gate.dtype == DIFUSE_BF16, std::string("gate must be bf16, got ") + difuse_dtype_name(gate.dtype));
+  DIFUSE_REQUIRE(s, gate.device == h.device, "gate must be on the device of h, got " + detail::describe(gate));
+  const bool g2 = gate.rank == 2 && gate.sizes[0] == B && gate.sizes[1] == H;
+  const bool g3 = gate.rank == 3 && gate.sizes[0] == B && gate.sizes[1] == L && gate.sizes[2] == H;
+  DIFUSE_REQUIRE(s, g2 || g3, "gate must be [B, H] or [B, L, H], got " + detail::describe(gate));
+  if (g2 || g3) {
+    bool ok = gate.strides[gate.rank - 1] == 1 || H <= 1;
+    for (int d = 0; d + 1 < gate.rank; ++d) ok = ok && gate.strides[d] >= 0;
+    DIFUSE_REQUIRE(s, ok, "gate must have a contiguous last dim and non-negative strides, got " + detail::describe(gate));
+  }
+  if (!empty) {
+    DIFUSE_REQUIRE(s, residual.data == h.data || !detail::overlaps(residual, h),
+                   "residual must be h itself (in place) or not overlap it");
+    DIFUSE_REQUIRE(s, !detail::overlaps(residual, a) && !detail::overlaps(residual, gate) &&
+                          !detail::overlaps(residual, scale) && !detail::overlaps(residual, shift) &&
+                          !detail::overlaps(residual, out),
+                   "residual must not overlap a, gate, scale, shift or out");
+    DIFUSE_REQUIRE(s, !detail::overlaps(out, a) && !detail::overlaps(out, gate), "out must not overlap a or gate");
+  }
+  return s;
+}
+
+void gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& residual,
+                                       const difuse_tensor_view& h, const difuse_tensor_view& a,
+                                       const difuse_tensor_view& gate, const difuse_tensor_view& scale,
+                                       const difuse_tensor_view& shift, double eps, cudaStream_t stream) {
+  const detail::Support s = can_use_gated_residual_layernorm_modulate(out, residual, h, a, gate, scale, shift, eps);
+  if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("gated_residual_layernorm_modulate"));
+  if (detail::numel(h) == 0) return;
+  Params p = make_params(out, h, scale, shift, eps);
+  p.a = static_cast<const uint16_t*>(a.data);
+  p.gate = static_cast<const uint16_t*>(gate.data);
+  p.residual = static_cast<uint16_t*>(residual.data);
+  p.gate_stride = gate.strides[0];
+  p.gate_stride_l = gate.rank == 3 ? gate.strides[1] : 0;
+  launch<true>(p, h, out, stream);
 }
 
 }  // namespace difuse::norm

@@ -15,6 +15,17 @@ detail::Support can_use_layernorm_modulate(const difuse_tensor_view& out, const 
 void layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& scale,
                         const difuse_tensor_view& shift, double eps, cudaStream_t stream);
 
+// The pre-FF site: residual = h + gate * a (both eager roundings), out = layernorm_modulate(residual).
+// residual may be h itself. gate [B, H] or [B, L, H]; H <= 24576.
+detail::Support can_use_gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& residual,
+                                                          const difuse_tensor_view& h, const difuse_tensor_view& a,
+                                                          const difuse_tensor_view& gate, const difuse_tensor_view& scale,
+                                                          const difuse_tensor_view& shift, double eps);
+void gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& residual,
+                                       const difuse_tensor_view& h, const difuse_tensor_view& a,
+                                       const difuse_tensor_view& gate, const difuse_tensor_view& scale,
+                                       const difuse_tensor_view& shift, double eps, cudaStream_t stream);
+
 // Which schedule a row width and alignment take (exposed for tests and the kernel list).
 struct LayernormModulateConfig {
   int threads_per_row;  // 32, 64, 128 (rows staged in shared memory); 0 = the two-pass kernel (H > 24576)

@@ -152,3 +152,15 @@ def test_rms_norm_diffusers_reference_matches_the_python_chain_on_cpu():
     assert difuse.count_mismatches(a, ops.rms_norm_diffusers_eager(x, w, 1e-6)) == 0
     xm = torch.empty(20, 128, dtype=torch.bfloat16, device="meta")
     torch.library.opcheck(torch.ops.difuse.rms_norm_diffusers.default, (xm, None, 1e-6))
+
+
+def test_gated_residual_layernorm_modulate_meta_and_reference():
+    h = torch.empty(2, 33, 256, dtype=torch.bfloat16, device="meta")
+    emb = torch.empty(2, 6 * 256, dtype=torch.bfloat16, device="meta").chunk(6, dim=1)
+    torch.library.opcheck(torch.ops.difuse.gated_residual_layernorm_modulate.default, (h, h, emb[2], emb[4], emb[3], 1e-6))
+    g = torch.Generator().manual_seed(9)
+    hb = torch.randn(2, 5, 64, generator=g).to(torch.bfloat16)
+    eb = torch.randn(2, 6 * 64, generator=g).to(torch.bfloat16).chunk(6, dim=1)
+    r, o = torch.ops.difuse.gated_residual_layernorm_modulate_reference(hb, hb, eb[2], eb[4], eb[3], 1e-6)
+    r_ref, o_ref = ops.gated_residual_layernorm_modulate_eager(hb, hb, eb[2], eb[4], eb[3], 1e-6)
+    assert difuse.count_mismatches(r, r_ref) == 0 and difuse.count_mismatches(o, o_ref) == 0
