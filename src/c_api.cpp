@@ -309,4 +309,40 @@ difuse_status difuse_gated_residual_layernorm_modulate(
   });
 }
 
+difuse_status difuse_can_use_layernorm_modulate_fp32(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                     const difuse_tensor_view* scale, const difuse_tensor_view* shift,
+                                                     double eps) {
+  return guarded([&] {
+    const auto s = difuse::norm::can_use_layernorm_modulate_fp32(view(out, "out"), view(x, "x"), view(scale, "scale"),
+                                                                 view(shift, "shift"), eps);
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("layernorm_modulate_fp32"));
+  });
+}
+
+difuse_status difuse_layernorm_modulate_fp32(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                             const difuse_tensor_view* scale, const difuse_tensor_view* shift,
+                                             double eps, void* stream) {
+  return guarded([&] {
+    difuse::norm::layernorm_modulate_fp32(view(out, "out"), view(x, "x"), view(scale, "scale"), view(shift, "shift"),
+                                          eps, static_cast<cudaStream_t>(stream));
+  });
+}
+
+difuse_status difuse_can_use_gated_residual_fp32(const difuse_tensor_view* out, const difuse_tensor_view* h,
+                                                 const difuse_tensor_view* a, const difuse_tensor_view* gate) {
+  return guarded([&] {
+    const auto s = difuse::modulate::can_use_gated_residual_fp32(view(out, "out"), view(h, "h"), view(a, "a"),
+                                                                 view(gate, "gate"));
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("gated_residual_fp32"));
+  });
+}
+
+difuse_status difuse_gated_residual_fp32(const difuse_tensor_view* out, const difuse_tensor_view* h,
+                                         const difuse_tensor_view* a, const difuse_tensor_view* gate, void* stream) {
+  return guarded([&] {
+    difuse::modulate::gated_residual_fp32(view(out, "out"), view(h, "h"), view(a, "a"), view(gate, "gate"),
+                                          static_cast<cudaStream_t>(stream));
+  });
+}
+
 }  // extern "C"

@@ -255,6 +255,77 @@ std::vector<std::string> gated_residual_layernorm_modulate_unsupported(const at:
   return reasons_from_last_error();
 }
 
+// ---- Wan's fp32 chains -------------------------------------------------------------------------------------
+at::Tensor layernorm_modulate_fp32_cuda(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, double eps) {
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const difuse_tensor_view vo = to_view(out), vx = to_view(x), vs = to_view(scale), vh = to_view(shift);
+  check_status(difuse_layernorm_modulate_fp32(&vo, &vx, &vs, &vh, eps, at::cuda::getCurrentCUDAStream().stream()),
+               "layernorm_modulate_fp32");
+  return out;
+}
+
+void check_fp32_rows_meta(const char* op, const at::Tensor& like, const at::Tensor& m) {
+  TORCH_CHECK_VALUE(m.scalar_type() == at::kFloat, "difuse::", op, ": modulation rows must be fp32");
+  const bool rows = m.dim() == 2 && m.size(0) == like.size(0) && m.size(1) == like.size(2);
+  const bool bcast = m.dim() == 3 && m.size(0) == like.size(0) && (m.size(1) == 1 || m.size(1) == like.size(1)) &&
+                     m.size(2) == like.size(2);
+  TORCH_CHECK_VALUE(rows || bcast, "difuse::", op, ": rows must be [B, H], [B, 1, H] or [B, L, H], got ", m.sizes());
+}
+
+at::Tensor layernorm_modulate_fp32_meta(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, double) {
+  TORCH_CHECK_VALUE(x.dim() == 3 && x.scalar_type() == at::kBFloat16, "difuse::layernorm_modulate_fp32: x must be bf16 [B, L, H]");
+  check_fp32_rows_meta("layernorm_modulate_fp32", x, scale);
+  check_fp32_rows_meta("layernorm_modulate_fp32", x, shift);
+  return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+at::Tensor bcast_rows(const at::Tensor& m) { return m.dim() == 2 ? m.unsqueeze(1) : m; }
+
+at::Tensor layernorm_modulate_fp32_reference(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift,
+                                             double eps) {
+  const at::Tensor n = at::layer_norm(x.to(at::kFloat), {x.size(-1)}, {}, {}, eps);
+  return (n * (bcast_rows(scale) + 1) + bcast_rows(shift)).to(x.scalar_type());
+}
+
+std::vector<std::string> layernorm_modulate_fp32_unsupported(const at::Tensor& x, const at::Tensor& scale,
+                                                             const at::Tensor& shift, double eps) {
+  const difuse_tensor_view vo = fresh_output_view(x), vx = to_view(x), vs = to_view(scale), vh = to_view(shift);
+  const difuse_status s = difuse_can_use_layernorm_modulate_fp32(&vo, &vx, &vs, &vh, eps);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_layernorm_modulate_fp32");
+  return reasons_from_last_error();
+}
+
+at::Tensor gated_residual_fp32_cuda(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+  const c10::cuda::OptionalCUDAGuard guard(h.device());
+  at::Tensor out = at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::Contiguous));
+  const difuse_tensor_view vo = to_view(out), vh = to_view(h), va = to_view(a), vg = to_view(gate);
+  check_status(difuse_gated_residual_fp32(&vo, &vh, &va, &vg, at::cuda::getCurrentCUDAStream().stream()),
+               "gated_residual_fp32");
+  return out;
+}
+
+at::Tensor gated_residual_fp32_meta(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+  TORCH_CHECK_VALUE(h.dim() == 3 && h.scalar_type() == at::kBFloat16 && a.sizes() == h.sizes() &&
+                        a.scalar_type() == at::kBFloat16,
+                    "difuse::gated_residual_fp32: h and a must be bf16 [B, L, H]");
+  check_fp32_rows_meta("gated_residual_fp32", h, gate);
+  return at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+at::Tensor gated_residual_fp32_reference(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+  return (h.to(at::kFloat) + a * bcast_rows(gate)).to(h.scalar_type());
+}
+
+std::vector<std::string> gated_residual_fp32_unsupported(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+  const difuse_tensor_view vo = fresh_output_view(h), vh = to_view(h), va = to_view(a), vg = to_view(gate);
+  const difuse_status s = difuse_can_use_gated_residual_fp32(&vo, &vh, &va, &vg);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_gated_residual_fp32");
+  return reasons_from_last_error();
+}
+
 // ---- gelu_tanh -----------------------------------------------------------------------------------------------
 at::Tensor& gelu_tanh_out_cuda(const at::Tensor& x, at::Tensor& out) {
   const c10::cuda::OptionalCUDAGuard guard(x.device());
@@ -318,6 +389,12 @@ TORCH_LIBRARY(difuse, m) {
         "float eps=1e-06) -> (Tensor, Tensor)");
   m.def("gated_residual_layernorm_modulate_unsupported(Tensor h, Tensor a, Tensor gate, Tensor scale, Tensor shift, "
         "float eps=1e-06) -> str[]");
+  m.def("layernorm_modulate_fp32(Tensor x, Tensor scale, Tensor shift, float eps=1e-06) -> Tensor");
+  m.def("layernorm_modulate_fp32_reference(Tensor x, Tensor scale, Tensor shift, float eps=1e-06) -> Tensor");
+  m.def("layernorm_modulate_fp32_unsupported(Tensor x, Tensor scale, Tensor shift, float eps=1e-06) -> str[]");
+  m.def("gated_residual_fp32(Tensor h, Tensor a, Tensor gate) -> Tensor");
+  m.def("gated_residual_fp32_reference(Tensor h, Tensor a, Tensor gate) -> Tensor");
+  m.def("gated_residual_fp32_unsupported(Tensor h, Tensor a, Tensor gate) -> str[]");
   m.def("gelu_tanh(Tensor x) -> Tensor");
   m.def("gelu_tanh.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)");
   m.def("gelu_tanh_reference(Tensor x) -> Tensor");
@@ -331,6 +408,8 @@ TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
   m.impl("rms_norm", &rms_norm_cuda);
   m.impl("rms_norm_diffusers", &rms_norm_diffusers_cuda);
   m.impl("gated_residual_layernorm_modulate", &gated_residual_layernorm_modulate_cuda);
+  m.impl("layernorm_modulate_fp32", &layernorm_modulate_fp32_cuda);
+  m.impl("gated_residual_fp32", &gated_residual_fp32_cuda);
   m.impl("gelu_tanh", &gelu_tanh_cuda);
   m.impl("gelu_tanh.out", &gelu_tanh_out_cuda);
 }
@@ -341,6 +420,8 @@ TORCH_LIBRARY_IMPL(difuse, Meta, m) {
   m.impl("rms_norm", &rms_norm_meta);
   m.impl("rms_norm_diffusers", &rms_norm_meta);  // same shape rules as rms_norm
   m.impl("gated_residual_layernorm_modulate", &gated_residual_layernorm_modulate_meta);
+  m.impl("layernorm_modulate_fp32", &layernorm_modulate_fp32_meta);
+  m.impl("gated_residual_fp32", &gated_residual_fp32_meta);
   m.impl("gelu_tanh", &gelu_tanh_meta);
   m.impl("gelu_tanh.out", &gelu_tanh_out_meta);
 }
@@ -350,6 +431,8 @@ TORCH_LIBRARY_IMPL(difuse, CompositeImplicitAutograd, m) {
   m.impl("rms_norm_reference", &rms_norm_reference);
   m.impl("rms_norm_diffusers_reference", &rms_norm_diffusers_reference);
   m.impl("gated_residual_layernorm_modulate_reference", &gated_residual_layernorm_modulate_reference);
+  m.impl("layernorm_modulate_fp32_reference", &layernorm_modulate_fp32_reference);
+  m.impl("gated_residual_fp32_reference", &gated_residual_fp32_reference);
   m.impl("gelu_tanh_reference", &gelu_tanh_reference);
 }
 TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
@@ -358,5 +441,7 @@ TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
   m.impl("rms_norm_unsupported", &rms_norm_unsupported);
   m.impl("rms_norm_diffusers_unsupported", &rms_norm_diffusers_unsupported);
   m.impl("gated_residual_layernorm_modulate_unsupported", &gated_residual_layernorm_modulate_unsupported);
+  m.impl("layernorm_modulate_fp32_unsupported", &layernorm_modulate_fp32_unsupported);
+  m.impl("gated_residual_fp32_unsupported", &gated_residual_fp32_unsupported);
   m.impl("gelu_tanh_unsupported", &gelu_tanh_unsupported);
 }

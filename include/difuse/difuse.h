@@ -187,6 +187,21 @@ DIFUSE_API difuse_status difuse_gated_residual_layernorm_modulate(
     const difuse_tensor_view* a, const difuse_tensor_view* gate, const difuse_tensor_view* scale,
     const difuse_tensor_view* shift, double eps, void* stream);
 
+/* Wan's fp32 chains (one bf16 rounding at the end, fp32 modulation rows [B, H], [B, 1, H] or [B, L, H]):
+ *   layernorm_modulate_fp32: out = (F.layer_norm(x.float(), (H,), eps) * (1 + scale) + shift).type_as(x)
+ *   gated_residual_fp32:     out = (h.float() + a * gate).type_as(h)                                       */
+DIFUSE_API difuse_status difuse_can_use_layernorm_modulate_fp32(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                                const difuse_tensor_view* scale,
+                                                                const difuse_tensor_view* shift, double eps);
+DIFUSE_API difuse_status difuse_layernorm_modulate_fp32(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                        const difuse_tensor_view* scale, const difuse_tensor_view* shift,
+                                                        double eps, void* stream);
+DIFUSE_API difuse_status difuse_can_use_gated_residual_fp32(const difuse_tensor_view* out, const difuse_tensor_view* h,
+                                                            const difuse_tensor_view* a, const difuse_tensor_view* gate);
+DIFUSE_API difuse_status difuse_gated_residual_fp32(const difuse_tensor_view* out, const difuse_tensor_view* h,
+                                                    const difuse_tensor_view* a, const difuse_tensor_view* gate,
+                                                    void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

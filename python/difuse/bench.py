@@ -65,6 +65,15 @@ def _grln_case(torch, shape, chunks, g):
     return (h, a, parts[2], parts[4], parts[3], 1e-6)  # FLUX: gate_msa, scale_mlp, shift_mlp
 
 
+def _wan_case(torch, shape, which, g):
+    B, L, H = shape
+    x = torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g)
+    m = (torch.randn(B, 6, H, device="cuda", generator=g) * 0.5).chunk(6, dim=1)
+    if which == "ln":
+        return (x, m[1], m[0], 1e-6)
+    return (x, torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g), m[2])
+
+
 def _gelu_case(torch, shape, into_concat, g):
     x = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g) * 2
     if not into_concat:
@@ -113,6 +122,16 @@ def op_specs(torch):
             bytes=lambda s, c: 4 * s[0] * s[1] * s[2] * 2 + 3 * s[0] * s[2] * 2, make=_grln_case,
             eager=ops.gated_residual_layernorm_modulate_eager, fused=torch.ops.difuse.gated_residual_layernorm_modulate,
             variant=lambda c: "chunk%d" % c, peer="gated_residual_layernorm_modulate"),
+        "layernorm_modulate_fp32": dict(
+            shapes=[((1, 32760, 5120), "ln"), ((1, 32760, 1536), "ln")],
+            bytes=lambda s, c: 2 * s[0] * s[1] * s[2] * 2 + 2 * s[0] * s[2] * 4, make=_wan_case,
+            eager=ops.layernorm_modulate_fp32_eager, fused=torch.ops.difuse.layernorm_modulate_fp32,
+            variant=lambda c: "wan_fp32_rows", peer="layernorm_modulate_fp32"),
+        "gated_residual_fp32": dict(
+            shapes=[((1, 32760, 5120), "gr"), ((1, 32760, 1536), "gr")],
+            bytes=lambda s, c: 3 * s[0] * s[1] * s[2] * 2 + s[0] * s[2] * 4, make=_wan_case,
+            eager=ops.gated_residual_fp32_eager, fused=torch.ops.difuse.gated_residual_fp32,
+            variant=lambda c: "wan_fp32_gate", peer="gated_residual_fp32"),
         "rms_norm": dict(
             shapes=RMS_SHAPES, bytes=lambda s, c: 2 * 2 * math.prod(s) + (2 * s[-1] if c else 0),
             make=_rms_case, eager=ops.rms_norm_eager, fused=torch.ops.difuse.rms_norm,

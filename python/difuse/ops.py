@@ -175,6 +175,66 @@ def gated_residual_layernorm_modulate(h, a, gate, scale, shift, eps: float = 1e-
         lambda: can_use_gated_residual_layernorm_modulate(h, a, gate, scale, shift, eps))
 
 
+# ---- Wan's fp32 chains --------------------------------------------------------------------------------------------
+def _rows(m):
+    return m[:, None] if m.dim() == 2 else m
+
+
+def layernorm_modulate_fp32_eager(x, scale, shift, eps: float = 1e-6):
+    """Wan: (F.layer_norm(x.float(), (H,), eps=eps) * (1 + scale) + shift).type_as(x), fp32 scale/shift rows."""
+    import torch.nn.functional as F
+
+    return (F.layer_norm(x.float(), (x.shape[-1],), eps=eps) * (1 + _rows(scale)) + _rows(shift)).type_as(x)
+
+
+def can_use_layernorm_modulate_fp32(x, scale, shift, eps: float = 1e-6) -> Support:
+    reasons = list(_ops().layernorm_modulate_fp32_unsupported(x, scale, shift, eps))
+    return Support(not reasons, reasons)
+
+
+def layernorm_modulate_fp32(x, scale, shift, eps: float = 1e-6):
+    return _call_or_explain("layernorm_modulate_fp32", lambda: _ops().layernorm_modulate_fp32(x, scale, shift, eps),
+                            (x, scale, shift), lambda: can_use_layernorm_modulate_fp32(x, scale, shift, eps))
+
+
+def gated_residual_fp32_eager(h, a, gate):
+    """Wan: (h.float() + a * gate).type_as(h) with an fp32 gate."""
+    return (h.float() + a * _rows(gate)).type_as(h)
+
+
+def can_use_gated_residual_fp32(h, a, gate) -> Support:
+    reasons = list(_ops().gated_residual_fp32_unsupported(h, a, gate))
+    return Support(not reasons, reasons)
+
+
+def gated_residual_fp32(h, a, gate):
+    return _call_or_explain("gated_residual_fp32", lambda: _ops().gated_residual_fp32(h, a, gate), (h, a, gate),
+                            lambda: can_use_gated_residual_fp32(h, a, gate))
+
+
+def _wan_inputs(spec, device, generator):
+    import torch
+
+    (B, L, H), _ = spec
+    x = torch.randn(B, L, H, device=device, dtype=torch.bfloat16, generator=generator)
+    table = torch.randn(1, 6, H, device=device, generator=generator) / H ** 0.5  # scale_shift_table + temb
+    temb = torch.randn(B, 6, H, device=device, generator=generator)
+    m = (table + temb).chunk(6, dim=1)  # [B, 1, H] fp32 each: shift, scale, gate, ...
+    return x, m
+
+
+def _lnm32_inputs(spec, device, generator):
+    x, m = _wan_inputs(spec, device, generator)
+    return (x, m[1], m[0], 1e-6)
+
+
+def _gr32_inputs(spec, device, generator):
+    import torch
+
+    x, m = _wan_inputs(spec, device, generator)
+    return (x, torch.randn_like(x), m[2])
+
+
 # ---- rms_norm (torch.nn.RMSNorm / F.rms_norm) ----------------------------------------------------------------
 def _rms_eps(eps):
     import torch
@@ -290,6 +350,18 @@ CHECKS = {
         eager=gated_residual_layernorm_modulate_eager,
         inputs=_grln_inputs,
         shapes=[((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((2, 300, 3072), 6), ((2, 4096, 1536), 6)],
+    ),
+    "layernorm_modulate_fp32": dict(
+        fused=lambda *a: layernorm_modulate_fp32(*a),
+        eager=layernorm_modulate_fp32_eager,
+        inputs=_lnm32_inputs,
+        shapes=[((1, 32760, 5120), 0), ((1, 32760, 1536), 0), ((2, 77, 3072), 0)],
+    ),
+    "gated_residual_fp32": dict(
+        fused=lambda *a: gated_residual_fp32(*a),
+        eager=gated_residual_fp32_eager,
+        inputs=_gr32_inputs,
+        shapes=[((1, 32760, 5120), 0), ((1, 32760, 1536), 0), ((2, 77, 3), 0)],
     ),
     "rms_norm": dict(
         fused=lambda *a: rms_norm(*a),

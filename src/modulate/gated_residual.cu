@@ -35,6 +35,12 @@ namespace difuse::modulate {
 
 namespace {
 
+const detail::KernelRegistration kF32Registration{{
+    "gated_residual_fp32", "cuda", "bit_exact",
+    "(h.float() + a * gate).type_as(h)  (Wan: bf16 h, a; fp32 gate [B,H], [B,1,H] or [B,L,H])",
+    "pending H200 verification (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "Wan's gated residual with an fp32 gate, one bf16 rounding at the end"}};
+
 const detail::KernelRegistration kRegistration{{
     "gated_residual", "cuda", "bit_exact",
     "h + gate[:, None] * a  (bf16; h, a [B,L,H]; gate [B,H] or [B,L,H])",
@@ -75,6 +81,32 @@ __global__ void __launch_bounds__(256) gated_residual_kernel(const Params p) {
 #pragma unroll
         for (int w = 0; w < W; ++w) hw[w] = gated_residual_pair(hw[w], aw[w], gw[w]);
         *reinterpret_cast<T*>(p.out + base + c) = hv;
+      }
+    }
+  }
+}
+
+// Wan's fp32 gate: out = bf16(RN(f(h) + RN(f(a) * g))), one bf16 rounding (bf16 x fp32 promotes to fp32).
+template <int VEC>  // 2: words of two bf16 and float2 gates; 1: scalars
+__global__ void __launch_bounds__(256) gated_residual_fp32_kernel(const Params p, const float* g32) {
+  const int64_t nvec = p.cols / VEC;
+  for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
+    const int64_t b = r / p.seq, l = r - b * p.seq;
+    const float* grow = g32 + b * p.g_sb + l * p.g_sl;
+    const int64_t base = r * p.cols;
+    for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec;
+         v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
+      const int64_t c = v * VEC;
+      if constexpr (VEC == 1) {
+        const float t = num::mul_rn(num::bf16_to_float(p.a[base + c]), grow[c]);
+        p.out[base + c] = num::float_to_bf16_rne(num::add_rn(num::bf16_to_float(p.h[base + c]), t));
+      } else {
+        const uint32_t hw = *reinterpret_cast<const uint32_t*>(p.h + base + c);
+        const uint32_t aw = *reinterpret_cast<const uint32_t*>(p.a + base + c);
+        const float2 g = *reinterpret_cast<const float2*>(grow + c);
+        *reinterpret_cast<uint32_t*>(p.out + base + c) =
+            num::pack_bf16x2(num::add_rn(num::bf16_lo(hw), num::mul_rn(num::bf16_lo(aw), g.x)),
+                             num::add_rn(num::bf16_hi(hw), num::mul_rn(num::bf16_hi(aw), g.y)));
       }
     }
   }
@@ -173,6 +205,50 @@ void gated_residual(const difuse_tensor_view& out, const difuse_tensor_view& h, 
     case 2: launch<2>(p, stream); break;
     default: launch<1>(p, stream); break;
   }
+  DIFUSE_CUDA_CHECK(cudaGetLastError());
+}
+
+detail::Support can_use_gated_residual_fp32(const difuse_tensor_view& out, const difuse_tensor_view& h,
+                                            const difuse_tensor_view& a, const difuse_tensor_view& gate) {
+  difuse_tensor_view g = gate;  // shape rules of the bf16 op ([B, 1, H] read as [B, H]); dtype checked here
+  if (g.rank == 3 && g.sizes[1] == 1) {
+    g.rank = 2;
+    g.sizes[1] = gate.sizes[2];
+    g.strides[1] = gate.strides[2];
+  }
+  g.dtype = DIFUSE_BF16;
+  detail::Support s = can_use_gated_residual(out, h, a, g);
+  DIFUSE_REQUIRE(s, gate.dtype == DIFUSE_F32, std::string("gate must be fp32, got ") + difuse_dtype_name(gate.dtype));
+  if (detail::numel(h) > 0) DIFUSE_REQUIRE(s, !detail::overlaps(out, gate), "out must not overlap gate");
+  return s;
+}
+
+void gated_residual_fp32(const difuse_tensor_view& out, const difuse_tensor_view& h, const difuse_tensor_view& a,
+                         const difuse_tensor_view& gate, cudaStream_t stream) {
+  const detail::Support s = can_use_gated_residual_fp32(out, h, a, gate);
+  if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("gated_residual_fp32"));
+  const int64_t B = h.sizes[0], L = h.sizes[1], H = h.sizes[2];
+  if (B == 0 || L == 0 || H == 0) return;
+  Params p{};
+  p.h = static_cast<const uint16_t*>(h.data);
+  p.a = static_cast<const uint16_t*>(a.data);
+  p.out = static_cast<uint16_t*>(out.data);
+  p.rows = B * L;
+  p.seq = L;
+  p.cols = H;
+  const bool per_token = gate.rank == 3 && gate.sizes[1] > 1;
+  p.g_sb = gate.strides[0];
+  p.g_sl = per_token ? gate.strides[1] : 0;
+  const float* g32 = static_cast<const float*>(gate.data);
+  const detail::DeviceGuard device_guard(h.device);
+  const bool pairs = H % 2 == 0 && detail::aligned(h.data, 4) && detail::aligned(a.data, 4) &&
+                     detail::aligned(out.data, 4) && detail::aligned(gate.data, 8) && p.g_sb % 2 == 0 && p.g_sl % 2 == 0;
+  if (pairs)
+    gated_residual_fp32_kernel<2><<<detail::elementwise_grid(p.rows, p.cols, 2), detail::kElementwiseThreads, 0, stream>>>(
+        p, g32);
+  else
+    gated_residual_fp32_kernel<1><<<detail::elementwise_grid(p.rows, p.cols, 1), detail::kElementwiseThreads, 0, stream>>>(
+        p, g32);
   DIFUSE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -12,6 +12,11 @@ detail::Support can_use_gated_residual(const difuse_tensor_view& out, const difu
                                        const difuse_tensor_view& a, const difuse_tensor_view& gate);
 void gated_residual(const difuse_tensor_view& out, const difuse_tensor_view& h, const difuse_tensor_view& a,
                     const difuse_tensor_view& gate, cudaStream_t stream);
+// Wan: out = (h.float() + a * gate).type_as(h), gate fp32 [B, H], [B, 1, H] or [B, L, H].
+detail::Support can_use_gated_residual_fp32(const difuse_tensor_view& out, const difuse_tensor_view& h,
+                                            const difuse_tensor_view& a, const difuse_tensor_view& gate);
+void gated_residual_fp32(const difuse_tensor_view& out, const difuse_tensor_view& h, const difuse_tensor_view& a,
+                         const difuse_tensor_view& gate, cudaStream_t stream);
 // Elements per access (8, 4, 2 or 1) for these pointers and strides.
 int gated_residual_vector_width(const difuse_tensor_view& out, const difuse_tensor_view& h, const difuse_tensor_view& a,
                                 const difuse_tensor_view& gate);

@@ -50,6 +50,12 @@ namespace {
 
 using num::VecWelford;
 
+const detail::KernelRegistration kF32Registration{{
+    "layernorm_modulate_fp32", "cuda", "bit_exact",
+    "(F.layer_norm(x.float(), (H,), eps=eps) * (1 + scale) + shift).type_as(x)  (Wan: fp32 scale/shift rows)",
+    "pending H200 verification (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "Wan's fp32 adaLN: fp32 LayerNorm and modulation, one bf16 rounding at the end"}};
+
 const detail::KernelRegistration kResidualRegistration{{
     "gated_residual_layernorm_modulate", "cuda", "bit_exact",
     "h1 = h + gate[:, None] * a;  F.layer_norm(h1, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]  (bf16)",
@@ -73,6 +79,9 @@ struct Params {
   int64_t shift_stride;
   int64_t scale_stride_l;  // per-token modulation ([B, L, H]); 0 for [B, H] rows
   int64_t shift_stride_l;
+  // layernorm_modulate_fp32 only: fp32 modulation rows (same strides fields as scale/shift).
+  const float* scale32;
+  const float* shift32;
   // gated_residual_layernorm_modulate only: x is h, the row normalised is residual = h + gate * a.
   const uint16_t* a;
   const uint16_t* gate;
@@ -124,7 +133,7 @@ __constant__ RcpCounts c_rcp = make_rcp_counts();
 // into shared memory (cp.async, all in flight at once), replays their Welford pushes, the tree, and the
 // epilogue from there. A thread only ever reads the vectors it copied, so no barrier guards the staging.
 // Loops stay loops: a fully unrolled row overflowed the instruction cache.
-template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL>
+template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, bool F32MOD = false>
 __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
   using Map = AtenThreadMap<G, PAIRED>;
   constexpr int A = Map::kSlots;
@@ -140,7 +149,7 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
   const bool active = row < p.rows;
   // Multi-row blocks with aligned modulation rows also stage the scale and shift rows of the block's first
   // batch once (rows of another batch, at a batch boundary, read them from global memory).
-  constexpr bool STAGE_MOD = ROWS > 1 && MODVEC;  // and, at run time, one modulation row per batch
+  constexpr bool STAGE_MOD = ROWS > 1 && MODVEC && !F32MOD;  // and, at run time, one modulation row per batch
   const bool stage_mod = STAGE_MOD && p.scale_stride_l == 0 && p.shift_stride_l == 0;
   if constexpr (G == 32 && !STAGE_MOD) {
     if (!active) return;  // whole warp: no shuffle or barrier is left half-populated
@@ -250,6 +259,27 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
   const RowStats rs = stats[rb];
 
   const int64_t b = row / p.seq, l = row - b * p.seq;
+  if constexpr (F32MOD) {  // Wan: fp32 rows, one bf16 rounding at the end
+    const float* s32 = p.scale32 + b * p.scale_stride + l * p.scale_stride_l;
+    const float* h32 = p.shift32 + b * p.shift_stride + l * p.shift_stride_l;
+    uint2* o32 = reinterpret_cast<uint2*>(p.out + row * p.h);
+    for (int k = 0; k < sweeps; ++k) {
+#pragma unroll
+      for (int j = 0; j < A; ++j) {
+        const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+        if (vi < V) {
+          const uint2 w = sx[vi];
+          const int c = kVecElems * vi;
+          o32[vi] = make_uint2(
+              num::pack_bf16x2(layernorm_modulate_f32_value(num::bf16_lo(w.x), rs, s32[c], h32[c]),
+                               layernorm_modulate_f32_value(num::bf16_hi(w.x), rs, s32[c + 1], h32[c + 1])),
+              num::pack_bf16x2(layernorm_modulate_f32_value(num::bf16_lo(w.y), rs, s32[c + 2], h32[c + 2]),
+                               layernorm_modulate_f32_value(num::bf16_hi(w.y), rs, s32[c + 3], h32[c + 3])));
+        }
+      }
+    }
+    return;
+  }
   const uint16_t* srow = p.scale + b * p.scale_stride + l * p.scale_stride_l;
   const uint16_t* hrow = p.shift + b * p.shift_stride + l * p.shift_stride_l;
   uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.h);
@@ -369,6 +399,16 @@ void launch_rows(const Params& p, int device, cudaStream_t stream) {
   const int staged_rows = ROWS + (ROWS > 1 && MODVEC ? 2 : 0);  // x rows, then scale and shift rows
   const size_t smem = static_cast<size_t>(staged_rows) * p.v * sizeof(uint2);
   kernel<<<static_cast<unsigned>(blocks), G * ROWS, smem, stream>>>(p);
+}
+
+template <int G, bool PAIRED>
+void launch_rows_f32(const Params& p, int device, cudaStream_t stream) {
+  constexpr int ROWS = G == 128 ? 1 : 256 / G;
+  auto kernel = layernorm_modulate_rows<G, PAIRED, false, false, true>;
+  static std::atomic<uint64_t> opted_in{0};
+  opt_in_shared_memory(kernel, device, static_cast<int>(kMaxStagedBytes), opted_in);
+  const int64_t blocks = (p.rows + ROWS - 1) / ROWS;
+  kernel<<<static_cast<unsigned>(blocks), G * ROWS, static_cast<size_t>(ROWS) * p.v * sizeof(uint2), stream>>>(p);
 }
 
 template <bool MODVEC, bool RESIDUAL>
@@ -520,6 +560,60 @@ void layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view&
   if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("layernorm_modulate"));
   if (detail::numel(x) == 0) return;
   launch<false>(make_params(out, x, scale, shift, eps), x, out, stream);
+}
+
+namespace {
+// An fp32 modulation row view as the bf16 predicate sees its shape: [B, 1, H] becomes [B, H].
+difuse_tensor_view as_bf16_rows(const difuse_tensor_view& m) {
+  difuse_tensor_view r = m;
+  if (r.rank == 3 && r.sizes[1] == 1) {
+    r.rank = 2;
+    r.sizes[1] = m.sizes[2];
+    r.strides[1] = m.strides[2];
+  }
+  r.dtype = DIFUSE_BF16;
+  return r;
+}
+}  // namespace
+
+detail::Support can_use_layernorm_modulate_fp32(const difuse_tensor_view& out, const difuse_tensor_view& x,
+                                                const difuse_tensor_view& scale, const difuse_tensor_view& shift,
+                                                double eps) {
+  detail::Support s = can_use_layernorm_modulate(out, x, as_bf16_rows(scale), as_bf16_rows(shift), eps);
+  DIFUSE_REQUIRE(s, scale.dtype == DIFUSE_F32, std::string("scale must be fp32, got ") + difuse_dtype_name(scale.dtype));
+  DIFUSE_REQUIRE(s, shift.dtype == DIFUSE_F32, std::string("shift must be fp32, got ") + difuse_dtype_name(shift.dtype));
+  if (x.rank == 3) {
+    DIFUSE_REQUIRE(s, x.sizes[2] <= int64_t{4} * kAtenThreads * kMaxStagedSweeps,
+                   "H must be at most 24576 for the fp32 variant (it stages rows), got H = " + std::to_string(x.sizes[2]));
+    if (detail::numel(x) > 0)
+      DIFUSE_REQUIRE(s, !detail::overlaps(out, scale) && !detail::overlaps(out, shift), "out must not overlap scale or shift");
+  }
+  return s;
+}
+
+void layernorm_modulate_fp32(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& scale,
+                             const difuse_tensor_view& shift, double eps, cudaStream_t stream) {
+  const detail::Support s = can_use_layernorm_modulate_fp32(out, x, scale, shift, eps);
+  if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("layernorm_modulate_fp32"));
+  if (detail::numel(x) == 0) return;
+  const difuse_tensor_view sc = as_bf16_rows(scale), sh = as_bf16_rows(shift);
+  Params p = make_params(out, x, sc, sh, eps);
+  p.scale = nullptr;
+  p.shift = nullptr;
+  p.scale32 = static_cast<const float*>(scale.data);
+  p.shift32 = static_cast<const float*>(shift.data);
+  const detail::DeviceGuard device_guard(x.device);
+  const bool aligned16 = detail::aligned(x.data, 16) && detail::aligned(out.data, 16);
+  const LayernormModulateConfig cfg = layernorm_modulate_config(p.h, aligned16);
+  switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
+    case 65: launch_rows_f32<32, true>(p, x.device, stream); break;
+    case 64: launch_rows_f32<32, false>(p, x.device, stream); break;
+    case 129: launch_rows_f32<64, true>(p, x.device, stream); break;
+    case 128: launch_rows_f32<64, false>(p, x.device, stream); break;
+    case 256: launch_rows_f32<128, false>(p, x.device, stream); break;
+    default: throw detail::Failure(DIFUSE_ERR_INTERNAL, "layernorm_modulate_fp32: no staged kernel for this width");
+  }
+  DIFUSE_CUDA_CHECK(cudaGetLastError());
 }
 
 detail::Support can_use_gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& residual,

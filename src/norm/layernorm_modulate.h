@@ -15,6 +15,14 @@ detail::Support can_use_layernorm_modulate(const difuse_tensor_view& out, const 
 void layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& scale,
                         const difuse_tensor_view& shift, double eps, cudaStream_t stream);
 
+// Wan's chain: (LN_f32(f32(x)) * (1 + scale) + shift).type_as(x) with fp32 scale/shift [B, H], [B, 1, H] or
+// [B, L, H]; H <= 24576.
+detail::Support can_use_layernorm_modulate_fp32(const difuse_tensor_view& out, const difuse_tensor_view& x,
+                                                const difuse_tensor_view& scale, const difuse_tensor_view& shift,
+                                                double eps);
+void layernorm_modulate_fp32(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& scale,
+                             const difuse_tensor_view& shift, double eps, cudaStream_t stream);
+
 // The pre-FF site: residual = h + gate * a (both eager roundings), out = layernorm_modulate(residual).
 // residual may be h itself. gate [B, H] or [B, L, H]; H <= 24576.
 detail::Support can_use_gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& residual,

@@ -77,6 +77,13 @@ DIFUSE_HD float layernorm_modulate_value(float x, RowStats st, float scale, floa
   return num::add_rn(u, shift);  // the caller rounds to bf16 at the store
 }
 
+// Wan's fp32 modulation (FP32LayerNorm + fp32 scale/shift rows): one bf16 rounding, at the end:
+//   t = RN(rstd * RN(x - mean));  out = bf16(RN(RN(t * RN(scale + 1)) + shift))   (no fma between them)
+DIFUSE_HD float layernorm_modulate_f32_value(float x, RowStats st, float scale, float shift) {
+  const float t = num::mul_rn(st.rstd, num::sub_rn(x, st.mean));
+  return num::add_rn(num::mul_rn(t, num::add_rn(scale, 1.0f)), shift);
+}
+
 // Two adjacent output elements at once, the form the kernels run: x2, scale2 and shift2 hold two bf16 each.
 // Same bits as layernorm_modulate_value on each element (the bf16x2 add/mul equal the eager fp32 op
 // followed by a bf16 rounding: numerics/bf16.h), with one conversion per two elements.

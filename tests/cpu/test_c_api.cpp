@@ -282,3 +282,21 @@ TEST(RmsNormDiffusers, PredicateListsTheUnreplayedConfigurations) {
   const auto w = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {128}, 0);
   EXPECT_TRUE(difuse::can_use_rms_norm_diffusers(oq, q, &w, 1e-6).ok);
 }
+
+// ---- Wan's fp32 chains: predicates ----------------------------------------------------------------------------
+TEST(WanFp32, PredicatesAcceptTableChunksAndRefuseBf16Rows) {
+  const int64_t H = 5120;
+  const auto x = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {1, 32760, H}, 0);
+  const auto out = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {1, 32760, H}, 0);
+  const TensorView shift(fake(0x2000000000ull), DType::F32, {1, 1, H}, {6 * H, H, 1}, 0);  // chunk of [1, 6, H]
+  const TensorView scale(fake(0x2000000000ull + 4 * H), DType::F32, {1, 1, H}, {6 * H, H, 1}, 0);
+  EXPECT_EQ(difuse_can_use_layernorm_modulate_fp32(&out, &x, &scale, &shift, 1e-6), DIFUSE_OK) << difuse_last_error();
+  TensorView bf = scale;
+  bf.dtype = DIFUSE_BF16;
+  EXPECT_EQ(difuse_can_use_layernorm_modulate_fp32(&out, &x, &bf, &shift, 1e-6), DIFUSE_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(difuse_last_error()).find("scale must be fp32"), std::string::npos);
+  const auto a = TensorView::contiguous(fake(0x3000000000ull), DType::BF16, {1, 32760, H}, 0);
+  const TensorView gate(fake(0x2000000000ull + 8 * H), DType::F32, {1, 1, H}, {6 * H, H, 1}, 0);
+  EXPECT_EQ(difuse_can_use_gated_residual_fp32(&out, &x, &a, &gate), DIFUSE_OK) << difuse_last_error();
+  EXPECT_EQ(difuse_can_use_gated_residual_fp32(&out, &x, &a, &bf), DIFUSE_ERR_UNSUPPORTED);
+}

@@ -164,3 +164,17 @@ def test_gated_residual_layernorm_modulate_meta_and_reference():
     r, o = torch.ops.difuse.gated_residual_layernorm_modulate_reference(hb, hb, eb[2], eb[4], eb[3], 1e-6)
     r_ref, o_ref = ops.gated_residual_layernorm_modulate_eager(hb, hb, eb[2], eb[4], eb[3], 1e-6)
     assert difuse.count_mismatches(r, r_ref) == 0 and difuse.count_mismatches(o, o_ref) == 0
+
+
+def test_wan_fp32_meta_and_references():
+    x = torch.empty(1, 8, 256, dtype=torch.bfloat16, device="meta")
+    sc = torch.empty(1, 1, 256, dtype=torch.float32, device="meta")
+    torch.library.opcheck(torch.ops.difuse.layernorm_modulate_fp32.default, (x, sc, sc, 1e-6))
+    torch.library.opcheck(torch.ops.difuse.gated_residual_fp32.default, (x, x, sc))
+    g = torch.Generator().manual_seed(2)
+    xb = torch.randn(1, 4, 64, generator=g).to(torch.bfloat16)
+    s32 = torch.randn(1, 6, 64, generator=g).chunk(6, dim=1)
+    assert difuse.count_mismatches(torch.ops.difuse.layernorm_modulate_fp32_reference(xb, s32[1], s32[0], 1e-6),
+                                   ops.layernorm_modulate_fp32_eager(xb, s32[1], s32[0], 1e-6)) == 0
+    assert difuse.count_mismatches(torch.ops.difuse.gated_residual_fp32_reference(xb, xb, s32[2]),
+                                   ops.gated_residual_fp32_eager(xb, xb, s32[2])) == 0

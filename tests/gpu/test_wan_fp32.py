@@ -1,0 +1,96 @@
+"""Wan's fp32 chains against their eager code on the GPU, bit for bit:
+    layernorm_modulate_fp32: (F.layer_norm(x.float(), (H,), eps) * (1 + scale) + shift).type_as(x)
+    gated_residual_fp32:     (h.float() + a * gate).type_as(h)
+with fp32 modulation rows [B, 1, H] (scale_shift_table + temb chunks), [B, H] and per token [B, L, H];
+site shapes, >= 200 seeded random shapes, adversarial values, refusals, compile and opcheck."""
+import os
+import random
+
+import pytest
+import torch
+
+import difuse
+from difuse import ops
+from difuse.gate import count_mismatches
+
+DEV = "cuda"
+BF = torch.bfloat16
+SEED = int(os.environ.get("DIFUSE_TEST_SEED", "20261129"))
+
+
+def rows(B, L, H, kind, gen):
+    if kind == "table":  # [B, 1, H] chunk of a [B, 6, H] fp32 tensor
+        return (torch.randn(B, 6, H, device=DEV, generator=gen) * 0.5).chunk(6, dim=1)[1]
+    if kind == "rows":
+        return torch.randn(B, H, device=DEV, generator=gen) * 0.5
+    return torch.randn(B, L, H, device=DEV, generator=gen) * 0.5  # per token
+
+
+def assert_ln(x, scale, shift, eps=1e-6):
+    m = count_mismatches(ops.layernorm_modulate_fp32(x, scale, shift, eps), ops.layernorm_modulate_fp32_eager(x, scale, shift, eps))
+    assert m == 0, "%d elements differ (x %s, scale %s)" % (m, tuple(x.shape), tuple(scale.shape))
+
+
+def assert_gr(h, a, gate):
+    m = count_mismatches(ops.gated_residual_fp32(h, a, gate), ops.gated_residual_fp32_eager(h, a, gate))
+    assert m == 0, "%d elements differ (h %s, gate %s)" % (m, tuple(h.shape), tuple(gate.shape))
+
+
+@pytest.mark.parametrize("shape", [(1, 32760, 5120), (1, 32760, 1536), (2, 4096, 3072)], ids=str)
+@pytest.mark.parametrize("kind", ["table", "rows", "token"])
+def test_site_shapes(shape, kind):
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    B, L, H = shape
+    if kind == "token" and L > 5000:
+        L = 4096
+    x = torch.randn(B, L, H, device=DEV, generator=g).to(BF)
+    assert_ln(x, rows(B, L, H, kind, g), rows(B, L, H, kind, g))
+    assert_gr(x, torch.randn(B, L, H, device=DEV, generator=g).to(BF), rows(B, L, H, kind, g))
+
+
+@pytest.mark.parametrize("i", range(205))
+def test_random(i):
+    r = random.Random(SEED * 29 + i)
+    H = 4 * r.randint(1, 6144)
+    B, L = r.randint(1, 3), r.choice([1, r.randrange(1, 300, 2), r.randint(1, 3000)])
+    while B * L * H > (1 << 25):
+        L = max(1, L // 2)
+    g = torch.Generator(device=DEV).manual_seed(SEED + 5 * i)
+    x = (torch.randn(B, L, H, device=DEV, generator=g) * r.choice([1.0, 20.0, 1e-3])).to(BF)
+    kind = r.choice(["table", "rows", "token"])
+    assert_ln(x, rows(B, L, H, kind, g), rows(B, L, H, kind, g))
+    Hg = r.randint(1, 3000)
+    hg = torch.randn(B, L, Hg, device=DEV, generator=g).to(BF)
+    assert_gr(hg, torch.randn(B, L, Hg, device=DEV, generator=g).to(BF), rows(B, L, Hg, kind, g))
+
+
+@pytest.mark.parametrize("kind", ["constant", "huge", "tiny", "nan", "inf_scale"])
+def test_adversarial(kind):
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    x = torch.randn(2, 37, 5120, device=DEV, generator=g).to(BF)
+    sc, sh = rows(2, 37, 5120, "table", g).clone(), rows(2, 37, 5120, "table", g).clone()
+    if kind == "constant":
+        x[:, ::2] = 1.5
+    elif kind == "huge":
+        x = (x.float() * 1e37).to(BF)
+    elif kind == "tiny":
+        x = (x.float() * 1e-38).to(BF)
+    elif kind == "nan":
+        x[0, 3, 9] = float("nan")
+    elif kind == "inf_scale":
+        sc[1, 0, 7] = float("inf")
+    assert_ln(x, sc, sh)
+    assert_gr(x, torch.randn(2, 37, 5120, device=DEV, generator=g).to(BF), sc)
+
+
+def test_refusals_and_opcheck():
+    x = torch.randn(1, 8, 256, device=DEV).to(BF)
+    s = ops.can_use_layernorm_modulate_fp32(x, torch.randn(1, 256, device=DEV).to(BF), torch.randn(1, 256, device=DEV))
+    assert not s.ok and any("scale must be fp32" in r for r in s.reasons)
+    with pytest.raises(difuse.Unsupported):
+        ops.gated_residual_fp32(x, x, torch.randn(1, 256, device=DEV).half())
+    sc = torch.randn(1, 1, 256, device=DEV)
+    torch.library.opcheck(torch.ops.difuse.layernorm_modulate_fp32.default, (x, sc, sc, 1e-6))
+    torch.library.opcheck(torch.ops.difuse.gated_residual_fp32.default, (x, x, sc))
+    compiled = torch.compile(lambda a, b, c: torch.ops.difuse.layernorm_modulate_fp32(a, b, c, 1e-6), fullgraph=True)
+    assert count_mismatches(compiled(x, sc, sc), ops.layernorm_modulate_fp32_eager(x, sc, sc)) == 0
