@@ -26,6 +26,7 @@
 
 #include "core/device.h"
 #include "core/registry.h"
+#include "core/rows.h"
 #include "core/tensor.h"
 #include "norm/layernorm_schedule.h"
 #include "norm/row_staging.cuh"
@@ -44,18 +45,13 @@ struct Params {
   uint16_t* out;
   const uint16_t* w;
   int64_t rows;
-  int64_t d1, d2;      // sizes of the 2nd and 3rd leading dims (1 when absent)
-  int64_t s0, s1, s2;  // strides of the leading dims, in elements
+  detail::RowIndexer rows_of;  // row r of x starts at x + rows_of.offset(r)
   int n, v;
   float eps;
   bool has_w;
 };
 
-__device__ __forceinline__ const uint16_t* row_ptr(const Params& p, int64_t r) {
-  const int64_t i2 = r % p.d2, t = r / p.d2;
-  const int64_t i1 = t % p.d1, i0 = t / p.d1;
-  return p.x + i0 * p.s0 + i1 * p.s1 + i2 * p.s2;
-}
+__device__ __forceinline__ const uint16_t* row_ptr(const Params& p, int64_t r) { return p.x + p.rows_of.offset(r); }
 
 constexpr int rows_per_block(int g) { return g == 128 ? 1 : 256 / g; }
 
@@ -301,14 +297,7 @@ void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const 
   p.n = static_cast<int>(x.sizes[x.rank - 1]);
   p.v = p.n / 4;
   p.rows = detail::numel(x) / p.n;
-  // Leading dims, right-aligned into (d0, d1, d2) with strides (s0, s1, s2).
-  int64_t sz[3] = {1, 1, 1}, st[3] = {0, 0, 0};
-  for (int d = x.rank - 2, k = 2; d >= 0; --d, --k) sz[k] = x.sizes[d], st[k] = x.strides[d];
-  p.d1 = sz[1];
-  p.d2 = sz[2];
-  p.s0 = st[0];
-  p.s1 = st[1];
-  p.s2 = st[2];
+  p.rows_of = detail::row_indexer(x);
   p.eps = static_cast<float>(eps);
   const detail::DeviceGuard device_guard(x.device);
   const int64_t sweeps = (p.v + kAtenThreads - 1) / kAtenThreads;

@@ -28,6 +28,7 @@
 
 #include "core/device.h"
 #include "core/registry.h"
+#include "core/rows.h"
 #include "core/tensor.h"
 #include "difuse/numerics/bf16.h"
 
@@ -47,17 +48,14 @@ struct Params {
   const uint16_t* x;
   uint16_t* out;
   const uint16_t* w;
-  int64_t rows, d1, d2, s0, s1, s2;
+  int64_t rows;
+  detail::RowIndexer rows_of;  // row r of x starts at x + rows_of.offset(r)
   int n;
   float eps, factor;
   bool has_w, vectorized;
 };
 
-__device__ __forceinline__ const uint16_t* row_ptr(const Params& p, int64_t r) {
-  const int64_t i2 = r % p.d2, t = r / p.d2;
-  const int64_t i1 = t % p.d1, i0 = t / p.d1;
-  return p.x + i0 * p.s0 + i1 * p.s1 + i2 * p.s2;
-}
+__device__ __forceinline__ const uint16_t* row_ptr(const Params& p, int64_t r) { return p.x + p.rows_of.offset(r); }
 
 __device__ __forceinline__ float sq(uint16_t b) {
   const float v = num::bf16_to_float(b);
@@ -168,13 +166,7 @@ void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view&
   p.has_w = weight.data != nullptr;
   p.n = static_cast<int>(x.sizes[x.rank - 1]);
   p.rows = detail::numel(x) / p.n;
-  int64_t sz[3] = {1, 1, 1}, st[3] = {0, 0, 0};
-  for (int d = x.rank - 2, k = 2; d >= 0; --d, --k) sz[k] = x.sizes[d], st[k] = x.strides[d];
-  p.d1 = sz[1];
-  p.d2 = sz[2];
-  p.s0 = st[0];
-  p.s1 = st[1];
-  p.s2 = st[2];
+  p.rows_of = detail::row_indexer(x);
   p.eps = static_cast<float>(eps);
   p.factor = diffusers_mean_factor(p.rows, p.n);
   p.vectorized = p.n >= 128;

@@ -300,3 +300,17 @@ TEST(WanFp32, PredicatesAcceptTableChunksAndRefuseBf16Rows) {
   EXPECT_EQ(difuse_can_use_gated_residual_fp32(&out, &x, &a, &gate), DIFUSE_OK) << difuse_last_error();
   EXPECT_EQ(difuse_can_use_gated_residual_fp32(&out, &x, &a, &bf), DIFUSE_ERR_UNSUPPORTED);
 }
+
+#include "core/rows.h"
+
+TEST(RowIndexer, WalksStridedLeadingDimsInRowMajorOrder) {
+  // SD3.5's BHSD view of a [B=2, S=5, H=3, D=64] tensor: sizes [2, 3, 5, 64], strides (960, 64, 192, 1).
+  const TensorView v(fake(0x1000), DType::BF16, {2, 3, 5, 64}, {960, 64, 192, 1}, 0);
+  const auto ix = difuse::detail::row_indexer(v);
+  int64_t r = 0;
+  for (int64_t b = 0; b < 2; ++b)
+    for (int64_t h = 0; h < 3; ++h)
+      for (int64_t s = 0; s < 5; ++s, ++r) EXPECT_EQ(ix.offset(r), b * 960 + h * 64 + s * 192) << r;
+  const auto one = difuse::detail::row_indexer(TensorView::contiguous(fake(0x1000), DType::BF16, {128}, 0));
+  EXPECT_EQ(one.offset(0), 0);
+}

@@ -1,0 +1,36 @@
+// Rows of a strided view: up to three leading dims (any non-negative strides) over a contiguous last dim.
+#pragma once
+
+#include <cstdint>
+
+#include "difuse/difuse.h"
+#include "difuse/numerics/fp32.h"
+
+namespace difuse::detail {
+
+struct RowIndexer {
+  int64_t d1 = 1, d2 = 1;          // sizes of the 2nd and 3rd leading dims (1 when absent)
+  int64_t s0 = 0, s1 = 0, s2 = 0;  // strides of the leading dims, in elements
+
+  // Element offset of row r (rows numbered in the leading dims' row-major order).
+  DIFUSE_HD int64_t offset(int64_t r) const {
+    const int64_t i2 = r % d2, t = r / d2;
+    const int64_t i1 = t % d1, i0 = t / d1;
+    return i0 * s0 + i1 * s1 + i2 * s2;
+  }
+};
+
+// The leading dims of a view of rank 1 to 4, right-aligned into (d0, d1, d2).
+inline RowIndexer row_indexer(const difuse_tensor_view& v) {
+  int64_t sz[3] = {1, 1, 1}, st[3] = {0, 0, 0};
+  for (int d = v.rank - 2, k = 2; d >= 0 && k >= 0; --d, --k) sz[k] = v.sizes[d], st[k] = v.strides[d];
+  RowIndexer r;
+  r.d1 = sz[1];
+  r.d2 = sz[2];
+  r.s0 = st[0];
+  r.s1 = st[1];
+  r.s2 = st[2];
+  return r;
+}
+
+}  // namespace difuse::detail
