@@ -345,4 +345,23 @@ difuse_status difuse_gated_residual_fp32(const difuse_tensor_view* out, const di
   });
 }
 
+difuse_status difuse_can_use_layernorm_affine_fp32(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                   const difuse_tensor_view* weight, const difuse_tensor_view* bias,
+                                                   double eps) {
+  return guarded([&] {
+    const auto s = difuse::norm::can_use_layernorm_affine_fp32(view(out, "out"), view(x, "x"), view(weight, "weight"),
+                                                               view(bias, "bias"), eps);
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("layernorm_affine_fp32"));
+  });
+}
+
+difuse_status difuse_layernorm_affine_fp32(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                           const difuse_tensor_view* weight, const difuse_tensor_view* bias, double eps,
+                                           void* stream) {
+  return guarded([&] {
+    difuse::norm::layernorm_affine_fp32(view(out, "out"), view(x, "x"), view(weight, "weight"), view(bias, "bias"), eps,
+                                        static_cast<cudaStream_t>(stream));
+  });
+}
+
 }  // extern "C"

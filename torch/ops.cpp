@@ -326,6 +326,37 @@ std::vector<std::string> gated_residual_fp32_unsupported(const at::Tensor& h, co
   return reasons_from_last_error();
 }
 
+at::Tensor layernorm_affine_fp32_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const difuse_tensor_view vo = to_view(out), vx = to_view(x), vw = to_view(weight), vb = to_view(bias);
+  check_status(difuse_layernorm_affine_fp32(&vo, &vx, &vw, &vb, eps, at::cuda::getCurrentCUDAStream().stream()),
+               "layernorm_affine_fp32");
+  return out;
+}
+
+at::Tensor layernorm_affine_fp32_meta(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double) {
+  TORCH_CHECK_VALUE(x.dim() == 3 && x.scalar_type() == at::kBFloat16, "difuse::layernorm_affine_fp32: x must be bf16 [B, L, H]");
+  TORCH_CHECK_VALUE(weight.dim() == 1 && bias.dim() == 1 && weight.size(0) == x.size(2) && bias.size(0) == x.size(2) &&
+                        weight.scalar_type() == at::kFloat && bias.scalar_type() == at::kFloat,
+                    "difuse::layernorm_affine_fp32: weight and bias must be fp32 [H]");
+  return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+at::Tensor layernorm_affine_fp32_reference(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias,
+                                           double eps) {
+  return at::layer_norm(x.to(at::kFloat), {x.size(-1)}, weight, bias, eps).to(x.scalar_type());
+}
+
+std::vector<std::string> layernorm_affine_fp32_unsupported(const at::Tensor& x, const at::Tensor& weight,
+                                                           const at::Tensor& bias, double eps) {
+  const difuse_tensor_view vo = fresh_output_view(x), vx = to_view(x), vw = to_view(weight), vb = to_view(bias);
+  const difuse_status s = difuse_can_use_layernorm_affine_fp32(&vo, &vx, &vw, &vb, eps);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_layernorm_affine_fp32");
+  return reasons_from_last_error();
+}
+
 // ---- gelu_tanh -----------------------------------------------------------------------------------------------
 at::Tensor& gelu_tanh_out_cuda(const at::Tensor& x, at::Tensor& out) {
   const c10::cuda::OptionalCUDAGuard guard(x.device());
@@ -395,6 +426,9 @@ TORCH_LIBRARY(difuse, m) {
   m.def("gated_residual_fp32(Tensor h, Tensor a, Tensor gate) -> Tensor");
   m.def("gated_residual_fp32_reference(Tensor h, Tensor a, Tensor gate) -> Tensor");
   m.def("gated_residual_fp32_unsupported(Tensor h, Tensor a, Tensor gate) -> str[]");
+  m.def("layernorm_affine_fp32(Tensor x, Tensor weight, Tensor bias, float eps=1e-06) -> Tensor");
+  m.def("layernorm_affine_fp32_reference(Tensor x, Tensor weight, Tensor bias, float eps=1e-06) -> Tensor");
+  m.def("layernorm_affine_fp32_unsupported(Tensor x, Tensor weight, Tensor bias, float eps=1e-06) -> str[]");
   m.def("gelu_tanh(Tensor x) -> Tensor");
   m.def("gelu_tanh.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)");
   m.def("gelu_tanh_reference(Tensor x) -> Tensor");
@@ -410,6 +444,7 @@ TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
   m.impl("gated_residual_layernorm_modulate", &gated_residual_layernorm_modulate_cuda);
   m.impl("layernorm_modulate_fp32", &layernorm_modulate_fp32_cuda);
   m.impl("gated_residual_fp32", &gated_residual_fp32_cuda);
+  m.impl("layernorm_affine_fp32", &layernorm_affine_fp32_cuda);
   m.impl("gelu_tanh", &gelu_tanh_cuda);
   m.impl("gelu_tanh.out", &gelu_tanh_out_cuda);
 }
@@ -422,6 +457,7 @@ TORCH_LIBRARY_IMPL(difuse, Meta, m) {
   m.impl("gated_residual_layernorm_modulate", &gated_residual_layernorm_modulate_meta);
   m.impl("layernorm_modulate_fp32", &layernorm_modulate_fp32_meta);
   m.impl("gated_residual_fp32", &gated_residual_fp32_meta);
+  m.impl("layernorm_affine_fp32", &layernorm_affine_fp32_meta);
   m.impl("gelu_tanh", &gelu_tanh_meta);
   m.impl("gelu_tanh.out", &gelu_tanh_out_meta);
 }
@@ -433,6 +469,7 @@ TORCH_LIBRARY_IMPL(difuse, CompositeImplicitAutograd, m) {
   m.impl("gated_residual_layernorm_modulate_reference", &gated_residual_layernorm_modulate_reference);
   m.impl("layernorm_modulate_fp32_reference", &layernorm_modulate_fp32_reference);
   m.impl("gated_residual_fp32_reference", &gated_residual_fp32_reference);
+  m.impl("layernorm_affine_fp32_reference", &layernorm_affine_fp32_reference);
   m.impl("gelu_tanh_reference", &gelu_tanh_reference);
 }
 TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
@@ -443,5 +480,6 @@ TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
   m.impl("gated_residual_layernorm_modulate_unsupported", &gated_residual_layernorm_modulate_unsupported);
   m.impl("layernorm_modulate_fp32_unsupported", &layernorm_modulate_fp32_unsupported);
   m.impl("gated_residual_fp32_unsupported", &gated_residual_fp32_unsupported);
+  m.impl("layernorm_affine_fp32_unsupported", &layernorm_affine_fp32_unsupported);
   m.impl("gelu_tanh_unsupported", &gelu_tanh_unsupported);
 }

@@ -202,6 +202,14 @@ DIFUSE_API difuse_status difuse_gated_residual_fp32(const difuse_tensor_view* ou
                                                     const difuse_tensor_view* a, const difuse_tensor_view* gate,
                                                     void* stream);
 
+/* Wan's norm2: out = F.layer_norm(x.float(), (H,), weight, bias, eps).type_as(x), weight and bias fp32 [H]. */
+DIFUSE_API difuse_status difuse_can_use_layernorm_affine_fp32(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                              const difuse_tensor_view* weight,
+                                                              const difuse_tensor_view* bias, double eps);
+DIFUSE_API difuse_status difuse_layernorm_affine_fp32(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                      const difuse_tensor_view* weight, const difuse_tensor_view* bias,
+                                                      double eps, void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -212,6 +212,23 @@ def gated_residual_fp32(h, a, gate):
                             lambda: can_use_gated_residual_fp32(h, a, gate))
 
 
+def layernorm_affine_fp32_eager(x, weight, bias, eps: float = 1e-6):
+    """Wan's norm2 (FP32LayerNorm with fp32 weight and bias): F.layer_norm(x.float(), ..., weight, bias).type_as(x)."""
+    import torch.nn.functional as F
+
+    return F.layer_norm(x.float(), (x.shape[-1],), weight, bias, eps).type_as(x)
+
+
+def can_use_layernorm_affine_fp32(x, weight, bias, eps: float = 1e-6) -> Support:
+    reasons = list(_ops().layernorm_affine_fp32_unsupported(x, weight, bias, eps))
+    return Support(not reasons, reasons)
+
+
+def layernorm_affine_fp32(x, weight, bias, eps: float = 1e-6):
+    return _call_or_explain("layernorm_affine_fp32", lambda: _ops().layernorm_affine_fp32(x, weight, bias, eps),
+                            (x, weight, bias), lambda: can_use_layernorm_affine_fp32(x, weight, bias, eps))
+
+
 def _wan_inputs(spec, device, generator):
     import torch
 

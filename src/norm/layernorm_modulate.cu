@@ -56,6 +56,12 @@ const detail::KernelRegistration kF32Registration{{
     "pending H200 verification (torch 2.11.0+cu130, sm_90)", 90, 90,
     "Wan's fp32 adaLN: fp32 LayerNorm and modulation, one bf16 rounding at the end"}};
 
+const detail::KernelRegistration kAffineRegistration{{
+    "layernorm_affine_fp32", "cuda", "bit_exact",
+    "F.layer_norm(x.float(), (H,), weight, bias, eps).type_as(x)  (Wan's norm2: fp32 weight and bias)",
+    "pending H200 verification (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "affine FP32LayerNorm over bf16 input, one bf16 rounding at the end"}};
+
 const detail::KernelRegistration kResidualRegistration{{
     "gated_residual_layernorm_modulate", "cuda", "bit_exact",
     "h1 = h + gate[:, None] * a;  F.layer_norm(h1, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]  (bf16)",
@@ -79,9 +85,11 @@ struct Params {
   int64_t shift_stride;
   int64_t scale_stride_l;  // per-token modulation ([B, L, H]); 0 for [B, H] rows
   int64_t shift_stride_l;
-  // layernorm_modulate_fp32 only: fp32 modulation rows (same strides fields as scale/shift).
+  // layernorm_modulate_fp32 only: fp32 modulation rows (same strides fields as scale/shift); with
+  // affine32, the fp32 weight and bias of an affine FP32LayerNorm instead (strides 0).
   const float* scale32;
   const float* shift32;
+  bool affine32;
   // gated_residual_layernorm_modulate only: x is h, the row normalised is residual = h + gate * a.
   const uint16_t* a;
   const uint16_t* gate;
@@ -270,11 +278,13 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
         if (vi < V) {
           const uint2 w = sx[vi];
           const int c = kVecElems * vi;
-          o32[vi] = make_uint2(
-              num::pack_bf16x2(layernorm_modulate_f32_value(num::bf16_lo(w.x), rs, s32[c], h32[c]),
-                               layernorm_modulate_f32_value(num::bf16_hi(w.x), rs, s32[c + 1], h32[c + 1])),
-              num::pack_bf16x2(layernorm_modulate_f32_value(num::bf16_lo(w.y), rs, s32[c + 2], h32[c + 2]),
-                               layernorm_modulate_f32_value(num::bf16_hi(w.y), rs, s32[c + 3], h32[c + 3])));
+          const float xs[4] = {num::bf16_lo(w.x), num::bf16_hi(w.x), num::bf16_lo(w.y), num::bf16_hi(w.y)};
+          float ys[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            ys[e] = p.affine32 ? layernorm_affine_f32_value(xs[e], rs, s32[c + e], h32[c + e])
+                               : layernorm_modulate_f32_value(xs[e], rs, s32[c + e], h32[c + e]);
+          o32[vi] = make_uint2(num::pack_bf16x2(ys[0], ys[1]), num::pack_bf16x2(ys[2], ys[3]));
         }
       }
     }
@@ -591,17 +601,31 @@ detail::Support can_use_layernorm_modulate_fp32(const difuse_tensor_view& out, c
   return s;
 }
 
+namespace {
+void layernorm_modulate_fp32_impl(const difuse_tensor_view& out, const difuse_tensor_view& x,
+                                  const difuse_tensor_view& scale, const difuse_tensor_view& shift, double eps,
+                                  bool affine, cudaStream_t stream);
+}  // namespace
+
 void layernorm_modulate_fp32(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& scale,
                              const difuse_tensor_view& shift, double eps, cudaStream_t stream) {
   const detail::Support s = can_use_layernorm_modulate_fp32(out, x, scale, shift, eps);
   if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("layernorm_modulate_fp32"));
   if (detail::numel(x) == 0) return;
+  layernorm_modulate_fp32_impl(out, x, scale, shift, eps, false, stream);
+}
+
+namespace {
+void layernorm_modulate_fp32_impl(const difuse_tensor_view& out, const difuse_tensor_view& x,
+                                  const difuse_tensor_view& scale, const difuse_tensor_view& shift, double eps,
+                                  bool affine, cudaStream_t stream) {
   const difuse_tensor_view sc = as_bf16_rows(scale), sh = as_bf16_rows(shift);
   Params p = make_params(out, x, sc, sh, eps);
   p.scale = nullptr;
   p.shift = nullptr;
   p.scale32 = static_cast<const float*>(scale.data);
   p.shift32 = static_cast<const float*>(shift.data);
+  p.affine32 = affine;
   const detail::DeviceGuard device_guard(x.device);
   const bool aligned16 = detail::aligned(x.data, 16) && detail::aligned(out.data, 16);
   const LayernormModulateConfig cfg = layernorm_modulate_config(p.h, aligned16);
@@ -614,6 +638,43 @@ void layernorm_modulate_fp32(const difuse_tensor_view& out, const difuse_tensor_
     default: throw detail::Failure(DIFUSE_ERR_INTERNAL, "layernorm_modulate_fp32: no staged kernel for this width");
   }
   DIFUSE_CUDA_CHECK(cudaGetLastError());
+}
+}  // namespace
+
+detail::Support can_use_layernorm_affine_fp32(const difuse_tensor_view& out, const difuse_tensor_view& x,
+                                              const difuse_tensor_view& weight, const difuse_tensor_view& bias,
+                                              double eps) {
+  // The fp32 modulation predicate with [H] rows seen as [B, H] rows of stride 0.
+  auto as_rows = [&](const difuse_tensor_view& v) {
+    difuse_tensor_view r = v;
+    if (v.rank == 1 && x.rank == 3) {
+      r.rank = 2;
+      r.sizes[0] = x.sizes[0];
+      r.strides[0] = 0;
+      r.sizes[1] = v.sizes[0];
+      r.strides[1] = v.strides[0];
+    }
+    return r;
+  };
+  detail::Support s = can_use_layernorm_modulate_fp32(out, x, as_rows(weight), as_rows(bias), eps);
+  DIFUSE_REQUIRE(s, weight.rank == 1 && bias.rank == 1, "weight and bias must be [H] vectors");
+  return s;
+}
+
+void layernorm_affine_fp32(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& weight,
+                           const difuse_tensor_view& bias, double eps, cudaStream_t stream) {
+  const detail::Support s = can_use_layernorm_affine_fp32(out, x, weight, bias, eps);
+  if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("layernorm_affine_fp32"));
+  if (detail::numel(x) == 0) return;
+  difuse_tensor_view w = weight, b = bias;
+  for (auto* v : {&w, &b}) {
+    v->rank = 2;
+    v->sizes[1] = v->sizes[0];
+    v->strides[1] = v->strides[0];
+    v->sizes[0] = x.sizes[0];
+    v->strides[0] = 0;
+  }
+  layernorm_modulate_fp32_impl(out, x, w, b, eps, /*affine=*/true, stream);
 }
 
 detail::Support can_use_gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& residual,

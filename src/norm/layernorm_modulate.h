@@ -23,6 +23,13 @@ detail::Support can_use_layernorm_modulate_fp32(const difuse_tensor_view& out, c
 void layernorm_modulate_fp32(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& scale,
                              const difuse_tensor_view& shift, double eps, cudaStream_t stream);
 
+// Wan's norm2: F.layer_norm(x.float(), (H,), weight, bias, eps).type_as(x), fp32 weight and bias [H].
+detail::Support can_use_layernorm_affine_fp32(const difuse_tensor_view& out, const difuse_tensor_view& x,
+                                              const difuse_tensor_view& weight, const difuse_tensor_view& bias,
+                                              double eps);
+void layernorm_affine_fp32(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& weight,
+                           const difuse_tensor_view& bias, double eps, cudaStream_t stream);
+
 // The pre-FF site: residual = h + gate * a (both eager roundings), out = layernorm_modulate(residual).
 // residual may be h itself. gate [B, H] or [B, L, H]; H <= 24576.
 detail::Support can_use_gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& residual,

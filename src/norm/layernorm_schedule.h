@@ -84,6 +84,12 @@ DIFUSE_HD float layernorm_modulate_f32_value(float x, RowStats st, float scale, 
   return num::add_rn(num::mul_rn(t, num::add_rn(scale, 1.0f)), shift);
 }
 
+// FP32LayerNorm with fp32 weight and bias (Wan's norm2): fma(w, t, b), as aten's vectorized kernel
+// contracts gamma * t + beta; one bf16 rounding at the end (.type_as).
+DIFUSE_HD float layernorm_affine_f32_value(float x, RowStats st, float w, float b) {
+  return num::fma_rn(w, num::mul_rn(st.rstd, num::sub_rn(x, st.mean)), b);
+}
+
 // Two adjacent output elements at once, the form the kernels run: x2, scale2 and shift2 hold two bf16 each.
 // Same bits as layernorm_modulate_value on each element (the bf16x2 add/mul equal the eager fp32 op
 // followed by a bf16 rounding: numerics/bf16.h), with one conversion per two elements.

@@ -314,3 +314,14 @@ TEST(RowIndexer, WalksStridedLeadingDimsInRowMajorOrder) {
   const auto one = difuse::detail::row_indexer(TensorView::contiguous(fake(0x1000), DType::BF16, {128}, 0));
   EXPECT_EQ(one.offset(0), 0);
 }
+
+TEST(WanFp32, AffineNormPredicate) {
+  const auto x = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {1, 32760, 5120}, 0);
+  const auto out = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {1, 32760, 5120}, 0);
+  const auto w = TensorView::contiguous(fake(0x2000000000ull), DType::F32, {5120}, 0);
+  const auto b = TensorView::contiguous(fake(0x2000100000ull), DType::F32, {5120}, 0);
+  EXPECT_EQ(difuse_can_use_layernorm_affine_fp32(&out, &x, &w, &b, 1e-6), DIFUSE_OK) << difuse_last_error();
+  TensorView wb = w;
+  wb.dtype = DIFUSE_BF16;
+  EXPECT_EQ(difuse_can_use_layernorm_affine_fp32(&out, &x, &wb, &b, 1e-6), DIFUSE_ERR_UNSUPPORTED);
+}

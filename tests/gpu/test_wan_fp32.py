@@ -83,6 +83,16 @@ def test_adversarial(kind):
     assert_gr(x, torch.randn(2, 37, 5120, device=DEV, generator=g).to(BF), sc)
 
 
+@pytest.mark.parametrize("shape", [(1, 32760, 5120), (2, 77, 1536), (1, 5, 4), (3, 300, 20000)], ids=str)
+def test_norm2_affine(shape):
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    B, L, H = shape
+    x = torch.randn(*shape, device=DEV, generator=g).to(BF)
+    w, b = torch.randn(H, device=DEV, generator=g), torch.randn(H, device=DEV, generator=g)
+    m = count_mismatches(ops.layernorm_affine_fp32(x, w, b), ops.layernorm_affine_fp32_eager(x, w, b))
+    assert m == 0, "%d elements differ" % m
+
+
 def test_refusals_and_opcheck():
     x = torch.randn(1, 8, 256, device=DEV).to(BF)
     s = ops.can_use_layernorm_modulate_fp32(x, torch.randn(1, 256, device=DEV).to(BF), torch.randn(1, 256, device=DEV))

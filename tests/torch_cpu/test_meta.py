@@ -178,3 +178,16 @@ def test_wan_fp32_meta_and_references():
                                    ops.layernorm_modulate_fp32_eager(xb, s32[1], s32[0], 1e-6)) == 0
     assert difuse.count_mismatches(torch.ops.difuse.gated_residual_fp32_reference(xb, xb, s32[2]),
                                    ops.gated_residual_fp32_eager(xb, xb, s32[2])) == 0
+
+
+def test_layernorm_affine_fp32_meta_and_reference():
+    x = torch.empty(1, 8, 256, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(256, dtype=torch.float32, device="meta")
+    torch.library.opcheck(torch.ops.difuse.layernorm_affine_fp32.default, (x, w, w, 1e-6))
+    g = torch.Generator().manual_seed(4)
+    xb = torch.randn(1, 4, 64, generator=g).to(torch.bfloat16)
+    wb, bb = torch.randn(64, generator=g), torch.randn(64, generator=g)
+    assert difuse.count_mismatches(torch.ops.difuse.layernorm_affine_fp32_reference(xb, wb, bb, 1e-6),
+                                   ops.layernorm_affine_fp32_eager(xb, wb, bb, 1e-6)) == 0
+    s = ops.can_use_layernorm_affine_fp32(xb, wb.to(torch.bfloat16), bb)
+    assert not s.ok
