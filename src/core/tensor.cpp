@@ -61,4 +61,35 @@ std::string describe(const difuse_tensor_view& v) {
   return os.str();
 }
 
+bool require_bf16_row_view(Support& s, const difuse_tensor_view& x, const char* name) {
+  const std::string n(name);
+  DIFUSE_REQUIRE(s, x.dtype == DIFUSE_BF16, n + " must be bf16, got " + difuse_dtype_name(x.dtype));
+  DIFUSE_REQUIRE(s, x.device >= 0, n + " must be on a CUDA device, got host memory");
+  if (x.rank < 1 || x.rank > 4) {
+    DIFUSE_REQUIRE(s, false, n + " must have rank 1 to 4, got " + describe(x));
+    return false;
+  }
+  DIFUSE_REQUIRE(s, x.strides[x.rank - 1] == 1 || x.sizes[x.rank - 1] <= 1,
+                 n + " must have a contiguous last dim, got " + describe(x));
+  bool nonneg = true;
+  for (int d = 0; d < x.rank; ++d) nonneg = nonneg && x.strides[d] >= 0;
+  DIFUSE_REQUIRE(s, nonneg, n + " must have non-negative strides, got " + describe(x));
+  return true;
+}
+
+void require_bf16_output(Support& s, const difuse_tensor_view& out, const difuse_tensor_view& like,
+                         std::initializer_list<const difuse_tensor_view*> inputs) {
+  DIFUSE_REQUIRE(s, out.dtype == DIFUSE_BF16, std::string("out must be bf16, got ") + difuse_dtype_name(out.dtype));
+  bool same = out.rank == like.rank;
+  for (int d = 0; same && d < like.rank; ++d) same = out.sizes[d] == like.sizes[d];
+  DIFUSE_REQUIRE(s, same, "out must have the shape of x, got " + describe(out));
+  DIFUSE_REQUIRE(s, is_contiguous(out), "out must be contiguous, got " + describe(out));
+  DIFUSE_REQUIRE(s, out.device == like.device, "out must be on the device of x, got " + describe(out));
+  if (numel(like) == 0) return;
+  DIFUSE_REQUIRE(s, out.data != nullptr && aligned(out.data, 8), "out must be non-null and 8-byte aligned");
+  bool clear = true;
+  for (const auto* in : inputs) clear = clear && !overlaps(out, *in);
+  DIFUSE_REQUIRE(s, clear, "out must not overlap the inputs");
+}
+
 }  // namespace difuse::detail

@@ -2,6 +2,7 @@
 #pragma once
 
 #include <cstdint>
+#include <initializer_list>
 #include <string>
 
 #include "core/error.h"
@@ -18,5 +19,14 @@ int64_t extent_bytes(const difuse_tensor_view& v);
 bool overlaps(const difuse_tensor_view& a, const difuse_tensor_view& b);
 inline uintptr_t address(const difuse_tensor_view& v) { return reinterpret_cast<uintptr_t>(v.data); }
 inline bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+// Shared predicate pieces (each adds every violation it finds to s).
+// A bf16 row view on a CUDA device: rank 1..4, last dim contiguous, non-negative strides. False when the rank
+// is out of range (the caller then stops: the other checks index the dims).
+bool require_bf16_row_view(Support& s, const difuse_tensor_view& x, const char* name);
+// An output the op writes: bf16, contiguous, the shape of `like`, on its device, 8-byte aligned, overlapping
+// none of `inputs` (views with a null data pointer are skipped).
+void require_bf16_output(Support& s, const difuse_tensor_view& out, const difuse_tensor_view& like,
+                         std::initializer_list<const difuse_tensor_view*> inputs);
 
 }  // namespace difuse::detail

@@ -232,19 +232,10 @@ detail::Support can_use_rms_norm(const difuse_tensor_view& out, const difuse_ten
                                  const difuse_tensor_view& weight, double eps) {
   (void)eps;
   detail::Support s;
-  DIFUSE_REQUIRE(s, x.dtype == DIFUSE_BF16, std::string("x must be bf16, got ") + difuse_dtype_name(x.dtype));
-  DIFUSE_REQUIRE(s, x.device >= 0, "x must be on a CUDA device, got host memory");
-  if (x.rank < 1 || x.rank > 4) {
-    DIFUSE_REQUIRE(s, false, "x must have rank 1 to 4, got " + detail::describe(x));
-    return s;
-  }
+  if (!detail::require_bf16_row_view(s, x, "x")) return s;
   const int64_t N = x.sizes[x.rank - 1];
   const int64_t rows = detail::numel(x) / (N ? N : 1);
   const bool empty = detail::numel(x) == 0;
-  DIFUSE_REQUIRE(s, x.strides[x.rank - 1] == 1 || N <= 1, "x must have a contiguous last dim, got " + detail::describe(x));
-  bool nonneg = true;
-  for (int d = 0; d < x.rank; ++d) nonneg = nonneg && x.strides[d] >= 0;
-  DIFUSE_REQUIRE(s, nonneg, "x must have non-negative strides, got " + detail::describe(x));
   DIFUSE_REQUIRE(s, N % 4 == 0, "the normalized width must be a multiple of 4 (aten's vectorized RMSNorm), got " +
                                     std::to_string(N));
   DIFUSE_REQUIRE(s, N <= (int64_t{1} << 24), "the normalized width must be at most 2^24, got " + std::to_string(N));
@@ -270,17 +261,8 @@ detail::Support can_use_rms_norm(const difuse_tensor_view& out, const difuse_ten
       DIFUSE_REQUIRE(s, weight.data != nullptr && detail::aligned(weight.data, 8),
                      "weight must be 8-byte aligned (aten vectorizes only then)");
   }
-  DIFUSE_REQUIRE(s, out.dtype == DIFUSE_BF16, std::string("out must be bf16, got ") + difuse_dtype_name(out.dtype));
-  bool same_shape = out.rank == x.rank;
-  for (int d = 0; same_shape && d < x.rank; ++d) same_shape = out.sizes[d] == x.sizes[d];
-  DIFUSE_REQUIRE(s, same_shape, "out must have the shape of x, got " + detail::describe(out));
-  DIFUSE_REQUIRE(s, detail::is_contiguous(out), "out must be contiguous, got " + detail::describe(out));
-  DIFUSE_REQUIRE(s, out.device == x.device, "out must be on the device of x, got " + detail::describe(out));
-  if (!empty) {
-    DIFUSE_REQUIRE(s, x.data != nullptr && out.data != nullptr, "x and out must have non-null data pointers");
-    DIFUSE_REQUIRE(s, detail::aligned(out.data, 8), "out must be 8-byte aligned");
-    DIFUSE_REQUIRE(s, !detail::overlaps(out, x) && !detail::overlaps(out, weight), "out must not overlap x or weight");
-  }
+  if (!empty) DIFUSE_REQUIRE(s, x.data != nullptr, "x has a null data pointer");
+  detail::require_bf16_output(s, out, x, {&x, &weight});
   return s;
 }
 

@@ -108,18 +108,9 @@ detail::Support can_use_rms_norm_diffusers(const difuse_tensor_view& out, const 
                                            const difuse_tensor_view& weight, double eps) {
   (void)eps;
   detail::Support s;
-  DIFUSE_REQUIRE(s, x.dtype == DIFUSE_BF16, std::string("x must be bf16, got ") + difuse_dtype_name(x.dtype));
-  DIFUSE_REQUIRE(s, x.device >= 0, "x must be on a CUDA device, got host memory");
-  if (x.rank < 1 || x.rank > 4) {
-    DIFUSE_REQUIRE(s, false, "x must have rank 1 to 4, got " + detail::describe(x));
-    return s;
-  }
+  if (!detail::require_bf16_row_view(s, x, "x")) return s;
   const int64_t N = x.sizes[x.rank - 1];
   const int64_t rows = N ? detail::numel(x) / N : 0;
-  DIFUSE_REQUIRE(s, x.strides[x.rank - 1] == 1 || N <= 1, "x must have a contiguous last dim, got " + detail::describe(x));
-  bool nonneg = true;
-  for (int d = 0; d < x.rank; ++d) nonneg = nonneg && x.strides[d] >= 0;
-  DIFUSE_REQUIRE(s, nonneg, "x must have non-negative strides, got " + detail::describe(x));
   DIFUSE_REQUIRE(s, N >= 32 && N <= 32640,
                  "the normalized width must be in [32, 32640] (aten's mean then runs one warp per row), got " +
                      std::to_string(N));
@@ -143,14 +134,7 @@ detail::Support can_use_rms_norm_diffusers(const difuse_tensor_view& out, const 
                    "weight must be a contiguous [" + std::to_string(N) + "], got " + detail::describe(weight));
     DIFUSE_REQUIRE(s, weight.device == x.device, "weight must be on the device of x, got " + detail::describe(weight));
   }
-  DIFUSE_REQUIRE(s, out.dtype == DIFUSE_BF16, std::string("out must be bf16, got ") + difuse_dtype_name(out.dtype));
-  bool same = out.rank == x.rank;
-  for (int d = 0; same && d < x.rank; ++d) same = out.sizes[d] == x.sizes[d];
-  DIFUSE_REQUIRE(s, same, "out must have the shape of x, got " + detail::describe(out));
-  DIFUSE_REQUIRE(s, detail::is_contiguous(out), "out must be contiguous, got " + detail::describe(out));
-  DIFUSE_REQUIRE(s, out.device == x.device, "out must be on the device of x, got " + detail::describe(out));
-  if (detail::numel(x) > 0)
-    DIFUSE_REQUIRE(s, !detail::overlaps(out, x) && !detail::overlaps(out, weight), "out must not overlap x or weight");
+  detail::require_bf16_output(s, out, x, {&x, &weight});
   return s;
 }
 
