@@ -33,4 +33,31 @@ inline RowIndexer row_indexer(const difuse_tensor_view& v) {
   return r;
 }
 
+// The I/O of a row kernel over a strided bf16 x, an optional bf16 weight row and a contiguous bf16 out.
+struct BF16RowsIO {
+  const uint16_t* x = nullptr;
+  uint16_t* out = nullptr;
+  const uint16_t* w = nullptr;  // nullptr: no weight
+  bool has_w = false;
+  int n = 0;                    // row width
+  int64_t rows = 0;
+  RowIndexer rows_of;           // row r of x starts at x + rows_of.offset(r)
+};
+
+// For a non-empty x of rank 1 to 4 (the caller's predicate has checked it).
+inline BF16RowsIO bf16_rows_io(const difuse_tensor_view& out, const difuse_tensor_view& x,
+                               const difuse_tensor_view& weight) {
+  BF16RowsIO io;
+  io.x = static_cast<const uint16_t*>(x.data);
+  io.out = static_cast<uint16_t*>(out.data);
+  io.w = static_cast<const uint16_t*>(weight.data);
+  io.has_w = weight.data != nullptr;
+  io.n = static_cast<int>(x.sizes[x.rank - 1]);
+  int64_t total = 1;
+  for (int d = 0; d < x.rank; ++d) total *= x.sizes[d];
+  io.rows = total / io.n;
+  io.rows_of = row_indexer(x);
+  return io;
+}
+
 }  // namespace difuse::detail

@@ -3,6 +3,7 @@
 // Eager chain reproduced (FLUX.1 D6/D6c/S4 and the residual half of D4; Qwen-Image, SD3 alike), bf16:
 //     out = h + gate[:, None] * a        (gate [B, H], a strided row of an adaLN chunk)
 //     out = h + gate * a                 (gate [B, L, H], per-token modulation)
+//     out = (h.float() + a * gate).type_as(h)   gated_residual_fp32: Wan's fp32 gate, one bf16 rounding
 // two eager kernels, each rounding to bf16:  t = bf16(RN(gate * a));  out = bf16(RN(h + t)).
 //
 // Replays: torch 2.11.0+cu130 — binary_internal::MulFunctor<float> and CUDAFunctor_add<bf16> with alpha 1

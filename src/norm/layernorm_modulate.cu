@@ -26,8 +26,14 @@
 // 128-thread two-pass kernel (second read mostly from L2). 16-byte accesses when H % 8 == 0 and x, out
 // are 16-byte aligned, else 8-byte; modulation rows are read as words when 8-byte aligned, else as bf16.
 //
-// Verified on the H200 (tests/gpu/test_layernorm_modulate.py, bench/results/h200/tests.json): FLUX.1, SD3,
-// Sana and Wan site shapes, H = 4 .. 2^24, seeded random shapes and strides, adversarial and non-finite values.
+// The same kernel also serves, as compile-time variations of the epilogue/prologue: per-token [B, L, H]
+// modulation, gated_residual_layernorm_modulate (h1 = h + gate * a first) and Wan's fp32 chains
+// (layernorm_modulate_fp32, layernorm_affine_fp32).
+//
+// Verification status: [B, H] modulation verified on the H200 at b7332d1 (tests/gpu/test_layernorm_modulate.py,
+// bench/results/h200/tests.json: FLUX.1, SD3, Sana and Wan site shapes, H = 4 .. 2^24, seeded random shapes and
+// strides, adversarial and non-finite values). The source has changed since (shared helpers, the variations
+// above) and the per-token, residual and fp32 paths have not run on the H200 yet.
 #include "norm/layernorm_modulate.h"
 
 #include "modulate/gated_residual_pair.h"

@@ -40,15 +40,9 @@ const detail::KernelRegistration kRegistration{{
     "pending H200 verification (torch 2.11.0+cu130, sm_90)", 90, 90,
     "RMSNorm over the last dim (per head or across heads), strided rows, optional weight"}};
 
-struct Params {
-  const uint16_t* x;
-  uint16_t* out;
-  const uint16_t* w;
-  int64_t rows;
-  detail::RowIndexer rows_of;  // row r of x starts at x + rows_of.offset(r)
-  int n, v;
+struct Params : detail::BF16RowsIO {
+  int v;  // n / 4
   float eps;
-  bool has_w;
 };
 
 __device__ __forceinline__ const uint16_t* row_ptr(const Params& p, int64_t r) { return p.x + p.rows_of.offset(r); }
@@ -272,14 +266,8 @@ void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const 
   if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("rms_norm"));
   if (detail::numel(x) == 0) return;
   Params p{};
-  p.x = static_cast<const uint16_t*>(x.data);
-  p.out = static_cast<uint16_t*>(out.data);
-  p.w = static_cast<const uint16_t*>(weight.data);
-  p.has_w = weight.data != nullptr;
-  p.n = static_cast<int>(x.sizes[x.rank - 1]);
+  static_cast<detail::BF16RowsIO&>(p) = detail::bf16_rows_io(out, x, weight);
   p.v = p.n / 4;
-  p.rows = detail::numel(x) / p.n;
-  p.rows_of = detail::row_indexer(x);
   p.eps = static_cast<float>(eps);
   const detail::DeviceGuard device_guard(x.device);
   const int64_t sweeps = (p.v + kAtenThreads - 1) / kAtenThreads;

@@ -44,15 +44,9 @@ const detail::KernelRegistration kRegistration{{
 
 constexpr int kRowsPerBlock = 8;  // one warp per row
 
-struct Params {
-  const uint16_t* x;
-  uint16_t* out;
-  const uint16_t* w;
-  int64_t rows;
-  detail::RowIndexer rows_of;  // row r of x starts at x + rows_of.offset(r)
-  int n;
+struct Params : detail::BF16RowsIO {
   float eps, factor;
-  bool has_w, vectorized;
+  bool vectorized;
 };
 
 __device__ __forceinline__ const uint16_t* row_ptr(const Params& p, int64_t r) { return p.x + p.rows_of.offset(r); }
@@ -144,13 +138,7 @@ void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view&
   if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("rms_norm_diffusers"));
   if (detail::numel(x) == 0) return;
   Params p{};
-  p.x = static_cast<const uint16_t*>(x.data);
-  p.out = static_cast<uint16_t*>(out.data);
-  p.w = static_cast<const uint16_t*>(weight.data);
-  p.has_w = weight.data != nullptr;
-  p.n = static_cast<int>(x.sizes[x.rank - 1]);
-  p.rows = detail::numel(x) / p.n;
-  p.rows_of = detail::row_indexer(x);
+  static_cast<detail::BF16RowsIO&>(p) = detail::bf16_rows_io(out, x, weight);
   p.eps = static_cast<float>(eps);
   p.factor = diffusers_mean_factor(p.rows, p.n);
   p.vectorized = p.n >= 128;
