@@ -33,7 +33,7 @@ if [ "${CI:-}" = true ] || [ "${DIFUSE_CI_TORCH:-0}" = 1 ]; then
   CACHE=${DIFUSE_CI_CACHE:-$HOME/.cache/difuse-ci}
   VENV=$CACHE/venv
   step "torch $TORCH_VERSION venv at $VENV"
-  if ! "$VENV/bin/python" -c "import torch, pytest, numpy; assert torch.__version__.startswith('$TORCH_VERSION')" 2>/dev/null; then
+  if ! (cd / && "$VENV/bin/python" -c "import torch, pytest, numpy; assert torch.__version__.startswith('$TORCH_VERSION')") 2>/dev/null; then
     rm -rf "$VENV"
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy pytest
@@ -41,16 +41,18 @@ if [ "${CI:-}" = true ] || [ "${DIFUSE_CI_TORCH:-0}" = 1 ]; then
   PY=$VENV/bin/python
 fi
 
+# Python probes run from / : in the checkout, the binding's torch/ folder would import as a namespace package.
+pyprobe() { (cd / && "$PY" -c "$1") 2>/dev/null; }
 HAVE_TORCH=0
-"$PY" -c "import torch" 2>/dev/null && HAVE_TORCH=1
+pyprobe "import torch; torch.__version__" && HAVE_TORCH=1
 HAVE_GPU=0
-if [ $HAVE_TORCH = 1 ] && "$PY" -c "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)" 2>/dev/null; then
+if [ $HAVE_TORCH = 1 ] && pyprobe "import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)"; then
   HAVE_GPU=1
 elif command -v nvidia-smi >/dev/null && nvidia-smi -L 2>/dev/null | grep -q GPU; then
   echo "a CUDA GPU is visible but torch is not usable with it: the GPU tests cannot run" >&2
   exit 1
 fi
-echo "python: $PY; torch: $([ $HAVE_TORCH = 1 ] && "$PY" -c 'import torch; print(torch.__version__)' || echo absent); GPU: $([ $HAVE_GPU = 1 ] && echo yes || echo no)"
+echo "python: $PY; torch: $([ $HAVE_TORCH = 1 ] && (cd / && "$PY" -c 'import torch; print(torch.__version__)') || echo absent); GPU: $([ $HAVE_GPU = 1 ] && echo yes || echo no)"
 
 step "configure + build ($BUILD)"
 GEN=()
