@@ -113,9 +113,8 @@ at::Tensor gated_residual_cuda(const at::Tensor& h, const at::Tensor& a, const a
   return out;
 }
 
-at::Tensor& gated_residual_inplace_cuda(at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+void gated_residual_inplace_cuda(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
   gated_residual_into(h, h, a, gate);
-  return h;
 }
 
 at::Tensor gated_residual_meta(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
@@ -123,9 +122,8 @@ at::Tensor gated_residual_meta(const at::Tensor& h, const at::Tensor& a, const a
   return at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::Contiguous));
 }
 
-at::Tensor& gated_residual_inplace_meta(at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+void gated_residual_inplace_meta(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
   check_gated_residual_meta(h, a, gate);
-  return h;
 }
 
 at::Tensor gated_residual_reference(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
@@ -358,16 +356,15 @@ std::vector<std::string> layernorm_affine_fp32_unsupported(const at::Tensor& x, 
 }
 
 // ---- gelu_tanh -----------------------------------------------------------------------------------------------
-at::Tensor& gelu_tanh_out_cuda(const at::Tensor& x, at::Tensor& out) {
+void gelu_tanh_into_cuda(const at::Tensor& x, const at::Tensor& out) {
   const c10::cuda::OptionalCUDAGuard guard(x.device());
   const difuse_tensor_view vo = to_view(out), vx = to_view(x);
   check_status(difuse_gelu_tanh(&vo, &vx, at::cuda::getCurrentCUDAStream().stream()), "gelu_tanh");
-  return out;
 }
 
 at::Tensor gelu_tanh_cuda(const at::Tensor& x) {
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
-  gelu_tanh_out_cuda(x, out);
+  gelu_tanh_into_cuda(x, out);
   return out;
 }
 
@@ -381,11 +378,10 @@ at::Tensor gelu_tanh_meta(const at::Tensor& x) {
   return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
 }
 
-at::Tensor& gelu_tanh_out_meta(const at::Tensor& x, at::Tensor& out) {
+void gelu_tanh_into_meta(const at::Tensor& x, const at::Tensor& out) {
   check_gelu_tanh_meta(x);
   TORCH_CHECK_VALUE(out.sizes() == x.sizes() && out.scalar_type() == at::kBFloat16,
                     "difuse::gelu_tanh: out must be bf16 with the sizes of x ", x.sizes(), ", got ", out.sizes());
-  return out;
 }
 
 at::Tensor gelu_tanh_reference(const at::Tensor& x) { return at::gelu(x, "tanh"); }
@@ -405,7 +401,8 @@ TORCH_LIBRARY(difuse, m) {
   m.def("layernorm_modulate_reference(Tensor x, Tensor scale, Tensor shift, float eps=1e-06) -> Tensor");
   m.def("layernorm_modulate_unsupported(Tensor x, Tensor scale, Tensor shift, float eps=1e-06) -> str[]");
   m.def("gated_residual(Tensor h, Tensor a, Tensor gate) -> Tensor");
-  m.def("gated_residual_(Tensor(a!) h, Tensor a, Tensor gate) -> Tensor(a!)");
+  // Mutating ops return nothing: functionalization (torch.compile) refuses custom ops whose outputs alias inputs.
+  m.def("gated_residual_(Tensor(a!) h, Tensor a, Tensor gate) -> ()");
   m.def("gated_residual_reference(Tensor h, Tensor a, Tensor gate) -> Tensor");
   m.def("gated_residual_unsupported(Tensor h, Tensor a, Tensor gate) -> str[]");
   m.def("rms_norm(Tensor x, Tensor? weight, float eps) -> Tensor");
@@ -430,7 +427,7 @@ TORCH_LIBRARY(difuse, m) {
   m.def("layernorm_affine_fp32_reference(Tensor x, Tensor weight, Tensor bias, float eps=1e-06) -> Tensor");
   m.def("layernorm_affine_fp32_unsupported(Tensor x, Tensor weight, Tensor bias, float eps=1e-06) -> str[]");
   m.def("gelu_tanh(Tensor x) -> Tensor");
-  m.def("gelu_tanh.out(Tensor x, *, Tensor(a!) out) -> Tensor(a!)");
+  m.def("gelu_tanh_into(Tensor x, Tensor(a!) out) -> ()");
   m.def("gelu_tanh_reference(Tensor x) -> Tensor");
   m.def("gelu_tanh_unsupported(Tensor x) -> str[]");
 }
@@ -446,7 +443,7 @@ TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
   m.impl("gated_residual_fp32", &gated_residual_fp32_cuda);
   m.impl("layernorm_affine_fp32", &layernorm_affine_fp32_cuda);
   m.impl("gelu_tanh", &gelu_tanh_cuda);
-  m.impl("gelu_tanh.out", &gelu_tanh_out_cuda);
+  m.impl("gelu_tanh_into", &gelu_tanh_into_cuda);
 }
 TORCH_LIBRARY_IMPL(difuse, Meta, m) {
   m.impl("layernorm_modulate", &layernorm_modulate_meta);
@@ -459,7 +456,7 @@ TORCH_LIBRARY_IMPL(difuse, Meta, m) {
   m.impl("gated_residual_fp32", &gated_residual_fp32_meta);
   m.impl("layernorm_affine_fp32", &layernorm_affine_fp32_meta);
   m.impl("gelu_tanh", &gelu_tanh_meta);
-  m.impl("gelu_tanh.out", &gelu_tanh_out_meta);
+  m.impl("gelu_tanh_into", &gelu_tanh_into_meta);
 }
 TORCH_LIBRARY_IMPL(difuse, CompositeImplicitAutograd, m) {
   m.impl("layernorm_modulate_reference", &layernorm_modulate_reference);

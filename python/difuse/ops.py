@@ -133,8 +133,9 @@ def gated_residual(h, a, gate):
 
 
 def gated_residual_(h, a, gate):
-    """In place: h <- h + gate * a (same bits as the out-of-place op)."""
-    return _gated_residual_call(_ops().gated_residual_, h, a, gate)
+    """In place: h <- h + gate * a (same bits as the out-of-place op); returns h."""
+    _gated_residual_call(_ops().gated_residual_, h, a, gate)
+    return h
 
 
 def _grln_inputs(spec, device, generator):
@@ -324,8 +325,8 @@ def gelu_tanh(x, out=None):
     """Fused, bit-exact `gelu_tanh_eager`; `out` may be a column slice of a larger buffer (or x itself)."""
     if out is None:
         return _call_or_explain("gelu_tanh", lambda: _ops().gelu_tanh(x), (x,), lambda: can_use_gelu_tanh(x))
-    return _call_or_explain("gelu_tanh", lambda: _ops().gelu_tanh.out(x, out=out), (x, out),
-                            lambda: can_use_gelu_tanh(x))
+    _call_or_explain("gelu_tanh", lambda: _ops().gelu_tanh_into(x, out), (x, out), lambda: can_use_gelu_tanh(x))
+    return out
 
 
 def _gelu_tanh_inputs(spec, device, generator):

@@ -13,8 +13,10 @@
 // (float)numel as aten forms it on the host (not a division by N).
 //
 // Guards (can_use_rms_norm_diffusers; every violation is reported): x bf16 on a CUDA device, rank 1-4,
-// last dim contiguous; rows >= 16 and 32 <= N <= 32640 (aten's block is then (32, 16) with no split of a row
-// across warps or blocks: other configurations are not replayed); N % 4 == 0 when N >= 128 (a vectorized
+// last dim contiguous; rows >= 16 and 32 <= N <= 8160 (aten's block is then (32, 16) and each warp owns a row:
+// ReduceConfig splits a row across the block's warps once ceil(N / 32) >= min(16 * 16, 256), i.e. N > 8160, counting
+// elements, not the float4 vectors; the H200 showed 67 differing elements at N = 8184; other configurations are
+// not replayed); N % 4 == 0 when N >= 128 (a vectorized
 // mean over misaligned fp32 rows starts with an alignment head, not replayed); rows * N < 2^31; x rows
 // 8-byte aligned when N % 4 == 0; weight (optional) bf16 [N] contiguous; out contiguous bf16 of x's shape.
 //
@@ -105,8 +107,8 @@ detail::Support can_use_rms_norm_diffusers(const difuse_tensor_view& out, const 
   if (!detail::require_bf16_row_view(s, x, "x")) return s;
   const int64_t N = x.sizes[x.rank - 1];
   const int64_t rows = N ? detail::numel(x) / N : 0;
-  DIFUSE_REQUIRE(s, N >= 32 && N <= 32640,
-                 "the normalized width must be in [32, 32640] (aten's mean then runs one warp per row), got " +
+  DIFUSE_REQUIRE(s, N >= 32 && N <= 8160,
+                 "the normalized width must be in [32, 8160] (aten's mean then runs one warp per row), got " +
                      std::to_string(N));
   DIFUSE_REQUIRE(s, rows >= 16,
                  "at least 16 rows are needed (fewer change aten's mean block shape, which is not replayed), got " +

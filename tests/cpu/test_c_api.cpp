@@ -281,6 +281,14 @@ TEST(RmsNormDiffusers, PredicateListsTheUnreplayedConfigurations) {
   const auto oq = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {1, 4608, 24, 128}, 0);
   const auto w = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {128}, 0);
   EXPECT_TRUE(difuse::can_use_rms_norm_diffusers(oq, q, &w, 1e-6).ok);
+  // aten splits a row across the block's warps once ceil(N / 32) >= 256: 8160 is the widest replayed row.
+  for (int64_t n : {int64_t{8160}, int64_t{8164}}) {
+    const auto xw = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {64, n}, 0);
+    const auto ow = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {64, n}, 0);
+    const auto sw = difuse::can_use_rms_norm_diffusers(ow, xw, nullptr, 1e-6);
+    EXPECT_EQ(sw.ok, n == 8160) << n;
+    if (!sw.ok) EXPECT_TRUE(mentions(sw, "[32, 8160]"));
+  }
 }
 
 // ---- Wan's fp32 chains: predicates ----------------------------------------------------------------------------

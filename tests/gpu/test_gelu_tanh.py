@@ -80,7 +80,7 @@ def test_opcheck_compile_and_graph():
     g = torch.Generator(device=DEV).manual_seed(SEED)
     x = (torch.randn(2, 64, 1024, device=DEV, generator=g) * 2).to(BF)
     torch.library.opcheck(torch.ops.difuse.gelu_tanh.default, (x,))
-    torch.library.opcheck(torch.ops.difuse.gelu_tanh.out, (x,), {"out": torch.empty_like(x)})
+    torch.library.opcheck(torch.ops.difuse.gelu_tanh_into.default, (x, torch.empty_like(x)))
     compiled = torch.compile(lambda a: torch.ops.difuse.gelu_tanh(a) * 2, fullgraph=True)
     assert count_mismatches(compiled(x), ref(x) * 2) == 0
     xs = x.clone()

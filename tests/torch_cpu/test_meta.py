@@ -136,7 +136,7 @@ def test_rms_norm_reference_and_reasons_on_cpu():
 def test_gelu_tanh_meta_out_variant_and_reasons():
     x = torch.empty(2, 3, 8, dtype=torch.bfloat16, device="meta")
     torch.library.opcheck(torch.ops.difuse.gelu_tanh.default, (x,))
-    torch.library.opcheck(torch.ops.difuse.gelu_tanh.out, (x,), {"out": torch.empty_like(x)})
+    torch.library.opcheck(torch.ops.difuse.gelu_tanh_into.default, (x, torch.empty_like(x)))
     s = ops.can_use_gelu_tanh(torch.empty(3, 8, dtype=torch.float32))
     assert not s.ok and any("x must be bf16" in r for r in s.reasons)
     g = torch.Generator().manual_seed(3)
