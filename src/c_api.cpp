@@ -13,6 +13,8 @@
 #include "norm/layernorm_modulate.h"
 #include "norm/rms_norm.h"
 #include "norm/rms_norm_diffusers.h"
+#include "norm/rms_norm_modulate.h"
+#include "rope/qk_norm_rope.h"
 
 namespace difuse::detail {
 const std::string& last_error();
@@ -72,6 +74,31 @@ difuse::detail::BitExactGate& gate_ref(difuse_gate* g) {
 }
 
 const char* sig_or_empty(const char* s) { return s ? s : ""; }
+
+difuse::rope::QkNormRopeArgs qk_norm_rope_args(const difuse_qk_norm_rope_args* a) {
+  if (a == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "qk_norm_rope: args is NULL");
+  const auto opt = [](const difuse_tensor_view* v, const char* name) {
+    return v == nullptr ? difuse_tensor_view{} : view(v, name);
+  };
+  difuse::rope::QkNormRopeArgs r;
+  r.q_out = opt(a->q_out, "q_out");
+  r.k_out = opt(a->k_out, "k_out");
+  r.v_out = opt(a->v_out, "v_out");
+  r.q = opt(a->q, "q");
+  r.k = opt(a->k, "k");
+  r.v = opt(a->v, "v");
+  r.q_weight = opt(a->q_weight, "q_weight");
+  r.k_weight = opt(a->k_weight, "k_weight");
+  r.q_first = opt(a->q_first, "q_first");
+  r.k_first = opt(a->k_first, "k_first");
+  r.v_first = opt(a->v_first, "v_first");
+  r.q_first_weight = opt(a->q_first_weight, "q_first_weight");
+  r.k_first_weight = opt(a->k_first_weight, "k_first_weight");
+  r.cos = opt(a->cos, "cos");
+  r.sin = opt(a->sin, "sin");
+  r.eps = a->eps;
+  return r;
+}
 
 }  // namespace
 
@@ -286,6 +313,58 @@ difuse_status difuse_rms_norm_diffusers(const difuse_tensor_view* out, const dif
   });
 }
 
+difuse_status difuse_can_use_rms_norm_modulate(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                               const difuse_tensor_view* weight, const difuse_tensor_view* scale,
+                                               const difuse_tensor_view* shift, double eps, int32_t fp32_modulate) {
+  return guarded([&] {
+    const difuse_tensor_view none{};
+    const auto s = difuse::norm::can_use_rms_norm_modulate(view(out, "out"), view(x, "x"),
+                                                           weight ? view(weight, "weight") : none,
+                                                           view(scale, "scale"), view(shift, "shift"), eps,
+                                                           fp32_modulate);
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("rms_norm_modulate"));
+  });
+}
+
+difuse_status difuse_rms_norm_modulate(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                       const difuse_tensor_view* weight, const difuse_tensor_view* scale,
+                                       const difuse_tensor_view* shift, double eps, int32_t fp32_modulate,
+                                       void* stream) {
+  return guarded([&] {
+    const difuse_tensor_view none{};
+    difuse::norm::rms_norm_modulate(view(out, "out"), view(x, "x"), weight ? view(weight, "weight") : none,
+                                    view(scale, "scale"), view(shift, "shift"), eps, fp32_modulate,
+                                    static_cast<cudaStream_t>(stream));
+  });
+}
+
+difuse_status difuse_can_use_gated_residual_rms_norm_modulate(
+    const difuse_tensor_view* out, const difuse_tensor_view* residual, const difuse_tensor_view* h,
+    const difuse_tensor_view* a, const difuse_tensor_view* gate, const difuse_tensor_view* weight,
+    const difuse_tensor_view* scale, const difuse_tensor_view* shift, double eps, int32_t fp32_modulate) {
+  return guarded([&] {
+    const difuse_tensor_view none{};
+    const auto s = difuse::norm::can_use_gated_residual_rms_norm_modulate(
+        view(out, "out"), view(residual, "residual"), view(h, "h"), view(a, "a"), view(gate, "gate"),
+        weight ? view(weight, "weight") : none, view(scale, "scale"), view(shift, "shift"), eps, fp32_modulate);
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("gated_residual_rms_norm_modulate"));
+  });
+}
+
+difuse_status difuse_gated_residual_rms_norm_modulate(
+    const difuse_tensor_view* out, const difuse_tensor_view* residual, const difuse_tensor_view* h,
+    const difuse_tensor_view* a, const difuse_tensor_view* gate, const difuse_tensor_view* weight,
+    const difuse_tensor_view* scale, const difuse_tensor_view* shift, double eps, int32_t fp32_modulate,
+    void* stream) {
+  return guarded([&] {
+    const difuse_tensor_view none{};
+    difuse::norm::gated_residual_rms_norm_modulate(
+        view(out, "out"), view(residual, "residual"), view(h, "h"), view(a, "a"), view(gate, "gate"),
+        weight ? view(weight, "weight") : none, view(scale, "scale"), view(shift, "shift"), eps, fp32_modulate,
+        static_cast<cudaStream_t>(stream));
+  });
+}
+
 difuse_status difuse_can_use_gated_residual_layernorm_modulate(
     const difuse_tensor_view* out, const difuse_tensor_view* residual, const difuse_tensor_view* h,
     const difuse_tensor_view* a, const difuse_tensor_view* gate, const difuse_tensor_view* scale,
@@ -362,6 +441,17 @@ difuse_status difuse_layernorm_affine_fp32(const difuse_tensor_view* out, const 
     difuse::norm::layernorm_affine_fp32(view(out, "out"), view(x, "x"), view(weight, "weight"), view(bias, "bias"), eps,
                                         static_cast<cudaStream_t>(stream));
   });
+}
+
+difuse_status difuse_can_use_qk_norm_rope(const difuse_qk_norm_rope_args* args) {
+  return guarded([&] {
+    const auto s = difuse::rope::can_use_qk_norm_rope(qk_norm_rope_args(args));
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("qk_norm_rope"));
+  });
+}
+
+difuse_status difuse_qk_norm_rope(const difuse_qk_norm_rope_args* args, void* stream) {
+  return guarded([&] { difuse::rope::qk_norm_rope(qk_norm_rope_args(args), static_cast<cudaStream_t>(stream)); });
 }
 
 }  // extern "C"

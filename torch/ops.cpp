@@ -210,6 +210,129 @@ std::vector<std::string> rms_norm_diffusers_unsupported(const at::Tensor& x, con
   return reasons_from_last_error();
 }
 
+// ---- rms_norm_modulate, gated_residual_rms_norm_modulate (ERNIE-Image, LTX-2) -------------------------------------
+bool has_tensor(const std::optional<at::Tensor>& t) { return t.has_value() && t->defined(); }
+
+// Shape and dtype rules the Meta impl can check: x (or h) bf16 of rank 1-4, an optional bf16 [N] weight, and
+// modulation rows broadcastable to x under torch's rules (right-aligned, the last dim equal).
+void check_rms_norm_modulate_meta(const char* op, const char* xname, const at::Tensor& x,
+                                  const std::optional<at::Tensor>& weight,
+                                  std::initializer_list<std::pair<const char*, const at::Tensor*>> rows) {
+  TORCH_CHECK_VALUE(x.dim() >= 1 && x.dim() <= 4, "difuse::", op, ": ", xname, " must have rank 1 to 4, got ",
+                    x.sizes());
+  TORCH_CHECK_VALUE(x.scalar_type() == at::kBFloat16, "difuse::", op, ": ", xname, " must be bf16");
+  const int64_t N = x.size(-1);
+  if (has_tensor(weight))
+    TORCH_CHECK_VALUE(weight->dim() == 1 && weight->size(0) == N && weight->scalar_type() == at::kBFloat16,
+                      "difuse::", op, ": weight must be a bf16 [", N, "], got ", weight->sizes());
+  for (const auto& [name, m] : rows) {
+    TORCH_CHECK_VALUE(m->scalar_type() == at::kBFloat16, "difuse::", op, ": ", name, " must be bf16");
+    bool ok = m->dim() >= 1 && m->dim() <= x.dim() && m->size(-1) == N;
+    for (int64_t d = 1; ok && d < m->dim(); ++d) {
+      const int64_t ms = m->size(-1 - d), xs = x.size(-1 - d);
+      ok = ms == 1 || ms == xs;
+    }
+    TORCH_CHECK_VALUE(ok, "difuse::", op, ": ", name, " must broadcast to ", xname, "'s shape ", x.sizes(),
+                      " (torch's rules, the last dim equal), got ", m->sizes());
+  }
+}
+
+at::Tensor rms_norm_modulate_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight, const at::Tensor& scale,
+                                  const at::Tensor& shift, double eps, bool fp32_modulate) {
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const difuse_tensor_view vo = to_view(out), vx = to_view(x), vs = to_view(scale), vh = to_view(shift);
+  difuse_tensor_view vw{};
+  if (has_tensor(weight)) vw = to_view(*weight);
+  check_status(difuse_rms_norm_modulate(&vo, &vx, has_tensor(weight) ? &vw : nullptr, &vs, &vh, eps,
+                                        fp32_modulate ? 1 : 0, at::cuda::getCurrentCUDAStream().stream()),
+               "rms_norm_modulate");
+  return out;
+}
+
+at::Tensor rms_norm_modulate_meta(const at::Tensor& x, const std::optional<at::Tensor>& weight, const at::Tensor& scale,
+                                  const at::Tensor& shift, double, bool) {
+  check_rms_norm_modulate_meta("rms_norm_modulate", "x", x, weight, {{"scale", &scale}, {"shift", &shift}});
+  return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+// The chains as diffusers writes them: the RMSNorm class, then LTX-2's `n * (1 + scale) + shift` (bf16 ops) or
+// ERNIE-Image's `(n.float() * (1 + scale.float()) + shift.float()).to(n.dtype)`.
+at::Tensor rms_norm_modulate_reference(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                       const at::Tensor& scale, const at::Tensor& shift, double eps, bool fp32_modulate) {
+  const at::Tensor n = rms_norm_diffusers_reference(x, weight, eps);
+  if (fp32_modulate)
+    return (n.to(at::kFloat) * (scale.to(at::kFloat) + 1) + shift.to(at::kFloat)).to(n.scalar_type());
+  return n * (scale + 1) + shift;
+}
+
+std::vector<std::string> rms_norm_modulate_unsupported(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                                       const at::Tensor& scale, const at::Tensor& shift, double eps,
+                                                       bool fp32_modulate) {
+  const difuse_tensor_view vo = fresh_output_view(x), vx = to_view(x), vs = to_view(scale), vh = to_view(shift);
+  difuse_tensor_view vw{};
+  if (has_tensor(weight)) vw = to_view(*weight);
+  const difuse_status s = difuse_can_use_rms_norm_modulate(&vo, &vx, has_tensor(weight) ? &vw : nullptr, &vs, &vh, eps,
+                                                           fp32_modulate ? 1 : 0);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_rms_norm_modulate");
+  return reasons_from_last_error();
+}
+
+std::tuple<at::Tensor, at::Tensor> gated_residual_rms_norm_modulate_cuda(
+    const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate, const std::optional<at::Tensor>& weight,
+    const at::Tensor& scale, const at::Tensor& shift, double eps, bool fp32_modulate) {
+  const c10::cuda::OptionalCUDAGuard guard(h.device());
+  const auto opts = h.options().memory_format(at::MemoryFormat::Contiguous);
+  at::Tensor residual = at::empty(h.sizes(), opts), out = at::empty(h.sizes(), opts);
+  const difuse_tensor_view vo = to_view(out), vr = to_view(residual), vh = to_view(h), va = to_view(a),
+                           vg = to_view(gate), vs = to_view(scale), vsh = to_view(shift);
+  difuse_tensor_view vw{};
+  if (has_tensor(weight)) vw = to_view(*weight);
+  check_status(difuse_gated_residual_rms_norm_modulate(&vo, &vr, &vh, &va, &vg, has_tensor(weight) ? &vw : nullptr,
+                                                       &vs, &vsh, eps, fp32_modulate ? 1 : 0,
+                                                       at::cuda::getCurrentCUDAStream().stream()),
+               "gated_residual_rms_norm_modulate");
+  return {residual, out};
+}
+
+std::tuple<at::Tensor, at::Tensor> gated_residual_rms_norm_modulate_meta(
+    const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate, const std::optional<at::Tensor>& weight,
+    const at::Tensor& scale, const at::Tensor& shift, double, bool) {
+  check_rms_norm_modulate_meta("gated_residual_rms_norm_modulate", "h", h, weight,
+                               {{"gate", &gate}, {"scale", &scale}, {"shift", &shift}});
+  TORCH_CHECK_VALUE(a.scalar_type() == at::kBFloat16 && a.sizes() == h.sizes(),
+                    "difuse::gated_residual_rms_norm_modulate: a must be bf16 with the shape of h ", h.sizes(),
+                    ", got ", a.sizes());
+  const auto opts = h.options().memory_format(at::MemoryFormat::Contiguous);
+  return {at::empty(h.sizes(), opts), at::empty(h.sizes(), opts)};
+}
+
+// ERNIE-Image: h + (gate.float() * a.float()).to(h.dtype); LTX-2: h + a * gate (the same roundings).
+std::tuple<at::Tensor, at::Tensor> gated_residual_rms_norm_modulate_reference(
+    const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate, const std::optional<at::Tensor>& weight,
+    const at::Tensor& scale, const at::Tensor& shift, double eps, bool fp32_modulate) {
+  const at::Tensor h1 =
+      fp32_modulate ? h + (gate.to(at::kFloat) * a.to(at::kFloat)).to(h.scalar_type()) : h + a * gate;
+  return {h1, rms_norm_modulate_reference(h1, weight, scale, shift, eps, fp32_modulate)};
+}
+
+std::vector<std::string> gated_residual_rms_norm_modulate_unsupported(
+    const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate, const std::optional<at::Tensor>& weight,
+    const at::Tensor& scale, const at::Tensor& shift, double eps, bool fp32_modulate) {
+  difuse_tensor_view vo = fresh_output_view(h), vr = fresh_output_view(h);
+  vr.data = vr.data ? reinterpret_cast<void*>(uintptr_t{1} << 47) : nullptr;  // a second fresh buffer
+  const difuse_tensor_view vh = to_view(h), va = to_view(a), vg = to_view(gate), vs = to_view(scale),
+                           vsh = to_view(shift);
+  difuse_tensor_view vw{};
+  if (has_tensor(weight)) vw = to_view(*weight);
+  const difuse_status s = difuse_can_use_gated_residual_rms_norm_modulate(
+      &vo, &vr, &vh, &va, &vg, has_tensor(weight) ? &vw : nullptr, &vs, &vsh, eps, fp32_modulate ? 1 : 0);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_gated_residual_rms_norm_modulate");
+  return reasons_from_last_error();
+}
+
 // ---- gated_residual_layernorm_modulate -----------------------------------------------------------------------
 std::tuple<at::Tensor, at::Tensor> gated_residual_layernorm_modulate_cuda(const at::Tensor& h, const at::Tensor& a,
                                                                           const at::Tensor& gate, const at::Tensor& scale,
@@ -394,6 +517,152 @@ std::vector<std::string> gelu_tanh_unsupported(const at::Tensor& x) {
   return reasons_from_last_error();
 }
 
+// ---- qk_norm_rope ----------------------------------------------------------------------------------------------
+using OptT = std::optional<at::Tensor>;
+
+bool given(const OptT& t) { return t.has_value() && t->defined(); }
+
+struct QkViews {  // the C views of one call (absent tensors stay NULL)
+  difuse_tensor_view vq, vk, vv, vwq, vwk, vq1, vk1, vv1, vwq1, vwk1, vc, vs, oq, ok, ov;
+  difuse_qk_norm_rope_args args{};
+};
+
+void fill_qk_views(QkViews& w, const at::Tensor& q, const at::Tensor& k, const OptT& v, const OptT& wq, const OptT& wk,
+                   const OptT& q1, const OptT& k1, const OptT& v1, const OptT& wq1, const OptT& wk1, const OptT& cos,
+                   const OptT& sin, double eps) {
+  auto& a = w.args;
+  w.vq = to_view(q);
+  w.vk = to_view(k);
+  a.q = &w.vq;
+  a.k = &w.vk;
+  const auto opt = [](const OptT& t, difuse_tensor_view& slot, const difuse_tensor_view*& field) {
+    if (given(t)) {
+      slot = to_view(*t);
+      field = &slot;
+    }
+  };
+  opt(v, w.vv, a.v);
+  opt(wq, w.vwq, a.q_weight);
+  opt(wk, w.vwk, a.k_weight);
+  opt(q1, w.vq1, a.q_first);
+  opt(k1, w.vk1, a.k_first);
+  opt(v1, w.vv1, a.v_first);
+  opt(wq1, w.vwq1, a.q_first_weight);
+  opt(wk1, w.vwk1, a.k_first_weight);
+  opt(cos, w.vc, a.cos);
+  opt(sin, w.vs, a.sin);
+  a.eps = eps;
+}
+
+std::vector<int64_t> joint_sizes(const at::Tensor& q, const OptT& q1) {
+  std::vector<int64_t> sz = q.sizes().vec();
+  if (sz.size() == 4 && given(q1) && q1->dim() == 4) sz[1] += q1->size(1);
+  return sz;
+}
+
+std::vector<at::Tensor> qk_norm_rope_cuda(const at::Tensor& q, const at::Tensor& k, const OptT& v, const OptT& wq,
+                                          const OptT& wk, const OptT& q1, const OptT& k1, const OptT& v1,
+                                          const OptT& wq1, const OptT& wk1, const OptT& cos, const OptT& sin,
+                                          double eps) {
+  const c10::cuda::OptionalCUDAGuard guard(q.device());
+  QkViews w;
+  fill_qk_views(w, q, k, v, wq, wk, q1, k1, v1, wq1, wk1, cos, sin, eps);
+  const auto sizes = joint_sizes(q, q1);
+  const auto opts = q.options().memory_format(at::MemoryFormat::Contiguous);
+  std::vector<at::Tensor> outs = {at::empty(sizes, opts), at::empty(sizes, opts)};
+  if (given(v)) outs.push_back(at::empty(sizes, opts));
+  w.oq = to_view(outs[0]);
+  w.ok = to_view(outs[1]);
+  w.args.q_out = &w.oq;
+  w.args.k_out = &w.ok;
+  if (given(v)) {
+    w.ov = to_view(outs[2]);
+    w.args.v_out = &w.ov;
+  }
+  check_status(difuse_qk_norm_rope(&w.args, at::cuda::getCurrentCUDAStream().stream()), "qk_norm_rope");
+  return outs;
+}
+
+std::vector<at::Tensor> qk_norm_rope_meta(const at::Tensor& q, const at::Tensor& k, const OptT& v, const OptT&,
+                                          const OptT&, const OptT& q1, const OptT& k1, const OptT& v1, const OptT&,
+                                          const OptT&, const OptT& cos, const OptT&, double) {
+  TORCH_CHECK_VALUE(q.dim() == 4 && q.scalar_type() == at::kBFloat16,
+                    "difuse::qk_norm_rope: q must be bf16 [B, S, heads, head_dim], got ", q.sizes());
+  TORCH_CHECK_VALUE(k.sizes() == q.sizes(), "difuse::qk_norm_rope: k must have the shape of q ", q.sizes());
+  if (given(v)) TORCH_CHECK_VALUE(v->sizes() == q.sizes(), "difuse::qk_norm_rope: v must have the shape of q");
+  if (given(q1)) {
+    TORCH_CHECK_VALUE(q1->dim() == 4 && q1->size(0) == q.size(0) && q1->size(2) == q.size(2) && q1->size(3) == q.size(3),
+                      "difuse::qk_norm_rope: q_first must be [B, S_first, heads, head_dim] like q, got ", q1->sizes());
+    TORCH_CHECK_VALUE(given(k1) && k1->sizes() == q1->sizes(), "difuse::qk_norm_rope: k_first must match q_first");
+    TORCH_CHECK_VALUE(given(v1) == given(v), "difuse::qk_norm_rope: v_first must be given exactly when v is");
+  }
+  const auto sizes = joint_sizes(q, q1);
+  if (given(cos))
+    TORCH_CHECK_VALUE(cos->dim() == 2 && cos->size(0) == sizes[1] && cos->size(1) == q.size(3),
+                      "difuse::qk_norm_rope: cos must be [S_total, head_dim], got ", cos->sizes());
+  const auto opts = q.options().memory_format(at::MemoryFormat::Contiguous);
+  std::vector<at::Tensor> outs = {at::empty(sizes, opts), at::empty(sizes, opts)};
+  if (given(v)) outs.push_back(at::empty(sizes, opts));
+  return outs;
+}
+
+// diffusers' apply_rotary_emb(x, (cos, sin), use_real=True, use_real_unbind_dim=-1, sequence_dim=1), op for op.
+at::Tensor apply_rotary_emb_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  std::vector<int64_t> pairs = x.sizes().vec();
+  pairs.back() /= 2;
+  pairs.push_back(2);
+  const auto parts = x.reshape(pairs).unbind(-1);
+  const at::Tensor rotated = at::stack({parts[1].neg(), parts[0]}, -1).flatten(3);
+  const at::Tensor c = cos.unsqueeze(0).unsqueeze(2), s = sin.unsqueeze(0).unsqueeze(2);
+  return (x.to(at::kFloat) * c + rotated.to(at::kFloat) * s).to(x.scalar_type());
+}
+
+std::vector<at::Tensor> qk_norm_rope_reference(const at::Tensor& q, const at::Tensor& k, const OptT& v, const OptT& wq,
+                                               const OptT& wk, const OptT& q1, const OptT& k1, const OptT& v1,
+                                               const OptT& wq1, const OptT& wk1, const OptT& cos, const OptT& sin,
+                                               double eps) {
+  const int64_t D = q.size(-1);
+  at::Tensor oq = at::rms_norm(q, {D}, wq, eps), ok = at::rms_norm(k, {D}, wk, eps);
+  std::vector<at::Tensor> outs;
+  at::Tensor ov = given(v) ? *v : at::Tensor();
+  if (given(q1)) {
+    oq = at::cat({at::rms_norm(*q1, {D}, wq1, eps), oq}, 1);
+    ok = at::cat({at::rms_norm(*k1, {D}, wk1, eps), ok}, 1);
+    if (given(v)) ov = at::cat({*v1, *v}, 1);
+  } else if (given(v)) {
+    ov = v->contiguous().clone();
+  }
+  if (given(cos)) {
+    oq = apply_rotary_emb_reference(oq, *cos, *sin);
+    ok = apply_rotary_emb_reference(ok, *cos, *sin);
+  }
+  outs = {oq, ok};
+  if (given(v)) outs.push_back(ov);
+  return outs;
+}
+
+std::vector<std::string> qk_norm_rope_unsupported(const at::Tensor& q, const at::Tensor& k, const OptT& v,
+                                                  const OptT& wq, const OptT& wk, const OptT& q1, const OptT& k1,
+                                                  const OptT& v1, const OptT& wq1, const OptT& wk1, const OptT& cos,
+                                                  const OptT& sin, double eps) {
+  QkViews w;
+  fill_qk_views(w, q, k, v, wq, wk, q1, k1, v1, wq1, wk1, cos, sin, eps);
+  at::Tensor like = at::empty(joint_sizes(q, q1), q.options().device(at::kMeta));
+  w.oq = fresh_output_view(like);
+  w.oq.device = q.is_cuda() ? q.get_device() : w.oq.device;
+  w.ok = w.oq;
+  w.ok.data = w.ok.data ? reinterpret_cast<void*>(uintptr_t{1} << 47) : nullptr;
+  w.ov = w.oq;
+  w.ov.data = w.ov.data ? reinterpret_cast<void*>(uintptr_t{1} << 46) : nullptr;
+  w.args.q_out = &w.oq;
+  w.args.k_out = &w.ok;
+  if (given(v)) w.args.v_out = &w.ov;
+  const difuse_status s = difuse_can_use_qk_norm_rope(&w.args);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_qk_norm_rope");
+  return reasons_from_last_error();
+}
+
 }  // namespace
 
 TORCH_LIBRARY(difuse, m) {
@@ -411,6 +680,18 @@ TORCH_LIBRARY(difuse, m) {
   m.def("rms_norm_diffusers(Tensor x, Tensor? weight, float eps) -> Tensor");
   m.def("rms_norm_diffusers_reference(Tensor x, Tensor? weight, float eps) -> Tensor");
   m.def("rms_norm_diffusers_unsupported(Tensor x, Tensor? weight, float eps) -> str[]");
+  m.def("rms_norm_modulate(Tensor x, Tensor? weight, Tensor scale, Tensor shift, float eps=1e-06, "
+        "bool fp32_modulate=False) -> Tensor");
+  m.def("rms_norm_modulate_reference(Tensor x, Tensor? weight, Tensor scale, Tensor shift, float eps=1e-06, "
+        "bool fp32_modulate=False) -> Tensor");
+  m.def("rms_norm_modulate_unsupported(Tensor x, Tensor? weight, Tensor scale, Tensor shift, float eps=1e-06, "
+        "bool fp32_modulate=False) -> str[]");
+  m.def("gated_residual_rms_norm_modulate(Tensor h, Tensor a, Tensor gate, Tensor? weight, Tensor scale, "
+        "Tensor shift, float eps=1e-06, bool fp32_modulate=False) -> (Tensor, Tensor)");
+  m.def("gated_residual_rms_norm_modulate_reference(Tensor h, Tensor a, Tensor gate, Tensor? weight, Tensor scale, "
+        "Tensor shift, float eps=1e-06, bool fp32_modulate=False) -> (Tensor, Tensor)");
+  m.def("gated_residual_rms_norm_modulate_unsupported(Tensor h, Tensor a, Tensor gate, Tensor? weight, "
+        "Tensor scale, Tensor shift, float eps=1e-06, bool fp32_modulate=False) -> str[]");
   m.def("gated_residual_layernorm_modulate(Tensor h, Tensor a, Tensor gate, Tensor scale, Tensor shift, "
         "float eps=1e-06) -> (Tensor, Tensor)");
   m.def("gated_residual_layernorm_modulate_reference(Tensor h, Tensor a, Tensor gate, Tensor scale, Tensor shift, "
@@ -430,6 +711,12 @@ TORCH_LIBRARY(difuse, m) {
   m.def("gelu_tanh_into(Tensor x, Tensor(a!) out) -> ()");
   m.def("gelu_tanh_reference(Tensor x) -> Tensor");
   m.def("gelu_tanh_unsupported(Tensor x) -> str[]");
+  m.def("qk_norm_rope(Tensor q, Tensor k, Tensor? v, Tensor? q_weight, Tensor? k_weight, Tensor? q_first, Tensor? k_first, "
+        "Tensor? v_first, Tensor? q_first_weight, Tensor? k_first_weight, Tensor? cos, Tensor? sin, float eps=1e-06) -> Tensor[]");
+  m.def("qk_norm_rope_reference(Tensor q, Tensor k, Tensor? v, Tensor? q_weight, Tensor? k_weight, Tensor? q_first, Tensor? k_first, "
+        "Tensor? v_first, Tensor? q_first_weight, Tensor? k_first_weight, Tensor? cos, Tensor? sin, float eps=1e-06) -> Tensor[]");
+  m.def("qk_norm_rope_unsupported(Tensor q, Tensor k, Tensor? v, Tensor? q_weight, Tensor? k_weight, Tensor? q_first, Tensor? k_first, "
+        "Tensor? v_first, Tensor? q_first_weight, Tensor? k_first_weight, Tensor? cos, Tensor? sin, float eps=1e-06) -> str[]");
 }
 
 TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
@@ -438,12 +725,15 @@ TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
   m.impl("gated_residual_", &gated_residual_inplace_cuda);
   m.impl("rms_norm", &rms_norm_cuda);
   m.impl("rms_norm_diffusers", &rms_norm_diffusers_cuda);
+  m.impl("rms_norm_modulate", &rms_norm_modulate_cuda);
+  m.impl("gated_residual_rms_norm_modulate", &gated_residual_rms_norm_modulate_cuda);
   m.impl("gated_residual_layernorm_modulate", &gated_residual_layernorm_modulate_cuda);
   m.impl("layernorm_modulate_fp32", &layernorm_modulate_fp32_cuda);
   m.impl("gated_residual_fp32", &gated_residual_fp32_cuda);
   m.impl("layernorm_affine_fp32", &layernorm_affine_fp32_cuda);
   m.impl("gelu_tanh", &gelu_tanh_cuda);
   m.impl("gelu_tanh_into", &gelu_tanh_into_cuda);
+  m.impl("qk_norm_rope", &qk_norm_rope_cuda);
 }
 TORCH_LIBRARY_IMPL(difuse, Meta, m) {
   m.impl("layernorm_modulate", &layernorm_modulate_meta);
@@ -451,32 +741,41 @@ TORCH_LIBRARY_IMPL(difuse, Meta, m) {
   m.impl("gated_residual_", &gated_residual_inplace_meta);
   m.impl("rms_norm", &rms_norm_meta);
   m.impl("rms_norm_diffusers", &rms_norm_meta);  // same shape rules as rms_norm
+  m.impl("rms_norm_modulate", &rms_norm_modulate_meta);
+  m.impl("gated_residual_rms_norm_modulate", &gated_residual_rms_norm_modulate_meta);
   m.impl("gated_residual_layernorm_modulate", &gated_residual_layernorm_modulate_meta);
   m.impl("layernorm_modulate_fp32", &layernorm_modulate_fp32_meta);
   m.impl("gated_residual_fp32", &gated_residual_fp32_meta);
   m.impl("layernorm_affine_fp32", &layernorm_affine_fp32_meta);
   m.impl("gelu_tanh", &gelu_tanh_meta);
   m.impl("gelu_tanh_into", &gelu_tanh_into_meta);
+  m.impl("qk_norm_rope", &qk_norm_rope_meta);
 }
 TORCH_LIBRARY_IMPL(difuse, CompositeImplicitAutograd, m) {
   m.impl("layernorm_modulate_reference", &layernorm_modulate_reference);
   m.impl("gated_residual_reference", &gated_residual_reference);
   m.impl("rms_norm_reference", &rms_norm_reference);
   m.impl("rms_norm_diffusers_reference", &rms_norm_diffusers_reference);
+  m.impl("rms_norm_modulate_reference", &rms_norm_modulate_reference);
+  m.impl("gated_residual_rms_norm_modulate_reference", &gated_residual_rms_norm_modulate_reference);
   m.impl("gated_residual_layernorm_modulate_reference", &gated_residual_layernorm_modulate_reference);
   m.impl("layernorm_modulate_fp32_reference", &layernorm_modulate_fp32_reference);
   m.impl("gated_residual_fp32_reference", &gated_residual_fp32_reference);
   m.impl("layernorm_affine_fp32_reference", &layernorm_affine_fp32_reference);
   m.impl("gelu_tanh_reference", &gelu_tanh_reference);
+  m.impl("qk_norm_rope_reference", &qk_norm_rope_reference);
 }
 TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
   m.impl("layernorm_modulate_unsupported", &layernorm_modulate_unsupported);
   m.impl("gated_residual_unsupported", &gated_residual_unsupported);
   m.impl("rms_norm_unsupported", &rms_norm_unsupported);
   m.impl("rms_norm_diffusers_unsupported", &rms_norm_diffusers_unsupported);
+  m.impl("rms_norm_modulate_unsupported", &rms_norm_modulate_unsupported);
+  m.impl("gated_residual_rms_norm_modulate_unsupported", &gated_residual_rms_norm_modulate_unsupported);
   m.impl("gated_residual_layernorm_modulate_unsupported", &gated_residual_layernorm_modulate_unsupported);
   m.impl("layernorm_modulate_fp32_unsupported", &layernorm_modulate_fp32_unsupported);
   m.impl("gated_residual_fp32_unsupported", &gated_residual_fp32_unsupported);
   m.impl("layernorm_affine_fp32_unsupported", &layernorm_affine_fp32_unsupported);
   m.impl("gelu_tanh_unsupported", &gelu_tanh_unsupported);
+  m.impl("qk_norm_rope_unsupported", &qk_norm_rope_unsupported);
 }

@@ -175,6 +175,35 @@ DIFUSE_API difuse_status difuse_can_use_rms_norm_diffusers(const difuse_tensor_v
 DIFUSE_API difuse_status difuse_rms_norm_diffusers(const difuse_tensor_view* out, const difuse_tensor_view* x,
                                                    const difuse_tensor_view* weight, double eps, void* stream);
 
+/* RMSNorm-based adaLN (diffusers ERNIE-Image, LTX-2): n = the diffusers RMSNorm chain of rms_norm_diffusers
+ * (weight NULL or a contiguous bf16 [N]), then
+ *   fp32_modulate = 0 (LTX-2):       out = n * (1 + scale) + shift, a bf16 rounding after every op;
+ *   fp32_modulate = 1 (ERNIE-Image): out = (n.float() * (1 + scale.float()) + shift.float()).to(bf16).
+ * x, out: contiguous bf16, rank 1-4; scale, shift: bf16 views broadcastable to x under torch's rules (right-
+ * aligned: [B, H] against [S, B, H], [B, 1, H] or [B, L, H] against [B, L, H]) with a contiguous last dim. Only
+ * the configurations whose mean reduction is replayed are accepted (rows >= 16, 32 <= N <= 8160). */
+DIFUSE_API difuse_status difuse_can_use_rms_norm_modulate(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                          const difuse_tensor_view* weight,
+                                                          const difuse_tensor_view* scale,
+                                                          const difuse_tensor_view* shift, double eps,
+                                                          int32_t fp32_modulate);
+DIFUSE_API difuse_status difuse_rms_norm_modulate(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                  const difuse_tensor_view* weight, const difuse_tensor_view* scale,
+                                                  const difuse_tensor_view* shift, double eps, int32_t fp32_modulate,
+                                                  void* stream);
+
+/* The same after a gated residual: residual = h + gate * a (gate broadcast like scale; both eager roundings),
+ * out = rms_norm_modulate(residual). residual may be h itself (in place). */
+DIFUSE_API difuse_status difuse_can_use_gated_residual_rms_norm_modulate(
+    const difuse_tensor_view* out, const difuse_tensor_view* residual, const difuse_tensor_view* h,
+    const difuse_tensor_view* a, const difuse_tensor_view* gate, const difuse_tensor_view* weight,
+    const difuse_tensor_view* scale, const difuse_tensor_view* shift, double eps, int32_t fp32_modulate);
+DIFUSE_API difuse_status difuse_gated_residual_rms_norm_modulate(
+    const difuse_tensor_view* out, const difuse_tensor_view* residual, const difuse_tensor_view* h,
+    const difuse_tensor_view* a, const difuse_tensor_view* gate, const difuse_tensor_view* weight,
+    const difuse_tensor_view* scale, const difuse_tensor_view* shift, double eps, int32_t fp32_modulate,
+    void* stream);
+
 /* The pre-FF site in one pass: residual = h + gate[:, None] * a (gate [B, H] or [B, L, H]), then
  * out = F.layer_norm(residual) * (1 + scale[:, None]) + shift[:, None], every eager rounding kept.
  * residual may be h itself (in place). */
@@ -209,6 +238,33 @@ DIFUSE_API difuse_status difuse_can_use_layernorm_affine_fp32(const difuse_tenso
 DIFUSE_API difuse_status difuse_layernorm_affine_fp32(const difuse_tensor_view* out, const difuse_tensor_view* x,
                                                       const difuse_tensor_view* weight, const difuse_tensor_view* bias,
                                                       double eps, void* stream);
+
+/* FLUX.1's attention prologue: per-head torch.nn.RMSNorm of q and k (weights per stream and role), the joint
+ * concat [first, second] along the sequence and apply_rotary_emb (real, interleaved pairs, fp32 tables), all
+ * exactly as eager. Inputs are [B, S, heads, head_dim] bf16 views (strided chunks of a fused projection are
+ * fine); a pointer may be NULL (absent): the first (text) stream (single blocks have none), v / v_first / v_out
+ * (v is then not touched), any norm weight, cos and sin together (no RoPE). Outputs are contiguous
+ * [B, S_first + S_second, heads, head_dim]. */
+typedef struct difuse_qk_norm_rope_args {
+  const difuse_tensor_view* q_out;
+  const difuse_tensor_view* k_out;
+  const difuse_tensor_view* v_out;
+  const difuse_tensor_view* q;  /* second (image) stream */
+  const difuse_tensor_view* k;
+  const difuse_tensor_view* v;
+  const difuse_tensor_view* q_weight;
+  const difuse_tensor_view* k_weight;
+  const difuse_tensor_view* q_first;  /* first (text) stream */
+  const difuse_tensor_view* k_first;
+  const difuse_tensor_view* v_first;
+  const difuse_tensor_view* q_first_weight;
+  const difuse_tensor_view* k_first_weight;
+  const difuse_tensor_view* cos; /* fp32 [S_first + S_second, head_dim] */
+  const difuse_tensor_view* sin;
+  double eps;
+} difuse_qk_norm_rope_args;
+DIFUSE_API difuse_status difuse_can_use_qk_norm_rope(const difuse_qk_norm_rope_args* args);
+DIFUSE_API difuse_status difuse_qk_norm_rope(const difuse_qk_norm_rope_args* args, void* stream);
 
 #ifdef __cplusplus
 } /* extern "C" */

@@ -158,6 +158,33 @@ inline void rms_norm_diffusers(const TensorView& out, const TensorView& x, const
   check(difuse_rms_norm_diffusers(&out, &x, weight, eps, stream));
 }
 
+// weight: nullptr for none; fp32_modulate: false = LTX-2's bf16 chain, true = ERNIE-Image's fp32 modulate.
+inline Support can_use_rms_norm_modulate(const TensorView& out, const TensorView& x, const TensorView* weight,
+                                         const TensorView& scale, const TensorView& shift, double eps,
+                                         bool fp32_modulate) {
+  return support_from(difuse_can_use_rms_norm_modulate(&out, &x, weight, &scale, &shift, eps, fp32_modulate ? 1 : 0));
+}
+inline void rms_norm_modulate(const TensorView& out, const TensorView& x, const TensorView* weight,
+                              const TensorView& scale, const TensorView& shift, double eps, bool fp32_modulate,
+                              void* stream = nullptr) {
+  check(difuse_rms_norm_modulate(&out, &x, weight, &scale, &shift, eps, fp32_modulate ? 1 : 0, stream));
+}
+
+inline Support can_use_gated_residual_rms_norm_modulate(const TensorView& out, const TensorView& residual,
+                                                        const TensorView& h, const TensorView& a, const TensorView& gate,
+                                                        const TensorView* weight, const TensorView& scale,
+                                                        const TensorView& shift, double eps, bool fp32_modulate) {
+  return support_from(difuse_can_use_gated_residual_rms_norm_modulate(&out, &residual, &h, &a, &gate, weight, &scale,
+                                                                      &shift, eps, fp32_modulate ? 1 : 0));
+}
+inline void gated_residual_rms_norm_modulate(const TensorView& out, const TensorView& residual, const TensorView& h,
+                                             const TensorView& a, const TensorView& gate, const TensorView* weight,
+                                             const TensorView& scale, const TensorView& shift, double eps,
+                                             bool fp32_modulate, void* stream = nullptr) {
+  check(difuse_gated_residual_rms_norm_modulate(&out, &residual, &h, &a, &gate, weight, &scale, &shift, eps,
+                                                fp32_modulate ? 1 : 0, stream));
+}
+
 inline Support can_use_gated_residual_layernorm_modulate(const TensorView& out, const TensorView& residual,
                                                          const TensorView& h, const TensorView& a, const TensorView& gate,
                                                          const TensorView& scale, const TensorView& shift, double eps) {
@@ -168,6 +195,14 @@ inline void gated_residual_layernorm_modulate(const TensorView& out, const Tenso
                                               const TensorView& a, const TensorView& gate, const TensorView& scale,
                                               const TensorView& shift, double eps, void* stream = nullptr) {
   check(difuse_gated_residual_layernorm_modulate(&out, &residual, &h, &a, &gate, &scale, &shift, eps, stream));
+}
+
+// FLUX.1's attention prologue; absent tensors are NULL pointers in args (see difuse_qk_norm_rope_args).
+inline Support can_use_qk_norm_rope(const difuse_qk_norm_rope_args& args) {
+  return support_from(difuse_can_use_qk_norm_rope(&args));
+}
+inline void qk_norm_rope(const difuse_qk_norm_rope_args& args, void* stream = nullptr) {
+  check(difuse_qk_norm_rope(&args, stream));
 }
 
 // ---- registry -----------------------------------------------------------------------------------------

@@ -32,7 +32,7 @@ RMS_SHAPES = [  # (shape, chunks): chunks 1 = weight, 0 = no weight
 RMSD_SHAPES = [((1, 4608, 24, 128), 1), ((1, 4096, 24, 128), 1), ((2, 24, 4096, 64), 1), ((1, 512, 3584), 1)]
 GELU_SHAPES = [((1, 4608, 12288), 0), ((1, 4096, 12288), 0), ((1, 512, 12288), 0), ((1, 4608, 12288), 1)]
 QUICK = {((1, 4608, 12288), 0), ((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 32760, 5120), 6), ((1, 4608, 24, 128), 1),
-         ((1, 32760, 5120), 1)}
+         ((1, 32760, 5120), 1), ((1, 4608, 24, 128), "double"), ((1, 4096, 3072), "ltx2")}
 
 
 def _ln_case(torch, shape, chunks, g):
@@ -85,7 +85,10 @@ def _gelu_case(torch, shape, into_concat, g):
 
 def _gelu_fused(torch):
     def run(x, out=None):
-        return torch.ops.difuse.gelu_tanh(x) if out is None else torch.ops.difuse.gelu_tanh.out(x, out=out)
+        if out is None:
+            return torch.ops.difuse.gelu_tanh(x)
+        torch.ops.difuse.gelu_tanh_into(x, out)
+        return out
     return run
 
 
@@ -97,6 +100,59 @@ def _gelu_eager(x, out=None):
         out.copy_(y)  # eager writes the MLP half with a copy (torch.cat in diffusers)
         return out
     return y
+
+
+QK_SHAPES = [  # (B, S_total, heads, head_dim), variant; double blocks have 512 text tokens
+    ((1, 4608, 24, 128), "double"), ((1, 4608, 24, 128), "double_fused"), ((1, 4608, 24, 128), "single"),
+    ((2, 4608, 24, 128), "double"), ((1, 1536, 24, 128), "double"),
+]
+
+
+def _qk_case(torch, shape, variant, g):
+    from . import ops
+
+    B, S, H, D = shape
+    S1 = 0 if variant == "single" else 512
+    args = ops._qk_norm_rope_inputs(((B, S1, S - S1, H, D), variant == "double_fused"), "cuda", g)
+    return args
+
+
+def _qk_bytes(shape, variant):
+    B, S, H, D = shape
+    roles = 2 if variant == "single" else 3
+    return 2 * roles * B * S * H * D * 2 + 2 * S * D * 4
+
+
+RMSM_SHAPES = [  # rms_norm_modulate: (shape, variant) — the issue's 1x4096x3072 target, ERNIE-Image [S, B, 3072]
+    # (modulation as [B, H] chunks, or materialized [S, B, H] as the model's forward makes it), LTX-2 video 4096
+    # and audio 2048 ([B, 1, D] table rows, or per-token [B, L, D] views)
+    ((1, 4096, 3072), "ltx2"), ((4096, 1, 3072), "ernie"), ((4352, 2, 3072), "ernie"), ((4352, 1, 3072), "ernie_tokens"),
+    ((2, 6144, 4096), "ltx2"), ((1, 6144, 4096), "ltx2_tokens"), ((2, 126, 2048), "ltx2"),
+]
+GRRMSM_SHAPES = [((1, 4096, 3072), "ltx2"), ((4352, 2, 3072), "ernie"), ((4352, 1, 3072), "ernie_tokens"),
+                 ((2, 6144, 4096), "ltx2")]
+
+
+def _rmsm_case(torch, shape, variant, g):
+    from . import ops
+
+    return ops.rms_modulate_site_inputs(shape, variant, "cuda", g)
+
+
+def _grrmsm_case(torch, shape, variant, g):
+    from . import ops
+
+    return ops.rms_modulate_site_inputs(shape, variant, "cuda", g, residual=True)
+
+
+def _rmsm_bytes(shape, variant, tensors):
+    """x (or h, a) read, out (and residual) written: `tensors` full rows; plus scale, shift (and gate) rows and the
+    ERNIE weight."""
+    numel = math.prod(shape)
+    rows = numel // shape[-1]
+    mod_rows = rows if variant.endswith("tokens") else (shape[1] if variant.startswith("ernie") else shape[0])
+    n_mod = 3 if tensors == 4 else 2
+    return 2 * (tensors * numel + n_mod * mod_rows * shape[-1] + (shape[-1] if variant.startswith("ernie") else 0))
 
 
 def op_specs(torch):
@@ -140,6 +196,17 @@ def op_specs(torch):
             shapes=RMSD_SHAPES, bytes=lambda s, c: 2 * 2 * math.prod(s) + (2 * s[-1] if c else 0),
             make=_rms_case, eager=ops.rms_norm_diffusers_eager, fused=torch.ops.difuse.rms_norm_diffusers,
             variant=lambda c: "weight" if c else "no_weight", peer="rms_norm_diffusers"),
+        "rms_norm_modulate": dict(
+            shapes=RMSM_SHAPES, bytes=lambda s, v: _rmsm_bytes(s, v, 2), make=_rmsm_case,
+            eager=ops.rms_norm_modulate_eager, fused=torch.ops.difuse.rms_norm_modulate, variant=lambda v: v,
+            peer="rms_norm_modulate"),
+        "gated_residual_rms_norm_modulate": dict(
+            shapes=GRRMSM_SHAPES, bytes=lambda s, v: _rmsm_bytes(s, v, 4), make=_grrmsm_case,
+            eager=ops.gated_residual_rms_norm_modulate_eager, fused=torch.ops.difuse.gated_residual_rms_norm_modulate,
+            variant=lambda v: v, peer="gated_residual_rms_norm_modulate"),
+        "qk_norm_rope_flux": dict(
+            shapes=QK_SHAPES, bytes=_qk_bytes, make=_qk_case, eager=lambda *a: ops.qk_norm_rope_eager(*a),
+            fused=torch.ops.difuse.qk_norm_rope, variant=lambda c: c, peer="qk_norm_rope_flux"),
         "gelu_tanh": dict(
             shapes=GELU_SHAPES, bytes=lambda s, c: 2 * 2 * math.prod(s), make=_gelu_case, eager=_gelu_eager,
             fused=_gelu_fused(torch), variant=lambda c: "into_concat_slice" if c else "contiguous", peer="gelu_tanh"),

@@ -308,6 +308,99 @@ def rms_norm_diffusers(x, weight=None, eps=1e-6):
                             lambda: can_use_rms_norm_diffusers(x, weight, eps))
 
 
+# ---- rms_norm_modulate, gated_residual_rms_norm_modulate (ERNIE-Image, LTX-2: RMSNorm-based adaLN) ------------
+def rms_norm_modulate_eager(x, weight, scale, shift, eps=1e-6, fp32_modulate=False):
+    """diffusers' RMSNorm class, then the block's modulate, as diffusers writes them:
+    fp32_modulate=False, LTX2VideoTransformerBlock (norm1/norm2/norm3, elementwise_affine=False):
+        norm(x) * (1 + scale) + shift                                   (bf16 ops, a rounding after each)
+    fp32_modulate=True, ErnieImageSharedAdaLNBlock (adaLN_sa_ln / adaLN_mlp_ln, bf16 weight):
+        x = norm(x); (x.float() * (1 + scale.float()) + shift.float()).to(x.dtype)
+    scale and shift broadcast against x with torch's rules."""
+    x = rms_norm_diffusers_eager(x, weight, eps)
+    if fp32_modulate:
+        return (x.float() * (1 + scale.float()) + shift.float()).to(x.dtype)
+    return x * (1 + scale) + shift
+
+
+def can_use_rms_norm_modulate(x, weight, scale, shift, eps=1e-6, fp32_modulate=False) -> Support:
+    reasons = list(_ops().rms_norm_modulate_unsupported(x, weight, scale, shift, float(eps), bool(fp32_modulate)))
+    return Support(not reasons, reasons)
+
+
+def rms_norm_modulate(x, weight, scale, shift, eps=1e-6, fp32_modulate=False):
+    """Fused, bit-exact `rms_norm_modulate_eager` (the configurations whose mean order is replayed: rows >= 16,
+    32 <= N <= 8160)."""
+    return _call_or_explain(
+        "rms_norm_modulate",
+        lambda: _ops().rms_norm_modulate(x, weight, scale, shift, float(eps), bool(fp32_modulate)),
+        (x, weight, scale, shift), lambda: can_use_rms_norm_modulate(x, weight, scale, shift, eps, fp32_modulate))
+
+
+def gated_residual_rms_norm_modulate_eager(h, a, gate, weight, scale, shift, eps=1e-6, fp32_modulate=False):
+    """The gated residual before the next norm, then `rms_norm_modulate_eager` of it; returns (h1, out):
+    ERNIE-Image: h1 = h + (gate.float() * a.float()).to(h.dtype);  LTX-2: h1 = h + a * gate."""
+    if fp32_modulate:
+        h1 = h + (gate.float() * a.float()).to(h.dtype)
+    else:
+        h1 = h + a * gate
+    return h1, rms_norm_modulate_eager(h1, weight, scale, shift, eps, fp32_modulate)
+
+
+def can_use_gated_residual_rms_norm_modulate(h, a, gate, weight, scale, shift, eps=1e-6,
+                                             fp32_modulate=False) -> Support:
+    reasons = list(_ops().gated_residual_rms_norm_modulate_unsupported(h, a, gate, weight, scale, shift, float(eps),
+                                                                        bool(fp32_modulate)))
+    return Support(not reasons, reasons)
+
+
+def gated_residual_rms_norm_modulate(h, a, gate, weight, scale, shift, eps=1e-6, fp32_modulate=False):
+    """Fused, bit-exact `gated_residual_rms_norm_modulate_eager`: returns (new residual, modulated norm)."""
+    return _call_or_explain(
+        "gated_residual_rms_norm_modulate",
+        lambda: _ops().gated_residual_rms_norm_modulate(h, a, gate, weight, scale, shift, float(eps),
+                                                        bool(fp32_modulate)),
+        (h, a, gate, weight, scale, shift),
+        lambda: can_use_gated_residual_rms_norm_modulate(h, a, gate, weight, scale, shift, eps, fp32_modulate))
+
+
+def rms_modulate_site_inputs(shape, variant, device, generator, residual=False):
+    """Inputs laid out as the models build them. variant "ernie": x [S, B, H], a bf16 weight, scale/shift/gate the
+    [B, H] chunks of adaLN_modulation(c) ([B, 6H]); "ernie_tokens": those chunks expanded to [S, B, H] and made
+    contiguous, as ErnieImageTransformer2DModel.forward does; "ltx2": x [B, L, D], no weight, [B, 1, D] views
+    unbound from scale_shift_table[None, None] + temb.reshape(B, 1, 6, D); "ltx2_tokens": per-token [B, L, D]
+    views (T = L). Returns (x, weight, scale, shift, eps, fp32_modulate), with a and gate after x when residual."""
+    import torch
+
+    bf = dict(device=device, dtype=torch.bfloat16)
+    H = shape[-1]
+    x = torch.randn(*shape, generator=generator, **bf)
+    a = torch.randn(*shape, generator=generator, **bf) if residual else None
+    if variant.startswith("ernie"):
+        S, B, _ = shape
+        emb = (torch.randn(B, 6 * H, generator=generator, **bf) * 0.5).chunk(6, dim=-1)
+        shift, scale, gate = emb[0], emb[1], emb[2]
+        if variant == "ernie_tokens":
+            shift, scale, gate = (t.unsqueeze(0).expand(S, -1, -1).contiguous() for t in (shift, scale, gate))
+        w = torch.randn(H, generator=generator, **bf)
+        args = (w, scale, shift, 1e-6, True)
+    else:
+        B, L, _ = shape
+        T = L if variant == "ltx2_tokens" else 1
+        table = torch.randn(6, H, generator=generator, **bf) / H ** 0.5
+        temb = torch.randn(B, T, 6 * H, generator=generator, **bf) * 0.5
+        shift, scale, gate = (table[None, None] + temb.reshape(B, T, 6, H)).unbind(dim=2)[:3]
+        args = (None, scale, shift, 1e-6, False)
+    return (x,) + args if not residual else (x, a, gate) + args
+
+
+def _rms_modulate_inputs(spec, device, generator):
+    return rms_modulate_site_inputs(spec[0], spec[1], device, generator)
+
+
+def _grrms_inputs(spec, device, generator):
+    return rms_modulate_site_inputs(spec[0], spec[1], device, generator, residual=True)
+
+
 # ---- gelu_tanh -------------------------------------------------------------------------------------------------
 def gelu_tanh_eager(x):
     """The eager op: F.gelu(x, approximate="tanh")."""
@@ -334,6 +427,94 @@ def _gelu_tanh_inputs(spec, device, generator):
 
     shape, _ = spec
     return (torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=generator) * 2,)
+
+
+# ---- qk_norm_rope (FLUX.1's attention prologue) ----------------------------------------------------------------
+def apply_rotary_emb_eager(x, cos, sin):
+    """diffusers' apply_rotary_emb(x, (cos, sin), use_real=True, use_real_unbind_dim=-1, sequence_dim=1): pairs
+    (x[2i], x[2i+1]) rotated by fp32 tables [S, D]; three fp32 ops (mul, mul, add), then .to(x.dtype)."""
+    import torch
+
+    re, im = x.reshape(*x.shape[:-1], -1, 2).unbind(-1)
+    rotated = torch.stack([-im, re], dim=-1).flatten(3)
+    c, s = cos[None, :, None, :], sin[None, :, None, :]
+    return (x.float() * c + rotated.float() * s).to(x.dtype)
+
+
+def qk_norm_rope_eager(q, k, v=None, q_weight=None, k_weight=None, q_first=None, k_first=None, v_first=None,
+                       q_first_weight=None, k_first_weight=None, cos=None, sin=None, eps=1e-6):
+    """FluxAttnProcessor's prologue as diffusers runs it: torch.nn.RMSNorm per head on q, k (and on the text
+    stream with its own weights), cat([text, image], dim=1), apply_rotary_emb on the joint q, k. Returns
+    [q, k] or [q, k, v] (v the joint concat; a single-stream v is returned as a copy)."""
+    import torch
+    import torch.nn.functional as F
+
+    D = q.shape[-1]
+    q, k = F.rms_norm(q, (D,), q_weight, eps), F.rms_norm(k, (D,), k_weight, eps)
+    if q_first is not None:
+        q = torch.cat([F.rms_norm(q_first, (D,), q_first_weight, eps), q], dim=1)
+        k = torch.cat([F.rms_norm(k_first, (D,), k_first_weight, eps), k], dim=1)
+        if v is not None:
+            v = torch.cat([v_first, v], dim=1)
+    elif v is not None:
+        v = v.contiguous().clone()
+    if cos is not None:
+        q, k = apply_rotary_emb_eager(q, cos, sin), apply_rotary_emb_eager(k, cos, sin)
+    return [q, k] if v is None else [q, k, v]
+
+
+def _qk_args(q, k, v, q_weight, k_weight, q_first, k_first, v_first, q_first_weight, k_first_weight, cos, sin, eps):
+    return (q, k, v, q_weight, k_weight, q_first, k_first, v_first, q_first_weight, k_first_weight, cos, sin, float(eps))
+
+
+def can_use_qk_norm_rope(q, k, v=None, q_weight=None, k_weight=None, q_first=None, k_first=None, v_first=None,
+                         q_first_weight=None, k_first_weight=None, cos=None, sin=None, eps=1e-6) -> Support:
+    reasons = list(_ops().qk_norm_rope_unsupported(*_qk_args(q, k, v, q_weight, k_weight, q_first, k_first, v_first,
+                                                              q_first_weight, k_first_weight, cos, sin, eps)))
+    return Support(not reasons, reasons)
+
+
+def qk_norm_rope(q, k, v=None, q_weight=None, k_weight=None, q_first=None, k_first=None, v_first=None,
+                 q_first_weight=None, k_first_weight=None, cos=None, sin=None, eps=1e-6):
+    """Fused, bit-exact `qk_norm_rope_eager` in one launch; inputs may be strided [B, S, H, D] views (the chunks
+    of a fused to_qkv output)."""
+    args = _qk_args(q, k, v, q_weight, k_weight, q_first, k_first, v_first, q_first_weight, k_first_weight, cos, sin,
+                    eps)
+    return _call_or_explain("qk_norm_rope", lambda: list(_ops().qk_norm_rope(*args)),
+                            tuple(t for t in args if hasattr(t, "is_meta")),
+                            lambda: can_use_qk_norm_rope(*args))
+
+
+def flux_rope_tables(S, D, device, generator=None, theta=10000.0):
+    """fp32 cos/sin [S, D] with pairs interleaved (cos[2i] == cos[2i+1]), as FluxPosEmbed builds them; the
+    positions are random integers (only the table values matter to the kernel)."""
+    import torch
+
+    pos = torch.randint(0, 256, (S, 1), device=device, generator=generator).double()
+    freqs = 1.0 / theta ** (torch.arange(0, D, 2, device=device, dtype=torch.float64) / D)
+    ang = (pos * freqs).repeat_interleave(2, dim=1)
+    return ang.cos().float(), ang.sin().float()
+
+
+def _qk_norm_rope_inputs(spec, device, generator):
+    import torch
+
+    (B, S1, S2, H, D), fused = spec
+    bf = dict(device=device, dtype=torch.bfloat16)
+
+    def stream(S):
+        if fused:  # chunks of a fused to_qkv output
+            qkv = torch.randn(B, S, 3 * H * D, generator=generator, **bf)
+            return [t.unflatten(-1, (H, D)) for t in qkv.chunk(3, dim=-1)]
+        return [torch.randn(B, S, H * D, generator=generator, **bf).unflatten(-1, (H, D)) for _ in range(3)]
+
+    q, k, v = stream(S2)
+    w = [torch.randn(D, generator=generator, **bf) for _ in range(4)]
+    cos, sin = flux_rope_tables(S1 + S2, D, device, generator)
+    if S1 == 0:  # single block: one stream, v untouched
+        return (q, k, None, w[0], w[1], None, None, None, None, None, cos, sin, 1e-6)
+    q1, k1, v1 = stream(S1)
+    return (q, k, v, w[0], w[1], q1, k1, v1, w[2], w[3], cos, sin, 1e-6)
 
 
 # Every op `python -m difuse check` exercises: name -> (fused, eager, make inputs for a shape spec).
@@ -395,10 +576,31 @@ CHECKS = {
         shapes=[((1, 4608, 24, 128), True), ((1, 4096, 24, 128), True), ((2, 24, 4096, 64), True),
                 ((1, 512, 3584), True), ((1, 37, 3584), True)],
     ),
+    "rms_norm_modulate": dict(
+        fused=lambda *a: rms_norm_modulate(*a),
+        eager=rms_norm_modulate_eager,
+        inputs=_rms_modulate_inputs,
+        shapes=[((1, 4096, 3072), "ltx2"), ((4352, 2, 3072), "ernie"), ((4352, 1, 3072), "ernie_tokens"),
+                ((2, 6144, 4096), "ltx2"), ((1, 6144, 4096), "ltx2_tokens"), ((2, 126, 2048), "ltx2")],
+    ),
+    "gated_residual_rms_norm_modulate": dict(
+        fused=lambda *a: gated_residual_rms_norm_modulate(*a),
+        eager=gated_residual_rms_norm_modulate_eager,
+        inputs=_grrms_inputs,
+        shapes=[((1, 4096, 3072), "ltx2"), ((4352, 2, 3072), "ernie"), ((4352, 1, 3072), "ernie_tokens"),
+                ((2, 6144, 4096), "ltx2_tokens"), ((2, 126, 2048), "ltx2")],
+    ),
     "gelu_tanh": dict(
         fused=lambda *a: gelu_tanh(*a),
         eager=gelu_tanh_eager,
         inputs=_gelu_tanh_inputs,
         shapes=[((1, 4608, 12288), 0), ((1, 512, 12288), 0), ((2, 4096, 6144), 0), ((7, 3), 0)],
+    ),
+    "qk_norm_rope": dict(
+        fused=lambda *a: qk_norm_rope(*a),
+        eager=qk_norm_rope_eager,
+        inputs=_qk_norm_rope_inputs,
+        shapes=[((1, 512, 4096, 24, 128), False), ((1, 512, 4096, 24, 128), True), ((1, 0, 4608, 24, 128), False),
+                ((2, 512, 4096, 24, 128), False), ((1, 3, 5, 2, 64), True)],
     ),
 }

@@ -17,6 +17,8 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
+#include <mutex>
 #include <string>
 
 #include "core/device.h"
@@ -65,6 +67,78 @@ __global__ void __launch_bounds__(256) gelu_tanh_kernel(const Params p) {
       }
     }
   }
+}
+
+// ---- the table path --------------------------------------------------------------------------------------------
+// A bf16 input has 65,536 bit patterns, so the exact result of every one of them (computed once per device by
+// gelu2's own arithmetic above: the same bits by construction) fits a 128 KB table. The streaming kernel keeps
+// the table in shared memory (one 1024-thread block per SM) and replaces ~40 instructions per element (tanhf)
+// by one shared-memory load: the op becomes memory-bound.
+constexpr int kTableEntries = 1 << 16;
+constexpr int kTableThreads = 1024;
+constexpr int kTableUnroll = 4;
+
+__global__ void build_gelu_table(uint16_t* table) {
+  const int i = static_cast<int>(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i < kTableEntries / 2) {
+    const uint32_t pair = (static_cast<uint32_t>(2 * i + 1) << 16) | static_cast<uint32_t>(2 * i);
+    reinterpret_cast<uint32_t*>(table)[i] = gelu2(pair);
+  }
+}
+
+__global__ void __launch_bounds__(kTableThreads, 1) gelu_tanh_table_kernel(const Params p, const uint16_t* table,
+                                                                           unsigned nvec, unsigned total) {
+  extern __shared__ uint4 lut_words[];
+  const uint16_t* lut = reinterpret_cast<const uint16_t*>(lut_words);
+  for (int i = static_cast<int>(threadIdx.x); i < kTableEntries / 8; i += kTableThreads)
+    lut_words[i] = reinterpret_cast<const uint4*>(table)[i];
+  __syncthreads();
+  const auto map = [&](uint32_t w) {
+    return static_cast<uint32_t>(lut[w & 0xffffu]) | (static_cast<uint32_t>(lut[w >> 16]) << 16);
+  };
+  const unsigned stride = gridDim.x * kTableThreads;
+  for (unsigned v0 = blockIdx.x * kTableThreads + threadIdx.x; v0 < total; v0 += stride * kTableUnroll) {
+    uint4 w[kTableUnroll];
+#pragma unroll
+    for (int u = 0; u < kTableUnroll; ++u) {
+      const unsigned v = v0 + u * stride;
+      if (v < total) w[u] = *reinterpret_cast<const uint4*>(p.x + static_cast<int64_t>(v / nvec) * p.x_rs + (v % nvec) * 8);
+    }
+#pragma unroll
+    for (int u = 0; u < kTableUnroll; ++u) {
+      const unsigned v = v0 + u * stride;
+      if (v < total)
+        *reinterpret_cast<uint4*>(p.out + static_cast<int64_t>(v / nvec) * p.out_rs + (v % nvec) * 8) =
+            make_uint4(map(w[u].x), map(w[u].y), map(w[u].z), map(w[u].w));
+    }
+  }
+}
+
+// The device's table, built on first use outside stream capture (nullptr while capturing before that: the
+// caller then runs the computing kernel, which gives the same bits).
+const uint16_t* gelu_table(int device, cudaStream_t stream) {
+  static std::mutex mu;
+  static uint16_t* tables[64] = {};
+  static std::atomic<uint64_t> ready{0};
+  const uint64_t bit = uint64_t{1} << (device & 63);
+  if (device < 64 && (ready.load(std::memory_order_acquire) & bit)) return tables[device];
+  if (device >= 64) return nullptr;
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  DIFUSE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone) return nullptr;
+  const std::lock_guard<std::mutex> lock(mu);
+  if (!(ready.load(std::memory_order_acquire) & bit)) {
+    uint16_t* t = nullptr;
+    DIFUSE_CUDA_CHECK(cudaMalloc(&t, kTableEntries * sizeof(uint16_t)));  // kept for the process's lifetime
+    build_gelu_table<<<kTableEntries / 2 / 256, 256, 0, stream>>>(t);
+    DIFUSE_CUDA_CHECK(cudaGetLastError());
+    DIFUSE_CUDA_CHECK(cudaStreamSynchronize(stream));
+    DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(gelu_tanh_table_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                           kTableEntries * static_cast<int>(sizeof(uint16_t))));
+    tables[device] = t;
+    ready.fetch_or(bit, std::memory_order_acq_rel);
+  }
+  return tables[device];
 }
 
 template <int VEC>
@@ -124,6 +198,17 @@ void gelu_tanh(const difuse_tensor_view& out, const difuse_tensor_view& x, cudaS
     return p.cols % vec == 0 && detail::aligned(x.data, 2 * vec) && detail::aligned(out.data, 2 * vec) &&
            (p.rows == 1 || (p.x_rs % vec == 0 && p.out_rs % vec == 0));
   };
+  const int64_t total = p.rows * (p.cols / 8);
+  if (fits(8) && total >= (int64_t{1} << 16) && total < (int64_t{1} << 31)) {
+    if (const uint16_t* table = gelu_table(x.device, stream)) {
+      int sms = 0;
+      DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device));
+      gelu_tanh_table_kernel<<<static_cast<unsigned>(sms), kTableThreads, kTableEntries * sizeof(uint16_t), stream>>>(
+          p, table, static_cast<unsigned>(p.cols / 8), static_cast<unsigned>(total));
+      DIFUSE_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
   if (fits(8))
     launch<8>(p, stream);
   else if (fits(4))

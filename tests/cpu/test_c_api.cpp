@@ -287,7 +287,9 @@ TEST(RmsNormDiffusers, PredicateListsTheUnreplayedConfigurations) {
     const auto ow = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {64, n}, 0);
     const auto sw = difuse::can_use_rms_norm_diffusers(ow, xw, nullptr, 1e-6);
     EXPECT_EQ(sw.ok, n == 8160) << n;
-    if (!sw.ok) EXPECT_TRUE(mentions(sw, "[32, 8160]"));
+    if (!sw.ok) {
+      EXPECT_TRUE(mentions(sw, "[32, 8160]"));
+    }
   }
 }
 
@@ -332,4 +334,89 @@ TEST(WanFp32, AffineNormPredicate) {
   TensorView wb = w;
   wb.dtype = DIFUSE_BF16;
   EXPECT_EQ(difuse_can_use_layernorm_affine_fp32(&out, &x, &wb, &b, 1e-6), DIFUSE_ERR_UNSUPPORTED);
+}
+
+// ---- qk_norm_rope: the FLUX prologue's predicate ----------------------------------------------------------------
+namespace {
+
+struct QkCase {
+  TensorView q, k, v, q1, k1, v1, wq, wk, wq1, wk1, cos, sin, oq, ok, ov;
+  difuse_qk_norm_rope_args args() const {
+    difuse_qk_norm_rope_args a{};
+    a.q = &q, a.k = &k, a.v = &v, a.q_weight = &wq, a.k_weight = &wk;
+    a.q_first = &q1, a.k_first = &k1, a.v_first = &v1, a.q_first_weight = &wq1, a.k_first_weight = &wk1;
+    a.cos = &cos, a.sin = &sin, a.q_out = &oq, a.k_out = &ok, a.v_out = &ov, a.eps = 1e-6;
+    return a;
+  }
+};
+
+// FLUX.1 double block: image q, k, v as chunks of a fused to_qkv output [1, 4096, 3 * 3072], text as separate
+// projections [1, 512, 3072], joint outputs [1, 4608, 24, 128].
+QkCase flux_case() {
+  const int64_t S1 = 512, S2 = 4096, H = 24, D = 128, W = H * D;
+  QkCase c;
+  const uintptr_t img = 0x100000000ull;
+  c.q = TensorView(fake(img), DType::BF16, {1, S2, H, D}, {S2 * 3 * W, 3 * W, D, 1}, 0);
+  c.k = TensorView(fake(img + 2 * W), DType::BF16, {1, S2, H, D}, {S2 * 3 * W, 3 * W, D, 1}, 0);
+  c.v = TensorView(fake(img + 4 * W), DType::BF16, {1, S2, H, D}, {S2 * 3 * W, 3 * W, D, 1}, 0);
+  c.q1 = TensorView::contiguous(fake(0x200000000ull), DType::BF16, {1, S1, H, D}, 0);
+  c.k1 = TensorView::contiguous(fake(0x210000000ull), DType::BF16, {1, S1, H, D}, 0);
+  c.v1 = TensorView::contiguous(fake(0x220000000ull), DType::BF16, {1, S1, H, D}, 0);
+  c.wq = TensorView::contiguous(fake(0x300000000ull), DType::BF16, {D}, 0);
+  c.wk = TensorView::contiguous(fake(0x300001000ull), DType::BF16, {D}, 0);
+  c.wq1 = TensorView::contiguous(fake(0x300002000ull), DType::BF16, {D}, 0);
+  c.wk1 = TensorView::contiguous(fake(0x300003000ull), DType::BF16, {D}, 0);
+  c.cos = TensorView::contiguous(fake(0x400000000ull), DType::F32, {S1 + S2, D}, 0);
+  c.sin = TensorView::contiguous(fake(0x410000000ull), DType::F32, {S1 + S2, D}, 0);
+  c.oq = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {1, S1 + S2, H, D}, 0);
+  c.ok = TensorView::contiguous(fake(0x1100000000ull), DType::BF16, {1, S1 + S2, H, D}, 0);
+  c.ov = TensorView::contiguous(fake(0x1200000000ull), DType::BF16, {1, S1 + S2, H, D}, 0);
+  return c;
+}
+
+}  // namespace
+
+TEST(QkNormRope, AcceptsTheFluxDoubleAndSingleBlockCalls) {
+  const QkCase c = flux_case();
+  const auto a = c.args();
+  EXPECT_TRUE(difuse::can_use_qk_norm_rope(a).ok) << difuse_last_error();
+  // single block: one stream of 4608 tokens, no v, no first stream
+  QkCase s = flux_case();
+  s.q = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {1, 4608, 24, 128}, 0);
+  s.k = TensorView::contiguous(fake(0x180000000ull), DType::BF16, {1, 4608, 24, 128}, 0);
+  auto b = s.args();
+  b.v = b.v_out = b.q_first = b.k_first = b.v_first = b.q_first_weight = b.k_first_weight = nullptr;
+  EXPECT_TRUE(difuse::can_use_qk_norm_rope(b).ok) << difuse_last_error();
+}
+
+TEST(QkNormRope, ListsEveryViolation) {
+  QkCase c = flux_case();
+  c.wq = TensorView::contiguous(fake(0x300000000ull), DType::F32, {128}, 0);        // fp32 weight
+  c.cos = TensorView::contiguous(fake(0x400000000ull), DType::F32, {4096, 128}, 0);  // image tokens only
+  c.ok = c.oq;                                                                       // outputs overlap
+  auto a = c.args();
+  a.v_first = nullptr;                                                               // v without v_first
+  const auto s = difuse::can_use_qk_norm_rope(a);
+  ASSERT_FALSE(s.ok);
+  EXPECT_TRUE(mentions(s, "q_weight must be bf16"));
+  EXPECT_TRUE(mentions(s, "cos must be a contiguous [4608, 128]"));
+  EXPECT_TRUE(mentions(s, "q_out and k_out overlap"));
+  EXPECT_TRUE(mentions(s, "v_first must be given exactly when v is"));
+  EXPECT_GE(s.reasons.size(), 4u);
+}
+
+TEST(QkNormRope, RefusesWideHeadsMisalignedRowsAndMissingOutputs) {
+  QkCase c = flux_case();
+  const int64_t D = 256;
+  c.q = TensorView::contiguous(fake(0x100000002ull), DType::BF16, {1, 4096, 12, D}, 0);  // 2-byte aligned
+  auto a = c.args();
+  a.v_out = nullptr;
+  const auto s = difuse::can_use_qk_norm_rope(a);
+  ASSERT_FALSE(s.ok);
+  EXPECT_TRUE(mentions(s, "q rows must be 8-byte aligned"));
+  EXPECT_TRUE(mentions(s, "v_out must be given exactly when v is"));
+  EXPECT_TRUE(mentions(s, "k and v must have q's shape"));
+  auto none = c.args();
+  none.q = nullptr;
+  EXPECT_TRUE(mentions(difuse::can_use_qk_norm_rope(none), "q and k are required"));
 }

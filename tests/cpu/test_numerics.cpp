@@ -238,3 +238,41 @@ TEST(Activation, GeluTanhHostTwinIsCloseToTheDefinition) {
   EXPECT_EQ(kGeluBeta, static_cast<float>(M_SQRT2 * M_2_SQRTPI * 0.5));
   EXPECT_EQ(kGeluKappa, 0.044715f);
 }
+
+// ---- RoPE (numerics/rope.h) ---------------------------------------------------------------------------------
+#include "difuse/numerics/rope.h"
+
+TEST(Rope, InterleavedPairRoundsEachProductThenTheSum) {
+  // Values chosen so that x0*c0 and x1*s0 are inexact in fp32: a fused multiply-add would differ.
+  const float x0 = difuse::num::bf16_to_float(0x3f81), x1 = difuse::num::bf16_to_float(0xbfa3);  // 1.0078125, -1.2734375
+  const float c0 = 0.7071067690849304f, s0 = 0.7071067094802856f, c1 = 0.3333333432674408f, s1 = 0.9428090453147888f;
+  float o0, o1;
+  difuse::num::rope_interleaved_pair(x0, x1, c0, s0, c1, s1, o0, o1);
+  volatile float p00 = x0 * c0, p01 = -x1 * s0, p10 = x1 * c1, p11 = x0 * s1;  // one rounding each
+  volatile float e0 = p00 + p01, e1 = p10 + p11;
+  EXPECT_EQ(difuse::num::float_bits(o0), difuse::num::float_bits(e0));
+  EXPECT_EQ(difuse::num::float_bits(o1), difuse::num::float_bits(e1));
+  // and they are not what one rounding of the exact expression gives for at least one of these inputs
+  const double exact0 = static_cast<double>(x0) * c0 - static_cast<double>(x1) * s0;
+  const double exact1 = static_cast<double>(x1) * c1 + static_cast<double>(x0) * s1;
+  EXPECT_TRUE(difuse::num::float_bits(static_cast<float>(exact0)) != difuse::num::float_bits(o0) ||
+              difuse::num::float_bits(static_cast<float>(exact1)) != difuse::num::float_bits(o1));
+}
+
+TEST(Rope, SignOfZeroFollowsTheNegatedOperand) {
+  // x = (+0, +0), s0 = 1: element 0 is RN(+0 * c0) + RN(-0 * 1) = +0 + -0 = +0; with c0 = -1 it is -0 + -0 = -0.
+  float o0, o1;
+  difuse::num::rope_interleaved_pair(0.f, 0.f, -1.f, 1.f, 1.f, 1.f, o0, o1);
+  EXPECT_EQ(difuse::num::float_bits(o0), 0x80000000u);
+  EXPECT_EQ(difuse::num::float_bits(o1), 0u);
+  difuse::num::rope_interleaved_pair(0.f, 0.f, 1.f, 1.f, 1.f, 1.f, o0, o1);
+  EXPECT_EQ(difuse::num::float_bits(o0), 0u);
+}
+
+TEST(Rope, Bf16x2PacksElementZeroLow) {
+  const uint32_t x2 = 0x40003f80u;  // x0 = 1, x1 = 2
+  const uint32_t r = difuse::num::rope_interleaved_bf16x2(x2, 1.f, 0.f, 0.f, 1.f);  // o0 = 1*1 + -2*0 = 1, o1 = 2*0 + 1*1 = 1
+  EXPECT_EQ(r & 0xffffu, 0x3f80u);
+  EXPECT_EQ(r >> 16, 0x3f80u);
+  EXPECT_EQ(difuse::num::rope_interleaved_bf16x2(x2, 0.f, 1.f, 1.f, 0.f), (0x4000u << 16) | 0xc000u);  // (-2, 2)
+}

@@ -32,6 +32,22 @@ def test_every_bf16_input():
     assert count_mismatches(buf[:, :40], torch.zeros(256, 40, device=DEV, dtype=BF)) == 0  # untouched
 
 
+def test_every_bf16_input_through_the_table_path():
+    """Large tensors take the shared-memory table (built once per device from the kernel's own arithmetic):
+    every pattern, tiled and shuffled into a tensor large enough, into a column slice and in place."""
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    pats = torch.arange(65536, device=DEV, dtype=torch.int32).to(torch.int16)
+    x = pats[torch.randperm(65536 * 16, device=DEV, generator=g) % 65536].view(BF).view(64, 16384)
+    assert count_mismatches(ops.gelu_tanh(x), ref(x)) == 0
+    buf = torch.zeros(64, 16384 + 3072, device=DEV, dtype=BF)
+    ops.gelu_tanh(x, out=buf[:, 3072:])
+    assert count_mismatches(buf[:, 3072:], ref(x)) == 0
+    assert count_mismatches(buf[:, :3072], torch.zeros(64, 3072, device=DEV, dtype=BF)) == 0
+    y = x.clone()
+    ops.gelu_tanh(y, out=y)
+    assert count_mismatches(y, ref(x)) == 0
+
+
 @pytest.mark.parametrize("shape", [(1, 4608, 12288), (1, 4096, 12288), (1, 512, 12288), (2, 4096, 6144)], ids=str)
 def test_site_shapes(shape):
     g = torch.Generator(device=DEV).manual_seed(SEED)

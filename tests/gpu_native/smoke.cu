@@ -165,6 +165,87 @@ int run_other_ops() {
   return fails;
 }
 
+// rms_norm_modulate / gated_residual_rms_norm_modulate (rms_norm_modulate.cu): every element written, the
+// residual bit-exact (its host twin is exact), the output deterministic and within a few bf16 ulps of a double
+// reference of each term (n is rounded to bf16 twice before the modulate). One case per kernel class.
+int run_rms_norm_modulate(int64_t rows, int64_t cols, bool residual, bool fp32) {
+  std::mt19937 rng(static_cast<unsigned>(rows * 17 + cols * 3 + residual));
+  std::normal_distribution<float> nd(0.f, 1.5f), sd(0.f, 0.5f);
+  const int64_t n = rows * cols;
+  std::vector<uint16_t> hx(n), ha(n), hw(cols), hm(3 * cols);  // hm: shift, scale, gate rows
+  for (auto& v : hx) v = num::float_to_bf16_rne(nd(rng));
+  for (auto& v : ha) v = num::float_to_bf16_rne(nd(rng));
+  for (auto& v : hw) v = num::float_to_bf16_rne(nd(rng));
+  for (auto& v : hm) v = num::float_to_bf16_rne(sd(rng));
+  uint16_t *dx, *da, *dw, *dm, *dout, *dres;
+  for (auto* p : {&dx, &da, &dout, &dres}) CHECK_CUDA(cudaMalloc(p, n * 2));
+  CHECK_CUDA(cudaMalloc(&dw, cols * 2));
+  CHECK_CUDA(cudaMalloc(&dm, 3 * cols * 2));
+  CHECK_CUDA(cudaMemcpy(dx, hx.data(), n * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(da, ha.data(), n * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dw, hw.data(), cols * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dm, hm.data(), 3 * cols * 2, cudaMemcpyHostToDevice));
+  const auto x = TensorView::contiguous(dx, DType::BF16, {rows, cols}, 0);
+  const auto a = TensorView::contiguous(da, DType::BF16, {rows, cols}, 0);
+  const auto out = TensorView::contiguous(dout, DType::BF16, {rows, cols}, 0);
+  const auto res = TensorView::contiguous(dres, DType::BF16, {rows, cols}, 0);
+  const auto w = TensorView::contiguous(dw, DType::BF16, {cols}, 0);
+  const auto shift = TensorView::contiguous(dm, DType::BF16, {cols}, 0);  // one row, broadcast to every row
+  const auto scale = TensorView::contiguous(dm + cols, DType::BF16, {cols}, 0);
+  const auto gate = TensorView::contiguous(dm + 2 * cols, DType::BF16, {cols}, 0);
+  std::vector<uint16_t> o1(n), o2(n), r1(n);
+  for (auto* o : {&o1, &o2}) {
+    CHECK_CUDA(cudaMemset(dout, 0xFF, n * 2));
+    CHECK_CUDA(cudaMemset(dres, 0xFF, n * 2));
+    if (residual)
+      gated_residual_rms_norm_modulate(out, res, x, a, gate, &w, scale, shift, 1e-6, fp32, nullptr);
+    else
+      rms_norm_modulate(out, x, &w, scale, shift, 1e-6, fp32, nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaMemcpy(o->data(), dout, n * 2, cudaMemcpyDeviceToHost));
+  }
+  CHECK_CUDA(cudaMemcpy(r1.data(), dres, n * 2, cudaMemcpyDeviceToHost));
+  int64_t unwritten = 0, nondet = 0, far = 0, residual_bits = 0;
+  std::vector<double> h(cols);
+  for (int64_t r = 0; r < rows; ++r) {
+    double ss = 0;
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * cols + c;
+      uint16_t hb = hx[i];
+      if (residual) {  // exact on the host: bf16(h + bf16(gate * a))
+        const float t = num::round_bf16(num::mul_rn(num::bf16_to_float(hm[2 * cols + c]), num::bf16_to_float(ha[i])));
+        hb = num::float_to_bf16_rne(num::add_rn(num::bf16_to_float(hx[i]), t));
+        residual_bits += r1[i] != hb;
+      }
+      h[c] = num::bf16_to_float(hb);
+      ss += h[c] * h[c];
+    }
+    const double rstd = 1.0 / std::sqrt(ss / cols + 1e-6);
+    for (int64_t c = 0; c < cols; ++c) {
+      const int64_t i = r * cols + c;
+      unwritten += o1[i] == 0xFFFF;
+      nondet += o1[i] != o2[i];
+      const double nm = h[c] * rstd * num::bf16_to_float(hw[c]);
+      const double t = nm * (1.0 + num::bf16_to_float(hm[cols + c])), sh = num::bf16_to_float(hm[c]);
+      far += std::fabs(num::bf16_to_float(o1[i]) - (t + sh)) > std::ldexp(std::fabs(t) + std::fabs(sh), -5) + 1e-5;
+    }
+  }
+  for (auto* p : {dx, da, dw, dm, dout, dres}) CHECK_CUDA(cudaFree(p));
+  const bool ok = unwritten == 0 && nondet == 0 && far == 0 && residual_bits == 0;
+  std::printf("%-4s %s %lldx%lld%s: unwritten %lld, nondeterministic %lld, out of tolerance %lld, residual bits %lld\n",
+              ok ? "ok" : "FAIL", residual ? "gated_residual_rms_norm_modulate" : "rms_norm_modulate", (long long)rows,
+              (long long)cols, fp32 ? " (fp32 modulate)" : "", (long long)unwritten, (long long)nondet, (long long)far,
+              (long long)residual_bits);
+  return ok ? 0 : 1;
+}
+
+constexpr int kRmsModulateCases = 6;
+int run_rms_norm_modulate_cases() {  // narrow rows, K = 8, 24, 32, 48 and 64 lane vectors
+  return run_rms_norm_modulate(19, 33, false, true) + run_rms_norm_modulate(17, 128, true, false) +
+         run_rms_norm_modulate(19, 3072, true, true) + run_rms_norm_modulate(19, 4096, false, false) +
+         run_rms_norm_modulate(19, 4100, true, false) + run_rms_norm_modulate(16, 8160, false, true);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -179,12 +260,13 @@ int main(int argc, char** argv) {
     fails += run_case(1, 7, 12288, 3, false);  // four warps per row
     fails += run_case(1, 3, 30000, 2, false);  // two-pass kernel
     fails += run_other_ops();
+    fails += run_rms_norm_modulate_cases();
     if (!quick) fails += run_case(1, 4096, 3072, 6, false);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "exception: %s\n", e.what());
     return 2;
   }
-  const int total = (quick ? 7 : 8) + 8;
+  const int total = (quick ? 7 : 8) + 8 + kRmsModulateCases;
   std::printf("%d passed, %d failed\n", total - fails, fails);
   return fails ? 1 : 0;
 }

@@ -1,0 +1,459 @@
+// rms_norm_modulate, gated_residual_rms_norm_modulate — RMSNorm-based adaLN in one pass, bit-exact against the
+// eager chains of diffusers 0.42's ERNIE-Image and LTX-2 transformers.
+//
+// Both models normalise with diffusers.models.normalization.RMSNorm (the class, not torch.nn.RMSNorm):
+//     variance = x.to(float32).pow(2).mean(-1, keepdim=True)     (1) RN(v * v), aten's generic mean (RN adds)
+//     y = x * torch.rsqrt(variance + eps)                        (2) RN(var + eps), rsqrtf, RN(x * rstd) fp32
+//     n = y.to(bf16) * weight   (bf16 weight: ERNIE)             (3) bf16 rounding, then bf16(RN(y * w))
+//     n = y.to(bf16)            (elementwise_affine=False: LTX-2) (3') one bf16 rounding
+// then modulate, differently:
+//   ERNIE-Image (ErnieImageSharedAdaLNBlock.forward; fp32_modulate = 1):
+//     out = (n.float() * (1 + scale.float()) + shift.float()).to(n.dtype)
+//         = bf16(RN(RN(n * RN(scale + 1)) + shift))             three fp32 kernels, no fma, one bf16 rounding
+//     adaLN_sa_ln / adaLN_mlp_ln = RMSNorm(3072, eps=1e-6) with a bf16 weight, no bias; x is [S, B, H]
+//     (sequence first), scale/shift the [B, H] chunks of adaLN_modulation(c) expanded to [S, B, H] and made
+//     contiguous (passing the [B, H] chunks themselves broadcasts to the same values);
+//   LTX-2 (LTX2VideoTransformerBlock.forward, norm1/norm2/norm3 and the audio and a2v/v2a norms;
+//   fp32_modulate = 0):
+//     out = n * (1 + scale) + shift                              three bf16 kernels, a bf16 rounding after each:
+//         = bf16(RN(bf16(RN(n * bf16(RN(scale + 1)))) + shift))
+//     RMSNorm(D, eps=1e-6, elementwise_affine=False): D = 4096 (video), 2048 (audio); x [B, L, D]; scale/shift
+//     the [B, T, D] unbind(dim=2) views of scale_shift_table[None, None] + temb.reshape(B, T, k, D), T = 1 or L
+//     (strides (T k D, k D, 1)).
+// The residual form (the site before the next norm) rounds identically in both models:
+//     ERNIE: h1 = h + (gate.float() * a.float()).to(bf16)      LTX-2: h1 = h + a * gate  (or gate * a)
+//          = bf16(RN(h + bf16(RN(gate * a))))                   both outputs (h1, out) are returned.
+// Modulation (and gate) views broadcast against x with torch's rules (right-aligned: [B, H] against an ERNIE
+// [S, B, H] x, [B, 1, D] or [B, L, D] against an LTX-2 [B, L, D] x).
+//
+// Replays: torch 2.11.0+cu130 reduce_kernel<512, 1, ReduceOp<float, MeanOps<float, float, float, float>,
+// uint32, float, vt0 = 4, input_vec_size = 4>> in its (32, 16) block configuration, as rms_norm_diffusers does
+// (rms_modulate_schedule.h): one warp per row, lane x holds the float4 vectors x, x + 32, ... (N >= 128) or the
+// elements x + 32 i (N < 128) in four accumulators, ((a0 + a1) + a2) + a3, shuffle-down tree 16..1,
+// mean = RN(sum * factor), factor = (float)rows / (float)(rows * N); then CUDAFunctorOnSelf_add (1 + scale),
+// the broadcast mul and add (fp32 opmath; a bf16 store each, or fp32 stores and one .to(bf16)), and for the
+// residual binary_internal::MulFunctor<float> + CUDAFunctor_add<bf16> (shared/reference/torch-2.11-numerics.md
+// §3, §4). Packed bf16x2 add/mul are used only where they equal the fp32 op + bf16 rounding (numerics/modulate.h).
+//
+// Guards (can_use_rms_norm_modulate / can_use_gated_residual_rms_norm_modulate; every violation is reported):
+// x (h) bf16 contiguous on a CUDA device, rank 1-4; 32 <= N <= 8160 and rows >= 16 (or no rows at all): only
+// then is aten's mean block (32, 16) with one warp per row (narrower rows or fewer rows change the block
+// shape, N > 8160 splits a row across warps; not replayed); N % 4 == 0 when N >= 128 (misaligned fp32 rows start
+// with an alignment head, not replayed) and x 8-byte aligned then; rows * N < 2^31; weight absent or a
+// contiguous bf16 [N]; scale, shift (gate) bf16, broadcastable to x with N as their contiguous last dim and
+// non-negative strides; fp32_modulate 0 or 1; out (and residual) contiguous bf16 of x's shape, 8-byte aligned,
+// overlapping no input (residual may be h itself).
+//
+// Schedule: one warp per row, 4 rows per 128-thread block; N >= 128: each lane keeps its vectors (up to 64 for
+// N = 8160) in registers: one read of x, one write of out (and of the residual); modulation rows are read as
+// 8-byte words when every row start is 8-byte aligned, else as bf16. N < 128: scalar elements.
+//
+// Verification status: CPU tests only at this commit (host emulation of the arithmetic against Reduce.cuh's loops,
+// predicates; tests/torch_cpu checks the Python eager chains against diffusers' own ErnieImageSharedAdaLNBlock and
+// LTX2VideoTransformerBlock forward on the CPU); tests/gpu/test_rms_norm_modulate.py (ERNIE-Image and LTX-2 site shapes, the diffusers blocks' own forward,
+// >= 200 seeded random shapes, adversarial values, compile, graphs) has not yet run on the H200.
+#include "norm/rms_norm_modulate.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "core/device.h"
+#include "core/registry.h"
+#include "core/rows.h"
+#include "core/tensor.h"
+#include "modulate/gated_residual_pair.h"
+#include "norm/rms_modulate_schedule.h"
+#include "norm/rms_norm_diffusers.h"
+
+namespace difuse::norm {
+
+namespace {
+
+const detail::KernelRegistration kRegistration{{
+    "rms_norm_modulate", "cuda", "bit_exact",
+    "diffusers RMSNorm(x, w, eps) * (1 + scale) + shift  (bf16 chain: LTX-2; fp32 modulate: ERNIE-Image)",
+    "pending H200 verification (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "RMSNorm-based adaLN in one pass, replaying aten's mean reduction order (rows >= 16, 32 <= N <= 8160)"}};
+
+const detail::KernelRegistration kResidualRegistration{{
+    "gated_residual_rms_norm_modulate", "cuda", "bit_exact",
+    "h1 = h + gate * a;  diffusers RMSNorm(h1, w, eps) * (1 + scale) + shift  (LTX-2 bf16 / ERNIE-Image fp32)",
+    "pending H200 verification (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "gated residual, then RMSNorm-based adaLN of the new residual, one pass"}};
+
+constexpr int kRowsPerBlock = 4;  // one warp per row
+constexpr int kThreads = 32 * kRowsPerBlock;
+constexpr int kMaxWidth = 8160;   // ceil(N / 32) < 256: aten keeps a row in one warp
+
+struct Params {
+  const uint16_t* x;  // the rows normalised (h for the residual variant); not restrict: residual may be h
+  uint16_t* out;
+  const uint16_t* w;  // nullptr: no weight
+  const uint16_t* scale;
+  const uint16_t* shift;
+  const uint16_t* a;      // residual variant only
+  const uint16_t* gate;
+  uint16_t* residual;
+  detail::RowIndexer scale_rows, shift_rows, gate_rows;  // row r's modulation starts at scale + scale_rows.offset(r)
+  int64_t rows;
+  int n, v;  // width, width / 4
+  float eps, factor;
+  bool has_w, fp32_mod;
+};
+
+// Four bf16 of a row as two words: one 8-byte load when the caller knows the address is 8-byte aligned.
+template <bool VEC>
+__device__ __forceinline__ uint2 load4(const uint16_t* s) {
+  if constexpr (VEC) {
+    return *reinterpret_cast<const uint2*>(s);
+  } else {
+    return make_uint2(s[0] | (uint32_t{s[1]} << 16), s[2] | (uint32_t{s[3]} << 16));
+  }
+}
+
+// Rows of N >= 128 (N % 4 == 0): lane x holds aten lane x's vectors x + 32 k (k < K) in registers.
+template <int K, bool VEC, bool RESIDUAL>
+__global__ void __launch_bounds__(kThreads) rms_norm_modulate_rows(const Params p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= p.rows) return;  // whole warp
+  const int V = p.v;
+  const uint2* xr = reinterpret_cast<const uint2*>(p.x + row * p.n);
+  uint2 xv[K];
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int vi = lane + 32 * k;
+    xv[k] = vi < V ? xr[vi] : make_uint2(0, 0);
+  }
+  if constexpr (RESIDUAL) {  // h1 = h + gate * a, rounded as eager, written out and normalised from here on
+    const uint16_t* grow = p.gate + p.gate_rows.offset(row);
+    const uint2* ar = reinterpret_cast<const uint2*>(p.a + row * p.n);
+    uint2* rr = reinterpret_cast<uint2*>(p.residual + row * p.n);
+#pragma unroll
+    for (int k = 0; k < K; ++k) {
+      const int vi = lane + 32 * k;
+      if (vi < V) {
+        const uint2 aw = ar[vi], gw = load4<VEC>(grow + 4 * vi);
+        xv[k] = make_uint2(modulate::gated_residual_pair(xv[k].x, aw.x, gw.x),
+                           modulate::gated_residual_pair(xv[k].y, aw.y, gw.y));
+        rr[vi] = xv[k];
+      }
+    }
+  }
+  MeanLane acc;
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    if (lane + 32 * k < V)
+      mean_push_vec4(acc, num::bf16_lo(xv[k].x), num::bf16_hi(xv[k].x), num::bf16_lo(xv[k].y), num::bf16_hi(xv[k].y));
+  }
+  float s = mean_lane_total(acc);
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) s = mean_tree_step(s, __shfl_down_sync(0xffffffffu, s, o));
+  const float rstd = diffusers_rstd(__shfl_sync(0xffffffffu, s, 0), p.factor, p.eps);
+
+  const uint16_t* srow = p.scale + p.scale_rows.offset(row);
+  const uint16_t* hrow = p.shift + p.shift_rows.offset(row);
+  uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.n);
+#pragma unroll
+  for (int k = 0; k < K; ++k) {
+    const int vi = lane + 32 * k;
+    if (vi < V) {
+      const uint2 ww = p.has_w ? load4<VEC>(p.w + 4 * vi) : make_uint2(0, 0);
+      const uint2 sc = load4<VEC>(srow + 4 * vi), sh = load4<VEC>(hrow + 4 * vi);
+      orow[vi] = make_uint2(rms_modulate_pair(xv[k].x, rstd, p.has_w, ww.x, sc.x, sh.x, p.fp32_mod),
+                            rms_modulate_pair(xv[k].y, rstd, p.has_w, ww.y, sc.y, sh.y, p.fp32_mod));
+    }
+  }
+}
+
+// Rows of 32 <= N < 128: lane x holds elements x + 32 i (i < 4), accumulator i.
+template <bool RESIDUAL>
+__global__ void __launch_bounds__(kThreads) rms_norm_modulate_narrow(const Params p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= p.rows) return;  // whole warp
+  const uint16_t* xr = p.x + row * p.n;
+  float xv[4];
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = lane + 32 * i;
+    xv[i] = c < p.n ? num::bf16_to_float(xr[c]) : 0.f;
+  }
+  if constexpr (RESIDUAL) {
+    const uint16_t* grow = p.gate + p.gate_rows.offset(row);
+    const uint16_t* ar = p.a + row * p.n;
+    uint16_t* rr = p.residual + row * p.n;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int c = lane + 32 * i;
+      if (c < p.n) {
+        const float t = num::round_bf16(num::mul_rn(num::bf16_to_float(grow[c]), num::bf16_to_float(ar[c])));
+        const uint16_t h1 = num::float_to_bf16_rne(num::add_rn(xv[i], t));
+        rr[c] = h1;
+        xv[i] = num::bf16_to_float(h1);
+      }
+    }
+  }
+  MeanLane acc;
+#pragma unroll
+  for (int i = 0; i < 4; ++i)
+    if (lane + 32 * i < p.n) mean_push_scalar(acc, i, xv[i]);
+  float s = mean_lane_total(acc);
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) s = mean_tree_step(s, __shfl_down_sync(0xffffffffu, s, o));
+  const float rstd = diffusers_rstd(__shfl_sync(0xffffffffu, s, 0), p.factor, p.eps);
+  const uint16_t* srow = p.scale + p.scale_rows.offset(row);
+  const uint16_t* hrow = p.shift + p.shift_rows.offset(row);
+  uint16_t* orow = p.out + row * p.n;
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int c = lane + 32 * i;
+    if (c < p.n) {
+      const float w = p.has_w ? num::bf16_to_float(p.w[c]) : 0.f;
+      orow[c] = num::float_to_bf16_rne(rms_modulate_value(xv[i], rstd, p.has_w, w, num::bf16_to_float(srow[c]),
+                                                          num::bf16_to_float(hrow[c]), p.fp32_mod));
+    }
+  }
+}
+
+template <int K, bool RESIDUAL>
+void launch_k(const Params& p, bool vec, unsigned blocks, cudaStream_t stream) {
+  if (vec)
+    rms_norm_modulate_rows<K, true, RESIDUAL><<<blocks, kThreads, 0, stream>>>(p);
+  else
+    rms_norm_modulate_rows<K, false, RESIDUAL><<<blocks, kThreads, 0, stream>>>(p);
+}
+
+template <bool RESIDUAL>
+void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
+  const detail::DeviceGuard device_guard(device);
+  const unsigned blocks = static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  switch (rms_norm_modulate_lane_vectors(p.n)) {
+    case 0: rms_norm_modulate_narrow<RESIDUAL><<<blocks, kThreads, 0, stream>>>(p); break;
+    case 8: launch_k<8, RESIDUAL>(p, vec, blocks, stream); break;
+    case 16: launch_k<16, RESIDUAL>(p, vec, blocks, stream); break;
+    case 24: launch_k<24, RESIDUAL>(p, vec, blocks, stream); break;
+    case 32: launch_k<32, RESIDUAL>(p, vec, blocks, stream); break;
+    case 48: launch_k<48, RESIDUAL>(p, vec, blocks, stream); break;
+    case 64: launch_k<64, RESIDUAL>(p, vec, blocks, stream); break;
+    default: throw detail::Failure(DIFUSE_ERR_INTERNAL, "rms_norm_modulate: no kernel for N = " + std::to_string(p.n));
+  }
+  DIFUSE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace
+
+detail::RowIndexer broadcast_row_indexer(const difuse_tensor_view& m, const difuse_tensor_view& x) {
+  int64_t sz[3] = {1, 1, 1}, st[3] = {0, 0, 0};
+  for (int d = x.rank - 2, k = 2; d >= 0 && k >= 0; --d, --k) {
+    const int md = d - (x.rank - m.rank);
+    sz[k] = x.sizes[d];
+    st[k] = (md >= 0 && m.sizes[md] != 1) ? m.strides[md] : 0;
+  }
+  detail::RowIndexer r;
+  r.d1 = sz[1];
+  r.d2 = sz[2];
+  r.s0 = st[0];
+  r.s1 = st[1];
+  r.s2 = st[2];
+  return r;
+}
+
+namespace {
+
+// Every row of m starts 8-byte aligned (the data pointer and each stride that moves, in elements, % 4 == 0).
+bool rows_aligned8(const difuse_tensor_view& m) {
+  if (!detail::aligned(m.data, 8)) return false;
+  for (int d = 0; d + 1 < m.rank; ++d)
+    if (m.sizes[d] > 1 && m.strides[d] % 4 != 0) return false;
+  return true;
+}
+
+bool present(const difuse_tensor_view& v) { return v.data != nullptr || v.rank != 0; }
+
+// A bf16 view that broadcasts to x under torch's rules with N as its contiguous last dim.
+void require_broadcast_rows(detail::Support& s, const difuse_tensor_view& m, const difuse_tensor_view& x,
+                            const char* name, bool empty) {
+  const std::string n(name);
+  DIFUSE_REQUIRE(s, m.dtype == DIFUSE_BF16,
+                 n + " must be bf16 (an fp32 " + n + " is another chain), got " + difuse_dtype_name(m.dtype));
+  DIFUSE_REQUIRE(s, m.device == x.device, n + " must be on the device of x, got " + detail::describe(m));
+  bool shape_ok = m.rank >= 1 && m.rank <= x.rank;
+  for (int d = 0; shape_ok && d < m.rank; ++d) {
+    const int64_t xs = x.sizes[x.rank - m.rank + d];
+    shape_ok = m.sizes[d] == xs || (m.sizes[d] == 1 && d + 1 < m.rank);
+  }
+  std::string xshape;
+  for (int d = 0; d < x.rank; ++d) xshape += (d ? ", " : "") + std::to_string(x.sizes[d]);
+  DIFUSE_REQUIRE(s, shape_ok, n + " must broadcast to x's shape [" + xshape +
+                                  "] (torch's rules, right-aligned, the last dim equal), got " + detail::describe(m));
+  if (m.rank >= 1) {
+    DIFUSE_REQUIRE(s, m.strides[m.rank - 1] == 1 || m.sizes[m.rank - 1] <= 1,
+                   n + " must have a contiguous last dim (stride 1), got " + detail::describe(m));
+    bool nonneg = true;
+    for (int d = 0; d < m.rank; ++d) nonneg = nonneg && m.strides[d] >= 0;
+    DIFUSE_REQUIRE(s, nonneg, n + " must have non-negative strides, got " + detail::describe(m));
+  }
+  if (!empty) DIFUSE_REQUIRE(s, m.data != nullptr, n + " has a null data pointer");
+}
+
+// The checks on x (or h) and the width/row configuration; false when x's rank is unusable.
+bool require_rows(detail::Support& s, const difuse_tensor_view& x, const char* name) {
+  const std::string nm(name);
+  if (!detail::require_bf16_row_view(s, x, name)) return false;
+  const int64_t N = x.sizes[x.rank - 1];
+  const int64_t total = detail::numel(x);
+  const int64_t rows = N ? total / N : 0;
+  DIFUSE_REQUIRE(s, detail::is_contiguous(x), nm + " must be contiguous, got " + detail::describe(x));
+  DIFUSE_REQUIRE(s, N >= 32 && N <= kMaxWidth,
+                 "the normalized width must be in [32, 8160] (aten's mean then runs one warp per row), got " +
+                     std::to_string(N));
+  DIFUSE_REQUIRE(s, rows >= 16 || total == 0,
+                 "at least 16 rows are needed (fewer change aten's mean block shape, which is not replayed), got " +
+                     std::to_string(rows));
+  DIFUSE_REQUIRE(s, N < 128 || N % 4 == 0,
+                 "a width of 128 or more must be a multiple of 4 (aten's vectorized mean over misaligned rows is not "
+                 "replayed), got " + std::to_string(N));
+  DIFUSE_REQUIRE(s, total <= int64_t{2147483647}, "at most 2^31 - 1 elements (aten splits larger reductions)");
+  if (total > 0) {
+    DIFUSE_REQUIRE(s, x.data != nullptr, nm + " has a null data pointer");
+    if (N >= 128 && N % 4 == 0)
+      DIFUSE_REQUIRE(s, detail::aligned(x.data, 8), nm + " must be 8-byte aligned, got " + detail::describe(x));
+  }
+  return true;
+}
+
+void require_weight(detail::Support& s, const difuse_tensor_view& weight, const difuse_tensor_view& x) {
+  if (!present(weight)) return;
+  const int64_t N = x.sizes[x.rank - 1];
+  DIFUSE_REQUIRE(s, weight.dtype == DIFUSE_BF16,
+                 std::string("weight must be bf16 (an fp32 weight multiplies in fp32: another chain), got ") +
+                     difuse_dtype_name(weight.dtype));
+  DIFUSE_REQUIRE(s, weight.rank == 1 && weight.sizes[0] == N && weight.strides[0] == 1,
+                 "weight must be a contiguous [" + std::to_string(N) + "], got " + detail::describe(weight));
+  DIFUSE_REQUIRE(s, weight.device == x.device, "weight must be on the device of x, got " + detail::describe(weight));
+  if (detail::numel(x) > 0) DIFUSE_REQUIRE(s, weight.data != nullptr, "weight has a null data pointer");
+}
+
+Params make_params(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& weight,
+                   const difuse_tensor_view& scale, const difuse_tensor_view& shift, double eps, int fp32_modulate) {
+  Params p{};
+  p.x = static_cast<const uint16_t*>(x.data);
+  p.out = static_cast<uint16_t*>(out.data);
+  p.has_w = present(weight);
+  p.w = p.has_w ? static_cast<const uint16_t*>(weight.data) : nullptr;
+  p.scale = static_cast<const uint16_t*>(scale.data);
+  p.shift = static_cast<const uint16_t*>(shift.data);
+  p.scale_rows = broadcast_row_indexer(scale, x);
+  p.shift_rows = broadcast_row_indexer(shift, x);
+  p.n = static_cast<int>(x.sizes[x.rank - 1]);
+  p.v = p.n / 4;
+  p.rows = detail::numel(x) / p.n;
+  p.eps = static_cast<float>(eps);
+  p.factor = diffusers_mean_factor(p.rows, p.n);
+  p.fp32_mod = fp32_modulate != 0;
+  return p;
+}
+
+}  // namespace
+
+int rms_norm_modulate_lane_vectors(int64_t n) {
+  if (n < 128) return 0;
+  const int64_t per_lane = (n / 4 + 31) / 32;
+  for (int k : {8, 16, 24, 32, 48, 64})
+    if (per_lane <= k) return k;
+  return -1;
+}
+
+detail::Support can_use_rms_norm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x,
+                                          const difuse_tensor_view& weight, const difuse_tensor_view& scale,
+                                          const difuse_tensor_view& shift, double eps, int fp32_modulate) {
+  (void)eps;
+  detail::Support s;
+  DIFUSE_REQUIRE(s, fp32_modulate == 0 || fp32_modulate == 1,
+                 "fp32_modulate must be 0 (bf16 chain, LTX-2) or 1 (fp32 chain, ERNIE-Image), got " +
+                     std::to_string(fp32_modulate));
+  if (!require_rows(s, x, "x")) return s;
+  const bool empty = detail::numel(x) == 0;
+  require_weight(s, weight, x);
+  require_broadcast_rows(s, scale, x, "scale", empty);
+  require_broadcast_rows(s, shift, x, "shift", empty);
+  detail::require_bf16_output(s, out, x, {&x, &weight, &scale, &shift});
+  return s;
+}
+
+void rms_norm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& weight,
+                       const difuse_tensor_view& scale, const difuse_tensor_view& shift, double eps, int fp32_modulate,
+                       cudaStream_t stream) {
+  const detail::Support s = can_use_rms_norm_modulate(out, x, weight, scale, shift, eps, fp32_modulate);
+  if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("rms_norm_modulate"));
+  if (detail::numel(x) == 0) return;
+  const Params p = make_params(out, x, weight, scale, shift, eps, fp32_modulate);
+  const bool vec = (!p.has_w || rows_aligned8(weight)) && rows_aligned8(scale) && rows_aligned8(shift);
+  launch<false>(p, vec, x.device, stream);
+}
+
+detail::Support can_use_gated_residual_rms_norm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& residual,
+                                                         const difuse_tensor_view& h, const difuse_tensor_view& a,
+                                                         const difuse_tensor_view& gate, const difuse_tensor_view& weight,
+                                                         const difuse_tensor_view& scale, const difuse_tensor_view& shift,
+                                                         double eps, int fp32_modulate) {
+  (void)eps;
+  detail::Support s;
+  DIFUSE_REQUIRE(s, fp32_modulate == 0 || fp32_modulate == 1,
+                 "fp32_modulate must be 0 (bf16 chain, LTX-2) or 1 (fp32 chain, ERNIE-Image), got " +
+                     std::to_string(fp32_modulate));
+  if (!require_rows(s, h, "h")) return s;
+  const int64_t N = h.sizes[h.rank - 1];
+  const bool empty = detail::numel(h) == 0;
+  require_weight(s, weight, h);
+  require_broadcast_rows(s, gate, h, "gate", empty);
+  require_broadcast_rows(s, scale, h, "scale", empty);
+  require_broadcast_rows(s, shift, h, "shift", empty);
+  for (const auto* t : {&a, &residual}) {
+    const std::string name = t == &a ? "a" : "residual";
+    DIFUSE_REQUIRE(s, t->dtype == DIFUSE_BF16, name + " must be bf16, got " + difuse_dtype_name(t->dtype));
+    DIFUSE_REQUIRE(s, t->device == h.device, name + " must be on the device of h, got " + detail::describe(*t));
+    bool same = t->rank == h.rank;
+    for (int d = 0; same && d < h.rank; ++d) same = t->sizes[d] == h.sizes[d];
+    DIFUSE_REQUIRE(s, same, name + " must have the shape of h, got " + detail::describe(*t));
+    DIFUSE_REQUIRE(s, detail::is_contiguous(*t), name + " must be contiguous, got " + detail::describe(*t));
+    if (!empty) {
+      DIFUSE_REQUIRE(s, t->data != nullptr, name + " has a null data pointer");
+      if (N >= 128 && N % 4 == 0)
+        DIFUSE_REQUIRE(s, detail::aligned(t->data, 8), name + " must be 8-byte aligned, got " + detail::describe(*t));
+    }
+  }
+  detail::require_bf16_output(s, out, h, {&h, &a, &gate, &weight, &scale, &shift});
+  if (!empty) {
+    DIFUSE_REQUIRE(s, residual.data == h.data || !detail::overlaps(residual, h),
+                   "residual must be h itself (in place) or not overlap it");
+    DIFUSE_REQUIRE(s, !detail::overlaps(residual, a) && !detail::overlaps(residual, gate) &&
+                          !detail::overlaps(residual, weight) && !detail::overlaps(residual, scale) &&
+                          !detail::overlaps(residual, shift) && !detail::overlaps(residual, out),
+                   "residual must not overlap a, gate, weight, scale, shift or out");
+  }
+  return s;
+}
+
+void gated_residual_rms_norm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& residual,
+                                      const difuse_tensor_view& h, const difuse_tensor_view& a,
+                                      const difuse_tensor_view& gate, const difuse_tensor_view& weight,
+                                      const difuse_tensor_view& scale, const difuse_tensor_view& shift, double eps,
+                                      int fp32_modulate, cudaStream_t stream) {
+  const detail::Support s =
+      can_use_gated_residual_rms_norm_modulate(out, residual, h, a, gate, weight, scale, shift, eps, fp32_modulate);
+  if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("gated_residual_rms_norm_modulate"));
+  if (detail::numel(h) == 0) return;
+  Params p = make_params(out, h, weight, scale, shift, eps, fp32_modulate);
+  p.a = static_cast<const uint16_t*>(a.data);
+  p.gate = static_cast<const uint16_t*>(gate.data);
+  p.residual = static_cast<uint16_t*>(residual.data);
+  p.gate_rows = broadcast_row_indexer(gate, h);
+  const bool vec =
+      (!p.has_w || rows_aligned8(weight)) && rows_aligned8(scale) && rows_aligned8(shift) && rows_aligned8(gate);
+  launch<true>(p, vec, h.device, stream);
+}
+
+}  // namespace difuse::norm

@@ -1,0 +1,43 @@
+// rms_norm_modulate: RMSNorm-based adaLN (diffusers ERNIE-Image, LTX-2), bit-exact (contract in the .cu).
+#pragma once
+
+#include <cuda_runtime_api.h>
+
+#include "core/error.h"
+#include "core/rows.h"
+#include "difuse/difuse.h"
+
+namespace difuse::norm {
+
+// out = diffusers RMSNorm(x, weight, eps), then * (1 + scale) + shift with torch broadcasting, in the bf16
+// chain (fp32_modulate == 0: LTX-2) or the fp32 chain (fp32_modulate == 1: ERNIE-Image). weight may be a
+// view with data == nullptr and rank 0 (none).
+detail::Support can_use_rms_norm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x,
+                                          const difuse_tensor_view& weight, const difuse_tensor_view& scale,
+                                          const difuse_tensor_view& shift, double eps, int fp32_modulate);
+void rms_norm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& weight,
+                       const difuse_tensor_view& scale, const difuse_tensor_view& shift, double eps, int fp32_modulate,
+                       cudaStream_t stream);
+
+// residual = h + gate * a (both eager roundings; gate broadcast like scale), out = rms_norm_modulate(residual).
+// residual may be h itself (in place).
+detail::Support can_use_gated_residual_rms_norm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& residual,
+                                                         const difuse_tensor_view& h, const difuse_tensor_view& a,
+                                                         const difuse_tensor_view& gate, const difuse_tensor_view& weight,
+                                                         const difuse_tensor_view& scale, const difuse_tensor_view& shift,
+                                                         double eps, int fp32_modulate);
+void gated_residual_rms_norm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& residual,
+                                      const difuse_tensor_view& h, const difuse_tensor_view& a,
+                                      const difuse_tensor_view& gate, const difuse_tensor_view& weight,
+                                      const difuse_tensor_view& scale, const difuse_tensor_view& shift, double eps,
+                                      int fp32_modulate, cudaStream_t stream);
+
+// Vectors of 4 elements each lane holds in registers for a row of width n (n >= 128, n % 4 == 0): the
+// kernel instance taken (8, 16, 24, 32, 48 or 64); 0 for rows the register kernels do not take (n < 128).
+int rms_norm_modulate_lane_vectors(int64_t n);
+
+// Where the modulation row of x's row r starts: x's leading dims right-aligned into a RowIndexer carrying m's
+// strides where m has that dim and 0 where it broadcasts (torch's rules; the predicate has checked the shapes).
+detail::RowIndexer broadcast_row_indexer(const difuse_tensor_view& m, const difuse_tensor_view& x);
+
+}  // namespace difuse::norm

@@ -1,0 +1,333 @@
+// qk_norm_rope — FLUX.1's attention prologue in one launch, bit-exact against eager PyTorch.
+//
+// Eager chain reproduced (diffusers 0.42.1 FluxAttnProcessor, double and single blocks), bf16:
+//     query = attn.norm_q(query)                  torch.nn.RMSNorm per head (aten's fused kernel, one rounding)
+//     key   = attn.norm_k(key)
+//     encoder_query = attn.norm_added_q(encoder_query); encoder_key = attn.norm_added_k(encoder_key)
+//     query = torch.cat([encoder_query, query], dim=1)   (key and value alike; exact copies)
+//     query = apply_rotary_emb(query, (cos, sin), sequence_dim=1)   numerics/rope.h: mul, mul, add, bf16
+// The single block has no text stream (no first stream, no v: its value goes to attention untouched).
+// Replays: torch 2.11.0+cu130 — the per-head RMSNorm is rms_norm.cu's rows-of-<=128 path (aten's
+// vectorized_layer_norm_kernel<BFloat16, float, rms=true>: lane l owns elements 4l..4l+3, s = fma(v, v, s), a
+// shuffle-down tree 16..1, rstd = rsqrtf(RN(s / D + eps)), out = bf16(RN(w * RN(rstd * x)))); RoPE is three
+// separate fp32 TensorIterator kernels (x.float() * cos, x_rotated.float() * sin, their sum) and .to(bf16).
+// One block per joint token: its 2H (3H with v) head rows, each warp loading all of its rows before reducing
+// any (2 at once by default: occupancy wins over loads in flight); the token's cos and sin rows are read once per lane. Output rows are
+// [B, S_first + S_second, H, D] contiguous, exactly the tensors the eager code hands to attention.
+//
+// Guards (can_use_qk_norm_rope; every violation is reported): q, k (and v) of each stream bf16 [B, S, H, D]
+// on one CUDA device, last dim contiguous, non-negative strides, rows 8-byte aligned (strided views: the
+// chunks of a fused to_qkv output are fine); 4 <= D <= 128, D % 4 == 0 (aten's vectorized RMSNorm, one warp's
+// worth of vectors); the first (text) stream has the second's B, H, D; weights absent or bf16 [D]
+// contiguous 8-byte aligned; cos and sin both absent or both fp32 [S_first + S_second, D] contiguous 16-byte
+// aligned; outputs contiguous bf16 [B, S_total, H, D], 8-byte aligned, overlapping no input; v_out given
+// exactly when v is (and v_first exactly when there is a first stream and v).
+//
+// Verification status: CPU tests only at this commit; tests/gpu/test_qk_norm_rope.py has not yet run on the
+// H200.
+#include "rope/qk_norm_rope.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "core/device.h"
+#include "core/registry.h"
+#include "core/tensor.h"
+#include "difuse/numerics/bf16.h"
+#include "difuse/numerics/rope.h"
+#include "norm/layernorm_schedule.h"
+
+namespace difuse::rope {
+
+namespace {
+
+const detail::KernelRegistration kRegistration{{
+    "qk_norm_rope", "cuda", "bit_exact",
+    "FLUX.1 attention prologue: RMSNorm(q), RMSNorm(k) per head, cat([text, image]), apply_rotary_emb (real, "
+    "interleaved)",
+    "pending H200 verification (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "per-head QK RMSNorm + joint concat + RoPE in one launch (fused or separate projections)"}};
+
+constexpr int kWarps = 8;
+
+struct Tensor4 {  // a [B, S, H, D] bf16 view
+  const uint16_t* data = nullptr;
+  int64_t sb = 0, ss = 0, sh = 0;
+  __device__ __forceinline__ const uint2* row(int64_t b, int64_t s, int64_t h) const {
+    return reinterpret_cast<const uint2*>(data + b * sb + s * ss + h * sh);
+  }
+};
+
+struct Stream {
+  Tensor4 t[3];  // q, k, v
+  const uint16_t* w[2] = {nullptr, nullptr};  // q, k norm weights (nullptr: none)
+  int64_t S = 0;
+};
+
+struct Params {
+  Stream first, second;
+  uint16_t* out[3] = {nullptr, nullptr, nullptr};
+  const float* cos = nullptr;
+  const float* sin = nullptr;
+  int64_t S = 0;  // joint tokens
+  int H = 0, D = 0, V = 0, roles = 2;
+  float eps = 1e-6f;
+};
+
+// Warp w of a token's block owns rows w, w + 8, w + 16, ... of its 2H (or 3H) head rows, R at a time: all R
+// loads are issued before any reduction, and the R shuffle trees run interleaved (rows past the end carry
+// zeros and are not stored).
+template <int R, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(const Params p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const unsigned S = static_cast<unsigned>(p.S);  // B * S < 2^31 (predicate)
+  const int64_t b = blockIdx.x / S;
+  const int64_t sj = blockIdx.x % S;
+  const bool in_first = sj < p.first.S;
+  const Stream& st = in_first ? p.first : p.second;
+  const int64_t s = in_first ? sj : sj - p.first.S;
+  const bool on = lane < p.V;
+
+  float4 c = make_float4(0.f, 0.f, 0.f, 0.f), sn = c;
+  if (p.cos != nullptr && on) {
+    c = reinterpret_cast<const float4*>(p.cos + sj * p.D)[lane];
+    sn = reinterpret_cast<const float4*>(p.sin + sj * p.D)[lane];
+  }
+  uint2 w[2];
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+    w[r] = (st.w[r] != nullptr && on) ? reinterpret_cast<const uint2*>(st.w[r])[lane] : make_uint2(0, 0);
+
+  const int rows = p.roles * p.H;
+  for (int base = warp; base < rows; base += kWarps * R) {
+    uint2 x[R];
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const int r = base + q * kWarps;
+      x[q] = (r < rows && on) ? *(st.t[r / p.H].row(b, s, r % p.H) + lane) : make_uint2(0, 0);
+    }
+    float sum[R];
+#pragma unroll
+    for (int q = 0; q < R; ++q)
+      sum[q] = norm::rms_push_vec4(0.f, num::bf16_lo(x[q].x), num::bf16_hi(x[q].x), num::bf16_lo(x[q].y),
+                                   num::bf16_hi(x[q].y));  // lanes past D hold +0, as aten's idle threads
+#pragma unroll
+    for (int o = 16; o >= 1; o /= 2) {
+#pragma unroll
+      for (int q = 0; q < R; ++q) sum[q] = norm::rms_combine(sum[q], __shfl_down_sync(0xffffffffu, sum[q], o));
+    }
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const int r = base + q * kWarps;
+      const int role = r < rows ? r / p.H : 2;  // 0 q, 1 k, 2 v (copied as is); rows past the end: not stored
+      uint2 y = x[q];
+      if (role < 2) {
+        const float roots[4] = {__shfl_sync(0xffffffffu, sum[q], 0), 0.f, 0.f, 0.f};
+        const float rstd = norm::rms_finalize_roots(roots, p.D, p.eps);
+        const bool has_w = st.w[role] != nullptr;
+        const uint2 wr = role == 0 ? w[0] : w[1];
+        y = make_uint2(norm::rms_norm_pair(y.x, rstd, has_w, wr.x), norm::rms_norm_pair(y.y, rstd, has_w, wr.y));
+        if (p.cos != nullptr)
+          y = make_uint2(num::rope_interleaved_bf16x2(y.x, c.x, sn.x, c.y, sn.y),
+                         num::rope_interleaved_bf16x2(y.y, c.z, sn.z, c.w, sn.w));
+      }
+      if (r < rows && on) reinterpret_cast<uint2*>(p.out[role] + ((b * p.S + sj) * p.H + r % p.H) * p.D)[lane] = y;
+    }
+  }
+}
+
+bool present(const difuse_tensor_view& v) { return v.data != nullptr || v.rank != 0; }
+
+// A [B, S, H, D] bf16 input; false when its rank is wrong (the caller then skips shape comparisons).
+bool require_heads_view(detail::Support& s, const difuse_tensor_view& x, const char* name) {
+  if (!detail::require_bf16_row_view(s, x, name)) return false;
+  if (x.rank != 4) {
+    DIFUSE_REQUIRE(s, false, std::string(name) + " must be [B, S, heads, head_dim], got " + detail::describe(x));
+    return false;
+  }
+  if (detail::numel(x) > 0) {
+    bool aligned = detail::aligned(x.data, 8);
+    for (int d = 0; d < 3; ++d) aligned = aligned && (x.sizes[d] <= 1 || x.strides[d] % 4 == 0);
+    DIFUSE_REQUIRE(s, aligned, std::string(name) + " rows must be 8-byte aligned (pointer and strides), got " +
+                                   detail::describe(x));
+  }
+  return true;
+}
+
+bool same_bhd(const difuse_tensor_view& a, const difuse_tensor_view& b) {
+  return a.sizes[0] == b.sizes[0] && a.sizes[2] == b.sizes[2] && a.sizes[3] == b.sizes[3];
+}
+
+void require_weight(detail::Support& s, const difuse_tensor_view& w, const char* name, int64_t D, int device) {
+  if (!present(w)) return;
+  const std::string n(name);
+  DIFUSE_REQUIRE(s, w.dtype == DIFUSE_BF16,
+                 n + " must be bf16 like q (another dtype takes aten's composite RMSNorm), got " +
+                     difuse_dtype_name(w.dtype));
+  DIFUSE_REQUIRE(s, w.rank == 1 && w.sizes[0] == D && w.strides[0] == 1,
+                 n + " must be a contiguous [" + std::to_string(D) + "], got " + detail::describe(w));
+  DIFUSE_REQUIRE(s, w.device == device, n + " must be on the device of q, got " + detail::describe(w));
+  DIFUSE_REQUIRE(s, w.data != nullptr && detail::aligned(w.data, 8), n + " must be 8-byte aligned");
+}
+
+void require_table(detail::Support& s, const difuse_tensor_view& t, const char* name, int64_t S, int64_t D,
+                   int device) {
+  const std::string n(name);
+  DIFUSE_REQUIRE(s, t.dtype == DIFUSE_F32, n + " must be fp32 (as FluxPosEmbed builds it), got " +
+                                               difuse_dtype_name(t.dtype));
+  DIFUSE_REQUIRE(s, t.rank == 2 && t.sizes[0] == S && t.sizes[1] == D && detail::is_contiguous(t),
+                 n + " must be a contiguous [" + std::to_string(S) + ", " + std::to_string(D) +
+                     "] (joint tokens, head_dim), got " + detail::describe(t));
+  DIFUSE_REQUIRE(s, t.device == device, n + " must be on the device of q, got " + detail::describe(t));
+  DIFUSE_REQUIRE(s, detail::aligned(t.data, 16), n + " must be 16-byte aligned");
+}
+
+void require_output(detail::Support& s, const difuse_tensor_view& out, const char* name, int64_t B, int64_t S,
+                    int64_t H, int64_t D, int device, std::initializer_list<const difuse_tensor_view*> inputs) {
+  const std::string n(name);
+  DIFUSE_REQUIRE(s, out.dtype == DIFUSE_BF16, n + " must be bf16, got " + difuse_dtype_name(out.dtype));
+  DIFUSE_REQUIRE(s, out.rank == 4 && out.sizes[0] == B && out.sizes[1] == S && out.sizes[2] == H &&
+                        out.sizes[3] == D && detail::is_contiguous(out),
+                 n + " must be a contiguous [" + std::to_string(B) + ", " + std::to_string(S) + ", " +
+                     std::to_string(H) + ", " + std::to_string(D) + "], got " + detail::describe(out));
+  DIFUSE_REQUIRE(s, out.device == device, n + " must be on the device of q, got " + detail::describe(out));
+  DIFUSE_REQUIRE(s, detail::aligned(out.data, 8), n + " must be 8-byte aligned");
+  for (const difuse_tensor_view* in : inputs)
+    if (present(*in) && in->data != nullptr)
+      DIFUSE_REQUIRE(s, !detail::overlaps(out, *in), n + " overlaps an input");
+}
+
+}  // namespace
+
+detail::Support can_use_qk_norm_rope(const QkNormRopeArgs& a) {
+  detail::Support s;
+  if (!present(a.q) || !present(a.k)) {
+    DIFUSE_REQUIRE(s, false, "q and k are required");
+    return s;
+  }
+  bool shapes = require_heads_view(s, a.q, "q");
+  shapes = require_heads_view(s, a.k, "k") && shapes;
+  const bool has_v = present(a.v);
+  if (has_v) shapes = require_heads_view(s, a.v, "v") && shapes;
+  const bool has_first = present(a.q_first) || present(a.k_first) || present(a.v_first);
+  if (has_first) {
+    DIFUSE_REQUIRE(s, present(a.q_first) && present(a.k_first),
+                   "a first (text) stream needs both q_first and k_first");
+    DIFUSE_REQUIRE(s, present(a.v_first) == has_v, "v_first must be given exactly when v is (both streams' values are "
+                                                  "concatenated, or neither is touched)");
+    if (present(a.q_first)) shapes = require_heads_view(s, a.q_first, "q_first") && shapes;
+    if (present(a.k_first)) shapes = require_heads_view(s, a.k_first, "k_first") && shapes;
+    if (present(a.v_first)) shapes = require_heads_view(s, a.v_first, "v_first") && shapes;
+  } else {
+    DIFUSE_REQUIRE(s, !present(a.q_first_weight) && !present(a.k_first_weight),
+                   "first-stream norm weights were given without a first stream");
+  }
+  DIFUSE_REQUIRE(s, present(a.v_out) == has_v, "v_out must be given exactly when v is");
+  if (!shapes) return s;
+
+  const int64_t B = a.q.sizes[0], S2 = a.q.sizes[1], H = a.q.sizes[2], D = a.q.sizes[3];
+  const int dev = a.q.device;
+  for (const auto* t : {&a.k, &a.v})
+    if (present(*t))
+      DIFUSE_REQUIRE(s, t->sizes[0] == B && t->sizes[1] == S2 && t->sizes[2] == H && t->sizes[3] == D && t->device == dev,
+                     "k and v must have q's shape and device " + detail::describe(a.q) + ", got " + detail::describe(*t));
+  int64_t S1 = 0;
+  if (has_first && present(a.q_first)) {
+    S1 = a.q_first.sizes[1];
+    for (const auto* t : {&a.q_first, &a.k_first, &a.v_first})
+      if (present(*t))
+        DIFUSE_REQUIRE(s, same_bhd(*t, a.q) && t->sizes[1] == S1 && t->device == dev,
+                       "the first stream's q, k, v must be [" + std::to_string(B) + ", S_first, " + std::to_string(H) +
+                           ", " + std::to_string(D) + "] alike on q's device, got " + detail::describe(*t));
+  }
+  DIFUSE_REQUIRE(s, D >= 4 && D <= 128 && D % 4 == 0,
+                 "head_dim must be a multiple of 4 in [4, 128] (aten's per-head RMSNorm vectors, one warp), got " +
+                     std::to_string(D));
+  const int64_t S = S1 + S2;
+  DIFUSE_REQUIRE(s, B * S <= int64_t{2147483647}, "at most 2^31 - 1 joint tokens in the batch");
+  DIFUSE_REQUIRE(s, H >= 1 && H <= 4096, "heads must be in [1, 4096], got " + std::to_string(H));
+  require_weight(s, a.q_weight, "q_weight", D, dev);
+  require_weight(s, a.k_weight, "k_weight", D, dev);
+  require_weight(s, a.q_first_weight, "q_first_weight", D, dev);
+  require_weight(s, a.k_first_weight, "k_first_weight", D, dev);
+  DIFUSE_REQUIRE(s, present(a.cos) == present(a.sin), "cos and sin must be given together");
+  if (present(a.cos)) require_table(s, a.cos, "cos", S, D, dev);
+  if (present(a.sin)) require_table(s, a.sin, "sin", S, D, dev);
+  const std::initializer_list<const difuse_tensor_view*> inputs = {
+      &a.q, &a.k, &a.v, &a.q_first, &a.k_first, &a.v_first, &a.q_weight, &a.k_weight, &a.q_first_weight,
+      &a.k_first_weight, &a.cos, &a.sin};
+  require_output(s, a.q_out, "q_out", B, S, H, D, dev, inputs);
+  require_output(s, a.k_out, "k_out", B, S, H, D, dev, inputs);
+  if (has_v && present(a.v_out)) require_output(s, a.v_out, "v_out", B, S, H, D, dev, inputs);
+  if (present(a.q_out) && present(a.k_out))
+    DIFUSE_REQUIRE(s, !detail::overlaps(a.q_out, a.k_out), "q_out and k_out overlap");
+  return s;
+}
+
+void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
+  const detail::Support s = can_use_qk_norm_rope(a);
+  if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("qk_norm_rope"));
+  Params p{};
+  const auto tensor4 = [](const difuse_tensor_view& v) {
+    Tensor4 t;
+    if (!present(v)) return t;
+    t.data = static_cast<const uint16_t*>(v.data);
+    t.sb = v.strides[0];
+    t.ss = v.strides[1];
+    t.sh = v.strides[2];
+    return t;
+  };
+  const auto weight = [](const difuse_tensor_view& v) {
+    return present(v) ? static_cast<const uint16_t*>(v.data) : nullptr;
+  };
+  p.second.t[0] = tensor4(a.q);
+  p.second.t[1] = tensor4(a.k);
+  p.second.t[2] = tensor4(a.v);
+  p.second.w[0] = weight(a.q_weight);
+  p.second.w[1] = weight(a.k_weight);
+  p.second.S = a.q.sizes[1];
+  if (present(a.q_first)) {
+    p.first.t[0] = tensor4(a.q_first);
+    p.first.t[1] = tensor4(a.k_first);
+    p.first.t[2] = tensor4(a.v_first);
+    p.first.w[0] = weight(a.q_first_weight);
+    p.first.w[1] = weight(a.k_first_weight);
+    p.first.S = a.q_first.sizes[1];
+  }
+  p.out[0] = static_cast<uint16_t*>(a.q_out.data);
+  p.out[1] = static_cast<uint16_t*>(a.k_out.data);
+  p.out[2] = present(a.v_out) ? static_cast<uint16_t*>(a.v_out.data) : nullptr;
+  p.roles = present(a.v) ? 3 : 2;
+  p.cos = present(a.cos) ? static_cast<const float*>(a.cos.data) : nullptr;
+  p.sin = present(a.sin) ? static_cast<const float*>(a.sin.data) : nullptr;
+  p.S = p.first.S + p.second.S;
+  p.H = static_cast<int>(a.q.sizes[2]);
+  p.D = static_cast<int>(a.q.sizes[3]);
+  p.V = p.D / 4;
+  p.eps = static_cast<float>(a.eps);
+  const int64_t blocks = a.q.sizes[0] * p.S;
+  if (blocks == 0 || p.H == 0) return;
+  const detail::DeviceGuard device_guard(a.q.device);
+  // Rows a warp loads before reducing: fewer rows keep more warps resident (occupancy), more rows put more
+  // loads in flight per warp. DIFUSE_QK_ROWS_PER_WARP=2|4|6|9 overrides the default (for measurements).
+  static const int knob = [] {
+    const char* e = std::getenv("DIFUSE_QK_ROWS_PER_WARP");
+    return e ? std::atoi(e) : 0;
+  }();
+  const int per_warp = knob > 0 ? knob : 2;  // H200, FLUX shapes: 2 rows 90.6 us, 4: 95.5, 6: 97.1, 9: 99.4
+  const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
+  if (per_warp <= 2)
+    qk_norm_rope_kernel<2, 6><<<grid, block, 0, stream>>>(p);
+  else if (per_warp <= 4)
+    qk_norm_rope_kernel<4, 5><<<grid, block, 0, stream>>>(p);
+  else if (per_warp <= 6)
+    qk_norm_rope_kernel<6, 4><<<grid, block, 0, stream>>>(p);
+  else
+    qk_norm_rope_kernel<9, 3><<<grid, block, 0, stream>>>(p);
+  DIFUSE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace difuse::rope

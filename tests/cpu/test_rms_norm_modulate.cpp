@@ -1,0 +1,466 @@
+// rms_norm_modulate and gated_residual_rms_norm_modulate on the host: the modulate rounding helpers
+// (numerics/modulate.h) against exact arithmetic, the kernels' composition of aten's mean (rms_modulate_schedule.h)
+// against a transcription of Reduce.cuh's own loops, the packed epilogue against the element chain, and the
+// predicates (every violated precondition listed). Fake device addresses: predicates never touch memory.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "difuse/difuse.hpp"
+#include "difuse/numerics/modulate.h"
+#include "norm/rms_modulate_schedule.h"
+#include "norm/rms_norm_modulate.h"
+
+using difuse::DType;
+using difuse::TensorView;
+using namespace difuse::num;
+
+namespace {
+
+void* fake(uintptr_t addr) { return reinterpret_cast<void*>(addr); }
+
+bool mentions(const difuse::Support& s, const std::string& needle) {
+  for (const auto& r : s.reasons)
+    if (r.find(needle) != std::string::npos) return true;
+  return false;
+}
+
+// The exact value v (a double holding it exactly) rounded once to bf16, ties to even; +-inf past the range.
+float exact_to_bf16(double v) {
+  if (v == 0.0 || std::isnan(v) || std::isinf(v)) return static_cast<float>(v);
+  const double a = std::fabs(v);
+  const int e = std::max(std::ilogb(a), -126);            // bf16's subnormals share 2^-126's quantum
+  const double quantum = std::ldexp(1.0, e - 7);          // 8 significant bits
+  double q = std::nearbyint(a / quantum) * quantum;       // the default rounding mode: ties to even
+  if (q >= std::ldexp(1.0, 128) * (1.0 - std::ldexp(1.0, -9))) q = INFINITY;  // past 0x7F7F's rounding boundary
+  return static_cast<float>(std::copysign(q, v));
+}
+
+uint16_t random_bf16(std::mt19937& rng, int kind) {
+  std::uniform_int_distribution<uint32_t> bits(0, 0xFFFF);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  switch (kind % 4) {
+    case 0: return static_cast<uint16_t>(bits(rng));  // any pattern: NaN, inf, subnormals, +-0
+    case 1: return float_to_bf16_rne(nd(rng));
+    case 2: return float_to_bf16_rne(nd(rng) * 1e-38f);
+    default: return float_to_bf16_rne(nd(rng) * 1e30f);
+  }
+}
+
+}  // namespace
+
+// ---- numerics/modulate.h ---------------------------------------------------------------------------------------
+TEST(ModulateNumerics, Bf16ProductWithOnePlusScaleIsRoundedOnce) {
+  // The packed chain multiplies n by a = bf16(1 + scale) with mul.rn.bf16x2 (one rounding of the exact product);
+  // eager rounds the fp32 product again. Equal because a is 0 or a multiple of 2^-8, so the exact product sits
+  // on fp32's grid: checked for every scale against n of every magnitude class.
+  std::mt19937 rng(17);
+  int64_t checked = 0;
+  for (uint32_t sb = 0; sb < 65536; ++sb) {
+    const float a = round_bf16(add_rn(bf16_to_float(static_cast<uint16_t>(sb)), 1.0f));
+    if (std::isnan(a) || std::isinf(a)) continue;
+    for (int k = 0; k < 24; ++k) {
+      const float n = bf16_to_float(random_bf16(rng, k));
+      if (std::isnan(n) || std::isinf(n)) continue;
+      const double exact = static_cast<double>(n) * static_cast<double>(a);  // 16 significant bits: exact
+      ASSERT_EQ(float_bits(round_bf16(mul_rn(n, a))), float_bits(exact_to_bf16(exact)))
+          << "n " << n << " a " << a;
+      ++checked;
+    }
+  }
+  EXPECT_GT(checked, 1000000);
+}
+
+TEST(ModulateNumerics, PackedChainEqualsTheElementChain) {
+  std::mt19937 rng(3);
+  for (int i = 0; i < 400000; ++i) {
+    const uint16_t n0 = random_bf16(rng, i), n1 = random_bf16(rng, i + 1);
+    const uint16_t s0 = random_bf16(rng, i + 2), s1 = random_bf16(rng, i / 3);
+    const uint16_t h0 = random_bf16(rng, i / 5), h1 = random_bf16(rng, i / 7);
+    const uint32_t r = modulate_bf16x2(n0 | (uint32_t{n1} << 16), s0 | (uint32_t{s1} << 16), h0 | (uint32_t{h1} << 16));
+    ASSERT_EQ(r & 0xFFFFu, float_to_bf16_rne(modulate_bf16_value(bf16_to_float(n0), bf16_to_float(s0), bf16_to_float(h0))));
+    ASSERT_EQ(r >> 16, float_to_bf16_rne(modulate_bf16_value(bf16_to_float(n1), bf16_to_float(s1), bf16_to_float(h1))));
+  }
+}
+
+TEST(ModulateNumerics, Fp32ChainIsNotContracted) {
+  // ERNIE-Image's (n.float() * (1 + scale.float()) + shift.float()): three kernels, so n * t is rounded before the
+  // add. With n = 1 + 2^-7 and t = 1 + 2^-20 + 2^-23 the exact product needs 31 bits.
+  const float n = 1.0f + std::ldexp(1.0f, -7);
+  const float scale = std::ldexp(1.0f, -20) + std::ldexp(1.0f, -23);  // a bf16 value (8 significant bits)
+  ASSERT_EQ(round_bf16(scale), scale);
+  const float unfused = modulate_f32(n, scale, -n);
+  const float fused = fma_rn(n, add_rn(scale, 1.0f), -n);
+  EXPECT_EQ(unfused, std::ldexp(1.0f, -20) + std::ldexp(1.0f, -23));
+  EXPECT_NE(float_bits(unfused), float_bits(fused));
+  EXPECT_NE(float_to_bf16_rne(unfused), float_to_bf16_rne(fused));  // visible after the bf16 rounding too
+  // And it is not the bf16 chain (which rounds 1 + scale to bf16 first: 1.0).
+  EXPECT_EQ(modulate_bf16_value(n, scale, -n), 0.0f);
+}
+
+// ---- rms_modulate_schedule.h: aten's mean, as the kernels compose it ------------------------------------------
+namespace {
+
+// Reduce.cuh's per-thread loops for one output row with block (32, 16), transcribed from its structure
+// (input_vectorized_thread_reduce_impl for N >= 128, thread_reduce_impl with vt0 = 4 otherwise), then the
+// accumulator combine and block_x_reduce's shuffle-down tree (explicit copies per step).
+float aten_mean_sum(const std::vector<float>& row) {
+  const int end = static_cast<int>(row.size());
+  float lane_value[32];
+  for (int x = 0; x < 32; ++x) {
+    float vl[4] = {0.f, 0.f, 0.f, 0.f};
+    auto sq = [&](int i) { return mul_rn(row[i], row[i]); };
+    if (end >= 128) {
+      int idx = x;
+      while (idx * 4 + 3 < end) {
+        for (int i = 0; i < 4; ++i) vl[i] = add_rn(vl[i], sq(idx * 4 + i));
+        idx += 32;
+      }
+      for (int i = end - end % 4 + x; i < end; i += 32) vl[0] = add_rn(vl[0], sq(i));  // tail (N % 4 == 0: none)
+    } else {
+      int idx = x;
+      while (idx + 3 * 32 < end) {
+        for (int i = 0; i < 4; ++i) vl[i] = add_rn(vl[i], sq(idx + i * 32));
+        idx += 4 * 32;
+      }
+      for (int i = 0; i < 4 && idx < end; ++i, idx += 32) vl[i] = add_rn(vl[i], sq(idx));
+    }
+    for (int i = 1; i < 4; ++i) vl[0] = add_rn(vl[0], vl[i]);
+    lane_value[x] = vl[0];
+  }
+  for (int o = 16; o >= 1; o /= 2) {
+    float in[32];
+    for (int x = 0; x < 32; ++x) in[x] = lane_value[x + o < 32 ? x + o : x];
+    for (int x = 0; x < 32; ++x) lane_value[x] = add_rn(lane_value[x], in[x]);
+  }
+  return lane_value[0];
+}
+
+// The kernels' composition: lane x keeps vectors x + 32 k (N >= 128) or elements x + 32 i (N < 128).
+float kernel_mean_sum(const std::vector<float>& row) {
+  using namespace difuse::norm;
+  const int n = static_cast<int>(row.size());
+  float lanes[kMeanLanes];
+  for (int x = 0; x < kMeanLanes; ++x) {
+    MeanLane acc;
+    if (n >= 128) {
+      for (int v = x; v < n / 4; v += 32) mean_push_vec4(acc, row[4 * v], row[4 * v + 1], row[4 * v + 2], row[4 * v + 3]);
+    } else {
+      for (int i = 0; i < 4; ++i)
+        if (x + 32 * i < n) mean_push_scalar(acc, i, row[x + 32 * i]);
+    }
+    lanes[x] = mean_lane_total(acc);
+  }
+  return mean_tree_host(lanes);
+}
+
+}  // namespace
+
+TEST(RmsModulateSchedule, KernelMeanReplaysAtensLoopsBitForBit) {
+  std::mt19937 rng(29);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<int> widths = {32, 33, 63, 64, 95, 96, 97, 127, 128, 132, 256, 1020, 2048, 3072, 4096, 5120, 8156, 8160};
+  for (int i = 0; i < 60; ++i) widths.push_back(4 * std::uniform_int_distribution<int>(32, 2040)(rng));
+  for (int i = 0; i < 20; ++i) widths.push_back(std::uniform_int_distribution<int>(32, 127)(rng));
+  for (int n : widths) {
+    for (float scale : {1.0f, 1e-3f, 40.0f, 1e-20f}) {
+      std::vector<float> row(n);
+      for (auto& v : row) v = round_bf16(nd(rng) * scale);
+      const float a = aten_mean_sum(row), k = kernel_mean_sum(row);
+      ASSERT_EQ(float_bits(a), float_bits(k)) << "N " << n << " scale " << scale;
+      double exact = 0;
+      for (float v : row) exact += static_cast<double>(v) * v;
+      EXPECT_NEAR(k, exact, 1e-5 * exact + 1e-42) << n;
+    }
+  }
+}
+
+TEST(RmsModulateSchedule, PackedEpilogueEqualsTheElementChain) {
+  using difuse::norm::rms_modulate_pair;
+  using difuse::norm::rms_modulate_value;
+  std::mt19937 rng(41);
+  std::uniform_real_distribution<float> ur(-20.f, 20.f);
+  for (int i = 0; i < 300000; ++i) {
+    const float rstd = std::ldexp(1.0f + std::abs(ur(rng)) / 20.f, static_cast<int>(ur(rng) * 3));
+    const bool has_w = i % 3 != 0, fp32 = i % 2 == 0;
+    uint16_t e[5][2];
+    for (auto& p : e)
+      for (auto& b : p) b = random_bf16(rng, i + (&b - &p[0]));
+    auto w2 = [&](int k) { return e[k][0] | (uint32_t{e[k][1]} << 16); };
+    const uint32_t r = rms_modulate_pair(w2(0), rstd, has_w, w2(1), w2(2), w2(3), fp32);
+    for (int h = 0; h < 2; ++h) {
+      const float v = rms_modulate_value(bf16_to_float(e[0][h]), rstd, has_w, bf16_to_float(e[1][h]),
+                                         bf16_to_float(e[2][h]), bf16_to_float(e[3][h]), fp32);
+      ASSERT_EQ(h ? r >> 16 : r & 0xFFFFu, float_to_bf16_rne(v)) << i << " half " << h;
+    }
+  }
+}
+
+TEST(RmsModulateSchedule, ElementChainRoundsWhereDiffusersDoes) {
+  using difuse::norm::diffusers_rms_value;
+  using difuse::norm::rms_modulate_value;
+  // y = bf16(RN(x * rstd)) is rounded before the weight: x = 1, rstd = 1 + 2^-8 - 2^-12 gives y = 1 in bf16, so
+  // y * w = w = 2 - 2^-7 exactly; one rounding of x * rstd * w (1.99948) would give 2 instead.
+  const float rstd = 1.0f + std::ldexp(1.0f, -8) - std::ldexp(1.0f, -12), w = 2.0f - std::ldexp(1.0f, -7);
+  EXPECT_EQ(diffusers_rms_value(1.0f, rstd, false, 0.f), 1.0f);
+  EXPECT_EQ(diffusers_rms_value(1.0f, rstd, true, w), w);
+  EXPECT_EQ(round_bf16(mul_rn(rstd, w)), 2.0f);
+  // The two modulate chains differ on the same input. scale = 3 * 2^-9: the bf16 chain rounds 1 + scale to
+  // 1 + 2^-7 first, and 1.5 * (1 + 2^-7) is a bf16 tie that goes up to 1.515625; the fp32 chain keeps
+  // 1.5 * 1.005859375 = 1.5087890625, which rounds once, down to 1.5078125.
+  const float n = 1.5f, scale = std::ldexp(1.0f, -9) * 3, shift = 0.f;
+  EXPECT_EQ(rms_modulate_value(n, 1.0f, false, 0.f, scale, shift, false), 1.515625f);
+  EXPECT_EQ(rms_modulate_value(n, 1.0f, false, 0.f, scale, shift, true), 1.5078125f);
+}
+
+TEST(RmsModulateSchedule, LaneVectorsPerWidth) {
+  using difuse::norm::rms_norm_modulate_lane_vectors;
+  EXPECT_EQ(rms_norm_modulate_lane_vectors(127), 0);
+  EXPECT_EQ(rms_norm_modulate_lane_vectors(128), 8);
+  EXPECT_EQ(rms_norm_modulate_lane_vectors(1024), 8);
+  EXPECT_EQ(rms_norm_modulate_lane_vectors(1028), 16);
+  EXPECT_EQ(rms_norm_modulate_lane_vectors(2048), 16);  // LTX-2 audio
+  EXPECT_EQ(rms_norm_modulate_lane_vectors(3072), 24);  // ERNIE-Image
+  EXPECT_EQ(rms_norm_modulate_lane_vectors(4096), 32);  // LTX-2 video
+  EXPECT_EQ(rms_norm_modulate_lane_vectors(5120), 48);
+  EXPECT_EQ(rms_norm_modulate_lane_vectors(8160), 64);
+}
+
+// ---- predicates ------------------------------------------------------------------------------------------------
+namespace {
+
+struct Call {
+  TensorView out, x, weight, scale, shift;
+  bool has_w = true;
+  bool fp32 = true;
+};
+
+// ERNIE-Image: x [S, B, H] sequence first, bf16 weight, scale/shift the [B, H] chunks of a [B, 6H] projection.
+Call ernie(int64_t S = 4352, int64_t B = 2, int64_t H = 3072) {
+  Call c;
+  c.x = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {S, B, H}, 0);
+  c.out = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {S, B, H}, 0);
+  c.weight = TensorView::contiguous(fake(0x3000000000ull), DType::BF16, {H}, 0);
+  c.scale = TensorView(fake(0x2000000000ull + 2 * H), DType::BF16, {B, H}, {6 * H, 1}, 0);
+  c.shift = TensorView(fake(0x2000000000ull), DType::BF16, {B, H}, {6 * H, 1}, 0);
+  return c;
+}
+
+// LTX-2: x [B, L, D], no weight, scale/shift [B, T, D] views of a [B, T, 6, D] sum (T = 1 or L).
+Call ltx2(int64_t B = 2, int64_t L = 6144, int64_t D = 4096, bool per_token = false) {
+  Call c;
+  const int64_t T = per_token ? L : 1;
+  c.x = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {B, L, D}, 0);
+  c.out = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {B, L, D}, 0);
+  c.has_w = false;
+  c.fp32 = false;
+  c.scale = TensorView(fake(0x2000000000ull + 2 * D), DType::BF16, {B, T, D}, {T * 6 * D, 6 * D, 1}, 0);
+  c.shift = TensorView(fake(0x2000000000ull), DType::BF16, {B, T, D}, {T * 6 * D, 6 * D, 1}, 0);
+  return c;
+}
+
+difuse::Support can_use(const Call& c) {
+  return difuse::can_use_rms_norm_modulate(c.out, c.x, c.has_w ? &c.weight : nullptr, c.scale, c.shift, 1e-6, c.fp32);
+}
+
+}  // namespace
+
+TEST(RmsNormModulatePredicate, AcceptsTheSites) {
+  EXPECT_TRUE(can_use(ernie()).ok);
+  EXPECT_TRUE(can_use(ernie(4096, 1, 3072)).ok);
+  EXPECT_TRUE(can_use(ltx2()).ok);
+  EXPECT_TRUE(can_use(ltx2(2, 6144, 4096, true)).ok);
+  EXPECT_TRUE(can_use(ltx2(2, 126, 2048)).ok);  // audio stream
+  // ERNIE's eager modulation: the [B, H] chunk expanded to [S, B, H] and made contiguous.
+  Call e = ernie(300, 2, 3072);
+  e.scale = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {300, 2, 3072}, 0);
+  e.shift = TensorView::contiguous(fake(0x2800000000ull), DType::BF16, {300, 2, 3072}, 0);
+  EXPECT_TRUE(can_use(e).ok);
+  // The widest and narrowest replayed rows; 16 rows.
+  EXPECT_TRUE(can_use(ltx2(1, 16, 8160)).ok);
+  Call narrow = ltx2(1, 16, 33);
+  EXPECT_TRUE(can_use(narrow).ok);
+  // No rows at all: nothing to replay, nothing launched.
+  Call empty = ltx2(2, 0, 4096);
+  empty.x.data = empty.out.data = nullptr;
+  EXPECT_TRUE(can_use(empty).ok);
+  EXPECT_NO_THROW(difuse::rms_norm_modulate(empty.out, empty.x, nullptr, empty.scale, empty.shift, 1e-6, false));
+}
+
+TEST(RmsNormModulatePredicate, RefusesTheUnreplayedMeanConfigurations) {
+  EXPECT_TRUE(mentions(can_use(ltx2(1, 15, 4096)), "at least 16 rows"));
+  EXPECT_TRUE(mentions(can_use(ltx2(1, 64, 8164)), "[32, 8160]"));
+  EXPECT_TRUE(mentions(can_use(ltx2(1, 64, 31)), "[32, 8160]"));
+  EXPECT_TRUE(mentions(can_use(ltx2(1, 64, 130)), "multiple of 4"));
+  Call m = ltx2();
+  m.x.data = fake(0x100000002ull);
+  EXPECT_TRUE(mentions(can_use(m), "x must be 8-byte aligned"));
+  Call odd = ltx2(1, 64, 97);  // narrow rows take scalar loads: any alignment
+  odd.x.data = fake(0x100000002ull);
+  odd.scale.data = fake(0x2000000002ull);
+  EXPECT_TRUE(can_use(odd).ok);
+}
+
+TEST(RmsNormModulatePredicate, BroadcastRules) {
+  Call c = ltx2(2, 300, 4096, true);
+  c.scale.sizes[1] = 299;
+  EXPECT_TRUE(mentions(can_use(c), "scale must broadcast to x's shape [2, 300, 4096]"));
+  Call last = ernie();
+  last.shift.sizes[1] = 1;  // the last dim never broadcasts
+  EXPECT_TRUE(mentions(can_use(last), "shift must broadcast"));
+  Call rank = ltx2();
+  rank.scale = TensorView(fake(0x2000000000ull), DType::BF16, {1, 2, 1, 4096}, {0, 6 * 4096, 6 * 4096, 1}, 0);
+  EXPECT_TRUE(mentions(can_use(rank), "scale must broadcast"));
+  Call layout = ltx2();
+  layout.scale.strides[2] = 2;
+  layout.shift.strides[0] = -1;
+  const auto s = can_use(layout);
+  EXPECT_TRUE(mentions(s, "scale must have a contiguous last dim"));
+  EXPECT_TRUE(mentions(s, "shift must have non-negative strides"));
+  Call lead = ernie(64, 2, 3072);  // a [1, B, H] row (stride 0 where it broadcasts) is fine too
+  lead.scale = TensorView(fake(0x2000000000ull), DType::BF16, {1, 2, 3072}, {0, 6 * 3072, 1}, 0);
+  EXPECT_TRUE(can_use(lead).ok);
+}
+
+TEST(RmsNormModulatePredicate, EveryViolationIsListed) {
+  Call c = ernie();
+  c.x.dtype = DIFUSE_F16;
+  c.weight.dtype = DIFUSE_F32;
+  c.scale.dtype = DIFUSE_F32;
+  c.shift.device = 1;
+  c.out.device = -1;
+  const auto s = difuse::can_use_rms_norm_modulate(c.out, c.x, &c.weight, c.scale, c.shift, 1e-6, true);
+  ASSERT_FALSE(s.ok);
+  EXPECT_TRUE(mentions(s, "x must be bf16"));
+  EXPECT_TRUE(mentions(s, "weight must be bf16"));
+  EXPECT_TRUE(mentions(s, "scale must be bf16"));
+  EXPECT_TRUE(mentions(s, "shift must be on the device of x"));
+  EXPECT_TRUE(mentions(s, "out must be on the device of x"));
+  EXPECT_GE(s.reasons.size(), 5u);
+  Call v = ernie();
+  EXPECT_EQ(difuse_can_use_rms_norm_modulate(&v.out, &v.x, &v.weight, &v.scale, &v.shift, 1e-6, 2),
+            DIFUSE_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(difuse_last_error()).find("fp32_modulate must be 0"), std::string::npos);
+  Call t = ernie();
+  t.x.strides[0] = 4 * 3072;  // not contiguous
+  t.weight.sizes[0] = 3071;
+  t.out.data = t.x.data;
+  const auto st = can_use(t);
+  EXPECT_TRUE(mentions(st, "x must be contiguous"));
+  EXPECT_TRUE(mentions(st, "weight must be a contiguous [3072]"));
+  EXPECT_TRUE(mentions(st, "out must not overlap"));
+}
+
+TEST(RmsNormModulatePredicate, LauncherFailsWithTheFullListAndWritesNothing) {
+  Call c = ltx2();
+  c.x.device = c.out.device = c.scale.device = c.shift.device = -1;  // host memory
+  c.scale.dtype = DIFUSE_F32;
+  try {
+    difuse::rms_norm_modulate(c.out, c.x, nullptr, c.scale, c.shift, 1e-6, false);
+    FAIL() << "expected difuse::Unsupported";
+  } catch (const difuse::Unsupported& e) {
+    EXPECT_GE(e.reasons().size(), 2u);
+    EXPECT_NE(std::string(e.what()).find("difuse::rms_norm_modulate: unsupported input"), std::string::npos);
+  }
+  EXPECT_EQ(difuse_rms_norm_modulate(&c.out, &c.x, nullptr, &c.scale, &c.shift, 1e-6, 0, nullptr),
+            DIFUSE_ERR_UNSUPPORTED);
+  EXPECT_EQ(difuse_rms_norm_modulate(nullptr, &c.x, nullptr, &c.scale, &c.shift, 1e-6, 0, nullptr),
+            DIFUSE_ERR_INVALID_ARGUMENT);
+}
+
+namespace {
+struct ResidualCall {
+  Call c;
+  TensorView residual, a, gate;
+};
+ResidualCall ltx2_residual(bool per_token_gate = false) {
+  ResidualCall r;
+  r.c = ltx2(2, 6144, 4096, per_token_gate);
+  r.residual = TensorView::contiguous(fake(0x4000000000ull), DType::BF16, {2, 6144, 4096}, 0);
+  r.a = TensorView::contiguous(fake(0x5000000000ull), DType::BF16, {2, 6144, 4096}, 0);
+  const int64_t T = per_token_gate ? 6144 : 1;
+  r.gate = TensorView(fake(0x2000000000ull + 4 * 4096), DType::BF16, {2, T, 4096}, {T * 6 * 4096, 6 * 4096, 1}, 0);
+  return r;
+}
+difuse::Support can_use(const ResidualCall& r) {
+  return difuse::can_use_gated_residual_rms_norm_modulate(r.c.out, r.residual, r.c.x, r.a, r.gate,
+                                                          r.c.has_w ? &r.c.weight : nullptr, r.c.scale, r.c.shift,
+                                                          1e-6, r.c.fp32);
+}
+}  // namespace
+
+TEST(GatedResidualRmsNormModulatePredicate, AcceptsTheSitesAndInPlace) {
+  EXPECT_TRUE(can_use(ltx2_residual()).ok);
+  EXPECT_TRUE(can_use(ltx2_residual(true)).ok);
+  ResidualCall inplace = ltx2_residual();
+  inplace.residual = inplace.c.x;
+  EXPECT_TRUE(can_use(inplace).ok);
+  ResidualCall e;  // ERNIE: h [S, B, H], gate the [B, H] chunk
+  e.c = ernie();
+  e.residual = TensorView::contiguous(fake(0x4000000000ull), DType::BF16, {4352, 2, 3072}, 0);
+  e.a = TensorView::contiguous(fake(0x5000000000ull), DType::BF16, {4352, 2, 3072}, 0);
+  e.gate = TensorView(fake(0x2000000000ull + 4 * 3072), DType::BF16, {2, 3072}, {6 * 3072, 1}, 0);
+  EXPECT_TRUE(can_use(e).ok);
+}
+
+TEST(GatedResidualRmsNormModulatePredicate, EveryViolationIsListed) {
+  ResidualCall r = ltx2_residual();
+  r.a.sizes[1] = 6143;
+  r.gate.dtype = DIFUSE_F32;
+  r.residual.data = fake(0x100000000ull + 64);  // overlaps h without being h
+  r.c.x.sizes[0] = 1;
+  r.c.x.sizes[1] = 8;  // 8 rows: too few for the replayed mean
+  const auto s = can_use(r);
+  ASSERT_FALSE(s.ok);
+  EXPECT_TRUE(mentions(s, "a must have the shape of h"));
+  EXPECT_TRUE(mentions(s, "gate must be bf16"));
+  EXPECT_TRUE(mentions(s, "residual must be h itself (in place) or not overlap it"));
+  EXPECT_TRUE(mentions(s, "at least 16 rows"));
+  ResidualCall o = ltx2_residual();
+  o.residual = o.c.out;
+  EXPECT_TRUE(mentions(can_use(o), "residual must not overlap a, gate, weight, scale, shift or out"));
+  ResidualCall m = ltx2_residual();
+  m.a.data = fake(0x5000000002ull);
+  EXPECT_TRUE(mentions(can_use(m), "a must be 8-byte aligned"));
+}
+
+TEST(RmsNormModulatePredicate, BroadcastRowIndexerFollowsTorchsRules) {
+  // For every row of x: unravel its leading index (row-major), align m's dims to the right, index 0 where m has
+  // size 1, and sum index * stride; the kernel's RowIndexer must give the same element offset.
+  struct Case {
+    std::vector<int64_t> xs, ms, mst;
+  };
+  const std::vector<Case> cases = {
+      {{7, 2, 64}, {2, 64}, {6 * 64, 1}},                    // ERNIE: [S, B, H] x, [B, H] chunk
+      {{7, 2, 64}, {7, 2, 64}, {128, 64, 1}},                // ERNIE: materialized rows
+      {{2, 5, 64}, {2, 1, 64}, {6 * 64, 6 * 64, 1}},          // LTX-2: [B, 1, D] table rows
+      {{2, 5, 64}, {2, 5, 64}, {5 * 6 * 64, 6 * 64, 1}},      // LTX-2: per-token unbind views
+      {{3, 2, 4, 64}, {2, 1, 64}, {1000, 0, 1}},             // rank 4 x, rank 3 m
+      {{3, 2, 4, 64}, {3, 1, 4, 64}, {4000, 0, 100, 1}},
+      {{40, 64}, {64}, {1}},                                  // one row for all
+      {{40, 64}, {40, 64}, {65, 1}},                          // per row, odd stride
+  };
+  for (const auto& c : cases) {
+    difuse_tensor_view x{}, m{};
+    x.rank = static_cast<int32_t>(c.xs.size());
+    m.rank = static_cast<int32_t>(c.ms.size());
+    for (int d = 0; d < x.rank; ++d) x.sizes[d] = c.xs[d];
+    for (int d = 0; d < m.rank; ++d) m.sizes[d] = c.ms[d], m.strides[d] = c.mst[d];
+    const auto ix = difuse::norm::broadcast_row_indexer(m, x);
+    int64_t rows = 1;
+    for (int d = 0; d + 1 < x.rank; ++d) rows *= x.sizes[d];
+    for (int64_t r = 0; r < rows; ++r) {
+      int64_t rem = r, want = 0;
+      for (int d = x.rank - 2; d >= 0; --d) {
+        const int64_t i = rem % x.sizes[d];
+        rem /= x.sizes[d];
+        const int md = d - (x.rank - m.rank);
+        if (md >= 0 && m.sizes[md] != 1) want += i * m.strides[md];
+      }
+      ASSERT_EQ(ix.offset(r), want) << "x rank " << x.rank << " m rank " << m.rank << " row " << r;
+    }
+  }
+}
