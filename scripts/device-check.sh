@@ -23,6 +23,11 @@ export DIFUSE_GIT_SHA=${DIFUSE_GIT_SHA:-$(git -C "$ROOT" rev-parse HEAD 2>/dev/n
 # The system compiler, as torch extensions are built there (the image's CXX may point at a toolchain that
 # links libstdc++ statically).
 [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
+# Wheels carried from the CPU machine (scripts/fetch-wheels.sh: the pinned diffusers release).
+if ls "$ROOT"/.whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/difuse-site \
+    "$ROOT"/.whl/*.whl && export PYTHONPATH=/tmp/difuse-site:$PYTHONPATH || { echo "wheel install failed" >&2; exit 1; }
+fi
 rc=0
 t0=$(date +%s)
 say() { printf '\n[device-check %4ss] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
@@ -33,6 +38,7 @@ stage_build() {
     nvidia-smi --query-gpu=name,driver_version,memory.total,clocks.sm,clocks.mem --format=csv
     nvcc --version | tail -2
     python3 -c 'import torch, triton; print("torch", torch.__version__, "cuda", torch.version.cuda, "triton", triton.__version__)'
+    python3 -c 'import diffusers; print("diffusers", diffusers.__version__)' 2>&1 | tail -1
     echo "git $DIFUSE_GIT_SHA"
   } >"$OUT/platform.txt" 2>&1
   cat "$OUT/platform.txt"

@@ -14,6 +14,7 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BUILD=${DIFUSE_BUILD_DIR:-$ROOT/build}
 PY=${DIFUSE_PYTHON:-python3}
 TORCH_VERSION=2.11.0
+DIFFUSERS_VERSION=0.42.1
 JOBS=${DIFUSE_JOBS:-$(nproc)}
 step() { printf '\n== %s\n' "$*"; }
 LOGDIR=$(mktemp -d)
@@ -37,6 +38,11 @@ if [ "${CI:-}" = true ] || [ "${DIFUSE_CI_TORCH:-0}" = 1 ]; then
     rm -rf "$VENV"
     python3 -m venv "$VENV"
     "$VENV/bin/pip" install -q --disable-pip-version-check "torch==$TORCH_VERSION" numpy pytest
+  fi
+  # diffusers (pinned: the release the patch sites follow) for the CPU checks of difuse.patch's site discovery.
+  if ! (cd / && "$VENV/bin/python" -c "import diffusers; assert diffusers.__version__ == '$DIFFUSERS_VERSION'") 2>/dev/null; then
+    "$VENV/bin/pip" install -q --disable-pip-version-check "diffusers==$DIFFUSERS_VERSION" ||
+      echo "diffusers $DIFFUSERS_VERSION could not be installed: the patch tests that need it are skipped" >&2
   fi
   PY=$VENV/bin/python
 fi

@@ -7,6 +7,7 @@ from ._loader import MissingExtension
 from .gate import BitExactGate, count_mismatches, run_verified
 from .ops import Support, Unsupported
 from . import ops
+from .patching import format_report, patch, report, unpatch, warmup
 
 __version__ = "0.1.0"
 
@@ -29,5 +30,5 @@ def kernels() -> list[dict]:
     return out
 
 
-__all__ = ["BitExactGate", "MissingExtension", "Support", "Unsupported", "count_mismatches", "kernels", "ops",
-           "run_verified", "__version__"]
+__all__ = ["BitExactGate", "MissingExtension", "Support", "Unsupported", "count_mismatches", "format_report",
+           "kernels", "ops", "patch", "report", "run_verified", "unpatch", "warmup", "__version__"]

@@ -3,6 +3,8 @@
   kernels            the kernel registry (works without torch or a GPU)
   check              every registered op against its live eager chain on this GPU, bit for bit
   bench [ops]        the main job: fused ops vs eager (and peers) with floor, % of floor and speedup
+  bench flux         FLUX.1-dev's whole 50-step denoising loop, eager vs patched: md5 of the latents per
+                     step, step time, launches and non-GEMM time per step (difuse/e2e.py)
 """
 from __future__ import annotations
 
@@ -75,6 +77,10 @@ def cmd_check(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.what != "ops":  # a whole model's denoising loop, eager vs patched (difuse/e2e.py)
+        from . import e2e
+
+        return e2e.main(args)
     if _torch_with_gpu("bench") is None:
         return 2
     from . import bench
@@ -91,13 +97,18 @@ def main(argv=None) -> int:
     c.add_argument("--op", action="append", help="only this op (repeatable)")
     c.add_argument("--seed", type=int, default=0)
     b = sub.add_parser("bench", help="benchmark (the main job)")
-    b.add_argument("what", nargs="?", default="ops", choices=["ops"], help="what to benchmark (default: ops)")
-    b.add_argument("--out", help="write the JSON records here")
+    b.add_argument("what", nargs="?", default="ops", choices=["ops", "flux", "qwen-image", "sd3", "wan"],
+                   help="ops (default) or a model's whole denoising loop, eager vs patched (flux)")
+    b.add_argument("--out", help="write the JSON records here (models: bench/results/h200/e2e-<model>.json)")
     b.add_argument("--reps", type=int, default=200, help="timed calls per arm and shape")
-    b.add_argument("--quick", action="store_true", help="three shapes per op only")
+    b.add_argument("--quick", action="store_true", help="ops: three shapes per op only; models: 4 steps, 2+2 blocks")
     b.add_argument("--op", action="append", help="only this op (repeatable)")
     b.add_argument("--peer-dir", help="folder holding peer_ops.py, peer implementations to time alongside (see docs)")
+    from .e2e import add_arguments
+
+    add_arguments(b.add_argument_group("models (bench flux)"))
     args = ap.parse_args(argv)
     if args.cmd is None:
         args = ap.parse_args(["bench"] + (argv or sys.argv[1:]))
+    args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed, for the records
     return {"kernels": cmd_kernels, "check": cmd_check, "bench": cmd_bench}[args.cmd](args)

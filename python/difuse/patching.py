@@ -1,0 +1,542 @@
+"""difuse.patch(model): route a diffusers transformer's elementwise/norm sites through difuse's exact kernels.
+
+    rep = difuse.patch(pipe.transformer)      # a PatchReport    # FluxTransformer2DModel
+    difuse.warmup(pipe.transformer, **inputs)  # optional: verify every signature before graph capture
+    print(difuse.report(pipe.transformer))
+    difuse.unpatch(pipe.transformer)           # the original forwards, exactly
+
+How a call runs. Each patched block keeps diffusers' own sequence of module calls (the nn.Linear projections,
+the FeedForward, the attention dispatch with its backend and parallel config) and replaces only the chains
+between them. Every such chain is a *site* (FLUX.1: D1, D1c, D2, D4, D4c, D6, D6c, S1, S3, S_concat, S4,
+norm_out) with:
+  - a predicate, evaluated once per input signature (shapes, strides, dtypes, 16-byte alignment, device,
+    eps): an unsupported signature falls back to the eager chain for good, with one log line naming why;
+  - a BitExactGate (per signature): the first call of a supported signature runs the fused op AND the
+    module's own eager chain and compares bit patterns; equal -> fused from then on (one lookup per call),
+    different -> that site is disabled for good (one WARNING) and the eager chain answers.
+On top, each block type has a block gate: the first call of a block signature also runs diffusers' original
+forward and compares the block outputs bit for bit (this checks the composition, not only the sites); a
+difference disables the patched forward of that block type for good. Nothing is verified while a CUDA graph
+is being captured or torch.compile traces: unverified signatures then take the eager path.
+Per-forward constants: silu(temb), which every block's modulation projection starts from, is computed once per
+temb tensor (kept by identity and version, so a new step's temb is never confused with the last one).
+"""
+from __future__ import annotations
+
+import logging
+import types
+from dataclasses import dataclass, field
+
+from .gate import BitExactGate, count_mismatches, run_verified
+
+log = logging.getLogger("difuse")
+
+FLUX_SITES = {
+    "D1": "double block norm1: LayerNorm(x) * (1 + scale_msa) + shift_msa (image stream)",
+    "D1c": "double block norm1_context: the same on the text stream",
+    "D2": "double block attention prologue: QK RMSNorm per head, cat [text, image], RoPE (one launch)",
+    "D4": "double block pre-FF: h + gate_msa * attn, LayerNorm * (1 + scale_mlp) + shift_mlp (image)",
+    "D4c": "double block pre-FF on the text stream",
+    "D6": "double block FF residual: h + gate_mlp * ff (image)",
+    "D6c": "double block FF residual on the text stream",
+    "S1": "single block norm: LayerNorm(x) * (1 + scale) + shift",
+    "S3": "single block attention prologue: QK RMSNorm per head + RoPE",
+    "S_concat": "single block [attention, GELU(mlp)] concat: GELU written into the joint buffer",
+    "S4": "single block residual: residual + gate * proj_out(...)",
+    "norm_out": "final AdaLayerNormContinuous: LayerNorm(x) * (1 + scale) + shift",
+}
+BLOCK_GATES = ("double_block", "single_block", "norm_out_block")
+
+
+# ---- signatures ------------------------------------------------------------------------------------------------
+def _tsig(t) -> str:
+    if t is None:
+        return "-"
+    return "%s%s%s@%d:%s" % (str(t.dtype)[6:], tuple(t.shape), t.stride(), t.data_ptr() % 16, t.device)
+
+
+def signature(*items) -> str:
+    return "|".join(_tsig(x) if hasattr(x, "data_ptr") else repr(x) for x in items)
+
+
+# ---- sites ----------------------------------------------------------------------------------------------------
+class Site:
+    """One site of a patched model: predicate cache + BitExactGate + counters of refusals."""
+
+    def __init__(self, model_name: str, name: str, mode: str = "per_signature"):
+        self.name = name
+        self.gate = BitExactGate("%s.%s" % (model_name, name), mode)
+        self.supported: dict = {}   # signature -> bool
+        self.refusals: dict = {}    # reason -> count of signatures refused for it
+        self.calls = 0
+
+    def run(self, key, fused, eager, predicate, device: int):
+        """key: the tensors and scalars that make the signature; predicate() -> Support (called once per
+        signature); fused() / eager() -> result (a tensor or a list/tuple of tensors)."""
+        self.calls += 1
+        sig = signature(*key)
+        ok = self.supported.get(sig)
+        if ok is None:
+            try:
+                s = predicate()
+                ok, reasons = bool(s), list(getattr(s, "reasons", []))
+            except Exception as e:  # a predicate that cannot even look at the inputs: unsupported
+                ok, reasons = False, ["%s: %s" % (type(e).__name__, e)]
+            self.supported[sig] = ok
+            if not ok:
+                for r in reasons or ["unsupported"]:
+                    self.refusals[r] = self.refusals.get(r, 0) + 1
+                log.info("difuse: site %s falls back for signature %s: %s", self.name, sig, "; ".join(reasons))
+        return run_verified(self.gate, sig, fused, eager, device, supported=ok)
+
+    def fallback(self, device: int, reason: str):
+        """A call the site could not even try (e.g. a custom attention processor): counted, eager answers."""
+        self.calls += 1
+        self.refusals[reason] = self.refusals.get(reason, 0) + 1
+        self.gate.note_fallback(device, "unsupported")
+
+    def stats(self, device: int) -> dict:
+        c = self.gate.counters(device)
+        return {"calls": self.calls, "fused": c["fused_calls"], "fallback": c["fallbacks"],
+                "disabled": int(c["disabled"]), "verified_signatures": c["verified_signatures"],
+                "refusals": dict(self.refusals)}
+
+
+class BlockGate:
+    """Per block type: the first call of each signature runs the original forward too and compares."""
+
+    def __init__(self, model_name: str, name: str):
+        self.name = name
+        self.gate = BitExactGate("%s.%s" % (model_name, name), "per_signature")
+
+    def run(self, key, patched, original, device: int):
+        return run_verified(self.gate, signature(*key), patched, original, device)
+
+
+@dataclass
+class PatchReport:
+    model: str
+    sites: dict = field(default_factory=dict)       # site -> description
+    modules: dict = field(default_factory=dict)     # module kind -> count patched
+    skipped: list = field(default_factory=list)     # (module path, reason)
+
+    def __str__(self):
+        lines = ["difuse.patch(%s): %s" % (self.model, ", ".join("%d %s" % (n, k) for k, n in self.modules.items()))]
+        for path, why in self.skipped:
+            lines.append("  left eager: %s (%s)" % (path, why))
+        return "\n".join(lines)
+
+
+class _State:
+    def __init__(self, model_name: str, sites: dict):
+        self.model_name = model_name
+        self.silu_src = None   # the temb whose silu is cached (held: identity, not an address, is the key)
+        self.silu_version = -1
+        self.silu_out = None
+        self.sites = {name: Site(model_name, name) for name in sites}
+        self.blocks = {name: BlockGate(model_name, name) for name in BLOCK_GATES}
+        self.patched = []  # modules whose forward was replaced
+        self.report = None
+
+
+# ---- FLUX.1 ---------------------------------------------------------------------------------------------------
+def _flux_module():
+    import diffusers.models.transformers.transformer_flux as tf
+
+    return tf
+
+
+def _silu_once(st: _State, act, temb):
+    """act(temb) for an nn.SiLU act, computed once per forward: every block of a forward modulates from the same
+    temb tensor object, so its silu (an elementwise op: the same bits each time) is reused while that object and
+    its version are unchanged. Any other activation module is simply called."""
+    torch = _torch()
+    if type(act) is not torch.nn.SiLU or torch.compiler.is_compiling():
+        return act(temb)
+    if st.silu_src is temb and st.silu_version == temb._version:
+        return st.silu_out
+    out = act(temb)
+    st.silu_src, st.silu_version, st.silu_out = temb, temb._version, out
+    return out
+
+
+def _dev(t) -> int:
+    return t.device.index if t.is_cuda else -1
+
+
+def _plain_layernorm(norm) -> bool:
+    """torch.nn.LayerNorm over the last dim with neither weight nor bias (what layernorm_modulate replays)."""
+    return (type(norm) is _torch().nn.LayerNorm and len(norm.normalized_shape) == 1 and norm.weight is None and
+            norm.bias is None)
+
+
+def _lnmod_site(site: Site, x, scale, shift, norm, eager):
+    """x -> LayerNorm(x) * (1 + scale[:, None]) + shift[:, None] with scale/shift [B, H] rows."""
+    from . import ops
+
+    eps = float(norm.eps)
+    plain = _plain_layernorm(norm)
+    if not x.is_cuda:
+        return eager()
+    # A strided x (norm_out's image slice of the joint sequence at batch > 1) is made contiguous first, as aten's
+    # layer_norm does with it before its kernel: the same bits, one copy.
+    xc = (lambda: x) if x.is_contiguous() else x.contiguous
+    return site.run((x, scale, shift, eps, plain),
+                    fused=lambda: ops._ops().layernorm_modulate(xc(), scale, shift, eps),
+                    eager=eager,
+                    predicate=lambda: ops.can_use_layernorm_modulate(xc(), scale, shift, eps) if plain else
+                    ops.Support(False, ["the norm is not a plain nn.LayerNorm (no weight, no bias)"]),
+                    device=_dev(x))
+
+
+def _gated_residual_site(site: Site, h, a, gate):
+    """h + gate.unsqueeze(1) * a."""
+    from . import ops
+
+    eager = lambda: h + gate.unsqueeze(1) * a  # noqa: E731
+    if not h.is_cuda:
+        return eager()
+    return site.run((h, a, gate), fused=lambda: ops._ops().gated_residual(h, a, gate), eager=eager,
+                    predicate=lambda: ops.can_use_gated_residual(h, a, gate), device=_dev(h))
+
+
+def _grln_site(site: Site, h, a, gate, scale, shift, norm):
+    """h1 = h + gate.unsqueeze(1) * a; out = norm(h1) * (1 + scale[:, None]) + shift[:, None] -> (h1, out)."""
+    from . import ops
+
+    def eager():
+        h1 = h + gate.unsqueeze(1) * a
+        return h1, norm(h1) * (1 + scale[:, None]) + shift[:, None]
+
+    plain = _plain_layernorm(norm)
+    eps = float(norm.eps)
+    if not h.is_cuda:
+        return eager()
+    return site.run((h, a, gate, scale, shift, eps, plain),
+                    fused=lambda: tuple(ops._ops().gated_residual_layernorm_modulate(h, a, gate, scale, shift, eps)),
+                    eager=eager,
+                    predicate=lambda: ops.can_use_gated_residual_layernorm_modulate(h, a, gate, scale, shift, eps)
+                    if plain else ops.Support(False, ["the norm is not a plain nn.LayerNorm (no weight, no bias)"]),
+                    device=_dev(h))
+
+
+def _rmsnorm_params(norm):
+    """(weight or None, eps) of a torch.nn.RMSNorm over the last dim, or None when it is another norm."""
+    import torch
+
+    if type(norm) is not torch.nn.RMSNorm or len(norm.normalized_shape) != 1:
+        return None
+    eps = norm.eps if norm.eps is not None else torch.finfo(torch.float32).eps
+    return norm.weight, float(eps)
+
+
+def _flux_attention(st: _State, site: Site, attn, hidden_states, encoder_hidden_states, image_rotary_emb):
+    """FluxAttnProcessor.__call__ (diffusers 0.42.1) with the QK-norm / concat / RoPE chain as one site."""
+    from . import ops
+
+    tf = _flux_module()
+    query, key, value, eq, ek, ev = tf._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+    D = attn.head_dim
+    query, key, value = (t.unflatten(-1, (-1, D)) for t in (query, key, value))
+    two = attn.added_kv_proj_dim is not None
+    if two:
+        eq, ek, ev = (t.unflatten(-1, (-1, D)) for t in (eq, ek, ev))
+    cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
+
+    def eager():
+        q, k = attn.norm_q(query), attn.norm_k(key)
+        v = value
+        if two:
+            q = _torch().cat([attn.norm_added_q(eq), q], dim=1)
+            k = _torch().cat([attn.norm_added_k(ek), k], dim=1)
+            v = _torch().cat([ev, value], dim=1)
+        if image_rotary_emb is not None:
+            q = tf.apply_rotary_emb(q, image_rotary_emb, sequence_dim=1)
+            k = tf.apply_rotary_emb(k, image_rotary_emb, sequence_dim=1)
+        return [q, k, v] if two else [q, k]
+
+    norms = [_rmsnorm_params(attn.norm_q), _rmsnorm_params(attn.norm_k)]
+    if two:
+        norms += [_rmsnorm_params(attn.norm_added_q), _rmsnorm_params(attn.norm_added_k)]
+    reasons = []
+    if any(n is None for n in norms):
+        reasons.append("a QK norm is not torch.nn.RMSNorm over head_dim")
+    elif len({n[1] for n in norms}) != 1:
+        reasons.append("the QK norms have different eps")
+    if cos is not None and not (cos.dtype == sin.dtype and cos.dim() == 2):
+        reasons.append("image_rotary_emb is not a pair of [S, head_dim] tables")
+    eps = norms[0][1] if norms[0] is not None else 1e-6
+    w = [n[0] if n is not None else None for n in norms] + [None, None]
+
+    def fused():
+        out = ops._ops().qk_norm_rope(query, key, value if two else None, w[0], w[1], eq, ek, ev, w[2], w[3], cos,
+                                      sin, eps)
+        return list(out)
+
+    def predicate():
+        if reasons:
+            return ops.Support(False, reasons)
+        return ops.can_use_qk_norm_rope(query, key, value if two else None, w[0], w[1], eq, ek, ev, w[2], w[3], cos,
+                                        sin, eps)
+
+    if query.is_cuda:
+        out = site.run((query, key, value, eq, ek, ev, cos, sin, eps, *w[:4]), fused=fused, eager=eager,
+                       predicate=predicate, device=_dev(query))
+    else:
+        out = eager()
+    q, k = out[0], out[1]
+    v = out[2] if two else value
+    proc = attn.processor
+    hs = tf.dispatch_attention_fn(q, k, v, attn_mask=None, backend=proc._attention_backend,
+                                  parallel_config=proc._parallel_config)
+    hs = hs.flatten(2, 3).to(q.dtype)
+    if encoder_hidden_states is not None:
+        ehs, hs = hs.split_with_sizes([encoder_hidden_states.shape[1], hs.shape[1] - encoder_hidden_states.shape[1]],
+                                      dim=1)
+        hs = attn.to_out[0](hs.contiguous())
+        hs = attn.to_out[1](hs)
+        ehs = attn.to_add_out(ehs.contiguous())
+        return hs, ehs
+    return hs
+
+
+def _plain_attention(attn, joint_attention_kwargs) -> str:
+    """'' when the attention call can take the fused prologue, else the reason it cannot."""
+    tf = _flux_module()
+    if type(attn.processor) is not tf.FluxAttnProcessor:
+        return "attention processor %s is not FluxAttnProcessor" % type(attn.processor).__name__
+    if joint_attention_kwargs:
+        return "joint_attention_kwargs given (%s)" % ", ".join(sorted(joint_attention_kwargs))
+    return ""
+
+
+def _flux_double_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
+                         joint_attention_kwargs=None):
+    st: _State = self._difuse_state
+    original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb,  # noqa: E731
+                                          image_rotary_emb, joint_attention_kwargs)
+    if not hidden_states.is_cuda:
+        return original()
+    key = (hidden_states, encoder_hidden_states, temb) + (tuple(image_rotary_emb) if image_rotary_emb else ())
+    return st.blocks["double_block"].run(
+        key, lambda: _flux_double_body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
+                                       joint_attention_kwargs),
+        original, _dev(hidden_states))
+
+
+def _flux_double_body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs):
+    S = st.sites
+    n1, n1c = self.norm1, self.norm1_context
+    emb = n1.linear(_silu_once(st, n1.silu, temb))
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
+    norm_hs = _lnmod_site(S["D1"], hidden_states, scale_msa, shift_msa, n1.norm,
+                          lambda: n1.norm(hidden_states) * (1 + scale_msa[:, None]) + shift_msa[:, None])
+    embc = n1c.linear(_silu_once(st, n1c.silu, temb))
+    c_shift_msa, c_scale_msa, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = embc.chunk(6, dim=1)
+    norm_ehs = _lnmod_site(S["D1c"], encoder_hidden_states, c_scale_msa, c_shift_msa, n1c.norm,
+                           lambda: n1c.norm(encoder_hidden_states) * (1 + c_scale_msa[:, None]) + c_shift_msa[:, None])
+
+    why = _plain_attention(self.attn, joint_attention_kwargs)
+    if why:
+        S["D2"].fallback(_dev(hidden_states), why)
+        outs = self.attn(hidden_states=norm_hs, encoder_hidden_states=norm_ehs, image_rotary_emb=image_rotary_emb,
+                         **(joint_attention_kwargs or {}))
+        if len(outs) != 2:
+            raise RuntimeError("difuse: the attention returned %d outputs; only 2 are handled" % len(outs))
+        attn_output, context_attn_output = outs
+    else:
+        attn_output, context_attn_output = _flux_attention(st, S["D2"], self.attn, norm_hs, norm_ehs, image_rotary_emb)
+
+    hidden_states, norm_hs = _grln_site(S["D4"], hidden_states, attn_output, gate_msa, scale_mlp, shift_mlp, self.norm2)
+    ff_output = self.ff(norm_hs)
+    hidden_states = _gated_residual_site(S["D6"], hidden_states, ff_output, gate_mlp)
+
+    encoder_hidden_states, norm_ehs = _grln_site(S["D4c"], encoder_hidden_states, context_attn_output, c_gate_msa,
+                                                 c_scale_mlp, c_shift_mlp, self.norm2_context)
+    context_ff_output = self.ff_context(norm_ehs)
+    encoder_hidden_states = _gated_residual_site(S["D6c"], encoder_hidden_states, context_ff_output, c_gate_mlp)
+    if encoder_hidden_states.dtype == _torch().float16:
+        encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
+    return encoder_hidden_states, hidden_states
+
+
+def _torch():
+    import torch
+
+    return torch
+
+
+def _flux_single_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
+                         joint_attention_kwargs=None):
+    st: _State = self._difuse_state
+    original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb,  # noqa: E731
+                                          image_rotary_emb, joint_attention_kwargs)
+    if not hidden_states.is_cuda:
+        return original()
+    key = (hidden_states, encoder_hidden_states, temb) + (tuple(image_rotary_emb) if image_rotary_emb else ())
+    return st.blocks["single_block"].run(
+        key, lambda: _flux_single_body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
+                                       joint_attention_kwargs),
+        original, _dev(hidden_states))
+
+
+def _flux_single_body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs):
+    import torch
+
+    from . import ops
+
+    S = st.sites
+    text_seq_len = encoder_hidden_states.shape[1]
+    hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+    residual = hidden_states
+    nm = self.norm
+    emb = nm.linear(_silu_once(st, nm.silu, temb))
+    shift_msa, scale_msa, gate = emb.chunk(3, dim=1)
+    norm_hs = _lnmod_site(S["S1"], hidden_states, scale_msa, shift_msa, nm.norm,
+                          lambda: nm.norm(hidden_states) * (1 + scale_msa[:, None]) + shift_msa[:, None])
+    mlp = self.proj_mlp(norm_hs)
+    why = _plain_attention(self.attn, joint_attention_kwargs)
+    if why:
+        S["S3"].fallback(_dev(hidden_states), why)
+        attn_output = self.attn(hidden_states=norm_hs, image_rotary_emb=image_rotary_emb,
+                                **(joint_attention_kwargs or {}))
+    else:
+        attn_output = _flux_attention(st, S["S3"], self.attn, norm_hs, None, image_rotary_emb)
+
+    gelu_ok = type(self.act_mlp) is torch.nn.GELU and self.act_mlp.approximate == "tanh"
+    dim = attn_output.shape[-1]
+
+    def concat_fused():
+        buf = torch.empty(*mlp.shape[:-1], dim + mlp.shape[-1], dtype=mlp.dtype, device=mlp.device)
+        ops._ops().gelu_tanh_into(mlp, buf[..., dim:])
+        buf[..., :dim].copy_(attn_output)
+        return buf
+
+    def concat_predicate():
+        if not gelu_ok:
+            return ops.Support(False, ["act_mlp is not nn.GELU(approximate='tanh')"])
+        if attn_output.dtype != mlp.dtype or attn_output.shape[:-1] != mlp.shape[:-1]:
+            return ops.Support(False, ["the attention output and the MLP branch differ in dtype or rows"])
+        return ops.can_use_gelu_tanh(mlp)
+
+    hidden_states = S["S_concat"].run((mlp, attn_output, gelu_ok), fused=concat_fused,
+                                      eager=lambda: torch.cat([attn_output, self.act_mlp(mlp)], dim=2),
+                                      predicate=concat_predicate, device=_dev(mlp))
+    hidden_states = _gated_residual_site(S["S4"], residual, self.proj_out(hidden_states), gate)
+    if hidden_states.dtype == torch.float16:
+        hidden_states = hidden_states.clip(-65504, 65504)
+    return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
+
+
+def _ada_continuous_forward(self, x, conditioning_embedding):
+    st: _State = self._difuse_state
+    original = lambda: type(self).forward(self, x, conditioning_embedding)  # noqa: E731
+    if not x.is_cuda:
+        return original()
+
+    def body():
+        emb = self.linear(_silu_once(st, self.silu, conditioning_embedding).to(x.dtype))
+        scale, shift = emb.chunk(2, dim=1)
+        return _lnmod_site(st.sites["norm_out"], x, scale, shift, self.norm,
+                           lambda: self.norm(x) * (1 + scale)[:, None, :] + shift[:, None, :])
+
+    return st.blocks["norm_out_block"].run((x, conditioning_embedding), body, original, _dev(x))
+
+
+# ---- public API -------------------------------------------------------------------------------------------------
+def _model_kind(model) -> str:
+    name = type(model).__name__
+    if name == "FluxTransformer2DModel" and type(model).__module__.startswith("diffusers."):
+        return "flux"
+    return ""
+
+
+def patch(model) -> PatchReport:
+    """Patches a diffusers transformer in place (idempotent) and returns what was patched."""
+    kind = _model_kind(model)
+    if not kind:
+        raise NotImplementedError("difuse.patch: %s is not supported yet (supported: diffusers FluxTransformer2DModel)"
+                                  % type(model).__name__)
+    if getattr(model, "_difuse_state", None) is not None:
+        return model._difuse_state.report
+    tf = _flux_module()
+    from diffusers.models.normalization import AdaLayerNormContinuous
+
+    st = _State("flux", FLUX_SITES)
+    rep = PatchReport(model=type(model).__name__, sites=dict(FLUX_SITES))
+    for path, mod in model.named_modules():
+        fwd = None
+        if type(mod) is tf.FluxTransformerBlock:
+            fwd, kind_name = _flux_double_forward, "double blocks"
+        elif type(mod) is tf.FluxSingleTransformerBlock:
+            fwd, kind_name = _flux_single_forward, "single blocks"
+        elif type(mod) is AdaLayerNormContinuous and path == "norm_out":
+            fwd, kind_name = _ada_continuous_forward, "norm_out"
+        elif type(mod).__name__ in ("FluxTransformerBlock", "FluxSingleTransformerBlock"):
+            rep.skipped.append((path, "subclass %s is not patched" % type(mod).__qualname__))
+        if fwd is None:
+            continue
+        if "forward" in mod.__dict__:
+            rep.skipped.append((path, "forward already replaced on the instance (another patch?)"))
+            continue
+        mod._difuse_state = st
+        mod.forward = types.MethodType(fwd, mod)
+        st.patched.append(mod)
+        rep.modules[kind_name] = rep.modules.get(kind_name, 0) + 1
+    st.report = rep
+    model._difuse_state = st
+    log.info("%s", rep)
+    return rep
+
+
+def unpatch(model) -> None:
+    """Restores every original forward (the class's own) and forgets the gates."""
+    st = getattr(model, "_difuse_state", None)
+    if st is None:
+        return
+    st.silu_src = st.silu_out = None
+    for mod in st.patched:
+        mod.__dict__.pop("forward", None)
+        mod.__dict__.pop("_difuse_state", None)
+    del model._difuse_state
+
+
+def warmup(model, **inputs):
+    """Runs one forward under no_grad so every signature the inputs produce is verified (call it before
+    capturing a CUDA graph). Returns the model output."""
+    import torch
+
+    with torch.no_grad():
+        return model(**inputs)
+
+
+def report(model, device: int = 0) -> dict:
+    """Per site: calls, fused, fallback (and why), disabled, verified signatures; per block gate the same."""
+    st = getattr(model, "_difuse_state", None)
+    if st is None:
+        return {"patched": False, "sites": {}, "blocks": {}}
+    sites = {}
+    for name, site in st.sites.items():
+        s = site.stats(device)
+        s["status"] = ("not yet seen" if s["calls"] == 0 else "disabled" if s["disabled"] else
+                       "fused" if s["fused"] and not s["fallback"] else "fell back" if not s["fused"] else "mixed")
+        s["description"] = FLUX_SITES.get(name, "")
+        sites[name] = s
+    blocks = {name: b.gate.counters(device) for name, b in st.blocks.items()}
+    return {"patched": True, "model": st.model_name, "sites": sites, "blocks": blocks}
+
+
+def format_report(rep: dict) -> str:
+    if not rep.get("patched"):
+        return "not patched"
+    lines = ["%-9s %-12s %7s %7s %8s %8s  %s" % ("site", "status", "calls", "fused", "fallback", "disabled", "why")]
+    for name, s in rep["sites"].items():
+        why = "; ".join("%s (x%d)" % kv for kv in s["refusals"].items())
+        lines.append("%-9s %-12s %7d %7d %8d %8d  %s" % (name, s["status"], s["calls"], s["fused"], s["fallback"],
+                                                        s["disabled"], why))
+    for name, c in rep["blocks"].items():
+        lines.append("%-14s verified signatures %d, disabled %s" % (name, c["verified_signatures"], c["disabled"]))
+    return "\n".join(lines)
+
+
+__all__ = ["patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]

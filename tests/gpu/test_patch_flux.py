@@ -1,0 +1,183 @@
+"""difuse.patch on diffusers' FluxTransformer2DModel on the GPU: the patched model's output is bit-identical to
+the unpatched one (reduced depth: 2 double + 2 single blocks at full width, batch 1 and 2), every listed site
+fused and none disabled; unpatch restores the original; warmup then CUDA-graph capture replays exactly; patch
+then torch.compile runs; a LoRA adapter on the attention projections and a block behind a forward-wrapping
+hook still match."""
+import os
+
+import pytest
+import torch
+
+import difuse
+from difuse.gate import count_mismatches
+
+tf = pytest.importorskip("diffusers.models.transformers.transformer_flux")
+
+DEV = "cuda"
+SEED = int(os.environ.get("DIFUSE_TEST_SEED", "20261129"))
+FLUX_SITES = set(difuse.patching.FLUX_SITES)
+
+
+def reduced_flux(double=2, single=2, seed=SEED):
+    """FLUX.1-dev's width (24 heads x 128, joint_attention_dim 4096, guidance) at reduced depth, built on the
+    GPU, every parameter re-drawn (norm weights around 1, outlier columns in a few projections)."""
+    torch.manual_seed(seed)
+    with torch.device(DEV):
+        model = tf.FluxTransformer2DModel(patch_size=1, in_channels=64, num_layers=double, num_single_layers=single,
+                                          attention_head_dim=128, num_attention_heads=24, joint_attention_dim=4096,
+                                          pooled_projection_dim=768, guidance_embeds=True, axes_dims_rope=(16, 56, 56))
+    model = model.to(torch.bfloat16).eval()
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and "norm" in name:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, device=DEV, generator=g))
+            elif p.dim() == 1:
+                p.copy_(0.02 * torch.randn(p.shape, device=DEV, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, device=DEV, generator=g) / p.shape[1] ** 0.5)
+                if name.endswith("to_out.0.weight") or name.endswith("ff.net.2.weight"):
+                    p[:4].mul_(30)  # outlier channels
+    return model
+
+
+def flux_inputs(B=1, image_tokens=4096, text_tokens=512, seed=SEED):
+    g = torch.Generator(device=DEV).manual_seed(seed + 1)
+    side = int(image_tokens ** 0.5)
+    ids = torch.zeros(side, side, 3, device=DEV)
+    ids[..., 1] = torch.arange(side, device=DEV)[:, None]
+    ids[..., 2] = torch.arange(side, device=DEV)[None, :]
+    bf = dict(device=DEV, dtype=torch.bfloat16)
+    return dict(hidden_states=torch.randn(B, image_tokens, 64, generator=g, **bf),
+                encoder_hidden_states=torch.randn(B, text_tokens, 4096, generator=g, **bf),
+                pooled_projections=torch.randn(B, 768, generator=g, **bf),
+                timestep=torch.full((B,), 0.75, **bf), guidance=torch.full((B,), 3.5, **bf),
+                img_ids=ids.reshape(-1, 3), txt_ids=torch.zeros(text_tokens, 3, device=DEV), return_dict=False)
+
+
+def run(model, inputs):
+    with torch.no_grad():
+        return model(**inputs)[0]
+
+
+def assert_all_fused(model, sites=FLUX_SITES):
+    rep = difuse.report(model)
+    text = difuse.format_report(rep)
+    for name in sites:
+        s = rep["sites"][name]
+        assert s["fused"] > 0 and s["fallback"] == 0 and not s["disabled"], "%s\n%s" % (name, text)
+    for name, c in rep["blocks"].items():
+        assert not c["disabled"], "%s\n%s" % (name, text)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return reduced_flux()
+
+
+@pytest.mark.parametrize("B", [1, 2])
+def test_patched_output_is_bit_identical(model, B):
+    inputs = flux_inputs(B)
+    ref = run(model, inputs)
+    difuse.patch(model)
+    try:
+        first = run(model, inputs)   # verifies every signature (both paths run)
+        second = run(model, inputs)  # fused only
+        assert count_mismatches(first, ref) == 0
+        assert count_mismatches(second, ref) == 0
+        assert_all_fused(model)
+    finally:
+        difuse.unpatch(model)
+    assert count_mismatches(run(model, inputs), ref) == 0  # unpatch restores the original
+
+
+def test_short_prompt_and_512px(model):
+    inputs = flux_inputs(1, image_tokens=1024, text_tokens=77)
+    ref = run(model, inputs)
+    difuse.patch(model)
+    try:
+        run(model, inputs)
+        assert count_mismatches(run(model, inputs), ref) == 0
+        assert_all_fused(model)
+    finally:
+        difuse.unpatch(model)
+
+
+def test_warmup_then_cuda_graph_replays_exactly(model):
+    inputs = flux_inputs(1)
+    ref = run(model, inputs)
+    difuse.patch(model)
+    try:
+        difuse.warmup(model, **inputs)
+        static = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in inputs.items()}
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            run(model, static)
+        torch.cuda.current_stream().wait_stream(s)
+        graph = torch.cuda.CUDAGraph()
+        with torch.no_grad(), torch.cuda.graph(graph):
+            out = model(**static)[0]
+        other = flux_inputs(1, seed=SEED + 5)
+        for k, v in static.items():
+            if torch.is_tensor(v):
+                v.copy_(other[k])
+        graph.replay()
+        torch.cuda.synchronize()
+        difuse.unpatch(model)
+        assert count_mismatches(out, run(model, other)) == 0
+        for k, v in static.items():
+            if torch.is_tensor(v):
+                v.copy_(inputs[k])
+        graph.replay()
+        torch.cuda.synchronize()
+        assert count_mismatches(out, ref) == 0
+    finally:
+        difuse.unpatch(model)
+
+
+def test_patch_then_torch_compile_runs():
+    model = reduced_flux(double=1, single=1, seed=SEED + 7)
+    inputs = flux_inputs(1, image_tokens=256, text_tokens=32)
+    difuse.patch(model)
+    try:
+        compiled = torch.compile(model)
+        out = run(compiled, inputs)
+        assert torch.isfinite(out.float()).all()
+    finally:
+        difuse.unpatch(model)
+        torch._dynamo.reset()
+
+
+def test_lora_on_attention_projections_still_matches():
+    peft = pytest.importorskip("peft")
+    model = reduced_flux(double=1, single=1, seed=SEED + 11)
+    model.add_adapter(peft.LoraConfig(r=8, lora_alpha=8, init_lora_weights="gaussian",
+                                      target_modules=["to_q", "to_k", "to_v", "to_out.0"]))
+    model.to(DEV, torch.bfloat16)
+    inputs = flux_inputs(1, image_tokens=1024, text_tokens=64)
+    ref = run(model, inputs)
+    difuse.patch(model)
+    try:
+        run(model, inputs)
+        assert count_mismatches(run(model, inputs), ref) == 0
+        assert_all_fused(model)
+    finally:
+        difuse.unpatch(model)
+
+
+def test_a_hooked_block_falls_back_and_the_model_still_matches():
+    model = reduced_flux(double=1, single=2, seed=SEED + 13)
+    blk = model.single_transformer_blocks[1]
+    inner = blk.forward
+    blk.forward = lambda *a, **k: inner(*a, **k)  # what accelerate's hooks do to a module's forward
+    inputs = flux_inputs(1, image_tokens=1024, text_tokens=64)
+    ref = run(model, inputs)
+    rep = difuse.patch(model)
+    try:
+        assert any(p == "single_transformer_blocks.1" for p, _ in rep.skipped)
+        run(model, inputs)
+        assert count_mismatches(run(model, inputs), ref) == 0
+        assert_all_fused(model)
+    finally:
+        difuse.unpatch(model)

@@ -1,0 +1,231 @@
+"""The end-to-end benchmark's pure-Python parts (no torch, no GPU): the kernel-name classifier, the per-step
+summary, the md5 comparison, the JSON record and the option handling of `python -m difuse bench <model>`."""
+import argparse
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import unittest
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))
+
+from difuse import e2e  # noqa: E402
+
+# Names as the profiler reports them on Hopper (cuBLAS / cuBLASLt, PyTorch's SDPA backends, aten kernels).
+KERNELS = {
+    "nvjet_tst_192x192_64x4_2x1_v_bz_coopB_TNT": "gemm",
+    "sm90_xmma_gemm_bf16bf16_bf16f32_f32_tn_n_tilesize128x128x64_warpgroupsize1x1x1_execute_segment_k_off_kernel"
+    "__5x_cublas": "gemm",
+    "void cutlass::Kernel2<cutlass_80_wmma_tensorop_bf16_s161616gemm_bf16_16x16_128x2_tn_align8>(Params)": "gemm",
+    "ampere_bf16_s16816gemm_bf16_128x128_ldg8_f2f_stages_32x5_tn": "gemm",
+    "void cublasLt::splitKreduce_kernel<32, 16, int, float, __nv_bfloat16, float, false, true>(...)": "gemm",
+    "void gemv2T_kernel_val<int, int, __nv_bfloat16, __nv_bfloat16, float, 128, 16, 4, 4, false>(...)": "gemm",
+    "void pytorch_flash::flash_fwd_kernel<Flash_fwd_kernel_traits<128, 128, 64, 4, false, false, "
+    "cutlass::bfloat16_t, Flash_kernel_traits<128, 128, 64, 4, cutlass::bfloat16_t> >, false>(Flash_fwd_params)":
+        "attention",
+    "fmha_cutlassF_bf16_aligned_64x64_rf_sm80(PyTorchMemEffAttention::AttentionKernel<cutlass::bfloat16_t, "
+    "cutlass::arch::Sm80, true, 64, 64, 64, true, true>::Params)": "attention",
+    "cudnn_generated_fort_native_sdpa_sm90_flash_fprop_wgmma_f16_knob_3_64x64x128_4x1x1_kernel0_0": "attention",
+    "Memcpy DtoH (Device -> Pinned)": "memory",
+    "Memcpy HtoD (Pageable -> Device)": "memory",
+    "Memset (Device)": "memory",
+    "void at::native::vectorized_elementwise_kernel<4, at::native::GeluCUDAKernelImpl(at::TensorIteratorBase&, "
+    "at::native::GeluType)::{lambda()#2}::operator()() const::{lambda(c10::BFloat16)#1}, "
+    "std::array<char*, 2ul> >(int, ...)": "other",
+    "void at::native::(anonymous namespace)::vectorized_layer_norm_kernel<c10::BFloat16, float, false>(...)": "other",
+    "void at::native::reduce_kernel<512, 1, at::native::ReduceOp<float, at::native::MeanOps<float, float, float, "
+    "float>, unsigned int, float, 4, 4> >(...)": "other",
+    "void at::native::unrolled_elementwise_kernel<at::native::direct_copy_kernel_cuda(at::TensorIteratorBase&)"
+    "::{lambda()#3}::operator()() const::{lambda()#7}::operator()() const::{lambda(c10::BFloat16)#1}, ...>": "other",
+    "void at::native::(anonymous namespace)::CatArrayBatchedCopy<at::native::(anonymous namespace)::OpaqueType<2u>, "
+    "unsigned int, 3, 64, 64>(...)": "other",
+    "void difuse::layernorm_modulate_kernel<8>(difuse::LnModArgs)": "other",
+}
+
+# Issue 5's record fields.
+RECORD_KEYS = ["model", "config", "steps", "eager_ms", "difuse_ms", "md5_equal_all_steps", "first_diff_step",
+               "latents_finite", "launches_eager", "launches_difuse", "launches_other_eager", "launches_other_difuse",
+               "non_gemm_ms_eager", "non_gemm_ms_difuse", "sites", "torch", "diffusers", "gpu", "git_sha", "command"]
+CONFIG_KEYS = ["double_blocks", "single_blocks", "image_tokens", "text_tokens", "resolution"]
+
+
+def _parser():
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what")
+    ap.add_argument("--out")
+    ap.add_argument("--quick", action="store_true")
+    e2e.add_arguments(ap)
+    return ap
+
+
+def _arm(label, md5, ms=10.0, finite=True):
+    return e2e.ArmResult(label, step_ms=[ms + i for i in range(len(md5))], md5=list(md5),
+                         finite=[finite] * len(md5), std=[1.0 + 0.01 * i for i in range(len(md5))])
+
+
+def _record(eager_md5=("a", "b", "c"), difuse_md5=("a", "b", "c"), finite=True):
+    prof_e = e2e.summarize_kernels([("nvjet_tst_x", 1000.0), ("void at::native::vectorized_layer_norm_kernel", 20.0),
+                                    ("flash_fwd_kernel", 300.0), ("Memset (Device)", 1.0)])
+    prof_d = e2e.summarize_kernels([("nvjet_tst_x", 1000.0), ("void difuse::layernorm_modulate_kernel", 10.0),
+                                    ("flash_fwd_kernel", 300.0)])
+    return e2e.build_record(
+        model="flux", config=dict(double_blocks=19, single_blocks=38, image_tokens=4096, text_tokens=512,
+                                  resolution=1024),
+        eager=_arm("eager", eager_md5, 20.0), difuse=_arm("difuse", difuse_md5, 10.0, finite), prof_eager=prof_e,
+        prof_difuse=prof_d, sites={"layernorm_modulate": {"fused": 3, "fallback": 1, "disabled": 0, "x": 9}},
+        env=dict(torch="2.11.0", diffusers="0.42.1", gpu="NVIDIA H200", git_sha="abc"),
+        command="python -m difuse bench flux")
+
+
+class ClassifierTest(unittest.TestCase):
+    def test_names(self):
+        for name, want in KERNELS.items():
+            with self.subTest(name=name[:60]):
+                self.assertEqual(e2e.classify_kernel(name), want)
+
+    def test_summary(self):
+        ks = [(n, 10.0) for n in KERNELS] + [("ProfilerStep#3", 99.0), ("Activity Buffer Request", 5.0)]
+        s = e2e.summarize_kernels(ks)
+        want = {c: sum(1 for v in KERNELS.values() if v == c) for c in e2e.CATEGORIES}
+        self.assertEqual(s["launches"], len(KERNELS))  # profiler bookkeeping rows are not launches
+        self.assertEqual(s["counts"], want)
+        self.assertEqual(s["launches_other"], want["other"])
+        self.assertAlmostEqual(s["total_ms"], len(KERNELS) * 0.01)
+        self.assertAlmostEqual(s["non_gemm_ms"], (len(KERNELS) - want["gemm"] - want["attention"]) * 0.01)
+        self.assertAlmostEqual(s["ms"]["gemm"], want["gemm"] * 0.01)
+        self.assertLessEqual(len(s["top"]), 12)
+        empty = e2e.summarize_kernels([])
+        self.assertEqual((empty["launches"], empty["non_gemm_ms"]), (0, 0.0))
+
+
+class RecordTest(unittest.TestCase):
+    def test_compare_md5(self):
+        self.assertEqual(e2e.compare_md5(["a", "b"], ["a", "b"]), (True, None))
+        self.assertEqual(e2e.compare_md5(["a", "b", "c"], ["a", "x", "y"]), (False, 1))
+        self.assertEqual(e2e.compare_md5(["x"], ["a"]), (False, 0))
+        self.assertEqual(e2e.compare_md5(["a", "b"], ["a"]), (False, 1))
+        self.assertEqual(e2e.compare_md5([], []), (True, None))
+
+    def test_record_fields(self):
+        rec = _record()
+        for k in RECORD_KEYS:
+            self.assertIn(k, rec)
+        self.assertEqual(list(rec)[:len(RECORD_KEYS)], RECORD_KEYS)  # issue 5's order first
+        for k in CONFIG_KEYS:
+            self.assertIn(k, rec["config"])
+        self.assertEqual(rec["steps"], 3)
+        self.assertEqual(rec["eager_ms"], 21.0)  # median of 20, 21, 22
+        self.assertEqual(rec["difuse_ms"], 11.0)
+        self.assertAlmostEqual(rec["speedup"], 21.0 / 11.0, places=3)
+        self.assertIs(rec["md5_equal_all_steps"], True)
+        self.assertIsNone(rec["first_diff_step"])
+        self.assertIs(rec["latents_finite"], True)
+        self.assertEqual((rec["launches_eager"], rec["launches_difuse"]), (4, 3))
+        self.assertEqual((rec["launches_other_eager"], rec["launches_other_difuse"]), (1, 1))
+        self.assertEqual(rec["non_gemm_ms_eager"], 0.021)  # neither GEMM nor attention: 20 + 1 us
+        self.assertEqual(rec["non_gemm_ms_difuse"], 0.01)
+        self.assertEqual(rec["sites"], {"layernorm_modulate": {"fused": 3, "fallback": 1, "disabled": 0}})
+        self.assertEqual(rec["per_step"]["md5_eager"], ["a", "b", "c"])
+        json.loads(json.dumps(rec))
+
+    def test_record_difference_and_nan(self):
+        rec = _record(difuse_md5=("a", "q", "c"), finite=False)
+        self.assertIs(rec["md5_equal_all_steps"], False)
+        self.assertEqual(rec["first_diff_step"], 1)
+        self.assertIs(rec["latents_finite"], False)
+
+    def test_report_text(self):
+        text = e2e.format_report(_record(difuse_md5=("a", "q", "c")))
+        self.assertIn("eager 21.00 ms, difuse 11.00 ms", text)
+        self.assertIn("first at step 1", text)
+        self.assertIn("layernorm_modulate", text)
+        self.assertIn("identical at all 3 steps", e2e.format_report(_record()))
+        self.assertIn("none reported", e2e.format_sites({}))
+
+    @unittest.skipUnless(importlib.util.find_spec("matplotlib"), "matplotlib is not installed")
+    def test_plot(self):
+        with tempfile.TemporaryDirectory() as d:
+            p = e2e.plot_split(_record(), os.path.join(d, "x.png"))
+            self.assertTrue(os.path.getsize(p) > 1000)
+
+    def test_git_sha_from_env(self):
+        old = os.environ.get("DIFUSE_GIT_SHA")
+        os.environ["DIFUSE_GIT_SHA"] = "feedbeef"
+        try:
+            self.assertEqual(e2e.git_sha(), "feedbeef")
+        finally:
+            if old is None:
+                del os.environ["DIFUSE_GIT_SHA"]
+            else:
+                os.environ["DIFUSE_GIT_SHA"] = old
+
+
+class OptionsTest(unittest.TestCase):
+    def test_defaults(self):
+        o = e2e.resolve_options(_parser().parse_args(["flux"]))
+        self.assertEqual((o.steps, o.resolution, o.text_tokens, o.seed, o.device), (50, 1024, 512, 42, "cuda"))
+        self.assertEqual((o.double_blocks, o.single_blocks, o.weights), (None, None, None))
+        self.assertEqual(o.out, "bench/results/h200/e2e-flux.json")
+
+    def test_quick_and_overrides(self):
+        o = e2e.resolve_options(_parser().parse_args(["flux", "--quick"]))
+        self.assertEqual((o.steps, o.double_blocks, o.single_blocks), (4, 2, 2))
+        self.assertEqual(o.out, "bench/results/h200/e2e-flux-quick.json")  # never overwrites the full run's
+        args = _parser().parse_args(["flux", "--quick", "--steps", "7", "--double-blocks", "19", "--single-blocks",
+                                     "0", "--weights", "/w", "--out", "/tmp/x.json", "--seed", "3",
+                                     "--resolution", "512"])
+        args.argv = ["bench", "flux", "--weights", "/w w"]
+        o = e2e.resolve_options(args)
+        self.assertEqual((o.steps, o.double_blocks, o.single_blocks, o.weights, o.out, o.seed, o.resolution),
+                         (7, 19, 0, "/w", "/tmp/x.json", 3, 512))
+        self.assertEqual(o.command, "python -m difuse bench flux --weights '/w w'")
+
+    def test_invalid(self):
+        for argv in (["flux", "--resolution", "1000"], ["flux", "--steps", "0"], ["flux", "--double-blocks", "-1"]):
+            with self.subTest(argv=argv), self.assertRaises(ValueError):
+                e2e.resolve_options(_parser().parse_args(argv))
+
+
+def _cli(*argv):
+    # Run outside the checkout: there, its torch/ folder (the binding's sources) imports as a namespace package.
+    env = dict(os.environ, PYTHONPATH=str(ROOT / "python"))
+    return subprocess.run([sys.executable, "-m", "difuse", *argv], env=env, capture_output=True, text=True,
+                          cwd=tempfile.gettempdir())
+
+
+def _have_torch() -> bool:
+    spec = importlib.util.find_spec("torch")
+    return spec is not None and spec.origin is not None  # not the checkout's torch/ folder
+
+
+class CliTest(unittest.TestCase):
+    def test_planned_models(self):
+        for m in e2e.PLANNED:
+            with self.subTest(model=m):
+                r = _cli("bench", m)
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn("not implemented yet", r.stderr)
+
+    def test_bad_option_is_reported_before_anything_runs(self):
+        r = _cli("bench", "flux", "--resolution", "1000")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("multiple of 16", r.stderr)
+
+    def test_unknown_model(self):
+        r = _cli("bench", "sdxl")
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("invalid choice", r.stderr)
+
+    @unittest.skipIf(_have_torch(), "torch is importable here (the run itself would start)")
+    def test_flux_without_torch(self):
+        r = _cli("bench", "flux", "--quick")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("needs PyTorch", r.stderr)
+
+
+if __name__ == "__main__":
+    unittest.main()

@@ -1,0 +1,172 @@
+"""The end-to-end FLUX benchmark's model and loop on the CPU, at toy width (1 double + 1 single block, 32
+wide): seeded weights built through the meta device, FluxPipeline's inputs and schedule, md5s stable across
+runs, and the whole run (both arms, record, JSON) with stand-in patch functions. Needs diffusers; skipped
+without it. The full-width exactness runs are GPU tests."""
+import argparse
+import json
+
+import pytest
+import torch
+
+pytest.importorskip("diffusers")
+
+from difuse import e2e  # noqa: E402
+
+TINY = dict(attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32, pooled_projection_dim=16,
+            axes_dims_rope=(4, 6, 6))
+
+
+def tiny(seed=42, **kw):
+    return e2e.build_flux(1, 1, seed, "cpu", torch.bfloat16, **TINY, **kw)
+
+
+def state(m):
+    return {k: v.clone() for k, v in m.state_dict().items()}
+
+
+def test_full_size_config_is_flux_dev():
+    from diffusers import FluxTransformer2DModel
+
+    with torch.device("meta"):
+        m = FluxTransformer2DModel(**e2e.flux_config())
+    assert (len(m.transformer_blocks), len(m.single_transformer_blocks), m.inner_dim) == (19, 38, 3072)
+    assert m.config.guidance_embeds and tuple(m.config.axes_dims_rope) == (16, 56, 56)
+    assert sum(p.numel() for p in m.parameters()) == 11_901_408_320  # FLUX.1-dev's transformer
+
+
+def test_build_is_seeded_and_on_target():
+    a, b, c = state(tiny()), state(tiny()), state(tiny(seed=7))
+    assert all(v.dtype == torch.bfloat16 and v.device.type == "cpu" for v in a.values())
+    assert all(torch.equal(a[k], b[k]) for k in a)
+    assert any(not torch.equal(a[k], c[k]) for k in a)
+    m = tiny()
+    assert not m.training and not any(p.requires_grad for p in m.parameters())
+    norm = m.transformer_blocks[0].attn.norm_q.weight.float()
+    assert abs(norm.mean().item() - 1) < 0.1  # norm scales near 1
+
+
+def test_outlier_channels():
+    m = tiny()
+    chans = e2e.outlier_channels(m.inner_dim, 42)
+    assert len(chans) == len(e2e.OUTLIER_SCALES)
+    for w in (m.x_embedder.weight, m.transformer_blocks[0].ff.net[2].weight, m.single_transformer_blocks[0].proj_out.weight):
+        rows = w.float().norm(dim=1)
+        rest = torch.ones_like(rows, dtype=torch.bool)
+        rest[chans] = False
+        assert rows[chans].min() > 10 * rows[rest].max()
+    assert m.proj_out.out_features == 64  # the output projection writes latents: left alone
+    plain = e2e.build_flux(1, 1, 42, "cpu", torch.bfloat16, outliers=False, **TINY)
+    assert plain.x_embedder.weight.float().norm(dim=1).max() < 2
+
+
+def test_inputs_follow_the_pipeline():
+    m = tiny()
+    inp = e2e.flux_inputs(m, resolution=64, text_tokens=8, seed=42, device="cpu")
+    # 64 px -> 8x8 latent of 16 channels -> 4x4 tokens of 64
+    assert inp.latents.shape == (1, 16, 64) and inp.latents.dtype == torch.bfloat16
+    noise = torch.randn(1, 16, 8, 8, generator=torch.Generator("cpu").manual_seed(42), dtype=torch.bfloat16)
+    for i in range(4):
+        for j in range(4):
+            for c in range(16):
+                want = noise[0, c, 2 * i:2 * i + 2, 2 * j:2 * j + 2].reshape(4)
+                assert torch.equal(inp.latents[0, 4 * i + j, 4 * c:4 * c + 4], want)
+    ids = inp.cond["img_ids"]
+    assert ids.shape == (16, 3) and ids.dtype == torch.bfloat16
+    assert ids.tolist() == [[0, i, j] for i in range(4) for j in range(4)]
+    assert torch.equal(inp.cond["txt_ids"], torch.zeros(8, 3, dtype=torch.bfloat16))
+    assert inp.cond["encoder_hidden_states"].shape == (1, 8, 32)
+    assert inp.cond["pooled_projections"].shape == (1, 16)
+    assert inp.cond["guidance"].tolist() == [3.5] and inp.cond["guidance"].dtype == torch.float32
+    assert inp.info == dict(image_tokens=16, text_tokens=8, resolution=64)
+    sched, ts = inp.new_scheduler(5)
+    assert len(ts) == 5 and ts[0].item() == 1000.0 and sched.sigmas[-1].item() == 0.0
+    # exponential time shift of linspace(1, 1/5) with mu for 16 tokens
+    import math
+
+    mu = e2e.calculate_shift(16)
+    s = 1 / 5
+    assert abs(sched.sigmas[-2].item() - math.exp(mu) / (math.exp(mu) + (1 / s - 1))) < 1e-6
+
+
+def test_calculate_shift():
+    assert e2e.calculate_shift(256) == pytest.approx(0.5)
+    assert e2e.calculate_shift(4096) == pytest.approx(1.15)  # FLUX at 1024x1024
+
+
+def test_loop_md5_stable():
+    m = tiny()
+    inp = e2e.flux_inputs(m, resolution=64, text_tokens=8, seed=42, device="cpu")
+    a = e2e.run_arm(e2e.FLUX, m, inp, 2, "eager", "cpu", progress=False)
+    b = e2e.run_arm(e2e.FLUX, m, inp, 2, "eager", "cpu", progress=False)
+    assert len(a.md5) == 2 and a.md5 == b.md5 and a.md5[0] != a.md5[1]
+    assert all(a.finite) and all(0.1 < s < 10 for s in a.std)
+    assert len(a.step_ms) == 2
+    other = e2e.flux_inputs(m, resolution=64, text_tokens=8, seed=43, device="cpu")
+    assert e2e.run_arm(e2e.FLUX, m, other, 2, "eager", "cpu", progress=False).md5 != a.md5
+
+
+def _args(tmp_path, **kw):
+    ap = argparse.ArgumentParser()
+    ap.add_argument("what")
+    ap.add_argument("--out")
+    ap.add_argument("--quick", action="store_true")
+    e2e.add_arguments(ap)
+    args = ap.parse_args(["flux", "--steps", "2", "--double-blocks", "1", "--single-blocks", "1", "--resolution", "64",
+                          "--text-tokens", "8", "--device", "cpu", "--out", str(tmp_path / "r" / "e2e.json")])
+    args.argv = ["bench", "flux", "--device", "cpu"]
+    args.model_overrides = TINY
+    for k, v in kw.items():
+        setattr(args, k, v)
+    return args
+
+
+class FakeApi:
+    """Stand-ins for difuse.patch / unpatch / report; `perturb` makes the patched model differ."""
+
+    def __init__(self, perturb=False):
+        self.perturb, self.calls, self.handle = perturb, [], None
+
+    def patch(self, model):
+        self.calls.append("patch")
+        if self.perturb:
+            self.handle = model.proj_out.register_forward_hook(lambda mod, a, out: out + 0.5)
+        return "fake report"
+
+    def unpatch(self, model):
+        self.calls.append("unpatch")
+        if self.handle is not None:
+            self.handle.remove()
+
+    def report(self, model):
+        self.calls.append("report")
+        return {"sites": {"layernorm_modulate": {"fused": 4, "fallback": 0, "disabled": 0}}, "extra": object()}
+
+    def api(self):
+        return (self.patch, self.unpatch, self.report)
+
+
+def test_main_identical_arms(tmp_path, capsys):
+    fake = FakeApi()
+    assert e2e.main(_args(tmp_path), api=fake.api()) == 0
+    assert fake.calls == ["patch", "report", "unpatch"]
+    rec = json.loads((tmp_path / "r" / "e2e.json").read_text())
+    assert rec["model"] == "flux" and rec["steps"] == 2
+    assert rec["config"] == dict(rec["config"], double_blocks=1, single_blocks=1, image_tokens=16, text_tokens=8,
+                                 resolution=64)
+    assert rec["md5_equal_all_steps"] is True and rec["first_diff_step"] is None and rec["latents_finite"] is True
+    assert rec["per_step"]["md5_eager"] == rec["per_step"]["md5_difuse"]
+    assert rec["sites"] == {"layernorm_modulate": {"fused": 4, "fallback": 0, "disabled": 0}}
+    assert rec["launches_eager"] is None and rec["non_gemm_ms_difuse"] is None  # no profile on the CPU
+    assert rec["gpu"] == "cpu" and rec["command"] == "python -m difuse bench flux --device cpu"
+    assert rec["torch"] == torch.__version__ and rec["diffusers"]
+    assert isinstance(rec["patch_report"]["extra"], str)
+    out = capsys.readouterr().out
+    assert "identical at all 2 steps" in out and "layernorm_modulate" in out and "not profiled" in out
+
+
+def test_main_reports_first_difference(tmp_path):
+    fake = FakeApi(perturb=True)
+    assert e2e.main(_args(tmp_path), api=fake.api()) == 1
+    assert fake.calls[-1] == "unpatch"
+    rec = json.loads((tmp_path / "r" / "e2e.json").read_text())
+    assert rec["md5_equal_all_steps"] is False and rec["first_diff_step"] == 0

@@ -1,0 +1,65 @@
+"""difuse.patch on a tiny CPU-built FLUX transformer: site discovery, the report, refusals, unpatch. (On the CPU
+every patched forward hands over to the original one; the GPU tests compare the fused paths bit for bit.)"""
+import pytest
+import torch
+
+import difuse
+
+tf = pytest.importorskip("diffusers.models.transformers.transformer_flux")
+
+
+def tiny_flux(double=2, single=1):
+    torch.manual_seed(0)
+    return tf.FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=double, num_single_layers=single,
+                                     attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
+                                     pooled_projection_dim=12, guidance_embeds=False, axes_dims_rope=(4, 6, 6))
+
+
+def inputs(B=1, L=6, T=5):
+    g = torch.Generator().manual_seed(1)
+    return dict(hidden_states=torch.randn(B, L, 8, generator=g), encoder_hidden_states=torch.randn(B, T, 24, generator=g),
+                pooled_projections=torch.randn(B, 12, generator=g), timestep=torch.full((B,), 0.5),
+                img_ids=torch.randint(0, 4, (L, 3), generator=g).float(), txt_ids=torch.zeros(T, 3))
+
+
+def test_patch_finds_every_flux_block_and_unpatch_restores_the_class_forward():
+    model = tiny_flux()
+    with torch.no_grad():
+        before = model(**inputs()).sample
+    rep = difuse.patch(model)
+    assert rep.modules == {"double blocks": 2, "single blocks": 1, "norm_out": 1}
+    assert set(rep.sites) == set(difuse.patching.FLUX_SITES)
+    assert "forward" in model.transformer_blocks[0].__dict__
+    assert difuse.patch(model) is rep  # idempotent
+    with torch.no_grad():
+        after = model(**inputs()).sample  # CPU: the original forwards answer
+    assert torch.equal(before.view(torch.int32), after.view(torch.int32))
+    r = difuse.report(model)
+    assert r["patched"] and all(s["status"] == "not yet seen" for s in r["sites"].values())
+    assert "D2" in difuse.format_report(r)
+    difuse.unpatch(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+    assert not difuse.report(model)["patched"]
+
+
+def test_modules_whose_forward_is_already_wrapped_are_left_eager_and_named():
+    model = tiny_flux(double=1, single=1)
+    blk = model.single_transformer_blocks[0]
+    inner = blk.forward
+    blk.forward = lambda *a, **k: inner(*a, **k)  # what an offload hook does to a module
+    rep = difuse.patch(model)
+    assert rep.modules == {"double blocks": 1, "norm_out": 1}
+    assert any(path == "single_transformer_blocks.0" and "already replaced" in why for path, why in rep.skipped)
+    assert "left eager: single_transformer_blocks.0" in str(rep)
+    difuse.unpatch(model)
+
+
+def test_unsupported_models_raise_naming_the_class():
+    with pytest.raises(NotImplementedError, match="Linear is not supported yet"):
+        difuse.patch(torch.nn.Linear(2, 2))
+
+
+def test_signature_names_shape_strides_dtype_alignment_and_scalars():
+    x = torch.zeros(2, 3, 4, dtype=torch.bfloat16)[:, 1:]
+    sig = difuse.patching.signature(x, None, 1e-6, True)
+    assert "bfloat16(2, 2, 4)(12, 4, 1)@" in sig and sig.endswith("|None|1e-06|True")
