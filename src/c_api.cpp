@@ -15,6 +15,9 @@
 #include "norm/rms_norm_diffusers.h"
 #include "norm/rms_norm_modulate.h"
 #include "rope/qk_norm_rope.h"
+#include "rope/qk_norm_rope_qwen.h"
+#include "rope/qk_norm_sd35.h"
+#include "rope/qk_norm_rope_wan.h"
 
 namespace difuse::detail {
 const std::string& last_error();
@@ -96,6 +99,73 @@ difuse::rope::QkNormRopeArgs qk_norm_rope_args(const difuse_qk_norm_rope_args* a
   r.k_first_weight = opt(a->k_first_weight, "k_first_weight");
   r.cos = opt(a->cos, "cos");
   r.sin = opt(a->sin, "sin");
+  r.eps = a->eps;
+  return r;
+}
+
+difuse::rope::QkNormRopeWanArgs qk_norm_rope_wan_args(const difuse_qk_norm_rope_wan_args* a) {
+  if (a == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "qk_norm_rope_wan: args is NULL");
+  const auto opt = [](const difuse_tensor_view* v, const char* name) {
+    return v == nullptr ? difuse_tensor_view{} : view(v, name);
+  };
+  difuse::rope::QkNormRopeWanArgs r;
+  r.q_out = opt(a->q_out, "q_out");
+  r.k_out = opt(a->k_out, "k_out");
+  r.q = opt(a->q, "q");
+  r.k = opt(a->k, "k");
+  r.q_weight = opt(a->q_weight, "q_weight");
+  r.k_weight = opt(a->k_weight, "k_weight");
+  r.freqs_cos = opt(a->freqs_cos, "freqs_cos");
+  r.freqs_sin = opt(a->freqs_sin, "freqs_sin");
+  r.heads = a->heads;
+  r.eps = a->eps;
+  return r;
+}
+
+difuse::rope::QkNormRopeQwenArgs qk_norm_rope_qwen_args(const difuse_qk_norm_rope_qwen_args* a) {
+  if (a == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "qk_norm_rope_qwen: args is NULL");
+  const auto opt = [](const difuse_tensor_view* v, const char* name) {
+    return v == nullptr ? difuse_tensor_view{} : view(v, name);
+  };
+  difuse::rope::QkNormRopeQwenArgs r;
+  r.q_out = opt(a->q_out, "q_out");
+  r.k_out = opt(a->k_out, "k_out");
+  r.v_out = opt(a->v_out, "v_out");
+  r.q = opt(a->q, "q");
+  r.k = opt(a->k, "k");
+  r.v = opt(a->v, "v");
+  r.q_weight = opt(a->q_weight, "q_weight");
+  r.k_weight = opt(a->k_weight, "k_weight");
+  r.q_txt = opt(a->q_txt, "q_txt");
+  r.k_txt = opt(a->k_txt, "k_txt");
+  r.v_txt = opt(a->v_txt, "v_txt");
+  r.q_txt_weight = opt(a->q_txt_weight, "q_txt_weight");
+  r.k_txt_weight = opt(a->k_txt_weight, "k_txt_weight");
+  r.freqs = opt(a->freqs, "freqs");
+  r.freqs_txt = opt(a->freqs_txt, "freqs_txt");
+  r.eps = a->eps;
+  return r;
+}
+
+difuse::rope::QkNormSd35Args qk_norm_sd35_args(const difuse_qk_norm_sd35_args* a) {
+  if (a == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "qk_norm_sd35: args is NULL");
+  const auto opt = [](const difuse_tensor_view* v, const char* name) {
+    return v == nullptr ? difuse_tensor_view{} : view(v, name);
+  };
+  difuse::rope::QkNormSd35Args r;
+  r.q_out = opt(a->q_out, "q_out");
+  r.k_out = opt(a->k_out, "k_out");
+  r.v_out = opt(a->v_out, "v_out");
+  r.q = opt(a->q, "q");
+  r.k = opt(a->k, "k");
+  r.v = opt(a->v, "v");
+  r.q_weight = opt(a->q_weight, "q_weight");
+  r.k_weight = opt(a->k_weight, "k_weight");
+  r.q_ctx = opt(a->q_ctx, "q_ctx");
+  r.k_ctx = opt(a->k_ctx, "k_ctx");
+  r.v_ctx = opt(a->v_ctx, "v_ctx");
+  r.q_ctx_weight = opt(a->q_ctx_weight, "q_ctx_weight");
+  r.k_ctx_weight = opt(a->k_ctx_weight, "k_ctx_weight");
   r.eps = a->eps;
   return r;
 }
@@ -452,6 +522,41 @@ difuse_status difuse_can_use_qk_norm_rope(const difuse_qk_norm_rope_args* args) 
 
 difuse_status difuse_qk_norm_rope(const difuse_qk_norm_rope_args* args, void* stream) {
   return guarded([&] { difuse::rope::qk_norm_rope(qk_norm_rope_args(args), static_cast<cudaStream_t>(stream)); });
+}
+
+difuse_status difuse_can_use_qk_norm_rope_wan(const difuse_qk_norm_rope_wan_args* args) {
+  return guarded([&] {
+    const auto s = difuse::rope::can_use_qk_norm_rope_wan(qk_norm_rope_wan_args(args));
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("qk_norm_rope_wan"));
+  });
+}
+
+difuse_status difuse_qk_norm_rope_wan(const difuse_qk_norm_rope_wan_args* args, void* stream) {
+  return guarded(
+      [&] { difuse::rope::qk_norm_rope_wan(qk_norm_rope_wan_args(args), static_cast<cudaStream_t>(stream)); });
+}
+
+difuse_status difuse_can_use_qk_norm_rope_qwen(const difuse_qk_norm_rope_qwen_args* args) {
+  return guarded([&] {
+    const auto s = difuse::rope::can_use_qk_norm_rope_qwen(qk_norm_rope_qwen_args(args));
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("qk_norm_rope_qwen"));
+  });
+}
+
+difuse_status difuse_qk_norm_rope_qwen(const difuse_qk_norm_rope_qwen_args* args, void* stream) {
+  return guarded(
+      [&] { difuse::rope::qk_norm_rope_qwen(qk_norm_rope_qwen_args(args), static_cast<cudaStream_t>(stream)); });
+}
+
+difuse_status difuse_can_use_qk_norm_sd35(const difuse_qk_norm_sd35_args* args) {
+  return guarded([&] {
+    const auto s = difuse::rope::can_use_qk_norm_sd35(qk_norm_sd35_args(args));
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("qk_norm_sd35"));
+  });
+}
+
+difuse_status difuse_qk_norm_sd35(const difuse_qk_norm_sd35_args* args, void* stream) {
+  return guarded([&] { difuse::rope::qk_norm_sd35(qk_norm_sd35_args(args), static_cast<cudaStream_t>(stream)); });
 }
 
 }  // extern "C"

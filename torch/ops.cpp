@@ -663,6 +663,365 @@ std::vector<std::string> qk_norm_rope_unsupported(const at::Tensor& q, const at:
   return reasons_from_last_error();
 }
 
+// ---- qk_norm_rope_wan ------------------------------------------------------------------------------------------
+struct QkWanViews {  // the C views of one call (absent weights stay NULL)
+  difuse_tensor_view vq, vk, vwq, vwk, vc, vs, oq, ok;
+  difuse_qk_norm_rope_wan_args args{};
+};
+
+void fill_qk_wan_views(QkWanViews& w, const at::Tensor& q, const at::Tensor& k, const OptT& wq, const OptT& wk,
+                       const at::Tensor& cos, const at::Tensor& sin, int64_t heads, double eps) {
+  auto& a = w.args;
+  w.vq = to_view(q);
+  w.vk = to_view(k);
+  w.vc = to_view(cos);
+  w.vs = to_view(sin);
+  a.q = &w.vq;
+  a.k = &w.vk;
+  a.freqs_cos = &w.vc;
+  a.freqs_sin = &w.vs;
+  if (given(wq)) {
+    w.vwq = to_view(*wq);
+    a.q_weight = &w.vwq;
+  }
+  if (given(wk)) {
+    w.vwk = to_view(*wk);
+    a.k_weight = &w.vwk;
+  }
+  a.heads = heads;
+  a.eps = eps;
+}
+
+// [B, S, heads, head_dim] for q [B, S, heads * head_dim]; a placeholder shape where q or heads is invalid (the
+// predicate then reports why).
+std::vector<int64_t> wan_head_sizes(const at::Tensor& q, int64_t heads) {
+  if (q.dim() != 3) return {1, 1, 1, 1};
+  const int64_t N = q.size(2), H = heads > 0 ? heads : 1;
+  return {q.size(0), q.size(1), H, N % H == 0 ? N / H : 1};
+}
+
+void check_qk_wan_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& cos, const at::Tensor& sin,
+                       int64_t heads) {
+  TORCH_CHECK_VALUE(q.dim() == 3 && q.scalar_type() == at::kBFloat16,
+                    "difuse::qk_norm_rope_wan: q must be bf16 [B, S, heads * head_dim], got ", q.sizes());
+  TORCH_CHECK_VALUE(k.sizes() == q.sizes() && k.scalar_type() == at::kBFloat16,
+                    "difuse::qk_norm_rope_wan: k must be bf16 with the shape of q ", q.sizes(), ", got ", k.sizes());
+  TORCH_CHECK_VALUE(heads > 0 && q.size(2) % heads == 0, "difuse::qk_norm_rope_wan: heads (", heads,
+                    ") must divide the width of q ", q.size(2));
+  const int64_t D = q.size(2) / heads;
+  for (const at::Tensor* t : {&cos, &sin})
+    TORCH_CHECK_VALUE(t->dim() == 4 && (t->size(0) == 1 || t->size(0) == q.size(0)) && t->size(1) == q.size(1) &&
+                          t->size(2) == 1 && t->size(3) == D,
+                      "difuse::qk_norm_rope_wan: freqs_cos and freqs_sin must be [1, S, 1, head_dim] = [1, ", q.size(1),
+                      ", 1, ", D, "], got ", t->sizes());
+}
+
+std::tuple<at::Tensor, at::Tensor> qk_norm_rope_wan_cuda(const at::Tensor& q, const at::Tensor& k, const OptT& wq,
+                                                         const OptT& wk, const at::Tensor& cos, const at::Tensor& sin,
+                                                         int64_t heads, double eps) {
+  check_qk_wan_meta(q, k, cos, sin, heads);
+  const c10::cuda::OptionalCUDAGuard guard(q.device());
+  QkWanViews w;
+  fill_qk_wan_views(w, q, k, wq, wk, cos, sin, heads, eps);
+  const auto opts = q.options().memory_format(at::MemoryFormat::Contiguous);
+  const auto sizes = wan_head_sizes(q, heads);
+  at::Tensor oq = at::empty(sizes, opts), ok = at::empty(sizes, opts);
+  w.oq = to_view(oq);
+  w.ok = to_view(ok);
+  w.args.q_out = &w.oq;
+  w.args.k_out = &w.ok;
+  check_status(difuse_qk_norm_rope_wan(&w.args, at::cuda::getCurrentCUDAStream().stream()), "qk_norm_rope_wan");
+  return {oq, ok};
+}
+
+std::tuple<at::Tensor, at::Tensor> qk_norm_rope_wan_meta(const at::Tensor& q, const at::Tensor& k, const OptT&,
+                                                         const OptT&, const at::Tensor& cos, const at::Tensor& sin,
+                                                         int64_t heads, double) {
+  check_qk_wan_meta(q, k, cos, sin, heads);
+  const auto opts = q.options().memory_format(at::MemoryFormat::Contiguous);
+  const auto sizes = wan_head_sizes(q, heads);
+  return {at::empty(sizes, opts), at::empty(sizes, opts)};
+}
+
+// WanAttnProcessor's apply_rotary_emb, op for op: x1 * cos - x2 * sin and x1 * sin + x2 * cos in fp32 (bf16 x fp32
+// tensors), each written into the even / odd half of an empty_like(x), then type_as(x).
+at::Tensor wan_rotary_emb_reference(const at::Tensor& x, const at::Tensor& freqs_cos, const at::Tensor& freqs_sin) {
+  const auto parts = x.unflatten(-1, {-1, 2}).unbind(-1);
+  const at::Tensor c = freqs_cos.slice(-1, 0, std::nullopt, 2), s = freqs_sin.slice(-1, 1, std::nullopt, 2);
+  at::Tensor out = at::empty_like(x);
+  out.slice(-1, 0, std::nullopt, 2).copy_(parts[0] * c - parts[1] * s);
+  out.slice(-1, 1, std::nullopt, 2).copy_(parts[0] * s + parts[1] * c);
+  return out.to(x.scalar_type());
+}
+
+// The processor's prologue: norm_q / norm_k (F.rms_norm over the full width), unflatten(2, (heads, -1)), RoPE.
+std::tuple<at::Tensor, at::Tensor> qk_norm_rope_wan_reference(const at::Tensor& q, const at::Tensor& k, const OptT& wq,
+                                                              const OptT& wk, const at::Tensor& cos,
+                                                              const at::Tensor& sin, int64_t heads, double eps) {
+  const int64_t N = q.size(-1);
+  const at::Tensor nq = at::rms_norm(q, {N}, wq, eps).unflatten(2, {heads, -1});
+  const at::Tensor nk = at::rms_norm(k, {N}, wk, eps).unflatten(2, {heads, -1});
+  return {wan_rotary_emb_reference(nq, cos, sin), wan_rotary_emb_reference(nk, cos, sin)};
+}
+
+std::vector<std::string> qk_norm_rope_wan_unsupported(const at::Tensor& q, const at::Tensor& k, const OptT& wq,
+                                                      const OptT& wk, const at::Tensor& cos, const at::Tensor& sin,
+                                                      int64_t heads, double eps) {
+  QkWanViews w;
+  fill_qk_wan_views(w, q, k, wq, wk, cos, sin, heads, eps);
+  at::Tensor like = at::empty(wan_head_sizes(q, heads), q.options().device(at::kMeta));
+  w.oq = fresh_output_view(like);
+  w.oq.device = q.is_cuda() ? q.get_device() : w.oq.device;
+  w.ok = w.oq;
+  w.ok.data = w.ok.data ? reinterpret_cast<void*>(uintptr_t{1} << 47) : nullptr;
+  w.args.q_out = &w.oq;
+  w.args.k_out = &w.ok;
+  const difuse_status s = difuse_can_use_qk_norm_rope_wan(&w.args);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_qk_norm_rope_wan");
+  return reasons_from_last_error();
+}
+
+// ---- qk_norm_rope_qwen, qk_norm_sd35 (per-head diffusers RMSNorm prologues) ------------------------------------------
+using Tensor3 = std::tuple<at::Tensor, at::Tensor, at::Tensor>;
+
+// The C views of one call of either op (absent weights and tables stay NULL), plus what only the torch layer can
+// say (a RoPE table that is not complex64).
+struct HeadNormViews {
+  difuse_tensor_view vq, vk, vv, vwq, vwk, vq2, vk2, vv2, vwq2, vwk2, vf, vf2, oq, ok, ov;
+  std::vector<std::string> torch_reasons;
+};
+
+void opt_view(const OptT& t, difuse_tensor_view& slot, const difuse_tensor_view*& field) {
+  if (given(t)) {
+    slot = to_view(*t);
+    field = &slot;
+  }
+}
+
+// A complex64 table [S, D/2] as the fp32 (re, im) pairs [S, D] the C ABI takes (metadata only: view_as_real, the
+// last two dims collapsed when the pairs are contiguous; any other pair stride stays for the predicate to refuse).
+void qwen_freqs_view(HeadNormViews& w, const OptT& f, const char* name, difuse_tensor_view& slot,
+                     const difuse_tensor_view*& field) {
+  if (!given(f)) return;
+  if (f->scalar_type() != at::kComplexFloat || f->dim() != 2) {
+    w.torch_reasons.push_back(std::string(name) + " must be a complex64 [S, head_dim / 2] table (as QwenEmbedRope "
+                              "returns it), got " + std::string(c10::toString(f->scalar_type())) + " " +
+                              c10::str(f->sizes()));
+    slot = to_view(*f);
+    if (slot.dtype == DIFUSE_F32) slot.dtype = -1;  // never taken for pairs: the eager chain needs complex64
+  } else {
+    slot = to_view(at::view_as_real(*f));  // [S, D/2, 2], strides (2 rs, 2 cs, 1)
+    slot.rank = 2;
+    slot.sizes[1] *= 2;
+    slot.strides[1] = slot.strides[1] == 2 ? 1 : slot.strides[1];
+    slot.sizes[2] = slot.strides[2] = 0;
+  }
+  field = &slot;
+}
+
+// ---- qk_norm_rope_qwen
+void check_qwen_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& q1,
+                     const at::Tensor& k1, const at::Tensor& v1, const OptT& f, const OptT& f1) {
+  TORCH_CHECK_VALUE(q.dim() == 4 && q.scalar_type() == at::kBFloat16,
+                    "difuse::qk_norm_rope_qwen: q must be bf16 [B, S_img, heads, head_dim], got ", q.sizes());
+  TORCH_CHECK_VALUE(k.sizes() == q.sizes() && v.sizes() == q.sizes(),
+                    "difuse::qk_norm_rope_qwen: k and v must have the shape of q ", q.sizes());
+  TORCH_CHECK_VALUE(q1.dim() == 4 && q1.size(0) == q.size(0) && q1.size(2) == q.size(2) && q1.size(3) == q.size(3),
+                    "difuse::qk_norm_rope_qwen: q_txt must be [B, S_txt, heads, head_dim] like q, got ", q1.sizes());
+  TORCH_CHECK_VALUE(k1.sizes() == q1.sizes() && v1.sizes() == q1.sizes(),
+                    "difuse::qk_norm_rope_qwen: k_txt and v_txt must have the shape of q_txt ", q1.sizes());
+  TORCH_CHECK_VALUE(given(f) == given(f1), "difuse::qk_norm_rope_qwen: freqs and freqs_txt must be given together");
+  if (given(f)) {
+    TORCH_CHECK_VALUE(f->dim() == 2 && f->size(0) == q.size(1) && 2 * f->size(1) == q.size(3) &&
+                          f->scalar_type() == at::kComplexFloat,
+                      "difuse::qk_norm_rope_qwen: freqs must be complex64 [S_img, head_dim / 2], got ", f->sizes());
+    TORCH_CHECK_VALUE(f1->dim() == 2 && f1->size(0) == q1.size(1) && 2 * f1->size(1) == q.size(3) &&
+                          f1->scalar_type() == at::kComplexFloat,
+                      "difuse::qk_norm_rope_qwen: freqs_txt must be complex64 [S_txt, head_dim / 2], got ", f1->sizes());
+  }
+}
+
+std::vector<int64_t> qwen_joint_sizes(const at::Tensor& q, const at::Tensor& q1) {
+  if (q.dim() != 4 || q1.dim() != 4) return {1, 1, 1, 1};
+  return {q.size(0), q1.size(1) + q.size(1), q.size(2), q.size(3)};
+}
+
+void fill_qwen_views(HeadNormViews& w, difuse_qk_norm_rope_qwen_args& a, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& v, const OptT& wq, const OptT& wk, const at::Tensor& q1, const at::Tensor& k1,
+                     const at::Tensor& v1, const OptT& wq1, const OptT& wk1, const OptT& f, const OptT& f1,
+                     double eps) {
+  w.vq = to_view(q), w.vk = to_view(k), w.vv = to_view(v);
+  w.vq2 = to_view(q1), w.vk2 = to_view(k1), w.vv2 = to_view(v1);
+  a.q = &w.vq, a.k = &w.vk, a.v = &w.vv, a.q_txt = &w.vq2, a.k_txt = &w.vk2, a.v_txt = &w.vv2;
+  opt_view(wq, w.vwq, a.q_weight);
+  opt_view(wk, w.vwk, a.k_weight);
+  opt_view(wq1, w.vwq2, a.q_txt_weight);
+  opt_view(wk1, w.vwk2, a.k_txt_weight);
+  qwen_freqs_view(w, f, "freqs", w.vf, a.freqs);
+  qwen_freqs_view(w, f1, "freqs_txt", w.vf2, a.freqs_txt);
+  a.eps = eps;
+}
+
+Tensor3 qk_norm_rope_qwen_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptT& wq,
+                               const OptT& wk, const at::Tensor& q1, const at::Tensor& k1, const at::Tensor& v1,
+                               const OptT& wq1, const OptT& wk1, const OptT& f, const OptT& f1, double eps) {
+  check_qwen_meta(q, k, v, q1, k1, v1, f, f1);
+  const c10::cuda::OptionalCUDAGuard guard(q.device());
+  HeadNormViews w;
+  difuse_qk_norm_rope_qwen_args args{};
+  fill_qwen_views(w, args, q, k, v, wq, wk, q1, k1, v1, wq1, wk1, f, f1, eps);
+  const auto sizes = qwen_joint_sizes(q, q1);
+  const auto opts = q.options().memory_format(at::MemoryFormat::Contiguous);
+  at::Tensor oq = at::empty(sizes, opts), ok = at::empty(sizes, opts), ov = at::empty(sizes, opts);
+  w.oq = to_view(oq), w.ok = to_view(ok), w.ov = to_view(ov);
+  args.q_out = &w.oq, args.k_out = &w.ok, args.v_out = &w.ov;
+  check_status(difuse_qk_norm_rope_qwen(&args, at::cuda::getCurrentCUDAStream().stream()), "qk_norm_rope_qwen");
+  return {oq, ok, ov};
+}
+
+Tensor3 qk_norm_rope_qwen_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptT&, const OptT&,
+                               const at::Tensor& q1, const at::Tensor& k1, const at::Tensor& v1, const OptT&,
+                               const OptT&, const OptT& f, const OptT& f1, double) {
+  check_qwen_meta(q, k, v, q1, k1, v1, f, f1);
+  const auto sizes = qwen_joint_sizes(q, q1);
+  const auto opts = q.options().memory_format(at::MemoryFormat::Contiguous);
+  return {at::empty(sizes, opts), at::empty(sizes, opts), at::empty(sizes, opts)};
+}
+
+// diffusers' apply_rotary_emb_qwen(x, freqs, use_real=False), op for op.
+at::Tensor qwen_rotary_emb_reference(const at::Tensor& x, const at::Tensor& freqs) {
+  std::vector<int64_t> pairs = x.sizes().vec();
+  pairs.back() /= 2;
+  pairs.push_back(2);
+  const at::Tensor xc = at::view_as_complex(x.to(at::kFloat).reshape(pairs));
+  return at::view_as_real(xc * freqs.unsqueeze(1)).flatten(3).to(x.scalar_type());
+}
+
+// QwenDoubleStreamAttnProcessor2_0 up to dispatch_attention_fn: the four norms, RoPE per stream, cat([text, image]).
+Tensor3 qk_norm_rope_qwen_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptT& wq,
+                                    const OptT& wk, const at::Tensor& q1, const at::Tensor& k1, const at::Tensor& v1,
+                                    const OptT& wq1, const OptT& wk1, const OptT& f, const OptT& f1, double eps) {
+  at::Tensor iq = rms_norm_diffusers_reference(q, wq, eps), ik = rms_norm_diffusers_reference(k, wk, eps);
+  at::Tensor tq = rms_norm_diffusers_reference(q1, wq1, eps), tk = rms_norm_diffusers_reference(k1, wk1, eps);
+  if (given(f)) {
+    iq = qwen_rotary_emb_reference(iq, *f);
+    ik = qwen_rotary_emb_reference(ik, *f);
+    tq = qwen_rotary_emb_reference(tq, *f1);
+    tk = qwen_rotary_emb_reference(tk, *f1);
+  }
+  return {at::cat({tq, iq}, 1), at::cat({tk, ik}, 1), at::cat({v1, v}, 1)};
+}
+
+// The output views an op call would get: contiguous, `sizes`, on q's device, at three addresses that overlap nothing.
+void fresh_outputs(HeadNormViews& w, const at::Tensor& q, const std::vector<int64_t>& sizes) {
+  at::Tensor like = at::empty(sizes, q.options().device(at::kMeta));
+  w.oq = fresh_output_view(like);
+  w.oq.device = q.is_cuda() ? q.get_device() : w.oq.device;
+  w.ok = w.oq;
+  w.ok.data = w.ok.data ? reinterpret_cast<void*>(uintptr_t{1} << 47) : nullptr;
+  w.ov = w.oq;
+  w.ov.data = w.ov.data ? reinterpret_cast<void*>(uintptr_t{1} << 46) : nullptr;
+}
+
+std::vector<std::string> qk_norm_rope_qwen_unsupported(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                       const OptT& wq, const OptT& wk, const at::Tensor& q1,
+                                                       const at::Tensor& k1, const at::Tensor& v1, const OptT& wq1,
+                                                       const OptT& wk1, const OptT& f, const OptT& f1, double eps) {
+  HeadNormViews w;
+  difuse_qk_norm_rope_qwen_args args{};
+  fill_qwen_views(w, args, q, k, v, wq, wk, q1, k1, v1, wq1, wk1, f, f1, eps);
+  fresh_outputs(w, q, qwen_joint_sizes(q, q1));
+  args.q_out = &w.oq, args.k_out = &w.ok, args.v_out = &w.ov;
+  std::vector<std::string> reasons = w.torch_reasons;
+  const difuse_status s = difuse_can_use_qk_norm_rope_qwen(&args);
+  if (s == DIFUSE_OK) return reasons;
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_qk_norm_rope_qwen");
+  for (auto& r : reasons_from_last_error()) reasons.push_back(std::move(r));
+  return reasons;
+}
+
+// ---- qk_norm_sd35
+void check_sd35_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const at::Tensor& q1,
+                     const at::Tensor& k1, const at::Tensor& v1) {
+  TORCH_CHECK_VALUE(q.dim() == 4 && q.scalar_type() == at::kBFloat16,
+                    "difuse::qk_norm_sd35: q must be bf16 [B, heads, S_img, head_dim], got ", q.sizes());
+  TORCH_CHECK_VALUE(k.sizes() == q.sizes() && v.sizes() == q.sizes(),
+                    "difuse::qk_norm_sd35: k and v must have the shape of q ", q.sizes());
+  TORCH_CHECK_VALUE(q1.dim() == 4 && q1.size(0) == q.size(0) && q1.size(1) == q.size(1) && q1.size(3) == q.size(3),
+                    "difuse::qk_norm_sd35: q_ctx must be [B, heads, S_ctx, head_dim] like q, got ", q1.sizes());
+  TORCH_CHECK_VALUE(k1.sizes() == q1.sizes() && v1.sizes() == q1.sizes(),
+                    "difuse::qk_norm_sd35: k_ctx and v_ctx must have the shape of q_ctx ", q1.sizes());
+}
+
+std::vector<int64_t> sd35_joint_sizes(const at::Tensor& q, const at::Tensor& q1) {
+  if (q.dim() != 4 || q1.dim() != 4) return {1, 1, 1, 1};
+  return {q.size(0), q.size(1), q.size(2) + q1.size(2), q.size(3)};
+}
+
+void fill_sd35_views(HeadNormViews& w, difuse_qk_norm_sd35_args& a, const at::Tensor& q, const at::Tensor& k,
+                     const at::Tensor& v, const OptT& wq, const OptT& wk, const at::Tensor& q1, const at::Tensor& k1,
+                     const at::Tensor& v1, const OptT& wq1, const OptT& wk1, double eps) {
+  w.vq = to_view(q), w.vk = to_view(k), w.vv = to_view(v);
+  w.vq2 = to_view(q1), w.vk2 = to_view(k1), w.vv2 = to_view(v1);
+  a.q = &w.vq, a.k = &w.vk, a.v = &w.vv, a.q_ctx = &w.vq2, a.k_ctx = &w.vk2, a.v_ctx = &w.vv2;
+  opt_view(wq, w.vwq, a.q_weight);
+  opt_view(wk, w.vwk, a.k_weight);
+  opt_view(wq1, w.vwq2, a.q_ctx_weight);
+  opt_view(wk1, w.vwk2, a.k_ctx_weight);
+  a.eps = eps;
+}
+
+Tensor3 qk_norm_sd35_cuda(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptT& wq, const OptT& wk,
+                          const at::Tensor& q1, const at::Tensor& k1, const at::Tensor& v1, const OptT& wq1,
+                          const OptT& wk1, double eps) {
+  check_sd35_meta(q, k, v, q1, k1, v1);
+  const c10::cuda::OptionalCUDAGuard guard(q.device());
+  HeadNormViews w;
+  difuse_qk_norm_sd35_args args{};
+  fill_sd35_views(w, args, q, k, v, wq, wk, q1, k1, v1, wq1, wk1, eps);
+  const auto sizes = sd35_joint_sizes(q, q1);
+  const auto opts = q.options().memory_format(at::MemoryFormat::Contiguous);
+  at::Tensor oq = at::empty(sizes, opts), ok = at::empty(sizes, opts), ov = at::empty(sizes, opts);
+  w.oq = to_view(oq), w.ok = to_view(ok), w.ov = to_view(ov);
+  args.q_out = &w.oq, args.k_out = &w.ok, args.v_out = &w.ov;
+  check_status(difuse_qk_norm_sd35(&args, at::cuda::getCurrentCUDAStream().stream()), "qk_norm_sd35");
+  return {oq, ok, ov};
+}
+
+Tensor3 qk_norm_sd35_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptT&, const OptT&,
+                          const at::Tensor& q1, const at::Tensor& k1, const at::Tensor& v1, const OptT&, const OptT&,
+                          double) {
+  check_sd35_meta(q, k, v, q1, k1, v1);
+  const auto sizes = sd35_joint_sizes(q, q1);
+  const auto opts = q.options().memory_format(at::MemoryFormat::Contiguous);
+  return {at::empty(sizes, opts), at::empty(sizes, opts), at::empty(sizes, opts)};
+}
+
+// JointAttnProcessor2_0 up to F.scaled_dot_product_attention: the four norms on the BHSD views, cat([image, ctx], 2).
+Tensor3 qk_norm_sd35_reference(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptT& wq,
+                               const OptT& wk, const at::Tensor& q1, const at::Tensor& k1, const at::Tensor& v1,
+                               const OptT& wq1, const OptT& wk1, double eps) {
+  return {at::cat({rms_norm_diffusers_reference(q, wq, eps), rms_norm_diffusers_reference(q1, wq1, eps)}, 2),
+          at::cat({rms_norm_diffusers_reference(k, wk, eps), rms_norm_diffusers_reference(k1, wk1, eps)}, 2),
+          at::cat({v, v1}, 2)};
+}
+
+std::vector<std::string> qk_norm_sd35_unsupported(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v,
+                                                  const OptT& wq, const OptT& wk, const at::Tensor& q1,
+                                                  const at::Tensor& k1, const at::Tensor& v1, const OptT& wq1,
+                                                  const OptT& wk1, double eps) {
+  HeadNormViews w;
+  difuse_qk_norm_sd35_args args{};
+  fill_sd35_views(w, args, q, k, v, wq, wk, q1, k1, v1, wq1, wk1, eps);
+  fresh_outputs(w, q, sd35_joint_sizes(q, q1));
+  args.q_out = &w.oq, args.k_out = &w.ok, args.v_out = &w.ov;
+  const difuse_status s = difuse_can_use_qk_norm_sd35(&args);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_qk_norm_sd35");
+  return reasons_from_last_error();
+}
+
 }  // namespace
 
 TORCH_LIBRARY(difuse, m) {
@@ -717,6 +1076,28 @@ TORCH_LIBRARY(difuse, m) {
         "Tensor? v_first, Tensor? q_first_weight, Tensor? k_first_weight, Tensor? cos, Tensor? sin, float eps=1e-06) -> Tensor[]");
   m.def("qk_norm_rope_unsupported(Tensor q, Tensor k, Tensor? v, Tensor? q_weight, Tensor? k_weight, Tensor? q_first, Tensor? k_first, "
         "Tensor? v_first, Tensor? q_first_weight, Tensor? k_first_weight, Tensor? cos, Tensor? sin, float eps=1e-06) -> str[]");
+  m.def("qk_norm_rope_wan(Tensor q, Tensor k, Tensor? q_weight, Tensor? k_weight, Tensor freqs_cos, Tensor freqs_sin, "
+        "int heads, float eps=1e-06) -> (Tensor, Tensor)");
+  m.def("qk_norm_rope_wan_reference(Tensor q, Tensor k, Tensor? q_weight, Tensor? k_weight, Tensor freqs_cos, "
+        "Tensor freqs_sin, int heads, float eps=1e-06) -> (Tensor, Tensor)");
+  m.def("qk_norm_rope_wan_unsupported(Tensor q, Tensor k, Tensor? q_weight, Tensor? k_weight, Tensor freqs_cos, "
+        "Tensor freqs_sin, int heads, float eps=1e-06) -> str[]");
+  m.def("qk_norm_rope_qwen(Tensor q, Tensor k, Tensor v, Tensor? q_weight, Tensor? k_weight, Tensor q_txt, Tensor k_txt, "
+        "Tensor v_txt, Tensor? q_txt_weight, Tensor? k_txt_weight, Tensor? freqs, Tensor? freqs_txt, float eps=1e-06) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("qk_norm_rope_qwen_reference(Tensor q, Tensor k, Tensor v, Tensor? q_weight, Tensor? k_weight, Tensor q_txt, "
+        "Tensor k_txt, Tensor v_txt, Tensor? q_txt_weight, Tensor? k_txt_weight, Tensor? freqs, Tensor? freqs_txt, "
+        "float eps=1e-06) -> (Tensor, Tensor, Tensor)");
+  m.def("qk_norm_rope_qwen_unsupported(Tensor q, Tensor k, Tensor v, Tensor? q_weight, Tensor? k_weight, Tensor q_txt, "
+        "Tensor k_txt, Tensor v_txt, Tensor? q_txt_weight, Tensor? k_txt_weight, Tensor? freqs, Tensor? freqs_txt, "
+        "float eps=1e-06) -> str[]");
+  m.def("qk_norm_sd35(Tensor q, Tensor k, Tensor v, Tensor? q_weight, Tensor? k_weight, Tensor q_ctx, Tensor k_ctx, "
+        "Tensor v_ctx, Tensor? q_ctx_weight, Tensor? k_ctx_weight, float eps=1e-06) -> (Tensor, Tensor, Tensor)");
+  m.def("qk_norm_sd35_reference(Tensor q, Tensor k, Tensor v, Tensor? q_weight, Tensor? k_weight, Tensor q_ctx, "
+        "Tensor k_ctx, Tensor v_ctx, Tensor? q_ctx_weight, Tensor? k_ctx_weight, float eps=1e-06) "
+        "-> (Tensor, Tensor, Tensor)");
+  m.def("qk_norm_sd35_unsupported(Tensor q, Tensor k, Tensor v, Tensor? q_weight, Tensor? k_weight, Tensor q_ctx, "
+        "Tensor k_ctx, Tensor v_ctx, Tensor? q_ctx_weight, Tensor? k_ctx_weight, float eps=1e-06) -> str[]");
 }
 
 TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
@@ -734,6 +1115,9 @@ TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
   m.impl("gelu_tanh", &gelu_tanh_cuda);
   m.impl("gelu_tanh_into", &gelu_tanh_into_cuda);
   m.impl("qk_norm_rope", &qk_norm_rope_cuda);
+  m.impl("qk_norm_rope_qwen", &qk_norm_rope_qwen_cuda);
+  m.impl("qk_norm_sd35", &qk_norm_sd35_cuda);
+  m.impl("qk_norm_rope_wan", &qk_norm_rope_wan_cuda);
 }
 TORCH_LIBRARY_IMPL(difuse, Meta, m) {
   m.impl("layernorm_modulate", &layernorm_modulate_meta);
@@ -750,6 +1134,9 @@ TORCH_LIBRARY_IMPL(difuse, Meta, m) {
   m.impl("gelu_tanh", &gelu_tanh_meta);
   m.impl("gelu_tanh_into", &gelu_tanh_into_meta);
   m.impl("qk_norm_rope", &qk_norm_rope_meta);
+  m.impl("qk_norm_rope_qwen", &qk_norm_rope_qwen_meta);
+  m.impl("qk_norm_sd35", &qk_norm_sd35_meta);
+  m.impl("qk_norm_rope_wan", &qk_norm_rope_wan_meta);
 }
 TORCH_LIBRARY_IMPL(difuse, CompositeImplicitAutograd, m) {
   m.impl("layernorm_modulate_reference", &layernorm_modulate_reference);
@@ -764,6 +1151,9 @@ TORCH_LIBRARY_IMPL(difuse, CompositeImplicitAutograd, m) {
   m.impl("layernorm_affine_fp32_reference", &layernorm_affine_fp32_reference);
   m.impl("gelu_tanh_reference", &gelu_tanh_reference);
   m.impl("qk_norm_rope_reference", &qk_norm_rope_reference);
+  m.impl("qk_norm_rope_qwen_reference", &qk_norm_rope_qwen_reference);
+  m.impl("qk_norm_sd35_reference", &qk_norm_sd35_reference);
+  m.impl("qk_norm_rope_wan_reference", &qk_norm_rope_wan_reference);
 }
 TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
   m.impl("layernorm_modulate_unsupported", &layernorm_modulate_unsupported);
@@ -778,4 +1168,7 @@ TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
   m.impl("layernorm_affine_fp32_unsupported", &layernorm_affine_fp32_unsupported);
   m.impl("gelu_tanh_unsupported", &gelu_tanh_unsupported);
   m.impl("qk_norm_rope_unsupported", &qk_norm_rope_unsupported);
+  m.impl("qk_norm_rope_qwen_unsupported", &qk_norm_rope_qwen_unsupported);
+  m.impl("qk_norm_sd35_unsupported", &qk_norm_sd35_unsupported);
+  m.impl("qk_norm_rope_wan_unsupported", &qk_norm_rope_wan_unsupported);
 }

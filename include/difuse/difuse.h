@@ -266,6 +266,82 @@ typedef struct difuse_qk_norm_rope_args {
 DIFUSE_API difuse_status difuse_can_use_qk_norm_rope(const difuse_qk_norm_rope_args* args);
 DIFUSE_API difuse_status difuse_qk_norm_rope(const difuse_qk_norm_rope_args* args, void* stream);
 
+/* Wan 2.x's self-attention prologue (diffusers WanAttnProcessor): q = norm_q(q), k = norm_k(k) with
+ * torch.nn.RMSNorm across all heads (one bf16 rounding), unflatten(2, (heads, -1)), then Wan's apply_rotary_emb
+ * (pairs (2i, 2i+1); freqs_cos[..., 0::2], freqs_sin[..., 1::2]; fp32 mul, mul, sub / add; one bf16 rounding),
+ * all exactly as eager. q, k are [B, S, heads * head_dim] bf16 row views (the to_q / to_k outputs, or strided
+ * chunks of a fused to_qkv output); a weight may be NULL (no affine). Outputs are contiguous
+ * [B, S, heads, head_dim]. v is not an operand (the processor only unflattens it). */
+typedef struct difuse_qk_norm_rope_wan_args {
+  const difuse_tensor_view* q_out;
+  const difuse_tensor_view* k_out;
+  const difuse_tensor_view* q;
+  const difuse_tensor_view* k;
+  const difuse_tensor_view* q_weight;  /* norm_q.weight, bf16 [heads * head_dim], or NULL */
+  const difuse_tensor_view* k_weight;
+  const difuse_tensor_view* freqs_cos; /* fp32 [1, S, 1, head_dim], as WanRotaryPosEmbed returns it */
+  const difuse_tensor_view* freqs_sin;
+  int64_t heads;
+  double eps;
+} difuse_qk_norm_rope_wan_args;
+DIFUSE_API difuse_status difuse_can_use_qk_norm_rope_wan(const difuse_qk_norm_rope_wan_args* args);
+DIFUSE_API difuse_status difuse_qk_norm_rope_wan(const difuse_qk_norm_rope_wan_args* args, void* stream);
+
+/* Qwen-Image's attention prologue (diffusers QwenDoubleStreamAttnProcessor2_0), exactly as eager: the diffusers
+ * RMSNorm class (two bf16 roundings) per head on q and k of each stream with its own weight (norm_q, norm_k on the
+ * image stream; norm_added_q, norm_added_k on the text stream), apply_rotary_emb_qwen per stream (complex64 freqs;
+ * PyTorch's contracted complex multiply), then cat([text, image], 1) of q, k and v. Inputs are [B, S, heads,
+ * head_dim] bf16 views (the unflattened projections, or strided chunks of a fused one); a weight may be NULL (no
+ * affine); freqs and freqs_txt both NULL (no RoPE) or the complex64 tables [S, head_dim / 2] viewed as fp32
+ * (re, im) pairs [S, head_dim] (contiguous pairs, any even row stride). Outputs are contiguous
+ * [B, S_txt + S_img, heads, head_dim]. Only the shapes whose mean reduction is replayed are accepted
+ * (32 <= head_dim <= 128; each stream's B * S * heads is at least 16). */
+typedef struct difuse_qk_norm_rope_qwen_args {
+  const difuse_tensor_view* q_out;
+  const difuse_tensor_view* k_out;
+  const difuse_tensor_view* v_out;
+  const difuse_tensor_view* q; /* image stream */
+  const difuse_tensor_view* k;
+  const difuse_tensor_view* v;
+  const difuse_tensor_view* q_weight; /* norm_q.weight, bf16 [head_dim], or NULL */
+  const difuse_tensor_view* k_weight;
+  const difuse_tensor_view* q_txt; /* text stream */
+  const difuse_tensor_view* k_txt;
+  const difuse_tensor_view* v_txt;
+  const difuse_tensor_view* q_txt_weight; /* norm_added_q.weight */
+  const difuse_tensor_view* k_txt_weight;
+  const difuse_tensor_view* freqs;     /* img_freqs as fp32 pairs [S_img, head_dim], or NULL */
+  const difuse_tensor_view* freqs_txt; /* txt_freqs as fp32 pairs [S_txt, head_dim], or NULL */
+  double eps;
+} difuse_qk_norm_rope_qwen_args;
+DIFUSE_API difuse_status difuse_can_use_qk_norm_rope_qwen(const difuse_qk_norm_rope_qwen_args* args);
+DIFUSE_API difuse_status difuse_qk_norm_rope_qwen(const difuse_qk_norm_rope_qwen_args* args, void* stream);
+
+/* SD3.5's joint-attention QK path (diffusers JointAttnProcessor2_0), exactly as eager: the diffusers RMSNorm class
+ * per head (norm_q, norm_k on the image stream; norm_added_q, norm_added_k on the context stream) on the
+ * transposed [B, heads, S, head_dim] views, then cat([image, context], 2) of q, k and v: the contiguous
+ * [B, heads, S_img + S_ctx, head_dim] tensors the processor hands to F.scaled_dot_product_attention. No RoPE.
+ * A weight may be NULL. Only the shapes whose mean reduction is replayed are accepted (32 <= head_dim <= 128;
+ * each stream's B * heads * S is at least 16). */
+typedef struct difuse_qk_norm_sd35_args {
+  const difuse_tensor_view* q_out;
+  const difuse_tensor_view* k_out;
+  const difuse_tensor_view* v_out;
+  const difuse_tensor_view* q; /* image stream, [B, heads, S_img, head_dim] views */
+  const difuse_tensor_view* k;
+  const difuse_tensor_view* v;
+  const difuse_tensor_view* q_weight; /* norm_q.weight, bf16 [head_dim], or NULL */
+  const difuse_tensor_view* k_weight;
+  const difuse_tensor_view* q_ctx; /* context stream, [B, heads, S_ctx, head_dim] views */
+  const difuse_tensor_view* k_ctx;
+  const difuse_tensor_view* v_ctx;
+  const difuse_tensor_view* q_ctx_weight; /* norm_added_q.weight */
+  const difuse_tensor_view* k_ctx_weight;
+  double eps;
+} difuse_qk_norm_sd35_args;
+DIFUSE_API difuse_status difuse_can_use_qk_norm_sd35(const difuse_qk_norm_sd35_args* args);
+DIFUSE_API difuse_status difuse_qk_norm_sd35(const difuse_qk_norm_sd35_args* args, void* stream);
+
 #ifdef __cplusplus
 } /* extern "C" */
 #endif

@@ -205,6 +205,30 @@ inline void qk_norm_rope(const difuse_qk_norm_rope_args& args, void* stream = nu
   check(difuse_qk_norm_rope(&args, stream));
 }
 
+// Qwen-Image's attention prologue; absent tensors are NULL pointers in args (see difuse_qk_norm_rope_qwen_args).
+inline Support can_use_qk_norm_rope_qwen(const difuse_qk_norm_rope_qwen_args& args) {
+  return support_from(difuse_can_use_qk_norm_rope_qwen(&args));
+}
+inline void qk_norm_rope_qwen(const difuse_qk_norm_rope_qwen_args& args, void* stream = nullptr) {
+  check(difuse_qk_norm_rope_qwen(&args, stream));
+}
+
+// SD3.5's joint-attention QK path (see difuse_qk_norm_sd35_args).
+inline Support can_use_qk_norm_sd35(const difuse_qk_norm_sd35_args& args) {
+  return support_from(difuse_can_use_qk_norm_sd35(&args));
+}
+inline void qk_norm_sd35(const difuse_qk_norm_sd35_args& args, void* stream = nullptr) {
+  check(difuse_qk_norm_sd35(&args, stream));
+}
+
+// Wan 2.x's attention prologue; a NULL weight is no affine (see difuse_qk_norm_rope_wan_args).
+inline Support can_use_qk_norm_rope_wan(const difuse_qk_norm_rope_wan_args& args) {
+  return support_from(difuse_can_use_qk_norm_rope_wan(&args));
+}
+inline void qk_norm_rope_wan(const difuse_qk_norm_rope_wan_args& args, void* stream = nullptr) {
+  check(difuse_qk_norm_rope_wan(&args, stream));
+}
+
 // ---- registry -----------------------------------------------------------------------------------------
 struct KernelInfo {
   std::string op, backend, contract, reference, platform, description;

@@ -123,6 +123,59 @@ def _qk_bytes(shape, variant):
     return 2 * roles * B * S * H * D * 2 + 2 * S * D * 4
 
 
+QK_WAN_SHAPES = [  # (B, S, heads, head_dim), variant: Wan 14B and 1.3B at 480p, 81 frames (21 x 30 x 52 tokens)
+    ((1, 32760, 40, 128), "separate"), ((1, 32760, 40, 128), "fused_qkv"), ((1, 32760, 12, 128), "separate"),
+]
+QUICK |= {QK_WAN_SHAPES[0]}
+
+
+def _qk_wan_case(torch, shape, variant, g):
+    from . import ops
+
+    return ops._qk_norm_rope_wan_inputs((shape, variant == "fused_qkv"), "cuda", g)
+
+
+def _qk_wan_bytes(shape, variant):
+    """q, k read and written once (bf16) plus the fp32 cos and sin tables [S, head_dim]."""
+    B, S, H, D = shape
+    return 2 * 2 * B * S * H * D * 2 + 2 * S * D * 4
+
+
+QK_QWEN_SHAPES = [  # (B, S_txt + S_img, heads, head_dim), variant "txt<S_txt>[_fused]": Qwen-Image at 1024^2 (4096
+    # image tokens), a 512-token prompt (the issue's target shape) and a short one, batch 2 (batched prompts)
+    ((1, 4608, 24, 128), "txt512"), ((1, 4608, 24, 128), "txt512_fused"), ((1, 4130, 24, 128), "txt34"),
+    ((2, 4608, 24, 128), "txt512"),
+]
+QK_SD35_SHAPES = [  # (B, heads, S_img + S_ctx, head_dim), variant "ctx<S_ctx>[_fused]": SD3.5-large at 1024^2 (4096
+    # image tokens, 77 CLIP + 256 T5 context tokens); CFG as batch 2
+    ((1, 38, 4429, 64), "ctx333"), ((2, 38, 4429, 64), "ctx333"), ((2, 38, 4429, 64), "ctx333_fused"),
+]
+QUICK |= {QK_QWEN_SHAPES[0], QK_SD35_SHAPES[1]}
+
+
+def _qk_qwen_case(torch, shape, variant, g):
+    from . import ops
+
+    B, S, H, D = shape
+    S1 = int(variant[3:].split("_")[0])
+    return ops._qk_norm_rope_qwen_inputs(((B, S1, S - S1, H, D), variant.endswith("_fused")), "cuda", g)
+
+
+def _qk_sd35_case(torch, shape, variant, g):
+    from . import ops
+
+    B, H, S, D = shape
+    S2 = int(variant[3:].split("_")[0])
+    return ops._qk_norm_sd35_inputs(((B, S - S2, S2, H, D), variant.endswith("_fused")), "cuda", g)
+
+
+def _qk_headnorm_bytes(shape, variant):
+    """q, k, v read and the joint q, k, v written once (bf16), plus Qwen's complex64 tables ([S, D/2] x 8 bytes)."""
+    B, _, _, D = shape
+    S = shape[1] if variant.startswith("txt") else shape[2]
+    return 2 * 3 * math.prod(shape) * 2 + (S * D * 4 if variant.startswith("txt") else 0)
+
+
 RMSM_SHAPES = [  # rms_norm_modulate: (shape, variant) — the issue's 1x4096x3072 target, ERNIE-Image [S, B, 3072]
     # (modulation as [B, H] chunks, or materialized [S, B, H] as the model's forward makes it), LTX-2 video 4096
     # and audio 2048 ([B, 1, D] table rows, or per-token [B, L, D] views)
@@ -207,6 +260,18 @@ def op_specs(torch):
         "qk_norm_rope_flux": dict(
             shapes=QK_SHAPES, bytes=_qk_bytes, make=_qk_case, eager=lambda *a: ops.qk_norm_rope_eager(*a),
             fused=torch.ops.difuse.qk_norm_rope, variant=lambda c: c, peer="qk_norm_rope_flux"),
+        "qk_norm_rope_qwen": dict(
+            shapes=QK_QWEN_SHAPES, bytes=_qk_headnorm_bytes, make=_qk_qwen_case,
+            eager=lambda *a: ops.qk_norm_rope_qwen_eager(*a), fused=torch.ops.difuse.qk_norm_rope_qwen,
+            variant=lambda c: c, peer="qk_norm_rope_qwen"),
+        "qk_norm_sd35": dict(
+            shapes=QK_SD35_SHAPES, bytes=_qk_headnorm_bytes, make=_qk_sd35_case,
+            eager=lambda *a: ops.qk_norm_sd35_eager(*a), fused=torch.ops.difuse.qk_norm_sd35,
+            variant=lambda c: c, peer="qk_norm_sd35"),
+        "qk_norm_rope_wan": dict(
+            shapes=QK_WAN_SHAPES, bytes=_qk_wan_bytes, make=_qk_wan_case,
+            eager=lambda *a: ops.qk_norm_rope_wan_eager(*a), fused=torch.ops.difuse.qk_norm_rope_wan,
+            variant=lambda c: c, peer="qk_norm_rope_wan"),
         "gelu_tanh": dict(
             shapes=GELU_SHAPES, bytes=lambda s, c: 2 * 2 * math.prod(s), make=_gelu_case, eager=_gelu_eager,
             fused=_gelu_fused(torch), variant=lambda c: "into_concat_slice" if c else "contiguous", peer="gelu_tanh"),

@@ -517,6 +517,245 @@ def _qk_norm_rope_inputs(spec, device, generator):
     return (q, k, v, w[0], w[1], q1, k1, v1, w[2], w[3], cos, sin, 1e-6)
 
 
+# ---- qk_norm_rope_wan (Wan 2.x's self-attention prologue) -----------------------------------------------------
+def wan_rotary_emb_eager(x, freqs_cos, freqs_sin):
+    """WanAttnProcessor's own apply_rotary_emb (diffusers 0.42.1), as written there: pairs (x[2i], x[2i+1]),
+    cos = freqs_cos[..., 0::2], sin = freqs_sin[..., 1::2]; x1 * cos - x2 * sin and x1 * sin + x2 * cos in fp32
+    (bf16 x fp32 tensors: mul, mul, sub / add), each stored into its half of an empty_like(x) (one bf16 rounding),
+    then type_as(x)."""
+    import torch
+
+    x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)
+    cos = freqs_cos[..., 0::2]
+    sin = freqs_sin[..., 1::2]
+    out = torch.empty_like(x)
+    out[..., 0::2] = x1 * cos - x2 * sin
+    out[..., 1::2] = x1 * sin + x2 * cos
+    return out.type_as(x)
+
+
+def qk_norm_rope_wan_eager(q, k, q_weight, k_weight, freqs_cos, freqs_sin, heads, eps=1e-6):
+    """WanAttnProcessor's prologue (self-attention) as diffusers runs it: norm_q / norm_k are torch.nn.RMSNorm over
+    the full width heads * head_dim (F.rms_norm, before the head split), then unflatten(2, (heads, -1)), then Wan's
+    apply_rotary_emb with the (freqs_cos, freqs_sin) WanRotaryPosEmbed returns. q, k: [B, S, heads * head_dim].
+    Returns (q, k), [B, S, heads, head_dim] each: what the processor hands to attention."""
+    import torch.nn.functional as F
+
+    width = q.shape[-1]
+    q = F.rms_norm(q, (width,), q_weight, eps)
+    k = F.rms_norm(k, (width,), k_weight, eps)
+    q = q.unflatten(2, (heads, -1))
+    k = k.unflatten(2, (heads, -1))
+    return wan_rotary_emb_eager(q, freqs_cos, freqs_sin), wan_rotary_emb_eager(k, freqs_cos, freqs_sin)
+
+
+def _qk_wan_args(q, k, q_weight, k_weight, freqs_cos, freqs_sin, heads, eps):
+    return (q, k, q_weight, k_weight, freqs_cos, freqs_sin, int(heads), float(eps))
+
+
+def can_use_qk_norm_rope_wan(q, k, q_weight, k_weight, freqs_cos, freqs_sin, heads, eps=1e-6) -> Support:
+    reasons = list(_ops().qk_norm_rope_wan_unsupported(*_qk_wan_args(q, k, q_weight, k_weight, freqs_cos, freqs_sin,
+                                                                     heads, eps)))
+    return Support(not reasons, reasons)
+
+
+def qk_norm_rope_wan(q, k, q_weight, k_weight, freqs_cos, freqs_sin, heads, eps=1e-6):
+    """Fused, bit-exact `qk_norm_rope_wan_eager` in one launch: q, k [B, S, heads * head_dim] row views (the to_q /
+    to_k outputs, or the chunks of a fused to_qkv output); returns contiguous (q, k) [B, S, heads, head_dim]."""
+    args = _qk_wan_args(q, k, q_weight, k_weight, freqs_cos, freqs_sin, heads, eps)
+    return _call_or_explain("qk_norm_rope_wan", lambda: tuple(_ops().qk_norm_rope_wan(*args)),
+                            tuple(t for t in args if hasattr(t, "is_meta")),
+                            lambda: can_use_qk_norm_rope_wan(*args))
+
+
+def wan_rope_freqs(grid, head_dim, device, theta=10000.0, max_seq_len=1024):
+    """(freqs_cos, freqs_sin) fp32 [1, F*H*W, 1, head_dim] for a (frames, height, width) grid of patches, built as
+    diffusers' WanRotaryPosEmbed builds them (per-axis float64 tables, repeat-interleaved, .float(); axes split
+    head_dim - 4 (head_dim // 6), 2 (head_dim // 6), 2 (head_dim // 6)), without importing diffusers."""
+    import torch
+
+    hw = 2 * (head_dim // 6)
+    dims = (head_dim - 2 * hw, hw, hw)
+    pos = torch.arange(max_seq_len, dtype=torch.float64)
+    tabs = []
+    for d in dims:
+        freqs = 1.0 / (theta ** (torch.arange(0, d, 2, dtype=torch.float64) / d))
+        ang = torch.outer(pos, freqs)
+        tabs.append((ang.cos().repeat_interleave(2, dim=1).float(), ang.sin().repeat_interleave(2, dim=1).float()))
+    f, h, w = grid
+    out = []
+    for which in (0, 1):  # explicit last dims: an axis may have none (head_dim < 6)
+        parts = [tabs[0][which][:f].view(f, 1, 1, dims[0]).expand(f, h, w, dims[0]),
+                 tabs[1][which][:h].view(1, h, 1, dims[1]).expand(f, h, w, dims[1]),
+                 tabs[2][which][:w].view(1, 1, w, dims[2]).expand(f, h, w, dims[2])]
+        out.append(torch.cat(parts, dim=-1).reshape(1, f * h * w, 1, -1).to(device))
+    return tuple(out)
+
+
+def wan_rope_freqs_for(S, head_dim, device):
+    """Wan tables for S tokens: the first S rows of a 480p-like grid (30 x 52 patches per frame)."""
+    f = -(-S // (30 * 52))
+    cos, sin = wan_rope_freqs((f, 30, 52), head_dim, device)
+    return cos[:, :S].contiguous(), sin[:, :S].contiguous()
+
+
+def _qk_norm_rope_wan_inputs(spec, device, generator):
+    import torch
+
+    (B, S, H, D), fused = spec
+    bf = dict(device=device, dtype=torch.bfloat16)
+    if fused:  # chunks of a fused to_qkv output
+        q, k, _ = torch.randn(B, S, 3 * H * D, generator=generator, **bf).chunk(3, dim=-1)
+    else:
+        q, k = (torch.randn(B, S, H * D, generator=generator, **bf) for _ in range(2))
+    wq, wk = (torch.randn(H * D, generator=generator, **bf) for _ in range(2))
+    cos, sin = wan_rope_freqs_for(S, D, device)
+    return (q, k, wq, wk, cos, sin, H, 1e-6)
+
+
+# ---- qk_norm_rope_qwen (Qwen-Image's attention prologue) --------------------------------------------------------
+def apply_rotary_emb_qwen_eager(x, freqs_cis):
+    """diffusers' apply_rotary_emb_qwen(x, freqs_cis, use_real=False) as written there: pairs (x[2i], x[2i+1]) as
+    complex64, times freqs_cis [S, D/2] (complex64) broadcast over the heads, back to real pairs, type_as(x)."""
+    import torch
+
+    x_rotated = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))
+    freqs_cis = freqs_cis.unsqueeze(1)
+    x_out = torch.view_as_real(x_rotated * freqs_cis).flatten(3)
+    return x_out.type_as(x)
+
+
+def qk_norm_rope_qwen_eager(q, k, v, q_weight, k_weight, q_txt, k_txt, v_txt, q_txt_weight, k_txt_weight,
+                            freqs=None, freqs_txt=None, eps=1e-6):
+    """QwenDoubleStreamAttnProcessor2_0 (diffusers 0.42.1) up to dispatch_attention_fn, as it computes it: the
+    diffusers RMSNorm class per head (norm_q / norm_k on the image q, k; norm_added_q / norm_added_k on the text
+    q, k), apply_rotary_emb_qwen per stream (img_freqs, txt_freqs), then cat([text, image], dim=1) of q, k and v.
+    q, k, v: image [B, S_img, H, D]; q_txt, k_txt, v_txt: text [B, S_txt, H, D]. Returns [q, k, v] joint."""
+    import torch
+
+    img_query = rms_norm_diffusers_eager(q, q_weight, eps)
+    img_key = rms_norm_diffusers_eager(k, k_weight, eps)
+    txt_query = rms_norm_diffusers_eager(q_txt, q_txt_weight, eps)
+    txt_key = rms_norm_diffusers_eager(k_txt, k_txt_weight, eps)
+    if freqs is not None:
+        img_query = apply_rotary_emb_qwen_eager(img_query, freqs)
+        img_key = apply_rotary_emb_qwen_eager(img_key, freqs)
+        txt_query = apply_rotary_emb_qwen_eager(txt_query, freqs_txt)
+        txt_key = apply_rotary_emb_qwen_eager(txt_key, freqs_txt)
+    return [torch.cat([txt_query, img_query], dim=1), torch.cat([txt_key, img_key], dim=1),
+            torch.cat([v_txt, v], dim=1)]
+
+
+def _qk_qwen_args(q, k, v, q_weight, k_weight, q_txt, k_txt, v_txt, q_txt_weight, k_txt_weight, freqs, freqs_txt,
+                  eps):
+    return (q, k, v, q_weight, k_weight, q_txt, k_txt, v_txt, q_txt_weight, k_txt_weight, freqs, freqs_txt,
+            float(eps))
+
+
+def can_use_qk_norm_rope_qwen(q, k, v, q_weight, k_weight, q_txt, k_txt, v_txt, q_txt_weight, k_txt_weight,
+                              freqs=None, freqs_txt=None, eps=1e-6) -> Support:
+    reasons = list(_ops().qk_norm_rope_qwen_unsupported(*_qk_qwen_args(
+        q, k, v, q_weight, k_weight, q_txt, k_txt, v_txt, q_txt_weight, k_txt_weight, freqs, freqs_txt, eps)))
+    return Support(not reasons, reasons)
+
+
+def qk_norm_rope_qwen(q, k, v, q_weight, k_weight, q_txt, k_txt, v_txt, q_txt_weight, k_txt_weight, freqs=None,
+                      freqs_txt=None, eps=1e-6):
+    """Fused, bit-exact `qk_norm_rope_qwen_eager` in one launch: [B, S, H, D] views per stream (the unflattened
+    projections, or strided chunks of a fused one), complex64 freqs [S, D/2] per stream (QwenEmbedRope's); returns
+    the contiguous joint [q, k, v], [B, S_txt + S_img, H, D] each."""
+    args = _qk_qwen_args(q, k, v, q_weight, k_weight, q_txt, k_txt, v_txt, q_txt_weight, k_txt_weight, freqs,
+                         freqs_txt, eps)
+    return _call_or_explain("qk_norm_rope_qwen", lambda: list(_ops().qk_norm_rope_qwen(*args)),
+                            tuple(t for t in args if hasattr(t, "is_meta")),
+                            lambda: can_use_qk_norm_rope_qwen(*args))
+
+
+def qwen_rope_freqs(S, head_dim, device, generator=None, theta=10000.0):
+    """complex64 [S, head_dim / 2] unit phasors as QwenEmbedRope.rope_params builds them (fp32 angles
+    pos / theta^(2i / d), torch.polar), at random integer positions in [-2048, 2048) (only the values matter)."""
+    import torch
+
+    pos = torch.randint(-2048, 2048, (S,), device=device, generator=generator).float()
+    inv = 1.0 / torch.pow(theta, torch.arange(0, head_dim, 2, device=device).to(torch.float32).div(head_dim))
+    ang = torch.outer(pos, inv)
+    return torch.polar(torch.ones_like(ang), ang)
+
+
+def _qk_norm_rope_qwen_inputs(spec, device, generator):
+    import torch
+
+    (B, S1, S2, H, D), fused = spec
+    bf = dict(device=device, dtype=torch.bfloat16)
+
+    def stream(S):
+        if fused:  # chunks of a fused to_qkv output
+            qkv = torch.randn(B, S, 3 * H * D, generator=generator, **bf)
+            return [t.unflatten(-1, (H, D)) for t in qkv.chunk(3, dim=-1)]
+        return [torch.randn(B, S, H * D, generator=generator, **bf).unflatten(-1, (H, D)) for _ in range(3)]
+
+    q, k, v = stream(S2)
+    q1, k1, v1 = stream(S1)
+    w = [torch.randn(D, generator=generator, **bf) for _ in range(4)]
+    return (q, k, v, w[0], w[1], q1, k1, v1, w[2], w[3], qwen_rope_freqs(S2, D, device, generator),
+            qwen_rope_freqs(S1, D, device, generator), 1e-6)
+
+
+# ---- qk_norm_sd35 (SD3.5's joint-attention QK path) -------------------------------------------------------------
+def qk_norm_sd35_eager(q, k, v, q_weight, k_weight, q_ctx, k_ctx, v_ctx, q_ctx_weight, k_ctx_weight, eps=1e-6):
+    """JointAttnProcessor2_0 (diffusers 0.42.1) up to F.scaled_dot_product_attention, as it computes it: the
+    diffusers RMSNorm class per head on the transposed [B, H, S, D] views (norm_q / norm_k on the image stream,
+    norm_added_q / norm_added_k on the context), then cat([image, context], dim=2) of q, k and v. Returns [q, k, v],
+    contiguous [B, H, S_img + S_ctx, D] each."""
+    import torch
+
+    query = rms_norm_diffusers_eager(q, q_weight, eps)
+    key = rms_norm_diffusers_eager(k, k_weight, eps)
+    ctx_query = rms_norm_diffusers_eager(q_ctx, q_ctx_weight, eps)
+    ctx_key = rms_norm_diffusers_eager(k_ctx, k_ctx_weight, eps)
+    return [torch.cat([query, ctx_query], dim=2), torch.cat([key, ctx_key], dim=2), torch.cat([v, v_ctx], dim=2)]
+
+
+def _qk_sd35_args(q, k, v, q_weight, k_weight, q_ctx, k_ctx, v_ctx, q_ctx_weight, k_ctx_weight, eps):
+    return (q, k, v, q_weight, k_weight, q_ctx, k_ctx, v_ctx, q_ctx_weight, k_ctx_weight, float(eps))
+
+
+def can_use_qk_norm_sd35(q, k, v, q_weight, k_weight, q_ctx, k_ctx, v_ctx, q_ctx_weight, k_ctx_weight,
+                         eps=1e-6) -> Support:
+    reasons = list(_ops().qk_norm_sd35_unsupported(*_qk_sd35_args(q, k, v, q_weight, k_weight, q_ctx, k_ctx, v_ctx,
+                                                                   q_ctx_weight, k_ctx_weight, eps)))
+    return Support(not reasons, reasons)
+
+
+def qk_norm_sd35(q, k, v, q_weight, k_weight, q_ctx, k_ctx, v_ctx, q_ctx_weight, k_ctx_weight, eps=1e-6):
+    """Fused, bit-exact `qk_norm_sd35_eager` in one launch: the [B, H, S, D] views the processor normalises (the
+    transposed projections); returns the contiguous joint [q, k, v], [B, H, S_img + S_ctx, D] each."""
+    args = _qk_sd35_args(q, k, v, q_weight, k_weight, q_ctx, k_ctx, v_ctx, q_ctx_weight, k_ctx_weight, eps)
+    return _call_or_explain("qk_norm_sd35", lambda: list(_ops().qk_norm_sd35(*args)),
+                            tuple(t for t in args if hasattr(t, "is_meta")), lambda: can_use_qk_norm_sd35(*args))
+
+
+def _qk_norm_sd35_inputs(spec, device, generator):
+    """SD3's layout: each projection [B, S, H * D] (or a chunk of a fused [B, S, 3 H D] one) viewed [B, S, H, D] and
+    transposed to [B, H, S, D], as JointAttnProcessor2_0 does."""
+    import torch
+
+    (B, S1, S2, H, D), fused = spec
+    bf = dict(device=device, dtype=torch.bfloat16)
+
+    def stream(S):
+        if fused:
+            parts = torch.randn(B, S, 3 * H * D, generator=generator, **bf).chunk(3, dim=-1)
+        else:
+            parts = [torch.randn(B, S, H * D, generator=generator, **bf) for _ in range(3)]
+        return [t.view(B, -1, H, D).transpose(1, 2) for t in parts]
+
+    q, k, v = stream(S1)
+    q1, k1, v1 = stream(S2)
+    w = [torch.randn(D, generator=generator, **bf) for _ in range(4)]
+    return (q, k, v, w[0], w[1], q1, k1, v1, w[2], w[3], 1e-6)
+
+
 # Every op `python -m difuse check` exercises: name -> (fused, eager, make inputs for a shape spec).
 def _layernorm_modulate_inputs(spec, device, generator):
     import torch
@@ -602,5 +841,26 @@ CHECKS = {
         inputs=_qk_norm_rope_inputs,
         shapes=[((1, 512, 4096, 24, 128), False), ((1, 512, 4096, 24, 128), True), ((1, 0, 4608, 24, 128), False),
                 ((2, 512, 4096, 24, 128), False), ((1, 3, 5, 2, 64), True)],
+    ),
+    "qk_norm_rope_qwen": dict(  # ((B, S_txt, S_img, heads, head_dim), fused projections)
+        fused=lambda *a: qk_norm_rope_qwen(*a),
+        eager=qk_norm_rope_qwen_eager,
+        inputs=_qk_norm_rope_qwen_inputs,
+        shapes=[((1, 512, 4096, 24, 128), False), ((1, 512, 4096, 24, 128), True), ((2, 512, 4096, 24, 128), False),
+                ((1, 34, 4096, 24, 128), False), ((1, 7, 40, 3, 64), True)],
+    ),
+    "qk_norm_sd35": dict(  # ((B, S_img, S_ctx, heads, head_dim), fused projections)
+        fused=lambda *a: qk_norm_sd35(*a),
+        eager=qk_norm_sd35_eager,
+        inputs=_qk_norm_sd35_inputs,
+        shapes=[((1, 4096, 333, 38, 64), False), ((2, 4096, 333, 38, 64), False), ((2, 4096, 333, 24, 64), True),
+                ((1, 1024, 77, 38, 64), False), ((1, 40, 9, 2, 128), True)],
+    ),
+    "qk_norm_rope_wan": dict(
+        fused=lambda *a: qk_norm_rope_wan(*a),
+        eager=qk_norm_rope_wan_eager,
+        inputs=_qk_norm_rope_wan_inputs,
+        shapes=[((1, 32760, 40, 128), False), ((1, 32760, 40, 128), True), ((1, 32760, 12, 128), False),
+                ((1, 32760, 24, 128), False), ((2, 1560, 12, 128), True), ((1, 7, 3, 64), False)],
     ),
 }

@@ -276,3 +276,58 @@ TEST(Rope, Bf16x2PacksElementZeroLow) {
   EXPECT_EQ(r >> 16, 0x3f80u);
   EXPECT_EQ(difuse::num::rope_interleaved_bf16x2(x2, 0.f, 1.f, 1.f, 0.f), (0x4000u << 16) | 0xc000u);  // (-2, 2)
 }
+
+// Wan's apply_rotary_emb: x1 * cos - x2 * sin, x1 * sin + x2 * cos, each product and the sum rounded on its own.
+TEST(Rope, WanPairIsTheProcessorsOpsInOrder) {
+  const float x0 = difuse::num::bf16_to_float(0x3f81), x1 = difuse::num::bf16_to_float(0xbfa3);
+  const float c = 0.7071067690849304f, s = 0.9428090453147888f;
+  float o0, o1;
+  difuse::num::rope_wan_pair(x0, x1, c, s, o0, o1);
+  volatile float a = x0 * c, b = x1 * s, d = x0 * s, e = x1 * c;  // one rounding each
+  volatile float r0 = a - b, r1 = d + e;
+  EXPECT_EQ(difuse::num::float_bits(o0), difuse::num::float_bits(r0));
+  EXPECT_EQ(difuse::num::float_bits(o1), difuse::num::float_bits(r1));
+  // signed zeros: -0 - +0 = -0, +0 - -0 = +0, -0 + -0 = -0, -0 - -0 = +0 (round to nearest)
+  difuse::num::rope_wan_pair(-0.f, 0.f, 1.f, 1.f, o0, o1);
+  EXPECT_EQ(difuse::num::float_bits(o0), 0x80000000u);
+  EXPECT_EQ(difuse::num::float_bits(o1), 0u);
+  difuse::num::rope_wan_pair(-0.f, -0.f, 1.f, 1.f, o0, o1);
+  EXPECT_EQ(difuse::num::float_bits(o0), 0u);
+  EXPECT_EQ(difuse::num::float_bits(o1), 0x80000000u);
+}
+
+// "FLUX and Wan RoPE are bitwise identical given the same tables": Wan's (c, s) = (cos[2i], sin[2i + 1]) in FLUX's
+// form (c0, s0, c1, s1) = (c, s, c, s) gives the same fp32 bits for every finite or infinite operand (zeros of both
+// signs included) and the same bf16 bits for every operand (NaN included: both round to the canonical NaN).
+TEST(Rope, WanPairEqualsTheFluxFormWithItsTableEntries) {
+  uint64_t state = 0x9e3779b97f4a7c15ull;
+  const auto next = [&state] {
+    state ^= state << 13, state ^= state >> 7, state ^= state << 17;
+    return state;
+  };
+  const float specials[] = {0.f, -0.f, 1.f, -1.f, 1e-40f, -1e-40f, 3e38f, -3e38f,
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()};
+  const auto pick_x = [&](uint64_t r) {  // a bf16 value: random bits, or a special one
+    return (r & 7) == 0 ? difuse::num::round_bf16(specials[(r >> 3) % 11])
+                        : difuse::num::bf16_to_float(static_cast<uint16_t>(r >> 16));
+  };
+  const auto pick_t = [&](uint64_t r) {  // an fp32 table entry: mostly in [-1, 1], sometimes special
+    return (r & 15) == 0 ? specials[(r >> 4) % 11]
+                         : static_cast<float>(static_cast<int64_t>(r >> 20) % 2000001 - 1000000) * 1e-6f;
+  };
+  for (int it = 0; it < 200000; ++it) {
+    const float x0 = pick_x(next()), x1 = pick_x(next()), c = pick_t(next()), s = pick_t(next());
+    float w0, w1, f0, f1;
+    difuse::num::rope_wan_pair(x0, x1, c, s, w0, w1);
+    difuse::num::rope_interleaved_pair(x0, x1, c, s, c, s, f0, f1);
+    if (!std::isnan(w0) || !std::isnan(f0)) {
+      ASSERT_EQ(difuse::num::float_bits(w0), difuse::num::float_bits(f0)) << it;
+    }
+    if (!std::isnan(w1) || !std::isnan(f1)) {
+      ASSERT_EQ(difuse::num::float_bits(w1), difuse::num::float_bits(f1)) << it;
+    }
+    const uint32_t x2 = difuse::num::pack_bf16x2(x0, x1);
+    ASSERT_EQ(difuse::num::rope_wan_bf16x2(x2, c, s), difuse::num::rope_interleaved_bf16x2(x2, c, s, c, s)) << it;
+  }
+}

@@ -32,4 +32,47 @@ DIFUSE_HD uint32_t rope_interleaved_bf16x2(uint32_t x2, float c0, float s0, floa
   return pack_bf16x2(o0, o1);
 }
 
+// Wan's own apply_rotary_emb (diffusers 0.42.1 WanAttnProcessor), for a bf16 x and fp32 freqs [1, S, 1, D]:
+//     x1, x2 = x.unflatten(-1, (-1, 2)).unbind(-1)                pairs (x[2i], x[2i+1])
+//     cos = freqs_cos[..., 0::2]; sin = freqs_sin[..., 1::2]      c = cos[2i], s = sin[2i+1]
+//     out[..., 0::2] = x1 * cos - x2 * sin                        fp32 mul, mul, sub (three kernels)
+//     out[..., 1::2] = x1 * sin + x2 * cos                        fp32 mul, mul, add
+// and the strided copy into the bf16 `out` rounds once. Bitwise this is rope_interleaved_pair with
+// (c0, s0, c1, s1) = (c, s, c, s): RN(a - b) == RN(a + -b) and RN(-x * s) == -RN(x * s) for every operand,
+// zeros included, and the sum is commutative (tests/cpu/test_numerics.cpp checks it).
+DIFUSE_HD void rope_wan_pair(float x0, float x1, float c, float s, float& o0, float& o1) {
+  o0 = sub_rn(mul_rn(x0, c), mul_rn(x1, s));
+  o1 = add_rn(mul_rn(x0, s), mul_rn(x1, c));
+}
+
+DIFUSE_HD uint32_t rope_wan_bf16x2(uint32_t x2, float c, float s) {
+  float o0, o1;
+  rope_wan_pair(bf16_lo(x2), bf16_hi(x2), c, s, o0, o1);
+  return pack_bf16x2(o0, o1);
+}
+
+// Qwen-Image's apply_rotary_emb_qwen(x, freqs_cis, use_real=False) (diffusers 0.42.1), for a bf16 x and
+// complex64 freqs [S, D/2]:
+//     x_c = torch.view_as_complex(x.float().reshape(*x.shape[:-1], -1, 2))   x[2i] + i x[2i+1] (exact widening)
+//     out = torch.view_as_real(x_c * freqs_cis.unsqueeze(1)).flatten(3).type_as(x)
+// One complex64 mul kernel (binary_internal::MulFunctor<c10::complex<float>>), then one bf16 rounding per part.
+// c10::complex's operator*= writes real = a*c - b*d, imag = a*d + b*c for (a + bi) * (c + di), and nvcc
+// contracts it. The sm_90 SASS of every MulFunctor<c10::complex<float>> kernel in torch 2.11.0+cu130's
+// libtorch_cuda.so (vectorized 2/4/8, unrolled, elementwise with and without casts) is
+//     FMUL t = b*d; FMUL u = b*c; FFMA re = a*c + (-t); FFMA im = a*d + u
+// with (a, b) loaded from operand 0 (x, the left factor in diffusers' `x_rotated * freqs_cis`) and (c, d) from
+// operand 1 (the freqs). So re = fma(a, c, -RN(b*d)) and im = fma(a, d, RN(b*c)); the operand order matters for
+// im (fma(c, b, RN(d*a)) rounds differently), not for re.
+DIFUSE_HD void complex_mul_torch(float a, float b, float c, float d, float& re, float& im) {
+  re = fma_rn(a, c, -mul_rn(b, d));
+  im = fma_rn(a, d, mul_rn(b, c));
+}
+
+// One interleaved pair of bf16 x (element 2i in the low half) times the complex freq (c, d) -> packed bf16.
+DIFUSE_HD uint32_t rope_complex_bf16x2(uint32_t x2, float c, float d) {
+  float re, im;
+  complex_mul_torch(bf16_lo(x2), bf16_hi(x2), c, d, re, im);
+  return pack_bf16x2(re, im);
+}
+
 }  // namespace difuse::num

@@ -1,0 +1,297 @@
+// qk_norm_rope_qwen — Qwen-Image's attention prologue in one launch, bit-exact against eager PyTorch.
+//
+// Eager chain reproduced (diffusers 0.42.1 QwenDoubleStreamAttnProcessor2_0, what it hands to
+// dispatch_attention_fn), bf16, per stream (image: to_q/to_k/to_v, text: add_q_proj/add_k_proj/add_v_proj, each
+// unflattened to [B, S, heads, head_dim]):
+//     img_query = attn.norm_q(img_query)       diffusers RMSNorm(head_dim), bf16 weight:
+//                                                var = x.to(float32).pow(2).mean(-1, keepdim=True)
+//                                                y = (x * torch.rsqrt(var + eps)).to(bf16) * weight   (two roundings)
+//     img_key = attn.norm_k(img_key); txt_query = attn.norm_added_q(txt_query); txt_key = attn.norm_added_k(...)
+//     img_query = apply_rotary_emb_qwen(img_query, img_freqs, use_real=False)    (and img_key; text q, k with
+//                                                txt_freqs): view_as_complex(x.float() pairs) * freqs[:, None],
+//                                                view_as_real, flatten, type_as(x): numerics/rope.h
+//                                                complex_mul_torch (re = fma(a, c, -b*d), im = fma(a, d, b*c))
+//     joint_{query,key,value} = torch.cat([txt_*, img_*], dim=1)                 (exact copies)
+// Replays: torch 2.11.0+cu130 — the mean is reduce_kernel<512, 1, ReduceOp<float, MeanOps<float, float, float,
+// float>, uint32, float, vt0 = 4, input_vec_size = 4>> in its (32, 16) block (norm/diffusers_head_norm.h,
+// norm/rms_modulate_schedule.h; as rms_norm_diffusers): lane l holds the float4 vector l (head_dim 128) or the
+// elements l + 32 i (narrower heads), ((a0 + a1) + a2) + a3, shuffle-down tree 16..1, mean = RN(sum * factor) with
+// factor = (float)rows / (float)(rows * head_dim) where rows = batch * tokens * heads OF THAT STREAM (the norm's
+// input tensor; the image and text factors differ); RN(mean + (float)eps), rsqrtf, bf16(RN(x * rstd)),
+// bf16(RN(y * w)). The RoPE is binary_internal::MulFunctor<c10::complex<float>> (its sm_90 SASS read from
+// libtorch_cuda.so: FMUL, FMUL, FFMA, FFMA) and the .type_as copy (RNE). One block per joint token (its 3H head
+// rows: q, k normalised and rotated, v copied; warps take 2 rows at a time); a lane holds 4 consecutive elements
+// (2 for heads of <= 64) and the matching complex freqs. Outputs are contiguous [B, S_txt + S_img, H, D], exactly
+// the tensors torch.cat makes.
+//
+// Guards (can_use_qk_norm_rope_qwen; every violation is reported): q, k, v and q_txt, k_txt, v_txt bf16
+// [B, S, H, D] views on one CUDA device (text and image share B, H, D), last dim contiguous, non-negative strides,
+// rows aligned to a lane's run (8 bytes above head_dim 64, else 4); 32 <= D <= 128, D even, D % 4 == 0 above 64
+// (aten's mean: one warp per row from 32 elements, vectorized exactly at 128); each stream's B * S * H is at least
+// 16 (fewer rows change aten's mean block) and B * S * H * D <= 2^29; weights absent or bf16 [D] contiguous;
+// freqs and freqs_txt both absent (no RoPE) or both fp32 [S_img, D] / [S_txt, D] (the complex64 [S, D/2] tables
+// viewed as (re, im) pairs) with a contiguous last dim, an even row stride, 8-byte aligned; B * (S_txt + S_img)
+// < 2^31, 1 <= H <= 4096; outputs contiguous bf16 [B, S_txt + S_img, H, D], 8-byte aligned, overlapping no input
+// nor each other.
+//
+// Verification status: CPU tests only (host emulation of the lane map against Reduce.cuh's loops, the complex
+// multiply against the SASS-derived formula, predicates; the Python eager chain against diffusers' own processor
+// on the CPU); GPU tests not yet run (tests/gpu/test_qk_norm_rope_qwen.py).
+#include "rope/qk_norm_rope_qwen.h"
+
+#include <cuda_runtime.h>
+
+#include <cstdlib>
+#include <string>
+
+#include "core/device.h"
+#include "core/registry.h"
+#include "core/tensor.h"
+#include "difuse/numerics/bf16.h"
+#include "difuse/numerics/rope.h"
+#include "norm/diffusers_head_norm.h"
+#include "norm/rms_norm_diffusers.h"
+#include "rope/head_views.h"
+
+namespace difuse::rope {
+
+namespace {
+
+const detail::KernelRegistration kRegistration{{
+    "qk_norm_rope_qwen", "cuda", "bit_exact",
+    "Qwen-Image attention prologue: diffusers RMSNorm(q), RMSNorm(k) per head per stream, apply_rotary_emb_qwen "
+    "(complex64 freqs per stream), cat([text, image]) of q, k, v",
+    "pending H200 verification (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "per-head diffusers QK RMSNorm + complex RoPE per stream + joint concat in one launch"}};
+
+constexpr int kWarps = 8;
+
+struct Tensor4 {  // a [B, S, H, D] bf16 view
+  const uint16_t* data = nullptr;
+  int64_t sb = 0, ss = 0, sh = 0;
+  __device__ __forceinline__ const uint16_t* row(int64_t b, int64_t s, int64_t h) const {
+    return data + b * sb + s * ss + h * sh;
+  }
+};
+
+struct Stream {
+  Tensor4 t[3];                                 // q, k, v
+  const uint16_t* w[2] = {nullptr, nullptr};  // q, k norm weights (nullptr: none)
+  const float* freqs = nullptr;               // (re, im) pairs, row stride freqs_rs floats
+  int64_t freqs_rs = 0;
+  int64_t S = 0;
+  float factor = 0.f;  // aten's mean factor for this stream's norms
+};
+
+struct Params {
+  Stream txt, img;
+  uint16_t* out[3] = {nullptr, nullptr, nullptr};
+  int64_t S = 0;  // joint tokens
+  int H = 0, D = 0, V = 0;  // V: lanes holding elements
+  float eps = 1e-6f;
+};
+
+// One block per joint token (b, sj): its 3H head rows, warp w taking rows w, w + 8, ... R at a time (all R loads
+// before any reduction, the R shuffle trees interleaved; rows past the end carry zeros and are not stored).
+template <int E, int R, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_kernel(const Params p) {
+  using norm::HeadRun;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const unsigned S = static_cast<unsigned>(p.S);  // B * S < 2^31 (predicate)
+  const int64_t b = blockIdx.x / S;
+  const int64_t sj = blockIdx.x % S;
+  const bool in_txt = sj < p.txt.S;
+  const Stream& st = in_txt ? p.txt : p.img;
+  const int64_t s = in_txt ? sj : sj - p.txt.S;
+  const bool on = lane < p.V;
+
+  float fc[E / 2], fd[E / 2];  // this lane's E / 2 complex freqs (c + di)
+#pragma unroll
+  for (int j = 0; j < E / 2; ++j) fc[j] = fd[j] = 0.f;
+  if (st.freqs != nullptr && on) {
+    const float2* f = reinterpret_cast<const float2*>(st.freqs + s * st.freqs_rs) + lane * (E / 2);
+#pragma unroll
+    for (int j = 0; j < E / 2; ++j) {
+      const float2 v = f[j];
+      fc[j] = v.x;
+      fd[j] = v.y;
+    }
+  }
+  const HeadRun<E> wq = (st.w[0] != nullptr && on) ? norm::load_run<E>(st.w[0], lane) : norm::zero_run<E>();
+  const HeadRun<E> wk = (st.w[1] != nullptr && on) ? norm::load_run<E>(st.w[1], lane) : norm::zero_run<E>();
+
+  const int rows = 3 * p.H;
+  for (int base = warp; base < rows; base += kWarps * R) {
+    HeadRun<E> x[R];
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const int r = base + q * kWarps;
+      x[q] = (r < rows && on) ? norm::load_run<E>(st.t[r / p.H].row(b, s, r % p.H), lane) : norm::zero_run<E>();
+    }
+    float rstd[R];
+    norm::head_rstd<E, R>(x, lane, p.D, st.factor, p.eps, rstd);  // lanes past D hold +0, as aten's idle elements
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const int r = base + q * kWarps;
+      if (r >= rows) continue;  // uniform across the warp
+      const int role = r / p.H;  // 0 q, 1 k, 2 v (copied as is)
+      HeadRun<E> y = x[q];
+      if (role < 2) {
+        y = norm::diffusers_norm_run<E>(x[q], rstd[q], st.w[role] != nullptr, norm::select_run<E>(role == 0, wq, wk));
+        if (st.freqs != nullptr) {
+#pragma unroll
+          for (int j = 0; j < E / 2; ++j) y.w[j] = num::rope_complex_bf16x2(y.w[j], fc[j], fd[j]);
+        }
+      }
+      if (on) norm::store_run<E>(p.out[role] + ((b * p.S + sj) * p.H + r % p.H) * p.D, lane, y);
+    }
+  }
+}
+
+void require_freqs(detail::Support& s, const difuse_tensor_view& f, const char* name, int64_t S, int64_t D,
+                   int device) {
+  const std::string n(name);
+  const std::string want = "[" + std::to_string(S) + ", " + std::to_string(D / 2) + "]";
+  DIFUSE_REQUIRE(s, f.dtype == DIFUSE_F32,
+                 n + " must be complex64 " + want + " (fp32 (re, im) pairs in the C ABI), got " +
+                     difuse_dtype_name(f.dtype));
+  DIFUSE_REQUIRE(s, f.rank == 2 && f.sizes[0] == S && f.sizes[1] == D,
+                 n + " must be complex64 " + want + " (as QwenEmbedRope returns it; fp32 [" + std::to_string(S) +
+                     ", " + std::to_string(D) + "] pairs in the C ABI), got " + detail::describe(f));
+  if (f.rank == 2) {
+    DIFUSE_REQUIRE(s, (f.strides[1] == 1 || f.sizes[1] <= 1) && f.strides[0] >= 0 && f.strides[0] % 2 == 0,
+                   n + " rows must be contiguous pairs with an even, non-negative row stride, got " +
+                       detail::describe(f));
+  }
+  DIFUSE_REQUIRE(s, f.device == device, n + " must be on the device of q, got " + detail::describe(f));
+  DIFUSE_REQUIRE(s, detail::numel(f) == 0 || detail::aligned(f.data, 8), n + " must be 8-byte aligned");
+}
+
+}  // namespace
+
+detail::Support can_use_qk_norm_rope_qwen(const QkNormRopeQwenArgs& a) {
+  using namespace heads;
+  detail::Support s;
+  const char* layout = "[B, S, heads, head_dim]";
+  bool shapes = require_view(s, a.q, "q", layout);
+  shapes = require_view(s, a.k, "k", layout) && shapes;
+  shapes = require_view(s, a.v, "v", layout) && shapes;
+  shapes = require_view(s, a.q_txt, "q_txt", layout) && shapes;
+  shapes = require_view(s, a.k_txt, "k_txt", layout) && shapes;
+  shapes = require_view(s, a.v_txt, "v_txt", layout) && shapes;
+  DIFUSE_REQUIRE(s, present(a.freqs) == present(a.freqs_txt),
+                 "freqs and freqs_txt must be given together (image_rotary_emb = (img_freqs, txt_freqs))");
+  if (!shapes) return s;
+
+  const int64_t B = a.q.sizes[0], S2 = a.q.sizes[1], H = a.q.sizes[2], D = a.q.sizes[3];
+  const int64_t S1 = a.q_txt.sizes[1];
+  const int dev = a.q.device;
+  for (const auto* t : {&a.k, &a.v})
+    DIFUSE_REQUIRE(s, t->sizes[0] == B && t->sizes[1] == S2 && t->sizes[2] == H && t->sizes[3] == D &&
+                          t->device == dev,
+                   "k and v must have q's shape and device " + detail::describe(a.q) + ", got " + detail::describe(*t));
+  for (const auto* t : {&a.q_txt, &a.k_txt, &a.v_txt})
+    DIFUSE_REQUIRE(s, t->sizes[0] == B && t->sizes[1] == S1 && t->sizes[2] == H && t->sizes[3] == D &&
+                          t->device == dev,
+                   "q_txt, k_txt and v_txt must be [" + std::to_string(B) + ", S_txt, " + std::to_string(H) + ", " +
+                       std::to_string(D) + "] alike on q's device, got " + detail::describe(*t));
+  require_head_dim(s, D);
+  const int E = norm::head_lane_elems(static_cast<int>(D));
+  for (const auto* t : {&a.q, &a.k, &a.v}) require_runs_aligned(s, *t, t == &a.q ? "q" : t == &a.k ? "k" : "v", E);
+  for (const auto* t : {&a.q_txt, &a.k_txt, &a.v_txt})
+    require_runs_aligned(s, *t, t == &a.q_txt ? "q_txt" : t == &a.k_txt ? "k_txt" : "v_txt", E);
+  require_norm_rows(s, "image", B * S2 * H, D);
+  require_norm_rows(s, "text", B * S1 * H, D);
+  const int64_t S = S1 + S2;
+  DIFUSE_REQUIRE(s, B * S <= int64_t{2147483647}, "at most 2^31 - 1 joint tokens in the batch");
+  DIFUSE_REQUIRE(s, H >= 1 && H <= 4096, "heads must be in [1, 4096], got " + std::to_string(H));
+  require_weight(s, a.q_weight, "q_weight", D, dev);
+  require_weight(s, a.k_weight, "k_weight", D, dev);
+  require_weight(s, a.q_txt_weight, "q_txt_weight", D, dev);
+  require_weight(s, a.k_txt_weight, "k_txt_weight", D, dev);
+  if (present(a.freqs)) require_freqs(s, a.freqs, "freqs", S2, D, dev);
+  if (present(a.freqs_txt)) require_freqs(s, a.freqs_txt, "freqs_txt", S1, D, dev);
+  const std::initializer_list<const difuse_tensor_view*> inputs = {
+      &a.q, &a.k, &a.v, &a.q_txt, &a.k_txt, &a.v_txt, &a.q_weight, &a.k_weight, &a.q_txt_weight,
+      &a.k_txt_weight, &a.freqs, &a.freqs_txt};
+  const int64_t joint[4] = {B, S, H, D};
+  require_output(s, a.q_out, "q_out", joint, dev, inputs);
+  require_output(s, a.k_out, "k_out", joint, dev, inputs);
+  require_output(s, a.v_out, "v_out", joint, dev, inputs);
+  DIFUSE_REQUIRE(s, !detail::overlaps(a.q_out, a.k_out) && !detail::overlaps(a.q_out, a.v_out) &&
+                        !detail::overlaps(a.k_out, a.v_out),
+                 "q_out, k_out and v_out overlap");
+  return s;
+}
+
+void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
+  const detail::Support s = can_use_qk_norm_rope_qwen(a);
+  if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("qk_norm_rope_qwen"));
+  const auto tensor4 = [](const difuse_tensor_view& v) {
+    Tensor4 t;
+    t.data = static_cast<const uint16_t*>(v.data);
+    t.sb = v.strides[0];
+    t.ss = v.strides[1];
+    t.sh = v.strides[2];
+    return t;
+  };
+  const auto weight = [](const difuse_tensor_view& v) {
+    return heads::present(v) ? static_cast<const uint16_t*>(v.data) : nullptr;
+  };
+  const int64_t B = a.q.sizes[0], H = a.q.sizes[2], D = a.q.sizes[3];
+  const auto stream_of = [&](const difuse_tensor_view& q, const difuse_tensor_view& k, const difuse_tensor_view& v,
+                             const difuse_tensor_view& wq, const difuse_tensor_view& wk, const difuse_tensor_view& f) {
+    Stream st;
+    st.t[0] = tensor4(q);
+    st.t[1] = tensor4(k);
+    st.t[2] = tensor4(v);
+    st.w[0] = weight(wq);
+    st.w[1] = weight(wk);
+    st.S = q.sizes[1];
+    st.factor = norm::diffusers_mean_factor(B * st.S * H, D);
+    if (heads::present(f) && detail::numel(f) > 0) {
+      st.freqs = static_cast<const float*>(f.data);
+      st.freqs_rs = f.strides[0];
+    }
+    return st;
+  };
+  Params p{};
+  p.img = stream_of(a.q, a.k, a.v, a.q_weight, a.k_weight, a.freqs);
+  p.txt = stream_of(a.q_txt, a.k_txt, a.v_txt, a.q_txt_weight, a.k_txt_weight, a.freqs_txt);
+  const bool rope = heads::present(a.freqs);
+  if (!rope) p.img.freqs = p.txt.freqs = nullptr;
+  p.out[0] = static_cast<uint16_t*>(a.q_out.data);
+  p.out[1] = static_cast<uint16_t*>(a.k_out.data);
+  p.out[2] = static_cast<uint16_t*>(a.v_out.data);
+  p.S = p.txt.S + p.img.S;
+  p.H = static_cast<int>(H);
+  p.D = static_cast<int>(D);
+  const int E = norm::head_lane_elems(p.D);
+  p.V = p.D / E;
+  p.eps = static_cast<float>(a.eps);
+  const int64_t blocks = B * p.S;
+  if (blocks == 0) return;
+  const detail::DeviceGuard device_guard(a.q.device);
+  // Rows a warp loads before reducing (DIFUSE_QK_ROWS_PER_WARP=2|4 overrides the default, for measurements).
+  static const int knob = [] {
+    const char* e = std::getenv("DIFUSE_QK_ROWS_PER_WARP");
+    return e ? std::atoi(e) : 0;
+  }();
+  const bool four = knob >= 4;
+  const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
+  if (E == 4) {  // the complex freqs and weights of a 4-element run need more than 6 blocks' 40 registers
+    if (four)
+      qk_norm_rope_qwen_kernel<4, 4, 4><<<grid, block, 0, stream>>>(p);
+    else
+      qk_norm_rope_qwen_kernel<4, 2, 5><<<grid, block, 0, stream>>>(p);
+  } else {
+    if (four)
+      qk_norm_rope_qwen_kernel<2, 4, 5><<<grid, block, 0, stream>>>(p);
+    else
+      qk_norm_rope_qwen_kernel<2, 2, 6><<<grid, block, 0, stream>>>(p);
+  }
+  DIFUSE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace difuse::rope

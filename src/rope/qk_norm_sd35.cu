@@ -1,0 +1,224 @@
+// qk_norm_sd35 — SD3.5's joint-attention QK path in one launch, bit-exact against eager PyTorch.
+//
+// Eager chain reproduced (diffusers 0.42.1 JointAttnProcessor2_0, what it hands to
+// F.scaled_dot_product_attention; JointTransformerBlock(qk_norm="rms_norm")), bf16:
+//     query = attn.to_q(hidden_states).view(B, -1, heads, head_dim).transpose(1, 2)     [B, H, S, D] views (key,
+//                                                value alike; the context stream from add_q/k/v_proj)
+//     query = attn.norm_q(query); key = attn.norm_k(key)         diffusers RMSNorm(head_dim), bf16 weight, on the
+//     ctx_q = attn.norm_added_q(ctx_q); ctx_k = attn.norm_added_k(ctx_k)     BHSD views:
+//                                                var = x.to(float32).pow(2).mean(-1, keepdim=True)
+//                                                y = (x * torch.rsqrt(var + eps)).to(bf16) * weight (two roundings)
+//     query = torch.cat([query, ctx_q], dim=2)   (key, value alike: [image, context] along the sequence in BHSD;
+//                                                the result is a contiguous [B, H, S_img + S_ctx, D])
+// No RoPE (SD3 adds a 2-D sin-cos position embedding in PatchEmbed).
+// Replays: torch 2.11.0+cu130 — the mean is reduce_kernel<512, 1, ReduceOp<float, MeanOps<float, float, float,
+// float>, uint32, float, vt0 = 4, input_vec_size = 4>> in its (32, 16) block (norm/diffusers_head_norm.h; as
+// rms_norm_diffusers, verified there on BHSD views): at head_dim 64 lane l owns elements l and l + 32
+// (accumulators 0 and 1), ((a0 + a1) + a2) + a3, shuffle-down tree 16..1, mean = RN(sum * factor),
+// factor = (float)rows / (float)(rows * head_dim) with rows = B * H * S OF THAT STREAM (image and context factors
+// differ); RN(mean + (float)eps), rsqrtf, bf16(RN(x * rstd)), bf16(RN(y * w)); the cat is an exact copy. One
+// block per joint token (b, s): its 3H head rows (q, k normalised, v copied), warps 2 rows at a time, a lane
+// holding 2 consecutive elements (4 above head_dim 64); each output row lands at ((b H + h) S_total + s) D.
+//
+// Guards (can_use_qk_norm_sd35; every violation is reported): q, k, v and q_ctx, k_ctx, v_ctx bf16 [B, H, S, D]
+// views on one CUDA device (the streams share B, H, D), last dim contiguous, non-negative strides, rows aligned to
+// a lane's run (4 bytes, 8 above head_dim 64); 32 <= D <= 128, D even, D % 4 == 0 above 64; each stream's
+// B * H * S is at least 16 (fewer rows change aten's mean block) and B * H * S * D <= 2^29; weights absent or bf16
+// [D] contiguous; B * (S_img + S_ctx) < 2^31, 1 <= H <= 4096; outputs contiguous bf16 [B, H, S_img + S_ctx, D],
+// 8-byte aligned, overlapping no input nor each other.
+//
+// Verification status: CPU tests only (host emulation of the lane map against Reduce.cuh's loops, predicates; the
+// Python eager chain against diffusers' own JointAttnProcessor2_0 on the CPU); GPU tests not yet run
+// (tests/gpu/test_qk_norm_sd35.py).
+#include "rope/qk_norm_sd35.h"
+
+#include <cuda_runtime.h>
+
+#include <string>
+
+#include "core/device.h"
+#include "core/registry.h"
+#include "core/tensor.h"
+#include "difuse/numerics/bf16.h"
+#include "norm/diffusers_head_norm.h"
+#include "norm/rms_norm_diffusers.h"
+#include "rope/head_views.h"
+
+namespace difuse::rope {
+
+namespace {
+
+const detail::KernelRegistration kRegistration{{
+    "qk_norm_sd35", "cuda", "bit_exact",
+    "SD3.5 joint attention: diffusers RMSNorm(q), RMSNorm(k) per head on the BHSD views of both streams, "
+    "cat([image, context], dim=2) of q, k, v",
+    "pending H200 verification (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "per-head diffusers QK RMSNorm + BHSD joint concat in one launch"}};
+
+constexpr int kWarps = 8;
+
+struct Tensor4 {  // a [B, H, S, D] bf16 view
+  const uint16_t* data = nullptr;
+  int64_t sb = 0, sh = 0, ss = 0;
+  __device__ __forceinline__ const uint16_t* row(int64_t b, int64_t h, int64_t s) const {
+    return data + b * sb + h * sh + s * ss;
+  }
+};
+
+struct Stream {
+  Tensor4 t[3];                                 // q, k, v
+  const uint16_t* w[2] = {nullptr, nullptr};  // q, k norm weights (nullptr: none)
+  int64_t S = 0;
+  float factor = 0.f;  // aten's mean factor for this stream's norms
+};
+
+struct Params {
+  Stream img, ctx;
+  uint16_t* out[3] = {nullptr, nullptr, nullptr};
+  int64_t S = 0;  // joint tokens
+  int H = 0, D = 0, V = 0;
+  float eps = 1e-6f;
+};
+
+template <int E, int R, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(const Params p) {
+  using norm::HeadRun;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const unsigned S = static_cast<unsigned>(p.S);  // B * S < 2^31 (predicate)
+  const int64_t b = blockIdx.x / S;
+  const int64_t sj = blockIdx.x % S;
+  const bool in_img = sj < p.img.S;
+  const Stream& st = in_img ? p.img : p.ctx;
+  const int64_t s = in_img ? sj : sj - p.img.S;
+  const bool on = lane < p.V;
+
+  const HeadRun<E> wq = (st.w[0] != nullptr && on) ? norm::load_run<E>(st.w[0], lane) : norm::zero_run<E>();
+  const HeadRun<E> wk = (st.w[1] != nullptr && on) ? norm::load_run<E>(st.w[1], lane) : norm::zero_run<E>();
+
+  const int rows = 3 * p.H;
+  for (int base = warp; base < rows; base += kWarps * R) {
+    HeadRun<E> x[R];
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const int r = base + q * kWarps;
+      x[q] = (r < rows && on) ? norm::load_run<E>(st.t[r / p.H].row(b, r % p.H, s), lane) : norm::zero_run<E>();
+    }
+    float rstd[R];
+    norm::head_rstd<E, R>(x, lane, p.D, st.factor, p.eps, rstd);
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const int r = base + q * kWarps;
+      if (r >= rows) continue;  // uniform across the warp
+      const int role = r / p.H;  // 0 q, 1 k, 2 v (copied as is)
+      const HeadRun<E> y = role < 2 ? norm::diffusers_norm_run<E>(x[q], rstd[q], st.w[role] != nullptr,
+                                                                  norm::select_run<E>(role == 0, wq, wk))
+                                    : x[q];
+      if (on) norm::store_run<E>(p.out[role] + ((b * p.H + r % p.H) * p.S + sj) * p.D, lane, y);
+    }
+  }
+}
+
+}  // namespace
+
+detail::Support can_use_qk_norm_sd35(const QkNormSd35Args& a) {
+  using namespace heads;
+  detail::Support s;
+  const char* layout = "[B, heads, S, head_dim] (the transposed views)";
+  bool shapes = require_view(s, a.q, "q", layout);
+  shapes = require_view(s, a.k, "k", layout) && shapes;
+  shapes = require_view(s, a.v, "v", layout) && shapes;
+  shapes = require_view(s, a.q_ctx, "q_ctx", layout) && shapes;
+  shapes = require_view(s, a.k_ctx, "k_ctx", layout) && shapes;
+  shapes = require_view(s, a.v_ctx, "v_ctx", layout) && shapes;
+  if (!shapes) return s;
+
+  const int64_t B = a.q.sizes[0], H = a.q.sizes[1], S1 = a.q.sizes[2], D = a.q.sizes[3];
+  const int64_t S2 = a.q_ctx.sizes[2];
+  const int dev = a.q.device;
+  for (const auto* t : {&a.k, &a.v})
+    DIFUSE_REQUIRE(s, t->sizes[0] == B && t->sizes[1] == H && t->sizes[2] == S1 && t->sizes[3] == D &&
+                          t->device == dev,
+                   "k and v must have q's shape and device " + detail::describe(a.q) + ", got " + detail::describe(*t));
+  for (const auto* t : {&a.q_ctx, &a.k_ctx, &a.v_ctx})
+    DIFUSE_REQUIRE(s, t->sizes[0] == B && t->sizes[1] == H && t->sizes[2] == S2 && t->sizes[3] == D &&
+                          t->device == dev,
+                   "q_ctx, k_ctx and v_ctx must be [" + std::to_string(B) + ", " + std::to_string(H) + ", S_ctx, " +
+                       std::to_string(D) + "] alike on q's device, got " + detail::describe(*t));
+  require_head_dim(s, D);
+  const int E = norm::head_lane_elems(static_cast<int>(D));
+  for (const auto* t : {&a.q, &a.k, &a.v}) require_runs_aligned(s, *t, t == &a.q ? "q" : t == &a.k ? "k" : "v", E);
+  for (const auto* t : {&a.q_ctx, &a.k_ctx, &a.v_ctx})
+    require_runs_aligned(s, *t, t == &a.q_ctx ? "q_ctx" : t == &a.k_ctx ? "k_ctx" : "v_ctx", E);
+  require_norm_rows(s, "image", B * H * S1, D);
+  require_norm_rows(s, "context", B * H * S2, D);
+  const int64_t S = S1 + S2;
+  DIFUSE_REQUIRE(s, B * S <= int64_t{2147483647}, "at most 2^31 - 1 joint tokens in the batch");
+  DIFUSE_REQUIRE(s, H >= 1 && H <= 4096, "heads must be in [1, 4096], got " + std::to_string(H));
+  require_weight(s, a.q_weight, "q_weight", D, dev);
+  require_weight(s, a.k_weight, "k_weight", D, dev);
+  require_weight(s, a.q_ctx_weight, "q_ctx_weight", D, dev);
+  require_weight(s, a.k_ctx_weight, "k_ctx_weight", D, dev);
+  const std::initializer_list<const difuse_tensor_view*> inputs = {
+      &a.q, &a.k, &a.v, &a.q_ctx, &a.k_ctx, &a.v_ctx, &a.q_weight, &a.k_weight, &a.q_ctx_weight, &a.k_ctx_weight};
+  const int64_t joint[4] = {B, H, S, D};
+  require_output(s, a.q_out, "q_out", joint, dev, inputs);
+  require_output(s, a.k_out, "k_out", joint, dev, inputs);
+  require_output(s, a.v_out, "v_out", joint, dev, inputs);
+  DIFUSE_REQUIRE(s, !detail::overlaps(a.q_out, a.k_out) && !detail::overlaps(a.q_out, a.v_out) &&
+                        !detail::overlaps(a.k_out, a.v_out),
+                 "q_out, k_out and v_out overlap");
+  return s;
+}
+
+void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
+  const detail::Support s = can_use_qk_norm_sd35(a);
+  if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("qk_norm_sd35"));
+  const auto tensor4 = [](const difuse_tensor_view& v) {
+    Tensor4 t;
+    t.data = static_cast<const uint16_t*>(v.data);
+    t.sb = v.strides[0];
+    t.sh = v.strides[1];
+    t.ss = v.strides[2];
+    return t;
+  };
+  const auto weight = [](const difuse_tensor_view& v) {
+    return heads::present(v) ? static_cast<const uint16_t*>(v.data) : nullptr;
+  };
+  const int64_t B = a.q.sizes[0], H = a.q.sizes[1], D = a.q.sizes[3];
+  const auto stream_of = [&](const difuse_tensor_view& q, const difuse_tensor_view& k, const difuse_tensor_view& v,
+                             const difuse_tensor_view& wq, const difuse_tensor_view& wk) {
+    Stream st;
+    st.t[0] = tensor4(q);
+    st.t[1] = tensor4(k);
+    st.t[2] = tensor4(v);
+    st.w[0] = weight(wq);
+    st.w[1] = weight(wk);
+    st.S = q.sizes[2];
+    st.factor = norm::diffusers_mean_factor(B * H * st.S, D);
+    return st;
+  };
+  Params p{};
+  p.img = stream_of(a.q, a.k, a.v, a.q_weight, a.k_weight);
+  p.ctx = stream_of(a.q_ctx, a.k_ctx, a.v_ctx, a.q_ctx_weight, a.k_ctx_weight);
+  p.out[0] = static_cast<uint16_t*>(a.q_out.data);
+  p.out[1] = static_cast<uint16_t*>(a.k_out.data);
+  p.out[2] = static_cast<uint16_t*>(a.v_out.data);
+  p.S = p.img.S + p.ctx.S;
+  p.H = static_cast<int>(H);
+  p.D = static_cast<int>(D);
+  const int E = norm::head_lane_elems(p.D);
+  p.V = p.D / E;
+  p.eps = static_cast<float>(a.eps);
+  const int64_t blocks = B * p.S;
+  if (blocks == 0) return;
+  const detail::DeviceGuard device_guard(a.q.device);
+  const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
+  if (E == 4)
+    qk_norm_sd35_kernel<4, 2, 6><<<grid, block, 0, stream>>>(p);
+  else
+    qk_norm_sd35_kernel<2, 2, 6><<<grid, block, 0, stream>>>(p);
+  DIFUSE_CUDA_CHECK(cudaGetLastError());
+}
+
+}  // namespace difuse::rope

@@ -1,0 +1,214 @@
+"""qk_norm_sd35 against SD3.5's joint-attention QK path on the GPU, bit for bit: the q, k, v that diffusers'
+JointAttnProcessor2_0 hands to F.scaled_dot_product_attention (captured from the real JointTransformerBlock
+attention at SD3.5-large width), the written-out eager chain at site shapes (SD3.5-large and -medium, batch 1 and 2
+(CFG), fused and separate projections, short prompts), >= 200 seeded random shapes and strides, adversarial values,
+refusals, torch.compile, CUDA graphs and opcheck."""
+import os
+import random
+
+import pytest
+import torch
+
+import difuse
+from difuse import ops
+from difuse.gate import count_mismatches
+
+DEV = "cuda"
+BF = torch.bfloat16
+SEED = int(os.environ.get("DIFUSE_TEST_SEED", "20261129"))
+NAMES = ("q", "k", "v", "q_weight", "k_weight", "q_ctx", "k_ctx", "v_ctx", "q_ctx_weight", "k_ctx_weight", "eps")
+
+
+def rnd(*shape, gen=None, scale=1.0):
+    return (torch.randn(*shape, device=DEV, generator=gen) * scale).to(BF)
+
+
+def make_stream(B, S, H, D, layout, gen, scale=1.0):
+    """q, k, v [B, H, S, D] views in one of the layouts a caller may hand over."""
+    if layout == "fused":  # chunks of a fused [B, S, 3 H D] projection, viewed and transposed
+        parts = rnd(B, S, 3 * H * D, gen=gen, scale=scale).chunk(3, dim=-1)
+        return [t.view(B, -1, H, D).transpose(1, 2) for t in parts]
+    if layout == "padded":  # a token stride past H * D
+        pad = 4 * random.Random(S * 5 + H).randint(1, 8)
+        return [rnd(B, S, H * D + pad, gen=gen, scale=scale)[..., :H * D].unflatten(-1, (H, D)).transpose(1, 2)
+                for _ in range(3)]
+    if layout == "bhsd":  # contiguous [B, H, S, D] (no transpose)
+        return [rnd(B, H, S, D, gen=gen, scale=scale) for _ in range(3)]
+    if layout == "head_padded":
+        return [rnd(B, S, H, D + 8, gen=gen, scale=scale)[..., :D].transpose(1, 2) for _ in range(3)]
+    # the processor's own: to_q(x).view(B, -1, H, D).transpose(1, 2)
+    return [rnd(B, S, H * D, gen=gen, scale=scale).view(B, -1, H, D).transpose(1, 2) for _ in range(3)]
+
+
+def make_args(B, S1, S2, H, D, layout="separate", weights=True, gen=None, scale=1.0):
+    q, k, v = make_stream(B, S1, H, D, layout, gen, scale)
+    q1, k1, v1 = make_stream(B, S2, H, D, layout, gen, scale)
+    w = [rnd(D, gen=gen) if weights else None for _ in range(4)]
+    return dict(q=q, k=k, v=v, q_weight=w[0], k_weight=w[1], q_ctx=q1, k_ctx=k1, v_ctx=v1, q_ctx_weight=w[2],
+                k_ctx_weight=w[3], eps=1e-6)
+
+
+def assert_exact(args):
+    ref = ops.qk_norm_sd35_eager(**args)
+    got = ops.qk_norm_sd35(**args)
+    assert len(got) == 3
+    for name, a, b in zip("qkv", got, ref):
+        assert a.is_contiguous() and a.shape == b.shape
+        m = count_mismatches(a, b)
+        assert m == 0, "%s: %d of %d differ (q %s strides %s, q_ctx %s)" % (
+            name, m, b.numel(), tuple(args["q"].shape), args["q"].stride(), tuple(args["q_ctx"].shape))
+
+
+@pytest.mark.parametrize("fused", [False, True])
+@pytest.mark.parametrize("B,S2,H", [(1, 333, 38), (2, 333, 38), (2, 77, 38), (1, 1, 38), (2, 333, 24)], ids=str)
+def test_sd35_site_shapes(B, S2, H, fused):
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    assert_exact(make_args(B, 4096, S2, H, 64, layout="fused" if fused else "separate", gen=g))
+
+
+@pytest.fixture(scope="module")
+def sd35_attention():
+    """The real JointTransformerBlock(qk_norm="rms_norm") attention at SD3.5-large width (2432 = 38 x 64), random
+    bf16 weights (random norm weights too)."""
+    pytest.importorskip("diffusers")
+    from diffusers.models.attention import JointTransformerBlock
+
+    torch.manual_seed(SEED)
+    block = JointTransformerBlock(dim=2432, num_attention_heads=38, attention_head_dim=64, context_pre_only=False,
+                                  qk_norm="rms_norm")
+    attn = block.attn.to(DEV, BF)
+    assert type(attn.processor).__name__ == "JointAttnProcessor2_0"
+    assert type(attn.norm_q).__name__ == "RMSNorm" and type(attn.norm_added_k).__name__ == "RMSNorm"
+    with torch.no_grad():
+        for name, p in attn.named_parameters():
+            p.copy_(torch.randn_like(p) * (1.0 if "norm" in name else 0.02))
+    return attn
+
+
+@pytest.mark.parametrize("B,S_ctx", [(1, 333), (2, 333), (2, 77)], ids=str)
+def test_against_the_diffusers_joint_attention_processor(monkeypatch, sd35_attention, B, S_ctx):
+    """Capture what JointAttnProcessor2_0 hands to F.scaled_dot_product_attention."""
+    attn = sd35_attention
+    g = torch.Generator(device=DEV).manual_seed(SEED + S_ctx)
+    hs, ehs = rnd(B, 4096, 2432, gen=g), rnd(B, S_ctx, 2432, gen=g)
+    seen = {}
+
+    def capture(query, key, value, **kw):
+        seen["qkv"] = (query, key, value)
+        return query.clone()
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", capture)
+    with torch.no_grad():
+        attn(hidden_states=hs, encoder_hidden_states=ehs)
+        q, k, v = [m(hs).view(B, -1, 38, 64).transpose(1, 2) for m in (attn.to_q, attn.to_k, attn.to_v)]
+        q1, k1, v1 = [m(ehs).view(B, -1, 38, 64).transpose(1, 2)
+                      for m in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj)]
+        got = ops.qk_norm_sd35(q, k, v, attn.norm_q.weight, attn.norm_k.weight, q1, k1, v1, attn.norm_added_q.weight,
+                               attn.norm_added_k.weight, attn.norm_q.eps)
+    for name, a, b in zip("qkv", got, seen["qkv"]):
+        assert b.is_contiguous() and a.shape == b.shape == (B, 38, 4096 + S_ctx, 64)
+        assert count_mismatches(a, b) == 0, (name, B, S_ctx)
+
+
+def _random_case(i):
+    r = random.Random(SEED * 31 + i)
+    D = r.choice([64, 64, 128, 2 * r.randint(16, 32), 4 * r.randint(17, 32)])
+    H = r.choice([1, 2, 38, 24, r.randint(1, 40)])
+    B = r.choice([1, 2, 2, 3])
+    S1 = r.choice([1, r.randint(1, 300), r.randint(1, 4096)])
+    S2 = r.choice([1, r.randint(1, 80), r.randint(1, 400)])
+    while B * (S1 + S2) * H * D > (1 << 22) and S1 > 1:
+        S1 = max(1, S1 // 2)
+    while B * S1 * H < 16:  # fewer rows are refused (aten's mean takes another block shape): test_refusals
+        S1 += 1
+    while B * S2 * H < 16:
+        S2 += 1
+    layout = r.choice(["separate", "separate", "fused", "padded", "bhsd", "head_padded"])
+    return dict(B=B, S1=S1, S2=S2, H=H, D=D, layout=layout, weights=r.random() < 0.8,
+                scale=r.choice([1.0, 1e-3, 40.0]))
+
+
+@pytest.mark.parametrize("i", range(220))
+def test_random_shapes(i):
+    c = _random_case(i)
+    g = torch.Generator(device=DEV).manual_seed(SEED + 13 * i)
+    assert_exact(make_args(c["B"], c["S1"], c["S2"], c["H"], c["D"], c["layout"], c["weights"], g, c["scale"]))
+
+
+@pytest.mark.parametrize("kind", ["constant", "huge", "tiny", "inf", "nan", "zero_rows", "signed_zero"])
+@pytest.mark.parametrize("D", [64, 128])
+def test_adversarial(kind, D):
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    args = make_args(2, 33, 9, 4, D, gen=g)
+    q, k1 = args["q"].clone(), args["k_ctx"].clone()  # clone keeps the transposed strides
+    if kind == "constant":
+        q[:, :, ::2] = 2.5
+        k1[:, 1] = -0.75
+    elif kind == "huge":
+        q.mul_(1e30)
+        k1.mul_(3e38)
+    elif kind == "tiny":
+        q = (torch.randn(q.shape, device=DEV, generator=g) * 1e-38).to(BF)
+        k1 = (torch.randn(k1.shape, device=DEV, generator=g) * 1e-30).to(BF)
+    elif kind == "inf":
+        q[0, 1, 2, 3] = float("inf")
+        k1[1, 0, 0, 0] = float("-inf")
+    elif kind == "nan":
+        q[1, 2, 3, 4] = float("nan")
+        k1[0, 3, 1, 5] = float("nan")
+    elif kind == "zero_rows":
+        q[:, :, 3] = 0.0
+        k1[:, 2] = -0.0
+    elif kind == "signed_zero":
+        q[..., ::3] = -0.0
+        k1[..., 1::4] = 0.0
+    args["q"], args["k_ctx"] = q, k1
+    assert_exact(args)
+
+
+def test_refusals_name_every_violation():
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    args = make_args(1, 16, 16, 2, 64, gen=g)
+    args["k_weight"] = args["k_weight"].float()
+    args["v_ctx"] = args["v_ctx"][:, :, :8]
+    s = ops.can_use_qk_norm_sd35(**args)
+    assert not s.ok
+    assert any("k_weight must be bf16" in r for r in s.reasons)
+    assert any("q_ctx, k_ctx and v_ctx must be" in r for r in s.reasons)
+    with pytest.raises(difuse.Unsupported):
+        ops.qk_norm_sd35(**{**args, "v_ctx": make_args(1, 16, 16, 2, 64, gen=g)["v_ctx"]})
+    few = make_args(1, 64, 7, 2, 64, gen=g)  # 14 context rows: aten's mean would run another block shape
+    s = ops.can_use_qk_norm_sd35(**few)
+    assert not s.ok and any("the context stream's norms see 14 rows" in r for r in s.reasons)
+    with pytest.raises(difuse.Unsupported):
+        ops.qk_norm_sd35(**few)
+    wide = make_args(1, 16, 16, 1, 256, gen=g)
+    s = ops.can_use_qk_norm_sd35(**wide)
+    assert not s.ok and any("head_dim must be in [32, 128]" in r for r in s.reasons)
+    odd = make_args(1, 16, 16, 2, 64, gen=g)
+    odd["q"] = rnd(1, 16, 2 * 64 + 1)[..., 1:].view(1, 16, 2, 64).transpose(1, 2)  # rows 2-byte aligned
+    s = ops.can_use_qk_norm_sd35(**odd)
+    assert not s.ok and any("q rows must be 4-byte aligned" in r for r in s.reasons)
+
+
+def test_opcheck_compile_and_graph():
+    g = torch.Generator(device=DEV).manual_seed(SEED)
+    args = make_args(2, 48, 16, 4, 64, layout="fused", gen=g)
+    pos = tuple(args[n] for n in NAMES)
+    torch.library.opcheck(torch.ops.difuse.qk_norm_sd35.default, pos)
+    compiled = torch.compile(lambda *a: [t * 2 for t in torch.ops.difuse.qk_norm_sd35(*a)], fullgraph=True)
+    ref = ops.qk_norm_sd35_eager(**args)
+    assert count_mismatches(compiled(*pos), [t * 2 for t in ref]) == 0
+    base = rnd(2, 48, 4 * 64, gen=g)
+    q = base.view(2, -1, 4, 64).transpose(1, 2)
+    pos_g = (q,) + pos[1:]
+    torch.ops.difuse.qk_norm_sd35(*pos_g)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        out = torch.ops.difuse.qk_norm_sd35(*pos_g)
+    base.copy_(rnd(*base.shape, gen=g))
+    graph.replay()
+    torch.cuda.synchronize()
+    args["q"] = q
+    assert count_mismatches(list(out), ops.qk_norm_sd35_eager(**args)) == 0
