@@ -45,7 +45,17 @@ FLUX_SITES = {
     "S4": "single block residual: residual + gate * proj_out(...)",
     "norm_out": "final AdaLayerNormContinuous: LayerNorm(x) * (1 + scale) + shift",
 }
-BLOCK_GATES = ("double_block", "single_block", "norm_out_block")
+QWEN_SITES = {
+    "Q1": "img_norm1 + modulate: LayerNorm(x) * (1 + scale) + shift (image stream)",
+    "Q1c": "txt_norm1 + modulate on the text stream",
+    "Q2": "attention prologue: diffusers RMSNorm per head, complex RoPE per stream, cat [text, image] (one launch)",
+    "Q4": "h + gate1 * attn, img_norm2 + modulate (image)",
+    "Q4c": "the same on the text stream",
+    "Q6": "h + gate2 * mlp (image)",
+    "Q6c": "h + gate2 * mlp (text)",
+    "norm_out": "final AdaLayerNormContinuous: LayerNorm(x) * (1 + scale) + shift",
+}
+BLOCK_GATES = ("double_block", "single_block", "norm_out_block", "qwen_block")
 
 
 # ---- signatures ------------------------------------------------------------------------------------------------
@@ -74,6 +84,8 @@ class Site:
         """key: the tensors and scalars that make the signature; predicate() -> Support (called once per
         signature); fused() / eager() -> result (a tensor or a list/tuple of tensors)."""
         self.calls += 1
+        if device < 0:  # host tensors: the eager chain (the kernels are CUDA-only)
+            return eager()
         sig = signature(*key)
         ok = self.supported.get(sig)
         if ok is None:
@@ -134,6 +146,7 @@ class _State:
         self.silu_version = -1
         self.silu_out = None
         self.sites = {name: Site(model_name, name) for name in sites}
+        self.descriptions = dict(sites)
         self.blocks = {name: BlockGate(model_name, name) for name in BLOCK_GATES}
         self.patched = []  # modules whose forward was replaced
         self.report = None
@@ -443,36 +456,190 @@ def _ada_continuous_forward(self, x, conditioning_embedding):
     return st.blocks["norm_out_block"].run((x, conditioning_embedding), body, original, _dev(x))
 
 
+# ---- Qwen-Image ------------------------------------------------------------------------------------------------
+def _qwen_module():
+    import diffusers.models.transformers.transformer_qwenimage as tq
+
+    return tq
+
+
+def _mod_params(st: _State, mod, temb):
+    """block.img_mod / txt_mod (nn.Sequential(SiLU, Linear)) with the silu computed once per forward."""
+    torch = _torch()
+    if isinstance(mod, torch.nn.Sequential) and len(mod) == 2 and type(mod[0]) is torch.nn.SiLU:
+        return mod[1](_silu_once(st, mod[0], temb))
+    return mod(temb)
+
+
+def _qwen_attention(site: Site, attn, hidden_states, encoder_hidden_states, encoder_hidden_states_mask,
+                    image_rotary_emb):
+    """QwenDoubleStreamAttnProcessor2_0.__call__ (diffusers 0.42.1) with the QK chain as one site."""
+    from diffusers.models.normalization import RMSNorm
+
+    from . import ops
+
+    torch = _torch()
+    tq = _qwen_module()
+    attention_mask = None
+    if encoder_hidden_states_mask is not None:
+        image_mask = torch.ones((hidden_states.shape[0], hidden_states.shape[1]), dtype=torch.bool,
+                                device=hidden_states.device)
+        attention_mask = torch.cat([encoder_hidden_states_mask, image_mask], dim=1)[:, None, None, :]
+    seq_txt = encoder_hidden_states.shape[1]
+    D = attn.inner_dim // attn.heads
+    q, k, v = (m(hidden_states).unflatten(-1, (-1, D)) for m in (attn.to_q, attn.to_k, attn.to_v))
+    tq_, tk, tv = (m(encoder_hidden_states).unflatten(-1, (-1, D))
+                   for m in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
+    freqs, freqs_txt = image_rotary_emb if image_rotary_emb is not None else (None, None)
+
+    def eager():
+        iq, ik, xq, xk = q, k, tq_, tk
+        if attn.norm_q is not None:
+            iq = attn.norm_q(iq)
+        if attn.norm_k is not None:
+            ik = attn.norm_k(ik)
+        if attn.norm_added_q is not None:
+            xq = attn.norm_added_q(xq)
+        if attn.norm_added_k is not None:
+            xk = attn.norm_added_k(xk)
+        if image_rotary_emb is not None:
+            iq = tq.apply_rotary_emb_qwen(iq, freqs, use_real=False)
+            ik = tq.apply_rotary_emb_qwen(ik, freqs, use_real=False)
+            xq = tq.apply_rotary_emb_qwen(xq, freqs_txt, use_real=False)
+            xk = tq.apply_rotary_emb_qwen(xk, freqs_txt, use_real=False)
+        return [torch.cat([xq, iq], dim=1), torch.cat([xk, ik], dim=1), torch.cat([tv, v], dim=1)]
+
+    norms = [attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k]
+    reasons = []
+    if not all(type(n) is RMSNorm for n in norms):
+        reasons.append("a QK norm is not diffusers' RMSNorm")
+    elif len({float(n.eps) for n in norms}) != 1:
+        reasons.append("the QK norms have different eps")
+    elif any(getattr(n, "bias", None) is not None for n in norms):
+        reasons.append("a QK norm has a bias")
+    w = [getattr(n, "weight", None) for n in norms]
+    eps = float(norms[0].eps) if not reasons else 1e-6
+
+    def predicate():
+        if reasons:
+            return ops.Support(False, reasons)
+        return ops.can_use_qk_norm_rope_qwen(q, k, v, w[0], w[1], tq_, tk, tv, w[2], w[3], freqs, freqs_txt, eps)
+
+    out = site.run((q, k, v, tq_, tk, tv, freqs, freqs_txt, eps, *w), eager=eager, predicate=predicate,
+                   fused=lambda: list(ops._ops().qk_norm_rope_qwen(q, k, v, w[0], w[1], tq_, tk, tv, w[2], w[3],
+                                                                   freqs, freqs_txt, eps)),
+                   device=_dev(q))
+    jq, jk, jv = out
+    proc = attn.processor
+    joint = tq.dispatch_attention_fn(jq, jk, jv, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+                                     backend=proc._attention_backend, parallel_config=proc._parallel_config)
+    joint = joint.flatten(2, 3).to(jq.dtype)
+    txt_out, img_out = joint[:, :seq_txt, :], joint[:, seq_txt:, :]
+    img_out = attn.to_out[0](img_out.contiguous())
+    if len(attn.to_out) > 1:
+        img_out = attn.to_out[1](img_out)
+    return img_out, attn.to_add_out(txt_out.contiguous())
+
+
+def _qwen_block_forward(self, hidden_states, encoder_hidden_states, encoder_hidden_states_mask, temb,
+                        image_rotary_emb=None, joint_attention_kwargs=None, modulate_index=None):
+    st: _State = self._difuse_state
+    original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states,  # noqa: E731
+                                          encoder_hidden_states_mask, temb, image_rotary_emb, joint_attention_kwargs,
+                                          modulate_index)
+    if not hidden_states.is_cuda:
+        return original()
+    if self.zero_cond_t or modulate_index is not None:  # the edit variants' per-token modulation: eager
+        for name in ("Q1", "Q4", "Q6"):
+            st.sites[name].fallback(_dev(hidden_states), "zero_cond_t / modulate_index (per-token modulation)")
+        return original()
+    rot = tuple(image_rotary_emb) if image_rotary_emb is not None else ()
+    key = (hidden_states, encoder_hidden_states, encoder_hidden_states_mask, temb) + rot
+    return st.blocks["qwen_block"].run(
+        key, lambda: _qwen_block_body(self, st, hidden_states, encoder_hidden_states, encoder_hidden_states_mask,
+                                      temb, image_rotary_emb, joint_attention_kwargs),
+        original, _dev(hidden_states))
+
+
+def _qwen_block_body(self, st, hidden_states, encoder_hidden_states, encoder_hidden_states_mask, temb,
+                     image_rotary_emb, joint_attention_kwargs):
+    torch = _torch()
+    S = st.sites
+    img_mod1, img_mod2 = _mod_params(st, self.img_mod, temb).chunk(2, dim=-1)
+    txt_mod1, txt_mod2 = _mod_params(st, self.txt_mod, temb).chunk(2, dim=-1)
+    i_shift1, i_scale1, i_gate1 = img_mod1.chunk(3, dim=-1)
+    i_shift2, i_scale2, i_gate2 = img_mod2.chunk(3, dim=-1)
+    t_shift1, t_scale1, t_gate1 = txt_mod1.chunk(3, dim=-1)
+    t_shift2, t_scale2, t_gate2 = txt_mod2.chunk(3, dim=-1)
+
+    img_modulated = _lnmod_site(S["Q1"], hidden_states, i_scale1, i_shift1, self.img_norm1,
+                                lambda: self.img_norm1(hidden_states) * (1 + i_scale1.unsqueeze(1)) +
+                                i_shift1.unsqueeze(1))
+    txt_modulated = _lnmod_site(S["Q1c"], encoder_hidden_states, t_scale1, t_shift1, self.txt_norm1,
+                                lambda: self.txt_norm1(encoder_hidden_states) * (1 + t_scale1.unsqueeze(1)) +
+                                t_shift1.unsqueeze(1))
+    tq = _qwen_module()
+    if type(self.attn.processor) is not tq.QwenDoubleStreamAttnProcessor2_0 or joint_attention_kwargs:
+        why = ("attention processor %s is not QwenDoubleStreamAttnProcessor2_0" % type(self.attn.processor).__name__
+               if joint_attention_kwargs is None or not joint_attention_kwargs else "joint_attention_kwargs given")
+        S["Q2"].fallback(_dev(hidden_states), why)
+        img_attn, txt_attn = self.attn(hidden_states=img_modulated, encoder_hidden_states=txt_modulated,
+                                       encoder_hidden_states_mask=encoder_hidden_states_mask,
+                                       image_rotary_emb=image_rotary_emb, **(joint_attention_kwargs or {}))
+    else:
+        img_attn, txt_attn = _qwen_attention(S["Q2"], self.attn, img_modulated, txt_modulated,
+                                             encoder_hidden_states_mask, image_rotary_emb)
+
+    hidden_states, img_modulated2 = _grln_site(S["Q4"], hidden_states, img_attn, i_gate1, i_scale2, i_shift2,
+                                               self.img_norm2)
+    encoder_hidden_states, txt_modulated2 = _grln_site(S["Q4c"], encoder_hidden_states, txt_attn, t_gate1, t_scale2,
+                                                       t_shift2, self.txt_norm2)
+    hidden_states = _gated_residual_site(S["Q6"], hidden_states, self.img_mlp(img_modulated2), i_gate2)
+    encoder_hidden_states = _gated_residual_site(S["Q6c"], encoder_hidden_states, self.txt_mlp(txt_modulated2),
+                                                 t_gate2)
+    if encoder_hidden_states.dtype == torch.float16:
+        encoder_hidden_states = encoder_hidden_states.clip(-65504, 65504)
+    if hidden_states.dtype == torch.float16:
+        hidden_states = hidden_states.clip(-65504, 65504)
+    return encoder_hidden_states, hidden_states
+
+
 # ---- public API -------------------------------------------------------------------------------------------------
 def _model_kind(model) -> str:
     name = type(model).__name__
-    if name == "FluxTransformer2DModel" and type(model).__module__.startswith("diffusers."):
-        return "flux"
-    return ""
+    if not type(model).__module__.startswith("diffusers."):
+        return ""
+    return {"FluxTransformer2DModel": "flux", "QwenImageTransformer2DModel": "qwen"}.get(name, "")
 
 
 def patch(model) -> PatchReport:
     """Patches a diffusers transformer in place (idempotent) and returns what was patched."""
     kind = _model_kind(model)
     if not kind:
-        raise NotImplementedError("difuse.patch: %s is not supported yet (supported: diffusers FluxTransformer2DModel)"
-                                  % type(model).__name__)
+        raise NotImplementedError("difuse.patch: %s is not supported yet (supported: diffusers FluxTransformer2DModel, "
+                                  "QwenImageTransformer2DModel)" % type(model).__name__)
     if getattr(model, "_difuse_state", None) is not None:
         return model._difuse_state.report
-    tf = _flux_module()
     from diffusers.models.normalization import AdaLayerNormContinuous
 
-    st = _State("flux", FLUX_SITES)
-    rep = PatchReport(model=type(model).__name__, sites=dict(FLUX_SITES))
+    if kind == "flux":
+        tf = _flux_module()
+        table = {tf.FluxTransformerBlock: (_flux_double_forward, "double blocks"),
+                 tf.FluxSingleTransformerBlock: (_flux_single_forward, "single blocks")}
+        st = _State("flux", FLUX_SITES)
+    else:
+        tq = _qwen_module()
+        table = {tq.QwenImageTransformerBlock: (_qwen_block_forward, "blocks")}
+        st = _State("qwen", QWEN_SITES)
+    known = {cls.__name__ for cls in table}
+    rep = PatchReport(model=type(model).__name__, sites=dict(st.descriptions))
     for path, mod in model.named_modules():
         fwd = None
-        if type(mod) is tf.FluxTransformerBlock:
-            fwd, kind_name = _flux_double_forward, "double blocks"
-        elif type(mod) is tf.FluxSingleTransformerBlock:
-            fwd, kind_name = _flux_single_forward, "single blocks"
+        if type(mod) in table:
+            fwd, kind_name = table[type(mod)]
         elif type(mod) is AdaLayerNormContinuous and path == "norm_out":
             fwd, kind_name = _ada_continuous_forward, "norm_out"
-        elif type(mod).__name__ in ("FluxTransformerBlock", "FluxSingleTransformerBlock"):
+        elif any(c.__name__ in known for c in type(mod).__mro__[1:]):
             rep.skipped.append((path, "subclass %s is not patched" % type(mod).__qualname__))
         if fwd is None:
             continue
@@ -520,7 +687,7 @@ def report(model, device: int = 0) -> dict:
         s = site.stats(device)
         s["status"] = ("not yet seen" if s["calls"] == 0 else "disabled" if s["disabled"] else
                        "fused" if s["fused"] and not s["fallback"] else "fell back" if not s["fused"] else "mixed")
-        s["description"] = FLUX_SITES.get(name, "")
+        s["description"] = st.descriptions.get(name, "")
         sites[name] = s
     blocks = {name: b.gate.counters(device) for name, b in st.blocks.items()}
     return {"patched": True, "model": st.model_name, "sites": sites, "blocks": blocks}
@@ -539,4 +706,4 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]
+__all__ = ["FLUX_SITES", "QWEN_SITES", "patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]

@@ -181,3 +181,23 @@ def test_a_hooked_block_falls_back_and_the_model_still_matches():
         assert_all_fused(model)
     finally:
         difuse.unpatch(model)
+
+
+def test_fp16_model_falls_back_site_by_site_and_keeps_its_clip():
+    """The kernels are bf16-only: an fp16 model's sites refuse (named in the report) and the patched forward,
+    clip included, still gives the unpatched bits."""
+    model = reduced_flux(double=1, single=1, seed=SEED + 17).to(torch.float16)
+    inputs = {k: (v.to(torch.float16) if torch.is_tensor(v) and v.dtype == torch.bfloat16 else v)
+              for k, v in flux_inputs(1, image_tokens=1024, text_tokens=64).items()}
+    ref = run(model, inputs)
+    difuse.patch(model)
+    try:
+        assert count_mismatches(run(model, inputs), ref) == 0
+        rep = difuse.report(model)
+        for name in ("D1", "D4", "D6", "S1", "S4"):
+            s = rep["sites"][name]
+            assert s["fused"] == 0 and s["fallback"] > 0 and not s["disabled"], (name, difuse.format_report(rep))
+            assert any("bf16" in r for r in s["refusals"]), (name, s["refusals"])
+        assert not any(c["disabled"] for c in rep["blocks"].values()), difuse.format_report(rep)
+    finally:
+        difuse.unpatch(model)

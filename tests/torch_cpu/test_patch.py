@@ -63,3 +63,68 @@ def test_signature_names_shape_strides_dtype_alignment_and_scalars():
     x = torch.zeros(2, 3, 4, dtype=torch.bfloat16)[:, 1:]
     sig = difuse.patching.signature(x, None, 1e-6, True)
     assert "bfloat16(2, 2, 4)(12, 4, 1)@" in sig and sig.endswith("|None|1e-06|True")
+
+
+# The patched bodies on the CPU: every site answers with its eager chain there, so running a body directly checks
+# the composition (module calls, chunk order, which gate goes with which residual) against the class's forward.
+def test_flux_bodies_compose_like_the_original_forwards():
+    model = tiny_flux(double=1, single=1)
+    difuse.patch(model)
+    st = model._difuse_state
+    g = torch.Generator().manual_seed(3)
+    hs, ehs, temb = torch.randn(2, 6, 32, generator=g), torch.randn(2, 5, 32, generator=g), torch.randn(2, 32, generator=g)
+    cos, sin = torch.randn(11, 16, generator=g), torch.randn(11, 16, generator=g)
+    blk = model.transformer_blocks[0]
+    with torch.no_grad():
+        want = type(blk).forward(blk, hs, ehs, temb, (cos, sin))
+        got = difuse.patching._flux_double_body(blk, st, hs, ehs, temb, (cos, sin), None)
+        for a, b in zip(got, want):
+            assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+        sb = model.single_transformer_blocks[0]
+        want = type(sb).forward(sb, hs, ehs, temb, (cos, sin))
+        got = difuse.patching._flux_single_body(sb, st, hs, ehs, temb, (cos, sin), None)
+        for a, b in zip(got, want):
+            assert torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
+    difuse.unpatch(model)
+
+
+def tiny_qwen(layers=2):
+    tq = pytest.importorskip("diffusers.models.transformers.transformer_qwenimage")
+    torch.manual_seed(0)
+    return tq.QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=layers,
+                                          attention_head_dim=16, num_attention_heads=2, joint_attention_dim=24,
+                                          axes_dims_rope=(4, 6, 6))
+
+
+def qwen_inputs(B=1, side=4, T=5, mask=True):
+    g = torch.Generator().manual_seed(1)
+    m = torch.ones(B, T)
+    if mask:
+        m[:, -2:] = 0
+    return dict(hidden_states=torch.randn(B, side * side, 16, generator=g),
+                encoder_hidden_states=torch.randn(B, T, 24, generator=g), encoder_hidden_states_mask=m,
+                timestep=torch.full((B,), 0.5), img_shapes=[[(1, side, side)]] * B, return_dict=False)
+
+
+def test_qwen_patch_discovers_blocks_and_its_body_composes_like_the_original():
+    model = tiny_qwen()
+    rep = difuse.patch(model)
+    assert rep.modules == {"blocks": 2, "norm_out": 1}
+    assert set(rep.sites) == set(difuse.patching.QWEN_SITES)
+    st = model._difuse_state
+    blk = model.transformer_blocks[0]
+    g = torch.Generator().manual_seed(5)
+    hs, ehs, temb = torch.randn(1, 16, 32, generator=g), torch.randn(1, 5, 32, generator=g), torch.randn(1, 32, generator=g)
+    rot = model.pos_embed([[(1, 4, 4)]], max_txt_seq_len=5, device=torch.device("cpu"))
+    mask = torch.tensor([[1, 1, 1, 0, 0]], dtype=torch.bool)
+    with torch.no_grad():
+        for m in (None, mask):
+            want = type(blk).forward(blk, hs, ehs, m, temb, rot)
+            got = difuse.patching._qwen_block_body(blk, st, hs, ehs, m, temb, rot, None)
+            for a, b in zip(got, want):
+                assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+        before = model(**qwen_inputs())[0]
+    difuse.unpatch(model)
+    with torch.no_grad():
+        after = model(**qwen_inputs())[0]
+    assert torch.equal(before.view(torch.int32), after.view(torch.int32))
