@@ -55,7 +55,17 @@ QWEN_SITES = {
     "Q6c": "h + gate2 * mlp (text)",
     "norm_out": "final AdaLayerNormContinuous: LayerNorm(x) * (1 + scale) + shift",
 }
-BLOCK_GATES = ("double_block", "single_block", "norm_out_block", "qwen_block")
+SD3_SITES = {
+    "J1": "norm1 (AdaLayerNormZero): LayerNorm(x) * (1 + scale_msa) + shift_msa (image stream)",
+    "J1c": "norm1_context: AdaLayerNormZero, or AdaLayerNormContinuous in the last (context_pre_only) block",
+    "J2": "attention QK path: diffusers RMSNorm(head_dim) per head on BHSD views, cat [image, context] (one launch)",
+    "J4": "h + gate_msa * attn, norm2 + modulate (image)",
+    "J4c": "the same on the context stream",
+    "J6": "h + gate_mlp * ff (image)",
+    "J6c": "h + c_gate_mlp * ff_context (context)",
+    "norm_out": "final AdaLayerNormContinuous: LayerNorm(x) * (1 + scale) + shift",
+}
+BLOCK_GATES = ("double_block", "single_block", "norm_out_block", "qwen_block", "joint_block")
 
 
 # ---- signatures ------------------------------------------------------------------------------------------------
@@ -340,6 +350,8 @@ def _flux_double_forward(self, hidden_states, encoder_hidden_states, temb, image
 def _flux_double_body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs):
     S = st.sites
     n1, n1c = self.norm1, self.norm1_context
+    if n1.emb is not None or n1c.emb is not None:
+        raise RuntimeError("difuse: norm1 with its own timestep embedding is not handled")  # block gate -> original
     emb = n1.linear(_silu_once(st, n1.silu, temb))
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = emb.chunk(6, dim=1)
     norm_hs = _lnmod_site(S["D1"], hidden_states, scale_msa, shift_msa, n1.norm,
@@ -604,12 +616,142 @@ def _qwen_block_body(self, st, hidden_states, encoder_hidden_states, encoder_hid
     return encoder_hidden_states, hidden_states
 
 
+# ---- SD3 / SD3.5 ---------------------------------------------------------------------------------------------------
+def _ada_zero_parts(st: _State, norm, temb):
+    """AdaLayerNormZero without its own embedding: the six [B, H] chunks of linear(silu(temb))."""
+    return norm.linear(_silu_once(st, norm.silu, temb)).chunk(6, dim=1)
+
+
+def _sd3_attention(site: Site, attn, hidden_states, encoder_hidden_states):
+    """JointAttnProcessor2_0.__call__ (diffusers 0.42.1) with the QK-norm / concat chain as one site."""
+    from diffusers.models import attention_processor as ap
+    from diffusers.models.normalization import RMSNorm
+
+    from . import ops
+
+    torch = _torch()
+    B = hidden_states.shape[0]
+    S_img = hidden_states.shape[1]
+    q, k, v = (m(hidden_states) for m in (attn.to_q, attn.to_k, attn.to_v))
+    D = k.shape[-1] // attn.heads
+    q, k, v = (t.view(B, -1, attn.heads, D).transpose(1, 2) for t in (q, k, v))
+    cq, ck, cv = (m(encoder_hidden_states).view(B, -1, attn.heads, D).transpose(1, 2)
+                  for m in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
+
+    def eager():
+        iq, ik, xq, xk = q, k, cq, ck
+        if attn.norm_q is not None:
+            iq = attn.norm_q(iq)
+        if attn.norm_k is not None:
+            ik = attn.norm_k(ik)
+        if attn.norm_added_q is not None:
+            xq = attn.norm_added_q(xq)
+        if attn.norm_added_k is not None:
+            xk = attn.norm_added_k(xk)
+        return [torch.cat([iq, xq], dim=2), torch.cat([ik, xk], dim=2), torch.cat([v, cv], dim=2)]
+
+    norms = [attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k]
+    reasons = []
+    if not all(type(n) is RMSNorm for n in norms):
+        reasons.append("the QK norms are not all diffusers' RMSNorm (qk_norm=None or another kind)")
+    elif len({float(n.eps) for n in norms}) != 1:
+        reasons.append("the QK norms have different eps")
+    elif any(getattr(n, "bias", None) is not None for n in norms):
+        reasons.append("a QK norm has a bias")
+    w = [getattr(n, "weight", None) for n in norms]
+    eps = float(norms[0].eps) if not reasons else 1e-6
+
+    def predicate():
+        if reasons:
+            return ops.Support(False, reasons)
+        return ops.can_use_qk_norm_sd35(q, k, v, w[0], w[1], cq, ck, cv, w[2], w[3], eps)
+
+    jq, jk, jv = site.run((q, k, v, cq, ck, cv, eps, *w), eager=eager, predicate=predicate,
+                          fused=lambda: list(ops._ops().qk_norm_sd35(q, k, v, w[0], w[1], cq, ck, cv, w[2], w[3],
+                                                                     eps)),
+                          device=_dev(q))
+    out = ap.F.scaled_dot_product_attention(jq, jk, jv, dropout_p=0.0, is_causal=False)
+    out = out.transpose(1, 2).reshape(B, -1, attn.heads * D).to(jq.dtype)
+    hs, ehs = out[:, :S_img], out[:, S_img:]
+    if not attn.context_pre_only:
+        ehs = attn.to_add_out(ehs)
+    hs = attn.to_out[0](hs)
+    hs = attn.to_out[1](hs)
+    return hs, ehs
+
+
+def _sd3_block_forward(self, hidden_states, encoder_hidden_states, temb, joint_attention_kwargs=None):
+    from diffusers.models import attention_processor as ap
+
+    st: _State = self._difuse_state
+    original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb,  # noqa: E731
+                                          joint_attention_kwargs)
+    if not hidden_states.is_cuda:
+        return original()
+    why = ""
+    if self.use_dual_attention:
+        why = "use_dual_attention (SD3.5-medium's dual blocks)"
+    elif self._chunk_size is not None:
+        why = "chunked feed-forward"
+    elif joint_attention_kwargs:
+        why = "joint_attention_kwargs given"
+    elif type(self.attn.processor) is not ap.JointAttnProcessor2_0:
+        why = "attention processor %s is not JointAttnProcessor2_0" % type(self.attn.processor).__name__
+    elif getattr(self.norm1, "emb", None) is not None:
+        why = "norm1 has its own timestep embedding"
+    if why:
+        for name in ("J1", "J2", "J4", "J6"):
+            st.sites[name].fallback(_dev(hidden_states), why)
+        return original()
+    return st.blocks["joint_block"].run(
+        (hidden_states, encoder_hidden_states, temb),
+        lambda: _sd3_block_body(self, st, hidden_states, encoder_hidden_states, temb), original,
+        _dev(hidden_states))
+
+
+def _sd3_block_body(self, st, hidden_states, encoder_hidden_states, temb):
+    from diffusers.models.normalization import AdaLayerNormContinuous
+
+    S = st.sites
+    n1 = self.norm1
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = _ada_zero_parts(st, n1, temb)
+    norm_hs = _lnmod_site(S["J1"], hidden_states, scale_msa, shift_msa, n1.norm,
+                          lambda: n1.norm(hidden_states) * (1 + scale_msa[:, None]) + shift_msa[:, None])
+    n1c = self.norm1_context
+    if self.context_pre_only:
+        if type(n1c) is AdaLayerNormContinuous:
+            emb = n1c.linear(_silu_once(st, n1c.silu, temb).to(encoder_hidden_states.dtype))
+            c_scale, c_shift = emb.chunk(2, dim=1)
+            norm_ehs = _lnmod_site(S["J1c"], encoder_hidden_states, c_scale, c_shift, n1c.norm,
+                                   lambda: n1c.norm(encoder_hidden_states) * (1 + c_scale)[:, None, :] +
+                                   c_shift[:, None, :])
+        else:
+            norm_ehs = n1c(encoder_hidden_states, temb)
+    else:
+        c_shift_msa, c_scale_msa, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = _ada_zero_parts(st, n1c, temb)
+        norm_ehs = _lnmod_site(S["J1c"], encoder_hidden_states, c_scale_msa, c_shift_msa, n1c.norm,
+                               lambda: n1c.norm(encoder_hidden_states) * (1 + c_scale_msa[:, None]) +
+                               c_shift_msa[:, None])
+    attn_output, context_attn_output = _sd3_attention(S["J2"], self.attn, norm_hs, norm_ehs)
+    hidden_states, norm_hs = _grln_site(S["J4"], hidden_states, attn_output, gate_msa, scale_mlp, shift_mlp,
+                                        self.norm2)
+    hidden_states = _gated_residual_site(S["J6"], hidden_states, self.ff(norm_hs), gate_mlp)
+    if self.context_pre_only:
+        return None, hidden_states
+    encoder_hidden_states, norm_ehs = _grln_site(S["J4c"], encoder_hidden_states, context_attn_output, c_gate_msa,
+                                                 c_scale_mlp, c_shift_mlp, self.norm2_context)
+    encoder_hidden_states = _gated_residual_site(S["J6c"], encoder_hidden_states, self.ff_context(norm_ehs),
+                                                 c_gate_mlp)
+    return encoder_hidden_states, hidden_states
+
+
 # ---- public API -------------------------------------------------------------------------------------------------
 def _model_kind(model) -> str:
     name = type(model).__name__
     if not type(model).__module__.startswith("diffusers."):
         return ""
-    return {"FluxTransformer2DModel": "flux", "QwenImageTransformer2DModel": "qwen"}.get(name, "")
+    return {"FluxTransformer2DModel": "flux", "QwenImageTransformer2DModel": "qwen",
+            "SD3Transformer2DModel": "sd3"}.get(name, "")
 
 
 def patch(model) -> PatchReport:
@@ -617,7 +759,7 @@ def patch(model) -> PatchReport:
     kind = _model_kind(model)
     if not kind:
         raise NotImplementedError("difuse.patch: %s is not supported yet (supported: diffusers FluxTransformer2DModel, "
-                                  "QwenImageTransformer2DModel)" % type(model).__name__)
+                                  "QwenImageTransformer2DModel, SD3Transformer2DModel)" % type(model).__name__)
     if getattr(model, "_difuse_state", None) is not None:
         return model._difuse_state.report
     from diffusers.models.normalization import AdaLayerNormContinuous
@@ -627,10 +769,15 @@ def patch(model) -> PatchReport:
         table = {tf.FluxTransformerBlock: (_flux_double_forward, "double blocks"),
                  tf.FluxSingleTransformerBlock: (_flux_single_forward, "single blocks")}
         st = _State("flux", FLUX_SITES)
-    else:
+    elif kind == "qwen":
         tq = _qwen_module()
         table = {tq.QwenImageTransformerBlock: (_qwen_block_forward, "blocks")}
         st = _State("qwen", QWEN_SITES)
+    else:
+        from diffusers.models.attention import JointTransformerBlock
+
+        table = {JointTransformerBlock: (_sd3_block_forward, "joint blocks")}
+        st = _State("sd3", SD3_SITES)
     known = {cls.__name__ for cls in table}
     rep = PatchReport(model=type(model).__name__, sites=dict(st.descriptions))
     for path, mod in model.named_modules():
@@ -706,4 +853,4 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FLUX_SITES", "QWEN_SITES", "patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]
+__all__ = ["FLUX_SITES", "QWEN_SITES", "SD3_SITES", "patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]

@@ -128,3 +128,26 @@ def test_qwen_patch_discovers_blocks_and_its_body_composes_like_the_original():
     with torch.no_grad():
         after = model(**qwen_inputs())[0]
     assert torch.equal(before.view(torch.int32), after.view(torch.int32))
+
+
+def test_sd3_patch_discovers_blocks_and_its_body_composes_like_the_original():
+    ts = pytest.importorskip("diffusers.models.transformers.transformer_sd3")
+    torch.manual_seed(0)
+    model = ts.SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
+                                     num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
+                                     pooled_projection_dim=8, out_channels=4, qk_norm="rms_norm")
+    rep = difuse.patch(model)
+    assert rep.modules == {"joint blocks": 2, "norm_out": 1}
+    assert set(rep.sites) == set(difuse.patching.SD3_SITES)
+    st = model._difuse_state
+    g = torch.Generator().manual_seed(5)
+    hs, ehs, temb = torch.randn(2, 16, 16, generator=g), torch.randn(2, 7, 16, generator=g), torch.randn(2, 16, generator=g)
+    with torch.no_grad():
+        for blk in model.transformer_blocks:  # the second is the context_pre_only block
+            want = type(blk).forward(blk, hs, ehs, temb)
+            got = difuse.patching._sd3_block_body(blk, st, hs, ehs, temb)
+            assert (got[0] is None) == (want[0] is None) == blk.context_pre_only
+            for a, b in zip(got, want):
+                if a is not None:
+                    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+    difuse.unpatch(model)
