@@ -65,7 +65,15 @@ SD3_SITES = {
     "J6c": "h + c_gate_mlp * ff_context (context)",
     "norm_out": "final AdaLayerNormContinuous: LayerNorm(x) * (1 + scale) + shift",
 }
-BLOCK_GATES = ("double_block", "single_block", "norm_out_block", "qwen_block", "joint_block")
+WAN_SITES = {
+    "W1": "norm1 + modulate in fp32: (LN32(x) * (1 + scale_msa) + shift_msa).type_as(x)",
+    "W2": "self-attention prologue: torch.nn.RMSNorm across heads on q, k, head split, Wan's RoPE (one launch)",
+    "W3": "(h.float() + attn * gate_msa).type_as(h)",
+    "W4": "norm2 (FP32LayerNorm with weight and bias) before the cross-attention",
+    "W5": "norm3 + modulate in fp32 with c_scale_msa, c_shift_msa",
+    "W6": "(h.float() + ff.float() * c_gate_msa).type_as(h)",
+}
+BLOCK_GATES = ("double_block", "single_block", "norm_out_block", "qwen_block", "joint_block", "wan_block")
 
 
 # ---- signatures ------------------------------------------------------------------------------------------------
@@ -745,13 +753,138 @@ def _sd3_block_body(self, st, hidden_states, encoder_hidden_states, temb):
     return encoder_hidden_states, hidden_states
 
 
+# ---- Wan 2.x ---------------------------------------------------------------------------------------------------------
+def _wan_module():
+    import diffusers.models.transformers.transformer_wan as tw
+
+    return tw
+
+
+def _fp32_layernorm(norm, affine: bool) -> bool:
+    """diffusers' FP32LayerNorm over the last dim, with (affine) or without weight and bias."""
+    if type(norm).__name__ != "FP32LayerNorm" or len(norm.normalized_shape) != 1:
+        return False
+    return (norm.weight is not None and norm.bias is not None) if affine else (norm.weight is None and norm.bias is None)
+
+
+def _wan_lnmod_site(site: Site, norm, x, scale, shift):
+    """(norm(x.float()) * (1 + scale) + shift).type_as(x), fp32 modulation rows."""
+    from . import ops
+
+    eager = lambda: (norm(x.float()) * (1 + scale) + shift).type_as(x)  # noqa: E731
+    ok = _fp32_layernorm(norm, affine=False)
+    eps = float(norm.eps)
+    return site.run((x, scale, shift, eps, ok), eager=eager,
+                    fused=lambda: ops._ops().layernorm_modulate_fp32(x, scale, shift, eps),
+                    predicate=lambda: ops.can_use_layernorm_modulate_fp32(x, scale, shift, eps) if ok else
+                    ops.Support(False, ["the norm is not a plain FP32LayerNorm"]), device=_dev(x))
+
+
+def _wan_gated_site(site: Site, h, a, gate):
+    """(h.float() + a.float() * gate).type_as(h), gate fp32 rows."""
+    from . import ops
+
+    return site.run((h, a, gate), eager=lambda: (h.float() + a.float() * gate).type_as(h),
+                    fused=lambda: ops._ops().gated_residual_fp32(h, a, gate),
+                    predicate=lambda: ops.can_use_gated_residual_fp32(h, a, gate), device=_dev(h))
+
+
+def _wan_self_attention(site: Site, attn, hidden_states, rotary_emb):
+    """WanAttnProcessor.__call__ (diffusers 0.42.1) for self-attention (no image context) with the norm / head split /
+    RoPE chain as one site."""
+    from . import ops
+
+    tw = _wan_module()
+    q, k, v = tw._get_qkv_projections(attn, hidden_states, None)
+    heads = attn.heads
+    cos, sin = rotary_emb if rotary_emb is not None else (None, None)
+
+    def eager():
+        qq = attn.norm_q(q).unflatten(2, (heads, -1))
+        kk = attn.norm_k(k).unflatten(2, (heads, -1))
+        if rotary_emb is None:
+            return qq, kk
+        return ops.wan_rotary_emb_eager(qq, cos, sin), ops.wan_rotary_emb_eager(kk, cos, sin)
+
+    nq, nk = _rmsnorm_params(attn.norm_q), _rmsnorm_params(attn.norm_k)
+    reasons = []
+    if nq is None or nk is None:
+        reasons.append("norm_q / norm_k are not torch.nn.RMSNorm across heads (qk_norm='rms_norm_across_heads')")
+    elif nq[1] != nk[1]:
+        reasons.append("norm_q and norm_k have different eps")
+    if rotary_emb is None:
+        reasons.append("no rotary embedding")
+    eps = nq[1] if nq is not None else 1e-6
+    wq = nq[0] if nq is not None else None
+    wk = nk[0] if nk is not None else None
+
+    def predicate():
+        if reasons:
+            return ops.Support(False, reasons)
+        return ops.can_use_qk_norm_rope_wan(q, k, wq, wk, cos, sin, heads, eps)
+
+    qq, kk = site.run((q, k, wq, wk, cos, sin, heads, eps), eager=eager, predicate=predicate,
+                      fused=lambda: tuple(ops._ops().qk_norm_rope_wan(q, k, wq, wk, cos, sin, heads, eps)),
+                      device=_dev(q))
+    vv = v.unflatten(2, (heads, -1))
+    proc = attn.processor
+    out = tw.dispatch_attention_fn(qq, kk, vv, attn_mask=None, dropout_p=0.0, is_causal=False,
+                                   backend=proc._attention_backend, parallel_config=proc._parallel_config)
+    out = out.flatten(2, 3).type_as(qq)
+    out = attn.to_out[0](out)
+    return attn.to_out[1](out)
+
+
+def _wan_block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
+    st: _State = self._difuse_state
+    original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)  # noqa: E731
+    if not hidden_states.is_cuda:
+        return original()
+    tw = _wan_module()
+    if type(self.attn1.processor) is not tw.WanAttnProcessor or self.attn1.add_k_proj is not None:
+        st.sites["W2"].fallback(_dev(hidden_states), "attn1 is not a plain WanAttnProcessor self-attention")
+        return original()
+    key = (hidden_states, encoder_hidden_states, temb) + (tuple(rotary_emb) if rotary_emb is not None else ())
+    return st.blocks["wan_block"].run(
+        key, lambda: _wan_block_body(self, st, hidden_states, encoder_hidden_states, temb, rotary_emb), original,
+        _dev(hidden_states))
+
+
+def _wan_block_body(self, st, hidden_states, encoder_hidden_states, temb, rotary_emb):
+    from . import ops
+
+    S = st.sites
+    if temb.ndim == 4:
+        parts = (self.scale_shift_table.unsqueeze(0) + temb.float()).chunk(6, dim=2)
+        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = (t.squeeze(2) for t in parts)
+    else:
+        shift_msa, scale_msa, gate_msa, c_shift_msa, c_scale_msa, c_gate_msa = (
+            self.scale_shift_table + temb.float()).chunk(6, dim=1)
+    norm_hs = _wan_lnmod_site(S["W1"], self.norm1, hidden_states, scale_msa, shift_msa)
+    attn_output = _wan_self_attention(S["W2"], self.attn1, norm_hs, rotary_emb)
+    hidden_states = _wan_gated_site(S["W3"], hidden_states, attn_output, gate_msa)
+    n2 = self.norm2
+    affine = _fp32_layernorm(n2, affine=True)
+    x = hidden_states
+    norm_hs = S["W4"].run(
+        (x, affine, getattr(n2, "eps", None)), eager=lambda: n2(x.float()).type_as(x),
+        fused=lambda: ops._ops().layernorm_affine_fp32(x, n2.weight, n2.bias, float(n2.eps)),
+        predicate=lambda: ops.can_use_layernorm_affine_fp32(x, n2.weight, n2.bias, float(n2.eps)) if affine else
+        ops.Support(False, ["norm2 is not an FP32LayerNorm with weight and bias (cross_attn_norm=False)"]),
+        device=_dev(x))
+    hidden_states = hidden_states + self.attn2(norm_hs, encoder_hidden_states, None, None)
+    norm_hs = _wan_lnmod_site(S["W5"], self.norm3, hidden_states, c_scale_msa, c_shift_msa)
+    ff_output = self.ffn(norm_hs)
+    return _wan_gated_site(S["W6"], hidden_states, ff_output, c_gate_msa)
+
+
 # ---- public API -------------------------------------------------------------------------------------------------
 def _model_kind(model) -> str:
     name = type(model).__name__
     if not type(model).__module__.startswith("diffusers."):
         return ""
     return {"FluxTransformer2DModel": "flux", "QwenImageTransformer2DModel": "qwen",
-            "SD3Transformer2DModel": "sd3"}.get(name, "")
+            "SD3Transformer2DModel": "sd3", "WanTransformer3DModel": "wan"}.get(name, "")
 
 
 def patch(model) -> PatchReport:
@@ -759,7 +892,7 @@ def patch(model) -> PatchReport:
     kind = _model_kind(model)
     if not kind:
         raise NotImplementedError("difuse.patch: %s is not supported yet (supported: diffusers FluxTransformer2DModel, "
-                                  "QwenImageTransformer2DModel, SD3Transformer2DModel)" % type(model).__name__)
+                                  "QwenImageTransformer2DModel, SD3Transformer2DModel, WanTransformer3DModel)" % type(model).__name__)
     if getattr(model, "_difuse_state", None) is not None:
         return model._difuse_state.report
     from diffusers.models.normalization import AdaLayerNormContinuous
@@ -773,11 +906,15 @@ def patch(model) -> PatchReport:
         tq = _qwen_module()
         table = {tq.QwenImageTransformerBlock: (_qwen_block_forward, "blocks")}
         st = _State("qwen", QWEN_SITES)
-    else:
+    elif kind == "sd3":
         from diffusers.models.attention import JointTransformerBlock
 
         table = {JointTransformerBlock: (_sd3_block_forward, "joint blocks")}
         st = _State("sd3", SD3_SITES)
+    else:
+        tw = _wan_module()
+        table = {tw.WanTransformerBlock: (_wan_block_forward, "blocks")}
+        st = _State("wan", WAN_SITES)
     known = {cls.__name__ for cls in table}
     rep = PatchReport(model=type(model).__name__, sites=dict(st.descriptions))
     for path, mod in model.named_modules():
@@ -853,4 +990,4 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FLUX_SITES", "QWEN_SITES", "SD3_SITES", "patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]
+__all__ = ["FLUX_SITES", "QWEN_SITES", "SD3_SITES", "WAN_SITES", "patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]

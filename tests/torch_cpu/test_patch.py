@@ -67,24 +67,31 @@ def test_signature_names_shape_strides_dtype_alignment_and_scalars():
 
 # The patched bodies on the CPU: every site answers with its eager chain there, so running a body directly checks
 # the composition (module calls, chunk order, which gate goes with which residual) against the class's forward.
-def test_flux_bodies_compose_like_the_original_forwards():
-    model = tiny_flux(double=1, single=1)
+def _bits(a, b):
+    ints = {4: torch.int32, 2: torch.int16}[a.element_size()]
+    return a.dtype == b.dtype and torch.equal(a.contiguous().view(ints), b.contiguous().view(ints))
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_flux_bodies_compose_like_the_original_forwards(dtype):
+    model = tiny_flux(double=1, single=1).to(dtype)
     difuse.patch(model)
     st = model._difuse_state
     g = torch.Generator().manual_seed(3)
-    hs, ehs, temb = torch.randn(2, 6, 32, generator=g), torch.randn(2, 5, 32, generator=g), torch.randn(2, 32, generator=g)
+    hs, ehs, temb = (torch.randn(2, 6, 32, generator=g).to(dtype), torch.randn(2, 5, 32, generator=g).to(dtype),
+                     torch.randn(2, 32, generator=g).to(dtype))
     cos, sin = torch.randn(11, 16, generator=g), torch.randn(11, 16, generator=g)
     blk = model.transformer_blocks[0]
     with torch.no_grad():
         want = type(blk).forward(blk, hs, ehs, temb, (cos, sin))
         got = difuse.patching._flux_double_body(blk, st, hs, ehs, temb, (cos, sin), None)
         for a, b in zip(got, want):
-            assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+            assert _bits(a, b)
         sb = model.single_transformer_blocks[0]
         want = type(sb).forward(sb, hs, ehs, temb, (cos, sin))
         got = difuse.patching._flux_single_body(sb, st, hs, ehs, temb, (cos, sin), None)
         for a, b in zip(got, want):
-            assert torch.equal(a.contiguous().view(torch.int32), b.contiguous().view(torch.int32))
+            assert _bits(a, b)
     difuse.unpatch(model)
 
 
@@ -106,15 +113,17 @@ def qwen_inputs(B=1, side=4, T=5, mask=True):
                 timestep=torch.full((B,), 0.5), img_shapes=[[(1, side, side)]] * B, return_dict=False)
 
 
-def test_qwen_patch_discovers_blocks_and_its_body_composes_like_the_original():
-    model = tiny_qwen()
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_qwen_patch_discovers_blocks_and_its_body_composes_like_the_original(dtype):
+    model = tiny_qwen().to(dtype)
     rep = difuse.patch(model)
     assert rep.modules == {"blocks": 2, "norm_out": 1}
     assert set(rep.sites) == set(difuse.patching.QWEN_SITES)
     st = model._difuse_state
     blk = model.transformer_blocks[0]
     g = torch.Generator().manual_seed(5)
-    hs, ehs, temb = torch.randn(1, 16, 32, generator=g), torch.randn(1, 5, 32, generator=g), torch.randn(1, 32, generator=g)
+    hs, ehs, temb = (torch.randn(1, 16, 32, generator=g).to(dtype), torch.randn(1, 5, 32, generator=g).to(dtype),
+                     torch.randn(1, 32, generator=g).to(dtype))
     rot = model.pos_embed([[(1, 4, 4)]], max_txt_seq_len=5, device=torch.device("cpu"))
     mask = torch.tensor([[1, 1, 1, 0, 0]], dtype=torch.bool)
     with torch.no_grad():
@@ -122,26 +131,30 @@ def test_qwen_patch_discovers_blocks_and_its_body_composes_like_the_original():
             want = type(blk).forward(blk, hs, ehs, m, temb, rot)
             got = difuse.patching._qwen_block_body(blk, st, hs, ehs, m, temb, rot, None)
             for a, b in zip(got, want):
-                assert torch.equal(a.view(torch.int32), b.view(torch.int32))
-        before = model(**qwen_inputs())[0]
+                assert _bits(a, b)
+        if dtype == torch.float32:
+            before = model(**qwen_inputs())[0]
     difuse.unpatch(model)
-    with torch.no_grad():
-        after = model(**qwen_inputs())[0]
-    assert torch.equal(before.view(torch.int32), after.view(torch.int32))
+    if dtype == torch.float32:
+        with torch.no_grad():
+            after = model(**qwen_inputs())[0]
+        assert _bits(before, after)
 
 
-def test_sd3_patch_discovers_blocks_and_its_body_composes_like_the_original():
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sd3_patch_discovers_blocks_and_its_body_composes_like_the_original(dtype):
     ts = pytest.importorskip("diffusers.models.transformers.transformer_sd3")
     torch.manual_seed(0)
     model = ts.SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
                                      num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
-                                     pooled_projection_dim=8, out_channels=4, qk_norm="rms_norm")
+                                     pooled_projection_dim=8, out_channels=4, qk_norm="rms_norm").to(dtype)
     rep = difuse.patch(model)
     assert rep.modules == {"joint blocks": 2, "norm_out": 1}
     assert set(rep.sites) == set(difuse.patching.SD3_SITES)
     st = model._difuse_state
     g = torch.Generator().manual_seed(5)
-    hs, ehs, temb = torch.randn(2, 16, 16, generator=g), torch.randn(2, 7, 16, generator=g), torch.randn(2, 16, generator=g)
+    hs, ehs, temb = (torch.randn(2, 16, 16, generator=g).to(dtype), torch.randn(2, 7, 16, generator=g).to(dtype),
+                     torch.randn(2, 16, generator=g).to(dtype))
     with torch.no_grad():
         for blk in model.transformer_blocks:  # the second is the context_pre_only block
             want = type(blk).forward(blk, hs, ehs, temb)
@@ -149,5 +162,34 @@ def test_sd3_patch_discovers_blocks_and_its_body_composes_like_the_original():
             assert (got[0] is None) == (want[0] is None) == blk.context_pre_only
             for a, b in zip(got, want):
                 if a is not None:
-                    assert torch.equal(a.view(torch.int32), b.view(torch.int32))
+                    assert _bits(a, b)
+    difuse.unpatch(model)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("cross_attn_norm", [True, False])
+def test_wan_patch_discovers_blocks_and_its_body_composes_like_the_original(cross_attn_norm, dtype):
+    tw = pytest.importorskip("diffusers.models.transformers.transformer_wan")
+    torch.manual_seed(0)
+    model = tw.WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4,
+                                     out_channels=4, text_dim=16, freq_dim=16, ffn_dim=32, num_layers=2,
+                                     cross_attn_norm=cross_attn_norm, rope_max_seq_len=32).to(dtype)
+    seen = {}
+    h = model.blocks[0].register_forward_pre_hook(lambda m, a, k: seen.update(args=a, kwargs=k), with_kwargs=True)
+    g = torch.Generator().manual_seed(4)
+    with torch.no_grad():
+        model(hidden_states=torch.randn(1, 4, 3, 4, 4, generator=g).to(dtype), timestep=torch.tensor([500]),
+              encoder_hidden_states=torch.randn(1, 7, 16, generator=g).to(dtype), return_dict=False)
+    h.remove()
+    rep = difuse.patch(model)
+    assert rep.modules == {"blocks": 2}
+    assert set(rep.sites) == set(difuse.patching.WAN_SITES)
+    blk = model.blocks[0]
+    call = dict(zip(("hidden_states", "encoder_hidden_states", "temb", "rotary_emb"), seen["args"]), **seen["kwargs"])
+    with torch.no_grad():
+        want = type(blk).forward(blk, **call)
+        got = difuse.patching._wan_block_body(blk, model._difuse_state, call["hidden_states"],
+                                              call["encoder_hidden_states"], call["temb"], call["rotary_emb"])
+    ints = torch.int32 if dtype == torch.float32 else torch.int16
+    assert got.dtype == want.dtype == dtype and torch.equal(got.view(ints), want.view(ints))
     difuse.unpatch(model)
