@@ -5,6 +5,9 @@
   bench [ops]        the main job: fused ops vs eager (and peers) with floor, % of floor and speedup
   bench flux         FLUX.1-dev's whole 50-step denoising loop, eager vs patched: md5 of the latents per
                      step, step time, launches and non-GEMM time per step (difuse/e2e.py)
+  bench qwen-image|sd3|wan
+                     the same for Qwen-Image (60 layers, 50 steps), SD3.5-large (38 layers, 50 steps, batch-2
+                     CFG) and Wan 2.1 14B at 480p x 81 frames (10 of 40 layers, 10 steps, 2 calls per step)
 """
 from __future__ import annotations
 
@@ -96,17 +99,18 @@ def main(argv=None) -> int:
     c = sub.add_parser("check", help="check every op against its live eager chain on this GPU")
     c.add_argument("--op", action="append", help="only this op (repeatable)")
     c.add_argument("--seed", type=int, default=0)
+    from .e2e import MODELS, add_arguments
+
     b = sub.add_parser("bench", help="benchmark (the main job)")
-    b.add_argument("what", nargs="?", default="ops", choices=["ops", "flux", "qwen-image", "sd3", "wan"],
-                   help="ops (default) or a model's whole denoising loop, eager vs patched (flux)")
+    b.add_argument("what", nargs="?", default="ops", choices=["ops", *MODELS],
+                   help="ops (default) or a model's whole denoising loop, eager vs patched")
     b.add_argument("--out", help="write the JSON records here (models: bench/results/h200/e2e-<model>.json)")
     b.add_argument("--reps", type=int, default=200, help="timed calls per arm and shape")
-    b.add_argument("--quick", action="store_true", help="ops: three shapes per op only; models: 4 steps, 2+2 blocks")
+    b.add_argument("--quick", action="store_true",
+                   help="ops: three shapes per op only; models: 4 steps, 2+2 blocks (flux) or 2 layers")
     b.add_argument("--op", action="append", help="only this op (repeatable)")
     b.add_argument("--peer-dir", help="folder holding peer_ops.py, peer implementations to time alongside (see docs)")
-    from .e2e import add_arguments
-
-    add_arguments(b.add_argument_group("models (bench flux)"))
+    add_arguments(b.add_argument_group("models (bench flux|qwen-image|sd3|wan)"))
     args = ap.parse_args(argv)
     if args.cmd is None:
         args = ap.parse_args(["bench"] + (argv or sys.argv[1:]))

@@ -1,24 +1,46 @@
-"""End-to-end denoising benchmark (`python -m difuse bench flux`).
+"""End-to-end denoising benchmark (`python -m difuse bench flux|qwen-image|sd3|wan`).
 
 Builds a whole diffusers transformer, runs the same denoising loop twice from the same initial latents --
 eager, then with `difuse.patch(model)` -- and compares the latents after every step bit for bit (md5 of their
-raw bytes). Both arms are timed the same way: CUDA events around each step (transformer call + scheduler
+raw bytes). Both arms are timed the same way: CUDA events around each step (transformer call(s) + scheduler
 step), median over the steps, no CUDA graphs, profiler off. One extra step per arm runs under torch.profiler
-to count the GPU activities per step and split their time into GEMM / attention / other.
+to count the GPU activities per step and split their time into GEMM / attention / other. When difuse.patch
+raises NotImplementedError for the model, the run stops after the eager arm, writes nothing and exits 2.
 
-Model: FLUX.1-dev's transformer (19 double + 38 single blocks, 3072 wide, guidance-distilled) in bf16.
-Without --weights its weights are random but seeded per parameter name and drawn on the target device (no
-CPU init of 12B parameters), with a few hidden channels tens of times larger than the rest, as the residual
-stream of real DiTs has. With --weights DIR a local diffusers checkpoint is loaded instead.
+Without --weights the weights are random but seeded per parameter name and drawn on the target device (built
+on the meta device: no CPU init of billions of parameters), with a few hidden channels tens of times larger than
+the rest, as the residual stream of real DiTs has; parameters the model keeps in fp32 (_keep_in_fp32_modules)
+stay fp32, buffers keep their real values. With --weights DIR a local diffusers checkpoint is loaded instead.
+No text encoder or VAE is loaded: prompt embeds are random at the encoders' shapes. Steps are numbered from 0
+in the output (first_diff_step 0 = the latents after the first step differ).
 
-Inputs follow FluxPipeline without loading it or any text encoder: 1024x1024 -> a 16x128x128 latent packed
-into 4096 tokens of 64 channels (torch.randn on a CPU generator, seed 42, as the pipeline's randn_tensor
-draws it), 512 random text tokens of 4096 (prompt embeds) and a random 768 pooled vector, img_ids as
-(0, row, col), txt_ids zeros, guidance 3.5, FlowMatchEulerDiscreteScheduler with FLUX.1-dev's config,
-sigmas linspace(1, 1/steps) and the resolution-dependent shift mu, timestep / 1000 into the transformer.
+Models (each a ModelSpec: build_model, make_inputs, call, config), all bf16, as their pipelines run them:
+  flux        FLUX.1-dev (19 double + 38 single blocks, 3072 wide, guidance-distilled). 1024x1024 -> 4096
+              tokens of 64 (16x128x128 packed 2x2), 512 text tokens, guidance 3.5, one call per step,
+              FlowMatch-Euler with FLUX.1-dev's config, sigmas linspace(1, 1/steps), shift mu, timestep / 1000.
+  qwen-image  Qwen-Image (60 blocks, 24 x 128, joint_attention_dim 3584; 20.4B). 1024x1024 -> 4096 image
+              tokens, 512 text tokens (the all-ones prompt mask goes in as None, as encode_prompt passes it),
+              img_shapes [[(1, 64, 64)]], no negative prompt so one call per step (true CFG off), Qwen-Image's
+              scheduler config (dynamic shift to 0.9 at 8192 tokens, shift_terminal 0.02), timestep / 1000.
+  sd3         SD3.5-large (38 blocks, 38 x 64, caption_projection_dim 2432, qk_norm rms_norm; 8.1B). 1024x1024
+              -> latents [1, 16, 128, 128] -> 4096 tokens; 333 text tokens (77 CLIP zero-padded to 4096 + 256
+              T5), pooled 2048; CFG 7.0 as one batch-2 call [uncond, cond]; FlowMatch-Euler shift 3.0; the raw
+              timestep.
+  wan         Wan 2.1 T2V 14B (40 blocks, 40 x 128, ffn 13824, text_dim 4096). 480x832, 81 frames -> fp32
+              latents [1, 16, 21, 60, 104] -> 21*30*52 = 32,760 tokens; 512 umT5 tokens; CFG 5.0 as two calls
+              per step; FlowMatch-Euler shift 3.0 in place of UniPC (flow_shift 3.0) -- a documented
+              substitution, recorded in the JSON config.
 
-Steps are numbered from 0 in the output (first_diff_step 0 = the latents after the first step differ).
-Other models plug in as another ModelSpec (build_model, make_inputs, call); only flux exists so far.
+Default depth and steps (one H200 run, both arms, must stay under 8 minutes; estimates scale the measured
+FLUX step, 176 ms eager for ~125 TFLOP at 4608 tokens, by FLOPs):
+  qwen-image  60 layers, 50 steps: ~78 TFLOP per call (60 blocks of ~113M parameters per token at 4608 tokens,
+              plus attention), ~0.2 s per step -> ~20-30 s for both arms; 41 GB of weights.
+  sd3         38 layers, 50 steps: ~62 TFLOP per batch-2 call (2 x 4429 tokens), ~0.1 s per step -> ~10-15 s.
+  wan         10 of 40 layers, 10 steps: the full model is ~1.7 PFLOP per call at 32,760 tokens (half of it
+              attention), ~2.5-3.5 s per call, 2 calls per step: 50 steps x 2 arms would be ~10 minutes. At 10
+              layers: ~0.8 s per call, ~1.7 s per step -> ~35 s for both arms plus ~4 s of profiled steps.
+              `--layers 40 --steps 10` (~2.5-3 min) or `--layers 40 --steps 50` (~10+ min) for more.
+`--quick`: 4 steps, 2 + 2 blocks (flux) or 2 layers.
 
 This module imports neither torch nor diffusers at import time: the kernel-name classifier, the record
 builder and the option handling run (and are tested) without them.
@@ -41,18 +63,35 @@ from typing import Any, Callable
 
 DEFAULT_STEPS = 50
 QUICK_STEPS = 4
-QUICK_BLOCKS = (2, 2)
+QUICK_BLOCKS = (2, 2)  # flux: double, single
+QUICK_LAYERS = 2  # qwen-image, sd3, wan
 DEFAULT_OUT = "bench/results/h200/e2e-{model}{suffix}.json"
-PLANNED = ("qwen-image", "sd3", "wan")  # accepted by the CLI, answered with "not implemented yet"
+MODELS = ("flux", "qwen-image", "sd3", "wan")
+# Per-model defaults of the options (None: not an option of that model). Each fits one H200 run of both arms in
+# well under 8 minutes (module docstring: the estimates); wan runs 10 of Wan 2.1 14B's 40 blocks for 10 steps.
+MODEL_DEFAULTS = {
+    "flux": dict(steps=DEFAULT_STEPS, resolution=1024, text_tokens=512, layers=None, width=None, frames=None),
+    "qwen-image": dict(steps=DEFAULT_STEPS, resolution=1024, text_tokens=512, layers=60, width=None, frames=None),
+    "sd3": dict(steps=DEFAULT_STEPS, resolution=1024, text_tokens=333, layers=38, width=None, frames=None),
+    "wan": dict(steps=10, resolution=480, text_tokens=512, layers=10, width=832, frames=81),
+}
+MODEL_LAYERS = {"qwen-image": 60, "sd3": 38, "wan": 40}  # the released models' depth (the record says both)
+SD3_CLIP_TOKENS = 77  # SD3's prompt embeds: 77 CLIP tokens, then max_sequence_length T5 tokens (256 by default)
 
 
 def add_arguments(p) -> None:
     """The end-to-end options, added to the `bench` sub-parser next to its --out and --quick."""
-    p.add_argument("--steps", type=int, help="denoising steps (default %d; --quick: %d)" % (DEFAULT_STEPS, QUICK_STEPS))
-    p.add_argument("--resolution", type=int, default=1024, help="image side in pixels (default 1024)")
-    p.add_argument("--text-tokens", type=int, default=512, help="text tokens (default 512)")
-    p.add_argument("--double-blocks", type=int, help="double-stream blocks (default: the model's; --quick: 2)")
-    p.add_argument("--single-blocks", type=int, help="single-stream blocks (default: the model's; --quick: 2)")
+    p.add_argument("--steps", type=int, help="denoising steps (default %d, wan 10; --quick: %d)" % (DEFAULT_STEPS,
+                                                                                                  QUICK_STEPS))
+    p.add_argument("--resolution", type=int, help="image side in pixels (default 1024); wan: video height (480)")
+    p.add_argument("--width", type=int, help="wan: video width in pixels (default 832)")
+    p.add_argument("--frames", type=int, help="wan: video frames, 4k+1 (default 81)")
+    p.add_argument("--text-tokens", type=int, help="text tokens (default 512; sd3: 333 = 77 CLIP + 256 T5)")
+    p.add_argument("--layers", type=int, help="qwen-image / sd3 / wan: transformer blocks (default: qwen-image 60, "
+                   "sd3 38, wan 10 of 40; --quick: 2)")
+    p.add_argument("--double-blocks", type=int, help="flux: double-stream blocks (default 19; --quick: 2); "
+                   "qwen-image / sd3: same as --layers")
+    p.add_argument("--single-blocks", type=int, help="flux: single-stream blocks (default 38; --quick: 2)")
     p.add_argument("--weights", metavar="DIR", help="a local diffusers checkpoint instead of seeded random weights")
     p.add_argument("--seed", type=int, default=42, help="latents, text inputs and random weights (default 42)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (no timing worth reading; for tests)")
@@ -73,6 +112,9 @@ class Options:
     quick: bool
     command: str
     overrides: dict = field(default_factory=dict)  # model config overrides (tests build tiny models with these)
+    layers: int | None = None  # qwen-image, sd3, wan: blocks
+    width: int | None = None  # wan: video width (resolution is its height)
+    frames: int | None = None  # wan: video frames
 
 
 def command_line(argv) -> str:
@@ -80,24 +122,83 @@ def command_line(argv) -> str:
     return " ".join(["python", "-m", "difuse"] + [shlex.quote(a) for a in argv])
 
 
+def wan_latent_shape(height: int, width: int, frames: int, channels: int = 16) -> tuple:
+    """WanPipeline.prepare_latents' shape for one video: [1, C, (frames - 1) // 4 + 1, height // 8, width // 8]
+    (VAE: 4x in time, 8x in space)."""
+    return (1, channels, (frames - 1) // 4 + 1, height // VAE_SCALE, width // VAE_SCALE)
+
+
+def wan_tokens(height: int, width: int, frames: int, patch=(1, 2, 2)) -> int:
+    """The transformer's sequence length for that latent: one token per (1, 2, 2) patch."""
+    _, _, f, h, w = wan_latent_shape(height, width, frames)
+    return (f // patch[0]) * (h // patch[1]) * (w // patch[2])
+
+
+def _opt(args, name):
+    return getattr(args, name, None)
+
+
 def resolve_options(args) -> Options:
-    """Parsed arguments -> Options, applying --quick's smaller defaults and the default --out path."""
+    """Parsed arguments -> Options: the model's defaults, --quick's smaller ones, the default --out path; a
+    ValueError for an option the model does not take or a value it cannot run."""
+    model = args.what
+    if model not in MODEL_DEFAULTS:
+        raise ValueError("unknown model %r (models: %s)" % (model, ", ".join(MODELS)))
+    d = MODEL_DEFAULTS[model]
     quick = bool(getattr(args, "quick", False))
-    steps = args.steps if args.steps is not None else (QUICK_STEPS if quick else DEFAULT_STEPS)
-    double = args.double_blocks if args.double_blocks is not None else (QUICK_BLOCKS[0] if quick else None)
-    single = args.single_blocks if args.single_blocks is not None else (QUICK_BLOCKS[1] if quick else None)
-    for name, v in (("--steps", steps), ("--double-blocks", double), ("--single-blocks", single)):
+    steps = args.steps if args.steps is not None else (QUICK_STEPS if quick else d["steps"])
+    layers, double, single = _opt(args, "layers"), _opt(args, "double_blocks"), _opt(args, "single_blocks")
+    if model == "flux":
+        if layers is not None:
+            raise ValueError("flux has double- and single-stream blocks: --double-blocks / --single-blocks, "
+                             "not --layers")
+        double = double if double is not None else (QUICK_BLOCKS[0] if quick else None)
+        single = single if single is not None else (QUICK_BLOCKS[1] if quick else None)
+    else:
+        if single is not None:
+            raise ValueError("%s has one stack of blocks: --layers N (--single-blocks is FLUX's)" % model)
+        if double is not None:
+            if model == "wan":
+                raise ValueError("wan's blocks are not double-stream: --layers N (--double-blocks is FLUX's)")
+            if layers is not None and layers != double:
+                raise ValueError("--layers %d and --double-blocks %d disagree (for %s they are the same thing)"
+                                 % (layers, double, model))
+            layers = double
+        if layers is None:
+            layers = QUICK_LAYERS if quick else d["layers"]
+        double = single = None
+    for name, v in (("--steps", steps), ("--double-blocks", double), ("--single-blocks", single),
+                    ("--layers", layers)):
         if v is not None and v < (1 if name == "--steps" else 0):
             raise ValueError("%s must be %s, not %d" % (name, "at least 1" if name == "--steps" else ">= 0", v))
-    if args.resolution % 16:
-        raise ValueError("--resolution must be a multiple of 16 (VAE factor 8, 2x2 packing), not %d" % args.resolution)
-    out = getattr(args, "out", None) or DEFAULT_OUT.format(model=args.what, suffix="-quick" if quick else "")
+    resolution = args.resolution if args.resolution is not None else d["resolution"]
+    width, frames = _opt(args, "width"), _opt(args, "frames")
+    if model != "wan":
+        for name, v in (("--width", width), ("--frames", frames)):
+            if v is not None:
+                raise ValueError("%s is wan's (video) option; %s images are square: --resolution" % (name, model))
+    else:
+        width = width if width is not None else d["width"]
+        frames = frames if frames is not None else d["frames"]
+        if frames < 1 or (frames - 1) % 4:
+            raise ValueError("--frames must be 4k+1 (the VAE packs 4 frames after the first), not %d" % frames)
+    what = "--resolution" if model != "wan" else "--resolution (height)"
+    for name, v in ((what, resolution), ("--width", width)):
+        if v is not None and (v < 16 or v % 16):
+            raise ValueError("%s must be a multiple of 16 (VAE factor 8, 2x2 patches), not %d" % (name, v))
+    text_tokens = args.text_tokens if args.text_tokens is not None else d["text_tokens"]
+    low = SD3_CLIP_TOKENS + 1 if model == "sd3" else 1
+    if text_tokens < low:
+        raise ValueError("--text-tokens must be at least %d%s, not %d" % (
+            low, " (77 CLIP tokens + at least one T5 token)" if model == "sd3" else "", text_tokens))
+    out = getattr(args, "out", None) or DEFAULT_OUT.format(model=model, suffix="-quick" if quick else "")
     argv = getattr(args, "argv", None)
-    return Options(model=args.what, steps=steps, resolution=args.resolution, text_tokens=args.text_tokens,
+    return Options(model=model, steps=steps, resolution=resolution, text_tokens=text_tokens,
                    double_blocks=double, single_blocks=single, weights=args.weights, seed=args.seed,
                    device=args.device, out=out, quick=quick,
                    command=command_line(argv if argv is not None else sys.argv[1:]),
-                   overrides=dict(getattr(args, "model_overrides", None) or {}))
+                   overrides=dict(getattr(args, "model_overrides", None) or {}),
+                   layers=layers, width=width, frames=frames)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -315,9 +416,9 @@ def plot_split(rec: dict, path: str) -> str | None:
         ax.set_ylabel(ylabel)
         ax.legend(loc="lower right", fontsize=8)
     cfg = rec["config"]
-    fig.suptitle("%s %dx%d, %d+%d blocks, %d steps: step median eager %.1f ms, difuse %.1f ms (%.3fx)" % (
-        rec["model"], cfg["resolution"], cfg["resolution"], cfg["double_blocks"], cfg["single_blocks"],
-        rec["steps"], rec["eager_ms"], rec["difuse_ms"], rec.get("speedup") or float("nan")), fontsize=10)
+    fig.suptitle("%s %s, %s, %d steps: step median eager %.1f ms, difuse %.1f ms (%.3fx)" % (
+        rec["model"], shape_text(cfg), depth_text(cfg), rec["steps"], rec["eager_ms"], rec["difuse_ms"],
+        rec.get("speedup") or float("nan")), fontsize=10)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -336,6 +437,7 @@ class Inputs:
     cond: dict
     new_scheduler: Callable[[int], tuple]  # steps -> (scheduler, timesteps)
     info: dict
+    extra: dict = field(default_factory=dict)  # what the call needs besides the model kwargs (CFG inputs, scale)
 
 
 @dataclass
@@ -373,11 +475,13 @@ def outlier_channels(width: int, seed: int) -> list:
     return sorted(random.Random("difuse-outliers:%d" % seed).sample(range(width), min(len(OUTLIER_SCALES), width)))
 
 
-def init_weights_(model, seed: int, outliers: bool = True) -> None:
-    """Fill every parameter in place on its own device from a generator seeded by (seed, parameter name):
-    weights N(0, 1/fan_in), biases N(0, 0.02^2), 1-D weights (norm scales) N(1, 0.05^2); then scale the
-    outlier channels' output rows of the residual-stream writers (RESIDUAL_WRITERS: the embedders, each
-    block's output projections; not the model's final proj_out, which writes latent channels)."""
+def init_weights_(model, seed: int, outliers: bool = True, writers=RESIDUAL_WRITERS, width: int | None = None) -> None:
+    """Fill every parameter in place on its own device (and in its own dtype) from a generator seeded by (seed,
+    parameter name): weights N(0, 1/fan_in), biases N(0, 0.02^2), 1-D weights (norm scales) N(1, 0.05^2); then
+    scale the outlier channels' output rows of the residual-stream writers (`writers`, default FLUX's
+    RESIDUAL_WRITERS: the embedders, each block's output projections; a Linear's or a Conv's output channels;
+    not the model's final proj_out, which writes latent channels). `width`: the residual stream's (default
+    model.inner_dim)."""
     import torch
 
     with torch.no_grad():
@@ -391,14 +495,14 @@ def init_weights_(model, seed: int, outliers: bool = True) -> None:
                 p.normal_(0.0, (p[0].numel()) ** -0.5, generator=g)
         if not outliers:
             return
-        width = getattr(model, "inner_dim", None)
+        width = width if width is not None else getattr(model, "inner_dim", None)
         if width is None:
             return
         chans = outlier_channels(width, seed)
         for mname, mod in model.named_modules():
-            if not any(mname == w or mname.endswith("." + w) for w in RESIDUAL_WRITERS):
+            if not any(mname == w or mname.endswith("." + w) for w in writers):
                 continue
-            if getattr(mod, "out_features", None) != width:
+            if getattr(mod, "out_features", getattr(mod, "out_channels", None)) != width:
                 continue  # the final proj_out writes the latent channels, not the residual stream
             for c, s in zip(chans, OUTLIER_SCALES):
                 mod.weight[c].mul_(s)
@@ -561,6 +665,503 @@ def _flux_config(model, inputs: Inputs, opts: Options) -> dict:
 FLUX = ModelSpec(name="flux", title="FLUX.1-dev", build_model=_flux_build, make_inputs=_flux_make_inputs,
                  call=flux_call, config=_flux_config)
 SPECS = {"flux": FLUX}
+
+
+# ----------------------------------------------------------------------------------------------------------
+# Qwen-Image, SD3.5-large, Wan 2.1 14B: one stack of blocks each, built the same way
+
+
+def _keep_fp32(name: str, keep) -> bool:
+    """from_pretrained's rule for _keep_in_fp32_modules: a module name among the dotted name's parts."""
+    parts = name.split(".")
+    return any(k in parts for k in keep or ())
+
+
+def _tensor_attrs(mod) -> dict:
+    """Plain tensor attributes (neither parameters nor buffers), e.g. QwenEmbedRope's pos_freqs."""
+    import torch
+
+    return {k: v for k, v in vars(mod).items() if isinstance(v, torch.Tensor)}
+
+
+def build_transformer(cls, cfg: dict, seed: int, device, dtype, outliers: bool = True, writers=(),
+                      width: int | None = None, blocks_key: str = "num_layers"):
+    """A diffusers transformer with seeded random weights, built on the meta device and materialized directly
+    on `device`: parameters in `dtype`, except those from_pretrained keeps in fp32 (cls._keep_in_fp32_modules,
+    e.g. Wan's scale_shift_table, time_embedder, norm2); buffers and plain tensor attributes (SD3's sin-cos
+    pos_embed, Wan's RoPE tables, Qwen's RoPE frequencies) carry their real values, taken from a block-less twin
+    built on the CPU (persistent floating buffers in `dtype` as a checkpoint would give them, the others as
+    constructed). Then init_weights_ (outlier channels in `writers`); eval mode, gradients off."""
+    import torch
+    from diffusers.models.modeling_utils import no_init_weights
+
+    with torch.device("meta"):
+        model = cls(**cfg)
+    keep = getattr(cls, "_keep_in_fp32_modules", None) or []
+    needs_twin = any(True for _ in model.buffers()) or any(_tensor_attrs(m) for m in model.modules())
+    twin = None
+    if needs_twin:
+        with no_init_weights(), torch.device("cpu"):
+            twin = cls(**dict(cfg, **{blocks_key: 0}))
+        twin_mods = dict(twin.named_modules())
+    for mname, mod in model.named_modules():
+        for k, p in list(mod._parameters.items()):
+            if p is None:
+                continue
+            full = "%s.%s" % (mname, k) if mname else k
+            dt = torch.float32 if (p.is_floating_point() and _keep_fp32(full, keep)) else (
+                dtype if p.is_floating_point() else p.dtype)
+            mod._parameters[k] = torch.nn.Parameter(torch.empty(p.shape, device=device, dtype=dt),
+                                                    requires_grad=False)
+        if not needs_twin:
+            continue
+        attrs = _tensor_attrs(mod)
+        if not mod._buffers and not attrs:
+            continue
+        src = twin_mods.get(mname)
+        if src is None:
+            raise RuntimeError("%s: buffers / tensors of %s are not in the block-less twin" % (cls.__name__, mname))
+        for k, b in list(mod._buffers.items()):
+            if b is None:
+                continue
+            v = src._buffers[k]
+            full = "%s.%s" % (mname, k) if mname else k
+            if v.is_floating_point() and k not in mod._non_persistent_buffers_set:
+                v = v.to(torch.float32 if _keep_fp32(full, keep) else dtype)
+            mod._buffers[k] = v.to(device)
+        for k in attrs:
+            setattr(mod, k, getattr(src, k))  # stays where the constructor made it, as from_pretrained leaves it
+    init_weights_(model, seed, outliers, writers=writers, width=width)
+    return model.eval().requires_grad_(False)
+
+
+def apply_dtype_policy_(model, dtype) -> None:
+    """from_pretrained(torch_dtype=dtype)'s result whatever the loading path: floating parameters and persistent
+    buffers in dtype, those of _keep_in_fp32_modules in fp32, non-persistent buffers untouched."""
+    import torch
+
+    keep = getattr(type(model), "_keep_in_fp32_modules", None) or []
+    with torch.no_grad():
+        for mname, mod in model.named_modules():
+            for k, p in mod._parameters.items():
+                full = "%s.%s" % (mname, k) if mname else k
+                if p is not None and p.is_floating_point():
+                    p.data = p.data.to(torch.float32 if _keep_fp32(full, keep) else dtype)
+            for k, b in list(mod._buffers.items()):
+                full = "%s.%s" % (mname, k) if mname else k
+                if b is not None and b.is_floating_point() and k not in mod._non_persistent_buffers_set:
+                    mod._buffers[k] = b.to(torch.float32 if _keep_fp32(full, keep) else dtype)
+
+
+def load_transformer(cls, weights: str, device, dtype, layers: int | None, blocks_attr: str):
+    """A local diffusers checkpoint (its transformer/ subfolder when there is one), truncated to `layers` blocks."""
+    sub = "transformer" if os.path.isdir(os.path.join(weights, "transformer")) else None
+    model = cls.from_pretrained(weights, subfolder=sub, torch_dtype=dtype)
+    if layers is not None:
+        setattr(model, blocks_attr, getattr(model, blocks_attr)[:layers])
+    apply_dtype_policy_(model, dtype)
+    return model.to(device).eval().requires_grad_(False)
+
+
+def _weights_text(opts: Options) -> str:
+    return opts.weights or "random(seed=%d, outlier channels x%s)" % (
+        opts.seed, "/".join("%g" % s for s in OUTLIER_SCALES))
+
+
+def model_config(model: str, *, layers: int, info: dict, hidden: int, weights: str, extra: dict | None = None) -> dict:
+    """The record's config block of a one-stack model: layers, image_tokens, text_tokens, resolution (wan: its
+    height, plus width and frames), then the model's own (hidden, model_layers, guidance, scheduler, ...)."""
+    cfg = dict(layers=int(layers), image_tokens=int(info["image_tokens"]), text_tokens=int(info["text_tokens"]),
+               resolution=int(info["resolution"]))
+    if model == "wan":
+        cfg.update(frames=int(info["frames"]), width=int(info["width"]), height=int(info["resolution"]))
+    cfg.update(hidden=int(hidden), model_layers=MODEL_LAYERS.get(model))
+    if cfg["model_layers"] and layers < cfg["model_layers"]:
+        cfg["reduced"] = "%d of the model's %d blocks" % (layers, cfg["model_layers"])
+    for k, v in info.items():
+        cfg.setdefault(k, v)
+    cfg.update(extra or {})
+    cfg["weights"] = weights
+    return cfg
+
+
+def depth_text(cfg: dict) -> str:
+    """'19 double + 38 single blocks' (flux) or '10 of 40 layers' / '60 layers'."""
+    if "double_blocks" in cfg:
+        return "%d double + %d single blocks" % (cfg["double_blocks"], cfg["single_blocks"])
+    full = cfg.get("model_layers")
+    if full and full != cfg["layers"]:
+        return "%d of %d layers" % (cfg["layers"], full)
+    return "%d layers" % cfg["layers"]
+
+
+def shape_text(cfg: dict) -> str:
+    """'1024x1024' or '480x832, 81 frames'."""
+    if "frames" in cfg:
+        return "%dx%d, %d frames" % (cfg["height"], cfg["width"], cfg["frames"])
+    return "%dx%d" % (cfg["resolution"], cfg["resolution"])
+
+
+def _cfg_dict(config):
+    cfg = getattr(config, "config", config)
+    return (lambda k: cfg[k]) if isinstance(cfg, dict) else (lambda k: getattr(cfg, k))
+
+
+def _scheduler_from(weights: str | None, default: dict):
+    """FlowMatchEulerDiscreteScheduler from the checkpoint's scheduler/ when it has one, else from `default`."""
+    from diffusers import FlowMatchEulerDiscreteScheduler
+
+    if weights and os.path.isfile(os.path.join(weights, "scheduler", "scheduler_config.json")):
+        return FlowMatchEulerDiscreteScheduler.from_pretrained(weights, subfolder="scheduler")
+    return FlowMatchEulerDiscreteScheduler(**default)
+
+
+# ---- Qwen-Image (Qwen/Qwen-Image: transformer/config.json = the class defaults, scheduler/scheduler_config.json)
+
+QWEN_IMAGE_CONFIG = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
+                         num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False,
+                         axes_dims_rope=(16, 56, 56))
+QWEN_IMAGE_SCHEDULER = dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True, base_shift=0.5,
+                            max_shift=0.9, base_image_seq_len=256, max_image_seq_len=8192, shift_terminal=0.02,
+                            time_shift_type="exponential", invert_sigmas=False, stochastic_sampling=False,
+                            use_karras_sigmas=False, use_exponential_sigmas=False, use_beta_sigmas=False)
+QWEN_WRITERS = ("img_in", "txt_in", "attn.to_out.0", "attn.to_add_out", "img_mlp.net.2", "txt_mlp.net.2")
+QWEN_TRUE_CFG = 4.0  # QwenImagePipeline's default true_cfg_scale: inactive without a negative prompt
+
+
+def qwen_image_config(layers: int | None = None, **overrides) -> dict:
+    cfg = dict(QWEN_IMAGE_CONFIG)
+    cfg.update(overrides)
+    if layers is not None:
+        cfg["num_layers"] = layers
+    return cfg
+
+
+def build_qwen_image(layers: int = 60, seed: int = 42, device="cuda", dtype=None, outliers: bool = True,
+                     **config_overrides):
+    import torch
+    from diffusers import QwenImageTransformer2DModel
+
+    return build_transformer(QwenImageTransformer2DModel, qwen_image_config(layers, **config_overrides), seed,
+                             device, dtype or torch.bfloat16, outliers, QWEN_WRITERS)
+
+
+def qwen_image_inputs(config, resolution: int = 1024, text_tokens: int = 512, seed: int = 42, device="cuda",
+                      dtype=None, weights: str | None = None, scheduler_config: dict | None = None,
+                      valid_text_tokens: int | None = None) -> Inputs:
+    """The inputs of QwenImagePipeline(height=width=resolution, generator=torch.Generator("cpu").manual_seed(seed))
+    with random prompt embeds (text_tokens of joint_attention_dim, as Qwen2.5-VL's last hidden states) and no
+    negative prompt: latents drawn as [1, 1, C, h, w] and packed 2x2 into tokens, img_shapes [[(1, h/2, w/2)]],
+    the prompt mask dropped when it is all ones (encode_prompt's rule; one prompt never has padding, so None),
+    sigmas linspace(1, 1/steps) with mu for the token count under Qwen-Image's scheduler config (max_shift 0.9 at
+    8192 tokens, shift_terminal 0.02), timestep / 1000 into the transformer, one call per step."""
+    import torch
+
+    dtype = dtype or torch.bfloat16
+    get = _cfg_dict(config)
+    side = 2 * (resolution // (VAE_SCALE * 2))
+    channels = get("in_channels") // 4
+    g = torch.Generator("cpu").manual_seed(seed)
+    noise = torch.randn(1, 1, channels, side, side, generator=g, dtype=dtype)  # prepare_latents' shape
+    latents = pack_latents(noise[:, 0]).to(device)
+    gt = torch.Generator("cpu").manual_seed(seed + 1)
+    prompt = torch.randn(1, text_tokens, get("joint_attention_dim"), generator=gt).to(device=device, dtype=dtype)
+    valid = text_tokens if valid_text_tokens is None else valid_text_tokens
+    mask = (torch.arange(text_tokens) < valid).long()[None]
+    mask = None if mask.all() else mask.to(device)  # QwenImagePipeline.encode_prompt: all ones go in as None
+    img_shapes = [[(1, side // 2, side // 2)]]
+    cond = dict(encoder_hidden_states=prompt, encoder_hidden_states_mask=mask, img_shapes=img_shapes,
+                guidance=None, attention_kwargs={})
+    image_tokens = latents.shape[1]
+    info = dict(image_tokens=image_tokens, text_tokens=text_tokens, resolution=resolution)
+    return Inputs(latents=latents, cond=cond, info=info,
+                  new_scheduler=_flux_scheduler_factory(scheduler_config or QWEN_IMAGE_SCHEDULER, weights,
+                                                        image_tokens, device))
+
+
+def qwen_image_call(model, latents, t, inputs: Inputs):
+    """One transformer call as QwenImagePipeline makes it without CFG (timestep in the latents' dtype, / 1000)."""
+    timestep = t.expand(latents.shape[0]).to(latents.dtype)
+    return model(hidden_states=latents, timestep=timestep / 1000, return_dict=False, **inputs.cond)[0]
+
+
+def _qwen_build(opts: Options):
+    import torch
+    from diffusers import QwenImageTransformer2DModel
+
+    if opts.weights:
+        return load_transformer(QwenImageTransformer2DModel, opts.weights, opts.device, torch.bfloat16, opts.layers,
+                                "transformer_blocks")
+    return build_qwen_image(opts.layers, opts.seed, opts.device, torch.bfloat16, **opts.overrides)
+
+
+def _qwen_make_inputs(model, opts: Options) -> Inputs:
+    import torch
+
+    return qwen_image_inputs(model, opts.resolution, opts.text_tokens, opts.seed, opts.device, torch.bfloat16,
+                             weights=opts.weights)
+
+
+def _qwen_config(model, inputs: Inputs, opts: Options) -> dict:
+    mask = inputs.cond.get("encoder_hidden_states_mask")
+    return model_config("qwen-image", layers=len(model.transformer_blocks), info=inputs.info,
+                        hidden=int(model.inner_dim), weights=_weights_text(opts), extra=dict(
+                            batch=1, calls_per_step=1,
+                            cfg="none: the pipeline's true_cfg_scale %g needs a negative prompt; none given, one call "
+                                "per step" % QWEN_TRUE_CFG,
+                            text_mask="all ones -> None (QwenImagePipeline.encode_prompt)" if mask is None else
+                            "%d of %d tokens" % (int(mask.sum()), mask.shape[1]),
+                            scheduler="FlowMatchEulerDiscreteScheduler, Qwen-Image's config (dynamic shift, "
+                                      "max_shift 0.9 at 8192 tokens, shift_terminal 0.02)"))
+
+
+QWEN_IMAGE = ModelSpec(name="qwen-image", title="Qwen-Image", build_model=_qwen_build,
+                       make_inputs=_qwen_make_inputs, call=qwen_image_call, config=_qwen_config)
+
+
+# ---- SD3.5-large (stabilityai/stable-diffusion-3.5-large: transformer/ and scheduler/ configs)
+
+SD35_LARGE_CONFIG = dict(sample_size=128, patch_size=2, in_channels=16, num_layers=38, attention_head_dim=64,
+                         num_attention_heads=38, joint_attention_dim=4096, caption_projection_dim=2432,
+                         pooled_projection_dim=2048, out_channels=16, pos_embed_max_size=192, qk_norm="rms_norm")
+SD35_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0)
+SD3_GUIDANCE = 7.0  # StableDiffusion3Pipeline's default guidance_scale
+SD3_WRITERS = ("pos_embed.proj", "context_embedder", "attn.to_out.0", "attn.to_add_out", "ff.net.2",
+               "ff_context.net.2")
+
+
+def sd3_config(layers: int | None = None, **overrides) -> dict:
+    cfg = dict(SD35_LARGE_CONFIG)
+    cfg.update(overrides)
+    if layers is not None:
+        cfg["num_layers"] = layers
+    return cfg
+
+
+def build_sd3(layers: int = 38, seed: int = 42, device="cuda", dtype=None, outliers: bool = True,
+              **config_overrides):
+    import torch
+    from diffusers import SD3Transformer2DModel
+
+    return build_transformer(SD3Transformer2DModel, sd3_config(layers, **config_overrides), seed, device,
+                             dtype or torch.bfloat16, outliers, SD3_WRITERS)
+
+
+def sd3_inputs(config, resolution: int = 1024, text_tokens: int = 333, seed: int = 42, device="cuda", dtype=None,
+               guidance: float = SD3_GUIDANCE, weights: str | None = None,
+               scheduler_config: dict | None = None) -> Inputs:
+    """The inputs of StableDiffusion3Pipeline(height=width=resolution, guidance_scale, generator=
+    torch.Generator("cpu").manual_seed(seed)) with random text embeds: latents [1, C, H/8, W/8]; prompt embeds as
+    encode_prompt lays them out, 77 CLIP tokens (pooled_projection_dim wide, zero-padded to joint_attention_dim)
+    then text_tokens - 77 T5 tokens, and the pooled vector; CFG as the pipeline does it (negative prompt "" is
+    its default): one batch-2 call per step on [uncond, cond] embeds and cat([latents] * 2), the raw timestep (no
+    / 1000); FlowMatchEulerDiscreteScheduler with the SD3.5 config (shift 3.0, no dynamic shift)."""
+    import torch
+
+    dtype = dtype or torch.bfloat16
+    get = _cfg_dict(config)
+    side = resolution // VAE_SCALE
+    g = torch.Generator("cpu").manual_seed(seed)
+    latents = torch.randn(1, get("in_channels"), side, side, generator=g, dtype=dtype).to(device)
+    gt = torch.Generator("cpu").manual_seed(seed + 1)
+    jdim, pdim = get("joint_attention_dim"), get("pooled_projection_dim")
+    t5 = text_tokens - SD3_CLIP_TOKENS
+
+    def embeds():
+        clip = torch.randn(1, SD3_CLIP_TOKENS, min(pdim, jdim), generator=gt)
+        clip = torch.nn.functional.pad(clip, (0, jdim - clip.shape[-1]))
+        return torch.cat([clip, torch.randn(1, t5, jdim, generator=gt)], dim=1), torch.randn(1, pdim, generator=gt)
+
+    cond_pe, cond_pooled = embeds()
+    neg_pe, neg_pooled = embeds()
+    prompt = torch.cat([neg_pe, cond_pe]).to(device=device, dtype=dtype)  # [uncond, cond], as the pipeline
+    pooled = torch.cat([neg_pooled, cond_pooled]).to(device=device, dtype=dtype)
+    cond = dict(encoder_hidden_states=prompt, pooled_projections=pooled, joint_attention_kwargs=None)
+    patch = get("patch_size")
+    image_tokens = (side // patch) ** 2
+    info = dict(image_tokens=image_tokens, text_tokens=text_tokens, resolution=resolution)
+
+    def new_scheduler(steps: int):
+        sched = _scheduler_from(weights, scheduler_config or SD35_SCHEDULER)
+        kw = {}
+        if sched.config.get("use_dynamic_shifting", None):
+            c = sched.config
+            kw["mu"] = calculate_shift(image_tokens, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
+                                       c.get("base_shift", 0.5), c.get("max_shift", 1.16))
+        sched.set_timesteps(steps, device=device, **kw)
+        return sched, sched.timesteps
+
+    return Inputs(latents=latents, cond=cond, info=info, new_scheduler=new_scheduler,
+                  extra=dict(guidance=guidance, clip_tokens=SD3_CLIP_TOKENS, t5_tokens=t5))
+
+
+def sd3_call(model, latents, t, inputs: Inputs):
+    """One CFG step as StableDiffusion3Pipeline takes it: a batch-2 call on cat([latents] * 2) with the raw
+    timestep, then uncond + guidance * (cond - uncond)."""
+    import torch
+
+    x = torch.cat([latents] * 2)
+    noise = model(hidden_states=x, timestep=t.expand(x.shape[0]), return_dict=False, **inputs.cond)[0]
+    uncond, text = noise.chunk(2)
+    return uncond + inputs.extra["guidance"] * (text - uncond)
+
+
+def _sd3_build(opts: Options):
+    import torch
+    from diffusers import SD3Transformer2DModel
+
+    if opts.weights:
+        return load_transformer(SD3Transformer2DModel, opts.weights, opts.device, torch.bfloat16, opts.layers,
+                                "transformer_blocks")
+    return build_sd3(opts.layers, opts.seed, opts.device, torch.bfloat16, **opts.overrides)
+
+
+def _sd3_make_inputs(model, opts: Options) -> Inputs:
+    import torch
+
+    return sd3_inputs(model, opts.resolution, opts.text_tokens, opts.seed, opts.device, torch.bfloat16,
+                      weights=opts.weights)
+
+
+def _sd3_config(model, inputs: Inputs, opts: Options) -> dict:
+    return model_config("sd3", layers=len(model.transformer_blocks), info=inputs.info, hidden=int(model.inner_dim),
+                        weights=_weights_text(opts), extra=dict(
+                            batch=2, calls_per_step=1, guidance=inputs.extra["guidance"],
+                            cfg="batch 2 [uncond, cond] in one call per step (StableDiffusion3Pipeline)",
+                            clip_tokens=inputs.extra["clip_tokens"], t5_tokens=inputs.extra["t5_tokens"],
+                            scheduler="FlowMatchEulerDiscreteScheduler, SD3.5's config (shift 3.0)"))
+
+
+SD3 = ModelSpec(name="sd3", title="SD3.5-large", build_model=_sd3_build, make_inputs=_sd3_make_inputs,
+                call=sd3_call, config=_sd3_config)
+
+
+# ---- Wan 2.1 T2V 14B (Wan-AI/Wan2.1-T2V-14B-Diffusers: transformer/config.json = the class defaults)
+
+WAN21_14B_CONFIG = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
+                        out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40,
+                        cross_attn_norm=True, qk_norm="rms_norm_across_heads", eps=1e-6, image_dim=None,
+                        added_kv_proj_dim=None, rope_max_seq_len=1024)
+WAN_FLOW_SHIFT = 3.0  # 480p (5.0 is the 720p value)
+WAN_GUIDANCE = 5.0  # WanPipeline's default guidance_scale
+WAN_WRITERS = ("patch_embedding", "attn1.to_out.0", "attn2.to_out.0", "ffn.net.2")
+WAN_SCHEDULER_NOTE = ("FlowMatchEulerDiscreteScheduler(shift=%g) in place of the pipeline's UniPCMultistepScheduler"
+                      "(flow_shift=%g): documented substitution (first-order Euler steps over FlowMatchEuler's shifted "
+                      "sigmas, where UniPC is multistep and spaces its flow sigmas slightly differently; the noise "
+                      "prediction is upcast so the latents stay fp32 as UniPC keeps them)")
+
+
+def wan_config(layers: int | None = None, **overrides) -> dict:
+    cfg = dict(WAN21_14B_CONFIG)
+    cfg.update(overrides)
+    if layers is not None:
+        cfg["num_layers"] = layers
+    return cfg
+
+
+def build_wan(layers: int = 40, seed: int = 42, device="cuda", dtype=None, outliers: bool = True,
+              **config_overrides):
+    """Wan 2.1's WanTransformer3DModel; scale_shift_table, the time embedder and the norm2 layers in fp32
+    (_keep_in_fp32_modules), as from_pretrained(torch_dtype=bf16) gives them."""
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    cfg = wan_config(layers, **config_overrides)
+    return build_transformer(WanTransformer3DModel, cfg, seed, device, dtype or torch.bfloat16, outliers,
+                             WAN_WRITERS, width=cfg["num_attention_heads"] * cfg["attention_head_dim"])
+
+
+def _wan_flow_shift(weights: str | None) -> float:
+    path = os.path.join(weights or "", "scheduler", "scheduler_config.json")
+    if weights and os.path.isfile(path):
+        with open(path) as f:
+            c = json.load(f)
+        return float(c.get("flow_shift", c.get("shift", WAN_FLOW_SHIFT)))
+    return WAN_FLOW_SHIFT
+
+
+def wan_inputs(config, height: int = 480, width: int = 832, frames: int = 81, text_tokens: int = 512, seed: int = 42,
+               device="cuda", dtype=None, guidance: float = WAN_GUIDANCE, weights: str | None = None,
+               flow_shift: float | None = None) -> Inputs:
+    """The inputs of WanPipeline(height, width, num_frames=frames, guidance_scale, generator=
+    torch.Generator("cpu").manual_seed(seed)) with random umT5 embeds [1, text_tokens, text_dim] for the prompt
+    and for the negative prompt ("" by default): fp32 latents [1, C, (frames - 1) // 4 + 1, H/8, W/8], cast to the
+    transformer's dtype for each call, the raw timestep (no / 1000), two calls per step (cond, then uncond) and
+    uncond + guidance * (cond - uncond); FlowMatchEulerDiscreteScheduler with the flow shift (WAN_SCHEDULER_NOTE)."""
+    import torch
+
+    dtype = dtype or torch.bfloat16
+    get = _cfg_dict(config)
+    shape = wan_latent_shape(height, width, frames, get("in_channels"))
+    g = torch.Generator("cpu").manual_seed(seed)
+    latents = torch.randn(*shape, generator=g, dtype=torch.float32).to(device)  # the pipeline draws fp32
+    gt = torch.Generator("cpu").manual_seed(seed + 1)
+    prompt = torch.randn(1, text_tokens, get("text_dim"), generator=gt).to(device=device, dtype=dtype)
+    negative = torch.randn(1, text_tokens, get("text_dim"), generator=gt).to(device=device, dtype=dtype)
+    pt, ph, pw = get("patch_size")
+    image_tokens = (shape[2] // pt) * (shape[3] // ph) * (shape[4] // pw)
+    shift = flow_shift if flow_shift is not None else _wan_flow_shift(weights)
+    info = dict(image_tokens=image_tokens, text_tokens=text_tokens, resolution=height, width=width, frames=frames,
+                latent_shape=list(shape))
+
+    def new_scheduler(steps: int):
+        from diffusers import FlowMatchEulerDiscreteScheduler
+
+        sched = FlowMatchEulerDiscreteScheduler(num_train_timesteps=1000, shift=shift)
+        sched.set_timesteps(steps, device=device)
+        sched.set_begin_index(0)
+        return sched, sched.timesteps
+
+    return Inputs(latents=latents, cond=dict(attention_kwargs=None), info=info, new_scheduler=new_scheduler,
+                  extra=dict(prompt=prompt, negative=negative, guidance=guidance, dtype=dtype, flow_shift=shift))
+
+
+def wan_call(model, latents, t, inputs: Inputs):
+    """One CFG step as WanPipeline takes it: the fp32 latents cast to the transformer's dtype, a cond and an uncond
+    call with t.expand(B), uncond + guidance * (cond - uncond); returned in fp32 (see WAN_SCHEDULER_NOTE)."""
+    e = inputs.extra
+    x = latents.to(e["dtype"])
+    timestep = t.expand(latents.shape[0])
+    cond = model(hidden_states=x, timestep=timestep, encoder_hidden_states=e["prompt"], return_dict=False,
+                 **inputs.cond)[0]
+    uncond = model(hidden_states=x, timestep=timestep, encoder_hidden_states=e["negative"], return_dict=False,
+                   **inputs.cond)[0]
+    return (uncond + e["guidance"] * (cond - uncond)).float()
+
+
+def _wan_build(opts: Options):
+    import torch
+    from diffusers import WanTransformer3DModel
+
+    if opts.weights:
+        return load_transformer(WanTransformer3DModel, opts.weights, opts.device, torch.bfloat16, opts.layers, "blocks")
+    return build_wan(opts.layers, opts.seed, opts.device, torch.bfloat16, **opts.overrides)
+
+
+def _wan_make_inputs(model, opts: Options) -> Inputs:
+    import torch
+
+    return wan_inputs(model, opts.resolution, opts.width, opts.frames, opts.text_tokens, opts.seed, opts.device,
+                      torch.bfloat16, weights=opts.weights)
+
+
+def _wan_config(model, inputs: Inputs, opts: Options) -> dict:
+    c = model.config
+    shift = inputs.extra["flow_shift"]
+    return model_config("wan", layers=len(model.blocks), info=inputs.info,
+                        hidden=int(c.num_attention_heads * c.attention_head_dim), weights=_weights_text(opts),
+                        extra=dict(batch=1, calls_per_step=2, guidance=inputs.extra["guidance"],
+                                   cfg="two calls per step, cond then uncond (WanPipeline)",
+                                   flow_shift=shift, scheduler=WAN_SCHEDULER_NOTE % (shift, shift),
+                                   defaults="%d of %d blocks and %d steps unless --layers / --steps say otherwise, "
+                                            "so both arms fit one H200 run" % (
+                                                MODEL_DEFAULTS["wan"]["layers"], MODEL_LAYERS["wan"],
+                                                MODEL_DEFAULTS["wan"]["steps"])))
+
+
+WAN = ModelSpec(name="wan", title="Wan 2.1 T2V 14B", build_model=_wan_build, make_inputs=_wan_make_inputs,
+                call=wan_call, config=_wan_config)
+SPECS = {"flux": FLUX, "qwen-image": QWEN_IMAGE, "sd3": SD3, "wan": WAN}
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -735,8 +1336,9 @@ def environment(torch, device) -> dict:
     return dict(torch=torch.__version__, diffusers=dv, gpu=gpu, git_sha=git_sha())
 
 
-def run(opts: Options, api=None, log=print) -> dict:
-    """Build, run both arms, profile one step of each, write the JSON (and PNG); the record."""
+def run(opts: Options, api=None, log=print) -> dict | None:
+    """Build, run both arms, profile one step of each, write the JSON (and PNG); the record. None, after the
+    eager arm and with nothing written, when difuse.patch raises NotImplementedError for the model."""
     import torch
 
     spec = SPECS[opts.model]
@@ -748,14 +1350,21 @@ def run(opts: Options, api=None, log=print) -> dict:
         torch.cuda.synchronize()
     config = spec.config(model, inputs, opts)
     nparams = sum(p.numel() for p in model.parameters())
-    log("%s: %d double + %d single blocks, %.2fB parameters (%s), built in %.1f s; %d image + %d text tokens, "
-        "%d steps" % (spec.title, config["double_blocks"], config["single_blocks"], nparams / 1e9, config["weights"],
-                      time.perf_counter() - t0, config["image_tokens"], config["text_tokens"], opts.steps))
+    log("%s: %s, %.2fB parameters (%s), built in %.1f s; %s, %d image + %d text tokens, %d steps" % (
+        spec.title, depth_text(config), nparams / 1e9, config["weights"], time.perf_counter() - t0,
+        shape_text(config), config["image_tokens"], config["text_tokens"], opts.steps))
 
     on_gpu = torch.device(opts.device).type == "cuda"
     eager = run_arm(spec, model, inputs, opts.steps, "eager", opts.device)
     prof_eager = profile_summary(spec, model, inputs, opts.steps, opts.device)
-    patch_report = patch(model)
+    try:
+        patch_report = patch(model)
+    except NotImplementedError as e:
+        log("eager arm: %d steps, median %.2f ms per step, latents md5 after the last step %s" % (
+            len(eager.md5), eager.median_ms, eager.md5[-1] if eager.md5 else "-"))
+        print("difuse bench %s: difuse.patch does not support %s: %s\nno patched arm; nothing written" % (
+            spec.name, type(model).__name__, e), file=sys.stderr)
+        return None
     try:
         if patch_report is not None:
             log("patched: %s" % (patch_report,))
@@ -789,11 +1398,8 @@ def run(opts: Options, api=None, log=print) -> dict:
 
 def main(args, api=None) -> int:
     """`python -m difuse bench <model>`: 0 when the latents match at every step and stay finite, 1 when not,
-    2 when this cannot run here."""
-    if args.what in PLANNED:
-        print("difuse bench %s: not implemented yet (implemented: %s)" % (args.what, ", ".join(SPECS)),
-              file=sys.stderr)
-        return 2
+    2 when this cannot run here (no torch, GPU or diffusers; an option the model does not take; difuse.patch
+    does not support the model)."""
     if args.what not in SPECS:
         print("difuse bench %s: unknown model (implemented: %s)" % (args.what, ", ".join(SPECS)), file=sys.stderr)
         return 2
@@ -821,8 +1427,10 @@ def main(args, api=None) -> int:
     if api is None:
         try:
             api = patch_api()
-        except ImportError as e:  # before building a 24 GB model
+        except ImportError as e:  # before building a 16-41 GB model
             print("difuse bench %s: %s" % (args.what, e), file=sys.stderr)
             return 2
     rec = run(opts, api)
+    if rec is None:
+        return 2
     return 0 if rec["md5_equal_all_steps"] and rec["latents_finite"] else 1

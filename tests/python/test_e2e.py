@@ -1,5 +1,7 @@
 """The end-to-end benchmark's pure-Python parts (no torch, no GPU): the kernel-name classifier, the per-step
-summary, the md5 comparison, the JSON record and the option handling of `python -m difuse bench <model>`."""
+summary, the md5 comparison, the JSON record (FLUX's and the one-stack models' config blocks) and the option
+handling of `python -m difuse bench flux|qwen-image|sd3|wan` (per-model defaults, --layers, wan's --width and
+--frames, what each model refuses)."""
 import argparse
 import importlib.util
 import json
@@ -51,6 +53,7 @@ RECORD_KEYS = ["model", "config", "steps", "eager_ms", "difuse_ms", "md5_equal_a
                "latents_finite", "launches_eager", "launches_difuse", "launches_other_eager", "launches_other_difuse",
                "non_gemm_ms_eager", "non_gemm_ms_difuse", "sites", "torch", "diffusers", "gpu", "git_sha", "command"]
 CONFIG_KEYS = ["double_blocks", "single_blocks", "image_tokens", "text_tokens", "resolution"]
+NEW_CONFIG_KEYS = ["layers", "image_tokens", "text_tokens", "resolution"]  # qwen-image, sd3, wan (+ frames)
 
 
 def _parser():
@@ -189,6 +192,117 @@ class OptionsTest(unittest.TestCase):
             with self.subTest(argv=argv), self.assertRaises(ValueError):
                 e2e.resolve_options(_parser().parse_args(argv))
 
+    def test_model_defaults(self):
+        want = {  # steps, layers, resolution, width, frames, text tokens
+            "qwen-image": (50, 60, 1024, None, None, 512),
+            "sd3": (50, 38, 1024, None, None, 333),
+            "wan": (10, 10, 480, 832, 81, 512),
+        }
+        for model, w in want.items():
+            with self.subTest(model=model):
+                o = e2e.resolve_options(_parser().parse_args([model]))
+                self.assertEqual((o.steps, o.layers, o.resolution, o.width, o.frames, o.text_tokens), w)
+                self.assertEqual((o.double_blocks, o.single_blocks), (None, None))
+                self.assertEqual(o.out, "bench/results/h200/e2e-%s.json" % model)
+                q = e2e.resolve_options(_parser().parse_args([model, "--quick"]))
+                self.assertEqual((q.steps, q.layers), (4, 2))
+                self.assertEqual(q.out, "bench/results/h200/e2e-%s-quick.json" % model)
+        self.assertEqual(e2e.resolve_options(_parser().parse_args(["flux"])).layers, None)
+
+    def test_model_overrides(self):
+        o = e2e.resolve_options(_parser().parse_args(["wan", "--layers", "40", "--steps", "50", "--resolution", "720",
+                                                      "--width", "1280", "--frames", "33", "--text-tokens", "64"]))
+        self.assertEqual((o.layers, o.steps, o.resolution, o.width, o.frames, o.text_tokens),
+                         (40, 50, 720, 1280, 33, 64))
+        for model in ("qwen-image", "sd3"):  # --double-blocks is their --layers
+            o = e2e.resolve_options(_parser().parse_args([model, "--double-blocks", "7"]))
+            self.assertEqual((o.layers, o.double_blocks), (7, None))
+            o = e2e.resolve_options(_parser().parse_args([model, "--quick", "--layers", "5", "--double-blocks", "5"]))
+            self.assertEqual((o.layers, o.steps), (5, 4))
+        o = e2e.resolve_options(_parser().parse_args(["sd3", "--text-tokens", "589", "--resolution", "512"]))
+        self.assertEqual((o.text_tokens, o.resolution), (589, 512))  # 77 CLIP + 512 T5
+
+    def test_model_invalid(self):
+        cases = {
+            ("flux", "--layers", "3"): "--double-blocks",
+            ("qwen-image", "--single-blocks", "2"): "one stack",
+            ("sd3", "--single-blocks", "0"): "one stack",
+            ("wan", "--double-blocks", "2"): "--layers",
+            ("sd3", "--layers", "3", "--double-blocks", "4"): "disagree",
+            ("qwen-image", "--layers", "-1"): ">= 0",
+            ("flux", "--width", "512"): "wan's",
+            ("sd3", "--frames", "5"): "wan's",
+            ("wan", "--frames", "80"): "4k+1",
+            ("wan", "--frames", "0"): "4k+1",
+            ("wan", "--width", "840"): "multiple of 16",
+            ("wan", "--resolution", "470"): "multiple of 16",
+            ("sd3", "--text-tokens", "77"): "77 CLIP",
+            ("qwen-image", "--text-tokens", "0"): "at least 1",
+            ("wan", "--steps", "0"): "at least 1",
+        }
+        for argv, msg in cases.items():
+            with self.subTest(argv=argv), self.assertRaises(ValueError) as cm:
+                e2e.resolve_options(_parser().parse_args(list(argv)))
+            self.assertIn(msg, str(cm.exception))
+
+
+class ModelConfigTest(unittest.TestCase):
+    def test_wan_shapes(self):
+        self.assertEqual(e2e.wan_latent_shape(480, 832, 81), (1, 16, 21, 60, 104))
+        self.assertEqual(e2e.wan_tokens(480, 832, 81), 21 * 30 * 52)
+        self.assertEqual(e2e.wan_tokens(480, 832, 81), 32760)
+        self.assertEqual(e2e.wan_tokens(720, 1280, 81), 21 * 45 * 80)
+        self.assertEqual(e2e.wan_latent_shape(32, 48, 5), (1, 16, 2, 4, 6))
+
+    def test_config_fields(self):
+        info = dict(image_tokens=4096, text_tokens=512, resolution=1024)
+        for model in ("qwen-image", "sd3"):
+            cfg = e2e.model_config(model, layers=60, info=info, hidden=3072, weights="random", extra=dict(guidance=7.0))
+            self.assertEqual(list(cfg)[:4], NEW_CONFIG_KEYS)
+            self.assertEqual((cfg["layers"], cfg["resolution"], cfg["guidance"], cfg["weights"]),
+                             (60, 1024, 7.0, "random"))
+            self.assertEqual(cfg["model_layers"], e2e.MODEL_LAYERS[model])
+            self.assertNotIn("frames", cfg)
+            self.assertNotIn("double_blocks", cfg)
+            full = e2e.MODEL_LAYERS[model]
+            self.assertNotIn("reduced", e2e.model_config(model, layers=full, info=info, hidden=1, weights="w"))
+            self.assertEqual(e2e.model_config(model, layers=2, info=info, hidden=1, weights="w")["reduced"],
+                             "2 of the model's %d blocks" % full)
+        info = dict(image_tokens=32760, text_tokens=512, resolution=480, width=832, frames=81,
+                    latent_shape=[1, 16, 21, 60, 104])
+        cfg = e2e.model_config("wan", layers=10, info=info, hidden=5120, weights="random")
+        self.assertEqual(list(cfg)[:5], NEW_CONFIG_KEYS + ["frames"])
+        self.assertEqual((cfg["frames"], cfg["width"], cfg["height"], cfg["model_layers"], cfg["latent_shape"]),
+                         (81, 832, 480, 40, [1, 16, 21, 60, 104]))
+        self.assertEqual(cfg["reduced"], "10 of the model's 40 blocks")
+        self.assertEqual(e2e.depth_text(cfg), "10 of 40 layers")
+        self.assertEqual(e2e.shape_text(cfg), "480x832, 81 frames")
+        json.loads(json.dumps(cfg))
+        flux = dict(double_blocks=19, single_blocks=38, image_tokens=4096, text_tokens=512, resolution=1024)
+        self.assertEqual(e2e.depth_text(flux), "19 double + 38 single blocks")
+        self.assertEqual(e2e.shape_text(flux), "1024x1024")
+        self.assertEqual(e2e.depth_text(dict(layers=60, model_layers=60)), "60 layers")
+
+    def test_record_of_a_one_stack_model(self):
+        info = dict(image_tokens=32760, text_tokens=512, resolution=480, width=832, frames=81)
+        cfg = e2e.model_config("wan", layers=10, info=info, hidden=5120, weights="random")
+        rec = e2e.build_record(model="wan", config=cfg, eager=_arm("eager", "ab", 20.0),
+                               difuse=_arm("difuse", "ab", 10.0), prof_eager={}, prof_difuse={}, sites={},
+                               env={}, command="python -m difuse bench wan")
+        self.assertEqual(list(rec)[:len(RECORD_KEYS)], RECORD_KEYS)
+        self.assertEqual(rec["config"]["frames"], 81)
+        text = e2e.format_report(rec)
+        self.assertIn("not profiled", text)
+
+    @unittest.skipUnless(importlib.util.find_spec("matplotlib"), "matplotlib is not installed")
+    def test_plot_one_stack_model(self):
+        rec = _record()
+        rec["config"] = e2e.model_config("wan", layers=10, info=dict(image_tokens=32760, text_tokens=512,
+                                                                      resolution=480, width=832, frames=81),
+                                         hidden=5120, weights="random")
+        with tempfile.TemporaryDirectory() as d:
+            self.assertTrue(os.path.getsize(e2e.plot_split(rec, os.path.join(d, "w.png"))) > 1000)
+
 
 def _cli(*argv):
     # Run outside the checkout: there, its torch/ folder (the binding's sources) imports as a namespace package.
@@ -203,12 +317,20 @@ def _have_torch() -> bool:
 
 
 class CliTest(unittest.TestCase):
-    def test_planned_models(self):
-        for m in e2e.PLANNED:
-            with self.subTest(model=m):
-                r = _cli("bench", m)
+    def test_model_option_errors_come_first(self):
+        for argv, msg in ((("wan", "--frames", "80"), "4k+1"), (("sd3", "--single-blocks", "2"), "one stack"),
+                          (("flux", "--layers", "2"), "--double-blocks")):
+            with self.subTest(argv=argv):
+                r = _cli("bench", *argv)
                 self.assertEqual(r.returncode, 2, r.stderr)
-                self.assertIn("not implemented yet", r.stderr)
+                self.assertIn(msg, r.stderr)
+                self.assertNotIn("Traceback", r.stderr)
+
+    def test_help_lists_the_models(self):
+        r = _cli("bench", "--help")
+        self.assertEqual(r.returncode, 0, r.stderr)
+        for s in ("--layers", "--frames", "--width", "qwen-image"):
+            self.assertIn(s, r.stdout)
 
     def test_bad_option_is_reported_before_anything_runs(self):
         r = _cli("bench", "flux", "--resolution", "1000")
@@ -221,10 +343,15 @@ class CliTest(unittest.TestCase):
         self.assertIn("invalid choice", r.stderr)
 
     @unittest.skipIf(_have_torch(), "torch is importable here (the run itself would start)")
-    def test_flux_without_torch(self):
-        r = _cli("bench", "flux", "--quick")
-        self.assertEqual(r.returncode, 2, r.stderr)
-        self.assertIn("needs PyTorch", r.stderr)
+    def test_models_without_torch(self):
+        for m in e2e.MODELS:
+            with self.subTest(model=m):
+                r = _cli("bench", m, "--quick")
+                self.assertEqual(r.returncode, 2, r.stderr)
+                self.assertIn("needs PyTorch", r.stderr)
+
+    def test_specs_cover_the_cli_models(self):
+        self.assertEqual(set(e2e.MODEL_DEFAULTS), set(e2e.MODELS))
 
 
 if __name__ == "__main__":
