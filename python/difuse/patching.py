@@ -20,6 +20,10 @@ difference disables the patched forward of that block type for good. Nothing is 
 is being captured or torch.compile traces: unverified signatures then take the eager path.
 Per-forward constants: silu(temb), which every block's modulation projection starts from, is computed once per
 temb tensor (kept by identity and version, so a new step's temb is never confused with the last one).
+Hooks: patch() leaves a module whose forward is already replaced on the instance (offload, context-parallel
+hooks) eager and names it in the report; hooks added after patch() wrap the patched forward and keep working
+(diffusers' hook registry calls the forward it found). So with context parallelism, patch first, then
+enable_parallelism(); unpatch() refuses while such a hook still wraps a patched forward.
 """
 from __future__ import annotations
 
@@ -940,11 +944,24 @@ def patch(model) -> PatchReport:
     return rep
 
 
+def _ours(mod) -> bool:
+    """True when the module's instance forward is still the one patch() installed (not re-wrapped by a hook)."""
+    fwd = mod.__dict__.get("forward")
+    return getattr(fwd, "__self__", None) is mod and getattr(getattr(fwd, "__func__", None), "__module__", "") == __name__
+
+
 def unpatch(model) -> None:
-    """Restores every original forward (the class's own) and forgets the gates."""
+    """Restores every original forward (the class's own) and forgets the gates. Raises, changing nothing, when a
+    hook installed after patch() (diffusers' context-parallel or offload hooks) wraps a patched forward: remove
+    that hook first (it would otherwise be torn out with the patch)."""
     st = getattr(model, "_difuse_state", None)
     if st is None:
         return
+    wrapped = [type(m).__name__ for m in st.patched if "forward" in m.__dict__ and not _ours(m)]
+    if wrapped:
+        raise RuntimeError("difuse.unpatch: %d patched module(s) (%s) had their forward wrapped by a hook installed "
+                           "after difuse.patch(); remove those hooks (e.g. disable context parallelism) first"
+                           % (len(wrapped), ", ".join(sorted(set(wrapped)))))
     st.silu_src = st.silu_out = None
     for mod in st.patched:
         mod.__dict__.pop("forward", None)

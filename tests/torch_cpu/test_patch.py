@@ -193,3 +193,21 @@ def test_wan_patch_discovers_blocks_and_its_body_composes_like_the_original(cros
     ints = torch.int32 if dtype == torch.float32 else torch.int16
     assert got.dtype == want.dtype == dtype and torch.equal(got.view(ints), want.view(ints))
     difuse.unpatch(model)
+
+
+def test_unpatch_refuses_while_a_later_hook_wraps_a_patched_forward():
+    from diffusers.hooks import HookRegistry, ModelHook
+
+    model = tiny_flux(double=1, single=1)
+    difuse.patch(model)
+    blk = model.transformer_blocks[0]
+    registry = HookRegistry.check_if_exists_or_initialize(blk)
+    registry.register_hook(ModelHook(), "probe")  # what enable_parallelism does to the first block
+    with torch.no_grad():
+        model(**inputs())  # the hook calls the patched forward it wrapped
+    with pytest.raises(RuntimeError, match="wrapped by a hook installed after difuse.patch"):
+        difuse.unpatch(model)
+    assert model._difuse_state is not None  # nothing changed
+    registry.remove_hook("probe")
+    difuse.unpatch(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())
