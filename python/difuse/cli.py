@@ -8,6 +8,9 @@
   bench qwen-image|sd3|wan
                      the same for Qwen-Image (60 layers, 50 steps), SD3.5-large (38 layers, 50 steps, batch-2
                      CFG) and Wan 2.1 14B at 480p x 81 frames (10 of 40 layers, 10 steps, 2 calls per step)
+  bench flux --cp ulysses|ring
+                     FLUX.1 under diffusers' context parallelism, launched as
+                     `torchrun --nproc-per-node 2 -m difuse bench flux --cp ulysses` (difuse/e2e_cp.py)
 """
 from __future__ import annotations
 

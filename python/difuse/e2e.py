@@ -41,6 +41,8 @@ FLUX step, 176 ms eager for ~125 TFLOP at 4608 tokens, by FLOPs):
               layers: ~0.8 s per call, ~1.7 s per step -> ~35 s for both arms plus ~4 s of profiled steps.
               `--layers 40 --steps 10` (~2.5-3 min) or `--layers 40 --steps 50` (~10+ min) for more.
 `--quick`: 4 steps, 2 + 2 blocks (flux) or 2 layers.
+`--cp ulysses|ring` (flux): the same two arms under diffusers' context parallelism over the ranks of a torchrun
+launch (`torchrun --nproc-per-node 2 -m difuse bench flux --cp ulysses`); difuse/e2e_cp.py.
 
 This module imports neither torch nor diffusers at import time: the kernel-name classifier, the record
 builder and the option handling run (and are tested) without them.
@@ -95,6 +97,11 @@ def add_arguments(p) -> None:
     p.add_argument("--weights", metavar="DIR", help="a local diffusers checkpoint instead of seeded random weights")
     p.add_argument("--seed", type=int, default=42, help="latents, text inputs and random weights (default 42)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (no timing worth reading; for tests)")
+    p.add_argument("--cp", choices=("ulysses", "ring"), help="flux: context parallelism over the ranks of a torchrun "
+                   "launch (torchrun --nproc-per-node 2 -m difuse bench flux --cp ulysses); writes "
+                   "bench/results/h200x<ranks>/e2e-flux-cp.json (difuse/e2e_cp.py)")
+    p.add_argument("--attn-backend", help="--cp: diffusers attention backend (default: native for ulysses, "
+                   "_native_flash for ring, which needs the log-sum-exp)")
 
 
 @dataclass
@@ -115,6 +122,8 @@ class Options:
     layers: int | None = None  # qwen-image, sd3, wan: blocks
     width: int | None = None  # wan: video width (resolution is its height)
     frames: int | None = None  # wan: video frames
+    cp: str | None = None  # flux: "ulysses" or "ring" context parallelism (difuse/e2e_cp.py)
+    attn_backend: str | None = None  # --cp: the attention backend (None: e2e_cp.DEFAULT_BACKENDS)
 
 
 def command_line(argv) -> str:
@@ -191,14 +200,20 @@ def resolve_options(args) -> Options:
     if text_tokens < low:
         raise ValueError("--text-tokens must be at least %d%s, not %d" % (
             low, " (77 CLIP tokens + at least one T5 token)" if model == "sd3" else "", text_tokens))
-    out = getattr(args, "out", None) or DEFAULT_OUT.format(model=model, suffix="-quick" if quick else "")
+    cp, attn_backend = _opt(args, "cp"), _opt(args, "attn_backend")
+    if cp is not None and model != "flux":
+        raise ValueError("--cp (context parallelism) is implemented for flux only, not %s" % model)
+    if attn_backend is not None and cp is None:
+        raise ValueError("--attn-backend goes with --cp")
+    # --cp: the default path names the world size, known once the process group is up (e2e_cp.DEFAULT_OUT).
+    out = getattr(args, "out", None) or ("" if cp else DEFAULT_OUT.format(model=model, suffix="-quick" if quick else ""))
     argv = getattr(args, "argv", None)
     return Options(model=model, steps=steps, resolution=resolution, text_tokens=text_tokens,
                    double_blocks=double, single_blocks=single, weights=args.weights, seed=args.seed,
                    device=args.device, out=out, quick=quick,
                    command=command_line(argv if argv is not None else sys.argv[1:]),
                    overrides=dict(getattr(args, "model_overrides", None) or {}),
-                   layers=layers, width=width, frames=frames)
+                   layers=layers, width=width, frames=frames, cp=cp, attn_backend=attn_backend)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1430,6 +1445,10 @@ def main(args, api=None) -> int:
         except ImportError as e:  # before building a 16-41 GB model
             print("difuse bench %s: %s" % (args.what, e), file=sys.stderr)
             return 2
+    if opts.cp:  # context parallelism over the ranks of a torchrun launch
+        from . import e2e_cp
+
+        return e2e_cp.main(opts, api)
     rec = run(opts, api)
     if rec is None:
         return 2
