@@ -978,11 +978,16 @@ def warmup(model, **inputs):
         return model(**inputs)
 
 
-def report(model, device: int = 0) -> dict:
-    """Per site: calls, fused, fallback (and why), disabled, verified signatures; per block gate the same."""
+def report(model, device: int | None = None) -> dict:
+    """Per site: calls, fused, fallback (and why), disabled, verified signatures; per block gate the same. The
+    counters are per CUDA device: by default the device of the model's parameters (each rank's own GPU under
+    context parallelism)."""
     st = getattr(model, "_difuse_state", None)
     if st is None:
         return {"patched": False, "sites": {}, "blocks": {}}
+    if device is None:
+        p = next(model.parameters(), None)
+        device = p.device.index if p is not None and p.is_cuda else 0
     sites = {}
     for name, site in st.sites.items():
         s = site.stats(device)
