@@ -211,3 +211,12 @@ def test_unpatch_refuses_while_a_later_hook_wraps_a_patched_forward():
     registry.remove_hook("probe")
     difuse.unpatch(model)
     assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_block_signature_ignores_alignment_but_not_shape_or_strides():
+    base = torch.zeros(40, dtype=torch.bfloat16)
+    a, b = base[0:32].view(2, 16), base[1:33].view(2, 16)  # same shape and strides, different alignment
+    assert difuse.patching.signature(a) != difuse.patching.signature(b)
+    assert difuse.patching._shape_sig(a, 1e-6) == difuse.patching._shape_sig(b, 1e-6)
+    assert difuse.patching._shape_sig(a) != difuse.patching._shape_sig(base[0:32].view(4, 8))
+    assert difuse.patching._shape_sig(a) != difuse.patching._shape_sig(base[0:32].view(16, 2).t())
