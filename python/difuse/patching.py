@@ -495,6 +495,24 @@ def _qwen_module():
     return tq
 
 
+def _diffusers_qk_norms(attn):
+    """(weights [q, k, added_q, added_k], eps, reasons) of an attention whose four QK norms must be diffusers'
+    RMSNorm class with one eps and no bias (what qk_norm_rope_qwen and qk_norm_sd35 replay); reasons is empty
+    when they are."""
+    from diffusers.models.normalization import RMSNorm
+
+    norms = [getattr(attn, n, None) for n in ("norm_q", "norm_k", "norm_added_q", "norm_added_k")]
+    reasons = []
+    if not all(type(n) is RMSNorm for n in norms):
+        reasons.append("the QK norms are not all diffusers' RMSNorm (qk_norm=None or another kind)")
+    elif len({float(n.eps) for n in norms}) != 1:
+        reasons.append("the QK norms have different eps")
+    elif any(getattr(n, "bias", None) is not None for n in norms):
+        reasons.append("a QK norm has a bias")
+    w = [getattr(n, "weight", None) for n in norms]
+    return w, (float(norms[0].eps) if not reasons else 1e-6), reasons
+
+
 def _mod_params(st: _State, mod, temb):
     """block.img_mod / txt_mod (nn.Sequential(SiLU, Linear)) with the silu computed once per forward."""
     torch = _torch()
@@ -506,8 +524,6 @@ def _mod_params(st: _State, mod, temb):
 def _qwen_attention(site: Site, attn, hidden_states, encoder_hidden_states, encoder_hidden_states_mask,
                     image_rotary_emb):
     """QwenDoubleStreamAttnProcessor2_0.__call__ (diffusers 0.42.1) with the QK chain as one site."""
-    from diffusers.models.normalization import RMSNorm
-
     from . import ops
 
     torch = _torch()
@@ -541,16 +557,7 @@ def _qwen_attention(site: Site, attn, hidden_states, encoder_hidden_states, enco
             xk = tq.apply_rotary_emb_qwen(xk, freqs_txt, use_real=False)
         return [torch.cat([xq, iq], dim=1), torch.cat([xk, ik], dim=1), torch.cat([tv, v], dim=1)]
 
-    norms = [attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k]
-    reasons = []
-    if not all(type(n) is RMSNorm for n in norms):
-        reasons.append("a QK norm is not diffusers' RMSNorm")
-    elif len({float(n.eps) for n in norms}) != 1:
-        reasons.append("the QK norms have different eps")
-    elif any(getattr(n, "bias", None) is not None for n in norms):
-        reasons.append("a QK norm has a bias")
-    w = [getattr(n, "weight", None) for n in norms]
-    eps = float(norms[0].eps) if not reasons else 1e-6
+    w, eps, reasons = _diffusers_qk_norms(attn)
 
     def predicate():
         if reasons:
@@ -645,7 +652,6 @@ def _ada_zero_parts(st: _State, norm, temb):
 def _sd3_attention(site: Site, attn, hidden_states, encoder_hidden_states):
     """JointAttnProcessor2_0.__call__ (diffusers 0.42.1) with the QK-norm / concat chain as one site."""
     from diffusers.models import attention_processor as ap
-    from diffusers.models.normalization import RMSNorm
 
     from . import ops
 
@@ -670,16 +676,7 @@ def _sd3_attention(site: Site, attn, hidden_states, encoder_hidden_states):
             xk = attn.norm_added_k(xk)
         return [torch.cat([iq, xq], dim=2), torch.cat([ik, xk], dim=2), torch.cat([v, cv], dim=2)]
 
-    norms = [attn.norm_q, attn.norm_k, attn.norm_added_q, attn.norm_added_k]
-    reasons = []
-    if not all(type(n) is RMSNorm for n in norms):
-        reasons.append("the QK norms are not all diffusers' RMSNorm (qk_norm=None or another kind)")
-    elif len({float(n.eps) for n in norms}) != 1:
-        reasons.append("the QK norms have different eps")
-    elif any(getattr(n, "bias", None) is not None for n in norms):
-        reasons.append("a QK norm has a bias")
-    w = [getattr(n, "weight", None) for n in norms]
-    eps = float(norms[0].eps) if not reasons else 1e-6
+    w, eps, reasons = _diffusers_qk_norms(attn)
 
     def predicate():
         if reasons:

@@ -220,3 +220,22 @@ def test_block_signature_ignores_alignment_but_not_shape_or_strides():
     assert difuse.patching._shape_sig(a, 1e-6) == difuse.patching._shape_sig(b, 1e-6)
     assert difuse.patching._shape_sig(a) != difuse.patching._shape_sig(base[0:32].view(4, 8))
     assert difuse.patching._shape_sig(a) != difuse.patching._shape_sig(base[0:32].view(16, 2).t())
+
+
+def test_diffusers_qk_norm_check_names_each_refusal():
+    from diffusers.models.normalization import RMSNorm
+
+    class Attn(torch.nn.Module):
+        def __init__(self, eps=(1e-6,) * 4, bias=False, kind=RMSNorm):
+            super().__init__()
+            for n, e in zip(("norm_q", "norm_k", "norm_added_q", "norm_added_k"), eps):
+                setattr(self, n, kind(8, eps=e) if kind is RMSNorm else kind(8, eps=e))
+                if bias:
+                    getattr(self, n).bias = torch.nn.Parameter(torch.zeros(8))
+
+    qk = difuse.patching._diffusers_qk_norms
+    w, eps, reasons = qk(Attn())
+    assert reasons == [] and eps == 1e-6 and all(x is not None and x.shape == (8,) for x in w)
+    assert "different eps" in qk(Attn(eps=(1e-6, 1e-5, 1e-6, 1e-6)))[2][0]
+    assert "has a bias" in qk(Attn(bias=True))[2][0]
+    assert "not all diffusers' RMSNorm" in qk(Attn(kind=torch.nn.RMSNorm))[2][0]
