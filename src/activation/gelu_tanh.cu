@@ -5,6 +5,10 @@
 // Replays: torch 2.11.0+cu130 GeluCUDAKernelImpl (numerics/activation.h has the formula and constants).
 // The output may be a column slice of a larger buffer (the single block writes the MLP half of its
 // [attention, mlp] concat directly), so rows of x and out each have their own stride.
+// Two paths, the same bits: tensors of >= 2^16 eight-element vectors with 16-byte-aligned rows read a 128 KB
+// table of all 65,536 results (built once per device by the computing kernel's own arithmetic, kept in shared
+// memory, one 1024-thread block per SM); smaller or misaligned ones, and calls captured before the table
+// exists, run the computing kernel (8/4/2/1 elements per access by alignment).
 //
 // Guards (can_use_gelu_tanh; every violation is reported): x and out bf16 on one CUDA device, same sizes,
 // rank 1-4, last dim contiguous, leading dims that collapse into one row stride each (any row stride);
