@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# scripts/device-check.sh --stage build|tests|bench|all
+# scripts/device-check.sh --stage build|tests|bench|e2e|all   (several: --stage tests,e2e)
 #
 # The H200 loop (run through the device tool; each stage fits one call). Every stage writes its logs and
 # JSON under $OUT (default: ./device-out): build.log, platform.txt, tests.log + tests.json (the GPU test
-# report), sanitizer.log, bench.log + ops.json. Set DIFUSE_GIT_SHA to the commit being tested (the device
-# copy has no .git). Exit status: non-zero when any stage fails.
+# report), sanitizer.log, bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
+# for each of $DIFUSE_E2E_MODELS, default "flux qwen-image sd3 wan", with $DIFUSE_E2E_ARGS). The logs and
+# text files are packed into logs.tgz at the end (the device tool returns few files). Set DIFUSE_GIT_SHA to the
+# commit being tested (the device copy has no .git). Exit status: non-zero when any stage fails.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STAGE=all
@@ -12,7 +14,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --stage) STAGE=$2; shift 2 ;;
     --stage=*) STAGE=${1#--stage=}; shift ;;
-    *) echo "usage: $0 --stage build|tests|bench|all" >&2; exit 2 ;;
+    *) echo "usage: $0 --stage build|tests|bench|e2e|all" >&2; exit 2 ;;
   esac
 done
 OUT=${OUT:-$ROOT/device-out}
@@ -69,12 +71,29 @@ stage_bench() {
   return "${PIPESTATUS[0]}"
 }
 
-case "$STAGE" in
-  build) stage_build || rc=1 ;;
-  tests) stage_build && stage_tests || rc=1 ;;
-  bench) stage_build && stage_bench || rc=1 ;;
-  all) stage_build && { stage_tests || rc=1; stage_bench || rc=1; } || rc=1 ;;
+stage_e2e() {
+  local m r=0
+  for m in ${DIFUSE_E2E_MODELS:-flux qwen-image sd3 wan}; do
+    say "e2e: python -m difuse bench $m ${DIFUSE_E2E_ARGS:-} -> e2e-$m.json"
+    # shellcheck disable=SC2086
+    python3 -m difuse bench "$m" --out "$OUT/e2e-$m.json" ${DIFUSE_E2E_ARGS:-} 2>&1 | tee "$OUT/e2e-$m.log" | tail -n 40
+    [ "${PIPESTATUS[0]}" = 0 ] || { echo "bench $m failed"; r=1; }
+  done
+  return $r
+}
+
+[ "$STAGE" = all ] && STAGE=tests,bench
+case ",$STAGE," in
+  *,build,*|*,tests,*|*,bench,*|*,e2e,*) ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac
+if stage_build; then
+  case ",$STAGE," in *,tests,*) stage_tests || rc=1 ;; esac
+  case ",$STAGE," in *,bench,*) stage_bench || rc=1 ;; esac
+  case ",$STAGE," in *,e2e,*) stage_e2e || rc=1 ;; esac
+else
+  rc=1
+fi
 say "done: stage $STAGE, exit $rc"
+(cd "$OUT" && ls ./*.log ./*.txt >/dev/null 2>&1 && tar czf logs.tgz ./*.log ./*.txt && rm -f ./*.log ./*.txt)
 exit $rc

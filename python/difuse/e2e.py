@@ -374,6 +374,13 @@ def format_report(rec: dict, site_table: str | None = None) -> str:
     lines.append("latents finite: %s" % ("yes, every step, both arms" if rec["latents_finite"] else "NO"))
     for arm in ("eager", "difuse"):
         lines.append("latent std per step (%s): %s" % (arm, _fmt_std(ps["std_" + arm])))
+    for arm in ("eager", "difuse"):
+        c = (rec.get("gpu_clocks") or {}).get(arm)
+        if c:
+            lines.append("GPU during the %s arm: SM clock median %.0f MHz (min %.0f), power median %.0f W (max %.0f), "
+                         "%.0f C; clock-event reasons %s" % (arm, c["sm_mhz_median"], c["sm_mhz_min"],
+                                                            c["power_w_median"], c["power_w_max"], c["temp_c_median"],
+                                                            c.get("event_reasons")))
     if rec["launches_eager"] is None:
         lines.append("GPU activities per step: not profiled (no GPU, or the profiler failed)")
         lines.append(site_table or format_sites(rec["sites"]))
@@ -1233,6 +1240,91 @@ def latents_md5(x) -> str:
     return hashlib.md5(x.detach().contiguous().cpu().view(-1).view(torch.uint8).numpy().tobytes()).hexdigest()
 
 
+class GpuClockSampler:
+    """SM clock, power and clock-event reasons of one GPU, sampled by `nvidia-smi -lms` while a timed arm runs:
+    the measurement behind "the same GEMMs ran slower in the patched arm" (clocks, power cap, heat).
+    summary() is None when nvidia-smi is missing or fails; sampling never costs the arm its result."""
+
+    FIELDS = ("clocks.sm", "clocks.mem", "power.draw", "temperature.gpu", "clocks_event_reasons.active")
+
+    def __init__(self, gpu_index: int, period_ms: int = 100):
+        self.gpu_index, self.period_ms = gpu_index, period_ms
+        self.proc, self.rows, self.error = None, [], None
+
+    def _spawn(self, fields):
+        import subprocess
+
+        return subprocess.Popen(["nvidia-smi", "-i", str(self.gpu_index), "--query-gpu=" + ",".join(fields),
+                                 "--format=csv,noheader,nounits", "-lms", str(self.period_ms)],
+                                stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+    def __enter__(self):
+        try:
+            self.proc = self._spawn(self.FIELDS)
+            time.sleep(0.3)
+            if self.proc.poll() not in (None, 0):  # an older driver without clocks_event_reasons
+                self.proc = self._spawn(self.FIELDS[:-1])
+        except OSError as e:
+            self.proc, self.error = None, "nvidia-smi: %s" % e
+        return self
+
+    def __exit__(self, *exc):
+        if self.proc is None:
+            return False
+        self.proc.terminate()
+        try:
+            out, err = self.proc.communicate(timeout=5)
+        except Exception as e:  # noqa: BLE001 -- a sampler problem must not lose the arm
+            self.proc.kill()
+            out, err = "", str(e)
+        for line in out.splitlines():
+            parts = [x.strip() for x in line.split(",")]
+            try:
+                self.rows.append((float(parts[0]), float(parts[1]), float(parts[2]), float(parts[3]),
+                                  parts[4] if len(parts) > 4 else None))
+            except (ValueError, IndexError):
+                continue
+        if not self.rows:
+            self.error = (err or "no samples").strip()[:200]
+        return False
+
+    def summary(self) -> dict | None:
+        if not self.rows:
+            return None
+        sm, mem, power, temp = ([r[i] for r in self.rows] for i in range(4))
+        reasons = {}
+        for r in self.rows:
+            if r[4] is not None:
+                reasons[r[4]] = reasons.get(r[4], 0) + 1
+        return dict(samples=len(self.rows), period_ms=self.period_ms, sm_mhz_median=statistics.median(sm),
+                    sm_mhz_min=min(sm), sm_mhz_max=max(sm), mem_mhz_median=statistics.median(mem),
+                    power_w_median=statistics.median(power), power_w_max=max(power),
+                    temp_c_median=statistics.median(temp), temp_c_max=max(temp),
+                    event_reasons=reasons or None)
+
+
+def sampled_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str, device="cuda"):
+    """run_arm with GpuClockSampler around it on a GPU: (ArmResult, clocks summary or None)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return run_arm(spec, model, inputs, steps, label, device), None
+    idx = torch.device(device).index
+    idx = torch.cuda.current_device() if idx is None else idx
+    visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if visible:  # nvidia-smi counts every GPU; torch only the visible ones
+        try:
+            idx = int(visible.split(",")[idx])
+        except (ValueError, IndexError):
+            pass
+    with GpuClockSampler(idx) as s:
+        res = run_arm(spec, model, inputs, steps, label, device)
+    summ = s.summary()
+    if summ is None:
+        print("GPU clock sampling (%s arm): %s" % (label, s.error or "no samples"), file=sys.stderr)
+    return res, summ
+
+
 def run_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str, device="cuda",
             progress: bool = True) -> ArmResult:
     """The denoising loop from inputs.latents with a fresh scheduler: per step time, md5, finite, std."""
@@ -1370,7 +1462,7 @@ def run(opts: Options, api=None, log=print) -> dict | None:
         shape_text(config), config["image_tokens"], config["text_tokens"], opts.steps))
 
     on_gpu = torch.device(opts.device).type == "cuda"
-    eager = run_arm(spec, model, inputs, opts.steps, "eager", opts.device)
+    eager, clocks_eager = sampled_arm(spec, model, inputs, opts.steps, "eager", opts.device)
     prof_eager = profile_summary(spec, model, inputs, opts.steps, opts.device)
     try:
         patch_report = patch(model)
@@ -1383,7 +1475,7 @@ def run(opts: Options, api=None, log=print) -> dict | None:
     try:
         if patch_report is not None:
             log("patched: %s" % (patch_report,))
-        fused = run_arm(spec, model, inputs, opts.steps, "difuse", opts.device)
+        fused, clocks_difuse = sampled_arm(spec, model, inputs, opts.steps, "difuse", opts.device)
         prof_difuse = profile_summary(spec, model, inputs, opts.steps, opts.device)
         full_report = report(model) or {}
         sites = full_report.get("sites", {})
@@ -1396,6 +1488,7 @@ def run(opts: Options, api=None, log=print) -> dict | None:
                        extra=dict(title=spec.title, timer="cuda_events" if on_gpu else "perf_counter",
                                   top_kernels=dict(eager=prof_eager.get("top"), difuse=prof_difuse.get("top")),
                                   patch_report=_jsonable(full_report),
+                                  gpu_clocks=dict(eager=clocks_eager, difuse=clocks_difuse),
                                   wall_s=round(time.perf_counter() - t0, 1)))
     log(format_report(rec, _site_table(full_report, rec["sites"])))
     d = os.path.dirname(opts.out)

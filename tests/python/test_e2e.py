@@ -167,6 +167,57 @@ class RecordTest(unittest.TestCase):
                 os.environ["DIFUSE_GIT_SHA"] = old
 
 
+class GpuClockSamplerTest(unittest.TestCase):
+    """The sampler parses what `nvidia-smi --format=csv,noheader,nounits -lms` prints (a fake nvidia-smi on PATH)
+    and says nothing rather than failing when nvidia-smi is absent."""
+
+    def _with_fake(self, body, fn):
+        with tempfile.TemporaryDirectory() as d:
+            exe = os.path.join(d, "nvidia-smi")
+            with open(exe, "w") as f:
+                f.write("#!/bin/sh\n" + body)
+            os.chmod(exe, 0o755)
+            old = os.environ["PATH"]
+            os.environ["PATH"] = d + os.pathsep + old
+            try:
+                return fn()
+            finally:
+                os.environ["PATH"] = old
+
+    def test_parses_samples(self):
+        body = ("echo '1980, 3201, 650.5, 61, 0x0000000000000000'\necho '1755, 3201, 699.0, 66, 0x0000000000000004'\n"
+                "echo '1830, 3201, 690.0, 64, 0x0000000000000004'\nexec sleep 30\n")
+
+        def fn():
+            with e2e.GpuClockSampler(0) as s:
+                import time
+                time.sleep(0.5)
+            return s.summary()
+
+        summ = self._with_fake(body, fn)
+        self.assertEqual(summ["samples"], 3)
+        self.assertEqual(summ["sm_mhz_median"], 1830)
+        self.assertEqual(summ["sm_mhz_min"], 1755)
+        self.assertEqual(summ["power_w_max"], 699.0)
+        self.assertEqual(summ["event_reasons"], {"0x0000000000000000": 1, "0x0000000000000004": 2})
+        rec = _record()
+        rec["gpu_clocks"] = dict(eager=summ, difuse=None)
+        text = e2e.format_report(rec)
+        self.assertIn("GPU during the eager arm: SM clock median 1830 MHz (min 1755)", text)
+        self.assertNotIn("difuse arm: SM clock", text)
+
+    def test_absent_nvidia_smi(self):
+        old = os.environ["PATH"]
+        os.environ["PATH"] = tempfile.gettempdir() + "/difuse-no-such-dir"
+        try:
+            with e2e.GpuClockSampler(0) as s:
+                pass
+        finally:
+            os.environ["PATH"] = old
+        self.assertIsNone(s.summary())
+        self.assertIn("nvidia-smi", s.error)
+
+
 class OptionsTest(unittest.TestCase):
     def test_defaults(self):
         o = e2e.resolve_options(_parser().parse_args(["flux"]))
