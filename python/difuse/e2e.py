@@ -278,6 +278,7 @@ class ArmResult:
     """One arm of the loop: per-step wall time (CUDA events on a GPU), md5 of the latents' bytes, finite, std."""
     label: str
     step_ms: list = field(default_factory=list)
+    host_ms: list = field(default_factory=list)  # host time to issue the model call (no sync inside): CPU-bound?
     md5: list = field(default_factory=list)
     finite: list = field(default_factory=list)
     std: list = field(default_factory=list)
@@ -285,6 +286,10 @@ class ArmResult:
     @property
     def median_ms(self) -> float:
         return statistics.median(self.step_ms) if self.step_ms else float("nan")
+
+    @property
+    def median_host_ms(self) -> float | None:
+        return statistics.median(self.host_ms) if self.host_ms else None
 
 
 def compare_md5(a: list, b: list) -> tuple[bool, int | None]:
@@ -329,11 +334,15 @@ def build_record(*, model: str, config: dict, eager: ArmResult, difuse: ArmResul
         command=command,
     )
     rec["speedup"] = _r(eager.median_ms / difuse.median_ms, 4) if difuse.median_ms else None
+    # Host time to issue the model call (the forward returns before the GPU finishes unless something syncs): when
+    # it approaches the step time, the step is CPU-bound and faster kernels cannot show.
+    rec["host_ms_eager"], rec["host_ms_difuse"] = _r(eager.median_host_ms), _r(difuse.median_host_ms)
     rec["profile_ms"] = dict(eager=prof_eager.get("ms"), difuse=prof_difuse.get("ms"))
     rec["launch_counts"] = dict(eager=prof_eager.get("counts"), difuse=prof_difuse.get("counts"))
     rec["per_step"] = dict(step_ms_eager=[_r(x) for x in eager.step_ms], step_ms_difuse=[_r(x) for x in difuse.step_ms],
                            md5_eager=list(eager.md5), md5_difuse=list(difuse.md5),
-                           std_eager=[_r(x, 5) for x in eager.std], std_difuse=[_r(x, 5) for x in difuse.std])
+                           std_eager=[_r(x, 5) for x in eager.std], std_difuse=[_r(x, 5) for x in difuse.std],
+                           host_ms_eager=[_r(x) for x in eager.host_ms], host_ms_difuse=[_r(x) for x in difuse.host_ms])
     rec["date"] = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     if extra:
         rec.update(extra)
@@ -372,6 +381,9 @@ def format_report(rec: dict, site_table: str | None = None) -> str:
     else:
         lines.append("latents md5: DIFFER, first at step %s (of %d, from 0)" % (rec["first_diff_step"], rec["steps"]))
     lines.append("latents finite: %s" % ("yes, every step, both arms" if rec["latents_finite"] else "NO"))
+    if rec.get("host_ms_eager") is not None and rec.get("host_ms_difuse") is not None:
+        lines.append("host time to issue the model call (median; near the step time = CPU-bound): eager %.2f ms, "
+                     "difuse %.2f ms" % (rec["host_ms_eager"], rec["host_ms_difuse"]))
     for arm in ("eager", "difuse"):
         lines.append("latent std per step (%s): %s" % (arm, _fmt_std(ps["std_" + arm])))
     for arm in ("eager", "difuse"):
@@ -1303,12 +1315,12 @@ class GpuClockSampler:
                     event_reasons=reasons or None)
 
 
-def sampled_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str, device="cuda"):
-    """run_arm with GpuClockSampler around it on a GPU: (ArmResult, clocks summary or None)."""
+def nvidia_smi_index(device) -> int | None:
+    """The index nvidia-smi gives the GPU torch calls `device` (None off the GPU)."""
     import torch
 
     if torch.device(device).type != "cuda":
-        return run_arm(spec, model, inputs, steps, label, device), None
+        return None
     idx = torch.device(device).index
     idx = torch.cuda.current_device() if idx is None else idx
     visible = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -1317,12 +1329,25 @@ def sampled_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str, 
             idx = int(visible.split(",")[idx])
         except (ValueError, IndexError):
             pass
+    return idx
+
+
+def sampled(fn, device, label: str):
+    """fn() with GpuClockSampler around it on a GPU: (fn's result, clocks summary or None)."""
+    idx = nvidia_smi_index(device)
+    if idx is None:
+        return fn(), None
     with GpuClockSampler(idx) as s:
-        res = run_arm(spec, model, inputs, steps, label, device)
+        res = fn()
     summ = s.summary()
     if summ is None:
         print("GPU clock sampling (%s arm): %s" % (label, s.error or "no samples"), file=sys.stderr)
     return res, summ
+
+
+def sampled_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str, device="cuda"):
+    """run_arm with GpuClockSampler around it on a GPU: (ArmResult, clocks summary or None)."""
+    return sampled(lambda: run_arm(spec, model, inputs, steps, label, device), device, label)
 
 
 def run_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str, device="cuda",
@@ -1338,7 +1363,9 @@ def run_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str, devi
     with torch.no_grad():
         for i, t in enumerate(timesteps):
             timer.start()
+            h0 = time.perf_counter()
             noise = spec.call(model, latents, t, inputs)
+            res.host_ms.append((time.perf_counter() - h0) * 1e3)
             latents = sched.step(noise, t, latents, return_dict=False)[0]
             ms = timer.stop()
             res.step_ms.append(ms)

@@ -59,8 +59,12 @@ RUN_CONFIG_KEY = ("double_blocks", "single_blocks", "resolution", "text_tokens",
 
 
 def _max_per_step(ranks: list, key: str) -> list:
-    n = min(len(r[key]) for r in ranks) if ranks else 0
+    n = min(len(r.get(key) or ()) for r in ranks) if ranks else 0
     return [max(float(r[key][i]) for r in ranks) for i in range(n)]
+
+
+def _median_or_none(xs: list):
+    return e2e._r(statistics.median(xs)) if xs else None
 
 
 def sites_fused_everywhere(sites_by_rank: list) -> bool:
@@ -108,6 +112,9 @@ def build_cp_record(*, cp: str, world_size: int, attn_backend: str, config: dict
         ranks_agree=bool(agree),
         latents_finite=bool(all(all(r["finite"]) for r in eager_ranks + difuse_ranks)),
         speedup=e2e._r(e_med / d_med, 4) if d_med and d_med == d_med else None,
+        # host time to issue the model call, max over ranks (near the step time: CPU-bound)
+        host_ms_eager=_median_or_none(_max_per_step(eager_ranks, "host_ms")),
+        host_ms_difuse=_median_or_none(_max_per_step(difuse_ranks, "host_ms")),
         attn_backend=attn_backend,
         config=dict(config),
         sites=summed,
@@ -120,7 +127,9 @@ def build_cp_record(*, cp: str, world_size: int, attn_backend: str, config: dict
         gpu=env.get("gpu"),
         per_step=dict(step_ms_eager=[e2e._r(x) for x in e_ms], step_ms_difuse=[e2e._r(x) for x in d_ms],
                       md5_eager=list(e0["md5"]), md5_difuse=list(d0["md5"]),
-                      std_eager=[e2e._r(x, 5) for x in e0["std"]], std_difuse=[e2e._r(x, 5) for x in d0["std"]]),
+                      std_eager=[e2e._r(x, 5) for x in e0["std"]], std_difuse=[e2e._r(x, 5) for x in d0["std"]],
+                      host_ms_eager=[e2e._r(x) for x in _max_per_step(eager_ranks, "host_ms")],
+                      host_ms_difuse=[e2e._r(x) for x in _max_per_step(difuse_ranks, "host_ms")]),
         sites_by_rank=list(sites_by_rank),
         date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
     )
@@ -168,6 +177,9 @@ def format_cp_report(rec: dict) -> str:
              "%.2f ms, difuse %.2f ms, eager/difuse %.3fx" % (
                  rec["cp"], rec["world_size"], rec["attn_backend"], rec["steps"], rec["timer"], rec["eager_ms"],
                  rec["difuse_ms"], rec["speedup"] or float("nan"))]
+    if rec.get("host_ms_eager") is not None and rec.get("host_ms_difuse") is not None:
+        lines.append("host time to issue the model call (median, max over ranks; near the step time = CPU-bound): "
+                     "eager %.2f ms, difuse %.2f ms" % (rec["host_ms_eager"], rec["host_ms_difuse"]))
     if rec["md5_equal_all_steps"]:
         lines.append("gathered latents md5: identical at all %d steps (last %s)" % (
             rec["steps"], rec["per_step"]["md5_eager"][-1]))
@@ -179,6 +191,16 @@ def format_cp_report(rec: dict) -> str:
     lines.append("sites fused on every rank (no fallback, none disabled): %s%s" % (
         "yes" if rec["sites_fused_on_every_rank"] else "NO",
         "; block gates disabled: %s" % ", ".join(rec["block_gates_disabled"]) if rec["block_gates_disabled"] else ""))
+    for arm in ("eager", "difuse"):
+        ms = (rec.get("profile_ms_rank0") or {}).get(arm) or {}
+        if ms:
+            lines.append("  rank 0 profiled step, %-6s " % arm + ", ".join(
+                "%s %.2f ms" % (k, ms[k]) for k in e2e.CATEGORIES if k in ms) + " (NCCL kernels count as other)")
+        for r, c in enumerate(rec.get("gpu_clocks_by_rank") or []):
+            c = (c or {}).get(arm)
+            if c:
+                lines.append("  rank %d GPU during the %s arm: SM clock median %.0f MHz, power median %.0f W; reasons %s"
+                             % (r, arm, c["sm_mhz_median"], c["power_w_median"], c.get("event_reasons")))
     lines.append(e2e.format_sites(rec["sites"]))
     return "\n".join(lines)
 
@@ -330,12 +352,14 @@ def run_arm_cp(spec, model, inputs, steps: int, label: str, info: DistInfo, prog
     latents = inputs.latents.clone()
     timer = e2e._Timer(torch, info.device)
     bar = e2e._Progress("%s r%d" % (label, info.rank), len(timesteps)) if progress and info.rank == 0 else None
-    res = dict(step_ms=[], md5=[], finite=[], std=[])
+    res = dict(step_ms=[], host_ms=[], md5=[], finite=[], std=[])
     with torch.no_grad():
         for i, t in enumerate(timesteps):
             barrier(info)
             timer.start()
+            h0 = time.perf_counter()
             noise = spec.call(model, latents, t, inputs)
+            res["host_ms"].append((time.perf_counter() - h0) * 1e3)
             latents = sched.step(noise, t, latents, return_dict=False)[0]
             ms = timer.stop()
             res["step_ms"].append(ms)
@@ -373,6 +397,7 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
     backend = opts.attn_backend or DEFAULT_BACKENDS[opts.cp]
     t0 = time.perf_counter()
     arms, sites, blocks_disabled, config, patch_text = {}, {}, [], None, None
+    clocks, profs = {}, {}
     for arm in ("eager", "difuse"):
         tb = time.perf_counter()
         model = spec.build_model(opts)
@@ -397,7 +422,10 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
                 say("patched: %s" % (rep,))
             enable_cp(model, opts.cp, info.world, backend)
             say("[%s] built and parallelised in %.1f s" % (arm, time.perf_counter() - tb))
-            arms[arm] = run_arm_cp(spec, model, inputs, opts.steps, arm, info)
+            arms[arm], clocks[arm] = e2e.sampled(lambda: run_arm_cp(spec, model, inputs, opts.steps, arm, info),
+                                                 info.device, arm)
+            # one profiled step per arm on every rank (the collectives need them all); rank 0's summary is kept
+            profs[arm] = e2e.profile_summary(spec, model, inputs, opts.steps, info.device)
             if arm == "difuse":
                 full = _report(report, model, info)
                 sites = {k: dict(fused=int(v.get("fused", 0)), fallback=int(v.get("fallback", 0)),
@@ -412,6 +440,7 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
                     say("unpatch refused: %s" % e)
             del model, inputs
             _free(info)
+    clocks_by_rank = gather(clocks, info)
     eager_ranks = gather(arms["eager"], info)
     difuse_ranks = gather(arms["difuse"], info)
     sites_by_rank = gather(sites, info)
@@ -425,6 +454,10 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
                               blocks_disabled=[b for bs in blocks_by_rank for b in bs],
                               env=e2e.environment(torch, info.device), command=torchrun_command(opts.command, nproc),
                               extra=dict(title=spec.title, patch_report=patch_text,
+                                         gpu_clocks_by_rank=clocks_by_rank,
+                                         profile_ms_rank0={a: p.get("ms") for a, p in profs.items()},
+                                         launch_counts_rank0={a: p.get("counts") for a, p in profs.items()},
+                                         top_kernels_rank0={a: p.get("top") for a, p in profs.items()},
                                          wall_s=round(time.perf_counter() - t0, 1)))
         log(format_cp_report(rec))
         out = opts.out or DEFAULT_OUT.format(world=info.world, suffix="-quick" if opts.quick else "")

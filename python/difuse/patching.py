@@ -91,6 +91,44 @@ def signature(*items) -> str:
     return "|".join(_tsig(x) if hasattr(x, "data_ptr") else repr(x) for x in items)
 
 
+_FAST_CACHE_MAX = 4096  # signatures remembered per site / block gate before the memo starts over
+
+
+def _fast_key(items, aligned: bool = True):
+    """A hashable stand-in for signature(*items) (aligned) or _shape_sig(*items) that costs a quarter of the
+    string: per tensor its shape, strides, dtype, device and (aligned) pointer mod 16; other items as they
+    are. None when an item cannot be hashed (the caller then builds the string every time)."""
+    tensor = _torch().Tensor
+    out = []
+    for t in items:
+        if isinstance(t, tensor):
+            out += (t.shape, t.stride(), t.dtype, t.device, t.data_ptr() & 15 if aligned else 0)
+        else:
+            out.append(t)
+    try:
+        key = tuple(out)
+        hash(key)
+    except TypeError:
+        return None
+    return key
+
+
+def _memo_sig(memo: dict, items, build, aligned: bool = True) -> str:
+    """build(*items) through memo, keyed by _fast_key: the hot path is one tuple and one dict lookup. While
+    torch.compile traces, the string is built directly (what dynamo already traced before the memo existed)."""
+    if _torch().compiler.is_compiling():
+        return build(*items)
+    fk = _fast_key(items, aligned)
+    if fk is None:
+        return build(*items)
+    sig = memo.get(fk)
+    if sig is None:
+        if len(memo) >= _FAST_CACHE_MAX:
+            memo.clear()
+        sig = memo[fk] = build(*items)
+    return sig
+
+
 # ---- sites ----------------------------------------------------------------------------------------------------
 class Site:
     """One site of a patched model: predicate cache + BitExactGate + counters of refusals."""
@@ -101,6 +139,7 @@ class Site:
         self.supported: dict = {}   # signature -> bool
         self.refusals: dict = {}    # reason -> count of signatures refused for it
         self.calls = 0
+        self._sigs: dict = {}       # _fast_key -> signature string
 
     def run(self, key, fused, eager, predicate, device: int):
         """key: the tensors and scalars that make the signature; predicate() -> Support (called once per
@@ -108,7 +147,7 @@ class Site:
         self.calls += 1
         if device < 0:  # host tensors: the eager chain (the kernels are CUDA-only)
             return eager()
-        sig = signature(*key)
+        sig = _memo_sig(self._sigs, key, signature)
         ok = self.supported.get(sig)
         if ok is None:
             try:
@@ -150,9 +189,11 @@ class BlockGate:
     def __init__(self, model_name: str, name: str):
         self.name = name
         self.gate = BitExactGate("%s.%s" % (model_name, name), "per_signature")
+        self._sigs: dict = {}  # _fast_key (no alignment) -> _shape_sig string
 
     def run(self, key, patched, original, device: int):
-        return run_verified(self.gate, _shape_sig(*key), patched, original, device)
+        return run_verified(self.gate, _memo_sig(self._sigs, key, _shape_sig, aligned=False), patched, original,
+                            device)
 
 
 @dataclass

@@ -101,6 +101,8 @@ def test_loop_md5_stable():
     assert len(a.md5) == 2 and a.md5 == b.md5 and a.md5[0] != a.md5[1]
     assert all(a.finite) and all(0.1 < s < 10 for s in a.std)
     assert len(a.step_ms) == 2
+    # host time to issue the call: measured per step; on the CPU the call is the whole step
+    assert len(a.host_ms) == 2 and all(0 < h <= s * 1.5 + 1 for h, s in zip(a.host_ms, a.step_ms))
     other = e2e.flux_inputs(m, resolution=64, text_tokens=8, seed=43, device="cpu")
     assert e2e.run_arm(e2e.FLUX, m, other, 2, "eager", "cpu", progress=False).md5 != a.md5
 

@@ -222,6 +222,40 @@ def test_block_signature_ignores_alignment_but_not_shape_or_strides():
     assert difuse.patching._shape_sig(a) != difuse.patching._shape_sig(base[0:32].view(16, 2).t())
 
 
+def test_memoised_signatures_match_the_strings_and_keep_every_distinction():
+    """The hot path's memo (_fast_key -> string) gives the string signature() / _shape_sig() would build, and
+    tells apart what they tell apart: shape, strides, dtype, alignment (sites only), device, scalars."""
+    P = difuse.patching
+    base = torch.zeros(40, dtype=torch.bfloat16)
+    a, b = base[0:32].view(2, 16), base[1:33].view(2, 16)
+    variants = [(a, 1e-6), (b, 1e-6), (a, 1e-5), (a.float(), 1e-6), (base[0:32].view(4, 8), 1e-6),
+                (base[0:32].view(16, 2).t(), 1e-6), (a, None), (torch.zeros(2, 16, dtype=torch.bfloat16, device="meta"), 1e-6)]
+    for aligned, build in ((True, P.signature), (False, P._shape_sig)):
+        memo = {}
+        for items in variants * 2:  # the second pass answers from the memo
+            assert P._memo_sig(memo, items, build, aligned) == build(*items)
+        assert len(memo) == len({build(*v) for v in variants}) == (len(variants) if aligned else len(variants) - 1)
+    assert P._fast_key([a, {}]) is None  # unhashable: the string every time
+    assert P._memo_sig({}, [a, {}], P.signature) == P.signature(a, {})
+
+
+def test_site_resolves_each_signature_once(monkeypatch):
+    """Site.run asks the predicate once per signature and hands the gate the string signature."""
+    P = difuse.patching
+    seen = []
+    monkeypatch.setattr(P, "run_verified", lambda gate, sig, fused, eager, device, supported=True:
+                        seen.append((sig, supported)) or (fused() if supported else eager()))
+    site = P.Site("test", "X")
+    calls = []
+    pred = lambda: calls.append(1) or difuse.ops.Support(True, [])  # noqa: E731
+    base = torch.zeros(40, dtype=torch.bfloat16)
+    a, b = base[0:32].view(2, 16), base[1:33].view(2, 16)
+    for x in (a, a, b, a, b):
+        assert site.run((x, 1e-6), fused=lambda: "f", eager=lambda: "e", predicate=pred, device=0) == "f"
+    assert len(calls) == 2 and site.calls == 5
+    assert [s for s, _ in seen] == [P.signature(x, 1e-6) for x in (a, a, b, a, b)]
+
+
 def test_diffusers_qk_norm_check_names_each_refusal():
     from diffusers.models.normalization import RMSNorm
 
