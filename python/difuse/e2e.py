@@ -387,6 +387,12 @@ def format_report(rec: dict, site_table: str | None = None) -> str:
     for arm in ("eager", "difuse"):
         lines.append("latent std per step (%s): %s" % (arm, _fmt_std(ps["std_" + arm])))
     for arm in ("eager", "difuse"):
+        hp = (rec.get("host_profile") or {}).get(arm) or {}
+        if hp:
+            lines.append("host profile, %s arm (cProfile, one call %.1f ms), most own time: %s" % (
+                arm, hp["host_ms_profiled"], "; ".join("%s %d calls %.1f ms" % (r["fn"], r["calls"], r["own_ms"])
+                                                       for r in hp["top_own"][:10])))
+    for arm in ("eager", "difuse"):
         c = (rec.get("gpu_clocks") or {}).get(arm)
         if c:
             lines.append("GPU during the %s arm: SM clock median %.0f MHz (min %.0f), power median %.0f W (max %.0f), "
@@ -1403,6 +1409,45 @@ def profile_step(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cud
     return out
 
 
+def host_profile(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda", top: int = 25) -> dict:
+    """One model call under cProfile (host side only; the GPU is synchronised before and after): the functions with
+    the most own time and the most cumulative time, as "file:line(name)" with calls and ms. Where a step is
+    CPU-bound, this says whose Python the host time goes to. cProfile slows Python calls, so the shares matter,
+    not the totals. {} when profiling fails."""
+    import cProfile
+    import pstats
+
+    import torch
+
+    try:
+        sched, timesteps = inputs.new_scheduler(steps)
+        latents = inputs.latents.clone()
+        cuda = torch.device(device).type == "cuda"
+        if cuda:
+            torch.cuda.synchronize()
+        prof = cProfile.Profile()
+        t0 = time.perf_counter()
+        with torch.no_grad():
+            prof.enable()
+            spec.call(model, latents, timesteps[0], inputs)
+            prof.disable()
+        host_ms = (time.perf_counter() - t0) * 1e3
+        if cuda:
+            torch.cuda.synchronize()
+        st = pstats.Stats(prof)
+        rows = []
+        for (fn, line, name), (cc, nc, tt, ct, _) in st.stats.items():
+            short = "/".join(fn.split("/")[-2:]) if "/" in fn else fn
+            rows.append(dict(fn="%s:%d(%s)" % (short, line, name), calls=nc, own_ms=round(tt * 1e3, 3),
+                             cum_ms=round(ct * 1e3, 3)))
+        return dict(host_ms_profiled=round(host_ms, 2), total_own_ms=round(sum(r["own_ms"] for r in rows), 2),
+                    top_own=sorted(rows, key=lambda r: -r["own_ms"])[:top],
+                    top_cum=sorted(rows, key=lambda r: -r["cum_ms"])[:top])
+    except Exception as e:  # noqa: BLE001 -- a profiler problem never costs the run
+        print("host profiling failed: %s: %s" % (type(e).__name__, e), file=sys.stderr)
+        return {}
+
+
 def profile_summary(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda") -> dict:
     """summarize_kernels of one profiled step; {} (the record then says null) on the CPU or when the profiler
     fails, so a profiler problem never costs the timed arms' results."""
@@ -1491,6 +1536,7 @@ def run(opts: Options, api=None, log=print) -> dict | None:
     on_gpu = torch.device(opts.device).type == "cuda"
     eager, clocks_eager = sampled_arm(spec, model, inputs, opts.steps, "eager", opts.device)
     prof_eager = profile_summary(spec, model, inputs, opts.steps, opts.device)
+    host_eager = host_profile(spec, model, inputs, opts.steps, opts.device) if on_gpu else {}
     try:
         patch_report = patch(model)
     except NotImplementedError as e:
@@ -1504,6 +1550,7 @@ def run(opts: Options, api=None, log=print) -> dict | None:
             log("patched: %s" % (patch_report,))
         fused, clocks_difuse = sampled_arm(spec, model, inputs, opts.steps, "difuse", opts.device)
         prof_difuse = profile_summary(spec, model, inputs, opts.steps, opts.device)
+        host_difuse = host_profile(spec, model, inputs, opts.steps, opts.device) if on_gpu else {}
         full_report = report(model) or {}
         sites = full_report.get("sites", {})
     finally:
@@ -1516,6 +1563,7 @@ def run(opts: Options, api=None, log=print) -> dict | None:
                                   top_kernels=dict(eager=prof_eager.get("top"), difuse=prof_difuse.get("top")),
                                   patch_report=_jsonable(full_report),
                                   gpu_clocks=dict(eager=clocks_eager, difuse=clocks_difuse),
+                                  host_profile=dict(eager=host_eager, difuse=host_difuse),
                                   wall_s=round(time.perf_counter() - t0, 1)))
     log(format_report(rec, _site_table(full_report, rec["sites"])))
     d = os.path.dirname(opts.out)

@@ -196,6 +196,11 @@ def format_cp_report(rec: dict) -> str:
         if ms:
             lines.append("  rank 0 profiled step, %-6s " % arm + ", ".join(
                 "%s %.2f ms" % (k, ms[k]) for k in e2e.CATEGORIES if k in ms) + " (NCCL kernels count as other)")
+        hp = (rec.get("host_profile_rank0") or {}).get(arm) or {}
+        if hp:
+            lines.append("  rank 0 host profile, %s arm (cProfile, one call %.1f ms): most own time: %s" % (
+                arm, hp["host_ms_profiled"], "; ".join("%s %d calls %.1f ms" % (r["fn"], r["calls"], r["own_ms"])
+                                                       for r in hp["top_own"][:12])))
         for r, c in enumerate(rec.get("gpu_clocks_by_rank") or []):
             c = (c or {}).get(arm)
             if c:
@@ -397,7 +402,7 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
     backend = opts.attn_backend or DEFAULT_BACKENDS[opts.cp]
     t0 = time.perf_counter()
     arms, sites, blocks_disabled, config, patch_text = {}, {}, [], None, None
-    clocks, profs = {}, {}
+    clocks, profs, hprofs = {}, {}, {}
     for arm in ("eager", "difuse"):
         tb = time.perf_counter()
         model = spec.build_model(opts)
@@ -426,6 +431,7 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
                                                  info.device, arm)
             # one profiled step per arm on every rank (the collectives need them all); rank 0's summary is kept
             profs[arm] = e2e.profile_summary(spec, model, inputs, opts.steps, info.device)
+            hprofs[arm] = e2e.host_profile(spec, model, inputs, opts.steps, info.device)
             if arm == "difuse":
                 full = _report(report, model, info)
                 sites = {k: dict(fused=int(v.get("fused", 0)), fallback=int(v.get("fallback", 0)),
@@ -458,6 +464,7 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
                                          profile_ms_rank0={a: p.get("ms") for a, p in profs.items()},
                                          launch_counts_rank0={a: p.get("counts") for a, p in profs.items()},
                                          top_kernels_rank0={a: p.get("top") for a, p in profs.items()},
+                                         host_profile_rank0=hprofs,
                                          wall_s=round(time.perf_counter() - t0, 1)))
         log(format_cp_report(rec))
         out = opts.out or DEFAULT_OUT.format(world=info.world, suffix="-quick" if opts.quick else "")

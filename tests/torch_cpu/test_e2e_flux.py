@@ -103,6 +103,9 @@ def test_loop_md5_stable():
     assert len(a.step_ms) == 2
     # host time to issue the call: measured per step; on the CPU the call is the whole step
     assert len(a.host_ms) == 2 and all(0 < h <= s * 1.5 + 1 for h, s in zip(a.host_ms, a.step_ms))
+    hp = e2e.host_profile(e2e.FLUX, m, inp, 2, "cpu")
+    assert hp["host_ms_profiled"] > 0 and len(hp["top_own"]) == 25
+    assert any("forward" in r["fn"] for r in hp["top_cum"]) and hp["top_cum"][0]["cum_ms"] >= hp["top_own"][0]["own_ms"]
     other = e2e.flux_inputs(m, resolution=64, text_tokens=8, seed=43, device="cpu")
     assert e2e.run_arm(e2e.FLUX, m, other, 2, "eager", "cpu", progress=False).md5 != a.md5
 
