@@ -8,23 +8,26 @@ whatever the RNG did) and the same inputs (seed 42); diffusers' `_cp_plan` for F
 hidden_states, encoder_hidden_states, img_ids and txt_ids along the sequence at the model's entry and all-gathers
 the output of proj_out, so every rank holds the whole noise prediction and takes the same scheduler step: the
 latents md5 is of the gathered latents (rank 0 prints it; every rank computes it, and the record says whether the
-ranks agreed at every step). Two arms, each on a freshly built model:
+ranks agreed at every step). Two arms, two models built alike and held at once (2 x 24 GB for FLUX.1-dev):
   eager   model.enable_parallelism(ContextParallelConfig(ulysses_degree | ring_degree = world size))
   difuse  difuse.patch(model) FIRST, then enable_parallelism (hooks installed later wrap what they find; for FLUX
           the plan hooks only the root module and proj_out, neither of them patched)
-then the parallelism is taken down again (diffusers 0.42.1 has no disable_parallelism: the hooks are removed with
+Their steps are interleaved (step i of one arm, then of the other, the order swapped every step): the CP step is
+CPU-bound on the 2-GPU host (host time to issue the call = step time), and that host's speed drifted between runs
+by up to 40 %, so two arms run one after the other measured the drift as much as the patch. Afterwards the
+parallelism is taken down again (diffusers 0.42.1 has no disable_parallelism: the hooks are removed with
 remove_context_parallel and the processors' _parallel_config reset), the model unpatched and dropped.
 Attention backend: ulysses runs diffusers' native SDPA backend (as the single-GPU bench); ring needs a backend that
 returns the log-sum-exp to merge the partial results (the native one raises), so it runs `_native_flash` (torch's
 flash kernel) by default; --attn-backend overrides either. Step time: a barrier, then CUDA events around the
-transformer call + scheduler step on each rank; the record's per-step time is the max over ranks, eager_ms /
+transformer call + scheduler step on each rank (and the host time until the call returns); the record's per-step time is the max over ranks, eager_ms /
 difuse_ms their medians. Rank 0 merges the record into bench/results/h200x<world>/e2e-flux-cp.json
 ({runs: [...]}; a run with the same mode, world size, steps, backend and shape replaces the old one).
 
 Defaults: the full FLUX.1-dev (19 + 38 blocks) at 1024x1024 (4096 image + 512 text tokens, split 2048 + 256 per
-rank at 2 ranks), 50 steps. On two H200s one step should take about 90-120 ms (half the single-GPU 176 ms eager,
-plus the all-to-all / all-gather traffic: ~60 MB per block for ulysses); both arms with their builds fit in about a
-minute per mode. On the CPU (--device cpu, gloo) it runs for tests: diffusers 0.42.1 sizes the rank's device as
+rank at 2 ranks), 50 steps. On two H200s a rank's GPU work is about half the single-GPU step's, but the step is
+host-bound there (measured 145-232 ms eager: the host issues some 3,000 ops per step at 30-60 us each); both
+arms with their builds fit in about a minute per mode. On the CPU (--device cpu, gloo) it runs for tests: diffusers 0.42.1 sizes the rank's device as
 rank % torch.accelerator.device_count(), which divides by zero without an accelerator, so enable_cp counts one
 device for the duration of that call.
 
@@ -201,11 +204,11 @@ def format_cp_report(rec: dict) -> str:
             lines.append("  rank 0 host profile, %s arm (cProfile, one call %.1f ms): most own time: %s" % (
                 arm, hp["host_ms_profiled"], "; ".join("%s %d calls %.1f ms" % (r["fn"], r["calls"], r["own_ms"])
                                                        for r in hp["top_own"][:12])))
-        for r, c in enumerate(rec.get("gpu_clocks_by_rank") or []):
-            c = (c or {}).get(arm)
+    for r, byarm in enumerate(rec.get("gpu_clocks_by_rank") or []):
+        for arm, c in (byarm or {}).items():
             if c:
-                lines.append("  rank %d GPU during the %s arm: SM clock median %.0f MHz, power median %.0f W; reasons %s"
-                             % (r, arm, c["sm_mhz_median"], c["power_w_median"], c.get("event_reasons")))
+                lines.append("  rank %d GPU during the timed loop (%s): SM clock median %.0f MHz, power median %.0f W; "
+                             "reasons %s" % (r, arm, c["sm_mhz_median"], c["power_w_median"], c.get("event_reasons")))
     lines.append(e2e.format_sites(rec["sites"]))
     return "\n".join(lines)
 
@@ -349,30 +352,39 @@ def disable_cp(model) -> None:
 # The loop
 
 
-def run_arm_cp(spec, model, inputs, steps: int, label: str, info: DistInfo, progress: bool = True) -> dict:
-    """e2e.run_arm with a barrier before each step: per-step ms, md5 of the (gathered) latents, finite, std."""
+def run_arms_interleaved(spec, models: dict, inputs: dict, steps: int, info: DistInfo, progress: bool = True) -> dict:
+    """The arms' denoising loops step by step in turn (step i of one arm, then step i of the other; the order swaps
+    every step), each from its own latents and scheduler: a host whose speed drifts during the run (the CP step is
+    CPU-bound) then slows both arms alike. {arm: dict(step_ms, host_ms, md5, finite, std)}."""
     import torch
 
-    sched, timesteps = inputs.new_scheduler(steps)
-    latents = inputs.latents.clone()
+    arms = list(models)
+    state = {}
+    for a in arms:
+        sched, timesteps = inputs[a].new_scheduler(steps)
+        state[a] = dict(sched=sched, timesteps=timesteps, latents=inputs[a].latents.clone())
+    n = len(state[arms[0]]["timesteps"])
     timer = e2e._Timer(torch, info.device)
-    bar = e2e._Progress("%s r%d" % (label, info.rank), len(timesteps)) if progress and info.rank == 0 else None
-    res = dict(step_ms=[], host_ms=[], md5=[], finite=[], std=[])
+    bars = {a: e2e._Progress("%s r%d" % (a, info.rank), n) for a in arms} if progress and info.rank == 0 else {}
+    res = {a: dict(step_ms=[], host_ms=[], md5=[], finite=[], std=[]) for a in arms}
     with torch.no_grad():
-        for i, t in enumerate(timesteps):
-            barrier(info)
-            timer.start()
-            h0 = time.perf_counter()
-            noise = spec.call(model, latents, t, inputs)
-            res["host_ms"].append((time.perf_counter() - h0) * 1e3)
-            latents = sched.step(noise, t, latents, return_dict=False)[0]
-            ms = timer.stop()
-            res["step_ms"].append(ms)
-            res["md5"].append(e2e.latents_md5(latents))
-            res["finite"].append(bool(torch.isfinite(latents).all().item()))
-            res["std"].append(float(latents.float().std().item()))
-            if bar:
-                bar.update(i, ms)
+        for i in range(n):
+            for a in (arms if i % 2 == 0 else arms[::-1]):
+                st, r = state[a], res[a]
+                t = st["timesteps"][i]
+                barrier(info)
+                timer.start()
+                h0 = time.perf_counter()
+                noise = spec.call(models[a], st["latents"], t, inputs[a])
+                r["host_ms"].append((time.perf_counter() - h0) * 1e3)
+                st["latents"] = st["sched"].step(noise, t, st["latents"], return_dict=False)[0]
+                ms = timer.stop()
+                r["step_ms"].append(ms)
+                r["md5"].append(e2e.latents_md5(st["latents"]))
+                r["finite"].append(bool(torch.isfinite(st["latents"]).all().item()))
+                r["std"].append(float(st["latents"].float().std().item()))
+                if a in bars:
+                    bars[a].update(i, ms)
     return res
 
 
@@ -401,25 +413,25 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
     patch, unpatch, report = api
     backend = opts.attn_backend or DEFAULT_BACKENDS[opts.cp]
     t0 = time.perf_counter()
-    arms, sites, blocks_disabled, config, patch_text = {}, {}, [], None, None
-    clocks, profs, hprofs = {}, {}, {}
-    for arm in ("eager", "difuse"):
-        tb = time.perf_counter()
-        model = spec.build_model(opts)
-        broadcast_weights_(model)
-        inputs = spec.make_inputs(model, opts)
-        if config is None:
-            config = spec.config(model, inputs, opts)
-            config.update(cp=opts.cp, world_size=info.world, attn_backend=backend,
-                          tokens_per_rank=dict(image=config["image_tokens"] // info.world,
-                                               text=config["text_tokens"] // info.world))
-            nparams = sum(p.numel() for p in model.parameters())
-            say("%s: %s, %.2fB parameters (%s); %s, %d image + %d text tokens, %d steps; %s context parallelism over "
-                "%d ranks, attention backend %s" % (
-                    spec.title, e2e.depth_text(config), nparams / 1e9, config["weights"], e2e.shape_text(config),
-                    config["image_tokens"], config["text_tokens"], opts.steps, opts.cp, info.world, backend))
-        patched = False
-        try:
+    sites, blocks_disabled, config, patch_text = {}, [], None, None
+    profs, hprofs = {}, {}
+    models, inputs, patched = {}, {}, False
+    try:
+        for arm in ("eager", "difuse"):
+            tb = time.perf_counter()
+            model = models[arm] = spec.build_model(opts)
+            broadcast_weights_(model)
+            inputs[arm] = spec.make_inputs(model, opts)
+            if config is None:
+                config = spec.config(model, inputs[arm], opts)
+                config.update(cp=opts.cp, world_size=info.world, attn_backend=backend,
+                              tokens_per_rank=dict(image=config["image_tokens"] // info.world,
+                                                   text=config["text_tokens"] // info.world))
+                nparams = sum(p.numel() for p in model.parameters())
+                say("%s: %s, %.2fB parameters (%s); %s, %d image + %d text tokens, %d steps; %s context parallelism "
+                    "over %d ranks, attention backend %s; the two arms' steps interleaved" % (
+                        spec.title, e2e.depth_text(config), nparams / 1e9, config["weights"], e2e.shape_text(config),
+                        config["image_tokens"], config["text_tokens"], opts.steps, opts.cp, info.world, backend))
             if arm == "difuse":
                 rep = patch(model)  # before enable_parallelism: its hooks wrap the patched forwards
                 patched = True
@@ -427,25 +439,27 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
                 say("patched: %s" % (rep,))
             enable_cp(model, opts.cp, info.world, backend)
             say("[%s] built and parallelised in %.1f s" % (arm, time.perf_counter() - tb))
-            arms[arm], clocks[arm] = e2e.sampled(lambda: run_arm_cp(spec, model, inputs, opts.steps, arm, info),
-                                                 info.device, arm)
+        arms, clock = e2e.sampled(lambda: run_arms_interleaved(spec, models, inputs, opts.steps, info), info.device,
+                                  "both")
+        for arm in ("eager", "difuse"):
             # one profiled step per arm on every rank (the collectives need them all); rank 0's summary is kept
-            profs[arm] = e2e.profile_summary(spec, model, inputs, opts.steps, info.device)
-            hprofs[arm] = e2e.host_profile(spec, model, inputs, opts.steps, info.device)
-            if arm == "difuse":
-                full = _report(report, model, info)
-                sites = {k: dict(fused=int(v.get("fused", 0)), fallback=int(v.get("fallback", 0)),
-                                 disabled=int(v.get("disabled", 0))) for k, v in (full.get("sites") or {}).items()}
-                blocks_disabled = [k for k, c in (full.get("blocks") or {}).items() if c.get("disabled")]
-        finally:
+            profs[arm] = e2e.profile_summary(spec, models[arm], inputs[arm], opts.steps, info.device)
+            hprofs[arm] = e2e.host_profile(spec, models[arm], inputs[arm], opts.steps, info.device)
+        full = _report(report, models["difuse"], info)
+        sites = {k: dict(fused=int(v.get("fused", 0)), fallback=int(v.get("fallback", 0)),
+                         disabled=int(v.get("disabled", 0))) for k, v in (full.get("sites") or {}).items()}
+        blocks_disabled = [k for k, c in (full.get("blocks") or {}).items() if c.get("disabled")]
+    finally:
+        for arm, model in models.items():
             disable_cp(model)
-            if patched:
+            if arm == "difuse" and patched:
                 try:
                     unpatch(model)
                 except RuntimeError as e:  # a hook still wraps a patched forward; the model is dropped anyway
                     say("unpatch refused: %s" % e)
-            del model, inputs
-            _free(info)
+        del models, inputs
+        _free(info)
+    clocks = dict(both=clock)
     clocks_by_rank = gather(clocks, info)
     eager_ranks = gather(arms["eager"], info)
     difuse_ranks = gather(arms["difuse"], info)
@@ -461,6 +475,8 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
                               env=e2e.environment(torch, info.device), command=torchrun_command(opts.command, nproc),
                               extra=dict(title=spec.title, patch_report=patch_text,
                                          gpu_clocks_by_rank=clocks_by_rank,
+                                         timing="interleaved: step i of each arm in turn, the order swapped every "
+                                                "step, a barrier before each",
                                          profile_ms_rank0={a: p.get("ms") for a, p in profs.items()},
                                          launch_counts_rank0={a: p.get("counts") for a, p in profs.items()},
                                          top_kernels_rank0={a: p.get("top") for a, p in profs.items()},

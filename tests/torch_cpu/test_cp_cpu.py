@@ -88,6 +88,7 @@ def test_bench_cp_merges_one_record_per_mode(launched):
         assert r["config"]["double_blocks"] == 1 and r["config"]["tokens_per_rank"] == {"image": 8, "text": 4}
         assert len(r["per_step"]["md5_eager"]) == 2 and r["per_step"]["md5_eager"] == r["per_step"]["md5_difuse"]
         assert len(r["sites_by_rank"]) == 2
+        assert r["timing"].startswith("interleaved")
         assert r["host_ms_eager"] > 0 and r["host_ms_difuse"] > 0 and len(r["per_step"]["host_ms_difuse"]) == 2
 
 
