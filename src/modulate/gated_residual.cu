@@ -16,8 +16,15 @@
 // CUDA device; gate [B, H] or [B, L, H] bf16 with a contiguous last dim and non-negative strides; out is h
 // (in place) or overlaps nothing. Any alignment (accesses of 16, 8, 4 or 2 bytes by alignment).
 //
-// Verification status: bit-exact on the H200 at 710ef68 (torch 2.11.0+cu130, sm_90): tests/gpu/test_gated_residual.py
+// Accesses: gated_residual 16, 8, 4 or 2 bytes by alignment; gated_residual_fp32 16-byte bf16 words with two
+// float4 gate loads where H % 8 == 0 and every row is 16-byte aligned (Wan's sites), else 4-byte words and float2
+// gates, else scalars (gated_residual_fp32_vector_width). The arithmetic per element is the same at every width.
+//
+// Verification status: bit-exact on the H200 at 10cca8c (torch 2.11.0+cu130, sm_90): tests/gpu/test_gated_residual.py
 // (241 cases; gated_residual_fp32 in test_wan_fp32.py), 0 failed, 0 skipped (bench/results/h200/tests.json).
+// gated_residual_fp32's 16-byte path came after that run (its 4-byte form measured 405 us at 1x32760x5120: 58 % of
+// the 236 us floor, target 297; 16 bytes in flight per thread) and is NOT yet run on the H200;
+// expected ~1.2x the floor, as gated_residual's 16-byte path reaches. test_wan_fp32.py covers every width.
 #include "modulate/gated_residual.h"
 #include "modulate/gated_residual_pair.h"
 
@@ -39,7 +46,8 @@ namespace {
 const detail::KernelRegistration kF32Registration{{
     "gated_residual_fp32", "cuda", "bit_exact",
     "(h.float() + a * gate).type_as(h)  (Wan: bf16 h, a; fp32 gate [B,H], [B,1,H] or [B,L,H])",
-    "verified bit-exact on H200 at 710ef68 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 10cca8c (torch 2.11.0+cu130, sm_90) with 4-byte and scalar accesses; the 16-byte "
+    "path (H % 8 == 0, 16-byte rows) is newer and not yet run on the H200", 90, 90,
     "Wan's gated residual with an fp32 gate, one bf16 rounding at the end"}};
 
 const detail::KernelRegistration kRegistration{{
@@ -88,7 +96,7 @@ __global__ void __launch_bounds__(256) gated_residual_kernel(const Params p) {
 }
 
 // Wan's fp32 gate: out = bf16(RN(f(h) + RN(f(a) * g))), one bf16 rounding (bf16 x fp32 promotes to fp32).
-template <int VEC>  // 2: words of two bf16 and float2 gates; 1: scalars
+template <int VEC>  // 8: 16-byte words of eight bf16 and two float4 gates; 2: one word and a float2; 1: scalars
 __global__ void __launch_bounds__(256) gated_residual_fp32_kernel(const Params p, const float* g32) {
   const int64_t nvec = p.cols / VEC;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
@@ -101,13 +109,21 @@ __global__ void __launch_bounds__(256) gated_residual_fp32_kernel(const Params p
       if constexpr (VEC == 1) {
         const float t = num::mul_rn(num::bf16_to_float(p.a[base + c]), grow[c]);
         p.out[base + c] = num::float_to_bf16_rne(num::add_rn(num::bf16_to_float(p.h[base + c]), t));
-      } else {
+      } else if constexpr (VEC == 2) {
         const uint32_t hw = *reinterpret_cast<const uint32_t*>(p.h + base + c);
         const uint32_t aw = *reinterpret_cast<const uint32_t*>(p.a + base + c);
         const float2 g = *reinterpret_cast<const float2*>(grow + c);
-        *reinterpret_cast<uint32_t*>(p.out + base + c) =
-            num::pack_bf16x2(num::add_rn(num::bf16_lo(hw), num::mul_rn(num::bf16_lo(aw), g.x)),
-                             num::add_rn(num::bf16_hi(hw), num::mul_rn(num::bf16_hi(aw), g.y)));
+        *reinterpret_cast<uint32_t*>(p.out + base + c) = gated_residual_fp32_pair(hw, aw, g.x, g.y);
+      } else {
+        static_assert(VEC == 8, "gated_residual_fp32_kernel: VEC is 8, 2 or 1");
+        const uint4 hv = *reinterpret_cast<const uint4*>(p.h + base + c);
+        const uint4 av = *reinterpret_cast<const uint4*>(p.a + base + c);
+        const float4 g0 = *reinterpret_cast<const float4*>(grow + c);
+        const float4 g1 = *reinterpret_cast<const float4*>(grow + c + 4);
+        // word k holds elements 2k (low half) and 2k + 1 (high half)
+        *reinterpret_cast<uint4*>(p.out + base + c) = make_uint4(
+            gated_residual_fp32_pair(hv.x, av.x, g0.x, g0.y), gated_residual_fp32_pair(hv.y, av.y, g0.z, g0.w),
+            gated_residual_fp32_pair(hv.z, av.z, g1.x, g1.y), gated_residual_fp32_pair(hv.w, av.w, g1.z, g1.w));
       }
     }
   }
@@ -132,6 +148,24 @@ int gated_residual_vector_width(const difuse_tensor_view& out, const difuse_tens
     if (H % vec) continue;
     const bool ok = vec_ok(h.data, H, vec) && vec_ok(a.data, H, vec) && vec_ok(out.data, H, vec) &&
                     vec_ok(gate.data, gate.strides[0], vec) && (!per_token || gate.strides[1] % vec == 0);
+    if (ok) return vec;
+  }
+  return 1;
+}
+
+int gated_residual_fp32_vector_width(const difuse_tensor_view& out, const difuse_tensor_view& h,
+                                     const difuse_tensor_view& a, const difuse_tensor_view& gate) {
+  // The gate rows the kernel reads: [B, H] (or [B, 1, H]) rows g_sb apart, per token also g_sl apart.
+  const bool per_token = gate.rank == 3 && gate.sizes[1] > 1;
+  const int64_t g_sb = gate.strides[0], g_sl = per_token ? gate.strides[1] : 0;
+  const int64_t H = h.sizes[2];
+  for (int vec : {8, 2}) {
+    if (H % vec) continue;
+    // bf16 tensors: vec * 2 bytes per access; the fp32 gate: vec * 4 bytes, read as float4 pairs for 8
+    const uintptr_t gate_align = vec == 8 ? 16 : 8;
+    const bool ok = vec_ok(h.data, H, vec) && vec_ok(a.data, H, vec) && vec_ok(out.data, H, vec) &&
+                    detail::aligned(gate.data, gate_align) && g_sb % (vec == 8 ? 4 : 2) == 0 &&
+                    g_sl % (vec == 8 ? 4 : 2) == 0;
     if (ok) return vec;
   }
   return 1;
@@ -242,14 +276,19 @@ void gated_residual_fp32(const difuse_tensor_view& out, const difuse_tensor_view
   p.g_sl = per_token ? gate.strides[1] : 0;
   const float* g32 = static_cast<const float*>(gate.data);
   const detail::DeviceGuard device_guard(h.device);
-  const bool pairs = H % 2 == 0 && detail::aligned(h.data, 4) && detail::aligned(a.data, 4) &&
-                     detail::aligned(out.data, 4) && detail::aligned(gate.data, 8) && p.g_sb % 2 == 0 && p.g_sl % 2 == 0;
-  if (pairs)
-    gated_residual_fp32_kernel<2><<<detail::elementwise_grid(p.rows, p.cols, 2), detail::kElementwiseThreads, 0, stream>>>(
-        p, g32);
-  else
-    gated_residual_fp32_kernel<1><<<detail::elementwise_grid(p.rows, p.cols, 1), detail::kElementwiseThreads, 0, stream>>>(
-        p, g32);
+  switch (gated_residual_fp32_vector_width(out, h, a, gate)) {
+    case 8:
+      gated_residual_fp32_kernel<8><<<detail::elementwise_grid(p.rows, p.cols, 8), detail::kElementwiseThreads, 0,
+                                      stream>>>(p, g32);
+      break;
+    case 2:
+      gated_residual_fp32_kernel<2><<<detail::elementwise_grid(p.rows, p.cols, 2), detail::kElementwiseThreads, 0,
+                                      stream>>>(p, g32);
+      break;
+    default:
+      gated_residual_fp32_kernel<1><<<detail::elementwise_grid(p.rows, p.cols, 1), detail::kElementwiseThreads, 0,
+                                      stream>>>(p, g32);
+  }
   DIFUSE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -20,5 +20,8 @@ void gated_residual_fp32(const difuse_tensor_view& out, const difuse_tensor_view
 // Elements per access (8, 4, 2 or 1) for these pointers and strides.
 int gated_residual_vector_width(const difuse_tensor_view& out, const difuse_tensor_view& h, const difuse_tensor_view& a,
                                 const difuse_tensor_view& gate);
+// The access width gated_residual_fp32 uses: 8 (16-byte bf16 words, two float4 gates), 2 or 1, by H and alignment.
+int gated_residual_fp32_vector_width(const difuse_tensor_view& out, const difuse_tensor_view& h,
+                                     const difuse_tensor_view& a, const difuse_tensor_view& gate);
 
 }  // namespace difuse::modulate

@@ -232,6 +232,34 @@ TEST(GatedResidual, VectorWidthFollowsAlignment) {
   EXPECT_EQ(gated_residual_vector_width(odd.out, odd.h, odd.a, odd.gate), 2);
 }
 
+TEST(GatedResidual, Fp32VectorWidthFollowsAlignmentOfEveryTensor) {
+  using difuse::modulate::gated_residual_fp32_vector_width;
+  const int64_t B = 1, L = 300, H = 5120;
+  GrCase c = gr_valid(B, L, H);
+  // Wan's gate: [B, 1, H] chunk of a [B, 6, H] fp32 table (chunk 2: 2H floats in, 16-byte aligned)
+  c.gate = TensorView(fake(0x3000000000ull + 4 * 2 * H), DType::F32, {B, 1, H}, {6 * H, H, 1}, 0);
+  EXPECT_EQ(gated_residual_fp32_vector_width(c.out, c.h, c.a, c.gate), 8);
+  GrCase g8 = c;
+  g8.gate.data = fake(0x3000000000ull + 8);  // float2-aligned gate
+  EXPECT_EQ(gated_residual_fp32_vector_width(g8.out, g8.h, g8.a, g8.gate), 2);
+  g8.gate.data = fake(0x3000000000ull + 4);  // float-aligned only
+  EXPECT_EQ(gated_residual_fp32_vector_width(g8.out, g8.h, g8.a, g8.gate), 1);
+  GrCase rs = c;
+  rs.gate.strides[0] = 6 * H + 2;  // rows 8-byte apart from each other only
+  EXPECT_EQ(gated_residual_fp32_vector_width(rs.out, rs.h, rs.a, rs.gate), 2);
+  GrCase tok = c;  // per-token gate whose token stride breaks 16-byte rows
+  tok.gate = TensorView(fake(0x3000000000ull), DType::F32, {B, L, H}, {L * (H + 2), H + 2, 1}, 0);
+  EXPECT_EQ(gated_residual_fp32_vector_width(tok.out, tok.h, tok.a, tok.gate), 2);
+  GrCase ha = c;
+  ha.a.data = fake(0x1000000000ull + 4);
+  EXPECT_EQ(gated_residual_fp32_vector_width(ha.out, ha.h, ha.a, ha.gate), 2);
+  ha.out.data = fake(0x2000000000ull + 2);
+  EXPECT_EQ(gated_residual_fp32_vector_width(ha.out, ha.h, ha.a, ha.gate), 1);
+  GrCase odd = gr_valid(B, L, 5122);
+  odd.gate = TensorView(fake(0x3000000000ull), DType::F32, {B, 5122}, {5122, 1}, 0);
+  EXPECT_EQ(gated_residual_fp32_vector_width(odd.out, odd.h, odd.a, odd.gate), 2);
+}
+
 // ---- rms_norm's predicate ------------------------------------------------------------------------------------
 TEST(RmsNorm, PredicateAcceptsSitesAndListsViolations) {
   // FLUX per-head q from a fused QKV projection: [1, 4608, 24, 128] view with strides (4608*9216, 9216, 128, 1).

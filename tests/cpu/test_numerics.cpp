@@ -225,6 +225,23 @@ TEST(Bf16x2, HostTwinsAreTheEagerFormula) {
   EXPECT_EQ(bf16x2_add_rn(pack_bf16x2(-0.0f, -0.0f), pack_bf16x2(-0.0f, 0.0f)), pack_bf16x2(-0.0f, 0.0f));
 }
 
+#include "modulate/gated_residual_pair.h"
+
+// Wan's fp32-gate pair is the scalar chain on each half: bf16(RN(f(h) + RN(f(a) * g))), element 0 in the low half.
+TEST(Bf16x2, GatedResidualFp32PairIsTheScalarChainPerHalf) {
+  std::mt19937 rng(11);
+  std::uniform_real_distribution<float> gd(-3.0f, 3.0f);
+  for (int i = 0; i < 200000; ++i) {
+    const uint16_t h0 = random_bf16(rng), h1 = random_bf16(rng), a0 = random_bf16(rng), a1 = random_bf16(rng);
+    const float g0 = i % 7 ? gd(rng) : std::ldexp(gd(rng), -120), g1 = gd(rng);
+    const uint32_t got = difuse::modulate::gated_residual_fp32_pair(h0 | (uint32_t{h1} << 16),
+                                                                    a0 | (uint32_t{a1} << 16), g0, g1);
+    const uint16_t lo = float_to_bf16_rne(add_rn(bf16_to_float(h0), mul_rn(bf16_to_float(a0), g0)));
+    const uint16_t hi = float_to_bf16_rne(add_rn(bf16_to_float(h1), mul_rn(bf16_to_float(a1), g1)));
+    ASSERT_EQ(got, lo | (uint32_t{hi} << 16)) << i;
+  }
+}
+
 #include "difuse/numerics/activation.h"
 
 TEST(Activation, GeluTanhHostTwinIsCloseToTheDefinition) {

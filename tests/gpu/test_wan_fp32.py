@@ -83,6 +83,37 @@ def test_adversarial(kind):
     assert_gr(x, torch.randn(2, 37, 5120, device=DEV, generator=g).to(BF), sc)
 
 
+def _offset(t, k):
+    """A copy of t whose data starts k elements into a fresh buffer (k = 1: 2-byte aligned for bf16)."""
+    buf = torch.empty(t.numel() + 8, dtype=t.dtype, device=t.device)
+    v = buf[k:k + t.numel()].view(t.shape)
+    v.copy_(t)
+    return v
+
+
+# gated_residual_fp32 reads 16-byte words and float4 gates where H % 8 == 0 and every row is 16-byte aligned,
+# 4-byte words and float2 gates where H is even and rows 4-byte aligned, scalars elsewhere: every width, and each
+# tensor knocked off its alignment in turn, against the eager chain.
+@pytest.mark.parametrize("H", [5120, 5124, 5122, 5121], ids=str)
+@pytest.mark.parametrize("misaligned", ["none", "h", "a", "gate", "gate_stride"])
+@pytest.mark.parametrize("kind", ["table", "token"])
+def test_gated_residual_fp32_access_widths(H, misaligned, kind):
+    g = torch.Generator(device=DEV).manual_seed(SEED + H)
+    B, L = 2, 37
+    h = torch.randn(B, L, H, device=DEV, generator=g).to(BF)
+    a = torch.randn(B, L, H, device=DEV, generator=g).to(BF)
+    gate = rows(B, L, H, kind, g)
+    if misaligned == "h":
+        h = _offset(h, 1)
+    elif misaligned == "a":
+        a = _offset(a, 1)
+    elif misaligned == "gate":
+        gate = _offset(gate.contiguous(), 1)
+    elif misaligned == "gate_stride":  # rows 4-byte aligned only: [B, 1, H] chunks of a [B, 6, H + 1] table
+        gate = torch.randn(B, 6, H + 1, device=DEV, generator=g)[:, 1:2, :H]
+    assert_gr(h, a, gate)
+
+
 @pytest.mark.parametrize("shape", [(1, 32760, 5120), (2, 77, 1536), (1, 5, 4), (3, 300, 20000)], ids=str)
 def test_norm2_affine(shape):
     g = torch.Generator(device=DEV).manual_seed(SEED)
