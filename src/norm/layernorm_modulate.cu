@@ -25,15 +25,21 @@
 // read, one write); one warp per row exists for measurements (DIFUSE_LNMOD_THREADS_PER_ROW=32); H > 24576 a
 // 128-thread two-pass kernel (second read mostly from L2). 16-byte accesses when H % 8 == 0 and x, out
 // are 16-byte aligned, else 8-byte; modulation rows are read as words when 8-byte aligned, else as bf16.
+// The fp32 variants read their fp32 rows as float4 when every row is 16-byte aligned
+// (layernorm_fp32_rows_vec4), else as scalars (before, always four scalar loads per tensor and vector:
+// layernorm_modulate_fp32 measured 448.7 us at 1x32760x5120 against 208.4 for the bf16 kernel on the
+// same rows (ops.json, 710ef68), 35 % of the floor. Each warp-wide scalar load spans 512 bytes (4 L1 wavefronts),
+// 8 of them per 4 elements: ~10M wavefronts per call, ~190 us of L1 time at 1.7 GHz, about the gap. float4 loads
+// need a quarter of that: predicted ~260-300 us. NOT yet run on the H200).
 //
 // The same kernel also serves, as compile-time variations of the epilogue/prologue: per-token [B, L, H]
 // modulation, gated_residual_layernorm_modulate (h1 = h + gate * a first) and Wan's fp32 chains
 // (layernorm_modulate_fp32, layernorm_affine_fp32).
 //
-// Verification status: bit-exact on the H200 at 710ef68 (torch 2.11.0+cu130, sm_90):
+// Verification status: bit-exact on the H200 at 10cca8c (torch 2.11.0+cu130, sm_90):
 // tests/gpu/test_layernorm_modulate.py (339 cases, [B, H] and per-token modulation),
 // test_gated_residual_layernorm_modulate.py (219) and test_wan_fp32.py (224), 0 failed, 0 skipped
-// (bench/results/h200/tests.json).
+// (bench/results/h200/tests.json); the fp32 float4 row loads came later (see above).
 #include "norm/layernorm_modulate.h"
 
 #include "modulate/gated_residual_pair.h"
@@ -59,13 +65,15 @@ using num::VecWelford;
 const detail::KernelRegistration kF32Registration{{
     "layernorm_modulate_fp32", "cuda", "bit_exact",
     "(F.layer_norm(x.float(), (H,), eps=eps) * (1 + scale) + shift).type_as(x)  (Wan: fp32 scale/shift rows)",
-    "verified bit-exact on H200 at 710ef68 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 10cca8c (torch 2.11.0+cu130, sm_90) with scalar fp32 row loads; the float4 "
+    "row loads are newer and not yet run on the H200", 90, 90,
     "Wan's fp32 adaLN: fp32 LayerNorm and modulation, one bf16 rounding at the end"}};
 
 const detail::KernelRegistration kAffineRegistration{{
     "layernorm_affine_fp32", "cuda", "bit_exact",
     "F.layer_norm(x.float(), (H,), weight, bias, eps).type_as(x)  (Wan's norm2: fp32 weight and bias)",
-    "verified bit-exact on H200 at 710ef68 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 10cca8c (torch 2.11.0+cu130, sm_90) with scalar fp32 row loads; the float4 "
+    "row loads are newer and not yet run on the H200", 90, 90,
     "affine FP32LayerNorm over bf16 input, one bf16 rounding at the end"}};
 
 const detail::KernelRegistration kResidualRegistration{{
@@ -285,11 +293,21 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
           const uint2 w = sx[vi];
           const int c = kVecElems * vi;
           const float xs[4] = {num::bf16_lo(w.x), num::bf16_hi(w.x), num::bf16_lo(w.y), num::bf16_hi(w.y)};
+          float sc[4], sh[4];
+          if constexpr (MODVEC) {  // fp32 rows 16-byte aligned: one float4 per row and vector
+            const float4 s4 = *reinterpret_cast<const float4*>(s32 + c);
+            const float4 h4 = *reinterpret_cast<const float4*>(h32 + c);
+            sc[0] = s4.x, sc[1] = s4.y, sc[2] = s4.z, sc[3] = s4.w;
+            sh[0] = h4.x, sh[1] = h4.y, sh[2] = h4.z, sh[3] = h4.w;
+          } else {
+#pragma unroll
+            for (int e = 0; e < 4; ++e) sc[e] = s32[c + e], sh[e] = h32[c + e];
+          }
           float ys[4];
 #pragma unroll
           for (int e = 0; e < 4; ++e)
-            ys[e] = p.affine32 ? layernorm_affine_f32_value(xs[e], rs, s32[c + e], h32[c + e])
-                               : layernorm_modulate_f32_value(xs[e], rs, s32[c + e], h32[c + e]);
+            ys[e] = p.affine32 ? layernorm_affine_f32_value(xs[e], rs, sc[e], sh[e])
+                               : layernorm_modulate_f32_value(xs[e], rs, sc[e], sh[e]);
           o32[vi] = make_uint2(num::pack_bf16x2(ys[0], ys[1]), num::pack_bf16x2(ys[2], ys[3]));
         }
       }
@@ -417,10 +435,11 @@ void launch_rows(const Params& p, int device, cudaStream_t stream) {
   kernel<<<static_cast<unsigned>(blocks), G * ROWS, smem, stream>>>(p);
 }
 
-template <int G, bool PAIRED>
+// VEC4: the fp32 modulation (or affine) rows are 16-byte aligned and read as float4 (MODVEC of the kernel).
+template <int G, bool PAIRED, bool VEC4>
 void launch_rows_f32(const Params& p, int device, cudaStream_t stream) {
   constexpr int ROWS = G == 128 ? 1 : 256 / G;
-  auto kernel = layernorm_modulate_rows<G, PAIRED, false, false, true>;
+  auto kernel = layernorm_modulate_rows<G, PAIRED, VEC4, false, true>;
   static std::atomic<uint64_t> opted_in{0};
   opt_in_shared_memory(kernel, device, static_cast<int>(kMaxStagedBytes), opted_in);
   const int64_t blocks = (p.rows + ROWS - 1) / ROWS;
@@ -607,6 +626,15 @@ detail::Support can_use_layernorm_modulate_fp32(const difuse_tensor_view& out, c
   return s;
 }
 
+bool layernorm_fp32_rows_vec4(const difuse_tensor_view& scale, const difuse_tensor_view& shift) {
+  for (const difuse_tensor_view* m : {&scale, &shift}) {
+    if (m->rank < 1 || m->strides[m->rank - 1] != 1 || !detail::aligned(m->data, 16)) return false;
+    for (int d = 0; d + 1 < m->rank; ++d)
+      if (m->strides[d] % 4 != 0) return false;
+  }
+  return true;
+}
+
 namespace {
 void layernorm_modulate_fp32_impl(const difuse_tensor_view& out, const difuse_tensor_view& x,
                                   const difuse_tensor_view& scale, const difuse_tensor_view& shift, double eps,
@@ -635,13 +663,24 @@ void layernorm_modulate_fp32_impl(const difuse_tensor_view& out, const difuse_te
   const detail::DeviceGuard device_guard(x.device);
   const bool aligned16 = detail::aligned(x.data, 16) && detail::aligned(out.data, 16);
   const LayernormModulateConfig cfg = layernorm_modulate_config(p.h, aligned16);
-  switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
-    case 65: launch_rows_f32<32, true>(p, x.device, stream); break;
-    case 64: launch_rows_f32<32, false>(p, x.device, stream); break;
-    case 129: launch_rows_f32<64, true>(p, x.device, stream); break;
-    case 128: launch_rows_f32<64, false>(p, x.device, stream); break;
-    case 256: launch_rows_f32<128, false>(p, x.device, stream); break;
-    default: throw detail::Failure(DIFUSE_ERR_INTERNAL, "layernorm_modulate_fp32: no staged kernel for this width");
+  if (layernorm_fp32_rows_vec4(scale, shift)) {
+    switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
+      case 65: launch_rows_f32<32, true, true>(p, x.device, stream); break;
+      case 64: launch_rows_f32<32, false, true>(p, x.device, stream); break;
+      case 129: launch_rows_f32<64, true, true>(p, x.device, stream); break;
+      case 128: launch_rows_f32<64, false, true>(p, x.device, stream); break;
+      case 256: launch_rows_f32<128, false, true>(p, x.device, stream); break;
+      default: throw detail::Failure(DIFUSE_ERR_INTERNAL, "layernorm_modulate_fp32: no staged kernel for this width");
+    }
+  } else {
+    switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
+      case 65: launch_rows_f32<32, true, false>(p, x.device, stream); break;
+      case 64: launch_rows_f32<32, false, false>(p, x.device, stream); break;
+      case 129: launch_rows_f32<64, true, false>(p, x.device, stream); break;
+      case 128: launch_rows_f32<64, false, false>(p, x.device, stream); break;
+      case 256: launch_rows_f32<128, false, false>(p, x.device, stream); break;
+      default: throw detail::Failure(DIFUSE_ERR_INTERNAL, "layernorm_modulate_fp32: no staged kernel for this width");
+    }
   }
   DIFUSE_CUDA_CHECK(cudaGetLastError());
 }

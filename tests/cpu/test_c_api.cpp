@@ -177,6 +177,28 @@ TEST(LayernormModulateConfig, PicksTheScheduleByWidthAndAlignment) {
   EXPECT_EQ(layernorm_modulate_config(24580, true).threads_per_row, 0);
 }
 
+// Wan's fp32 rows: float4 loads only where every row of both tensors starts 16-byte aligned.
+TEST(LayernormModulate, Fp32RowsReadAsFloat4OnlyWhenAligned) {
+  using difuse::norm::layernorm_fp32_rows_vec4;
+  const int64_t B = 2, H = 5120;
+  // [B, 1, H] chunks 1 and 2 of a [B, 6, H] fp32 table (the WanTransformerBlock's scale_shift_table + temb)
+  const TensorView sc(fake(0x3000000000ull + 4 * H), DType::F32, {B, 1, H}, {6 * H, H, 1}, 0);
+  const TensorView sh(fake(0x3000000000ull + 8 * H), DType::F32, {B, 1, H}, {6 * H, H, 1}, 0);
+  EXPECT_TRUE(layernorm_fp32_rows_vec4(sc, sh));
+  TensorView off = sh;
+  off.data = fake(0x3000000000ull + 8 * H + 8);
+  EXPECT_FALSE(layernorm_fp32_rows_vec4(sc, off));  // 8-byte aligned only
+  TensorView stride = sc;
+  stride.strides[0] = 6 * H + 2;  // the second batch's row is not 16-byte aligned
+  EXPECT_FALSE(layernorm_fp32_rows_vec4(stride, sh));
+  TensorView tok(fake(0x3000000000ull), DType::F32, {B, 7, H}, {7 * H, H, 1}, 0);  // per token
+  EXPECT_TRUE(layernorm_fp32_rows_vec4(tok, tok));
+  tok.strides[2] = 2;
+  EXPECT_FALSE(layernorm_fp32_rows_vec4(tok, sh));  // not contiguous in H
+  const TensorView w(fake(0x4000000000ull), DType::F32, {B, H}, {0, 1}, 0);  // norm2's weight as rows
+  EXPECT_TRUE(layernorm_fp32_rows_vec4(w, w));
+}
+
 // ---- gated_residual's predicate and vector width ----------------------------------------------------------
 #include "modulate/gated_residual.h"
 

@@ -114,6 +114,24 @@ def test_gated_residual_fp32_access_widths(H, misaligned, kind):
     assert_gr(h, a, gate)
 
 
+# layernorm_modulate_fp32 reads its fp32 rows as float4 where every row of scale and shift is 16-byte aligned,
+# as four scalars elsewhere: both, against the eager chain.
+@pytest.mark.parametrize("misaligned", ["none", "scale_4", "shift_8", "row_stride"])
+@pytest.mark.parametrize("kind", ["table", "token"])
+def test_layernorm_modulate_fp32_row_loads(misaligned, kind):
+    g = torch.Generator(device=DEV).manual_seed(SEED + 17)
+    B, L, H = 2, 37, 5120
+    x = torch.randn(B, L, H, device=DEV, generator=g).to(BF)
+    sc, sh = rows(B, L, H, kind, g), rows(B, L, H, kind, g)
+    if misaligned == "scale_4":
+        sc = _offset(sc.contiguous(), 1)
+    elif misaligned == "shift_8":
+        sh = _offset(sh.contiguous(), 2)
+    elif misaligned == "row_stride":  # [B, 1, H] chunks of a [B, 6, H + 2] table: only the first batch aligned
+        sc = torch.randn(B, 6, H + 2, device=DEV, generator=g)[:, 1:2, :H]
+    assert_ln(x, sc, sh)
+
+
 @pytest.mark.parametrize("shape", [(1, 32760, 5120), (2, 77, 1536), (1, 5, 4), (3, 300, 20000)], ids=str)
 def test_norm2_affine(shape):
     g = torch.Generator(device=DEV).manual_seed(SEED)
