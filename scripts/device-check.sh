@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
-# scripts/device-check.sh --stage build|tests|bench|e2e|all   (several: --stage tests,e2e)
+# scripts/device-check.sh --stage build|tests|bench|e2e|ncu|all   (several: --stage tests,e2e)
 #
 # The H200 loop (run through the device tool; each stage fits one call). Every stage writes its logs and
 # JSON under $OUT (default: ./device-out): build.log, platform.txt, tests.log + tests.json (the GPU test
 # report), sanitizer.log, bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
-# for each of $DIFUSE_E2E_MODELS, default "flux qwen-image sd3 wan", with $DIFUSE_E2E_ARGS). The logs and
+# for each of $DIFUSE_E2E_MODELS, default "flux qwen-image sd3 wan", with $DIFUSE_E2E_ARGS), ncu-<op>.txt (Nsight
+# Compute on one launch of each of $DIFUSE_NCU_OPS; not part of "all"). The logs and
 # text files are packed into logs.tgz at the end (the device tool returns few files). Set DIFUSE_GIT_SHA to the
 # commit being tested (the device copy has no .git). Exit status: non-zero when any stage fails.
 set -uo pipefail
@@ -14,7 +15,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --stage) STAGE=$2; shift 2 ;;
     --stage=*) STAGE=${1#--stage=}; shift ;;
-    *) echo "usage: $0 --stage build|tests|bench|e2e|all" >&2; exit 2 ;;
+    *) echo "usage: $0 --stage build|tests|bench|e2e|ncu|all" >&2; exit 2 ;;
   esac
 done
 OUT=${OUT:-$ROOT/device-out}
@@ -82,15 +83,35 @@ stage_e2e() {
   return $r
 }
 
+# Nsight Compute on one launch of each op at its first --quick site shape (after the exactness check), hardware
+# counters read without touching the clocks (--clock-control none, as the device notes ask). ncu-<op>.txt each.
+NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
+  --section MemoryWorkloadAnalysis --section SchedulerStats"
+stage_ncu() {
+  local op r=0
+  command -v ncu >/dev/null || { echo "ncu is not on PATH"; return 1; }
+  for op in ${DIFUSE_NCU_OPS:-qk_norm_rope_flux qk_norm_sd35 layernorm_modulate layernorm_modulate_fp32 gated_residual_fp32 rms_norm}; do
+    say "ncu: $op (one launch at the first site shape of bench ops)"
+    # shellcheck disable=SC2086
+    ncu --clock-control none --kernel-name-base demangled -k regex:difuse:: --launch-skip 1 --launch-count 1 \
+      $NCU_SECTIONS python3 -m difuse bench ops --op "$op" --reps 3 >"$OUT/ncu-$op.txt" 2>&1 || r=1
+    grep -E "^  [a-z].*difuse::|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|\
+Registers Per Thread|Block Limit|Warp Cycles Per Issued|Issued Warp Per Scheduler|No Eligible|==ERROR==|==WARNING==" \
+      "$OUT/ncu-$op.txt" | head -n 24
+  done
+  return $r
+}
+
 [ "$STAGE" = all ] && STAGE=tests,bench
 case ",$STAGE," in
-  *,build,*|*,tests,*|*,bench,*|*,e2e,*) ;;
+  *,build,*|*,tests,*|*,bench,*|*,e2e,*|*,ncu,*) ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac
 if stage_build; then
   case ",$STAGE," in *,tests,*) stage_tests || rc=1 ;; esac
   case ",$STAGE," in *,bench,*) stage_bench || rc=1 ;; esac
   case ",$STAGE," in *,e2e,*) stage_e2e || rc=1 ;; esac
+  case ",$STAGE," in *,ncu,*) stage_ncu || rc=1 ;; esac
 else
   rc=1
 fi
