@@ -457,7 +457,9 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
                     unpatch(model)
                 except RuntimeError as e:  # a hook still wraps a patched forward; the model is dropped anyway
                     say("unpatch refused: %s" % e)
-        del models, inputs
+        model = None
+        models.clear()
+        inputs.clear()
         _free(info)
     clocks = dict(both=clock)
     clocks_by_rank = gather(clocks, info)

@@ -5,9 +5,6 @@ short prompts), >= 200 seeded random shapes and strides, adversarial values (inp
 torch.compile, CUDA graphs and opcheck."""
 import os
 import random
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 import torch
@@ -261,8 +258,7 @@ sys.exit(1 if bad else 0)
 
 def test_four_rows_per_warp_variant():
     """DIFUSE_QK_ROWS_PER_WARP=4 (read once per process) selects the 4-rows-per-warp kernels: same bits."""
-    py = str(Path(__file__).resolve().parents[2] / "python")
-    env = dict(os.environ, DIFUSE_QK_ROWS_PER_WARP="4",
-               PYTHONPATH=py + (os.pathsep + os.environ["PYTHONPATH"] if os.environ.get("PYTHONPATH") else ""))
-    r = subprocess.run([sys.executable, "-c", _KNOB_SCRIPT], env=env, capture_output=True, text=True, timeout=300)
+    from knob_run import run_with_env
+
+    r = run_with_env(_KNOB_SCRIPT, DIFUSE_QK_ROWS_PER_WARP="4")
     assert r.returncode == 0, r.stdout + r.stderr
