@@ -100,6 +100,10 @@ def add_arguments(p) -> None:
     p.add_argument("--cp", choices=("ulysses", "ring"), help="flux: context parallelism over the ranks of a torchrun "
                    "launch (torchrun --nproc-per-node 2 -m difuse bench flux --cp ulysses); writes "
                    "bench/results/h200x<ranks>/e2e-flux-cp.json (difuse/e2e_cp.py)")
+    p.add_argument("--graph", action="store_true", help="also run the patched transformer as one CUDA graph per call "
+                   "(captured after the patched arm verified every signature) from the same latents: its step time "
+                   "and md5 per step go in the record as difuse_graph_ms / graph_md5_equal_all_steps, never as "
+                   "difuse_ms")
     p.add_argument("--attn-backend", help="--cp: diffusers attention backend (default: native for ulysses, "
                    "_native_flash for ring, which needs the log-sum-exp)")
 
@@ -124,6 +128,7 @@ class Options:
     frames: int | None = None  # wan: video frames
     cp: str | None = None  # flux: "ulysses" or "ring" context parallelism (difuse/e2e_cp.py)
     attn_backend: str | None = None  # --cp: the attention backend (None: e2e_cp.DEFAULT_BACKENDS)
+    graph: bool = False  # --graph: a third arm, the patched model replayed as a CUDA graph
 
 
 def command_line(argv) -> str:
@@ -205,6 +210,11 @@ def resolve_options(args) -> Options:
         raise ValueError("--cp (context parallelism) is implemented for flux only, not %s" % model)
     if attn_backend is not None and cp is None:
         raise ValueError("--attn-backend goes with --cp")
+    graph = bool(_opt(args, "graph"))
+    if graph and cp is not None:
+        raise ValueError("--graph is a one-GPU arm; it does not combine with --cp")
+    if graph and not str(args.device).startswith("cuda"):
+        raise ValueError("--graph needs a CUDA device (CUDA graphs), not %s" % args.device)
     # --cp: the default path names the world size, known once the process group is up (e2e_cp.DEFAULT_OUT).
     out = getattr(args, "out", None) or ("" if cp else DEFAULT_OUT.format(model=model, suffix="-quick" if quick else ""))
     argv = getattr(args, "argv", None)
@@ -213,7 +223,7 @@ def resolve_options(args) -> Options:
                    device=args.device, out=out, quick=quick,
                    command=command_line(argv if argv is not None else sys.argv[1:]),
                    overrides=dict(getattr(args, "model_overrides", None) or {}),
-                   layers=layers, width=width, frames=frames, cp=cp, attn_backend=attn_backend)
+                   layers=layers, width=width, frames=frames, cp=cp, attn_backend=attn_backend, graph=graph)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -381,6 +391,13 @@ def format_report(rec: dict, site_table: str | None = None) -> str:
     else:
         lines.append("latents md5: DIFFER, first at step %s (of %d, from 0)" % (rec["first_diff_step"], rec["steps"]))
     lines.append("latents finite: %s" % ("yes, every step, both arms" if rec["latents_finite"] else "NO"))
+    if rec.get("difuse_graph_ms") is not None:
+        lines.append("CUDA-graph arm (the patched call replayed as one graph; not difuse_ms): %.2f ms per step, "
+                     "latents md5 %s" % (rec["difuse_graph_ms"], "identical to eager at every step"
+                                         if rec["graph_md5_equal_all_steps"] else
+                                         "DIFFER from eager, first at step %s" % rec["graph_first_diff_step"]))
+    elif rec.get("graph_error"):
+        lines.append("CUDA-graph arm failed: %s" % rec["graph_error"])
     if rec.get("host_ms_eager") is not None and rec.get("host_ms_difuse") is not None:
         lines.append("host time to issue the model call (median; near the step time = CPU-bound): eager %.2f ms, "
                      "difuse %.2f ms" % (rec["host_ms_eager"], rec["host_ms_difuse"]))
@@ -1383,6 +1400,63 @@ def run_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str, devi
     return res
 
 
+def run_graph_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str = "graph", device="cuda",
+                  progress: bool = True) -> ArmResult:
+    """The denoising loop with the (already patched and verified) model call captured once as a CUDA graph: per
+    step the latents and the timestep are copied into the graph's static inputs, the graph replays, the scheduler
+    steps outside it. Timed like run_arm (CUDA events around copy + replay + scheduler step); host_ms is the host
+    time of copy + replay. Lossless only if its md5 per step equals the eager arm's, which the record says."""
+    import torch
+
+    sched, timesteps = inputs.new_scheduler(steps)
+    static_lat = inputs.latents.clone()
+    static_t = timesteps[0].clone()
+    with torch.no_grad():
+        side = torch.cuda.Stream(device)
+        side.wait_stream(torch.cuda.current_stream(device))
+        with torch.cuda.stream(side):  # warm-up on a side stream, as torch.cuda.graphs asks
+            for _ in range(2):
+                spec.call(model, static_lat, static_t, inputs)
+        torch.cuda.current_stream(device).wait_stream(side)
+        torch.cuda.synchronize(device)
+        graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(graph):
+            static_out = spec.call(model, static_lat, static_t, inputs)
+    latents = inputs.latents.clone()
+    timer = _Timer(torch, device)
+    bar = _Progress(label, len(timesteps)) if progress else None
+    res = ArmResult(label)
+    with torch.no_grad():
+        for i, t in enumerate(timesteps):
+            timer.start()
+            h0 = time.perf_counter()
+            static_lat.copy_(latents)
+            static_t.copy_(t)
+            graph.replay()
+            res.host_ms.append((time.perf_counter() - h0) * 1e3)
+            latents = sched.step(static_out, t, latents, return_dict=False)[0]
+            ms = timer.stop()
+            res.step_ms.append(ms)
+            res.md5.append(latents_md5(latents))
+            res.finite.append(bool(torch.isfinite(latents).all().item()))
+            res.std.append(float(latents.float().std().item()))
+            if bar:
+                bar.update(i, ms)
+    del graph
+    return res
+
+
+def graph_fields(eager: ArmResult, graph: ArmResult | None, error: str | None = None) -> dict:
+    """The record's CUDA-graph fields: difuse_graph_ms (never difuse_ms), md5 equality with the eager arm."""
+    if graph is None:
+        return dict(difuse_graph_ms=None, graph_md5_equal_all_steps=None, graph_first_diff_step=None,
+                    graph_error=error)
+    equal, first = compare_md5(eager.md5, graph.md5)
+    return dict(difuse_graph_ms=_r(graph.median_ms), graph_md5_equal_all_steps=equal, graph_first_diff_step=first,
+                graph_latents_finite=bool(all(graph.finite)), graph_host_ms=_r(graph.median_host_ms),
+                graph_step_ms=[_r(x) for x in graph.step_ms], graph_error=error)
+
+
 def profile_step(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda") -> list:
     """One step (the first of the schedule, after the timed arm has warmed everything) under torch.profiler
     with CUDA activity only: [(GPU activity name, duration us)]. Empty on the CPU."""
@@ -1551,6 +1625,13 @@ def run(opts: Options, api=None, log=print) -> dict | None:
         fused, clocks_difuse = sampled_arm(spec, model, inputs, opts.steps, "difuse", opts.device)
         prof_difuse = profile_summary(spec, model, inputs, opts.steps, opts.device)
         host_difuse = host_profile(spec, model, inputs, opts.steps, opts.device) if on_gpu else {}
+        graph_rec = None
+        if opts.graph:
+            try:
+                graph_rec = graph_fields(eager, run_graph_arm(spec, model, inputs, opts.steps, "graph", opts.device))
+            except Exception as e:  # noqa: BLE001 -- the graph arm is extra; its failure is recorded, not fatal
+                graph_rec = graph_fields(eager, None, "%s: %s" % (type(e).__name__, e))
+                print("graph arm failed: %s" % graph_rec["graph_error"], file=sys.stderr)
         full_report = report(model) or {}
         sites = full_report.get("sites", {})
     finally:
@@ -1564,6 +1645,7 @@ def run(opts: Options, api=None, log=print) -> dict | None:
                                   patch_report=_jsonable(full_report),
                                   gpu_clocks=dict(eager=clocks_eager, difuse=clocks_difuse),
                                   host_profile=dict(eager=host_eager, difuse=host_difuse),
+                                  **(graph_rec or {}),
                                   wall_s=round(time.perf_counter() - t0, 1)))
     log(format_report(rec, _site_table(full_report, rec["sites"])))
     d = os.path.dirname(opts.out)

@@ -290,11 +290,42 @@ class OptionsTest(unittest.TestCase):
             ("sd3", "--text-tokens", "77"): "77 CLIP",
             ("qwen-image", "--text-tokens", "0"): "at least 1",
             ("wan", "--steps", "0"): "at least 1",
+            ("flux", "--graph", "--device", "cpu"): "needs a CUDA device",
+            ("flux", "--graph", "--cp", "ulysses"): "does not combine with --cp",
         }
         for argv, msg in cases.items():
             with self.subTest(argv=argv), self.assertRaises(ValueError) as cm:
                 e2e.resolve_options(_parser().parse_args(list(argv)))
             self.assertIn(msg, str(cm.exception))
+
+
+class GraphArmTest(unittest.TestCase):
+    """--graph's record fields: its own step time and md5 comparison, never difuse_ms."""
+
+    def test_option(self):
+        self.assertTrue(e2e.resolve_options(_parser().parse_args(["sd3", "--graph"])).graph)
+        self.assertFalse(e2e.resolve_options(_parser().parse_args(["sd3"])).graph)
+
+    def test_fields(self):
+        eager = e2e.ArmResult("eager", step_ms=[3.0, 2.0, 2.0], md5=["a", "b", "c"], finite=[True] * 3)
+        same = e2e.ArmResult("graph", step_ms=[1.0, 1.5, 2.5], host_ms=[0.1, 0.1, 0.2], md5=["a", "b", "c"],
+                             finite=[True] * 3)
+        f = e2e.graph_fields(eager, same)
+        self.assertEqual((f["difuse_graph_ms"], f["graph_md5_equal_all_steps"], f["graph_first_diff_step"]),
+                         (1.5, True, None))
+        self.assertEqual(f["graph_host_ms"], 0.1)
+        other = e2e.ArmResult("graph", step_ms=[1.0] * 3, md5=["a", "x", "c"], finite=[True] * 3)
+        f = e2e.graph_fields(eager, other)
+        self.assertEqual((f["graph_md5_equal_all_steps"], f["graph_first_diff_step"]), (False, 1))
+        failed = e2e.graph_fields(eager, None, "RuntimeError: capture")
+        self.assertIsNone(failed["difuse_graph_ms"])
+        rec = _record()
+        rec.update(e2e.graph_fields(eager, other))
+        self.assertIn("DIFFER from eager, first at step 1", e2e.format_report(rec))
+        rec.update(failed)
+        self.assertIn("CUDA-graph arm failed: RuntimeError: capture", e2e.format_report(rec))
+        rec.update(e2e.graph_fields(eager, same))
+        self.assertIn("1.50 ms per step, latents md5 identical to eager at every step", e2e.format_report(rec))
 
 
 class ModelConfigTest(unittest.TestCase):
