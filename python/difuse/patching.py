@@ -255,7 +255,8 @@ def _plain_layernorm(norm) -> bool:
 
 
 def _lnmod_site(site: Site, x, scale, shift, norm, eager):
-    """x -> LayerNorm(x) * (1 + scale[:, None]) + shift[:, None] with scale/shift [B, H] rows."""
+    """x -> LayerNorm(x) * (1 + scale[:, None]) + shift[:, None] with scale/shift [B, H] rows (or the same with
+    per-token [B, L, H] scale/shift; the caller's eager chain says which)."""
     from . import ops
 
     eps = float(norm.eps)
@@ -274,10 +275,11 @@ def _lnmod_site(site: Site, x, scale, shift, norm, eager):
 
 
 def _gated_residual_site(site: Site, h, a, gate):
-    """h + gate.unsqueeze(1) * a."""
+    """h + gate.unsqueeze(1) * a for [B, H] gate rows; h + gate * a for a per-token [B, L, H] gate."""
     from . import ops
 
-    eager = lambda: h + gate.unsqueeze(1) * a  # noqa: E731
+    g = gate.unsqueeze(1) if gate.dim() == 2 else gate
+    eager = lambda: h + g * a  # noqa: E731
     if not h.is_cuda:
         return eager()
     return site.run((h, a, gate), fused=lambda: ops._ops().gated_residual(h, a, gate), eager=eager,
@@ -285,12 +287,15 @@ def _gated_residual_site(site: Site, h, a, gate):
 
 
 def _grln_site(site: Site, h, a, gate, scale, shift, norm):
-    """h1 = h + gate.unsqueeze(1) * a; out = norm(h1) * (1 + scale[:, None]) + shift[:, None] -> (h1, out)."""
+    """h1 = h + gate.unsqueeze(1) * a; out = norm(h1) * (1 + scale[:, None]) + shift[:, None] -> (h1, out), with
+    [B, H] rows; per-token [B, L, H] gate, scale and shift are used as they are."""
     from . import ops
 
+    rows = lambda t: t.unsqueeze(1) if t.dim() == 2 else t  # noqa: E731
+
     def eager():
-        h1 = h + gate.unsqueeze(1) * a
-        return h1, norm(h1) * (1 + scale[:, None]) + shift[:, None]
+        h1 = h + rows(gate) * a
+        return h1, norm(h1) * (1 + rows(scale)) + rows(shift)
 
     plain = _plain_layernorm(norm)
     eps = float(norm.eps)
@@ -629,32 +634,45 @@ def _qwen_block_forward(self, hidden_states, encoder_hidden_states, encoder_hidd
                                           modulate_index)
     if not hidden_states.is_cuda:
         return original()
-    if self.zero_cond_t or modulate_index is not None:  # the edit variants' per-token modulation: eager
-        for name in ("Q1", "Q4", "Q6"):
-            st.sites[name].fallback(_dev(hidden_states), "zero_cond_t / modulate_index (per-token modulation)")
+    if self.zero_cond_t and modulate_index is None:  # the class itself cannot broadcast 2B rows over B: its error
         return original()
     rot = tuple(image_rotary_emb) if image_rotary_emb is not None else ()
-    key = (hidden_states, encoder_hidden_states, encoder_hidden_states_mask, temb) + rot
+    key = (hidden_states, encoder_hidden_states, encoder_hidden_states_mask, temb, modulate_index,
+           bool(self.zero_cond_t)) + rot
     return st.blocks["qwen_block"].run(
         key, lambda: _qwen_block_body(self, st, hidden_states, encoder_hidden_states, encoder_hidden_states_mask,
-                                      temb, image_rotary_emb, joint_attention_kwargs),
+                                      temb, image_rotary_emb, joint_attention_kwargs, modulate_index),
         original, _dev(hidden_states))
 
 
+def _qwen_modulation(mod, index):
+    """QwenImageTransformerBlock._modulate's (shift, scale, gate) without the multiply: [B, H] rows, or with a
+    modulate_index [B, L] (Qwen-Image-Edit's zero_cond_t) the per-token [B, L, H] selections of the first or second
+    half of the 2B rows, made by the same torch.where calls (exact copies of the values)."""
+    torch = _torch()
+    shift, scale, gate = mod.chunk(3, dim=-1)
+    if index is None:
+        return shift, scale, gate
+    n = shift.size(0) // 2
+    pick = index.unsqueeze(-1) == 0
+    return tuple(torch.where(pick, t[:n].unsqueeze(1), t[n:].unsqueeze(1)) for t in (shift, scale, gate))
+
+
 def _qwen_block_body(self, st, hidden_states, encoder_hidden_states, encoder_hidden_states_mask, temb,
-                     image_rotary_emb, joint_attention_kwargs):
+                     image_rotary_emb, joint_attention_kwargs, modulate_index=None):
     torch = _torch()
     S = st.sites
     img_mod1, img_mod2 = _mod_params(st, self.img_mod, temb).chunk(2, dim=-1)
-    txt_mod1, txt_mod2 = _mod_params(st, self.txt_mod, temb).chunk(2, dim=-1)
-    i_shift1, i_scale1, i_gate1 = img_mod1.chunk(3, dim=-1)
-    i_shift2, i_scale2, i_gate2 = img_mod2.chunk(3, dim=-1)
+    txt_temb = torch.chunk(temb, 2, dim=0)[0] if self.zero_cond_t else temb
+    txt_mod1, txt_mod2 = _mod_params(st, self.txt_mod, txt_temb).chunk(2, dim=-1)
+    i_shift1, i_scale1, i_gate1 = _qwen_modulation(img_mod1, modulate_index)
+    i_shift2, i_scale2, i_gate2 = _qwen_modulation(img_mod2, modulate_index)
     t_shift1, t_scale1, t_gate1 = txt_mod1.chunk(3, dim=-1)
     t_shift2, t_scale2, t_gate2 = txt_mod2.chunk(3, dim=-1)
+    rows = lambda t: t.unsqueeze(1) if t.dim() == 2 else t  # noqa: E731  ([B, H] rows or per-token [B, L, H])
 
     img_modulated = _lnmod_site(S["Q1"], hidden_states, i_scale1, i_shift1, self.img_norm1,
-                                lambda: self.img_norm1(hidden_states) * (1 + i_scale1.unsqueeze(1)) +
-                                i_shift1.unsqueeze(1))
+                                lambda: self.img_norm1(hidden_states) * (1 + rows(i_scale1)) + rows(i_shift1))
     txt_modulated = _lnmod_site(S["Q1c"], encoder_hidden_states, t_scale1, t_shift1, self.txt_norm1,
                                 lambda: self.txt_norm1(encoder_hidden_states) * (1 + t_scale1.unsqueeze(1)) +
                                 t_shift1.unsqueeze(1))

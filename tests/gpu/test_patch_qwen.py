@@ -1,6 +1,7 @@
 """difuse.patch on diffusers' QwenImageTransformer2DModel on the GPU: the patched model's output is bit-identical
 to the unpatched one (2 blocks at full width: 24 heads x 128, joint_attention_dim 3584), batch 1 and 2, with and
-without padded prompt masks; every listed site fused and none disabled; unpatch restores the original."""
+without padded prompt masks, and the Edit variant's per-token modulation (zero_cond_t, modulate_index); every listed
+site fused and none disabled; unpatch restores the original."""
 import os
 
 import pytest
@@ -15,12 +16,12 @@ DEV = "cuda"
 SEED = int(os.environ.get("DIFUSE_TEST_SEED", "20261129"))
 
 
-def reduced_qwen(layers=2, seed=SEED):
+def reduced_qwen(layers=2, seed=SEED, **kw):
     torch.manual_seed(seed)
     with torch.device(DEV):
         model = tq.QwenImageTransformer2DModel(patch_size=2, in_channels=64, out_channels=16, num_layers=layers,
                                                attention_head_dim=128, num_attention_heads=24,
-                                               joint_attention_dim=3584, axes_dims_rope=(16, 56, 56))
+                                               joint_attention_dim=3584, axes_dims_rope=(16, 56, 56), **kw)
     model = model.to(torch.bfloat16).eval()
     g = torch.Generator(device=DEV).manual_seed(seed)
     with torch.no_grad():
@@ -64,6 +65,31 @@ def test_patched_qwen_is_bit_identical(model, B, text_tokens, pad):
     try:
         assert count_mismatches(run(model, inputs), ref) == 0  # verifying call
         assert count_mismatches(run(model, inputs), ref) == 0  # fused only
+        rep = difuse.report(model)
+        text = difuse.format_report(rep)
+        for name in difuse.patching.QWEN_SITES:
+            s = rep["sites"][name]
+            assert s["fused"] > 0 and s["fallback"] == 0 and not s["disabled"], "%s\n%s" % (name, text)
+        assert not any(c["disabled"] for c in rep["blocks"].values()), text
+    finally:
+        difuse.unpatch(model)
+    assert count_mismatches(run(model, inputs), ref) == 0
+
+
+@pytest.mark.parametrize("B", [1, 2])
+def test_patched_qwen_edit_per_token_modulation_is_bit_identical(B):
+    """zero_cond_t (Qwen-Image-Edit-2511): the model's forward doubles temb and builds modulate_index from img_shapes
+    (target image tokens 0, the reference image's 1); the image-stream sites then run with per-token modulation."""
+    model = reduced_qwen(zero_cond_t=True)
+    inputs = qwen_inputs(B, side=48, text_tokens=77, pad=10)
+    g = torch.Generator(device=DEV).manual_seed(SEED + 7)
+    inputs["hidden_states"] = torch.randn(B, 48 * 48 + 32 * 32, 64, generator=g, device=DEV, dtype=torch.bfloat16)
+    inputs["img_shapes"] = [[(1, 48, 48), (1, 32, 32)]] * B
+    ref = run(model, inputs)
+    difuse.patch(model)
+    try:
+        assert count_mismatches(run(model, inputs), ref) == 0
+        assert count_mismatches(run(model, inputs), ref) == 0
         rep = difuse.report(model)
         text = difuse.format_report(rep)
         for name in difuse.patching.QWEN_SITES:
