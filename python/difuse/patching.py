@@ -69,6 +69,12 @@ SD3_SITES = {
     "J6c": "h + c_gate_mlp * ff_context (context)",
     "norm_out": "final AdaLayerNormContinuous: LayerNorm(x) * (1 + scale) + shift",
 }
+# SD3.5-medium's dual-attention blocks (SD35AdaLayerNormZeroX norm1, a second self-attention attn2): listed in the
+# report of a model that has them.
+SD3_DUAL_SITES = {
+    "J1x": "dual block: norm1's second modulation, LayerNorm(x) * (1 + scale_msa2) + shift_msa2 (attn2's input)",
+    "J3x": "dual block: h + gate_msa * attn before attn2's residual (J4 then adds gate_msa2 * attn2)",
+}
 WAN_SITES = {
     "W1": "norm1 + modulate in fp32: (LN32(x) * (1 + scale_msa) + shift_msa).type_as(x)",
     "W2": "self-attention prologue: torch.nn.RMSNorm across heads on q, k, head split, Wan's RoPE (one launch)",
@@ -764,10 +770,10 @@ def _sd3_block_forward(self, hidden_states, encoder_hidden_states, temb, joint_a
                                           joint_attention_kwargs)
     if not hidden_states.is_cuda:
         return original()
+    from diffusers.models.normalization import AdaLayerNormZero, SD35AdaLayerNormZeroX
+
     why = ""
-    if self.use_dual_attention:
-        why = "use_dual_attention (SD3.5-medium's dual blocks)"
-    elif self._chunk_size is not None:
+    if self._chunk_size is not None:
         why = "chunked feed-forward"
     elif joint_attention_kwargs:
         why = "joint_attention_kwargs given"
@@ -775,12 +781,18 @@ def _sd3_block_forward(self, hidden_states, encoder_hidden_states, temb, joint_a
         why = "attention processor %s is not JointAttnProcessor2_0" % type(self.attn.processor).__name__
     elif getattr(self.norm1, "emb", None) is not None:
         why = "norm1 has its own timestep embedding"
+    elif type(self.norm1) is not (SD35AdaLayerNormZeroX if self.use_dual_attention else AdaLayerNormZero):
+        why = "norm1 is %s" % type(self.norm1).__name__
+    elif self.use_dual_attention and type(self.attn2.processor) is not ap.JointAttnProcessor2_0:
+        why = "attn2's processor %s is not JointAttnProcessor2_0" % type(self.attn2.processor).__name__
     if why:
         for name in ("J1", "J2", "J4", "J6"):
             st.sites[name].fallback(_dev(hidden_states), why)
         return original()
+    # The block's variant is part of the key: the last (context_pre_only) and the dual-attention blocks have the
+    # same input shapes as the others but compose differently, so each variant verifies its own composition.
     return st.blocks["joint_block"].run(
-        (hidden_states, encoder_hidden_states, temb),
+        (hidden_states, encoder_hidden_states, temb, bool(self.context_pre_only), bool(self.use_dual_attention)),
         lambda: _sd3_block_body(self, st, hidden_states, encoder_hidden_states, temb), original,
         _dev(hidden_states))
 
@@ -790,9 +802,17 @@ def _sd3_block_body(self, st, hidden_states, encoder_hidden_states, temb):
 
     S = st.sites
     n1 = self.norm1
-    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = _ada_zero_parts(st, n1, temb)
+    dual = self.use_dual_attention
+    if dual:  # SD35AdaLayerNormZeroX: nine chunks; one LayerNorm, two modulations of it
+        (shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp, shift_msa2, scale_msa2,
+         gate_msa2) = n1.linear(_silu_once(st, n1.silu, temb)).chunk(9, dim=1)
+    else:
+        shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = _ada_zero_parts(st, n1, temb)
     norm_hs = _lnmod_site(S["J1"], hidden_states, scale_msa, shift_msa, n1.norm,
                           lambda: n1.norm(hidden_states) * (1 + scale_msa[:, None]) + shift_msa[:, None])
+    if dual:  # the fused kernel recomputes the LayerNorm: the same bits as reusing eager's normalised rows
+        norm_hs2 = _lnmod_site(S["J1x"], hidden_states, scale_msa2, shift_msa2, n1.norm,
+                               lambda: n1.norm(hidden_states) * (1 + scale_msa2[:, None]) + shift_msa2[:, None])
     n1c = self.norm1_context
     if self.context_pre_only:
         if type(n1c) is AdaLayerNormContinuous:
@@ -809,6 +829,9 @@ def _sd3_block_body(self, st, hidden_states, encoder_hidden_states, temb):
                                lambda: n1c.norm(encoder_hidden_states) * (1 + c_scale_msa[:, None]) +
                                c_shift_msa[:, None])
     attn_output, context_attn_output = _sd3_attention(S["J2"], self.attn, norm_hs, norm_ehs)
+    if dual:  # h + gate_msa * attn, then (J4) + gate_msa2 * attn2 and norm2's modulation
+        hidden_states = _gated_residual_site(S["J3x"], hidden_states, attn_output, gate_msa)
+        attn_output, gate_msa = self.attn2(hidden_states=norm_hs2), gate_msa2
     hidden_states, norm_hs = _grln_site(S["J4"], hidden_states, attn_output, gate_msa, scale_mlp, shift_mlp,
                                         self.norm2)
     hidden_states = _gated_residual_site(S["J6"], hidden_states, self.ff(norm_hs), gate_mlp)
@@ -978,7 +1001,8 @@ def patch(model) -> PatchReport:
         from diffusers.models.attention import JointTransformerBlock
 
         table = {JointTransformerBlock: (_sd3_block_forward, "joint blocks")}
-        st = _State("sd3", SD3_SITES)
+        dual = any(getattr(m, "use_dual_attention", False) for m in model.modules() if type(m) is JointTransformerBlock)
+        st = _State("sd3", {**SD3_SITES, **SD3_DUAL_SITES} if dual else SD3_SITES)
     else:
         tw = _wan_module()
         table = {tw.WanTransformerBlock: (_wan_block_forward, "blocks")}
@@ -1076,4 +1100,4 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FLUX_SITES", "QWEN_SITES", "SD3_SITES", "WAN_SITES", "patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]
+__all__ = ["FLUX_SITES", "QWEN_SITES", "SD3_SITES", "SD3_DUAL_SITES", "WAN_SITES", "patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]

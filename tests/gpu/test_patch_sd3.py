@@ -1,6 +1,7 @@
 """difuse.patch on diffusers' SD3Transformer2DModel on the GPU: SD3.5-large's width (38 heads x 64, qk_norm
 rms_norm) at 2 blocks (the second is the context_pre_only block), 1024^2 (4096 image tokens, 333 context
-tokens), batch 1 and 2 (CFG): the patched output is bit-identical to the unpatched one, every site fused."""
+tokens), batch 1 and 2 (CFG), and SD3.5-medium's width with a dual-attention block: the patched output is
+bit-identical to the unpatched one, every site fused."""
 import os
 
 import pytest
@@ -15,13 +16,17 @@ DEV = "cuda"
 SEED = int(os.environ.get("DIFUSE_TEST_SEED", "20261129"))
 
 
-def reduced_sd35(layers=2, seed=SEED):
+LARGE = dict(num_attention_heads=38, caption_projection_dim=2432, pos_embed_max_size=192)
+# SD3.5-medium: 24 heads x 64, its first 13 blocks dual-attention (here the first of 2)
+MEDIUM = dict(num_attention_heads=24, caption_projection_dim=1536, pos_embed_max_size=384, dual_attention_layers=(0,))
+
+
+def reduced_sd35(layers=2, seed=SEED, width=LARGE):
     torch.manual_seed(seed)
     with torch.device(DEV):
         model = ts.SD3Transformer2DModel(sample_size=128, patch_size=2, in_channels=16, num_layers=layers,
-                                         attention_head_dim=64, num_attention_heads=38, joint_attention_dim=4096,
-                                         caption_projection_dim=2432, pooled_projection_dim=2048, out_channels=16,
-                                         pos_embed_max_size=192, qk_norm="rms_norm")
+                                         attention_head_dim=64, joint_attention_dim=4096, pooled_projection_dim=2048,
+                                         out_channels=16, qk_norm="rms_norm", **width)
     model = model.to(torch.bfloat16).eval()
     g = torch.Generator(device=DEV).manual_seed(seed)
     with torch.no_grad():
@@ -65,6 +70,27 @@ def test_patched_sd35_is_bit_identical(model, B, context):
         rep = difuse.report(model)
         text = difuse.format_report(rep)
         for name in difuse.patching.SD3_SITES:
+            s = rep["sites"][name]
+            assert s["fused"] > 0 and s["fallback"] == 0 and not s["disabled"], "%s\n%s" % (name, text)
+        assert not any(c["disabled"] for c in rep["blocks"].values()), text
+    finally:
+        difuse.unpatch(model)
+    assert count_mismatches(run(model, inputs), ref) == 0
+
+
+@pytest.mark.parametrize("B", [1, 2])
+def test_patched_sd35_medium_dual_attention_is_bit_identical(B):
+    model = reduced_sd35(width=MEDIUM)
+    assert [b.use_dual_attention for b in model.transformer_blocks] == [True, False]
+    inputs = sd3_inputs(B, 333)
+    ref = run(model, inputs)
+    difuse.patch(model)
+    try:
+        assert count_mismatches(run(model, inputs), ref) == 0
+        assert count_mismatches(run(model, inputs), ref) == 0
+        rep = difuse.report(model)
+        text = difuse.format_report(rep)
+        for name in list(difuse.patching.SD3_SITES) + list(difuse.patching.SD3_DUAL_SITES):
             s = rep["sites"][name]
             assert s["fused"] > 0 and s["fallback"] == 0 and not s["disabled"], "%s\n%s" % (name, text)
         assert not any(c["disabled"] for c in rep["blocks"].values()), text

@@ -180,15 +180,20 @@ def test_qwen_edit_per_token_modulation_body_composes_like_the_original(dtype):
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_sd3_patch_discovers_blocks_and_its_body_composes_like_the_original(dtype):
+@pytest.mark.parametrize("dual", [(), (0,)], ids=["large", "medium_dual"])
+def test_sd3_patch_discovers_blocks_and_its_body_composes_like_the_original(dtype, dual):
+    """SD3.5-large's blocks and, with dual_attention_layers, SD3.5-medium's dual-attention block (norm1 an
+    SD35AdaLayerNormZeroX, a second self-attention attn2)."""
     ts = pytest.importorskip("diffusers.models.transformers.transformer_sd3")
     torch.manual_seed(0)
     model = ts.SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=2, attention_head_dim=8,
                                      num_attention_heads=2, joint_attention_dim=16, caption_projection_dim=16,
-                                     pooled_projection_dim=8, out_channels=4, qk_norm="rms_norm").to(dtype)
+                                     pooled_projection_dim=8, out_channels=4, qk_norm="rms_norm",
+                                     dual_attention_layers=dual).to(dtype)
+    assert [b.use_dual_attention for b in model.transformer_blocks] == [bool(dual), False]
     rep = difuse.patch(model)
     assert rep.modules == {"joint blocks": 2, "norm_out": 1}
-    assert set(rep.sites) == set(difuse.patching.SD3_SITES)
+    assert set(rep.sites) == set(difuse.patching.SD3_SITES) | (set(difuse.patching.SD3_DUAL_SITES) if dual else set())
     st = model._difuse_state
     g = torch.Generator().manual_seed(5)
     hs, ehs, temb = (torch.randn(2, 16, 16, generator=g).to(dtype), torch.randn(2, 7, 16, generator=g).to(dtype),
