@@ -506,7 +506,7 @@ def _flux_single_body(self, st, hidden_states, encoder_hidden_states, temb, imag
     def concat_fused():
         buf = torch.empty(*mlp.shape[:-1], dim + mlp.shape[-1], dtype=mlp.dtype, device=mlp.device)
         ops._ops().gelu_tanh_into(mlp, buf[..., dim:])
-        buf[..., :dim].copy_(attn_output)
+        _copy_bits(buf[..., :dim], attn_output)
         return buf
 
     def concat_predicate():
@@ -523,6 +523,20 @@ def _flux_single_body(self, st, hidden_states, encoder_hidden_states, temb, imag
     if hidden_states.dtype == torch.float16:
         hidden_states = hidden_states.clip(-65504, 65504)
     return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
+
+
+def _copy_bits(dst, src) -> None:
+    """dst.copy_(src) for same-dtype tensors, moved as 8-byte words where both views allow it: a strided destination
+    (a column slice of a joint buffer) makes aten's copy run element by element at 2 bytes per access; as int64 it
+    moves 8. A bit copy either way."""
+    torch = _torch()
+    if dst.dtype == src.dtype and dst.shape == src.shape and dst.element_size() < 8:
+        try:
+            dst.view(torch.int64).copy_(src.view(torch.int64))
+            return
+        except RuntimeError:  # a view the wider dtype cannot take (odd sizes, offsets or strides)
+            pass
+    dst.copy_(src)
 
 
 def _ada_continuous_forward(self, x, conditioning_embedding):

@@ -299,6 +299,21 @@ def test_site_resolves_each_signature_once(monkeypatch):
     assert [s for s, _ in seen] == [P.signature(x, 1e-6) for x in (a, a, b, a, b)]
 
 
+def test_copy_bits_moves_the_same_bits_through_wide_views_or_plainly():
+    P = difuse.patching
+    g = torch.Generator().manual_seed(3)
+    src = torch.randn(2, 6, 12, generator=g).to(torch.bfloat16)
+    src.view(torch.int16)[0, 0, :4] = torch.tensor([0x7FC1, -0x8000, 0x0001, 0x7F80], dtype=torch.int16)  # nan, -0
+    for width, lo in ((20, 0), (20, 4), (21, 1), (12, 0)):  # int64 views; an offset / width they cannot take
+        buf = torch.zeros(2, 6, width, dtype=torch.bfloat16)
+        dst = buf[..., lo:lo + 12]
+        P._copy_bits(dst, src)
+        assert torch.equal(dst.view(torch.int16), src.view(torch.int16))
+        if (width, lo) == (20, 0):  # FLUX's case (an aligned column slice): the 8-byte view exists
+            assert dst.view(torch.int64).shape == (2, 6, 3)
+        assert not buf[..., :lo].view(torch.int16).any() and not buf[..., lo + 12:].view(torch.int16).any()
+
+
 def test_diffusers_qk_norm_check_names_each_refusal():
     from diffusers.models.normalization import RMSNorm
 
