@@ -767,7 +767,11 @@ def _sd3_attention(site: Site, attn, hidden_states, encoder_hidden_states):
                                                                      eps)),
                           device=_dev(q))
     out = ap.F.scaled_dot_product_attention(jq, jk, jv, dropout_p=0.0, is_causal=False)
-    out = out.transpose(1, 2).reshape(B, -1, attn.heads * D).to(jq.dtype)
+    # out.transpose(1, 2).reshape(B, -1, heads * D), the processor's transposing copy, moved as 8-byte words
+    bshd = out.transpose(1, 2)
+    flat = torch.empty(bshd.shape, dtype=out.dtype, device=out.device)
+    _copy_bits(flat, bshd)
+    out = flat.view(B, -1, attn.heads * D).to(jq.dtype)
     hs, ehs = out[:, :S_img], out[:, S_img:]
     if not attn.context_pre_only:
         ehs = attn.to_add_out(ehs)
