@@ -27,10 +27,10 @@
 // (241 cases, incl. the q, k, v diffusers' FluxAttnProcessor hands to attention), 0 failed, 0 skipped
 // (bench/results/h200/tests.json).
 #include "rope/qk_norm_rope.h"
+#include "rope/rows_per_warp_knob.h"
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "core/device.h"
@@ -314,10 +314,7 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   const detail::DeviceGuard device_guard(a.q.device);
   // Rows a warp loads before reducing: fewer rows keep more warps resident (occupancy), more rows put more
   // loads in flight per warp. DIFUSE_QK_ROWS_PER_WARP=2|4|6|9 overrides the default (for measurements).
-  static const int knob = [] {
-    const char* e = std::getenv("DIFUSE_QK_ROWS_PER_WARP");
-    return e ? std::atoi(e) : 0;
-  }();
+  const int knob = rows_per_warp_knob();
   const int per_warp = knob > 0 ? knob : 2;  // H200, FLUX shapes: 2 rows 90.6 us, 4: 95.5, 6: 97.1, 9: 99.4
   const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
   if (per_warp <= 2)

@@ -38,10 +38,10 @@
 // tests/gpu/test_qk_norm_rope_qwen.py (252 cases, incl. the real QwenDoubleStreamAttnProcessor2_0), 0 failed, 0
 // skipped (bench/results/h200/tests-qk-variants.json).
 #include "rope/qk_norm_rope_qwen.h"
+#include "rope/rows_per_warp_knob.h"
 
 #include <cuda_runtime.h>
 
-#include <cstdlib>
 #include <string>
 
 #include "core/device.h"
@@ -274,11 +274,7 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
   if (blocks == 0) return;
   const detail::DeviceGuard device_guard(a.q.device);
   // Rows a warp loads before reducing (DIFUSE_QK_ROWS_PER_WARP=2|4 overrides the default, for measurements).
-  static const int knob = [] {
-    const char* e = std::getenv("DIFUSE_QK_ROWS_PER_WARP");
-    return e ? std::atoi(e) : 0;
-  }();
-  const bool four = knob >= 4;
+  const bool four = rows_per_warp_knob() >= 4;
   const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
   if (E == 4) {  // the complex freqs and weights of a 4-element run need more than 6 blocks' 40 registers
     if (four)
