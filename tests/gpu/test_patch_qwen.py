@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import difuse
-from difuse.gate import count_mismatches
+from patch_check import assert_patched_matches
 
 tq = pytest.importorskip("diffusers.models.transformers.transformer_qwenimage")
 
@@ -47,11 +47,6 @@ def qwen_inputs(B=1, side=64, text_tokens=512, pad=0, seed=SEED):
                 img_shapes=[[(1, side, side)]] * B, return_dict=False)
 
 
-def run(model, inputs):
-    with torch.no_grad():
-        return model(**inputs)[0]
-
-
 @pytest.fixture(scope="module")
 def model():
     return reduced_qwen()
@@ -60,20 +55,7 @@ def model():
 @pytest.mark.parametrize("B,text_tokens,pad", [(1, 512, 0), (2, 512, 0), (1, 77, 20)], ids=str)
 def test_patched_qwen_is_bit_identical(model, B, text_tokens, pad):
     inputs = qwen_inputs(B, text_tokens=text_tokens, pad=pad)
-    ref = run(model, inputs)
-    difuse.patch(model)
-    try:
-        assert count_mismatches(run(model, inputs), ref) == 0  # verifying call
-        assert count_mismatches(run(model, inputs), ref) == 0  # fused only
-        rep = difuse.report(model)
-        text = difuse.format_report(rep)
-        for name in difuse.patching.QWEN_SITES:
-            s = rep["sites"][name]
-            assert s["fused"] > 0 and s["fallback"] == 0 and not s["disabled"], "%s\n%s" % (name, text)
-        assert not any(c["disabled"] for c in rep["blocks"].values()), text
-    finally:
-        difuse.unpatch(model)
-    assert count_mismatches(run(model, inputs), ref) == 0
+    assert_patched_matches(model, inputs, difuse.patching.QWEN_SITES)
 
 
 @pytest.mark.parametrize("B", [1, 2])
@@ -85,17 +67,4 @@ def test_patched_qwen_edit_per_token_modulation_is_bit_identical(B):
     g = torch.Generator(device=DEV).manual_seed(SEED + 7)
     inputs["hidden_states"] = torch.randn(B, 48 * 48 + 32 * 32, 64, generator=g, device=DEV, dtype=torch.bfloat16)
     inputs["img_shapes"] = [[(1, 48, 48), (1, 32, 32)]] * B
-    ref = run(model, inputs)
-    difuse.patch(model)
-    try:
-        assert count_mismatches(run(model, inputs), ref) == 0
-        assert count_mismatches(run(model, inputs), ref) == 0
-        rep = difuse.report(model)
-        text = difuse.format_report(rep)
-        for name in difuse.patching.QWEN_SITES:
-            s = rep["sites"][name]
-            assert s["fused"] > 0 and s["fallback"] == 0 and not s["disabled"], "%s\n%s" % (name, text)
-        assert not any(c["disabled"] for c in rep["blocks"].values()), text
-    finally:
-        difuse.unpatch(model)
-    assert count_mismatches(run(model, inputs), ref) == 0
+    assert_patched_matches(model, inputs, difuse.patching.QWEN_SITES)

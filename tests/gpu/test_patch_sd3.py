@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import difuse
-from difuse.gate import count_mismatches
+from patch_check import assert_patched_matches
 
 ts = pytest.importorskip("diffusers.models.transformers.transformer_sd3")
 
@@ -49,11 +49,6 @@ def sd3_inputs(B=1, context=333, seed=SEED):
                 timestep=torch.full((B,), 500.0, **bf), return_dict=False)
 
 
-def run(model, inputs):
-    with torch.no_grad():
-        return model(**inputs)[0]
-
-
 @pytest.fixture(scope="module")
 def model():
     return reduced_sd35()
@@ -62,20 +57,7 @@ def model():
 @pytest.mark.parametrize("B,context", [(1, 333), (2, 333), (1, 77)], ids=str)
 def test_patched_sd35_is_bit_identical(model, B, context):
     inputs = sd3_inputs(B, context)
-    ref = run(model, inputs)
-    difuse.patch(model)
-    try:
-        assert count_mismatches(run(model, inputs), ref) == 0  # verifying call
-        assert count_mismatches(run(model, inputs), ref) == 0  # fused only
-        rep = difuse.report(model)
-        text = difuse.format_report(rep)
-        for name in difuse.patching.SD3_SITES:
-            s = rep["sites"][name]
-            assert s["fused"] > 0 and s["fallback"] == 0 and not s["disabled"], "%s\n%s" % (name, text)
-        assert not any(c["disabled"] for c in rep["blocks"].values()), text
-    finally:
-        difuse.unpatch(model)
-    assert count_mismatches(run(model, inputs), ref) == 0
+    assert_patched_matches(model, inputs, difuse.patching.SD3_SITES)
 
 
 @pytest.mark.parametrize("B", [1, 2])
@@ -83,17 +65,4 @@ def test_patched_sd35_medium_dual_attention_is_bit_identical(B):
     model = reduced_sd35(width=MEDIUM)
     assert [b.use_dual_attention for b in model.transformer_blocks] == [True, False]
     inputs = sd3_inputs(B, 333)
-    ref = run(model, inputs)
-    difuse.patch(model)
-    try:
-        assert count_mismatches(run(model, inputs), ref) == 0
-        assert count_mismatches(run(model, inputs), ref) == 0
-        rep = difuse.report(model)
-        text = difuse.format_report(rep)
-        for name in list(difuse.patching.SD3_SITES) + list(difuse.patching.SD3_DUAL_SITES):
-            s = rep["sites"][name]
-            assert s["fused"] > 0 and s["fallback"] == 0 and not s["disabled"], "%s\n%s" % (name, text)
-        assert not any(c["disabled"] for c in rep["blocks"].values()), text
-    finally:
-        difuse.unpatch(model)
-    assert count_mismatches(run(model, inputs), ref) == 0
+    assert_patched_matches(model, inputs, list(difuse.patching.SD3_SITES) + list(difuse.patching.SD3_DUAL_SITES))

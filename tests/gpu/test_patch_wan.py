@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import difuse
-from difuse.gate import count_mismatches
+from patch_check import assert_patched_matches
 
 tw = pytest.importorskip("diffusers.models.transformers.transformer_wan")
 
@@ -50,26 +50,8 @@ def wan_inputs(B=1, frames=2, h=60, w=104, seed=SEED):
                 encoder_hidden_states=torch.randn(B, 512, 4096, generator=g, **bf), return_dict=False)
 
 
-def run(model, inputs):
-    with torch.no_grad():
-        return model(**inputs)[0]
-
-
 @pytest.mark.parametrize("B", [1, 2])
 def test_patched_wan_is_bit_identical(B):
     model = reduced_wan()
     inputs = wan_inputs(B)
-    ref = run(model, inputs)
-    difuse.patch(model)
-    try:
-        assert count_mismatches(run(model, inputs), ref) == 0  # verifying call
-        assert count_mismatches(run(model, inputs), ref) == 0  # fused only
-        rep = difuse.report(model)
-        text = difuse.format_report(rep)
-        for name in difuse.patching.WAN_SITES:
-            s = rep["sites"][name]
-            assert s["fused"] > 0 and s["fallback"] == 0 and not s["disabled"], "%s\n%s" % (name, text)
-        assert not any(c["disabled"] for c in rep["blocks"].values()), text
-    finally:
-        difuse.unpatch(model)
-    assert count_mismatches(run(model, inputs), ref) == 0
+    assert_patched_matches(model, inputs, difuse.patching.WAN_SITES)

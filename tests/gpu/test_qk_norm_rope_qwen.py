@@ -241,24 +241,11 @@ def test_opcheck_compile_and_graph():
     assert count_mismatches(list(out), ops.qk_norm_rope_qwen_eager(**args)) == 0
 
 
-_KNOB_SCRIPT = r"""
-import random, sys, torch
-from difuse import ops
-from difuse.gate import count_mismatches
-bad = 0
-for i, (B, S1, S2, H, D, fused) in enumerate([(1, 512, 4096, 24, 128, False), (2, 7, 300, 5, 64, True),
-                                              (1, 33, 777, 3, 96, False), (3, 20, 61, 2, 40, True)]):
-    g = torch.Generator(device="cuda").manual_seed(100 + i)
-    a = ops._qk_norm_rope_qwen_inputs(((B, S1, S2, H, D), fused), "cuda", g)
-    bad += count_mismatches(ops.qk_norm_rope_qwen(*a), ops.qk_norm_rope_qwen_eager(*a))
-print("mismatches", bad)
-sys.exit(1 if bad else 0)
-"""
-
-
 def test_four_rows_per_warp_variant():
     """DIFUSE_QK_ROWS_PER_WARP=4 (read once per process) selects the 4-rows-per-warp kernels: same bits."""
-    from knob_run import run_with_env
+    from knob_run import exactness_script, run_with_env
 
-    r = run_with_env(_KNOB_SCRIPT, DIFUSE_QK_ROWS_PER_WARP="4")
+    specs = [((1, 512, 4096, 24, 128), False), ((2, 7, 300, 5, 64), True), ((1, 33, 777, 3, 96), False),
+             ((3, 20, 61, 2, 40), True)]
+    r = run_with_env(exactness_script("qk_norm_rope_qwen", specs, 100), DIFUSE_QK_ROWS_PER_WARP="4")
     assert r.returncode == 0, r.stdout + r.stderr

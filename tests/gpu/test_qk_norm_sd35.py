@@ -214,25 +214,12 @@ def test_opcheck_compile_and_graph():
     assert count_mismatches(list(out), ops.qk_norm_sd35_eager(**args)) == 0
 
 
-_KNOB_SCRIPT = r"""
-import sys, torch
-from difuse import ops
-from difuse.gate import count_mismatches
-bad = 0
-for i, (B, S1, S2, H, D, fused) in enumerate([(2, 4429, 333, 38, 64, False), (1, 300, 77, 5, 128, True),
-                                              (3, 61, 20, 7, 96, False), (2, 17, 9, 3, 32, True)]):
-    g = torch.Generator(device="cuda").manual_seed(200 + i)
-    a = ops._qk_norm_sd35_inputs(((B, S1, S2, H, D), fused), "cuda", g)
-    bad += count_mismatches(ops.qk_norm_sd35(*a), ops.qk_norm_sd35_eager(*a))
-print("mismatches", bad)
-sys.exit(1 if bad else 0)
-"""
-
-
 @pytest.mark.parametrize("rows", ["4", "8"])
 def test_more_rows_per_warp_variants(rows):
     """DIFUSE_QK_ROWS_PER_WARP=4|8 (read once per process) select the kernels with more rows per warp: same bits."""
-    from knob_run import run_with_env
+    from knob_run import exactness_script, run_with_env
 
-    r = run_with_env(_KNOB_SCRIPT, DIFUSE_QK_ROWS_PER_WARP=rows)
+    specs = [((2, 4429, 333, 38, 64), False), ((1, 300, 77, 5, 128), True), ((3, 61, 20, 7, 96), False),
+             ((2, 17, 9, 3, 32), True)]
+    r = run_with_env(exactness_script("qk_norm_sd35", specs, 200), DIFUSE_QK_ROWS_PER_WARP=rows)
     assert r.returncode == 0, r.stdout + r.stderr
