@@ -26,7 +26,7 @@ difuse_ms their medians. Rank 0 merges the record into bench/results/h200x<world
 
 Defaults: the full FLUX.1-dev (19 + 38 blocks) at 1024x1024 (4096 image + 512 text tokens, split 2048 + 256 per
 rank at 2 ranks), 50 steps. On two H200s a rank's GPU work is about half the single-GPU step's, but the step is
-host-bound there (measured 145-232 ms eager: the host issues some 3,000 ops per step at 30-60 us each); both
+host-bound there (measured 126-232 ms eager, the host time to issue a call equal to the step time); both
 arms with their builds fit in about a minute per mode. On the CPU (--device cpu, gloo) it runs for tests: diffusers 0.42.1 sizes the rank's device as
 rank % torch.accelerator.device_count(), which divides by zero without an accelerator, so enable_cp counts one
 device for the duration of that call.

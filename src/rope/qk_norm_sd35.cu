@@ -216,8 +216,8 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
   if (blocks == 0) return;
   const detail::DeviceGuard device_guard(a.q.device);
   const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
-  // Rows a warp loads before reducing: at head_dim 64 a row is 128 bytes, so 2 rows per warp keep only ~12 KB in
-  // flight per SM (measured 248.6 us for 2 x 38 x 4429 x 64, 4x the floor). DIFUSE_QK_ROWS_PER_WARP=4|8 select
+  // Rows a warp loads before reducing: at head_dim 64 a row is 128 bytes, so 2 rows per warp keep, by count, ~12 KB
+  // in flight per SM (48 warps x 2 x 128 B; measured 248.6 us for 2 x 38 x 4429 x 64, 4x the floor). DIFUSE_QK_ROWS_PER_WARP=4|8 select
   // variants with more loads in flight and fewer resident blocks, for measurement (same arithmetic per row).
   const int knob = rows_per_warp_knob();
   const int per_warp = knob >= 8 ? 8 : knob >= 4 ? 4 : 2;
