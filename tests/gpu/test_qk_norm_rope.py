@@ -11,6 +11,7 @@ import torch
 import difuse
 from difuse import ops
 from difuse.gate import count_mismatches
+from qk_adversarial import KINDS, adversarial_qk
 
 DEV = "cuda"
 BF = torch.bfloat16
@@ -136,33 +137,11 @@ def test_random_shapes(i):
     assert_exact(args)
 
 
-@pytest.mark.parametrize("kind", ["constant", "huge", "tiny", "inf", "nan", "zero_rows", "signed_zero"])
+@pytest.mark.parametrize("kind", KINDS)
 def test_adversarial(kind):
     g = torch.Generator(device=DEV).manual_seed(SEED)
     args = make_args(2, 7, 33, 4, 128, gen=g)
-    q, k1 = args["q"].clone(), args["k_first"].clone()
-    if kind == "constant":
-        q[:, ::2] = 2.5
-        k1[:, 1] = -0.75
-    elif kind == "huge":
-        q.mul_(1e30)
-        k1.mul_(3e38)
-    elif kind == "tiny":
-        q = (torch.randn(q.shape, device=DEV, generator=g) * 1e-38).to(BF)
-        k1 = (torch.randn(k1.shape, device=DEV, generator=g) * 1e-30).to(BF)
-    elif kind == "inf":
-        q[0, 1, 2, 3] = float("inf")
-        k1[1, 0, 0, 0] = float("-inf")
-    elif kind == "nan":
-        q[1, 2, 3, 4] = float("nan")
-        k1[0, 3, 1, 5] = float("nan")
-    elif kind == "zero_rows":
-        q[:, 3] = 0.0
-        k1[:, :, 2] = -0.0
-    elif kind == "signed_zero":
-        q[:, :, :, ::3] = -0.0
-        k1[:, :, :, 1::4] = 0.0
-    args["q"], args["k_first"] = q, k1
+    args["q"], args["k_first"] = adversarial_qk(kind, args["q"], args["k_first"], g)
     assert_exact(args)
 
 

@@ -12,6 +12,7 @@ import torch
 import difuse
 from difuse import ops
 from difuse.gate import count_mismatches
+from qk_adversarial import KINDS, adversarial_qk
 
 DEV = "cuda"
 BF = torch.bfloat16
@@ -156,29 +157,10 @@ def test_random_shapes(i):
 def test_adversarial(kind, D):
     g = torch.Generator(device=DEV).manual_seed(SEED)
     args = make_args(2, 9, 33, 4, D, gen=g)
-    q, k1 = args["q"].clone(), args["k_txt"].clone()
     f, f1 = args["freqs"].clone(), args["freqs_txt"].clone()
-    if kind == "constant":
-        q[:, ::2] = 2.5
-        k1[:, 1] = -0.75
-    elif kind == "huge":
-        q.mul_(1e30)
-        k1.mul_(3e38)
-    elif kind == "tiny":
-        q = (torch.randn(q.shape, device=DEV, generator=g) * 1e-38).to(BF)
-        k1 = (torch.randn(k1.shape, device=DEV, generator=g) * 1e-30).to(BF)
-    elif kind == "inf":
-        q[0, 1, 2, 3] = float("inf")
-        k1[1, 0, 0, 0] = float("-inf")
-    elif kind == "nan":
-        q[1, 2, 3, 4] = float("nan")
-        k1[0, 3, 1, 5] = float("nan")
-    elif kind == "zero_rows":
-        q[:, 3] = 0.0
-        k1[:, :, 2] = -0.0
-    elif kind == "signed_zero":
-        q[:, :, :, ::3] = -0.0
-        k1[:, :, :, 1::4] = 0.0
+    q, k1 = args["q"], args["k_txt"]
+    if kind in KINDS:
+        q, k1 = adversarial_qk(kind, q, k1, g)
     elif kind == "freqs_special":  # zeros of both signs, huge, inf and nan phasor parts
         fr = torch.view_as_real(f)
         fr[0, :4, 0] = -0.0
