@@ -293,6 +293,12 @@ class ArmResult:
     finite: list = field(default_factory=list)
     std: list = field(default_factory=list)
 
+    def add_step(self, ms: float, latents) -> None:
+        """One finished step: its time and the latents' md5, finiteness and std."""
+        self.step_ms.append(ms)
+        for k, v in latents_stats(latents).items():
+            getattr(self, k).append(v)
+
     @property
     def median_ms(self) -> float:
         return statistics.median(self.step_ms) if self.step_ms else float("nan")
@@ -1268,6 +1274,12 @@ class _Progress:
         self.stream.flush()
 
 
+def latents_stats(latents) -> dict:
+    """What each step records of the latents: md5 of their bytes, all finite, std."""
+    return dict(md5=latents_md5(latents), finite=bool(latents.isfinite().all().item()),
+                std=float(latents.float().std().item()))
+
+
 def latents_md5(x) -> str:
     """md5 of the tensor's raw bytes (its dtype's bit patterns, row-major)."""
     import torch
@@ -1391,10 +1403,7 @@ def run_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str, devi
             res.host_ms.append((time.perf_counter() - h0) * 1e3)
             latents = sched.step(noise, t, latents, return_dict=False)[0]
             ms = timer.stop()
-            res.step_ms.append(ms)
-            res.md5.append(latents_md5(latents))
-            res.finite.append(bool(torch.isfinite(latents).all().item()))
-            res.std.append(float(latents.float().std().item()))
+            res.add_step(ms, latents)
             if bar:
                 bar.update(i, ms)
     return res
@@ -1436,10 +1445,7 @@ def run_graph_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str
             res.host_ms.append((time.perf_counter() - h0) * 1e3)
             latents = sched.step(static_out, t, latents, return_dict=False)[0]
             ms = timer.stop()
-            res.step_ms.append(ms)
-            res.md5.append(latents_md5(latents))
-            res.finite.append(bool(torch.isfinite(latents).all().item()))
-            res.std.append(float(latents.float().std().item()))
+            res.add_step(ms, latents)
             if bar:
                 bar.update(i, ms)
     del graph

@@ -380,9 +380,8 @@ def run_arms_interleaved(spec, models: dict, inputs: dict, steps: int, info: Dis
                 st["latents"] = st["sched"].step(noise, t, st["latents"], return_dict=False)[0]
                 ms = timer.stop()
                 r["step_ms"].append(ms)
-                r["md5"].append(e2e.latents_md5(st["latents"]))
-                r["finite"].append(bool(torch.isfinite(st["latents"]).all().item()))
-                r["std"].append(float(st["latents"].float().std().item()))
+                for k, v in e2e.latents_stats(st["latents"]).items():
+                    r[k].append(v)
                 if a in bars:
                     bars[a].update(i, ms)
     return res

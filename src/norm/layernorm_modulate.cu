@@ -446,6 +446,19 @@ void launch_rows_f32(const Params& p, int device, cudaStream_t stream) {
   kernel<<<static_cast<unsigned>(blocks), G * ROWS, static_cast<size_t>(ROWS) * p.v * sizeof(uint2), stream>>>(p);
 }
 
+template <bool VEC4>
+void dispatch_rows_f32(const LayernormModulateConfig& cfg, const Params& p, int d, cudaStream_t s) {
+  switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
+    case 65: return launch_rows_f32<32, true, VEC4>(p, d, s);
+    case 64: return launch_rows_f32<32, false, VEC4>(p, d, s);
+    case 129: return launch_rows_f32<64, true, VEC4>(p, d, s);
+    case 128: return launch_rows_f32<64, false, VEC4>(p, d, s);
+    case 256: return launch_rows_f32<128, false, VEC4>(p, d, s);
+    default: break;
+  }
+  throw detail::Failure(DIFUSE_ERR_INTERNAL, "layernorm_modulate_fp32: no staged kernel for this width");
+}
+
 template <bool MODVEC, bool RESIDUAL>
 void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, cudaStream_t s) {
   switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
@@ -663,25 +676,10 @@ void layernorm_modulate_fp32_impl(const difuse_tensor_view& out, const difuse_te
   const detail::DeviceGuard device_guard(x.device);
   const bool aligned16 = detail::aligned(x.data, 16) && detail::aligned(out.data, 16);
   const LayernormModulateConfig cfg = layernorm_modulate_config(p.h, aligned16);
-  if (layernorm_fp32_rows_vec4(scale, shift)) {
-    switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
-      case 65: launch_rows_f32<32, true, true>(p, x.device, stream); break;
-      case 64: launch_rows_f32<32, false, true>(p, x.device, stream); break;
-      case 129: launch_rows_f32<64, true, true>(p, x.device, stream); break;
-      case 128: launch_rows_f32<64, false, true>(p, x.device, stream); break;
-      case 256: launch_rows_f32<128, false, true>(p, x.device, stream); break;
-      default: throw detail::Failure(DIFUSE_ERR_INTERNAL, "layernorm_modulate_fp32: no staged kernel for this width");
-    }
-  } else {
-    switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
-      case 65: launch_rows_f32<32, true, false>(p, x.device, stream); break;
-      case 64: launch_rows_f32<32, false, false>(p, x.device, stream); break;
-      case 129: launch_rows_f32<64, true, false>(p, x.device, stream); break;
-      case 128: launch_rows_f32<64, false, false>(p, x.device, stream); break;
-      case 256: launch_rows_f32<128, false, false>(p, x.device, stream); break;
-      default: throw detail::Failure(DIFUSE_ERR_INTERNAL, "layernorm_modulate_fp32: no staged kernel for this width");
-    }
-  }
+  if (layernorm_fp32_rows_vec4(scale, shift))
+    dispatch_rows_f32<true>(cfg, p, x.device, stream);
+  else
+    dispatch_rows_f32<false>(cfg, p, x.device, stream);
   DIFUSE_CUDA_CHECK(cudaGetLastError());
 }
 }  // namespace
