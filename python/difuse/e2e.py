@@ -1394,18 +1394,24 @@ def run_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str, devi
     latents = inputs.latents.clone()
     timer = _Timer(torch, device)
     bar = _Progress(label, len(timesteps)) if progress else None
-    res = ArmResult(label)
     with torch.no_grad():
-        for i, t in enumerate(timesteps):
-            timer.start()
-            h0 = time.perf_counter()
-            noise = spec.call(model, latents, t, inputs)
-            res.host_ms.append((time.perf_counter() - h0) * 1e3)
-            latents = sched.step(noise, t, latents, return_dict=False)[0]
-            ms = timer.stop()
-            res.add_step(ms, latents)
-            if bar:
-                bar.update(i, ms)
+        return _denoise(ArmResult(label), sched, timesteps, latents, lambda lat, t: spec.call(model, lat, t, inputs),
+                        timer, bar)
+
+
+def _denoise(res: ArmResult, sched, timesteps, latents, issue, timer, bar) -> ArmResult:
+    """The timed loop the arms share: per step, noise = issue(latents, t) (its host time recorded), the scheduler
+    step, CUDA events (or the host clock) around both, then the latents' record."""
+    for i, t in enumerate(timesteps):
+        timer.start()
+        h0 = time.perf_counter()
+        noise = issue(latents, t)
+        res.host_ms.append((time.perf_counter() - h0) * 1e3)
+        latents = sched.step(noise, t, latents, return_dict=False)[0]
+        ms = timer.stop()
+        res.add_step(ms, latents)
+        if bar:
+            bar.update(i, ms)
     return res
 
 
@@ -1434,22 +1440,15 @@ def run_graph_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str
     latents = inputs.latents.clone()
     timer = _Timer(torch, device)
     bar = _Progress(label, len(timesteps)) if progress else None
-    res = ArmResult(label)
+
+    def replay(lat, t):
+        static_lat.copy_(lat)
+        static_t.copy_(t)
+        graph.replay()
+        return static_out
+
     with torch.no_grad():
-        for i, t in enumerate(timesteps):
-            timer.start()
-            h0 = time.perf_counter()
-            static_lat.copy_(latents)
-            static_t.copy_(t)
-            graph.replay()
-            res.host_ms.append((time.perf_counter() - h0) * 1e3)
-            latents = sched.step(static_out, t, latents, return_dict=False)[0]
-            ms = timer.stop()
-            res.add_step(ms, latents)
-            if bar:
-                bar.update(i, ms)
-    del graph
-    return res
+        return _denoise(ArmResult(label), sched, timesteps, latents, replay, timer, bar)
 
 
 def graph_fields(eager: ArmResult, graph: ArmResult | None, error: str | None = None) -> dict:
