@@ -105,14 +105,25 @@ class BitExactGate:
         return "BitExactGate(%r, mode=%r)" % (self.op, self.mode)
 
 
+def _numel(x) -> int:
+    if x is None:
+        return 0
+    if isinstance(x, (tuple, list)):
+        return sum(_numel(t) for t in x)
+    return x.numel()
+
+
 def count_mismatches(a, b) -> int:
     """Elements whose bit patterns differ (NaN == NaN when the payload matches, +0 != -0); tuples of outputs
-    are compared pairwise and summed."""
+    are compared pairwise and summed. None matches only None (SD3's last joint block returns
+    (None, hidden_states)); a None against a tensor counts as every element of the tensor differing."""
     import torch
 
+    if a is None or b is None:
+        return 0 if a is None and b is None else max(1, _numel(a if b is None else b))
     if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
         if not (isinstance(a, (tuple, list)) and isinstance(b, (tuple, list)) and len(a) == len(b)):
-            return max(1, sum(t.numel() for t in (a if isinstance(a, (tuple, list)) else b)))
+            return max(1, _numel(a if isinstance(a, (tuple, list)) else b))
         return sum(count_mismatches(x, y) for x, y in zip(a, b))
 
     if a.shape != b.shape or a.dtype != b.dtype:
