@@ -93,8 +93,10 @@ stage_ncu() {
   for op in ${DIFUSE_NCU_OPS:-qk_norm_rope_flux qk_norm_sd35 layernorm_modulate layernorm_modulate_fp32 gated_residual_fp32 rms_norm}; do
     say "ncu: $op (one launch at the first site shape of bench ops)"
     # shellcheck disable=SC2086
-    ncu --clock-control none --kernel-name-base demangled -k regex:difuse:: --launch-skip 1 --launch-count 1 \
-      $NCU_SECTIONS python3 -m difuse bench ops --op "$op" --reps 3 >"$OUT/ncu-$op.txt" 2>&1 || r=1
+    { echo "command: scripts/device-check.sh --stage ncu (ncu on python3 -m difuse bench ops --op $op --reps 3);" \
+        "git $DIFUSE_GIT_SHA"
+      ncu --clock-control none --kernel-name-base demangled -k regex:difuse:: --launch-skip 1 --launch-count 1 \
+        $NCU_SECTIONS python3 -m difuse bench ops --op "$op" --reps 3; } >"$OUT/ncu-$op.txt" 2>&1 || r=1
     grep -E "^  [a-z].*difuse::|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|\
 Registers Per Thread|Block Limit|Warp Cycles Per Issued|Issued Warp Per Scheduler|No Eligible|==ERROR==|==WARNING==" \
       "$OUT/ncu-$op.txt" | head -n 24

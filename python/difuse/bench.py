@@ -278,6 +278,16 @@ def op_specs(torch):
     }
 
 
+# Environment variables that change which kernel variant runs (read by the C++ launchers); a record made with one
+# set says so in its command, so the number cannot be mistaken for the default variant's.
+KERNEL_KNOBS = ("DIFUSE_QK_ROWS_PER_WARP", "DIFUSE_LNMOD_THREADS_PER_ROW")
+
+
+def knob_prefix(env=None) -> str:
+    env = os.environ if env is None else env
+    return "".join("%s=%s " % (k, env[k]) for k in KERNEL_KNOBS if env.get(k))
+
+
 def git_sha() -> str:
     if os.environ.get("DIFUSE_GIT_SHA"):
         return os.environ["DIFUSE_GIT_SHA"]
@@ -352,6 +362,7 @@ def main(args) -> int:
     l2 = props.L2_cache_size
     command = "python -m difuse " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py") else \
         os.environ.get("DIFUSE_BENCH_COMMAND", "python -m difuse bench ops")
+    command = knob_prefix() + command
     peer = _load_peer(args.peer_dir)
     peer_name = getattr(peer, "NAME", "peer") if peer else None
     bw = copy_bandwidth()

@@ -132,8 +132,11 @@ class Options:
 
 
 def command_line(argv) -> str:
-    """The command as typed: `python -m difuse` and the arguments, shell-quoted."""
-    return " ".join(["python", "-m", "difuse"] + [shlex.quote(a) for a in argv])
+    """The command as typed: `python -m difuse` and the arguments, shell-quoted, after any kernel knobs set in the
+    environment (bench.KERNEL_KNOBS)."""
+    from .bench import knob_prefix
+
+    return knob_prefix() + " ".join(["python", "-m", "difuse"] + [shlex.quote(a) for a in argv])
 
 
 def wan_latent_shape(height: int, width: int, frames: int, channels: int = 16) -> tuple:

@@ -238,6 +238,17 @@ class OptionsTest(unittest.TestCase):
                          (7, 19, 0, "/w", "/tmp/x.json", 3, 512))
         self.assertEqual(o.command, "python -m difuse bench flux --weights '/w w'")
 
+    def test_kernel_knobs_are_part_of_the_command(self):
+        from unittest import mock
+
+        from difuse import bench
+
+        with mock.patch.dict(os.environ, {"DIFUSE_QK_ROWS_PER_WARP": "4", "DIFUSE_LNMOD_THREADS_PER_ROW": ""}):
+            self.assertEqual(e2e.command_line(["bench", "sd3"]), "DIFUSE_QK_ROWS_PER_WARP=4 python -m difuse bench sd3")
+        self.assertEqual(bench.knob_prefix({"DIFUSE_LNMOD_THREADS_PER_ROW": "8", "OTHER": "1"}),
+                         "DIFUSE_LNMOD_THREADS_PER_ROW=8 ")
+        self.assertEqual(bench.knob_prefix({}), "")
+
     def test_invalid(self):
         for argv in (["flux", "--resolution", "1000"], ["flux", "--steps", "0"], ["flux", "--double-blocks", "-1"]):
             with self.subTest(argv=argv), self.assertRaises(ValueError):
