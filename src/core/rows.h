@@ -4,6 +4,7 @@
 #include <cstdint>
 
 #include "difuse/difuse.h"
+#include "core/fast_div.h"
 #include "difuse/numerics/fp32.h"
 
 namespace difuse::detail {
@@ -11,12 +12,33 @@ namespace difuse::detail {
 struct RowIndexer {
   int64_t d1 = 1, d2 = 1;          // sizes of the 2nd and 3rd leading dims (1 when absent)
   int64_t s0 = 0, s1 = 0, s2 = 0;  // strides of the leading dims, in elements
+  // Set by prepare(rows) when every row index fits 31 bits: the two index divisions then take FastDivU32's
+  // multiply-high instead of 64-bit division subroutines (the same offsets; tests/cpu/test_fast_div.cpp).
+  bool fast = false;
+  FastDivU32 f1, f2;
 
   // Element offset of row r (rows numbered in the leading dims' row-major order).
   DIFUSE_HD int64_t offset(int64_t r) const {
+    if (fast) {
+      uint32_t i2, i1;
+      const uint32_t t = f2.divmod(static_cast<uint32_t>(r), i2);
+      const uint32_t i0 = f1.divmod(t, i1);
+      return static_cast<int64_t>(i0) * s0 + static_cast<int64_t>(i1) * s1 + static_cast<int64_t>(i2) * s2;
+    }
     const int64_t i2 = r % d2, t = r / d2;
     const int64_t i1 = t % d1, i0 = t / d1;
     return i0 * s0 + i1 * s1 + i2 * s2;
+  }
+
+  // For indexing rows [0, rows): takes the 32-bit path when rows <= 2^31 - 1 (then d1, d2 < 2^31 too).
+  RowIndexer& prepare(int64_t rows) {
+    fast = rows > 0 && rows < (int64_t{1} << 31) && d1 >= 1 && d2 >= 1 && d1 < (int64_t{1} << 31) &&
+           d2 < (int64_t{1} << 31);
+    if (fast) {
+      f1 = FastDivU32(static_cast<uint32_t>(d1));
+      f2 = FastDivU32(static_cast<uint32_t>(d2));
+    }
+    return *this;
   }
 };
 
@@ -40,6 +62,7 @@ struct BF16RowsIO {
   const uint16_t* w = nullptr;  // nullptr: no weight
   bool has_w = false;
   int n = 0;                    // row width
+  float inv_n_pow2 = 0.0f;      // 1/n when n is a power of two, else 0 (num::div_by_width_rn)
   int64_t rows = 0;
   RowIndexer rows_of;           // row r of x starts at x + rows_of.offset(r)
 };
@@ -53,10 +76,11 @@ inline BF16RowsIO bf16_rows_io(const difuse_tensor_view& out, const difuse_tenso
   io.w = static_cast<const uint16_t*>(weight.data);
   io.has_w = weight.data != nullptr;
   io.n = static_cast<int>(x.sizes[x.rank - 1]);
+  io.inv_n_pow2 = num::inv_pow2_or_zero(io.n);
   int64_t total = 1;
   for (int d = 0; d < x.rank; ++d) total *= x.sizes[d];
   io.rows = total / io.n;
-  io.rows_of = row_indexer(x);
+  io.rows_of = row_indexer(x).prepare(io.rows);
   return io;
 }
 

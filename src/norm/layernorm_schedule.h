@@ -113,10 +113,11 @@ DIFUSE_HD float rms_push_vec4(float s, float x0, float x1, float x2, float x3) {
 
 DIFUSE_HD float rms_combine(float own, float in) { return num::add_rn(own, in); }
 
-// Warp roots w0..w3 -> rstd.
-DIFUSE_HD float rms_finalize_roots(const float* roots, int n, float eps) {
+// Warp roots w0..w3 -> rstd. inv_n_pow2: 1/n when n is a power of two, else 0 (num::div_by_width_rn: the same
+// bits as aten's division, one multiply instead of the division sequence).
+DIFUSE_HD float rms_finalize_roots(const float* roots, int n, float eps, float inv_n_pow2 = 0.0f) {
   const float s = rms_combine(rms_combine(roots[0], roots[2]), rms_combine(roots[1], roots[3]));
-  return num::rsqrt_cuda(num::add_rn(num::div_rn(s, static_cast<float>(n)), eps));
+  return num::rsqrt_cuda(num::add_rn(num::div_by_width_rn(s, static_cast<float>(n), inv_n_pow2), eps));
 }
 
 // Two output elements: bf16(RN(w * RN(rstd * x))), or bf16(RN(rstd * x)) without a weight.

@@ -115,7 +115,7 @@ __global__ void __launch_bounds__(256) rms_norm_rows(const Params p) {
     if (t % kAtenWarp == 0) roots[rb][t / kAtenWarp] = s[j];
   }
   row_sync<G>();
-  if (i == 0) rstd_s[rb] = rms_finalize_roots(roots[rb], p.n, p.eps);
+  if (i == 0) rstd_s[rb] = rms_finalize_roots(roots[rb], p.n, p.eps, p.inv_n_pow2);
   row_sync<G>();
   if (!active) return;
   const float rstd = rstd_s[rb];
@@ -168,7 +168,7 @@ __global__ void __launch_bounds__(256) rms_norm_small_rows(const Params p) {
   for (int q = 0; q < kSmallRowsPerWarp; ++q) {
     const int64_t r = r0 + q;
     const float roots[4] = {__shfl_sync(0xffffffffu, s[q], 0), 0.f, 0.f, 0.f};
-    const float rstd = rms_finalize_roots(roots, p.n, p.eps);
+    const float rstd = rms_finalize_roots(roots, p.n, p.eps, p.inv_n_pow2);
     if (r < p.rows && lane < p.v)
       reinterpret_cast<uint2*>(p.out + r * p.n)[lane] =
           make_uint2(rms_norm_pair(xw[q].x, rstd, p.has_w, ww.x), rms_norm_pair(xw[q].y, rstd, p.has_w, ww.y));
@@ -191,7 +191,7 @@ __global__ void __launch_bounds__(128) rms_norm_stream(const Params p) {
   for (int o = 16; o >= 1; o /= 2) s = rms_combine(s, __shfl_down_sync(0xffffffffu, s, o));
   if (t % kAtenWarp == 0) roots[t / kAtenWarp] = s;
   __syncthreads();
-  if (t == 0) rstd_s = rms_finalize_roots(roots, p.n, p.eps);
+  if (t == 0) rstd_s = rms_finalize_roots(roots, p.n, p.eps, p.inv_n_pow2);
   __syncthreads();
   const float rstd = rstd_s;
   uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.n);

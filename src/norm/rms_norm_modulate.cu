@@ -344,11 +344,11 @@ Params make_params(const difuse_tensor_view& out, const difuse_tensor_view& x, c
   p.w = p.has_w ? static_cast<const uint16_t*>(weight.data) : nullptr;
   p.scale = static_cast<const uint16_t*>(scale.data);
   p.shift = static_cast<const uint16_t*>(shift.data);
-  p.scale_rows = broadcast_row_indexer(scale, x);
-  p.shift_rows = broadcast_row_indexer(shift, x);
   p.n = static_cast<int>(x.sizes[x.rank - 1]);
   p.v = p.n / 4;
   p.rows = detail::numel(x) / p.n;
+  p.scale_rows = broadcast_row_indexer(scale, x).prepare(p.rows);
+  p.shift_rows = broadcast_row_indexer(shift, x).prepare(p.rows);
   p.eps = static_cast<float>(eps);
   p.factor = diffusers_mean_factor(p.rows, p.n);
   p.fp32_mod = fp32_modulate != 0;
@@ -449,7 +449,7 @@ void gated_residual_rms_norm_modulate(const difuse_tensor_view& out, const difus
   p.a = static_cast<const uint16_t*>(a.data);
   p.gate = static_cast<const uint16_t*>(gate.data);
   p.residual = static_cast<uint16_t*>(residual.data);
-  p.gate_rows = broadcast_row_indexer(gate, h);
+  p.gate_rows = broadcast_row_indexer(gate, h).prepare(p.rows);
   const bool vec =
       (!p.has_w || rows_aligned8(weight)) && rows_aligned8(scale) && rows_aligned8(shift) && rows_aligned8(gate);
   launch<true>(p, vec, h.device, stream);

@@ -28,12 +28,14 @@
 // (bench/results/h200/tests.json).
 #include "rope/qk_norm_rope.h"
 #include "rope/rows_per_warp_knob.h"
+#include "rope/token_rows.cuh"
 
 #include <cuda_runtime.h>
 
 #include <string>
 
 #include "core/device.h"
+#include "core/fast_div.h"
 #include "core/registry.h"
 #include "core/tensor.h"
 #include "difuse/numerics/bf16.h"
@@ -56,9 +58,6 @@ constexpr int kWarps = 8;
 struct Tensor4 {  // a [B, S, H, D] bf16 view
   const uint16_t* data = nullptr;
   int64_t sb = 0, ss = 0, sh = 0;
-  __device__ __forceinline__ const uint2* row(int64_t b, int64_t s, int64_t h) const {
-    return reinterpret_cast<const uint2*>(data + b * sb + s * ss + h * sh);
-  }
 };
 
 struct Stream {
@@ -75,11 +74,14 @@ struct Params {
   int64_t S = 0;  // joint tokens
   int H = 0, D = 0, V = 0, roles = 2;
   float eps = 1e-6f;
+  float inv_D = 0.f;        // 1/D when D is a power of two, else 0 (num::div_by_width_rn)
+  detail::FastDivU32 heads;  // row -> (role, head) without a division instruction
 };
 
-// Warp w of a token's block owns rows w, w + 8, w + 16, ... of its 2H (or 3H) head rows, R at a time: all R
-// loads are issued before any reduction, and the R shuffle trees run interleaved (rows past the end carry
-// zeros and are not stored).
+// Warp w of a token's block owns rows w, w + 8, w + 16, ... of its 2H (or 3H) head rows (row r: role r / H,
+// head r % H), R at a time: all R loads are issued before any reduction, and the R shuffle trees run
+// interleaved (rows past the end carry zeros and are not stored). What depends only on the token (TokenRows,
+// the output base, the weights, cos and sin) is computed once per block.
 template <int R, int MIN_BLOCKS>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(const Params p) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -88,9 +90,12 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(c
   const int64_t b = blockIdx.x / S;
   const int64_t sj = blockIdx.x % S;
   const bool in_first = sj < p.first.S;
-  const Stream& st = in_first ? p.first : p.second;
   const int64_t s = in_first ? sj : sj - p.first.S;
   const bool on = lane < p.V;
+
+  const Stream& st = in_first ? p.first : p.second;
+  const TokenRows tr(st.t[0], st.t[1], st.t[2], b, s);
+  const uint16_t* wp[2] = {st.w[0], st.w[1]};
 
   float4 c = make_float4(0.f, 0.f, 0.f, 0.f), sn = c;
   if (p.cos != nullptr && on) {
@@ -100,15 +105,19 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(c
   uint2 w[2];
 #pragma unroll
   for (int r = 0; r < 2; ++r)
-    w[r] = (st.w[r] != nullptr && on) ? reinterpret_cast<const uint2*>(st.w[r])[lane] : make_uint2(0, 0);
+    w[r] = (wp[r] != nullptr && on) ? reinterpret_cast<const uint2*>(wp[r])[lane] : make_uint2(0, 0);
+  const int64_t out_token = (b * p.S + sj) * p.H * p.D;  // element offset of this token's first output row
 
   const int rows = p.roles * p.H;
   for (int base = warp; base < rows; base += kWarps * R) {
     uint2 x[R];
+    uint32_t role_of[R], head_of[R];
 #pragma unroll
     for (int q = 0; q < R; ++q) {
       const int r = base + q * kWarps;
-      x[q] = (r < rows && on) ? *(st.t[r / p.H].row(b, s, r % p.H) + lane) : make_uint2(0, 0);
+      role_of[q] = role_and_head(p.heads, r, rows, head_of[q]);
+      x[q] = (role_of[q] < 3 && on) ? reinterpret_cast<const uint2*>(tr.row(role_of[q], head_of[q]))[lane]
+                                    : make_uint2(0, 0);
     }
     float sum[R];
 #pragma unroll
@@ -122,20 +131,22 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(c
     }
 #pragma unroll
     for (int q = 0; q < R; ++q) {
-      const int r = base + q * kWarps;
-      const int role = r < rows ? r / p.H : 2;  // 0 q, 1 k, 2 v (copied as is); rows past the end: not stored
+      const uint32_t role = role_of[q];  // 0 q, 1 k, 2 v (copied as is), 3 past the end (not stored)
       uint2 y = x[q];
       if (role < 2) {
         const float roots[4] = {__shfl_sync(0xffffffffu, sum[q], 0), 0.f, 0.f, 0.f};
-        const float rstd = norm::rms_finalize_roots(roots, p.D, p.eps);
-        const bool has_w = st.w[role] != nullptr;
+        const float rstd = norm::rms_finalize_roots(roots, p.D, p.eps, p.inv_D);
+        const bool has_w = (role == 0 ? wp[0] : wp[1]) != nullptr;
         const uint2 wr = role == 0 ? w[0] : w[1];
         y = make_uint2(norm::rms_norm_pair(y.x, rstd, has_w, wr.x), norm::rms_norm_pair(y.y, rstd, has_w, wr.y));
         if (p.cos != nullptr)
           y = make_uint2(num::rope_interleaved_bf16x2(y.x, c.x, sn.x, c.y, sn.y),
                          num::rope_interleaved_bf16x2(y.y, c.z, sn.z, c.w, sn.w));
       }
-      if (r < rows && on) reinterpret_cast<uint2*>(p.out[role] + ((b * p.S + sj) * p.H + r % p.H) * p.D)[lane] = y;
+      if (role < 3 && on) {
+        uint16_t* o = by_role(role, p.out[0], p.out[1], p.out[2]);
+        reinterpret_cast<uint2*>(o + out_token + static_cast<int64_t>(head_of[q]) * p.D)[lane] = y;
+      }
     }
   }
 }
@@ -309,6 +320,8 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   p.D = static_cast<int>(a.q.sizes[3]);
   p.V = p.D / 4;
   p.eps = static_cast<float>(a.eps);
+  p.inv_D = num::inv_pow2_or_zero(p.D);
+  p.heads = detail::FastDivU32(static_cast<uint32_t>(p.H));
   const int64_t blocks = a.q.sizes[0] * p.S;
   if (blocks == 0 || p.H == 0) return;
   const detail::DeviceGuard device_guard(a.q.device);
@@ -320,11 +333,11 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   if (per_warp <= 2)
     qk_norm_rope_kernel<2, 6><<<grid, block, 0, stream>>>(p);
   else if (per_warp <= 4)
-    qk_norm_rope_kernel<4, 5><<<grid, block, 0, stream>>>(p);
+    qk_norm_rope_kernel<4, 4><<<grid, block, 0, stream>>>(p);
   else if (per_warp <= 6)
-    qk_norm_rope_kernel<6, 4><<<grid, block, 0, stream>>>(p);
+    qk_norm_rope_kernel<6, 3><<<grid, block, 0, stream>>>(p);
   else
-    qk_norm_rope_kernel<9, 3><<<grid, block, 0, stream>>>(p);
+    qk_norm_rope_kernel<9, 2><<<grid, block, 0, stream>>>(p);
   DIFUSE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -39,6 +39,7 @@
 // skipped (bench/results/h200/tests-qk-variants.json).
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
+#include "rope/token_rows.cuh"
 
 #include <cuda_runtime.h>
 
@@ -69,9 +70,6 @@ constexpr int kWarps = 8;
 struct Tensor4 {  // a [B, S, H, D] bf16 view
   const uint16_t* data = nullptr;
   int64_t sb = 0, ss = 0, sh = 0;
-  __device__ __forceinline__ const uint16_t* row(int64_t b, int64_t s, int64_t h) const {
-    return data + b * sb + s * ss + h * sh;
-  }
 };
 
 struct Stream {
@@ -89,10 +87,12 @@ struct Params {
   int64_t S = 0;  // joint tokens
   int H = 0, D = 0, V = 0;  // V: lanes holding elements
   float eps = 1e-6f;
+  detail::FastDivU32 heads;  // row -> (role, head) without a division instruction
 };
 
 // One block per joint token (b, sj): its 3H head rows, warp w taking rows w, w + 8, ... R at a time (all R loads
-// before any reduction, the R shuffle trees interleaved; rows past the end carry zeros and are not stored).
+// before any reduction, the R shuffle trees interleaved; rows past the end carry zeros and are not stored). What
+// depends only on the token (TokenRows, the freqs, the weights, the output base) is computed once per block.
 template <int E, int R, int MIN_BLOCKS>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_kernel(const Params p) {
   using norm::HeadRun;
@@ -121,30 +121,35 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_ker
   const HeadRun<E> wq = (st.w[0] != nullptr && on) ? norm::load_run<E>(st.w[0], lane) : norm::zero_run<E>();
   const HeadRun<E> wk = (st.w[1] != nullptr && on) ? norm::load_run<E>(st.w[1], lane) : norm::zero_run<E>();
 
+  const TokenRows tr(st.t[0], st.t[1], st.t[2], b, s);
+  const bool has_wq = st.w[0] != nullptr, has_wk = st.w[1] != nullptr;
+  const int64_t out_token = (b * p.S + sj) * p.H * p.D;  // output row of head h: out_token + h * D
+
   const int rows = 3 * p.H;
   for (int base = warp; base < rows; base += kWarps * R) {
     HeadRun<E> x[R];
+    uint32_t role_of[R], head_of[R];
 #pragma unroll
     for (int q = 0; q < R; ++q) {
-      const int r = base + q * kWarps;
-      x[q] = (r < rows && on) ? norm::load_run<E>(st.t[r / p.H].row(b, s, r % p.H), lane) : norm::zero_run<E>();
+      role_of[q] = role_and_head(p.heads, base + q * kWarps, rows, head_of[q]);
+      x[q] = (role_of[q] < 3 && on) ? norm::load_run<E>(tr.row(role_of[q], head_of[q]), lane) : norm::zero_run<E>();
     }
     float rstd[R];
     norm::head_rstd<E, R>(x, lane, p.D, st.factor, p.eps, rstd);  // lanes past D hold +0, as aten's idle elements
 #pragma unroll
     for (int q = 0; q < R; ++q) {
-      const int r = base + q * kWarps;
-      if (r >= rows) continue;  // uniform across the warp
-      const int role = r / p.H;  // 0 q, 1 k, 2 v (copied as is)
+      const uint32_t role = role_of[q];  // 0 q, 1 k, 2 v (copied as is), 3 past the end
+      if (role > 2) continue;  // uniform across the warp
       HeadRun<E> y = x[q];
       if (role < 2) {
-        y = norm::diffusers_norm_run<E>(x[q], rstd[q], st.w[role] != nullptr, norm::select_run<E>(role == 0, wq, wk));
+        y = norm::diffusers_norm_run<E>(x[q], rstd[q], role == 0 ? has_wq : has_wk,
+                                        norm::select_run<E>(role == 0, wq, wk));
         if (st.freqs != nullptr) {
 #pragma unroll
           for (int j = 0; j < E / 2; ++j) y.w[j] = num::rope_complex_bf16x2(y.w[j], fc[j], fd[j]);
         }
       }
-      if (on) norm::store_run<E>(p.out[role] + ((b * p.S + sj) * p.H + r % p.H) * p.D, lane, y);
+      if (on) norm::store_run<E>(by_role(role, p.out[0], p.out[1], p.out[2]) + out_token + head_of[q] * p.D, lane, y);
     }
   }
 }
@@ -270,6 +275,7 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
   const int E = norm::head_lane_elems(p.D);
   p.V = p.D / E;
   p.eps = static_cast<float>(a.eps);
+  p.heads = detail::FastDivU32(static_cast<uint32_t>(p.H));
   const int64_t blocks = B * p.S;
   if (blocks == 0) return;
   const detail::DeviceGuard device_guard(a.q.device);

@@ -33,12 +33,14 @@
 // and 8-row variants came after that run: test_more_rows_per_warp_variants waits for the next one.
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
+#include "rope/token_rows.cuh"
 
 #include <cuda_runtime.h>
 
 #include <string>
 
 #include "core/device.h"
+#include "core/fast_div.h"
 #include "core/registry.h"
 #include "core/tensor.h"
 #include "difuse/numerics/bf16.h"
@@ -62,9 +64,6 @@ constexpr int kWarps = 8;
 struct Tensor4 {  // a [B, H, S, D] bf16 view
   const uint16_t* data = nullptr;
   int64_t sb = 0, sh = 0, ss = 0;
-  __device__ __forceinline__ const uint16_t* row(int64_t b, int64_t h, int64_t s) const {
-    return data + b * sb + h * sh + s * ss;
-  }
 };
 
 struct Stream {
@@ -80,8 +79,11 @@ struct Params {
   int64_t S = 0;  // joint tokens
   int H = 0, D = 0, V = 0;
   float eps = 1e-6f;
+  detail::FastDivU32 heads;  // row -> (role, head) without a division instruction
 };
 
+// Warp w of a token's block owns rows w, w + 8, ... of its 3H head rows (row r: role r / H, head r % H), R at a
+// time. What depends only on the token (TokenRows, the weights, the output base) is computed once per block.
 template <int E, int R, int MIN_BLOCKS>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(const Params p) {
   using norm::HeadRun;
@@ -91,32 +93,40 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(c
   const int64_t b = blockIdx.x / S;
   const int64_t sj = blockIdx.x % S;
   const bool in_img = sj < p.img.S;
-  const Stream& st = in_img ? p.img : p.ctx;
   const int64_t s = in_img ? sj : sj - p.img.S;
   const bool on = lane < p.V;
 
-  const HeadRun<E> wq = (st.w[0] != nullptr && on) ? norm::load_run<E>(st.w[0], lane) : norm::zero_run<E>();
-  const HeadRun<E> wk = (st.w[1] != nullptr && on) ? norm::load_run<E>(st.w[1], lane) : norm::zero_run<E>();
+  const Stream& st = in_img ? p.img : p.ctx;
+  const TokenRows tr(st.t[0], st.t[1], st.t[2], b, s);
+  const uint16_t* w0 = st.w[0];
+  const uint16_t* w1 = st.w[1];
+  const float factor = st.factor;
+  const HeadRun<E> wq = (w0 != nullptr && on) ? norm::load_run<E>(w0, lane) : norm::zero_run<E>();
+  const HeadRun<E> wk = (w1 != nullptr && on) ? norm::load_run<E>(w1, lane) : norm::zero_run<E>();
+  const int64_t out_token = (b * p.H * p.S + sj) * p.D;  // output row of head h: out_token + h * S * D
+  const int64_t out_head = p.S * p.D;
 
   const int rows = 3 * p.H;
   for (int base = warp; base < rows; base += kWarps * R) {
     HeadRun<E> x[R];
+    uint32_t role_of[R], head_of[R];
 #pragma unroll
     for (int q = 0; q < R; ++q) {
       const int r = base + q * kWarps;
-      x[q] = (r < rows && on) ? norm::load_run<E>(st.t[r / p.H].row(b, r % p.H, s), lane) : norm::zero_run<E>();
+      role_of[q] = role_and_head(p.heads, r, rows, head_of[q]);
+      x[q] = (role_of[q] < 3 && on) ? norm::load_run<E>(tr.row(role_of[q], head_of[q]), lane) : norm::zero_run<E>();
     }
     float rstd[R];
-    norm::head_rstd<E, R>(x, lane, p.D, st.factor, p.eps, rstd);
+    norm::head_rstd<E, R>(x, lane, p.D, factor, p.eps, rstd);
 #pragma unroll
     for (int q = 0; q < R; ++q) {
-      const int r = base + q * kWarps;
-      if (r >= rows) continue;  // uniform across the warp
-      const int role = r / p.H;  // 0 q, 1 k, 2 v (copied as is)
-      const HeadRun<E> y = role < 2 ? norm::diffusers_norm_run<E>(x[q], rstd[q], st.w[role] != nullptr,
+      const uint32_t role = role_of[q];  // 0 q, 1 k, 2 v (copied as is), 3 past the end
+      if (role > 2) continue;  // uniform across the warp
+      const HeadRun<E> y = role < 2 ? norm::diffusers_norm_run<E>(x[q], rstd[q], (role == 0 ? w0 : w1) != nullptr,
                                                                   norm::select_run<E>(role == 0, wq, wk))
                                     : x[q];
-      if (on) norm::store_run<E>(p.out[role] + ((b * p.H + r % p.H) * p.S + sj) * p.D, lane, y);
+      uint16_t* o = by_role(role, p.out[0], p.out[1], p.out[2]);
+      if (on) norm::store_run<E>(o + out_token + head_of[q] * out_head, lane, y);
     }
   }
 }
@@ -212,6 +222,7 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
   const int E = norm::head_lane_elems(p.D);
   p.V = p.D / E;
   p.eps = static_cast<float>(a.eps);
+  p.heads = detail::FastDivU32(static_cast<uint32_t>(p.H));
   const int64_t blocks = B * p.S;
   if (blocks == 0) return;
   const detail::DeviceGuard device_guard(a.q.device);
@@ -223,14 +234,14 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
   const int per_warp = knob >= 8 ? 8 : knob >= 4 ? 4 : 2;
   if (E == 4) {
     if (per_warp == 8)
-      qk_norm_sd35_kernel<4, 8, 3><<<grid, block, 0, stream>>>(p);
+      qk_norm_sd35_kernel<4, 8, 2><<<grid, block, 0, stream>>>(p);
     else if (per_warp == 4)
       qk_norm_sd35_kernel<4, 4, 4><<<grid, block, 0, stream>>>(p);
     else
       qk_norm_sd35_kernel<4, 2, 6><<<grid, block, 0, stream>>>(p);
   } else {
     if (per_warp == 8)
-      qk_norm_sd35_kernel<2, 8, 4><<<grid, block, 0, stream>>>(p);
+      qk_norm_sd35_kernel<2, 8, 3><<<grid, block, 0, stream>>>(p);
     else if (per_warp == 4)
       qk_norm_sd35_kernel<2, 4, 5><<<grid, block, 0, stream>>>(p);
     else

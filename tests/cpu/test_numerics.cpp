@@ -4,7 +4,9 @@
 
 #include <cmath>
 #include <limits>
+#include <cstring>
 #include <random>
+#include <vector>
 
 #include "difuse/numerics/bf16.h"
 #include "difuse/numerics/welford.h"
@@ -74,6 +76,35 @@ TEST(Fp32, OperationsRoundOnceEach) {
   EXPECT_EQ(fma_rn(a, b, -1.0f), -std::ldexp(1.0f, -46));
   EXPECT_EQ(div_rn(1.0f, 3.0f), 1.0f / 3.0f);
   EXPECT_EQ(rcp_rn(3.0f), div_rn(1.0f, 3.0f));
+}
+
+TEST(Fp32, DivisionByAPowerOfTwoWidthIsTheMultiply) {
+  // div_by_width_rn must give div_rn's bits for every fp32 input: sampled bit patterns over all exponents
+  // (subnormal results and underflow to zero included), the specials, and every power-of-two width.
+  EXPECT_EQ(inv_pow2_or_zero(128), 1.0f / 128.0f);
+  EXPECT_EQ(inv_pow2_or_zero(1), 1.0f);
+  for (long long n : {0LL, -4LL, 3LL, 96LL, 3072LL, 5120LL}) EXPECT_EQ(inv_pow2_or_zero(n), 0.0f) << n;
+  const auto bits = [](float f) { uint32_t u; std::memcpy(&u, &f, 4); return u; };
+  std::vector<float> xs = {0.0f, -0.0f, INFINITY, -INFINITY, std::ldexp(1.0f, -149), std::ldexp(1.0f, -126),
+                           std::numeric_limits<float>::max(), 3.0f, 1e-38f};
+  uint32_t state = 12345u;
+  for (int i = 0; i < 400000; ++i) {
+    state = state * 1664525u + 1013904223u;
+    float f;
+    std::memcpy(&f, &state, 4);
+    if (!std::isnan(f)) xs.push_back(f);
+  }
+  for (int e = 0; e <= 20; ++e) {
+    const long long n = 1LL << e;
+    const float inv = inv_pow2_or_zero(n);
+    ASSERT_NE(inv, 0.0f);
+    for (float x : xs)
+      ASSERT_EQ(bits(div_by_width_rn(x, static_cast<float>(n), inv)), bits(div_rn(x, static_cast<float>(n))))
+          << x << " / " << n;
+  }
+  for (float x : xs)  // widths that are not powers of two divide
+    ASSERT_EQ(bits(div_by_width_rn(x, 3072.0f, inv_pow2_or_zero(3072))), bits(div_rn(x, 3072.0f))) << x;
+  EXPECT_TRUE(std::isnan(div_by_width_rn(NAN, 128.0f, 1.0f / 128.0f)));
 }
 
 TEST(Fp32, CompileTimeReciprocalMatchesRuntime) {

@@ -69,6 +69,21 @@ DIFUSE_HD float div_rn(float a, float b) {
 #endif
 }
 
+// a / n for a row width n, correctly rounded, as aten divides a row's sum by its width (div.rn.f32). When n is a
+// power of two, 1/n is exact and a * (1/n) is the same real number as a / n, so one correctly rounded multiply
+// (FMUL) gives the same bits as the division (subnormal results included: both round the same real value) at
+// a tenth of the instructions; other widths divide. `inv_pow2` is 1/n when n is a power of two, else 0 (see
+// inv_pow2_or_zero); tests/cpu/test_numerics.cpp compares the two paths over the whole exponent range.
+DIFUSE_HD float div_by_width_rn(float a, float n, float inv_pow2) {
+  return inv_pow2 != 0.0f ? mul_rn(a, inv_pow2) : div_rn(a, n);
+}
+
+// 1/n when n >= 1 is a power of two (exact in fp32 for n <= 2^126), else 0: the argument div_by_width_rn takes.
+inline float inv_pow2_or_zero(long long n) {
+  if (n < 1 || n > (1LL << 62) || (n & (n - 1)) != 0) return 0.0f;
+  return 1.0f / static_cast<float>(n);
+}
+
 // Correctly rounded reciprocal: what nvcc emits for `1.f / x` under -prec-div=true (rcp.rn.f32).
 // aten's vectorized LayerNorm Welford multiplies by this instead of dividing.
 DIFUSE_HD float rcp_rn(float x) {

@@ -1,0 +1,76 @@
+// FastDivU32 and RowIndexer's 32-bit path: the index arithmetic the short-row kernels use instead of `/` and `%`.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <array>
+#include <random>
+
+#include "core/fast_div.h"
+#include "core/rows.h"
+
+using difuse::detail::FastDivU32;
+using difuse::detail::RowIndexer;
+
+TEST(FastDiv, ExhaustiveForSmallDivisorsAndIndices) {
+  for (uint32_t d = 1; d <= 4096; ++d) {
+    const FastDivU32 f(d);
+    for (uint32_t n = 0; n < 20000; ++n) {
+      uint32_t r;
+      const uint32_t q = f.divmod(n, r);
+      ASSERT_EQ(q, n / d) << n << " / " << d;
+      ASSERT_EQ(r, n % d) << n << " % " << d;
+    }
+  }
+}
+
+TEST(FastDiv, SampledOverTheWholeRange) {
+  std::mt19937_64 g(7);
+  const uint32_t top = (1u << 31) - 1;
+  for (int i = 0; i < 2000; ++i) {
+    // divisors: uniform, powers of two and their neighbours, and the largest
+    uint32_t d = static_cast<uint32_t>(g() % top) + 1;
+    if (i % 4 == 1) d = 1u << (i % 31);
+    if (i % 4 == 2) d = (1u << (i % 31)) + 1;
+    if (i % 4 == 3) d = top - static_cast<uint32_t>(i);
+    const FastDivU32 f(d);
+    for (uint32_t n : {0u, 1u, d - 1, d, d + 1, top, top - 1, top - d % top, static_cast<uint32_t>(g() % top),
+                       static_cast<uint32_t>(g() % top), static_cast<uint32_t>(g() % 100000)}) {
+      if (n > top) continue;
+      ASSERT_EQ(f.div(n), n / d) << n << " / " << d;
+    }
+    for (int k = 0; k < 2000; ++k) {
+      const uint32_t n = static_cast<uint32_t>(g() % (uint64_t{top} + 1));
+      ASSERT_EQ(f.div(n), n / d) << n << " / " << d;
+    }
+  }
+}
+
+TEST(RowIndexer, PreparedOffsetsEqualTheGeneralPath) {
+  // [B, S, H] leading dims of a per-head view with strided rows (a fused qkv chunk), and broadcast strides (0).
+  for (const auto& dims : {std::array<int64_t, 3>{1, 4608, 24}, std::array<int64_t, 3>{2, 333, 38},
+                           std::array<int64_t, 3>{3, 1, 7}, std::array<int64_t, 3>{1, 1, 1},
+                           std::array<int64_t, 3>{5, 17, 1}}) {
+    RowIndexer r;
+    r.d1 = dims[1];
+    r.d2 = dims[2];
+    r.s0 = dims[1] * dims[2] * 3 * 128;
+    r.s1 = dims[2] * 3 * 128;
+    r.s2 = 128;
+    const int64_t rows = dims[0] * dims[1] * dims[2];
+    RowIndexer f = r;
+    f.prepare(rows);
+    ASSERT_TRUE(f.fast);
+    for (int64_t i = 0; i < rows; ++i) ASSERT_EQ(f.offset(i), r.offset(i)) << i;
+    RowIndexer b = r;
+    b.s1 = 0;  // a modulation row broadcast over tokens
+    RowIndexer bf = b;
+    bf.prepare(rows);
+    for (int64_t i = 0; i < rows; ++i) ASSERT_EQ(bf.offset(i), b.offset(i)) << i;
+  }
+  RowIndexer big;
+  big.d1 = int64_t{1} << 20;
+  big.d2 = int64_t{1} << 12;
+  big.prepare(int64_t{1} << 32);  // rows past 2^31: the 64-bit path stays
+  EXPECT_FALSE(big.fast);
+  EXPECT_FALSE(RowIndexer{}.prepare(0).fast);
+}
