@@ -51,6 +51,7 @@
 #include <string>
 
 #include "core/device.h"
+#include "core/env_knob.h"
 #include "core/registry.h"
 #include "core/tensor.h"
 #include "norm/layernorm_schedule.h"
@@ -484,10 +485,7 @@ namespace {
 // Measurement knob: DIFUSE_LNMOD_THREADS_PER_ROW=32|64|128 forces a schedule where the row fits it (the bits
 // do not change: every schedule replays the same tree). Read once.
 int forced_threads_per_row() {
-  static const int v = [] {
-    const char* e = std::getenv("DIFUSE_LNMOD_THREADS_PER_ROW");
-    return e ? std::atoi(e) : 0;
-  }();
+  static const int v = detail::positive_env_knob("DIFUSE_LNMOD_THREADS_PER_ROW");
   return v;
 }
 }  // namespace

@@ -26,6 +26,7 @@
 #include <string>
 
 #include "core/device.h"
+#include "core/env_knob.h"
 #include "core/registry.h"
 #include "core/rows.h"
 #include "core/tensor.h"
@@ -137,35 +138,34 @@ __global__ void __launch_bounds__(256) rms_norm_rows(const Params p) {
 // Rows of at most 128 elements (per-head QK norms): only aten's warp 0 holds data, so lane l of one of our
 // warps is aten thread l (one 4-element vector), lanes >= V hold +0 exactly like aten's threads without
 // data, and warps 1..3 contribute +0 roots: the same five shuffle levels and the same final combine with
-// those zero roots give aten's bits. Each warp takes ROWS_PER_WARP rows at once so enough loads are in
-// flight.
-constexpr int kSmallRowsPerWarp = 4;
-
-__global__ void __launch_bounds__(256) rms_norm_small_rows(const Params p) {
+// those zero roots give aten's bits. Each warp takes R rows at once so enough loads are in flight (default 4;
+// DIFUSE_RMS_ROWS_PER_WARP=2|8 for measurements, the same arithmetic per row).
+template <int R, int MIN_BLOCKS>
+__global__ void __launch_bounds__(256, MIN_BLOCKS) rms_norm_small_rows(const Params p) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
-  const int64_t r0 = warp * kSmallRowsPerWarp;
+  const int64_t r0 = warp * R;
   if (r0 >= p.rows) return;  // whole warp
-  uint2 xw[kSmallRowsPerWarp];
-  float s[kSmallRowsPerWarp];
+  uint2 xw[R];
+  float s[R];
 #pragma unroll
-  for (int q = 0; q < kSmallRowsPerWarp; ++q) {
+  for (int q = 0; q < R; ++q) {
     const int64_t r = r0 + q;
     xw[q] = (r < p.rows && lane < p.v) ? reinterpret_cast<const uint2*>(row_ptr(p, r))[lane] : make_uint2(0, 0);
   }
 #pragma unroll
-  for (int q = 0; q < kSmallRowsPerWarp; ++q)
+  for (int q = 0; q < R; ++q)
     s[q] = lane < p.v ? rms_push_vec4(0.f, num::bf16_lo(xw[q].x), num::bf16_hi(xw[q].x), num::bf16_lo(xw[q].y),
                                       num::bf16_hi(xw[q].y))
                       : 0.f;
 #pragma unroll
   for (int o = 16; o >= 1; o /= 2) {
 #pragma unroll
-    for (int q = 0; q < kSmallRowsPerWarp; ++q) s[q] = rms_combine(s[q], __shfl_down_sync(0xffffffffu, s[q], o));
+    for (int q = 0; q < R; ++q) s[q] = rms_combine(s[q], __shfl_down_sync(0xffffffffu, s[q], o));
   }
   const uint2 ww = (p.has_w && lane < p.v) ? reinterpret_cast<const uint2*>(p.w)[lane] : make_uint2(0, 0);
 #pragma unroll
-  for (int q = 0; q < kSmallRowsPerWarp; ++q) {
+  for (int q = 0; q < R; ++q) {
     const int64_t r = r0 + q;
     const float roots[4] = {__shfl_sync(0xffffffffu, s[q], 0), 0.f, 0.f, 0.f};
     const float rstd = rms_finalize_roots(roots, p.n, p.eps, p.inv_n_pow2);
@@ -173,6 +173,12 @@ __global__ void __launch_bounds__(256) rms_norm_small_rows(const Params p) {
       reinterpret_cast<uint2*>(p.out + r * p.n)[lane] =
           make_uint2(rms_norm_pair(xw[q].x, rstd, p.has_w, ww.x), rms_norm_pair(xw[q].y, rstd, p.has_w, ww.y));
   }
+}
+
+template <int R, int MIN_BLOCKS>
+void launch_small_rows(const Params& p, cudaStream_t stream) {
+  const int64_t warps = (p.rows + R - 1) / R;
+  rms_norm_small_rows<R, MIN_BLOCKS><<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(p);
 }
 
 // Rows wider than 24576: aten's own layout, two passes over global memory.
@@ -274,8 +280,13 @@ void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const 
   const int64_t sweeps = (p.v + kAtenThreads - 1) / kAtenThreads;
   const bool paired = p.n % 8 == 0 && rows_aligned(x, 16) && detail::aligned(out.data, 16);
   if (p.v <= 32) {
-    const int64_t warps = (p.rows + kSmallRowsPerWarp - 1) / kSmallRowsPerWarp;
-    rms_norm_small_rows<<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(p);
+    static const int knob = detail::positive_env_knob("DIFUSE_RMS_ROWS_PER_WARP");
+    if (knob >= 8)
+      launch_small_rows<8, 3>(p, stream);
+    else if (knob == 2)
+      launch_small_rows<2, 1>(p, stream);
+    else  // H200, 1x4608x24x128 at 657caa7: 20.0 us
+      launch_small_rows<4, 1>(p, stream);
   } else if (sweeps <= 12)
     paired ? launch_rows<64, true>(p, x.device, stream) : launch_rows<64, false>(p, x.device, stream);
   else if (sweeps <= 48)

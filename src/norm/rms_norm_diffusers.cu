@@ -34,6 +34,7 @@
 #include "core/rows.h"
 #include "core/tensor.h"
 #include "difuse/numerics/bf16.h"
+#include "norm/diffusers_head_norm.h"
 
 namespace difuse::norm {
 
@@ -50,6 +51,7 @@ constexpr int kRowsPerBlock = 8;  // one warp per row
 struct Params : detail::BF16RowsIO {
   float eps, factor;
   bool vectorized;
+  bool vec_out;  // vectorized, and out (and the weight) 8-byte aligned: the output pass runs on 4-element vectors
 };
 
 __device__ __forceinline__ const uint16_t* row_ptr(const Params& p, int64_t r) { return p.x + p.rows_of.offset(r); }
@@ -65,9 +67,11 @@ __global__ void __launch_bounds__(256) rms_norm_diffusers_kernel(const Params p)
   if (row >= p.rows) return;  // whole warp
   const uint16_t* xr = row_ptr(p, row);
   float a[4] = {0.f, 0.f, 0.f, 0.f};
+  uint2 first = make_uint2(0, 0);  // this lane's first vector, kept for the output pass
   if (p.vectorized) {  // input_vectorized_thread_reduce_impl: vl[k] += s[4v + k], v = lane, lane + 32, ...
     for (int v = lane; 4 * v + 3 < p.n; v += 32) {
       const uint2 w = reinterpret_cast<const uint2*>(xr)[v];
+      if (v == lane) first = w;
       a[0] = num::add_rn(a[0], sq(static_cast<uint16_t>(w.x)));
       a[1] = num::add_rn(a[1], sq(static_cast<uint16_t>(w.x >> 16)));
       a[2] = num::add_rn(a[2], sq(static_cast<uint16_t>(w.y)));
@@ -89,6 +93,15 @@ __global__ void __launch_bounds__(256) rms_norm_diffusers_kernel(const Params p)
   const float mean = num::mul_rn(__shfl_sync(0xffffffffu, s, 0), p.factor);
   const float r = num::rsqrt_cuda(num::add_rn(mean, p.eps));
   uint16_t* orow = p.out + row * p.n;
+  if (p.vec_out) {  // the same per-element arithmetic on whole vectors: 8-byte loads and stores
+    for (int v = lane; 4 * v + 3 < p.n; v += 32) {
+      const uint2 xv = v == lane ? first : reinterpret_cast<const uint2*>(xr)[v];
+      const uint2 wv = p.has_w ? reinterpret_cast<const uint2*>(p.w)[v] : make_uint2(0, 0);
+      const HeadRun<4> y = diffusers_norm_run<4>(HeadRun<4>{{xv.x, xv.y}}, r, p.has_w, HeadRun<4>{{wv.x, wv.y}});
+      reinterpret_cast<uint2*>(orow)[v] = make_uint2(y.w[0], y.w[1]);
+    }
+    return;
+  }
   for (int c = lane; c < p.n; c += 32) {
     const float yb = num::round_bf16(num::mul_rn(num::bf16_to_float(xr[c]), r));  // bf16 * fp32 -> fp32, .to(bf16)
     orow[c] = num::float_to_bf16_rne(p.has_w ? num::mul_rn(yb, num::bf16_to_float(p.w[c])) : yb);
@@ -145,6 +158,7 @@ void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view&
   p.eps = static_cast<float>(eps);
   p.factor = diffusers_mean_factor(p.rows, p.n);
   p.vectorized = p.n >= 128;
+  p.vec_out = p.vectorized && detail::aligned(out.data, 8) && (!p.has_w || detail::aligned(weight.data, 8));
   const detail::DeviceGuard device_guard(x.device);
   rms_norm_diffusers_kernel<<<static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock),
                               32 * kRowsPerBlock, 0, stream>>>(p);

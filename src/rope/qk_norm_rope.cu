@@ -326,12 +326,17 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   if (blocks == 0 || p.H == 0) return;
   const detail::DeviceGuard device_guard(a.q.device);
   // Rows a warp loads before reducing: fewer rows keep more warps resident (occupancy), more rows put more
-  // loads in flight per warp. DIFUSE_QK_ROWS_PER_WARP=2|4|6|9 overrides the default (for measurements).
+  // loads in flight per warp. DIFUSE_QK_ROWS_PER_WARP=2|3|4|6|9 overrides the default (for measurements; every
+  // variant is exactness-tested: tests/gpu/test_qk_norm_rope.py::test_more_rows_per_warp_variants).
   const int knob = rows_per_warp_knob();
-  const int per_warp = knob > 0 ? knob : 2;  // H200, FLUX shapes: 2 rows 90.6 us, 4: 95.5, 6: 97.1, 9: 99.4
+  // H200, 1x4608x24x128 double: 2 rows 63.7 us at 657caa7; before it (per-row divisions) 2: 90.6, 4: 95.5,
+  // 6: 97.1, 9: 99.4.
+  const int per_warp = knob > 0 ? knob : 2;
   const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
   if (per_warp <= 2)
     qk_norm_rope_kernel<2, 6><<<grid, block, 0, stream>>>(p);
+  else if (per_warp == 3)
+    qk_norm_rope_kernel<3, 5><<<grid, block, 0, stream>>>(p);
   else if (per_warp <= 4)
     qk_norm_rope_kernel<4, 4><<<grid, block, 0, stream>>>(p);
   else if (per_warp <= 6)

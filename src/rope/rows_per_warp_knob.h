@@ -4,16 +4,12 @@
 // Read once per process. The arithmetic of a row is the same in every variant.
 #pragma once
 
-#include <cstdlib>
+#include "core/env_knob.h"
 
 namespace difuse::rope {
 
 inline int rows_per_warp_knob() {
-  static const int knob = [] {
-    const char* e = std::getenv("DIFUSE_QK_ROWS_PER_WARP");
-    const int v = e ? std::atoi(e) : 0;
-    return v > 0 ? v : 0;
-  }();
+  static const int knob = detail::positive_env_knob("DIFUSE_QK_ROWS_PER_WARP");
   return knob;  // 0: unset
 }
 

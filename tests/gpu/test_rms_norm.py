@@ -127,3 +127,15 @@ def test_opcheck_compile_and_graph():
         graph.replay()
         torch.cuda.synchronize()
         assert count_mismatches(out, F.rms_norm(xs, (128,), ws, 1e-6)) == 0
+
+
+@pytest.mark.parametrize("rows", ["2", "8"])
+def test_small_rows_variants(rows):
+    """DIFUSE_RMS_ROWS_PER_WARP=2|8 (read once per process) select the per-head kernels with fewer or more rows
+    per warp: same bits (row counts that leave a warp partly empty, widths 4..128, with and without weight)."""
+    from knob_run import exactness_script, run_with_env
+
+    specs = [((1, 4608, 24, 128), True), ((2, 333, 5, 64), False), ((3, 7, 11, 36), True), ((1, 1, 1, 4), True),
+             ((5, 13, 128), False)]
+    r = run_with_env(exactness_script("rms_norm", specs, 400), DIFUSE_RMS_ROWS_PER_WARP=rows)
+    assert r.returncode == 0, r.stdout + r.stderr
