@@ -329,9 +329,11 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   // loads in flight per warp. DIFUSE_QK_ROWS_PER_WARP=2|3|4|6|9 overrides the default (for measurements; every
   // variant is exactness-tested: tests/gpu/test_qk_norm_rope.py::test_more_rows_per_warp_variants).
   const int knob = rows_per_warp_knob();
-  // H200, 1x4608x24x128 double: 2 rows 63.7 us at 657caa7; before it (per-row divisions) 2: 90.6, 4: 95.5,
-  // 6: 97.1, 9: 99.4.
-  const int per_warp = knob > 0 ? knob : 2;
+  // H200, 1x4608x24x128 double, 6408223 (bench/results/h200/knob-sweeps/): 2 rows 64.0 us, 3: 62.0, 4: 68.9,
+  // 6: 74.2 (3 was fastest at all five bench shapes, e.g. 2x4608: 119.6 vs 122.3); before 657caa7 (per-row
+  // divisions) 2: 90.6, 4: 95.5, 6: 97.1, 9: 99.4. Default 3 since 6408223: that run verified the 3-row kernel
+  // bit-exact through this knob (test_more_rows_per_warp_variants); as the default it has not yet run there.
+  const int per_warp = knob > 0 ? knob : 3;
   const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
   if (per_warp <= 2)
     qk_norm_rope_kernel<2, 6><<<grid, block, 0, stream>>>(p);
