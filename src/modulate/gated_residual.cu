@@ -20,11 +20,10 @@
 // float4 gate loads where H % 8 == 0 and every row is 16-byte aligned (Wan's sites), else 4-byte words and float2
 // gates, else scalars (gated_residual_fp32_vector_width). The arithmetic per element is the same at every width.
 //
-// Verification status: bit-exact on the H200 at 10cca8c (torch 2.11.0+cu130, sm_90): tests/gpu/test_gated_residual.py
-// (241 cases; gated_residual_fp32 in test_wan_fp32.py), 0 failed, 0 skipped (bench/results/h200/tests.json).
-// gated_residual_fp32's 16-byte path came after that run (its 4-byte form measured 405 us at 1x32760x5120: 58 % of
-// the 236 us floor, target 297; 16 bytes in flight per thread) and is NOT yet run on the H200;
-// expected ~1.2x the floor, as gated_residual's 16-byte path reaches. test_wan_fp32.py covers every width.
+// Verification status: bit-exact on the H200 at 6408223 (torch 2.11.0+cu130, sm_90): tests/gpu/test_gated_residual.py
+// (241 cases; gated_residual_fp32 in test_wan_fp32.py, every access width forced), 0 failed, 0 skipped
+// (bench/results/h200/tests.json). gated_residual_fp32's 16-byte path (first run at 5fde96b): 405 us with 4-byte
+// accesses -> 232.7 us at 1x32760x5120, at the 236 us floor (predicted ~280: it streams at copy bandwidth).
 #include "modulate/gated_residual.h"
 #include "modulate/gated_residual_pair.h"
 
@@ -46,14 +45,13 @@ namespace {
 const detail::KernelRegistration kF32Registration{{
     "gated_residual_fp32", "cuda", "bit_exact",
     "(h.float() + a * gate).type_as(h)  (Wan: bf16 h, a; fp32 gate [B,H], [B,1,H] or [B,L,H])",
-    "verified bit-exact on H200 at 10cca8c (torch 2.11.0+cu130, sm_90) with 4-byte and scalar accesses; the 16-byte "
-    "path (H % 8 == 0, 16-byte rows) is newer and not yet run on the H200", 90, 90,
+    "verified bit-exact on H200 at 6408223 (torch 2.11.0+cu130, sm_90)", 90, 90,
     "Wan's gated residual with an fp32 gate, one bf16 rounding at the end"}};
 
 const detail::KernelRegistration kRegistration{{
     "gated_residual", "cuda", "bit_exact",
     "h + gate[:, None] * a  (bf16; h, a [B,L,H]; gate [B,H] or [B,L,H])",
-    "verified bit-exact on H200 at 710ef68 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 6408223 (torch 2.11.0+cu130, sm_90)", 90, 90,
     "adaLN-Zero gated residual in one pass, both eager roundings"}};
 
 struct Params {

@@ -30,16 +30,18 @@
 // layernorm_modulate_fp32 measured 448.7 us at 1x32760x5120 against 208.4 for the bf16 kernel on the
 // same rows (ops.json, 710ef68), 35 % of the floor. Each warp-wide scalar load spans 512 bytes (4 L1 wavefronts),
 // 8 of them per 4 elements: ~10M wavefronts per call, ~190 us of L1 time at 1.7 GHz, about the gap. float4 loads
-// need a quarter of that: predicted ~260-300 us. NOT yet run on the H200).
+// need a quarter of that: predicted ~260-300 us; measured 258.1 us at 5fde96b, 258.0 at 6408223, still 1.3x the
+// 198 us target: ncu at 8b01de3 shows 53 % DRAM and 78 % L1 throughput, the fp32 rows now the L1 traffic).
 //
 // The same kernel also serves, as compile-time variations of the epilogue/prologue: per-token [B, L, H]
 // modulation, gated_residual_layernorm_modulate (h1 = h + gate * a first) and Wan's fp32 chains
 // (layernorm_modulate_fp32, layernorm_affine_fp32).
 //
-// Verification status: bit-exact on the H200 at 10cca8c (torch 2.11.0+cu130, sm_90):
+// Verification status: bit-exact on the H200 at 6408223 (torch 2.11.0+cu130, sm_90):
 // tests/gpu/test_layernorm_modulate.py (339 cases, [B, H] and per-token modulation),
-// test_gated_residual_layernorm_modulate.py (219) and test_wan_fp32.py (224), 0 failed, 0 skipped
-// (bench/results/h200/tests.json); the fp32 float4 row loads came later (see above).
+// test_gated_residual_layernorm_modulate.py (219) and test_wan_fp32.py (272, incl. the float4 fp32 row loads,
+// first run at 5fde96b: 448.7 -> 258.1 us at 1x32760x5120), 0 failed, 0 skipped (bench/results/h200/tests.json).
+// test_forced_schedules (DIFUSE_LNMOD_THREADS_PER_ROW=32|128) is newer and not yet run there.
 #include "norm/layernorm_modulate.h"
 
 #include "modulate/gated_residual_pair.h"
@@ -66,21 +68,19 @@ using num::VecWelford;
 const detail::KernelRegistration kF32Registration{{
     "layernorm_modulate_fp32", "cuda", "bit_exact",
     "(F.layer_norm(x.float(), (H,), eps=eps) * (1 + scale) + shift).type_as(x)  (Wan: fp32 scale/shift rows)",
-    "verified bit-exact on H200 at 10cca8c (torch 2.11.0+cu130, sm_90) with scalar fp32 row loads; the float4 "
-    "row loads are newer and not yet run on the H200", 90, 90,
+    "verified bit-exact on H200 at 6408223 (torch 2.11.0+cu130, sm_90)", 90, 90,
     "Wan's fp32 adaLN: fp32 LayerNorm and modulation, one bf16 rounding at the end"}};
 
 const detail::KernelRegistration kAffineRegistration{{
     "layernorm_affine_fp32", "cuda", "bit_exact",
     "F.layer_norm(x.float(), (H,), weight, bias, eps).type_as(x)  (Wan's norm2: fp32 weight and bias)",
-    "verified bit-exact on H200 at 10cca8c (torch 2.11.0+cu130, sm_90) with scalar fp32 row loads; the float4 "
-    "row loads are newer and not yet run on the H200", 90, 90,
+    "verified bit-exact on H200 at 6408223 (torch 2.11.0+cu130, sm_90)", 90, 90,
     "affine FP32LayerNorm over bf16 input, one bf16 rounding at the end"}};
 
 const detail::KernelRegistration kResidualRegistration{{
     "gated_residual_layernorm_modulate", "cuda", "bit_exact",
     "h1 = h + gate[:, None] * a;  F.layer_norm(h1, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]  (bf16)",
-    "verified bit-exact on H200 at 710ef68 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 6408223 (torch 2.11.0+cu130, sm_90)", 90, 90,
     "the pre-FF site: gated residual, then adaLN LayerNorm + modulate of the new residual, one pass"}};
 
 const detail::KernelRegistration kRegistration{{

@@ -23,9 +23,10 @@
 // aligned; outputs contiguous bf16 [B, S_total, H, D], 8-byte aligned, overlapping no input; v_out given
 // exactly when v is (and v_first exactly when there is a first stream and v).
 //
-// Verification status: bit-exact on the H200 at 710ef68 (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_rope.py
-// (241 cases, incl. the q, k, v diffusers' FluxAttnProcessor hands to attention), 0 failed, 0 skipped
-// (bench/results/h200/tests.json).
+// Verification status: bit-exact on the H200 at 6408223 (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_rope.py
+// (245 cases, incl. the q, k, v diffusers' FluxAttnProcessor hands to attention and each rows-per-warp variant
+// through DIFUSE_QK_ROWS_PER_WARP), 0 failed, 0 skipped (bench/results/h200/tests.json). The default became 3 rows
+// per warp after that run (it ran there as a knob variant; not yet as the default).
 #include "rope/qk_norm_rope.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/token_rows.cuh"
@@ -50,7 +51,7 @@ const detail::KernelRegistration kRegistration{{
     "qk_norm_rope", "cuda", "bit_exact",
     "FLUX.1 attention prologue: RMSNorm(q), RMSNorm(k) per head, cat([text, image]), apply_rotary_emb (real, "
     "interleaved)",
-    "verified bit-exact on H200 at 710ef68 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 6408223 (torch 2.11.0+cu130, sm_90)", 90, 90,
     "per-head QK RMSNorm + joint concat + RoPE in one launch (fused or separate projections)"}};
 
 constexpr int kWarps = 8;

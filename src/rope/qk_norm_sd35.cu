@@ -18,7 +18,7 @@
 // factor = (float)rows / (float)(rows * head_dim) with rows = B * H * S OF THAT STREAM (image and context factors
 // differ); RN(mean + (float)eps), rsqrtf, bf16(RN(x * rstd)), bf16(RN(y * w)); the cat is an exact copy. One
 // block per joint token (b, s): its 3H head rows (q, k normalised, v copied), warps 2 rows at a time (4 or 8 with
-// DIFUSE_QK_ROWS_PER_WARP, for measurement; those variants are not yet timed on the H200), a lane
+// DIFUSE_QK_ROWS_PER_WARP, for measurement; both slower at 6408223: 189.5 and 197.4 us vs 184.2), a lane
 // holding 2 consecutive elements (4 above head_dim 64); each output row lands at ((b H + h) S_total + s) D.
 //
 // Guards (can_use_qk_norm_sd35; every violation is reported): q, k, v and q_ctx, k_ctx, v_ctx bf16 [B, H, S, D]
@@ -28,9 +28,9 @@
 // [D] contiguous; B * (S_img + S_ctx) < 2^31, 1 <= H <= 4096; outputs contiguous bf16 [B, H, S_img + S_ctx, D],
 // 8-byte aligned, overlapping no input nor each other.
 //
-// Verification status: bit-exact on the H200 at 10cca8c (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_sd35.py
-// (249 cases, incl. the real JointAttnProcessor2_0), 0 failed, 0 skipped (bench/results/h200/tests.json). The 4-
-// and 8-row variants came after that run: test_more_rows_per_warp_variants waits for the next one.
+// Verification status: bit-exact on the H200 at 6408223 (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_sd35.py
+// (251 cases, incl. the real JointAttnProcessor2_0 and the 4- and 8-row variants), 0 failed, 0 skipped
+// (bench/results/h200/tests.json).
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/token_rows.cuh"
@@ -56,7 +56,7 @@ const detail::KernelRegistration kRegistration{{
     "qk_norm_sd35", "cuda", "bit_exact",
     "SD3.5 joint attention: diffusers RMSNorm(q), RMSNorm(k) per head on the BHSD views of both streams, "
     "cat([image, context], dim=2) of q, k, v",
-    "verified bit-exact on H200 at c8d8874 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 6408223 (torch 2.11.0+cu130, sm_90)", 90, 90,
     "per-head diffusers QK RMSNorm + BHSD joint concat in one launch"}};
 
 constexpr int kWarps = 8;
@@ -228,8 +228,9 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
   const detail::DeviceGuard device_guard(a.q.device);
   const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
   // Rows a warp loads before reducing: at head_dim 64 a row is 128 bytes, so 2 rows per warp keep, by count, ~12 KB
-  // in flight per SM (48 warps x 2 x 128 B; measured 248.6 us for 2 x 38 x 4429 x 64, 4x the floor). DIFUSE_QK_ROWS_PER_WARP=4|8 select
-  // variants with more loads in flight and fewer resident blocks, for measurement (same arithmetic per row).
+  // in flight per SM (48 warps x 2 x 128 B). 2 x 38 x 4429 x 64 on the H200: 248.6 us with per-row divisions,
+  // 184.2 us without (6408223; 3x the floor); DIFUSE_QK_ROWS_PER_WARP=4|8 select variants with more loads in
+  // flight and fewer resident blocks (same arithmetic per row): 189.5 and 197.4 us there, so 2 stays.
   const int knob = rows_per_warp_knob();
   const int per_warp = knob >= 8 ? 8 : knob >= 4 ? 4 : 2;
   if (E == 4) {

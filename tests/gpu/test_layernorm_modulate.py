@@ -297,3 +297,16 @@ def test_check_command_passes():
     from difuse.cli import main
 
     assert main(["check"]) == 0
+
+
+@pytest.mark.parametrize("threads", ["32", "128"])
+def test_forced_schedules(threads):
+    """DIFUSE_LNMOD_THREADS_PER_ROW=32|128 (read once per process) force the one-warp and the four-warp row
+    schedules where the row fits them: same bits (widths from one sweep to the staged limit, partial sweeps,
+    batch 2 with strided modulation chunks)."""
+    from knob_run import exactness_script, run_with_env
+
+    specs = [((1, 4096, 3072), 6), ((2, 300, 3072), 6), ((2, 333, 1536), 6), ((1, 77, 2240), 3),
+             ((3, 5, 516), 2), ((1, 9, 6144), 6)]
+    r = run_with_env(exactness_script("layernorm_modulate", specs, 500), DIFUSE_LNMOD_THREADS_PER_ROW=threads)
+    assert r.returncode == 0, r.stdout + r.stderr
