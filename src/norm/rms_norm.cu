@@ -18,6 +18,8 @@
 //
 // Verification status: bit-exact on the H200 at 6408223 (torch 2.11.0+cu130, sm_90): tests/gpu/test_rms_norm.py (264
 // cases, incl. the 2- and 8-rows-per-warp per-head variants), 0 failed, 0 skipped (bench/results/h200/tests.json).
+// Since then the per-head kernel is one template over the lanes a row spans (norm/head_rms_span.cuh; 32 by
+// default, 16 with DIFUSE_RMS_LANES_PER_ROW=16): the same arithmetic, not yet run on the H200.
 #include "norm/rms_norm.h"
 
 #include <cuda_runtime.h>
@@ -30,6 +32,7 @@
 #include "core/registry.h"
 #include "core/rows.h"
 #include "core/tensor.h"
+#include "norm/head_rms_span.cuh"
 #include "norm/layernorm_schedule.h"
 #include "norm/row_staging.cuh"
 
@@ -135,50 +138,57 @@ __global__ void __launch_bounds__(256) rms_norm_rows(const Params p) {
   }
 }
 
-// Rows of at most 128 elements (per-head QK norms): only aten's warp 0 holds data, so lane l of one of our
-// warps is aten thread l (one 4-element vector), lanes >= V hold +0 exactly like aten's threads without
-// data, and warps 1..3 contribute +0 roots: the same five shuffle levels and the same final combine with
-// those zero roots give aten's bits. Each warp takes R rows at once so enough loads are in flight (default 4;
-// DIFUSE_RMS_ROWS_PER_WARP=2|8 for measurements, the same arithmetic per row).
-template <int R, int MIN_BLOCKS>
+// Rows of at most 128 elements (per-head QK norms): only aten's warp 0 holds data, so a row spans SPAN lanes of
+// one of our warps, 32 (lane l is aten thread l, one 4-element vector) or 16 (lane u holds aten threads u and
+// u + 16), and norm/head_rms_span.cuh reproduces aten's tree and its final combine with warps 1..3's +0 roots.
+// Each warp takes R slots at once (a slot: one row per span) so enough loads are in flight. Default 32 lanes, 4
+// rows; DIFUSE_RMS_ROWS_PER_WARP=2|8 and DIFUSE_RMS_LANES_PER_ROW=16 (slots 2 or 4) for measurements: the same
+// arithmetic per row.
+template <int SPAN, int R, int MIN_BLOCKS>
 __global__ void __launch_bounds__(256, MIN_BLOCKS) rms_norm_small_rows(const Params p) {
+  constexpr int K = 32 / SPAN;
   const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int u = lane % SPAN, seg = lane / SPAN;
   const int64_t warp = static_cast<int64_t>(blockIdx.x) * 8 + threadIdx.x / 32;
-  const int64_t r0 = warp * R;
+  const int64_t r0 = warp * R * K;
   if (r0 >= p.rows) return;  // whole warp
-  uint2 xw[R];
+  bool on[K];
+#pragma unroll
+  for (int j = 0; j < K; ++j) on[j] = u + SPAN * j < p.v;
+  uint2 xw[R][K];
   float s[R];
 #pragma unroll
   for (int q = 0; q < R; ++q) {
-    const int64_t r = r0 + q;
-    xw[q] = (r < p.rows && lane < p.v) ? reinterpret_cast<const uint2*>(row_ptr(p, r))[lane] : make_uint2(0, 0);
+    const int64_t r = r0 + q * K + seg;
+    const uint2* row = reinterpret_cast<const uint2*>(row_ptr(p, r < p.rows ? r : 0));
+#pragma unroll
+    for (int j = 0; j < K; ++j) xw[q][j] = (r < p.rows && on[j]) ? row[u + SPAN * j] : make_uint2(0, 0);
   }
 #pragma unroll
-  for (int q = 0; q < R; ++q)
-    s[q] = lane < p.v ? rms_push_vec4(0.f, num::bf16_lo(xw[q].x), num::bf16_hi(xw[q].x), num::bf16_lo(xw[q].y),
-                                      num::bf16_hi(xw[q].y))
-                      : 0.f;
+  for (int q = 0; q < R; ++q) s[q] = rms_lane_sum<K>(xw[q]);
+  rms_span_tree<SPAN, R>(s);
+  uint2 ww[K];
 #pragma unroll
-  for (int o = 16; o >= 1; o /= 2) {
-#pragma unroll
-    for (int q = 0; q < R; ++q) s[q] = rms_combine(s[q], __shfl_down_sync(0xffffffffu, s[q], o));
-  }
-  const uint2 ww = (p.has_w && lane < p.v) ? reinterpret_cast<const uint2*>(p.w)[lane] : make_uint2(0, 0);
+  for (int j = 0; j < K; ++j)
+    ww[j] = (p.has_w && on[j]) ? reinterpret_cast<const uint2*>(p.w)[u + SPAN * j] : make_uint2(0, 0);
 #pragma unroll
   for (int q = 0; q < R; ++q) {
-    const int64_t r = r0 + q;
-    const float roots[4] = {__shfl_sync(0xffffffffu, s[q], 0), 0.f, 0.f, 0.f};
-    const float rstd = rms_finalize_roots(roots, p.n, p.eps, p.inv_n_pow2);
-    if (r < p.rows && lane < p.v)
-      reinterpret_cast<uint2*>(p.out + r * p.n)[lane] =
-          make_uint2(rms_norm_pair(xw[q].x, rstd, p.has_w, ww.x), rms_norm_pair(xw[q].y, rstd, p.has_w, ww.y));
+    const int64_t r = r0 + q * K + seg;
+    const float rstd = rms_head_rstd(rms_span_total<SPAN>(s[q]), p.n, p.eps, p.inv_n_pow2);
+    if (r >= p.rows) continue;
+    uint2* orow = reinterpret_cast<uint2*>(p.out + r * p.n);
+#pragma unroll
+    for (int j = 0; j < K; ++j)
+      if (on[j])
+        orow[u + SPAN * j] = make_uint2(rms_norm_pair(xw[q][j].x, rstd, p.has_w, ww[j].x),
+                                        rms_norm_pair(xw[q][j].y, rstd, p.has_w, ww[j].y));
   }
 }
 
-template <int R, int MIN_BLOCKS>
+template <int SPAN, int R, int MIN_BLOCKS>
 void launch_small_rows(const Params& p, cudaStream_t stream) {
-  const int64_t warps = (p.rows + R - 1) / R;
-  rms_norm_small_rows<R, MIN_BLOCKS><<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(p);
+  const int64_t warps = (p.rows + R * (32 / SPAN) - 1) / (R * (32 / SPAN));
+  rms_norm_small_rows<SPAN, R, MIN_BLOCKS><<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(p);
 }
 
 // Rows wider than 24576: aten's own layout, two passes over global memory.
@@ -281,12 +291,16 @@ void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const 
   const bool paired = p.n % 8 == 0 && rows_aligned(x, 16) && detail::aligned(out.data, 16);
   if (p.v <= 32) {
     static const int knob = detail::positive_env_knob("DIFUSE_RMS_ROWS_PER_WARP");
-    if (knob >= 8)
-      launch_small_rows<8, 3>(p, stream);
+    static const int lanes = detail::positive_env_knob("DIFUSE_RMS_LANES_PER_ROW");
+    // H200, 1x4608x24x128 weight at 6408223 (knob-sweeps/): 4 rows 20.3 us, 2: 19.7, 8: 19.2 (within ~5 %)
+    if (lanes == 16)
+      knob >= 4 ? launch_small_rows<16, 4, 1>(p, stream) : launch_small_rows<16, 2, 1>(p, stream);
+    else if (knob >= 8)
+      launch_small_rows<32, 8, 3>(p, stream);
     else if (knob == 2)
-      launch_small_rows<2, 1>(p, stream);
-    else  // H200, 1x4608x24x128 at 657caa7: 20.0 us
-      launch_small_rows<4, 1>(p, stream);
+      launch_small_rows<32, 2, 1>(p, stream);
+    else
+      launch_small_rows<32, 4, 1>(p, stream);
   } else if (sweeps <= 12)
     paired ? launch_rows<64, true>(p, x.device, stream) : launch_rows<64, false>(p, x.device, stream);
   else if (sweeps <= 48)

@@ -11,9 +11,11 @@
 // vectorized_layer_norm_kernel<BFloat16, float, rms=true>: lane l owns elements 4l..4l+3, s = fma(v, v, s), a
 // shuffle-down tree 16..1, rstd = rsqrtf(RN(s / D + eps)), out = bf16(RN(w * RN(rstd * x)))); RoPE is three
 // separate fp32 TensorIterator kernels (x.float() * cos, x_rotated.float() * sin, their sum) and .to(bf16).
-// One block per joint token: its 2H (3H with v) head rows, each warp loading all of its rows before reducing
-// any (2 at once by default: occupancy wins over loads in flight); the token's cos and sin rows are read once per lane. Output rows are
-// [B, S_first + S_second, H, D] contiguous, exactly the tensors the eager code hands to attention.
+// One block per joint token: its 2H (3H with v) head rows, each warp loading several rows before reducing any
+// (3 by default, the measured best); the token's cos and sin rows are read once per lane. A row spans a warp
+// (aten's lanes one to one) or, with DIFUSE_QK_LANES_PER_ROW=16 (for measurement; not yet run on the H200), half
+// a warp whose lane u holds aten lanes u and u + 16 (see the kernel). Output rows are [B, S_first + S_second, H,
+// D] contiguous, exactly the tensors the eager code hands to attention.
 //
 // Guards (can_use_qk_norm_rope; every violation is reported): q, k (and v) of each stream bf16 [B, S, H, D]
 // on one CUDA device, last dim contiguous, non-negative strides, rows 8-byte aligned (strided views: the
@@ -26,7 +28,8 @@
 // Verification status: bit-exact on the H200 at 6408223 (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_rope.py
 // (245 cases, incl. the q, k, v diffusers' FluxAttnProcessor hands to attention and each rows-per-warp variant
 // through DIFUSE_QK_ROWS_PER_WARP), 0 failed, 0 skipped (bench/results/h200/tests.json). The default became 3 rows
-// per warp after that run (it ran there as a knob variant; not yet as the default).
+// per warp after that run (it ran there as a knob variant; not yet as the default), and the kernel became one
+// template over the lanes a row spans (32, or 16 with DIFUSE_QK_LANES_PER_ROW=16): both not yet run there.
 #include "rope/qk_norm_rope.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/token_rows.cuh"
@@ -36,11 +39,13 @@
 #include <string>
 
 #include "core/device.h"
+#include "core/env_knob.h"
 #include "core/fast_div.h"
 #include "core/registry.h"
 #include "core/tensor.h"
 #include "difuse/numerics/bf16.h"
 #include "difuse/numerics/rope.h"
+#include "norm/head_rms_span.cuh"
 #include "norm/layernorm_schedule.h"
 
 namespace difuse::rope {
@@ -79,74 +84,93 @@ struct Params {
   detail::FastDivU32 heads;  // row -> (role, head) without a division instruction
 };
 
-// Warp w of a token's block owns rows w, w + 8, w + 16, ... of its 2H (or 3H) head rows (row r: role r / H,
-// head r % H), R at a time: all R loads are issued before any reduction, and the R shuffle trees run
-// interleaved (rows past the end carry zeros and are not stored). What depends only on the token (TokenRows,
-// the output base, the weights, cos and sin) is computed once per block.
-template <int R, int MIN_BLOCKS>
+// SPAN lanes per row (32, or 16 for two rows per warp instruction): lane u of a span holds aten's vectors u,
+// u + SPAN, ... and the reduction is norm/head_rms_span.cuh's (aten's bits at either span).
+//
+// A warp takes R slots at a time (all R loads issued before any reduction, the R shuffle trees interleaved);
+// slot i of a token's block holds rows K i .. K i + K - 1 (one per span; row r: role r / H, head r % H), and
+// warp w owns slots w, w + 8, ... Rows past the end carry zeros and are not stored. What depends only on the
+// token (TokenRows, the output base, the weights, cos and sin) is computed once per block.
+template <int SPAN, int R, int MIN_BLOCKS>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(const Params p) {
+  static_assert(SPAN == 32 || SPAN == 16, "a row spans a warp or half of one");
+  constexpr int K = 32 / SPAN;  // vectors (and rows per slot) per lane
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int u = lane % SPAN;    // this lane's place in its row
+  const int seg = lane / SPAN;  // which of the slot's rows
   const unsigned S = static_cast<unsigned>(p.S);  // B * S < 2^31 (predicate)
   const int64_t b = blockIdx.x / S;
   const int64_t sj = blockIdx.x % S;
   const bool in_first = sj < p.first.S;
   const int64_t s = in_first ? sj : sj - p.first.S;
-  const bool on = lane < p.V;
+  bool on[K];  // vector j of this lane (aten lane u + SPAN j) holds data
+#pragma unroll
+  for (int j = 0; j < K; ++j) on[j] = u + SPAN * j < p.V;
 
   const Stream& st = in_first ? p.first : p.second;
   const TokenRows tr(st.t[0], st.t[1], st.t[2], b, s);
   const uint16_t* wp[2] = {st.w[0], st.w[1]};
 
-  float4 c = make_float4(0.f, 0.f, 0.f, 0.f), sn = c;
-  if (p.cos != nullptr && on) {
-    c = reinterpret_cast<const float4*>(p.cos + sj * p.D)[lane];
-    sn = reinterpret_cast<const float4*>(p.sin + sj * p.D)[lane];
-  }
-  uint2 w[2];
+  float4 c[K], sn[K];
+  uint2 w[2][K];
 #pragma unroll
-  for (int r = 0; r < 2; ++r)
-    w[r] = (wp[r] != nullptr && on) ? reinterpret_cast<const uint2*>(wp[r])[lane] : make_uint2(0, 0);
+  for (int j = 0; j < K; ++j) {
+    const int v = u + SPAN * j;
+    c[j] = sn[j] = make_float4(0.f, 0.f, 0.f, 0.f);
+    if (p.cos != nullptr && on[j]) {
+      c[j] = reinterpret_cast<const float4*>(p.cos + sj * p.D)[v];
+      sn[j] = reinterpret_cast<const float4*>(p.sin + sj * p.D)[v];
+    }
+#pragma unroll
+    for (int r = 0; r < 2; ++r)
+      w[r][j] = (wp[r] != nullptr && on[j]) ? reinterpret_cast<const uint2*>(wp[r])[v] : make_uint2(0, 0);
+  }
   const int64_t out_token = (b * p.S + sj) * p.H * p.D;  // element offset of this token's first output row
 
   const int rows = p.roles * p.H;
-  for (int base = warp; base < rows; base += kWarps * R) {
-    uint2 x[R];
+  const int slots = (rows + K - 1) / K;
+  for (int base = warp; base < slots; base += kWarps * R) {
+    uint2 x[R][K];
     uint32_t role_of[R], head_of[R];
 #pragma unroll
     for (int q = 0; q < R; ++q) {
-      const int r = base + q * kWarps;
-      role_of[q] = role_and_head(p.heads, r, rows, head_of[q]);
-      x[q] = (role_of[q] < 3 && on) ? reinterpret_cast<const uint2*>(tr.row(role_of[q], head_of[q]))[lane]
-                                    : make_uint2(0, 0);
+      role_of[q] = role_and_head(p.heads, (base + q * kWarps) * K + seg, rows, head_of[q]);
+      const uint2* row = reinterpret_cast<const uint2*>(tr.row(role_of[q] < 3 ? role_of[q] : 0, head_of[q]));
+#pragma unroll
+      for (int j = 0; j < K; ++j) x[q][j] = (role_of[q] < 3 && on[j]) ? row[u + SPAN * j] : make_uint2(0, 0);
     }
     float sum[R];
 #pragma unroll
-    for (int q = 0; q < R; ++q)
-      sum[q] = norm::rms_push_vec4(0.f, num::bf16_lo(x[q].x), num::bf16_hi(x[q].x), num::bf16_lo(x[q].y),
-                                   num::bf16_hi(x[q].y));  // lanes past D hold +0, as aten's idle threads
-#pragma unroll
-    for (int o = 16; o >= 1; o /= 2) {
-#pragma unroll
-      for (int q = 0; q < R; ++q) sum[q] = norm::rms_combine(sum[q], __shfl_down_sync(0xffffffffu, sum[q], o));
-    }
+    for (int q = 0; q < R; ++q) sum[q] = norm::rms_lane_sum<K>(x[q]);
+    norm::rms_span_tree<SPAN, R>(sum);
 #pragma unroll
     for (int q = 0; q < R; ++q) {
       const uint32_t role = role_of[q];  // 0 q, 1 k, 2 v (copied as is), 3 past the end (not stored)
-      uint2 y = x[q];
+      // every lane takes part in the broadcast: at SPAN 16 the warp's two rows may have different roles
+      const float total = norm::rms_span_total<SPAN>(sum[q]);
+      uint2 y[K];
+#pragma unroll
+      for (int j = 0; j < K; ++j) y[j] = x[q][j];
       if (role < 2) {
-        const float roots[4] = {__shfl_sync(0xffffffffu, sum[q], 0), 0.f, 0.f, 0.f};
-        const float rstd = norm::rms_finalize_roots(roots, p.D, p.eps, p.inv_D);
+        const float rstd = norm::rms_head_rstd(total, p.D, p.eps, p.inv_D);
         const bool has_w = (role == 0 ? wp[0] : wp[1]) != nullptr;
-        const uint2 wr = role == 0 ? w[0] : w[1];
-        y = make_uint2(norm::rms_norm_pair(y.x, rstd, has_w, wr.x), norm::rms_norm_pair(y.y, rstd, has_w, wr.y));
-        if (p.cos != nullptr)
-          y = make_uint2(num::rope_interleaved_bf16x2(y.x, c.x, sn.x, c.y, sn.y),
-                         num::rope_interleaved_bf16x2(y.y, c.z, sn.z, c.w, sn.w));
+#pragma unroll
+        for (int j = 0; j < K; ++j) {
+          const uint2 wr = role == 0 ? w[0][j] : w[1][j];
+          y[j] = make_uint2(norm::rms_norm_pair(y[j].x, rstd, has_w, wr.x),
+                            norm::rms_norm_pair(y[j].y, rstd, has_w, wr.y));
+          if (p.cos != nullptr)
+            y[j] = make_uint2(num::rope_interleaved_bf16x2(y[j].x, c[j].x, sn[j].x, c[j].y, sn[j].y),
+                              num::rope_interleaved_bf16x2(y[j].y, c[j].z, sn[j].z, c[j].w, sn[j].w));
+        }
       }
-      if (role < 3 && on) {
-        uint16_t* o = by_role(role, p.out[0], p.out[1], p.out[2]);
-        reinterpret_cast<uint2*>(o + out_token + static_cast<int64_t>(head_of[q]) * p.D)[lane] = y;
+      if (role < 3) {
+        uint2* o = reinterpret_cast<uint2*>(by_role(role, p.out[0], p.out[1], p.out[2]) + out_token +
+                                            static_cast<int64_t>(head_of[q]) * p.D);
+#pragma unroll
+        for (int j = 0; j < K; ++j)
+          if (on[j]) o[u + SPAN * j] = y[j];
       }
     }
   }
@@ -336,16 +360,24 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   // bit-exact through this knob (test_more_rows_per_warp_variants); as the default it has not yet run there.
   const int per_warp = knob > 0 ? knob : 3;
   const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
-  if (per_warp <= 2)
-    qk_norm_rope_kernel<2, 6><<<grid, block, 0, stream>>>(p);
+  // DIFUSE_QK_LANES_PER_ROW=16: half a warp per row, two rows per warp instruction (slots of two rows; the
+  // rows-per-warp knob then counts slots: 1 or 2, default 1). For measurement; the same bits.
+  static const int lanes_knob = detail::positive_env_knob("DIFUSE_QK_LANES_PER_ROW");
+  if (lanes_knob == 16) {
+    if (knob >= 2)
+      qk_norm_rope_kernel<16, 2, 3><<<grid, block, 0, stream>>>(p);
+    else
+      qk_norm_rope_kernel<16, 1, 5><<<grid, block, 0, stream>>>(p);
+  } else if (per_warp <= 2)
+    qk_norm_rope_kernel<32, 2, 6><<<grid, block, 0, stream>>>(p);
   else if (per_warp == 3)
-    qk_norm_rope_kernel<3, 5><<<grid, block, 0, stream>>>(p);
+    qk_norm_rope_kernel<32, 3, 5><<<grid, block, 0, stream>>>(p);
   else if (per_warp <= 4)
-    qk_norm_rope_kernel<4, 4><<<grid, block, 0, stream>>>(p);
+    qk_norm_rope_kernel<32, 4, 4><<<grid, block, 0, stream>>>(p);
   else if (per_warp <= 6)
-    qk_norm_rope_kernel<6, 3><<<grid, block, 0, stream>>>(p);
+    qk_norm_rope_kernel<32, 6, 3><<<grid, block, 0, stream>>>(p);
   else
-    qk_norm_rope_kernel<9, 2><<<grid, block, 0, stream>>>(p);
+    qk_norm_rope_kernel<32, 9, 2><<<grid, block, 0, stream>>>(p);
   DIFUSE_CUDA_CHECK(cudaGetLastError());
 }
 

@@ -194,3 +194,17 @@ def test_more_rows_per_warp_variants(rows):
              ((3, 7, 19, 3, 36), True), ((2, 1, 45, 17, 128), False)]
     r = run_with_env(exactness_script("qk_norm_rope", specs, 300), DIFUSE_QK_ROWS_PER_WARP=rows)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("slots", ["1", "2"])
+def test_half_warp_rows(slots):
+    """DIFUSE_QK_LANES_PER_ROW=16: half a warp per row (a lane holds aten lanes u and u + 16, the first shuffle
+    level inside the lane), two rows per warp instruction, 1 or 2 slots per warp: same bits. Odd row counts leave
+    the last slot's second row empty; head_dim 36 and 64 leave some lanes' second vector empty."""
+    from knob_run import exactness_script, run_with_env
+
+    specs = [((1, 512, 4096, 24, 128), True), ((2, 77, 300, 24, 128), False), ((1, 0, 333, 5, 64), False),
+             ((3, 7, 19, 3, 36), True), ((2, 1, 45, 17, 128), False), ((1, 3, 5, 1, 4), False)]
+    r = run_with_env(exactness_script("qk_norm_rope", specs, 700), DIFUSE_QK_LANES_PER_ROW="16",
+                     DIFUSE_QK_ROWS_PER_WARP=slots)
+    assert r.returncode == 0, r.stdout + r.stderr

@@ -139,3 +139,16 @@ def test_small_rows_variants(rows):
              ((5, 13, 128), False)]
     r = run_with_env(exactness_script("rms_norm", specs, 400), DIFUSE_RMS_ROWS_PER_WARP=rows)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("slots", ["2", "4"])
+def test_small_rows_half_warp_variants(slots):
+    """DIFUSE_RMS_LANES_PER_ROW=16: half a warp per row (a lane holds aten threads u and u + 16), 2 or 4 slots
+    of two rows per warp: same bits (odd row counts, widths whose second vectors are partly or wholly empty)."""
+    from knob_run import exactness_script, run_with_env
+
+    specs = [((1, 4608, 24, 128), True), ((2, 333, 5, 64), False), ((3, 7, 11, 36), True), ((1, 1, 1, 4), True),
+             ((5, 13, 128), False), ((7, 100), True)]
+    r = run_with_env(exactness_script("rms_norm", specs, 800), DIFUSE_RMS_LANES_PER_ROW="16",
+                     DIFUSE_RMS_ROWS_PER_WARP=slots)
+    assert r.returncode == 0, r.stdout + r.stderr
