@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# scripts/device-check.sh --stage build|tests|bench|e2e|ncu|all   (several: --stage tests,e2e)
+# scripts/device-check.sh --stage build|tests|bench|e2e|ncu|sweep|all   (several: --stage tests,e2e)
 #
 # The H200 loop (run through the device tool; each stage fits one call). Every stage writes its logs and
 # JSON under $OUT (default: ./device-out): build.log, platform.txt, tests.log + tests.json (the GPU test
 # report), sanitizer.log, bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
 # for each of $DIFUSE_E2E_MODELS, default "flux qwen-image sd3 wan", with $DIFUSE_E2E_ARGS), ncu-<op>.txt (Nsight
-# Compute on one launch of each of $DIFUSE_NCU_OPS; not part of "all"). The logs and
+# Compute on one launch of each of $DIFUSE_NCU_OPS; not part of "all"), sweeps.tgz (bench ops under the kernel
+# knobs of $DIFUSE_SWEEPS; not part of "all"). The logs and
 # text files are packed into logs.tgz at the end (the device tool returns few files). Set DIFUSE_GIT_SHA to the
 # commit being tested (the device copy has no .git). Exit status: non-zero when any stage fails.
 set -uo pipefail
@@ -15,7 +16,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --stage) STAGE=$2; shift 2 ;;
     --stage=*) STAGE=${1#--stage=}; shift ;;
-    *) echo "usage: $0 --stage build|tests|bench|e2e|ncu|all" >&2; exit 2 ;;
+    *) echo "usage: $0 --stage build|tests|bench|e2e|ncu|sweep|all" >&2; exit 2 ;;
   esac
 done
 OUT=${OUT:-$ROOT/device-out}
@@ -104,9 +105,34 @@ Registers Per Thread|Block Limit|Warp Cycles Per Issued|Issued Warp Per Schedule
   return $r
 }
 
+# Knob sweeps: each entry of $DIFUSE_SWEEPS (';'-separated) is "VAR=VALUE[,VAR=VALUE...]:op"; bench ops --op op
+# runs with those variables set (read once per process by the launchers; the records' commands name them) into
+# sweeps/<op>-<tag>.json, packed into sweeps.tgz. The default list covers the variants not yet timed.
+DEFAULT_SWEEPS="DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_flux;\
+DIFUSE_QK_LANES_PER_ROW=16,DIFUSE_QK_ROWS_PER_WARP=1:qk_norm_rope_flux;\
+DIFUSE_QK_LANES_PER_ROW=16,DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_flux;\
+DIFUSE_RMS_LANES_PER_ROW=16,DIFUSE_RMS_ROWS_PER_WARP=2:rms_norm;\
+DIFUSE_RMS_LANES_PER_ROW=16,DIFUSE_RMS_ROWS_PER_WARP=4:rms_norm;\
+DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate"
+stage_sweep() {
+  local entry vars op tag r=0
+  mkdir -p "$OUT/sweeps"
+  IFS=';' read -ra entries <<<"${DIFUSE_SWEEPS:-$DEFAULT_SWEEPS}"
+  for entry in "${entries[@]}"; do
+    vars=${entry%%:*}; op=${entry##*:}
+    tag=$(echo "$vars" | tr ',=' '-_' | tr -d ' ')
+    say "sweep: $vars bench ops --op $op"
+    # shellcheck disable=SC2046
+    env $(echo "$vars" | tr ',' ' ') python3 -m difuse bench ops --op "$op" --out "$OUT/sweeps/$op-$tag.json" 2>&1 |
+      grep -E '^[0-9]+x|mismatch|Error' || r=1
+  done
+  (cd "$OUT" && tar czf sweeps.tgz sweeps && rm -rf sweeps)
+  return $r
+}
+
 [ "$STAGE" = all ] && STAGE=tests,bench
 case ",$STAGE," in
-  *,build,*|*,tests,*|*,bench,*|*,e2e,*|*,ncu,*) ;;
+  *,build,*|*,tests,*|*,bench,*|*,e2e,*|*,ncu,*|*,sweep,*) ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac
 if stage_build; then
@@ -114,6 +140,7 @@ if stage_build; then
   case ",$STAGE," in *,bench,*) stage_bench || rc=1 ;; esac
   case ",$STAGE," in *,e2e,*) stage_e2e || rc=1 ;; esac
   case ",$STAGE," in *,ncu,*) stage_ncu || rc=1 ;; esac
+  case ",$STAGE," in *,sweep,*) stage_sweep || rc=1 ;; esac
 else
   rc=1
 fi
