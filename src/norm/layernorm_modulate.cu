@@ -156,8 +156,12 @@ __constant__ RcpCounts c_rcp = make_rcp_counts();
 // into shared memory (cp.async, all in flight at once), replays their Welford pushes, the tree, and the
 // epilogue from there. A thread only ever reads the vectors it copied, so no barrier guards the staging.
 // Loops stay loops: a fully unrolled row overflowed the instruction cache.
-template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, bool F32MOD = false>
-__global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
+// MINB: blocks per SM the registers must allow. 8 (DIFUSE_LNMOD_BLOCKS_PER_SM=8, for measurement) caps a thread
+// at 32 registers and skips the modulation-row staging, so 8 blocks of 4 rows fit an SM's registers and shared
+// memory: 4096 FLUX rows in one wave of 4224 row slots instead of 1.29 waves of 3168 (ncu at 8b01de3: "Waves
+// Per SM 1.29", 58 % achieved occupancy). The same arithmetic; the modulation rows come from global memory.
+template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, bool F32MOD = false, int MINB = 1>
+__global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Params p) {
   using Map = AtenThreadMap<G, PAIRED>;
   constexpr int A = Map::kSlots;
   constexpr int ROWS = G == 128 ? 1 : 256 / G;
@@ -172,7 +176,7 @@ __global__ void __launch_bounds__(256) layernorm_modulate_rows(const Params p) {
   const bool active = row < p.rows;
   // Multi-row blocks with aligned modulation rows also stage the scale and shift rows of the block's first
   // batch once (rows of another batch, at a batch boundary, read them from global memory).
-  constexpr bool STAGE_MOD = ROWS > 1 && MODVEC && !F32MOD;  // and, at run time, one modulation row per batch
+  constexpr bool STAGE_MOD = ROWS > 1 && MODVEC && !F32MOD && MINB < 8;  // and, at run time, one row per batch
   const bool stage_mod = STAGE_MOD && p.scale_stride_l == 0 && p.shift_stride_l == 0;
   if constexpr (G == 32 && !STAGE_MOD) {
     if (!active) return;  // whole warp: no shuffle or barrier is left half-populated
@@ -423,15 +427,16 @@ __global__ void __launch_bounds__(128) layernorm_modulate_stream(const Params p)
 
 constexpr size_t kMaxStagedBytes = 72 * 1024;  // dynamic staging per block: (8+2) x 6 KB, (4+2) x 12 KB, 1 x 48 KB
 
-template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL>
+template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, int MINB = 1>
 void launch_rows(const Params& p, int device, cudaStream_t stream) {
   constexpr int ROWS = G == 128 ? 1 : 256 / G;
-  auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC, RESIDUAL>;
+  auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC, RESIDUAL, false, MINB>;
   // 48 KB of dynamic shared memory plus the kernel's static part needs the opt-in, once per device.
   static std::atomic<uint64_t> opted_in{0};
   opt_in_shared_memory(kernel, device, static_cast<int>(kMaxStagedBytes), opted_in);
   const int64_t blocks = (p.rows + ROWS - 1) / ROWS;
-  const int staged_rows = ROWS + (ROWS > 1 && MODVEC ? 2 : 0);  // x rows, then scale and shift rows
+  // x rows, then (staging kernels) the scale and shift rows
+  const int staged_rows = ROWS + (ROWS > 1 && MODVEC && MINB < 8 ? 2 : 0);
   const size_t smem = static_cast<size_t>(staged_rows) * p.v * sizeof(uint2);
   kernel<<<static_cast<unsigned>(blocks), G * ROWS, smem, stream>>>(p);
 }
@@ -462,6 +467,9 @@ void dispatch_rows_f32(const LayernormModulateConfig& cfg, const Params& p, int 
 
 template <bool MODVEC, bool RESIDUAL>
 void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, cudaStream_t s) {
+  static const int dense = detail::positive_env_knob("DIFUSE_LNMOD_BLOCKS_PER_SM");
+  // the unpaired map: the paired one needs more than 32 registers with modulation words from global memory
+  if (dense == 8 && !RESIDUAL && cfg.threads_per_row == 64) return launch_rows<64, false, MODVEC, false, 8>(p, d, s);
   switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
     case 65: return launch_rows<32, true, MODVEC, RESIDUAL>(p, d, s);
     case 64: return launch_rows<32, false, MODVEC, RESIDUAL>(p, d, s);

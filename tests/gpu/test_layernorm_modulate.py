@@ -310,3 +310,28 @@ def test_forced_schedules(threads):
              ((3, 5, 516), 2), ((1, 9, 6144), 6)]
     r = run_with_env(exactness_script("layernorm_modulate", specs, 500), DIFUSE_LNMOD_THREADS_PER_ROW=threads)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_eight_blocks_per_sm_variant():
+    """DIFUSE_LNMOD_BLOCKS_PER_SM=8: the two-warps-per-row kernel at 32 registers, modulation rows from global
+    memory instead of shared: same bits (blocks straddling a batch boundary, per-token rows, unaligned rows)."""
+    from knob_run import run_with_env
+
+    script = (
+        "import sys, torch\n"
+        "from difuse import ops\n"
+        "from difuse.gate import count_mismatches\n"
+        "bad = 0\n"
+        "for i, (B, L, H) in enumerate([(1, 4096, 3072), (2, 301, 3072), (3, 7, 1536), (2, 333, 2240)]):\n"
+        "    g = torch.Generator(device='cuda').manual_seed(900 + i)\n"
+        "    x = torch.randn(B, L, H, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "    emb = torch.randn(B, 6 * H + 1, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "    for scale, shift in [(emb[:, H:2 * H], emb[:, :H]), (emb[:, H + 1:2 * H + 1], emb[:, 1:H + 1]),\n"
+        "                         (torch.randn(B, L, H, device='cuda', dtype=torch.bfloat16, generator=g),\n"
+        "                          torch.randn(B, L, H, device='cuda', dtype=torch.bfloat16, generator=g))]:\n"
+        "        bad += count_mismatches(ops.layernorm_modulate(x, scale, shift, 1e-6),\n"
+        "                                ops.layernorm_modulate_eager(x, scale, shift, 1e-6))\n"
+        "print('mismatches', bad)\n"
+        "sys.exit(1 if bad else 0)\n")
+    r = run_with_env(script, DIFUSE_LNMOD_BLOCKS_PER_SM="8")
+    assert r.returncode == 0, r.stdout + r.stderr
