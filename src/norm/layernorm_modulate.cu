@@ -160,6 +160,8 @@ __constant__ RcpCounts c_rcp = make_rcp_counts();
 // at 32 registers and skips the modulation-row staging, so 8 blocks of 4 rows fit an SM's registers and shared
 // memory: 4096 FLUX rows in one wave of 4224 row slots instead of 1.29 waves of 3168 (ncu at 8b01de3: "Waves
 // Per SM 1.29", 58 % achieved occupancy). The same arithmetic; the modulation rows come from global memory.
+// Also for gated_residual_layernorm_modulate (the residual prologue fits the 32 registers too). Not yet run on
+// the H200 (tests/gpu/test_layernorm_modulate.py::test_eight_blocks_per_sm_variant).
 template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, bool F32MOD = false, int MINB = 1>
 __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Params p) {
   using Map = AtenThreadMap<G, PAIRED>;
@@ -469,7 +471,7 @@ template <bool MODVEC, bool RESIDUAL>
 void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, cudaStream_t s) {
   static const int dense = detail::positive_env_knob("DIFUSE_LNMOD_BLOCKS_PER_SM");
   // the unpaired map: the paired one needs more than 32 registers with modulation words from global memory
-  if (dense == 8 && !RESIDUAL && cfg.threads_per_row == 64) return launch_rows<64, false, MODVEC, false, 8>(p, d, s);
+  if (dense == 8 && cfg.threads_per_row == 64) return launch_rows<64, false, MODVEC, RESIDUAL, 8>(p, d, s);
   switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
     case 65: return launch_rows<32, true, MODVEC, RESIDUAL>(p, d, s);
     case 64: return launch_rows<32, false, MODVEC, RESIDUAL>(p, d, s);

@@ -314,7 +314,8 @@ def test_forced_schedules(threads):
 
 def test_eight_blocks_per_sm_variant():
     """DIFUSE_LNMOD_BLOCKS_PER_SM=8: the two-warps-per-row kernel at 32 registers, modulation rows from global
-    memory instead of shared: same bits (blocks straddling a batch boundary, per-token rows, unaligned rows)."""
+    memory instead of shared: same bits, with and without the gated-residual prologue (blocks straddling a batch
+    boundary, per-token rows, unaligned rows)."""
     from knob_run import run_with_env
 
     script = (
@@ -331,6 +332,10 @@ def test_eight_blocks_per_sm_variant():
         "                          torch.randn(B, L, H, device='cuda', dtype=torch.bfloat16, generator=g))]:\n"
         "        bad += count_mismatches(ops.layernorm_modulate(x, scale, shift, 1e-6),\n"
         "                                ops.layernorm_modulate_eager(x, scale, shift, 1e-6))\n"
+        "        a = torch.randn(B, L, H, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "        gate = emb[:, 2 * H:3 * H]\n"
+        "        bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(x, a, gate, scale, shift, 1e-6)),\n"
+        "                                list(ops.gated_residual_layernorm_modulate_eager(x, a, gate, scale, shift)))\n"
         "print('mismatches', bad)\n"
         "sys.exit(1 if bad else 0)\n")
     r = run_with_env(script, DIFUSE_LNMOD_BLOCKS_PER_SM="8")
