@@ -277,6 +277,13 @@ detail::Support can_use_rms_norm(const difuse_tensor_view& out, const difuse_ten
   return s;
 }
 
+namespace {
+int two_pass_knob() {
+  static const int v = detail::positive_env_knob("DIFUSE_RMS_TWO_PASS");
+  return v;
+}
+}  // namespace
+
 void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& weight, double eps,
               cudaStream_t stream) {
   const detail::Support s = can_use_rms_norm(out, x, weight, eps);
@@ -301,12 +308,15 @@ void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const 
       launch_small_rows<32, 2, 1>(p, stream);
     else
       launch_small_rows<32, 4, 1>(p, stream);
-  } else if (sweeps <= 12)
-    paired ? launch_rows<64, true>(p, x.device, stream) : launch_rows<64, false>(p, x.device, stream);
-  else if (sweeps <= 48)
-    launch_rows<128, false>(p, x.device, stream);
-  else
+  } else if (two_pass_knob() == 1 || sweeps > 48) {
+    // DIFUSE_RMS_TWO_PASS=1 (for measurement): aten's own two-pass layout at every width above 128. The staged
+    // kernels lose to eager at Wan's widths (1x32760x5120: 259 us vs 201 at 6408223), where eager runs it.
     rms_norm_stream<<<static_cast<unsigned>(p.rows), 128, 0, stream>>>(p);
+  } else if (sweeps <= 12) {
+    paired ? launch_rows<64, true>(p, x.device, stream) : launch_rows<64, false>(p, x.device, stream);
+  } else {
+    launch_rows<128, false>(p, x.device, stream);
+  }
   DIFUSE_CUDA_CHECK(cudaGetLastError());
 }
 

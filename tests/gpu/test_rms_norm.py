@@ -152,3 +152,14 @@ def test_small_rows_half_warp_variants(slots):
     r = run_with_env(exactness_script("rms_norm", specs, 800), DIFUSE_RMS_LANES_PER_ROW="16",
                      DIFUSE_RMS_ROWS_PER_WARP=slots)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_two_pass_layout_at_every_width():
+    """DIFUSE_RMS_TWO_PASS=1: aten's own two-pass layout for every row wider than 128 (the staged kernels
+    otherwise): same bits (Wan's widths, a width just past the per-head kernel, with and without weight)."""
+    from knob_run import exactness_script, run_with_env
+
+    specs = [((1, 2048, 5120), True), ((2, 300, 1536), False), ((3, 77, 3072), True), ((5, 9, 132), True),
+             ((1, 40, 24576), True)]
+    r = run_with_env(exactness_script("rms_norm", specs, 900), DIFUSE_RMS_TWO_PASS="1")
+    assert r.returncode == 0, r.stdout + r.stderr
