@@ -103,7 +103,7 @@ def add_arguments(p) -> None:
     p.add_argument("--graph", action="store_true", help="also run the patched transformer as one CUDA graph per call "
                    "(captured after the patched arm verified every signature) from the same latents: its step time "
                    "and md5 per step go in the record as difuse_graph_ms / graph_md5_equal_all_steps, never as "
-                   "difuse_ms")
+                   "difuse_ms; with --cp every rank captures its call, collectives included")
     p.add_argument("--attn-backend", help="--cp: diffusers attention backend (default: native for ulysses, "
                    "_native_flash for ring, which needs the log-sum-exp)")
 
@@ -214,8 +214,6 @@ def resolve_options(args) -> Options:
     if attn_backend is not None and cp is None:
         raise ValueError("--attn-backend goes with --cp")
     graph = bool(_opt(args, "graph"))
-    if graph and cp is not None:
-        raise ValueError("--graph is a one-GPU arm; it does not combine with --cp")
     if graph and not str(args.device).startswith("cuda"):
         raise ValueError("--graph needs a CUDA device (CUDA graphs), not %s" % args.device)
     # --cp: the default path names the world size, known once the process group is up (e2e_cp.DEFAULT_OUT).
@@ -1402,10 +1400,13 @@ def run_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str, devi
                         timer, bar)
 
 
-def _denoise(res: ArmResult, sched, timesteps, latents, issue, timer, bar) -> ArmResult:
+def _denoise(res: ArmResult, sched, timesteps, latents, issue, timer, bar, before_step=None) -> ArmResult:
     """The timed loop the arms share: per step, noise = issue(latents, t) (its host time recorded), the scheduler
-    step, CUDA events (or the host clock) around both, then the latents' record."""
+    step, CUDA events (or the host clock) around both, then the latents' record. before_step (untimed) runs first
+    in each step: the CP graph arm's barrier."""
     for i, t in enumerate(timesteps):
+        if before_step is not None:
+            before_step()
         timer.start()
         h0 = time.perf_counter()
         noise = issue(latents, t)
@@ -1419,11 +1420,14 @@ def _denoise(res: ArmResult, sched, timesteps, latents, issue, timer, bar) -> Ar
 
 
 def run_graph_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str = "graph", device="cuda",
-                  progress: bool = True) -> ArmResult:
+                  progress: bool = True, before_step=None, capture_error_mode: str = "global") -> ArmResult:
     """The denoising loop with the (already patched and verified) model call captured once as a CUDA graph: per
     step the latents and the timestep are copied into the graph's static inputs, the graph replays, the scheduler
     steps outside it. Timed like run_arm (CUDA events around copy + replay + scheduler step); host_ms is the host
-    time of copy + replay. Lossless only if its md5 per step equals the eager arm's, which the record says."""
+    time of copy + replay. Lossless only if its md5 per step equals the eager arm's, which the record says.
+    Under context parallelism every rank captures (the collectives go into the graph) with
+    capture_error_mode="thread_local" (NCCL's watchdog thread queries events while the capture runs) and a barrier
+    before each step."""
     import torch
 
     sched, timesteps = inputs.new_scheduler(steps)
@@ -1438,7 +1442,7 @@ def run_graph_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str
         torch.cuda.current_stream(device).wait_stream(side)
         torch.cuda.synchronize(device)
         graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(graph):
+        with torch.cuda.graph(graph, capture_error_mode=capture_error_mode):
             static_out = spec.call(model, static_lat, static_t, inputs)
     latents = inputs.latents.clone()
     timer = _Timer(torch, device)
@@ -1451,7 +1455,7 @@ def run_graph_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str
         return static_out
 
     with torch.no_grad():
-        return _denoise(ArmResult(label), sched, timesteps, latents, replay, timer, bar)
+        return _denoise(ArmResult(label), sched, timesteps, latents, replay, timer, bar, before_step)
 
 
 def graph_fields(eager: ArmResult, graph: ArmResult | None, error: str | None = None) -> dict:

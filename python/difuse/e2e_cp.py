@@ -141,6 +141,23 @@ def build_cp_record(*, cp: str, world_size: int, attn_backend: str, config: dict
     return rec
 
 
+def cp_graph_fields(eager_rank0_md5: list, graph_ranks: list | None, error: str | None = None) -> dict:
+    """The CUDA-graph arm's fields of a CP record (never difuse_ms): per-step time max over ranks, md5 of rank 0's
+    latents against the eager arm's, whether the ranks agree. graph_ranks: per rank dict(step_ms, host_ms, md5,
+    finite), or None when the arm did not run (error says why)."""
+    if not graph_ranks:
+        return dict(difuse_graph_ms=None, graph_md5_equal_all_steps=None, graph_first_diff_step=None,
+                    graph_error=error)
+    g0 = graph_ranks[0]
+    equal, first = e2e.compare_md5(eager_rank0_md5, g0["md5"])
+    ms = _max_per_step(graph_ranks, "step_ms")
+    return dict(difuse_graph_ms=_median_or_none(ms), graph_md5_equal_all_steps=equal, graph_first_diff_step=first,
+                graph_ranks_agree=bool(all(r["md5"] == g0["md5"] for r in graph_ranks)),
+                graph_latents_finite=bool(all(all(r["finite"]) for r in graph_ranks)),
+                graph_host_ms=_median_or_none(_max_per_step(graph_ranks, "host_ms")),
+                graph_step_ms=[e2e._r(x) for x in ms], graph_error=error)
+
+
 def run_key(rec: dict) -> tuple:
     cfg = rec.get("config") or {}
     return tuple(rec.get(k) for k in RUN_KEY) + tuple(cfg.get(k) for k in RUN_CONFIG_KEY)
@@ -190,6 +207,16 @@ def format_cp_report(rec: dict) -> str:
         lines.append("gathered latents md5: DIFFER, first at step %s (of %d, from 0)" % (rec["first_diff_step"],
                                                                                         rec["steps"]))
     lines.append("ranks agree on the latents at every step: %s" % ("yes" if rec["ranks_agree"] else "NO"))
+    if "difuse_graph_ms" in rec:
+        if rec["difuse_graph_ms"] is None:
+            lines.append("CUDA-graph arm: did not run (%s)" % rec.get("graph_error"))
+        else:
+            lines.append("CUDA-graph arm (the patched call replayed as one graph on every rank, collectives inside; not "
+                         "difuse_ms): %.2f ms per step, host %.2f ms; latents md5 %s; ranks agree: %s" % (
+                             rec["difuse_graph_ms"], rec["graph_host_ms"] or float("nan"),
+                             "identical to eager at every step" if rec["graph_md5_equal_all_steps"] else
+                             "DIFFER from step %s" % rec["graph_first_diff_step"],
+                             "yes" if rec.get("graph_ranks_agree") else "NO"))
     lines.append("latents finite: %s" % ("yes" if rec["latents_finite"] else "NO"))
     lines.append("sites fused on every rank (no fallback, none disabled): %s%s" % (
         "yes" if rec["sites_fused_on_every_rank"] else "NO",
@@ -415,6 +442,7 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
     sites, blocks_disabled, config, patch_text = {}, [], None, None
     profs, hprofs = {}, {}
     models, inputs, patched = {}, {}, False
+    graph_arm, graph_error = None, None
     try:
         for arm in ("eager", "difuse"):
             tb = time.perf_counter()
@@ -440,6 +468,15 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
             say("[%s] built and parallelised in %.1f s" % (arm, time.perf_counter() - tb))
         arms, clock = e2e.sampled(lambda: run_arms_interleaved(spec, models, inputs, opts.steps, info), info.device,
                                   "both")
+        if opts.graph:  # the patched model (every signature verified by now) replayed as one graph per call
+            try:
+                g = e2e.run_graph_arm(spec, models["difuse"], inputs["difuse"], opts.steps, "graph r%d" % info.rank,
+                                      info.device, progress=info.rank == 0, before_step=lambda: barrier(info),
+                                      capture_error_mode="thread_local")
+                graph_arm = dict(step_ms=g.step_ms, host_ms=g.host_ms, md5=g.md5, finite=g.finite)
+            except Exception as e:  # noqa: BLE001 -- recorded: capture under CP may be refused
+                graph_error = "%s: %s" % (type(e).__name__, e)
+                say("graph arm failed on rank %d: %s" % (info.rank, graph_error))
         for arm in ("eager", "difuse"):
             # one profiled step per arm on every rank (the collectives need them all); rank 0's summary is kept
             profs[arm] = e2e.profile_summary(spec, models[arm], inputs[arm], opts.steps, info.device)
@@ -466,6 +503,8 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
     difuse_ranks = gather(arms["difuse"], info)
     sites_by_rank = gather(sites, info)
     blocks_by_rank = gather(blocks_disabled, info)
+    graph_by_rank = gather(graph_arm, info) if opts.graph else []
+    graph_errors = gather(graph_error, info) if opts.graph else []
     rec = None
     code = 1
     if info.rank == 0:
@@ -483,6 +522,10 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
                                          top_kernels_rank0={a: p.get("top") for a, p in profs.items()},
                                          host_profile_rank0=hprofs,
                                          wall_s=round(time.perf_counter() - t0, 1)))
+        if opts.graph:
+            errs = ["rank %d: %s" % (i, e) for i, e in enumerate(graph_errors) if e]
+            ok_ranks = None if errs or any(g is None for g in graph_by_rank) else graph_by_rank
+            rec.update(cp_graph_fields(rec["per_step"]["md5_eager"], ok_ranks, "; ".join(errs) or None))
         log(format_cp_report(rec))
         out = opts.out or DEFAULT_OUT.format(world=info.world, suffix="-quick" if opts.quick else "")
         merge_run(out, rec)

@@ -302,7 +302,6 @@ class OptionsTest(unittest.TestCase):
             ("qwen-image", "--text-tokens", "0"): "at least 1",
             ("wan", "--steps", "0"): "at least 1",
             ("flux", "--graph", "--device", "cpu"): "needs a CUDA device",
-            ("flux", "--graph", "--cp", "ulysses"): "does not combine with --cp",
         }
         for argv, msg in cases.items():
             with self.subTest(argv=argv), self.assertRaises(ValueError) as cm:
@@ -316,6 +315,8 @@ class GraphArmTest(unittest.TestCase):
     def test_option(self):
         self.assertTrue(e2e.resolve_options(_parser().parse_args(["sd3", "--graph"])).graph)
         self.assertFalse(e2e.resolve_options(_parser().parse_args(["sd3"])).graph)
+        o = e2e.resolve_options(_parser().parse_args(["flux", "--graph", "--cp", "ulysses"]))  # every rank captures
+        self.assertTrue(o.graph and o.cp == "ulysses")
 
     def test_fields(self):
         eager = e2e.ArmResult("eager", step_ms=[3.0, 2.0, 2.0], md5=["a", "b", "c"], finite=[True] * 3)

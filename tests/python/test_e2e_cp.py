@@ -66,6 +66,28 @@ class RecordTest(unittest.TestCase):
         self.assertTrue(r["md5_equal_all_steps"])  # rank 0's latents
         self.assertFalse(r["ranks_agree"])
 
+    def test_graph_arm_fields(self):
+        g = [dict(arm([60, 50, 55], "abc"), host_ms=[1, 2, 3]), dict(arm([61, 52, 51], "abc"), host_ms=[2, 2, 2])]
+        f = e2e_cp.cp_graph_fields(list("abc"), g)
+        self.assertEqual(f["graph_step_ms"], [61, 52, 55])  # max over ranks per step
+        self.assertEqual((f["difuse_graph_ms"], f["graph_host_ms"]), (55, 2))
+        self.assertTrue(f["graph_md5_equal_all_steps"] and f["graph_ranks_agree"] and f["graph_latents_finite"])
+        self.assertIsNone(f["graph_error"])
+        f = e2e_cp.cp_graph_fields(list("abd"), g)
+        self.assertEqual((f["graph_md5_equal_all_steps"], f["graph_first_diff_step"]), (False, 2))
+        f = e2e_cp.cp_graph_fields(list("abc"), [g[0], dict(g[1], md5=list("abx"))])
+        self.assertTrue(f["graph_md5_equal_all_steps"])  # rank 0's latents
+        self.assertFalse(f["graph_ranks_agree"])
+        f = e2e_cp.cp_graph_fields(list("abc"), None, "rank 1: RuntimeError: capture refused")
+        self.assertIsNone(f["difuse_graph_ms"])
+        self.assertEqual(f["graph_error"], "rank 1: RuntimeError: capture refused")
+        r = record()
+        r.update(e2e_cp.cp_graph_fields(r["per_step"]["md5_eager"], g))
+        self.assertIn("CUDA-graph arm (the patched call replayed as one graph on every rank", e2e_cp.format_cp_report(r))
+        r.update(e2e_cp.cp_graph_fields(r["per_step"]["md5_eager"], None, "no capture"))
+        self.assertIn("CUDA-graph arm: did not run (no capture)", e2e_cp.format_cp_report(r))
+        self.assertEqual(r["difuse_ms"], 75)  # the graph never becomes difuse_ms
+
     def test_sites_fused_everywhere(self):
         f = e2e_cp.sites_fused_everywhere
         self.assertTrue(f([SITES, SITES]))
