@@ -114,6 +114,11 @@ struct Params {
   int v;  // H / 4
   float eps;
   bool mod_vec;  // scale/shift rows 8-byte aligned: 4 values per load
+  // layernorm_modulate_fp32 with one fp32 modulation row per batch, DIFUSE_LNMOD_F32_BLOCK_EPILOGUE=1 (for
+  // measurement): the block's threads write all of its rows column by column, each fp32 scale/shift vector
+  // loaded once per block instead of once per row (the fp32 rows were most of the L1 traffic: ncu at 8b01de3,
+  // 78 % L1 against 53 % DRAM at 1x32760x5120).
+  bool f32_block_epilogue;
 };
 
 __device__ __forceinline__ VecWelford shfl_down_state(VecWelford s, int delta) {
@@ -284,6 +289,42 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
   row_sync<G>();
   if (i == 0) stats[rb] = finalize_roots(roots[rb], p.h, p.eps);
   row_sync<G>();
+  if constexpr (F32MOD && G == 64) {
+    const int64_t r0 = static_cast<int64_t>(blockIdx.x) * ROWS;
+    const int nrows = static_cast<int>(p.rows - r0 < ROWS ? p.rows - r0 : ROWS);
+    const int64_t bf = r0 / p.seq;
+    if (p.f32_block_epilogue && (r0 + nrows - 1) / p.seq == bf) {  // uniform: the block's rows share a batch
+      // every row's stats are visible: row_sync<64> is a block barrier
+      const float* s32 = p.scale32 + bf * p.scale_stride;
+      const float* h32 = p.shift32 + bf * p.shift_stride;
+      for (int vi = static_cast<int>(threadIdx.x); vi < V; vi += G * ROWS) {
+        const int c = kVecElems * vi;
+        float sc[4], sh[4];
+        if constexpr (MODVEC) {
+          const float4 s4 = *reinterpret_cast<const float4*>(s32 + c);
+          const float4 h4 = *reinterpret_cast<const float4*>(h32 + c);
+          sc[0] = s4.x, sc[1] = s4.y, sc[2] = s4.z, sc[3] = s4.w;
+          sh[0] = h4.x, sh[1] = h4.y, sh[2] = h4.z, sh[3] = h4.w;
+        } else {
+#pragma unroll
+          for (int e = 0; e < 4; ++e) sc[e] = s32[c + e], sh[e] = h32[c + e];
+        }
+        for (int q = 0; q < nrows; ++q) {
+          const RowStats rq = stats[q];
+          const uint2 w = staged[static_cast<int64_t>(q) * V + vi];
+          const float xs[4] = {num::bf16_lo(w.x), num::bf16_hi(w.x), num::bf16_lo(w.y), num::bf16_hi(w.y)};
+          float ys[4];
+#pragma unroll
+          for (int e = 0; e < 4; ++e)
+            ys[e] = p.affine32 ? layernorm_affine_f32_value(xs[e], rq, sc[e], sh[e])
+                               : layernorm_modulate_f32_value(xs[e], rq, sc[e], sh[e]);
+          reinterpret_cast<uint2*>(p.out + (r0 + q) * p.h)[vi] =
+              make_uint2(num::pack_bf16x2(ys[0], ys[1]), num::pack_bf16x2(ys[2], ys[3]));
+        }
+      }
+      return;
+    }
+  }
   if (!active) return;  // G > 32: no barrier follows
   const RowStats rs = stats[rb];
 
@@ -681,6 +722,8 @@ void layernorm_modulate_fp32_impl(const difuse_tensor_view& out, const difuse_te
   p.scale32 = static_cast<const float*>(scale.data);
   p.shift32 = static_cast<const float*>(shift.data);
   p.affine32 = affine;
+  static const int block_epilogue = detail::positive_env_knob("DIFUSE_LNMOD_F32_BLOCK_EPILOGUE");
+  p.f32_block_epilogue = block_epilogue == 1 && p.scale_stride_l == 0 && p.shift_stride_l == 0;
   const detail::DeviceGuard device_guard(x.device);
   const bool aligned16 = detail::aligned(x.data, 16) && detail::aligned(out.data, 16);
   const LayernormModulateConfig cfg = layernorm_modulate_config(p.h, aligned16);

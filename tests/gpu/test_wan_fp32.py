@@ -153,3 +153,31 @@ def test_refusals_and_opcheck():
     torch.library.opcheck(torch.ops.difuse.gated_residual_fp32.default, (x, x, sc))
     compiled = torch.compile(lambda a, b, c: torch.ops.difuse.layernorm_modulate_fp32(a, b, c, 1e-6), fullgraph=True)
     assert count_mismatches(compiled(x, sc, sc), ops.layernorm_modulate_fp32_eager(x, sc, sc)) == 0
+
+
+def test_block_epilogue_variant():
+    """DIFUSE_LNMOD_F32_BLOCK_EPILOGUE=1: with one fp32 modulation row per batch, the block's threads write all
+    of its rows column by column (each fp32 vector loaded once per block): same bits for the modulated and the
+    affine norm, blocks straddling a batch boundary, the last partial block, misaligned fp32 rows, per-token rows
+    (which keep the per-row epilogue)."""
+    from knob_run import run_with_env
+
+    script = (
+        "import sys, torch\n"
+        "from difuse import ops\n"
+        "from difuse.gate import count_mismatches\n"
+        "bad = 0\n"
+        "for i, (B, L, H) in enumerate([(1, 32760, 5120), (2, 37, 5120), (3, 301, 1536), (2, 7, 2240)]):\n"
+        "    g = torch.Generator(device='cuda').manual_seed(1000 + i)\n"
+        "    x = torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "    t = torch.randn(B, 6, H + 1, device='cuda', generator=g)\n"
+        "    rows = [(t[:, 1:2, :H], t[:, 0:1, :H]), (t[:, 1:2, 1:], t[:, 0:1, 1:]),\n"
+        "            (torch.randn(B, L, H, device='cuda', generator=g), torch.randn(B, L, H, device='cuda', generator=g))]\n"
+        "    for sc, sh in rows:\n"
+        "        bad += count_mismatches(ops.layernorm_modulate_fp32(x, sc, sh), ops.layernorm_modulate_fp32_eager(x, sc, sh))\n"
+        "    w, b = torch.randn(H, device='cuda', generator=g), torch.randn(H, device='cuda', generator=g)\n"
+        "    bad += count_mismatches(ops.layernorm_affine_fp32(x, w, b), ops.layernorm_affine_fp32_eager(x, w, b))\n"
+        "print('mismatches', bad)\n"
+        "sys.exit(1 if bad else 0)\n")
+    r = run_with_env(script, DIFUSE_LNMOD_F32_BLOCK_EPILOGUE="1")
+    assert r.returncode == 0, r.stdout + r.stderr
