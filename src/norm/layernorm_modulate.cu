@@ -292,8 +292,8 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
   if constexpr (F32MOD && G == 64) {
     const int64_t r0 = static_cast<int64_t>(blockIdx.x) * ROWS;
     const int nrows = static_cast<int>(p.rows - r0 < ROWS ? p.rows - r0 : ROWS);
-    const int64_t bf = r0 / p.seq;
-    if (p.f32_block_epilogue && (r0 + nrows - 1) / p.seq == bf) {  // uniform: the block's rows share a batch
+    const int64_t bf = p.f32_block_epilogue ? r0 / p.seq : -1;
+    if (bf >= 0 && (r0 + nrows - 1) / p.seq == bf) {  // uniform: the block's rows share a batch
       // every row's stats are visible: row_sync<64> is a block barrier
       const float* s32 = p.scale32 + bf * p.scale_stride;
       const float* h32 = p.shift32 + bf * p.shift_stride;
