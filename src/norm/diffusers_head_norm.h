@@ -135,6 +135,30 @@ __device__ __forceinline__ void head_rstd(const HeadRun<E> (&x)[R], int lane, in
 #pragma unroll
   for (int q = 0; q < R; ++q) rstd[q] = diffusers_rstd(__shfl_sync(0xffffffffu, tot[q], 0), factor, eps);
 }
+
+// head_rstd for rows of exactly 128 elements spanning half a warp (16 lanes, two rows per warp instruction): lane
+// u holds runs (aten's float4 vectors) u and u + 16, so the total of its first run combined with its second's is
+// what aten's lane u holds after its offset-16 step; the steps 8..1 run at shuffle width 16 and the half's first
+// lane ends with aten's lane-0 sum. Every lane of the warp must call it.
+template <int R>
+__device__ __forceinline__ void head_rstd_half_warp(const HeadRun<4> (&x)[R][2], float factor, float eps,
+                                                    float (&rstd)[R]) {
+  float tot[R];
+#pragma unroll
+  for (int q = 0; q < R; ++q) {
+    MeanLane a0, a1;
+    mean_push_vec4(a0, run_elem(x[q][0], 0), run_elem(x[q][0], 1), run_elem(x[q][0], 2), run_elem(x[q][0], 3));
+    mean_push_vec4(a1, run_elem(x[q][1], 0), run_elem(x[q][1], 1), run_elem(x[q][1], 2), run_elem(x[q][1], 3));
+    tot[q] = mean_tree_step(mean_lane_total(a0), mean_lane_total(a1));
+  }
+#pragma unroll
+  for (int o = 8; o >= 1; o /= 2) {
+#pragma unroll
+    for (int q = 0; q < R; ++q) tot[q] = mean_tree_step(tot[q], __shfl_down_sync(0xffffffffu, tot[q], o, 16));
+  }
+#pragma unroll
+  for (int q = 0; q < R; ++q) rstd[q] = diffusers_rstd(__shfl_sync(0xffffffffu, tot[q], 0, 16), factor, eps);
+}
 #endif
 
 }  // namespace difuse::norm

@@ -36,7 +36,8 @@
 //
 // Verification status: bit-exact on the H200 at 6408223 (torch 2.11.0+cu130, sm_90; first at c8d8874):
 // tests/gpu/test_qk_norm_rope_qwen.py (252 cases, incl. the real QwenDoubleStreamAttnProcessor2_0 and the 4-row
-// variant), 0 failed, 0 skipped (bench/results/h200/tests.json).
+// variant), 0 failed, 0 skipped (bench/results/h200/tests.json). Since then the kernel is a template over the
+// lanes a row spans (16 behind DIFUSE_QK_LANES_PER_ROW=16, head_dim 128): not yet run there.
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/token_rows.cuh"
@@ -46,6 +47,7 @@
 #include <string>
 
 #include "core/device.h"
+#include "core/env_knob.h"
 #include "core/registry.h"
 #include "core/tensor.h"
 #include "difuse/numerics/bf16.h"
@@ -93,63 +95,90 @@ struct Params {
 // One block per joint token (b, sj): its 3H head rows, warp w taking rows w, w + 8, ... R at a time (all R loads
 // before any reduction, the R shuffle trees interleaved; rows past the end carry zeros and are not stored). What
 // depends only on the token (TokenRows, the freqs, the weights, the output base) is computed once per block.
-template <int E, int R, int MIN_BLOCKS>
+template <int E, int R, int MIN_BLOCKS, int SPAN = 32>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_kernel(const Params p) {
+  // SPAN 16 (DIFUSE_QK_LANES_PER_ROW=16, head_dim 128 only): half a warp per row, lane u holding runs u and
+  // u + 16 (norm::head_rstd_half_warp); slots of two rows, as in qk_norm_rope.cu.
+  static_assert(SPAN == 32 || (SPAN == 16 && E == 4), "half-warp rows need 128-element heads");
+  constexpr int K = 32 / SPAN;
   using norm::HeadRun;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int u = lane % SPAN, seg = lane / SPAN;
   const unsigned S = static_cast<unsigned>(p.S);  // B * S < 2^31 (predicate)
   const int64_t b = blockIdx.x / S;
   const int64_t sj = blockIdx.x % S;
   const bool in_txt = sj < p.txt.S;
   const Stream& st = in_txt ? p.txt : p.img;
   const int64_t s = in_txt ? sj : sj - p.txt.S;
-  const bool on = lane < p.V;
+  bool on[K];
+#pragma unroll
+  for (int j = 0; j < K; ++j) on[j] = u + SPAN * j < p.V;
 
-  float fc[E / 2], fd[E / 2];  // this lane's E / 2 complex freqs (c + di)
+  float fc[K][E / 2], fd[K][E / 2];  // each run's E / 2 complex freqs (c + di)
+  HeadRun<E> wq[K], wk[K];
 #pragma unroll
-  for (int j = 0; j < E / 2; ++j) fc[j] = fd[j] = 0.f;
-  if (st.freqs != nullptr && on) {
-    const float2* f = reinterpret_cast<const float2*>(st.freqs + s * st.freqs_rs) + lane * (E / 2);
+  for (int j = 0; j < K; ++j) {
+    const int v = u + SPAN * j;
 #pragma unroll
-    for (int j = 0; j < E / 2; ++j) {
-      const float2 v = f[j];
-      fc[j] = v.x;
-      fd[j] = v.y;
+    for (int e = 0; e < E / 2; ++e) fc[j][e] = fd[j][e] = 0.f;
+    if (st.freqs != nullptr && on[j]) {
+      const float2* f = reinterpret_cast<const float2*>(st.freqs + s * st.freqs_rs) + v * (E / 2);
+#pragma unroll
+      for (int e = 0; e < E / 2; ++e) {
+        const float2 fv = f[e];
+        fc[j][e] = fv.x;
+        fd[j][e] = fv.y;
+      }
     }
+    wq[j] = (st.w[0] != nullptr && on[j]) ? norm::load_run<E>(st.w[0], v) : norm::zero_run<E>();
+    wk[j] = (st.w[1] != nullptr && on[j]) ? norm::load_run<E>(st.w[1], v) : norm::zero_run<E>();
   }
-  const HeadRun<E> wq = (st.w[0] != nullptr && on) ? norm::load_run<E>(st.w[0], lane) : norm::zero_run<E>();
-  const HeadRun<E> wk = (st.w[1] != nullptr && on) ? norm::load_run<E>(st.w[1], lane) : norm::zero_run<E>();
 
   const TokenRows tr(st.t[0], st.t[1], st.t[2], b, s);
   const bool has_wq = st.w[0] != nullptr, has_wk = st.w[1] != nullptr;
   const int64_t out_token = (b * p.S + sj) * p.H * p.D;  // output row of head h: out_token + h * D
 
   const int rows = 3 * p.H;
-  for (int base = warp; base < rows; base += kWarps * R) {
-    HeadRun<E> x[R];
+  const int slots = (rows + K - 1) / K;
+  for (int base = warp; base < slots; base += kWarps * R) {
+    HeadRun<E> x[R][K];
     uint32_t role_of[R], head_of[R];
 #pragma unroll
     for (int q = 0; q < R; ++q) {
-      role_of[q] = role_and_head(p.heads, base + q * kWarps, rows, head_of[q]);
-      x[q] = (role_of[q] < 3 && on) ? norm::load_run<E>(tr.row(role_of[q], head_of[q]), lane) : norm::zero_run<E>();
+      role_of[q] = role_and_head(p.heads, (base + q * kWarps) * K + seg, rows, head_of[q]);
+      const uint16_t* row = tr.row(role_of[q] < 3 ? role_of[q] : 0, head_of[q]);
+#pragma unroll
+      for (int j = 0; j < K; ++j)
+        x[q][j] = (role_of[q] < 3 && on[j]) ? norm::load_run<E>(row, u + SPAN * j) : norm::zero_run<E>();
     }
     float rstd[R];
-    norm::head_rstd<E, R>(x, lane, p.D, st.factor, p.eps, rstd);  // lanes past D hold +0, as aten's idle elements
+    if constexpr (SPAN == 16) {
+      norm::head_rstd_half_warp<R>(x, st.factor, p.eps, rstd);
+    } else {
+      HeadRun<E> x0[R];
+#pragma unroll
+      for (int q = 0; q < R; ++q) x0[q] = x[q][0];
+      norm::head_rstd<E, R>(x0, lane, p.D, st.factor, p.eps, rstd);  // lanes past D hold +0, as aten's idle ones
+    }
 #pragma unroll
     for (int q = 0; q < R; ++q) {
       const uint32_t role = role_of[q];  // 0 q, 1 k, 2 v (copied as is), 3 past the end
-      if (role > 2) continue;  // uniform across the warp
-      HeadRun<E> y = x[q];
-      if (role < 2) {
-        y = norm::diffusers_norm_run<E>(x[q], rstd[q], role == 0 ? has_wq : has_wk,
-                                        norm::select_run<E>(role == 0, wq, wk));
-        if (st.freqs != nullptr) {
+      if (role > 2) continue;  // no shuffle follows: a half warp may skip alone
+      uint16_t* orow = by_role(role, p.out[0], p.out[1], p.out[2]) + out_token + head_of[q] * p.D;
 #pragma unroll
-          for (int j = 0; j < E / 2; ++j) y.w[j] = num::rope_complex_bf16x2(y.w[j], fc[j], fd[j]);
+      for (int j = 0; j < K; ++j) {
+        HeadRun<E> y = x[q][j];
+        if (role < 2) {
+          y = norm::diffusers_norm_run<E>(x[q][j], rstd[q], role == 0 ? has_wq : has_wk,
+                                          norm::select_run<E>(role == 0, wq[j], wk[j]));
+          if (st.freqs != nullptr) {
+#pragma unroll
+            for (int e = 0; e < E / 2; ++e) y.w[e] = num::rope_complex_bf16x2(y.w[e], fc[j][e], fd[j][e]);
+          }
         }
+        if (on[j]) norm::store_run<E>(orow, u + SPAN * j, y);
       }
-      if (on) norm::store_run<E>(by_role(role, p.out[0], p.out[1], p.out[2]) + out_token + head_of[q] * p.D, lane, y);
     }
   }
 }
@@ -283,7 +312,15 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
   // 1x4608x24x128 txt512 at 6408223: 2 rows 75.3 us, 4 rows 78.6.
   const bool four = rows_per_warp_knob() >= 4;
   const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
-  if (E == 4) {  // the complex freqs and weights of a 4-element run need more than 6 blocks' 40 registers
+  // DIFUSE_QK_LANES_PER_ROW=16 (for measurement): half a warp per 128-element row, 1 slot of two rows per warp
+  // (2 with DIFUSE_QK_ROWS_PER_WARP >= 2).
+  static const int lanes_knob = detail::positive_env_knob("DIFUSE_QK_LANES_PER_ROW");
+  if (lanes_knob == 16 && p.D == 128) {
+    if (rows_per_warp_knob() >= 2)
+      qk_norm_rope_qwen_kernel<4, 2, 3, 16><<<grid, block, 0, stream>>>(p);
+    else
+      qk_norm_rope_qwen_kernel<4, 1, 4, 16><<<grid, block, 0, stream>>>(p);
+  } else if (E == 4) {  // the complex freqs and weights of a 4-element run need more than 6 blocks' 40 registers
     if (four)
       qk_norm_rope_qwen_kernel<4, 4, 4><<<grid, block, 0, stream>>>(p);
     else
