@@ -30,7 +30,8 @@
 //
 // Verification status: bit-exact on the H200 at 6408223 (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_sd35.py
 // (251 cases, incl. the real JointAttnProcessor2_0 and the 4- and 8-row variants), 0 failed, 0 skipped
-// (bench/results/h200/tests.json).
+// (bench/results/h200/tests.json). Since then the default kernel fixes head_dim 64 at compile time (the mean's
+// fetch loop folds: 650 -> 490 PTX lines): not yet run there.
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/token_rows.cuh"
@@ -84,7 +85,9 @@ struct Params {
 
 // Warp w of a token's block owns rows w, w + 8, ... of its 3H head rows (row r: role r / H, head r % H), R at a
 // time. What depends only on the token (TokenRows, the weights, the output base) is computed once per block.
-template <int E, int R, int MIN_BLOCKS>
+// DFIX: head_dim fixed at compile time (64, SD3.5's) or 0 (runtime): the mean's per-element fetch loop and its
+// width checks fold away; the same arithmetic.
+template <int E, int R, int MIN_BLOCKS, int DFIX = 0>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(const Params p) {
   using norm::HeadRun;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -117,7 +120,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(c
       x[q] = (role_of[q] < 3 && on) ? norm::load_run<E>(tr.row(role_of[q], head_of[q]), lane) : norm::zero_run<E>();
     }
     float rstd[R];
-    norm::head_rstd<E, R>(x, lane, p.D, factor, p.eps, rstd);
+    norm::head_rstd<E, R>(x, lane, DFIX ? DFIX : p.D, factor, p.eps, rstd);
 #pragma unroll
     for (int q = 0; q < R; ++q) {
       const uint32_t role = role_of[q];  // 0 q, 1 k, 2 v (copied as is), 3 past the end
@@ -245,6 +248,8 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
       qk_norm_sd35_kernel<2, 8, 3><<<grid, block, 0, stream>>>(p);
     else if (per_warp == 4)
       qk_norm_sd35_kernel<2, 4, 5><<<grid, block, 0, stream>>>(p);
+    else if (p.D == 64)  // SD3.5's head_dim, fixed at compile time
+      qk_norm_sd35_kernel<2, 2, 6, 64><<<grid, block, 0, stream>>>(p);
     else
       qk_norm_sd35_kernel<2, 2, 6><<<grid, block, 0, stream>>>(p);
   }
