@@ -41,7 +41,8 @@
 // tests/gpu/test_layernorm_modulate.py (339 cases, [B, H] and per-token modulation),
 // test_gated_residual_layernorm_modulate.py (219) and test_wan_fp32.py (272, incl. the float4 fp32 row loads,
 // first run at 5fde96b: 448.7 -> 258.1 us at 1x32760x5120), 0 failed, 0 skipped (bench/results/h200/tests.json).
-// test_forced_schedules (DIFUSE_LNMOD_THREADS_PER_ROW=32|128) is newer and not yet run there.
+// test_forced_schedules (DIFUSE_LNMOD_THREADS_PER_ROW=32|128) is newer and not yet run there, as is the fp32
+// epilogue's refactor into load_f32_rows4 / f32_chain4 (the same operations).
 #include "norm/layernorm_modulate.h"
 
 #include "modulate/gated_residual_pair.h"
@@ -143,6 +144,34 @@ __device__ __forceinline__ uint2 modulate4_any(const Params& p, int64_t b, int64
 
 __device__ __forceinline__ VecWelford push4(VecWelford s, int k, uint2 w) {
   return push_vec4(s, k, num::bf16_lo(w.x), num::bf16_hi(w.x), num::bf16_lo(w.y), num::bf16_hi(w.y));
+}
+
+// Wan's fp32 modulation (or affine) values for the 4 elements of vector c / 4: one float4 each when the rows are
+// 16-byte aligned (VEC4), else scalars.
+template <bool VEC4>
+__device__ __forceinline__ void load_f32_rows4(const float* s32, const float* h32, int c, float (&sc)[4],
+                                               float (&sh)[4]) {
+  if constexpr (VEC4) {
+    const float4 s4 = *reinterpret_cast<const float4*>(s32 + c);
+    const float4 h4 = *reinterpret_cast<const float4*>(h32 + c);
+    sc[0] = s4.x, sc[1] = s4.y, sc[2] = s4.z, sc[3] = s4.w;
+    sh[0] = h4.x, sh[1] = h4.y, sh[2] = h4.z, sh[3] = h4.w;
+  } else {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) sc[e] = s32[c + e], sh[e] = h32[c + e];
+  }
+}
+
+// 4 bf16 of x (two words) -> 4 bf16 outputs of the fp32 chain (modulate or affine), one rounding each.
+__device__ __forceinline__ uint2 f32_chain4(uint2 w, RowStats st, const float (&sc)[4], const float (&sh)[4],
+                                           bool affine) {
+  const float xs[4] = {num::bf16_lo(w.x), num::bf16_hi(w.x), num::bf16_lo(w.y), num::bf16_hi(w.y)};
+  float ys[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    ys[e] = affine ? layernorm_affine_f32_value(xs[e], st, sc[e], sh[e])
+                   : layernorm_modulate_f32_value(xs[e], st, sc[e], sh[e]);
+  return make_uint2(num::pack_bf16x2(ys[0], ys[1]), num::pack_bf16x2(ys[2], ys[3]));
 }
 
 // Correctly rounded reciprocals of the counts a thread reaches (aten: `1.f / count`), folded at compile time.
@@ -298,29 +327,11 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
       const float* s32 = p.scale32 + bf * p.scale_stride;
       const float* h32 = p.shift32 + bf * p.shift_stride;
       for (int vi = static_cast<int>(threadIdx.x); vi < V; vi += G * ROWS) {
-        const int c = kVecElems * vi;
         float sc[4], sh[4];
-        if constexpr (MODVEC) {
-          const float4 s4 = *reinterpret_cast<const float4*>(s32 + c);
-          const float4 h4 = *reinterpret_cast<const float4*>(h32 + c);
-          sc[0] = s4.x, sc[1] = s4.y, sc[2] = s4.z, sc[3] = s4.w;
-          sh[0] = h4.x, sh[1] = h4.y, sh[2] = h4.z, sh[3] = h4.w;
-        } else {
-#pragma unroll
-          for (int e = 0; e < 4; ++e) sc[e] = s32[c + e], sh[e] = h32[c + e];
-        }
-        for (int q = 0; q < nrows; ++q) {
-          const RowStats rq = stats[q];
-          const uint2 w = staged[static_cast<int64_t>(q) * V + vi];
-          const float xs[4] = {num::bf16_lo(w.x), num::bf16_hi(w.x), num::bf16_lo(w.y), num::bf16_hi(w.y)};
-          float ys[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            ys[e] = p.affine32 ? layernorm_affine_f32_value(xs[e], rq, sc[e], sh[e])
-                               : layernorm_modulate_f32_value(xs[e], rq, sc[e], sh[e]);
+        load_f32_rows4<MODVEC>(s32, h32, kVecElems * vi, sc, sh);
+        for (int q = 0; q < nrows; ++q)
           reinterpret_cast<uint2*>(p.out + (r0 + q) * p.h)[vi] =
-              make_uint2(num::pack_bf16x2(ys[0], ys[1]), num::pack_bf16x2(ys[2], ys[3]));
-        }
+              f32_chain4(staged[static_cast<int64_t>(q) * V + vi], stats[q], sc, sh, p.affine32);
       }
       return;
     }
@@ -338,25 +349,9 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
       for (int j = 0; j < A; ++j) {
         const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
         if (vi < V) {
-          const uint2 w = sx[vi];
-          const int c = kVecElems * vi;
-          const float xs[4] = {num::bf16_lo(w.x), num::bf16_hi(w.x), num::bf16_lo(w.y), num::bf16_hi(w.y)};
           float sc[4], sh[4];
-          if constexpr (MODVEC) {  // fp32 rows 16-byte aligned: one float4 per row and vector
-            const float4 s4 = *reinterpret_cast<const float4*>(s32 + c);
-            const float4 h4 = *reinterpret_cast<const float4*>(h32 + c);
-            sc[0] = s4.x, sc[1] = s4.y, sc[2] = s4.z, sc[3] = s4.w;
-            sh[0] = h4.x, sh[1] = h4.y, sh[2] = h4.z, sh[3] = h4.w;
-          } else {
-#pragma unroll
-            for (int e = 0; e < 4; ++e) sc[e] = s32[c + e], sh[e] = h32[c + e];
-          }
-          float ys[4];
-#pragma unroll
-          for (int e = 0; e < 4; ++e)
-            ys[e] = p.affine32 ? layernorm_affine_f32_value(xs[e], rs, sc[e], sh[e])
-                               : layernorm_modulate_f32_value(xs[e], rs, sc[e], sh[e]);
-          o32[vi] = make_uint2(num::pack_bf16x2(ys[0], ys[1]), num::pack_bf16x2(ys[2], ys[3]));
+          load_f32_rows4<MODVEC>(s32, h32, kVecElems * vi, sc, sh);  // MODVEC: fp32 rows 16-byte aligned
+          o32[vi] = f32_chain4(sx[vi], rs, sc, sh, p.affine32);
         }
       }
     }

@@ -304,25 +304,20 @@ def test_forced_schedules(threads):
     """DIFUSE_LNMOD_THREADS_PER_ROW=32|128 (read once per process) force the one-warp and the four-warp row
     schedules where the row fits them: same bits (widths from one sweep to the staged limit, partial sweeps,
     batch 2 with strided modulation chunks)."""
-    from knob_run import exactness_script, run_with_env
+    from knob_run import assert_exact_under, exactness_script
 
     specs = [((1, 4096, 3072), 6), ((2, 300, 3072), 6), ((2, 333, 1536), 6), ((1, 77, 2240), 3),
              ((3, 5, 516), 2), ((1, 9, 6144), 6)]
-    r = run_with_env(exactness_script("layernorm_modulate", specs, 500), DIFUSE_LNMOD_THREADS_PER_ROW=threads)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert_exact_under(exactness_script("layernorm_modulate", specs, 500), DIFUSE_LNMOD_THREADS_PER_ROW=threads)
 
 
 def test_eight_blocks_per_sm_variant():
     """DIFUSE_LNMOD_BLOCKS_PER_SM=8: the two-warps-per-row kernel at 32 registers, modulation rows from global
     memory instead of shared: same bits, with and without the gated-residual prologue (blocks straddling a batch
     boundary, per-token rows, unaligned rows)."""
-    from knob_run import run_with_env
+    from knob_run import assert_exact_under, mismatch_script
 
-    script = (
-        "import sys, torch\n"
-        "from difuse import ops\n"
-        "from difuse.gate import count_mismatches\n"
-        "bad = 0\n"
+    script = mismatch_script(
         "for i, (B, L, H) in enumerate([(1, 4096, 3072), (2, 301, 3072), (3, 7, 1536), (2, 333, 2240)]):\n"
         "    g = torch.Generator(device='cuda').manual_seed(900 + i)\n"
         "    x = torch.randn(B, L, H, device='cuda', dtype=torch.bfloat16, generator=g)\n"
@@ -335,8 +330,5 @@ def test_eight_blocks_per_sm_variant():
         "        a = torch.randn(B, L, H, device='cuda', dtype=torch.bfloat16, generator=g)\n"
         "        gate = emb[:, 2 * H:3 * H]\n"
         "        bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(x, a, gate, scale, shift, 1e-6)),\n"
-        "                                list(ops.gated_residual_layernorm_modulate_eager(x, a, gate, scale, shift)))\n"
-        "print('mismatches', bad)\n"
-        "sys.exit(1 if bad else 0)\n")
-    r = run_with_env(script, DIFUSE_LNMOD_BLOCKS_PER_SM="8")
-    assert r.returncode == 0, r.stdout + r.stderr
+        "                                list(ops.gated_residual_layernorm_modulate_eager(x, a, gate, scale, shift)))\n")
+    assert_exact_under(script, DIFUSE_LNMOD_BLOCKS_PER_SM="8")

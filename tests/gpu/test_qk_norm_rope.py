@@ -188,12 +188,11 @@ def test_opcheck_compile_and_graph():
 def test_more_rows_per_warp_variants(rows):
     """DIFUSE_QK_ROWS_PER_WARP=2|4|6|9 (read once per process) select the kernels other than the default 3 rows
     per warp: same bits (double and single block, fused and separate projections, odd head counts and widths)."""
-    from knob_run import exactness_script, run_with_env
+    from knob_run import assert_exact_under, exactness_script
 
     specs = [((1, 512, 4096, 24, 128), True), ((2, 77, 300, 24, 128), False), ((1, 0, 333, 5, 64), False),
              ((3, 7, 19, 3, 36), True), ((2, 1, 45, 17, 128), False)]
-    r = run_with_env(exactness_script("qk_norm_rope", specs, 300), DIFUSE_QK_ROWS_PER_WARP=rows)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert_exact_under(exactness_script("qk_norm_rope", specs, 300), DIFUSE_QK_ROWS_PER_WARP=rows)
 
 
 @pytest.mark.parametrize("slots", ["1", "2"])
@@ -201,10 +200,9 @@ def test_half_warp_rows(slots):
     """DIFUSE_QK_LANES_PER_ROW=16: half a warp per row (a lane holds aten lanes u and u + 16, the first shuffle
     level inside the lane), two rows per warp instruction, 1 or 2 slots per warp: same bits. Odd row counts leave
     the last slot's second row empty; head_dim 36 and 64 leave some lanes' second vector empty."""
-    from knob_run import exactness_script, run_with_env
+    from knob_run import assert_exact_under, exactness_script
 
     specs = [((1, 512, 4096, 24, 128), True), ((2, 77, 300, 24, 128), False), ((1, 0, 333, 5, 64), False),
              ((3, 7, 19, 3, 36), True), ((2, 1, 45, 17, 128), False), ((1, 3, 5, 1, 4), False)]
-    r = run_with_env(exactness_script("qk_norm_rope", specs, 700), DIFUSE_QK_LANES_PER_ROW="16",
-                     DIFUSE_QK_ROWS_PER_WARP=slots)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert_exact_under(exactness_script("qk_norm_rope", specs, 700), DIFUSE_QK_LANES_PER_ROW="16",
+                       DIFUSE_QK_ROWS_PER_WARP=slots)

@@ -225,22 +225,20 @@ def test_opcheck_compile_and_graph():
 
 def test_four_rows_per_warp_variant():
     """DIFUSE_QK_ROWS_PER_WARP=4 (read once per process) selects the 4-rows-per-warp kernels: same bits."""
-    from knob_run import exactness_script, run_with_env
+    from knob_run import assert_exact_under, exactness_script
 
     specs = [((1, 512, 4096, 24, 128), False), ((2, 7, 300, 5, 64), True), ((1, 33, 777, 3, 96), False),
              ((3, 20, 61, 2, 40), True)]
-    r = run_with_env(exactness_script("qk_norm_rope_qwen", specs, 100), DIFUSE_QK_ROWS_PER_WARP="4")
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert_exact_under(exactness_script("qk_norm_rope_qwen", specs, 100), DIFUSE_QK_ROWS_PER_WARP="4")
 
 
 @pytest.mark.parametrize("slots", ["1", "2"])
 def test_half_warp_rows(slots):
     """DIFUSE_QK_LANES_PER_ROW=16: 128-element heads on half a warp (lane u holds aten's vectors u and u + 16),
     1 or 2 slots of two rows per warp: same bits; other head sizes keep the full-warp kernels, also exact."""
-    from knob_run import exactness_script, run_with_env
+    from knob_run import assert_exact_under, exactness_script
 
     specs = [((1, 512, 4096, 24, 128), False), ((2, 7, 300, 5, 128), True), ((1, 33, 777, 3, 128), False),
              ((3, 20, 61, 2, 64), True), ((1, 13, 40, 1, 128), True)]
-    r = run_with_env(exactness_script("qk_norm_rope_qwen", specs, 1100), DIFUSE_QK_LANES_PER_ROW="16",
-                     DIFUSE_QK_ROWS_PER_WARP=slots)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert_exact_under(exactness_script("qk_norm_rope_qwen", specs, 1100), DIFUSE_QK_LANES_PER_ROW="16",
+                       DIFUSE_QK_ROWS_PER_WARP=slots)

@@ -217,9 +217,8 @@ def test_opcheck_compile_and_graph():
 @pytest.mark.parametrize("rows", ["4", "8"])
 def test_more_rows_per_warp_variants(rows):
     """DIFUSE_QK_ROWS_PER_WARP=4|8 (read once per process) select the kernels with more rows per warp: same bits."""
-    from knob_run import exactness_script, run_with_env
+    from knob_run import assert_exact_under, exactness_script
 
     specs = [((2, 4429, 333, 38, 64), False), ((1, 300, 77, 5, 128), True), ((3, 61, 20, 7, 96), False),
              ((2, 17, 9, 3, 32), True)]
-    r = run_with_env(exactness_script("qk_norm_sd35", specs, 200), DIFUSE_QK_ROWS_PER_WARP=rows)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert_exact_under(exactness_script("qk_norm_sd35", specs, 200), DIFUSE_QK_ROWS_PER_WARP=rows)

@@ -133,33 +133,30 @@ def test_opcheck_compile_and_graph():
 def test_small_rows_variants(rows):
     """DIFUSE_RMS_ROWS_PER_WARP=2|8 (read once per process) select the per-head kernels with fewer or more rows
     per warp: same bits (row counts that leave a warp partly empty, widths 4..128, with and without weight)."""
-    from knob_run import exactness_script, run_with_env
+    from knob_run import assert_exact_under, exactness_script
 
     specs = [((1, 4608, 24, 128), True), ((2, 333, 5, 64), False), ((3, 7, 11, 36), True), ((1, 1, 1, 4), True),
              ((5, 13, 128), False)]
-    r = run_with_env(exactness_script("rms_norm", specs, 400), DIFUSE_RMS_ROWS_PER_WARP=rows)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert_exact_under(exactness_script("rms_norm", specs, 400), DIFUSE_RMS_ROWS_PER_WARP=rows)
 
 
 @pytest.mark.parametrize("slots", ["2", "4"])
 def test_small_rows_half_warp_variants(slots):
     """DIFUSE_RMS_LANES_PER_ROW=16: half a warp per row (a lane holds aten threads u and u + 16), 2 or 4 slots
     of two rows per warp: same bits (odd row counts, widths whose second vectors are partly or wholly empty)."""
-    from knob_run import exactness_script, run_with_env
+    from knob_run import assert_exact_under, exactness_script
 
     specs = [((1, 4608, 24, 128), True), ((2, 333, 5, 64), False), ((3, 7, 11, 36), True), ((1, 1, 1, 4), True),
              ((5, 13, 128), False), ((7, 100), True)]
-    r = run_with_env(exactness_script("rms_norm", specs, 800), DIFUSE_RMS_LANES_PER_ROW="16",
-                     DIFUSE_RMS_ROWS_PER_WARP=slots)
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert_exact_under(exactness_script("rms_norm", specs, 800), DIFUSE_RMS_LANES_PER_ROW="16",
+                       DIFUSE_RMS_ROWS_PER_WARP=slots)
 
 
 def test_two_pass_layout_at_every_width():
     """DIFUSE_RMS_TWO_PASS=1: aten's own two-pass layout for every row wider than 128 (the staged kernels
     otherwise): same bits (Wan's widths, a width just past the per-head kernel, with and without weight)."""
-    from knob_run import exactness_script, run_with_env
+    from knob_run import assert_exact_under, exactness_script
 
     specs = [((1, 2048, 5120), True), ((2, 300, 1536), False), ((3, 77, 3072), True), ((5, 9, 132), True),
              ((1, 40, 24576), True)]
-    r = run_with_env(exactness_script("rms_norm", specs, 900), DIFUSE_RMS_TWO_PASS="1")
-    assert r.returncode == 0, r.stdout + r.stderr
+    assert_exact_under(exactness_script("rms_norm", specs, 900), DIFUSE_RMS_TWO_PASS="1")

@@ -160,13 +160,9 @@ def test_block_epilogue_variant():
     of its rows column by column (each fp32 vector loaded once per block): same bits for the modulated and the
     affine norm, blocks straddling a batch boundary, the last partial block, misaligned fp32 rows, per-token rows
     (which keep the per-row epilogue)."""
-    from knob_run import run_with_env
+    from knob_run import assert_exact_under, mismatch_script
 
-    script = (
-        "import sys, torch\n"
-        "from difuse import ops\n"
-        "from difuse.gate import count_mismatches\n"
-        "bad = 0\n"
+    script = mismatch_script(
         "for i, (B, L, H) in enumerate([(1, 32760, 5120), (2, 37, 5120), (3, 301, 1536), (2, 7, 2240)]):\n"
         "    g = torch.Generator(device='cuda').manual_seed(1000 + i)\n"
         "    x = torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16)\n"
@@ -176,8 +172,5 @@ def test_block_epilogue_variant():
         "    for sc, sh in rows:\n"
         "        bad += count_mismatches(ops.layernorm_modulate_fp32(x, sc, sh), ops.layernorm_modulate_fp32_eager(x, sc, sh))\n"
         "    w, b = torch.randn(H, device='cuda', generator=g), torch.randn(H, device='cuda', generator=g)\n"
-        "    bad += count_mismatches(ops.layernorm_affine_fp32(x, w, b), ops.layernorm_affine_fp32_eager(x, w, b))\n"
-        "print('mismatches', bad)\n"
-        "sys.exit(1 if bad else 0)\n")
-    r = run_with_env(script, DIFUSE_LNMOD_F32_BLOCK_EPILOGUE="1")
-    assert r.returncode == 0, r.stdout + r.stderr
+        "    bad += count_mismatches(ops.layernorm_affine_fp32(x, w, b), ops.layernorm_affine_fp32_eager(x, w, b))\n")
+    assert_exact_under(script, DIFUSE_LNMOD_F32_BLOCK_EPILOGUE="1")
