@@ -67,3 +67,23 @@ class PackageTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class KnobRegistryTest(unittest.TestCase):
+    """Every measurement knob the C++ launchers read is one the bench records name (bench.KERNEL_KNOBS) and the
+    README lists; a knob missing there would leave records that do not say which variant ran."""
+
+    def test_knobs_in_sources_are_registered_and_documented(self):
+        import re
+
+        from difuse import bench
+
+        names = set()
+        for path in (ROOT / "src").rglob("*"):
+            if path.suffix in (".h", ".cu", ".cuh", ".cpp"):
+                names |= set(re.findall(r'positive_env_knob\("([A-Z0-9_]+)"\)', path.read_text()))
+        self.assertGreaterEqual(len(names), 8)
+        self.assertEqual(names, set(bench.KERNEL_KNOBS))
+        readme = (ROOT / "README.md").read_text()
+        for n in sorted(names):
+            self.assertIn("`%s" % n, readme, n)
