@@ -23,7 +23,8 @@
 // Verification status: bit-exact on the H200 at 6408223 (torch 2.11.0+cu130, sm_90), incl. the vector output pass
 // (4-element loads and stores where the mean is vectorized; 33.7 -> 30.9 us at 1x4608x24x128):
 // tests/gpu/test_rms_norm_diffusers.py (235 cases; N = 8184 failed at 1bfced1 and is now refused: see the guard), 0
-// failed, 0 skipped (bench/results/h200/tests.json).
+// failed, 0 skipped (bench/results/h200/tests.json). The rows-per-warp variant for 128-element rows
+// (DIFUSE_RMSD_ROWS_PER_WARP) came after it: not yet run there.
 #include "norm/rms_norm_diffusers.h"
 
 #include <cuda_runtime.h>
@@ -31,6 +32,7 @@
 #include <string>
 
 #include "core/device.h"
+#include "core/env_knob.h"
 #include "core/registry.h"
 #include "core/rows.h"
 #include "core/tensor.h"
@@ -109,6 +111,28 @@ __global__ void __launch_bounds__(256) rms_norm_diffusers_kernel(const Params p)
   }
 }
 
+// Rows of exactly 128 elements (per-head norms) with the vector output pass, R rows per warp (all R loads before
+// any reduction, the R trees interleaved): the same per-row arithmetic as rms_norm_diffusers_kernel's vectorized
+// path for one vector per lane, through norm/diffusers_head_norm.h (head_rstd, diffusers_norm_run), which the
+// attention prologues run on the same rows. DIFUSE_RMSD_ROWS_PER_WARP=2|4 (for measurement; default 1 row per
+// warp, the kernel above).
+template <int R>
+__global__ void __launch_bounds__(256) rms_norm_diffusers_heads(const Params p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32) * R;
+  if (r0 >= p.rows) return;  // whole warp
+  HeadRun<4> x[R];
+#pragma unroll
+  for (int q = 0; q < R; ++q)
+    x[q] = r0 + q < p.rows ? load_run<4>(row_ptr(p, r0 + q), lane) : zero_run<4>();
+  float rstd[R];
+  head_rstd<4, R>(x, lane, 128, p.factor, p.eps, rstd);
+  const HeadRun<4> w = p.has_w ? load_run<4>(p.w, lane) : zero_run<4>();
+#pragma unroll
+  for (int q = 0; q < R; ++q)
+    if (r0 + q < p.rows) store_run<4>(p.out + (r0 + q) * p.n, lane, diffusers_norm_run<4>(x[q], rstd[q], p.has_w, w));
+}
+
 }  // namespace
 
 float diffusers_mean_factor(int64_t rows, int64_t n) {
@@ -161,8 +185,15 @@ void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view&
   p.vectorized = p.n >= 128;
   p.vec_out = p.vectorized && detail::aligned(out.data, 8) && (!p.has_w || detail::aligned(weight.data, 8));
   const detail::DeviceGuard device_guard(x.device);
-  rms_norm_diffusers_kernel<<<static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock),
-                              32 * kRowsPerBlock, 0, stream>>>(p);
+  static const int rows_per_warp = detail::positive_env_knob("DIFUSE_RMSD_ROWS_PER_WARP");
+  const int R = rows_per_warp >= 4 ? 4 : rows_per_warp >= 2 ? 2 : 1;
+  const unsigned blocks = static_cast<unsigned>((p.rows + kRowsPerBlock * R - 1) / (kRowsPerBlock * R));
+  if (R > 1 && p.n == 128 && p.vec_out)  // H200 1x4608x24x128 at 6408223, 1 row per warp: 30.9 us
+    R == 4 ? rms_norm_diffusers_heads<4><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(p)
+           : rms_norm_diffusers_heads<2><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(p);
+  else
+    rms_norm_diffusers_kernel<<<static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock),
+                                32 * kRowsPerBlock, 0, stream>>>(p);
   DIFUSE_CUDA_CHECK(cudaGetLastError());
 }
 

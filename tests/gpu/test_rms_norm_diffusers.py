@@ -108,3 +108,21 @@ def test_opcheck_compile_and_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert count_mismatches(out, ops.rms_norm_diffusers_eager(xs, w)) == 0
+
+
+@pytest.mark.parametrize("rows", ["2", "4"])
+def test_rows_per_warp_variants(rows):
+    """DIFUSE_RMSD_ROWS_PER_WARP=2|4: 128-element rows R per warp through the prologues' head-norm pieces: same
+    bits (row counts that leave warps partly empty, BHSD views, no weight; other widths keep the one-row kernel)."""
+    from knob_run import assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        "g = torch.Generator(device='cuda').manual_seed(1200)\n"
+        "bf = dict(device='cuda', dtype=torch.bfloat16)\n"
+        "xs = [torch.randn(1, 4608, 24, 128, generator=g, **bf), torch.randn(3, 7, 5, 128, generator=g, **bf),\n"
+        "      torch.randn(2, 300, 24, 128, generator=g, **bf).transpose(1, 2), torch.randn(2, 24, 99, 64, generator=g, **bf),\n"
+        "      torch.randn(17, 128, generator=g, **bf) * 1e-20]\n"
+        "for x in xs:\n"
+        "    for w in (torch.randn(x.shape[-1], generator=g, **bf), None):\n"
+        "        bad += count_mismatches(ops.rms_norm_diffusers(x, w), ops.rms_norm_diffusers_eager(x, w))\n")
+    assert_exact_under(script, DIFUSE_RMSD_ROWS_PER_WARP=rows)
