@@ -118,7 +118,8 @@ DIFUSE_RMS_LANES_PER_ROW=16,DIFUSE_RMS_ROWS_PER_WARP=4:rms_norm;\
 DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate;\
 DIFUSE_LNMOD_BLOCKS_PER_SM=8:layernorm_modulate;DIFUSE_LNMOD_BLOCKS_PER_SM=8:gated_residual_layernorm_modulate;\
 DIFUSE_RMS_TWO_PASS=1:rms_norm;DIFUSE_LNMOD_F32_BLOCK_EPILOGUE=1:layernorm_modulate_fp32;\
-DIFUSE_RMSD_ROWS_PER_WARP=2:rms_norm_diffusers;DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers"
+DIFUSE_RMSD_ROWS_PER_WARP=2:rms_norm_diffusers;DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\
+DIFUSE_RMSMOD_TWO_PASS=1:rms_norm_modulate;DIFUSE_RMSMOD_TWO_PASS=1:gated_residual_rms_norm_modulate"
 stage_sweep() {
   local entry vars op tag r=0
   mkdir -p "$OUT/sweeps"

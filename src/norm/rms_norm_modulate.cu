@@ -52,6 +52,9 @@
 // 32-bit FastDivU32 path since 657caa7):
 // tests/gpu/test_rms_norm_modulate.py (374 cases, incl. the diffusers ERNIE-Image and LTX-2 blocks' own forward), 0
 // failed, 0 skipped (bench/results/h200/tests.json).
+// The two-pass variant (DIFUSE_RMSMOD_TWO_PASS=1: ~40 registers instead of 120 at N = 3072, 4096 rows in one
+// wave; 32.4 us at 1x4096x3072 with the register-resident rows at 6408223, target 15) came after that run: not
+// yet run there.
 #include "norm/rms_norm_modulate.h"
 
 #include <cuda_runtime.h>
@@ -59,6 +62,7 @@
 #include <string>
 
 #include "core/device.h"
+#include "core/env_knob.h"
 #include "core/registry.h"
 #include "core/rows.h"
 #include "core/tensor.h"
@@ -217,6 +221,68 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_narrow(const Param
   }
 }
 
+// Rows of N >= 128 in two passes over global memory, the same arithmetic as rms_norm_modulate_rows (lane x pushes
+// aten lane x's vectors x + 32 k in increasing k, then the same tree and epilogue) without holding the row in
+// registers: pass 1 streams the vectors in batches of 8 into the mean (the residual variant writes h1 = h + gate
+// * a as it goes), pass 2 reads them again (L1/L2: the row was just read or written by this lane) for the
+// epilogue. ~40 registers instead of 120 at N = 3072, so an SM holds 31+ rows: FLUX's 4096 rows in one wave.
+// DIFUSE_RMSMOD_TWO_PASS=1, for measurement.
+template <bool VEC, bool RESIDUAL>
+__global__ void __launch_bounds__(kThreads) rms_norm_modulate_two_pass(const Params p) {
+  constexpr int kBatch = 8;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= p.rows) return;  // whole warp
+  const int V = p.v;
+  const uint2* xr = reinterpret_cast<const uint2*>(p.x + row * p.n);
+  uint2* rr = RESIDUAL ? reinterpret_cast<uint2*>(p.residual + row * p.n) : nullptr;
+  const uint16_t* grow = RESIDUAL ? p.gate + p.gate_rows.offset(row) : nullptr;
+  const uint2* ar = RESIDUAL ? reinterpret_cast<const uint2*>(p.a + row * p.n) : nullptr;
+  MeanLane acc;
+  for (int kb = 0; 32 * kb < V; kb += kBatch) {
+    uint2 xv[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const int vi = lane + 32 * (kb + j);
+      xv[j] = vi < V ? xr[vi] : make_uint2(0, 0);
+    }
+    if constexpr (RESIDUAL) {
+#pragma unroll
+      for (int j = 0; j < kBatch; ++j) {
+        const int vi = lane + 32 * (kb + j);
+        if (vi < V) {
+          const uint2 aw = ar[vi], gw = load4<VEC>(grow + 4 * vi);
+          xv[j] = make_uint2(modulate::gated_residual_pair(xv[j].x, aw.x, gw.x),
+                             modulate::gated_residual_pair(xv[j].y, aw.y, gw.y));
+          rr[vi] = xv[j];
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j)
+      if (lane + 32 * (kb + j) < V)
+        mean_push_vec4(acc, num::bf16_lo(xv[j].x), num::bf16_hi(xv[j].x), num::bf16_lo(xv[j].y),
+                       num::bf16_hi(xv[j].y));
+  }
+  float s = mean_lane_total(acc);
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) s = mean_tree_step(s, __shfl_down_sync(0xffffffffu, s, o));
+  const float rstd = diffusers_rstd(__shfl_sync(0xffffffffu, s, 0), p.factor, p.eps);
+
+  const uint2* src = RESIDUAL ? rr : xr;  // this lane's own vectors: its writes are visible to its reads
+  const uint16_t* srow = p.scale + p.scale_rows.offset(row);
+  const uint16_t* hrow = p.shift + p.shift_rows.offset(row);
+  uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.n);
+#pragma unroll 4
+  for (int vi = lane; vi < V; vi += 32) {
+    const uint2 xw = src[vi];
+    const uint2 ww = p.has_w ? load4<VEC>(p.w + 4 * vi) : make_uint2(0, 0);
+    const uint2 sc = load4<VEC>(srow + 4 * vi), sh = load4<VEC>(hrow + 4 * vi);
+    orow[vi] = make_uint2(rms_modulate_pair(xw.x, rstd, p.has_w, ww.x, sc.x, sh.x, p.fp32_mod),
+                          rms_modulate_pair(xw.y, rstd, p.has_w, ww.y, sc.y, sh.y, p.fp32_mod));
+  }
+}
+
 template <int K, bool RESIDUAL>
 void launch_k(const Params& p, bool vec, unsigned blocks, cudaStream_t stream) {
   if (vec)
@@ -229,6 +295,15 @@ template <bool RESIDUAL>
 void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   const detail::DeviceGuard device_guard(device);
   const unsigned blocks = static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock);
+  static const int two_pass = detail::positive_env_knob("DIFUSE_RMSMOD_TWO_PASS");
+  if (two_pass == 1 && rms_norm_modulate_lane_vectors(p.n) != 0) {  // N >= 128
+    if (vec)
+      rms_norm_modulate_two_pass<true, RESIDUAL><<<blocks, kThreads, 0, stream>>>(p);
+    else
+      rms_norm_modulate_two_pass<false, RESIDUAL><<<blocks, kThreads, 0, stream>>>(p);
+    DIFUSE_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   switch (rms_norm_modulate_lane_vectors(p.n)) {
     case 0: rms_norm_modulate_narrow<RESIDUAL><<<blocks, kThreads, 0, stream>>>(p); break;
     case 8: launch_k<8, RESIDUAL>(p, vec, blocks, stream); break;

@@ -398,3 +398,24 @@ def test_cuda_graph_replay_with_new_values():
         assert count_mismatches(out, ops.rms_norm_modulate_eager(h, w, scale, shift, eps, fp32)) == 0, i
         r_ref, o_ref = ops.gated_residual_rms_norm_modulate_eager(*args)
         assert count_mismatches(r, r_ref) == 0 and count_mismatches(o, o_ref) == 0, i
+
+
+def test_two_pass_variant():
+    """DIFUSE_RMSMOD_TWO_PASS=1: rows of N >= 128 streamed twice from global memory instead of held in registers:
+    same bits at every site layout, both modulate chains, with and without weight, and the gated-residual form."""
+    from knob_run import assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        "g = torch.Generator(device='cuda').manual_seed(1300)\n"
+        "for shape, variant in [((1, 4096, 3072), 'ltx2'), ((4352, 2, 3072), 'ernie'),\n"
+        "                       ((4352, 1, 3072), 'ernie_tokens'), ((2, 126, 2048), 'ltx2_tokens'),\n"
+        "                       ((2, 300, 4096), 'ltx2'), ((3, 20, 132), 'ltx2')]:\n"
+        "    x, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs(shape, variant, 'cuda', g)\n"
+        "    for f in (fp32, not fp32):\n"
+        "        for ww in (w, None if w is not None else torch.randn(shape[-1], generator=g, device='cuda').to(x.dtype)):\n"
+        "            bad += count_mismatches(ops.rms_norm_modulate(x, ww, scale, shift, eps, f),\n"
+        "                                    ops.rms_norm_modulate_eager(x, ww, scale, shift, eps, f))\n"
+        "    h, a, gate, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs(shape, variant, 'cuda', g, residual=True)\n"
+        "    bad += count_mismatches(list(ops.gated_residual_rms_norm_modulate(h, a, gate, w, scale, shift, eps, fp32)),\n"
+        "                            list(ops.gated_residual_rms_norm_modulate_eager(h, a, gate, w, scale, shift, eps, fp32)))\n")
+    assert_exact_under(script, DIFUSE_RMSMOD_TWO_PASS="1")
