@@ -42,4 +42,20 @@ struct FastDivU32 {
   }
 };
 
+// n / d for the indices [0, max_n) of a kernel: FastDivU32 when they fit 31 bits (as row indices do), a 64-bit
+// division otherwise. For the per-row batch index (row / sequence length) of the modulation kernels.
+struct IndexDiv {
+  int64_t d = 1;
+  FastDivU32 f;
+  bool fast = false;
+
+  IndexDiv() = default;
+  IndexDiv(int64_t divisor, int64_t max_n) : d(divisor < 1 ? 1 : divisor) {
+    fast = max_n <= (int64_t{1} << 31) && d < (int64_t{1} << 31);
+    if (fast) f = FastDivU32(static_cast<uint32_t>(d));
+  }
+
+  DIFUSE_HD int64_t div(int64_t n) const { return fast ? static_cast<int64_t>(f.div(static_cast<uint32_t>(n))) : n / d; }
+};
+
 }  // namespace difuse::detail

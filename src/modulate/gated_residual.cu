@@ -24,6 +24,9 @@
 // (241 cases; gated_residual_fp32 in test_wan_fp32.py, every access width forced), 0 failed, 0 skipped
 // (bench/results/h200/tests.json). gated_residual_fp32's 16-byte path (first run at 5fde96b): 405 us with 4-byte
 // accesses -> 232.7 us at 1x32760x5120, at the 236 us floor (predicted ~280: it streams at copy bandwidth).
+// Since then the per-row batch index is a multiply-high (detail::IndexDiv) instead of a 64-bit division, which a
+// thread paid for its one or two 16-byte vectors per row (gated_residual 1x4096x3072: 21.2 us at 6408223, target
+// 21): not yet run there.
 #include "modulate/gated_residual.h"
 #include "modulate/gated_residual_pair.h"
 
@@ -34,6 +37,7 @@
 
 #include "core/device.h"
 #include "core/elementwise.cuh"
+#include "core/fast_div.h"
 #include "core/registry.h"
 #include "core/tensor.h"
 #include "difuse/numerics/bf16.h"
@@ -61,13 +65,14 @@ struct Params {
   uint16_t* out;
   int64_t rows, seq, cols;
   int64_t g_sb, g_sl;  // gate strides (batch, token); g_sl = 0 for a [B, H] gate
+  detail::IndexDiv seq_div;  // row -> batch without a 64-bit division
 };
 
 template <int VEC>
 __global__ void __launch_bounds__(256) gated_residual_kernel(const Params p) {
   const int64_t nvec = p.cols / VEC;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
-    const int64_t b = r / p.seq, l = r - b * p.seq;
+    const int64_t b = p.seq_div.div(r), l = r - b * p.seq;
     const uint16_t* grow = p.g + b * p.g_sb + l * p.g_sl;
     const int64_t base = r * p.cols;
     for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec;
@@ -98,7 +103,7 @@ template <int VEC>  // 8: 16-byte words of eight bf16 and two float4 gates; 2: o
 __global__ void __launch_bounds__(256) gated_residual_fp32_kernel(const Params p, const float* g32) {
   const int64_t nvec = p.cols / VEC;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
-    const int64_t b = r / p.seq, l = r - b * p.seq;
+    const int64_t b = p.seq_div.div(r), l = r - b * p.seq;
     const float* grow = g32 + b * p.g_sb + l * p.g_sl;
     const int64_t base = r * p.cols;
     for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec;
@@ -227,6 +232,7 @@ void gated_residual(const difuse_tensor_view& out, const difuse_tensor_view& h, 
   p.out = static_cast<uint16_t*>(out.data);
   p.rows = B * L;
   p.seq = L;
+  p.seq_div = detail::IndexDiv(L, p.rows);
   p.cols = H;
   p.g_sb = gate.strides[0];
   p.g_sl = gate.rank == 3 ? gate.strides[1] : 0;
@@ -268,6 +274,7 @@ void gated_residual_fp32(const difuse_tensor_view& out, const difuse_tensor_view
   p.out = static_cast<uint16_t*>(out.data);
   p.rows = B * L;
   p.seq = L;
+  p.seq_div = detail::IndexDiv(L, p.rows);
   p.cols = H;
   const bool per_token = gate.rank == 3 && gate.sizes[1] > 1;
   p.g_sb = gate.strides[0];

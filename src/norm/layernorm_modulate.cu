@@ -42,7 +42,8 @@
 // test_gated_residual_layernorm_modulate.py (219) and test_wan_fp32.py (272, incl. the float4 fp32 row loads,
 // first run at 5fde96b: 448.7 -> 258.1 us at 1x32760x5120), 0 failed, 0 skipped (bench/results/h200/tests.json).
 // test_forced_schedules (DIFUSE_LNMOD_THREADS_PER_ROW=32|128) is newer and not yet run there, as is the fp32
-// epilogue's refactor into load_f32_rows4 / f32_chain4 (the same operations).
+// epilogue's refactor into load_f32_rows4 / f32_chain4 (the same operations) and the per-row batch index through
+// detail::IndexDiv (a multiply-high instead of a 64-bit division per thread and row).
 #include "norm/layernorm_modulate.h"
 
 #include "modulate/gated_residual_pair.h"
@@ -55,6 +56,7 @@
 
 #include "core/device.h"
 #include "core/env_knob.h"
+#include "core/fast_div.h"
 #include "core/registry.h"
 #include "core/tensor.h"
 #include "norm/layernorm_schedule.h"
@@ -97,6 +99,7 @@ struct Params {
   const uint16_t* __restrict__ shift;
   int64_t rows;
   int64_t seq;
+  detail::IndexDiv seq_div;  // row -> batch without a 64-bit division
   int64_t scale_stride;
   int64_t shift_stride;
   int64_t scale_stride_l;  // per-token modulation ([B, L, H]); 0 for [B, H] rows
@@ -221,7 +224,7 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
   const int sweeps = (V + kAtenThreads - 1) / kAtenThreads;
   uint2* sx = staged + static_cast<int64_t>(rb) * V;
   const uint2* gx = reinterpret_cast<const uint2*>(p.x + row * p.h);
-  const int64_t b0 = static_cast<int64_t>(blockIdx.x) * ROWS / p.seq;
+  const int64_t b0 = p.seq_div.div(static_cast<int64_t>(blockIdx.x) * ROWS);
   uint2* s_scale = staged + static_cast<int64_t>(ROWS) * V;
   uint2* s_shift = s_scale + V;
   if (stage_mod) {
@@ -247,7 +250,7 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
 
   if constexpr (RESIDUAL) {  // h1 = h + gate * a, rounded as eager, written out and normalised from here on
     if (active) {
-      const int64_t bb = row / p.seq, ll = row - bb * p.seq;
+      const int64_t bb = p.seq_div.div(row), ll = row - bb * p.seq;
       const uint16_t* grow = p.gate + bb * p.gate_stride + ll * p.gate_stride_l;
       const uint2* ar = reinterpret_cast<const uint2*>(p.a + row * p.h);
       uint2* rr = reinterpret_cast<uint2*>(p.residual + row * p.h);
@@ -321,8 +324,8 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
   if constexpr (F32MOD && G == 64) {
     const int64_t r0 = static_cast<int64_t>(blockIdx.x) * ROWS;
     const int nrows = static_cast<int>(p.rows - r0 < ROWS ? p.rows - r0 : ROWS);
-    const int64_t bf = p.f32_block_epilogue ? r0 / p.seq : -1;
-    if (bf >= 0 && (r0 + nrows - 1) / p.seq == bf) {  // uniform: the block's rows share a batch
+    const int64_t bf = p.f32_block_epilogue ? p.seq_div.div(r0) : -1;
+    if (bf >= 0 && p.seq_div.div(r0 + nrows - 1) == bf) {  // uniform: the block's rows share a batch
       // every row's stats are visible: row_sync<64> is a block barrier
       const float* s32 = p.scale32 + bf * p.scale_stride;
       const float* h32 = p.shift32 + bf * p.shift_stride;
@@ -339,7 +342,7 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
   if (!active) return;  // G > 32: no barrier follows
   const RowStats rs = stats[rb];
 
-  const int64_t b = row / p.seq, l = row - b * p.seq;
+  const int64_t b = p.seq_div.div(row), l = row - b * p.seq;
   if constexpr (F32MOD) {  // Wan: fp32 rows, one bf16 rounding at the end
     const float* s32 = p.scale32 + b * p.scale_stride + l * p.scale_stride_l;
     const float* h32 = p.shift32 + b * p.shift_stride + l * p.shift_stride_l;
@@ -456,7 +459,7 @@ __global__ void __launch_bounds__(128) layernorm_modulate_stream(const Params p)
   if (t == 0) stats = finalize_roots(roots, p.h, p.eps);
   __syncthreads();
   const RowStats rs = stats;
-  const int64_t b = row / p.seq, l = row - b * p.seq;
+  const int64_t b = p.seq_div.div(row), l = row - b * p.seq;
   for (int vi = t; vi < p.v; vi += kAtenThreads) {
     const int c = kVecElems * vi;
     *reinterpret_cast<uint2*>(orow + c) = modulate4_any(p, b, l, c, *reinterpret_cast<const uint2*>(xr + c), rs);
@@ -616,6 +619,7 @@ Params make_params(const difuse_tensor_view& out, const difuse_tensor_view& x, c
   p.shift = static_cast<const uint16_t*>(shift.data);
   p.rows = x.sizes[0] * x.sizes[1];
   p.seq = x.sizes[1];
+  p.seq_div = detail::IndexDiv(p.seq, p.rows);
   p.scale_stride = scale.strides[0];
   p.shift_stride = shift.strides[0];
   p.scale_stride_l = scale.rank == 3 ? scale.strides[1] : 0;

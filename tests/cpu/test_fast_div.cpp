@@ -74,3 +74,16 @@ TEST(RowIndexer, PreparedOffsetsEqualTheGeneralPath) {
   EXPECT_FALSE(big.fast);
   EXPECT_FALSE(RowIndexer{}.prepare(0).fast);
 }
+
+TEST(IndexDiv, BothPathsDivideExactly) {
+  using difuse::detail::IndexDiv;
+  for (int64_t d : {1, 2, 3, 77, 4096, 4429, 32760}) {
+    const IndexDiv fast(d, 1 << 20);
+    ASSERT_TRUE(fast.fast);
+    for (int64_t n = 0; n < (1 << 20); n += 7) ASSERT_EQ(fast.div(n), n / d) << n << " / " << d;
+    const IndexDiv wide(d, int64_t{1} << 40);  // indices past 2^31: the 64-bit division
+    ASSERT_FALSE(wide.fast);
+    for (int64_t n : {int64_t{0}, int64_t{1} << 33, (int64_t{1} << 40) - 1}) ASSERT_EQ(wide.div(n), n / d);
+  }
+  EXPECT_EQ(IndexDiv(0, 10).d, 1);  // a zero-length sequence never divides (no rows)
+}
