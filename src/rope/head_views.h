@@ -5,6 +5,7 @@
 #include <cstdint>
 #include <initializer_list>
 #include <string>
+#include <utility>
 
 #include "core/error.h"
 #include "core/tensor.h"
@@ -38,6 +39,19 @@ inline void require_runs_aligned(detail::Support& s, const difuse_tensor_view& x
   DIFUSE_REQUIRE(s, ok, std::string(name) + " rows must be " + std::to_string(2 * E) +
                             "-byte aligned (pointer and strides; " + std::to_string(E) +
                             " elements per lane at this head_dim), got " + detail::describe(x));
+}
+
+// The q, k, v views of one stream: each of sizes `want` on `device` (`group` names the rule in the message), each
+// with its lanes' runs aligned for E elements.
+inline void require_stream(detail::Support& s,
+                           std::initializer_list<std::pair<const difuse_tensor_view*, const char*>> views,
+                           const int64_t (&want)[4], int device, const std::string& group, int E) {
+  for (const auto& [v, name] : views) {
+    bool same = v->device == device;
+    for (int d = 0; d < 4; ++d) same = same && v->sizes[d] == want[d];
+    DIFUSE_REQUIRE(s, same, group + ", got " + detail::describe(*v));
+    require_runs_aligned(s, *v, name, E);
+  }
 }
 
 // head_dim: aten's mean runs its (32, 16) block with one warp per row from 32 elements; the kernels hold a row in

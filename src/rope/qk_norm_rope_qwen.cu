@@ -221,20 +221,14 @@ detail::Support can_use_qk_norm_rope_qwen(const QkNormRopeQwenArgs& a) {
   const int64_t B = a.q.sizes[0], S2 = a.q.sizes[1], H = a.q.sizes[2], D = a.q.sizes[3];
   const int64_t S1 = a.q_txt.sizes[1];
   const int dev = a.q.device;
-  for (const auto* t : {&a.k, &a.v})
-    DIFUSE_REQUIRE(s, t->sizes[0] == B && t->sizes[1] == S2 && t->sizes[2] == H && t->sizes[3] == D &&
-                          t->device == dev,
-                   "k and v must have q's shape and device " + detail::describe(a.q) + ", got " + detail::describe(*t));
-  for (const auto* t : {&a.q_txt, &a.k_txt, &a.v_txt})
-    DIFUSE_REQUIRE(s, t->sizes[0] == B && t->sizes[1] == S1 && t->sizes[2] == H && t->sizes[3] == D &&
-                          t->device == dev,
-                   "q_txt, k_txt and v_txt must be [" + std::to_string(B) + ", S_txt, " + std::to_string(H) + ", " +
-                       std::to_string(D) + "] alike on q's device, got " + detail::describe(*t));
   require_head_dim(s, D);
   const int E = norm::head_lane_elems(static_cast<int>(D));
-  for (const auto* t : {&a.q, &a.k, &a.v}) require_runs_aligned(s, *t, t == &a.q ? "q" : t == &a.k ? "k" : "v", E);
-  for (const auto* t : {&a.q_txt, &a.k_txt, &a.v_txt})
-    require_runs_aligned(s, *t, t == &a.q_txt ? "q_txt" : t == &a.k_txt ? "k_txt" : "v_txt", E);
+  const int64_t img[4] = {B, S2, H, D}, txt[4] = {B, S1, H, D};
+  require_stream(s, {{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}}, img, dev,
+                 "k and v must have q's shape and device " + detail::describe(a.q), E);
+  require_stream(s, {{&a.q_txt, "q_txt"}, {&a.k_txt, "k_txt"}, {&a.v_txt, "v_txt"}}, txt, dev,
+                 "q_txt, k_txt and v_txt must be [" + std::to_string(B) + ", S_txt, " + std::to_string(H) + ", " +
+                     std::to_string(D) + "] alike on q's device", E);
   require_norm_rows(s, "image", B * S2 * H, D);
   require_norm_rows(s, "text", B * S1 * H, D);
   const int64_t S = S1 + S2;

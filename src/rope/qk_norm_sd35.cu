@@ -151,20 +151,14 @@ detail::Support can_use_qk_norm_sd35(const QkNormSd35Args& a) {
   const int64_t B = a.q.sizes[0], H = a.q.sizes[1], S1 = a.q.sizes[2], D = a.q.sizes[3];
   const int64_t S2 = a.q_ctx.sizes[2];
   const int dev = a.q.device;
-  for (const auto* t : {&a.k, &a.v})
-    DIFUSE_REQUIRE(s, t->sizes[0] == B && t->sizes[1] == H && t->sizes[2] == S1 && t->sizes[3] == D &&
-                          t->device == dev,
-                   "k and v must have q's shape and device " + detail::describe(a.q) + ", got " + detail::describe(*t));
-  for (const auto* t : {&a.q_ctx, &a.k_ctx, &a.v_ctx})
-    DIFUSE_REQUIRE(s, t->sizes[0] == B && t->sizes[1] == H && t->sizes[2] == S2 && t->sizes[3] == D &&
-                          t->device == dev,
-                   "q_ctx, k_ctx and v_ctx must be [" + std::to_string(B) + ", " + std::to_string(H) + ", S_ctx, " +
-                       std::to_string(D) + "] alike on q's device, got " + detail::describe(*t));
   require_head_dim(s, D);
   const int E = norm::head_lane_elems(static_cast<int>(D));
-  for (const auto* t : {&a.q, &a.k, &a.v}) require_runs_aligned(s, *t, t == &a.q ? "q" : t == &a.k ? "k" : "v", E);
-  for (const auto* t : {&a.q_ctx, &a.k_ctx, &a.v_ctx})
-    require_runs_aligned(s, *t, t == &a.q_ctx ? "q_ctx" : t == &a.k_ctx ? "k_ctx" : "v_ctx", E);
+  const int64_t img[4] = {B, H, S1, D}, ctx[4] = {B, H, S2, D};
+  require_stream(s, {{&a.q, "q"}, {&a.k, "k"}, {&a.v, "v"}}, img, dev,
+                 "k and v must have q's shape and device " + detail::describe(a.q), E);
+  require_stream(s, {{&a.q_ctx, "q_ctx"}, {&a.k_ctx, "k_ctx"}, {&a.v_ctx, "v_ctx"}}, ctx, dev,
+                 "q_ctx, k_ctx and v_ctx must be [" + std::to_string(B) + ", " + std::to_string(H) + ", S_ctx, " +
+                     std::to_string(D) + "] alike on q's device", E);
   require_norm_rows(s, "image", B * H * S1, D);
   require_norm_rows(s, "context", B * H * S2, D);
   const int64_t S = S1 + S2;
