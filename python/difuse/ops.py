@@ -496,6 +496,18 @@ def flux_rope_tables(S, D, device, generator=None, theta=10000.0):
     return ang.cos().float(), ang.sin().float()
 
 
+def _qkv_views(B, S, H, D, fused, device, generator):
+    """q, k, v [B, S, H, D] bf16 views as the attention processors make them: the chunks of one fused to_qkv
+    output (row stride 3 H D) or three separate projections."""
+    import torch
+
+    bf = dict(device=device, dtype=torch.bfloat16)
+    if fused:
+        qkv = torch.randn(B, S, 3 * H * D, generator=generator, **bf)
+        return [t.unflatten(-1, (H, D)) for t in qkv.chunk(3, dim=-1)]
+    return [torch.randn(B, S, H * D, generator=generator, **bf).unflatten(-1, (H, D)) for _ in range(3)]
+
+
 def _qk_norm_rope_inputs(spec, device, generator):
     import torch
 
@@ -503,10 +515,7 @@ def _qk_norm_rope_inputs(spec, device, generator):
     bf = dict(device=device, dtype=torch.bfloat16)
 
     def stream(S):
-        if fused:  # chunks of a fused to_qkv output
-            qkv = torch.randn(B, S, 3 * H * D, generator=generator, **bf)
-            return [t.unflatten(-1, (H, D)) for t in qkv.chunk(3, dim=-1)]
-        return [torch.randn(B, S, H * D, generator=generator, **bf).unflatten(-1, (H, D)) for _ in range(3)]
+        return _qkv_views(B, S, H, D, fused, device, generator)
 
     q, k, v = stream(S2)
     w = [torch.randn(D, generator=generator, **bf) for _ in range(4)]
@@ -689,10 +698,7 @@ def _qk_norm_rope_qwen_inputs(spec, device, generator):
     bf = dict(device=device, dtype=torch.bfloat16)
 
     def stream(S):
-        if fused:  # chunks of a fused to_qkv output
-            qkv = torch.randn(B, S, 3 * H * D, generator=generator, **bf)
-            return [t.unflatten(-1, (H, D)) for t in qkv.chunk(3, dim=-1)]
-        return [torch.randn(B, S, H * D, generator=generator, **bf).unflatten(-1, (H, D)) for _ in range(3)]
+        return _qkv_views(B, S, H, D, fused, device, generator)
 
     q, k, v = stream(S2)
     q1, k1, v1 = stream(S1)
