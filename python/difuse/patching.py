@@ -405,18 +405,21 @@ def _plain_attention(attn, joint_attention_kwargs) -> str:
     return ""
 
 
-def _flux_double_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
-                         joint_attention_kwargs=None):
-    st: _State = self._difuse_state
-    original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb,  # noqa: E731
-                                          image_rotary_emb, joint_attention_kwargs)
-    if not hidden_states.is_cuda:
-        return original()
-    key = (hidden_states, encoder_hidden_states, temb) + (tuple(image_rotary_emb) if image_rotary_emb else ())
-    return st.blocks["double_block"].run(
-        key, lambda: _flux_double_body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
-                                       joint_attention_kwargs),
-        original, _dev(hidden_states))
+def _flux_block_forward(block: str, body):
+    """The patched forward of a FLUX transformer block (double or single: the same signature): the block gate runs
+    body (the fused path) against the class's own forward once per signature; CPU tensors take the original."""
+    def forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None, joint_attention_kwargs=None):
+        st: _State = self._difuse_state
+        original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb,  # noqa: E731
+                                              image_rotary_emb, joint_attention_kwargs)
+        if not hidden_states.is_cuda:
+            return original()
+        key = (hidden_states, encoder_hidden_states, temb) + (tuple(image_rotary_emb) if image_rotary_emb else ())
+        return st.blocks[block].run(
+            key, lambda: body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
+                              joint_attention_kwargs),
+            original, _dev(hidden_states))
+    return forward
 
 
 def _flux_double_body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs):
@@ -461,20 +464,6 @@ def _torch():
     import torch
 
     return torch
-
-
-def _flux_single_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
-                         joint_attention_kwargs=None):
-    st: _State = self._difuse_state
-    original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb,  # noqa: E731
-                                          image_rotary_emb, joint_attention_kwargs)
-    if not hidden_states.is_cuda:
-        return original()
-    key = (hidden_states, encoder_hidden_states, temb) + (tuple(image_rotary_emb) if image_rotary_emb else ())
-    return st.blocks["single_block"].run(
-        key, lambda: _flux_single_body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
-                                       joint_attention_kwargs),
-        original, _dev(hidden_states))
 
 
 def _flux_single_body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs):
@@ -523,6 +512,10 @@ def _flux_single_body(self, st, hidden_states, encoder_hidden_states, temb, imag
     if hidden_states.dtype == torch.float16:
         hidden_states = hidden_states.clip(-65504, 65504)
     return hidden_states[:, :text_seq_len], hidden_states[:, text_seq_len:]
+
+
+_flux_double_forward = _flux_block_forward("double_block", _flux_double_body)
+_flux_single_forward = _flux_block_forward("single_block", _flux_single_body)
 
 
 def _copy_bits(dst, src) -> None:
