@@ -702,6 +702,31 @@ def flux_call(model, latents, t, inputs: Inputs):
     return model(hidden_states=latents, timestep=timestep / 1000, return_dict=False, **inputs.cond)[0]
 
 
+def _layered_build(class_name: str, blocks_attr: str, build):
+    """A ModelSpec build for a model with one stack of blocks: the checkpoint in opts.weights (opts.layers of its
+    blocks), else build(layers, seed, device, dtype, **overrides) with seeded random weights."""
+    def model_build(opts: Options):
+        import diffusers
+        import torch
+
+        if opts.weights:
+            return load_transformer(getattr(diffusers, class_name), opts.weights, opts.device, torch.bfloat16,
+                                    opts.layers, blocks_attr)
+        return build(opts.layers, opts.seed, opts.device, torch.bfloat16, **opts.overrides)
+    return model_build
+
+
+def _image_inputs(make):
+    """A ModelSpec make_inputs for an image model: make(model, resolution, text_tokens, seed, device, dtype,
+    weights=...)."""
+    def make_inputs(model, opts: Options) -> Inputs:
+        import torch
+
+        return make(model, opts.resolution, opts.text_tokens, opts.seed, opts.device, torch.bfloat16,
+                    weights=opts.weights)
+    return make_inputs
+
+
 def _flux_build(opts: Options):
     import torch
 
@@ -712,11 +737,7 @@ def _flux_build(opts: Options):
                       opts.seed, opts.device, torch.bfloat16, **opts.overrides)
 
 
-def _flux_make_inputs(model, opts: Options) -> Inputs:
-    import torch
-
-    return flux_inputs(model, opts.resolution, opts.text_tokens, opts.seed, opts.device, torch.bfloat16,
-                       weights=opts.weights)
+_flux_make_inputs = _image_inputs(flux_inputs)
 
 
 def _flux_config(model, inputs: Inputs, opts: Options) -> dict:
@@ -949,21 +970,10 @@ def qwen_image_call(model, latents, t, inputs: Inputs):
     return model(hidden_states=latents, timestep=timestep / 1000, return_dict=False, **inputs.cond)[0]
 
 
-def _qwen_build(opts: Options):
-    import torch
-    from diffusers import QwenImageTransformer2DModel
-
-    if opts.weights:
-        return load_transformer(QwenImageTransformer2DModel, opts.weights, opts.device, torch.bfloat16, opts.layers,
-                                "transformer_blocks")
-    return build_qwen_image(opts.layers, opts.seed, opts.device, torch.bfloat16, **opts.overrides)
+_qwen_build = _layered_build("QwenImageTransformer2DModel", "transformer_blocks", build_qwen_image)
 
 
-def _qwen_make_inputs(model, opts: Options) -> Inputs:
-    import torch
-
-    return qwen_image_inputs(model, opts.resolution, opts.text_tokens, opts.seed, opts.device, torch.bfloat16,
-                             weights=opts.weights)
+_qwen_make_inputs = _image_inputs(qwen_image_inputs)
 
 
 def _qwen_config(model, inputs: Inputs, opts: Options) -> dict:
@@ -1070,21 +1080,10 @@ def sd3_call(model, latents, t, inputs: Inputs):
     return uncond + inputs.extra["guidance"] * (text - uncond)
 
 
-def _sd3_build(opts: Options):
-    import torch
-    from diffusers import SD3Transformer2DModel
-
-    if opts.weights:
-        return load_transformer(SD3Transformer2DModel, opts.weights, opts.device, torch.bfloat16, opts.layers,
-                                "transformer_blocks")
-    return build_sd3(opts.layers, opts.seed, opts.device, torch.bfloat16, **opts.overrides)
+_sd3_build = _layered_build("SD3Transformer2DModel", "transformer_blocks", build_sd3)
 
 
-def _sd3_make_inputs(model, opts: Options) -> Inputs:
-    import torch
-
-    return sd3_inputs(model, opts.resolution, opts.text_tokens, opts.seed, opts.device, torch.bfloat16,
-                      weights=opts.weights)
+_sd3_make_inputs = _image_inputs(sd3_inputs)
 
 
 def _sd3_config(model, inputs: Inputs, opts: Options) -> dict:
@@ -1193,13 +1192,7 @@ def wan_call(model, latents, t, inputs: Inputs):
     return (uncond + e["guidance"] * (cond - uncond)).float()
 
 
-def _wan_build(opts: Options):
-    import torch
-    from diffusers import WanTransformer3DModel
-
-    if opts.weights:
-        return load_transformer(WanTransformer3DModel, opts.weights, opts.device, torch.bfloat16, opts.layers, "blocks")
-    return build_wan(opts.layers, opts.seed, opts.device, torch.bfloat16, **opts.overrides)
+_wan_build = _layered_build("WanTransformer3DModel", "blocks", build_wan)
 
 
 def _wan_make_inputs(model, opts: Options) -> Inputs:
