@@ -60,6 +60,13 @@ const difuse_tensor_view& view(const difuse_tensor_view* v, const char* name) {
   return *v;
 }
 
+// An optional view of an args struct: absent (NULL) becomes the empty view the predicates treat as "not given".
+difuse_tensor_view optional_view(const difuse_tensor_view* v, const char* name) {
+  return v == nullptr ? difuse_tensor_view{} : view(v, name);
+}
+// r.field = the optional view a->field (inside the args converters below, which name their struct r and input a)
+#define DIFUSE_OPTIONAL_VIEW(field) r.field = optional_view(a->field, #field)
+
 void fill(const difuse::detail::KernelInfo& k, difuse_kernel_info* out) {
   out->op = k.op.c_str();
   out->backend = k.backend.c_str();
@@ -80,43 +87,37 @@ const char* sig_or_empty(const char* s) { return s ? s : ""; }
 
 difuse::rope::QkNormRopeArgs qk_norm_rope_args(const difuse_qk_norm_rope_args* a) {
   if (a == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "qk_norm_rope: args is NULL");
-  const auto opt = [](const difuse_tensor_view* v, const char* name) {
-    return v == nullptr ? difuse_tensor_view{} : view(v, name);
-  };
   difuse::rope::QkNormRopeArgs r;
-  r.q_out = opt(a->q_out, "q_out");
-  r.k_out = opt(a->k_out, "k_out");
-  r.v_out = opt(a->v_out, "v_out");
-  r.q = opt(a->q, "q");
-  r.k = opt(a->k, "k");
-  r.v = opt(a->v, "v");
-  r.q_weight = opt(a->q_weight, "q_weight");
-  r.k_weight = opt(a->k_weight, "k_weight");
-  r.q_first = opt(a->q_first, "q_first");
-  r.k_first = opt(a->k_first, "k_first");
-  r.v_first = opt(a->v_first, "v_first");
-  r.q_first_weight = opt(a->q_first_weight, "q_first_weight");
-  r.k_first_weight = opt(a->k_first_weight, "k_first_weight");
-  r.cos = opt(a->cos, "cos");
-  r.sin = opt(a->sin, "sin");
+  DIFUSE_OPTIONAL_VIEW(q_out);
+  DIFUSE_OPTIONAL_VIEW(k_out);
+  DIFUSE_OPTIONAL_VIEW(v_out);
+  DIFUSE_OPTIONAL_VIEW(q);
+  DIFUSE_OPTIONAL_VIEW(k);
+  DIFUSE_OPTIONAL_VIEW(v);
+  DIFUSE_OPTIONAL_VIEW(q_weight);
+  DIFUSE_OPTIONAL_VIEW(k_weight);
+  DIFUSE_OPTIONAL_VIEW(q_first);
+  DIFUSE_OPTIONAL_VIEW(k_first);
+  DIFUSE_OPTIONAL_VIEW(v_first);
+  DIFUSE_OPTIONAL_VIEW(q_first_weight);
+  DIFUSE_OPTIONAL_VIEW(k_first_weight);
+  DIFUSE_OPTIONAL_VIEW(cos);
+  DIFUSE_OPTIONAL_VIEW(sin);
   r.eps = a->eps;
   return r;
 }
 
 difuse::rope::QkNormRopeWanArgs qk_norm_rope_wan_args(const difuse_qk_norm_rope_wan_args* a) {
   if (a == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "qk_norm_rope_wan: args is NULL");
-  const auto opt = [](const difuse_tensor_view* v, const char* name) {
-    return v == nullptr ? difuse_tensor_view{} : view(v, name);
-  };
   difuse::rope::QkNormRopeWanArgs r;
-  r.q_out = opt(a->q_out, "q_out");
-  r.k_out = opt(a->k_out, "k_out");
-  r.q = opt(a->q, "q");
-  r.k = opt(a->k, "k");
-  r.q_weight = opt(a->q_weight, "q_weight");
-  r.k_weight = opt(a->k_weight, "k_weight");
-  r.freqs_cos = opt(a->freqs_cos, "freqs_cos");
-  r.freqs_sin = opt(a->freqs_sin, "freqs_sin");
+  DIFUSE_OPTIONAL_VIEW(q_out);
+  DIFUSE_OPTIONAL_VIEW(k_out);
+  DIFUSE_OPTIONAL_VIEW(q);
+  DIFUSE_OPTIONAL_VIEW(k);
+  DIFUSE_OPTIONAL_VIEW(q_weight);
+  DIFUSE_OPTIONAL_VIEW(k_weight);
+  DIFUSE_OPTIONAL_VIEW(freqs_cos);
+  DIFUSE_OPTIONAL_VIEW(freqs_sin);
   r.heads = a->heads;
   r.eps = a->eps;
   return r;
@@ -124,51 +125,46 @@ difuse::rope::QkNormRopeWanArgs qk_norm_rope_wan_args(const difuse_qk_norm_rope_
 
 difuse::rope::QkNormRopeQwenArgs qk_norm_rope_qwen_args(const difuse_qk_norm_rope_qwen_args* a) {
   if (a == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "qk_norm_rope_qwen: args is NULL");
-  const auto opt = [](const difuse_tensor_view* v, const char* name) {
-    return v == nullptr ? difuse_tensor_view{} : view(v, name);
-  };
   difuse::rope::QkNormRopeQwenArgs r;
-  r.q_out = opt(a->q_out, "q_out");
-  r.k_out = opt(a->k_out, "k_out");
-  r.v_out = opt(a->v_out, "v_out");
-  r.q = opt(a->q, "q");
-  r.k = opt(a->k, "k");
-  r.v = opt(a->v, "v");
-  r.q_weight = opt(a->q_weight, "q_weight");
-  r.k_weight = opt(a->k_weight, "k_weight");
-  r.q_txt = opt(a->q_txt, "q_txt");
-  r.k_txt = opt(a->k_txt, "k_txt");
-  r.v_txt = opt(a->v_txt, "v_txt");
-  r.q_txt_weight = opt(a->q_txt_weight, "q_txt_weight");
-  r.k_txt_weight = opt(a->k_txt_weight, "k_txt_weight");
-  r.freqs = opt(a->freqs, "freqs");
-  r.freqs_txt = opt(a->freqs_txt, "freqs_txt");
+  DIFUSE_OPTIONAL_VIEW(q_out);
+  DIFUSE_OPTIONAL_VIEW(k_out);
+  DIFUSE_OPTIONAL_VIEW(v_out);
+  DIFUSE_OPTIONAL_VIEW(q);
+  DIFUSE_OPTIONAL_VIEW(k);
+  DIFUSE_OPTIONAL_VIEW(v);
+  DIFUSE_OPTIONAL_VIEW(q_weight);
+  DIFUSE_OPTIONAL_VIEW(k_weight);
+  DIFUSE_OPTIONAL_VIEW(q_txt);
+  DIFUSE_OPTIONAL_VIEW(k_txt);
+  DIFUSE_OPTIONAL_VIEW(v_txt);
+  DIFUSE_OPTIONAL_VIEW(q_txt_weight);
+  DIFUSE_OPTIONAL_VIEW(k_txt_weight);
+  DIFUSE_OPTIONAL_VIEW(freqs);
+  DIFUSE_OPTIONAL_VIEW(freqs_txt);
   r.eps = a->eps;
   return r;
 }
 
 difuse::rope::QkNormSd35Args qk_norm_sd35_args(const difuse_qk_norm_sd35_args* a) {
   if (a == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "qk_norm_sd35: args is NULL");
-  const auto opt = [](const difuse_tensor_view* v, const char* name) {
-    return v == nullptr ? difuse_tensor_view{} : view(v, name);
-  };
   difuse::rope::QkNormSd35Args r;
-  r.q_out = opt(a->q_out, "q_out");
-  r.k_out = opt(a->k_out, "k_out");
-  r.v_out = opt(a->v_out, "v_out");
-  r.q = opt(a->q, "q");
-  r.k = opt(a->k, "k");
-  r.v = opt(a->v, "v");
-  r.q_weight = opt(a->q_weight, "q_weight");
-  r.k_weight = opt(a->k_weight, "k_weight");
-  r.q_ctx = opt(a->q_ctx, "q_ctx");
-  r.k_ctx = opt(a->k_ctx, "k_ctx");
-  r.v_ctx = opt(a->v_ctx, "v_ctx");
-  r.q_ctx_weight = opt(a->q_ctx_weight, "q_ctx_weight");
-  r.k_ctx_weight = opt(a->k_ctx_weight, "k_ctx_weight");
+  DIFUSE_OPTIONAL_VIEW(q_out);
+  DIFUSE_OPTIONAL_VIEW(k_out);
+  DIFUSE_OPTIONAL_VIEW(v_out);
+  DIFUSE_OPTIONAL_VIEW(q);
+  DIFUSE_OPTIONAL_VIEW(k);
+  DIFUSE_OPTIONAL_VIEW(v);
+  DIFUSE_OPTIONAL_VIEW(q_weight);
+  DIFUSE_OPTIONAL_VIEW(k_weight);
+  DIFUSE_OPTIONAL_VIEW(q_ctx);
+  DIFUSE_OPTIONAL_VIEW(k_ctx);
+  DIFUSE_OPTIONAL_VIEW(v_ctx);
+  DIFUSE_OPTIONAL_VIEW(q_ctx_weight);
+  DIFUSE_OPTIONAL_VIEW(k_ctx_weight);
   r.eps = a->eps;
   return r;
 }
+#undef DIFUSE_OPTIONAL_VIEW
 
 }  // namespace
 
