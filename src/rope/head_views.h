@@ -109,4 +109,16 @@ inline void require_output(detail::Support& s, const difuse_tensor_view& out, co
       DIFUSE_REQUIRE(s, !detail::overlaps(out, *in), n + " overlaps an input");
 }
 
+// The joint q, k, v outputs: each as require_output has it, and no two overlapping.
+inline void require_joint_outputs(detail::Support& s, const difuse_tensor_view& q_out, const difuse_tensor_view& k_out,
+                                  const difuse_tensor_view& v_out, const int64_t (&sizes)[4], int device,
+                                  std::initializer_list<const difuse_tensor_view*> inputs) {
+  require_output(s, q_out, "q_out", sizes, device, inputs);
+  require_output(s, k_out, "k_out", sizes, device, inputs);
+  require_output(s, v_out, "v_out", sizes, device, inputs);
+  DIFUSE_REQUIRE(s, !detail::overlaps(q_out, k_out) && !detail::overlaps(q_out, v_out) &&
+                        !detail::overlaps(k_out, v_out),
+                 "q_out, k_out and v_out overlap");
+}
+
 }  // namespace difuse::rope::heads

@@ -61,14 +61,7 @@ const detail::KernelRegistration kRegistration{{
 
 constexpr int kWarps = 8;
 
-struct Tensor4 {  // a [B, S, H, D] bf16 view
-  const uint16_t* data = nullptr;
-  int64_t sb = 0, ss = 0, sh = 0;
-};
-
-struct Stream {
-  Tensor4 t[3];  // q, k, v
-  const uint16_t* w[2] = {nullptr, nullptr};  // q, k norm weights (nullptr: none)
+struct Stream : StreamViews {  // [B, S, H, D] views
   int64_t S = 0;
 };
 
@@ -176,7 +169,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(c
   }
 }
 
-bool present(const difuse_tensor_view& v) { return v.data != nullptr || v.rank != 0; }
+using heads::present;
 
 // A [B, S, H, D] bf16 input; false when its rank is wrong (the caller then skips shape comparisons).
 bool require_heads_view(detail::Support& s, const difuse_tensor_view& x, const char* name) {
@@ -308,30 +301,11 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   const detail::Support s = can_use_qk_norm_rope(a);
   if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("qk_norm_rope"));
   Params p{};
-  const auto tensor4 = [](const difuse_tensor_view& v) {
-    Tensor4 t;
-    if (!present(v)) return t;
-    t.data = static_cast<const uint16_t*>(v.data);
-    t.sb = v.strides[0];
-    t.ss = v.strides[1];
-    t.sh = v.strides[2];
-    return t;
-  };
-  const auto weight = [](const difuse_tensor_view& v) {
-    return present(v) ? static_cast<const uint16_t*>(v.data) : nullptr;
-  };
-  p.second.t[0] = tensor4(a.q);
-  p.second.t[1] = tensor4(a.k);
-  p.second.t[2] = tensor4(a.v);
-  p.second.w[0] = weight(a.q_weight);
-  p.second.w[1] = weight(a.k_weight);
+  static_cast<StreamViews&>(p.second) = stream_views(a.q, a.k, a.v, a.q_weight, a.k_weight, 1, 2);
   p.second.S = a.q.sizes[1];
   if (present(a.q_first)) {
-    p.first.t[0] = tensor4(a.q_first);
-    p.first.t[1] = tensor4(a.k_first);
-    p.first.t[2] = tensor4(a.v_first);
-    p.first.w[0] = weight(a.q_first_weight);
-    p.first.w[1] = weight(a.k_first_weight);
+    static_cast<StreamViews&>(p.first) =
+        stream_views(a.q_first, a.k_first, a.v_first, a.q_first_weight, a.k_first_weight, 1, 2);
     p.first.S = a.q_first.sizes[1];
   }
   p.out[0] = static_cast<uint16_t*>(a.q_out.data);

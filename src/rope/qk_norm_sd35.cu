@@ -62,14 +62,7 @@ const detail::KernelRegistration kRegistration{{
 
 constexpr int kWarps = 8;
 
-struct Tensor4 {  // a [B, H, S, D] bf16 view
-  const uint16_t* data = nullptr;
-  int64_t sb = 0, sh = 0, ss = 0;
-};
-
-struct Stream {
-  Tensor4 t[3];                                 // q, k, v
-  const uint16_t* w[2] = {nullptr, nullptr};  // q, k norm weights (nullptr: none)
+struct Stream : StreamViews {  // [B, H, S, D] views
   int64_t S = 0;
   float factor = 0.f;  // aten's mean factor for this stream's norms
 };
@@ -171,38 +164,18 @@ detail::Support can_use_qk_norm_sd35(const QkNormSd35Args& a) {
   const std::initializer_list<const difuse_tensor_view*> inputs = {
       &a.q, &a.k, &a.v, &a.q_ctx, &a.k_ctx, &a.v_ctx, &a.q_weight, &a.k_weight, &a.q_ctx_weight, &a.k_ctx_weight};
   const int64_t joint[4] = {B, H, S, D};
-  require_output(s, a.q_out, "q_out", joint, dev, inputs);
-  require_output(s, a.k_out, "k_out", joint, dev, inputs);
-  require_output(s, a.v_out, "v_out", joint, dev, inputs);
-  DIFUSE_REQUIRE(s, !detail::overlaps(a.q_out, a.k_out) && !detail::overlaps(a.q_out, a.v_out) &&
-                        !detail::overlaps(a.k_out, a.v_out),
-                 "q_out, k_out and v_out overlap");
+  require_joint_outputs(s, a.q_out, a.k_out, a.v_out, joint, dev, inputs);
   return s;
 }
 
 void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
   const detail::Support s = can_use_qk_norm_sd35(a);
   if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("qk_norm_sd35"));
-  const auto tensor4 = [](const difuse_tensor_view& v) {
-    Tensor4 t;
-    t.data = static_cast<const uint16_t*>(v.data);
-    t.sb = v.strides[0];
-    t.sh = v.strides[1];
-    t.ss = v.strides[2];
-    return t;
-  };
-  const auto weight = [](const difuse_tensor_view& v) {
-    return heads::present(v) ? static_cast<const uint16_t*>(v.data) : nullptr;
-  };
   const int64_t B = a.q.sizes[0], H = a.q.sizes[1], D = a.q.sizes[3];
   const auto stream_of = [&](const difuse_tensor_view& q, const difuse_tensor_view& k, const difuse_tensor_view& v,
                              const difuse_tensor_view& wq, const difuse_tensor_view& wk) {
     Stream st;
-    st.t[0] = tensor4(q);
-    st.t[1] = tensor4(k);
-    st.t[2] = tensor4(v);
-    st.w[0] = weight(wq);
-    st.w[1] = weight(wk);
+    static_cast<StreamViews&>(st) = stream_views(q, k, v, wq, wk, 2, 1);
     st.S = q.sizes[2];
     st.factor = norm::diffusers_mean_factor(B * H * st.S, D);
     return st;

@@ -9,8 +9,41 @@
 #include <cstdint>
 
 #include "core/fast_div.h"
+#include "difuse/difuse.h"
+#include "rope/head_views.h"
 
 namespace difuse::rope {
+
+// A rank-4 bf16 head view as the kernels index it: batch, sequence and head strides in elements (the last dim is
+// contiguous). Absent views (NULL data, rank 0) stay empty.
+struct HeadView {
+  const uint16_t* data = nullptr;
+  int64_t sb = 0, ss = 0, sh = 0;
+};
+
+// One stream's q, k, v views and its q and k norm weights (nullptr: none).
+struct StreamViews {
+  HeadView t[3];
+  const uint16_t* w[2] = {nullptr, nullptr};
+};
+
+// seq_dim, head_dim: where the sequence and head dims sit (BSHD: 1, 2; BHSD: 2, 1).
+inline StreamViews stream_views(const difuse_tensor_view& q, const difuse_tensor_view& k, const difuse_tensor_view& v,
+                                const difuse_tensor_view& wq, const difuse_tensor_view& wk, int seq_dim,
+                                int head_dim) {
+  StreamViews s;
+  const difuse_tensor_view* t[3] = {&q, &k, &v};
+  for (int r = 0; r < 3; ++r) {
+    if (!heads::present(*t[r])) continue;
+    s.t[r].data = static_cast<const uint16_t*>(t[r]->data);
+    s.t[r].sb = t[r]->strides[0];
+    s.t[r].ss = t[r]->strides[seq_dim];
+    s.t[r].sh = t[r]->strides[head_dim];
+  }
+  s.w[0] = heads::present(wq) ? static_cast<const uint16_t*>(wq.data) : nullptr;
+  s.w[1] = heads::present(wk) ? static_cast<const uint16_t*>(wk.data) : nullptr;
+  return s;
+}
 
 struct TokenRows {
   const uint16_t* at[3];  // role's row of head 0 for this token
