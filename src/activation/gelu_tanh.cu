@@ -98,7 +98,7 @@ __global__ void build_gelu_table(uint16_t* table) {
 // Vector v (8 elements) of the rows sits at row v / nvec, column vector v % nvec: one multiply-high
 // (detail::FastDivU32; total < 2^31) instead of a 32-bit division sequence per vector, and none when both tensors
 // are dense (row strides equal to the width: offset 8 v). The first batch's loads are issued before the table is
-// copied into shared memory (17 MB of L2 reads across the grid) so the two overlap.
+// copied into shared memory (128 KB per block, one block per SM) so the two overlap.
 __global__ void __launch_bounds__(kTableThreads, 1) gelu_tanh_table_kernel(const Params p, const uint16_t* table,
                                                                            detail::FastDivU32 nvec, unsigned total,
                                                                            bool dense) {

@@ -1,7 +1,8 @@
 // Division of row and head indices by a runtime divisor without a division instruction.
 //
-// Integer division has no hardware instruction on the GPU: a 32-bit `/` or `%` by a runtime value is a ~20
-// instruction sequence, a 64-bit one a ~70 instruction subroutine. Row kernels whose rows are short (per-head
+// Integer division has no hardware instruction on the GPU: a 32-bit `/` or `%` by a runtime value compiles to an
+// instruction sequence and a 64-bit one to a subroutine call (div.u32 / div.s64 in the PTX; their SASS length
+// was not measured here). Row kernels whose rows are short (per-head
 // norms: 64 or 128 elements per row) spent most of their issue slots there. FastDivU32 divides by a
 // multiply-high, an add and a shift (Granlund & Montgomery's round-up method): for a divisor d >= 1 with
 // 2^(s-1) < d <= 2^s, m = floor(2^32 * (2^s - d) / d) + 1 and n / d = (umulhi(n, m) + n) >> s, exact for

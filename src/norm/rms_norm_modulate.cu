@@ -52,8 +52,8 @@
 // 32-bit FastDivU32 path since 657caa7):
 // tests/gpu/test_rms_norm_modulate.py (374 cases, incl. the diffusers ERNIE-Image and LTX-2 blocks' own forward), 0
 // failed, 0 skipped (bench/results/h200/tests.json).
-// The two-pass variant (DIFUSE_RMSMOD_TWO_PASS=1: ~40 registers instead of 120 at N = 3072, 4096 rows in one
-// wave; 32.4 us at 1x4096x3072 with the register-resident rows at 6408223, target 15) came after that run: not
+// The two-pass variant (DIFUSE_RMSMOD_TWO_PASS=1: 32-48 registers instead of 120 at N = 3072 per
+// scripts/kernel-resources.sh, so 4096 rows fit one wave; 32.4 us at 1x4096x3072 with the register-resident rows at 6408223, target 15) came after that run: not
 // yet run there.
 #include "norm/rms_norm_modulate.h"
 
@@ -225,7 +225,8 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_narrow(const Param
 // aten lane x's vectors x + 32 k in increasing k, then the same tree and epilogue) without holding the row in
 // registers: pass 1 streams the vectors in batches of 8 into the mean (the residual variant writes h1 = h + gate
 // * a as it goes), pass 2 reads them again (L1/L2: the row was just read or written by this lane) for the
-// epilogue. ~40 registers instead of 120 at N = 3072, so an SM holds 31+ rows: FLUX's 4096 rows in one wave.
+// epilogue. 32-48 registers instead of 120 at N = 3072 (scripts/kernel-resources.sh), so an SM holds 31+ rows:
+// FLUX's 4096 rows in one wave.
 // DIFUSE_RMSMOD_TWO_PASS=1, for measurement.
 template <bool VEC, bool RESIDUAL>
 __global__ void __launch_bounds__(kThreads) rms_norm_modulate_two_pass(const Params p) {

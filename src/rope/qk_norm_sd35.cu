@@ -31,7 +31,7 @@
 // Verification status: bit-exact on the H200 at 6408223 (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_sd35.py
 // (251 cases, incl. the real JointAttnProcessor2_0 and the 4- and 8-row variants), 0 failed, 0 skipped
 // (bench/results/h200/tests.json). Since then the default kernel fixes head_dim 64 at compile time (the mean's
-// fetch loop folds: 650 -> 490 PTX lines): not yet run there.
+// fetch loop and its width checks fold away): not yet run there.
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/token_rows.cuh"
