@@ -61,8 +61,8 @@ stage_tests() {
     compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       compute-sanitizer --tool initcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck with the knob variants the smoke test reaches (DIFUSE_LNMOD_BLOCKS_PER_SM=8, DIFUSE_RMSMOD_TWO_PASS=1):" &&
-      DIFUSE_LNMOD_BLOCKS_PER_SM=8 DIFUSE_RMSMOD_TWO_PASS=1 \
+      echo "memcheck with the knob variants the smoke test reaches (DIFUSE_LNMOD_BLOCKS_PER_SM=8, DIFUSE_RMSMOD_ONE_PASS=1):" &&
+      DIFUSE_LNMOD_BLOCKS_PER_SM=8 DIFUSE_RMSMOD_ONE_PASS=1 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick
   } >"$OUT/sanitizer.log" 2>&1
   local s=$?
@@ -110,19 +110,16 @@ Registers Per Thread|Block Limit|Warp Cycles Per Issued|Issued Warp Per Schedule
 
 # Knob sweeps: each entry of $DIFUSE_SWEEPS (';'-separated) is "VAR=VALUE[,VAR=VALUE...]:op"; bench ops --op op
 # runs with those variables set (read once per process by the launchers; the records' commands name them) into
-# sweeps/<op>-<tag>.json, packed into sweeps.tgz. The default list covers the variants not yet timed.
-DEFAULT_SWEEPS="DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_flux;\
-DIFUSE_QK_LANES_PER_ROW=16,DIFUSE_QK_ROWS_PER_WARP=1:qk_norm_rope_flux;\
-DIFUSE_QK_LANES_PER_ROW=16,DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_flux;\
-DIFUSE_QK_LANES_PER_ROW=16,DIFUSE_QK_ROWS_PER_WARP=1:qk_norm_rope_qwen;\
-DIFUSE_QK_LANES_PER_ROW=16,DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_qwen;\
-DIFUSE_RMS_LANES_PER_ROW=16,DIFUSE_RMS_ROWS_PER_WARP=2:rms_norm;\
-DIFUSE_RMS_LANES_PER_ROW=16,DIFUSE_RMS_ROWS_PER_WARP=4:rms_norm;\
+# sweeps/<op>-<tag>.json, packed into sweeps.tgz. The default list times the alternatives to each default.
+DEFAULT_SWEEPS="DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=3:qk_norm_rope_flux;\
+DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_flux;\
+DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_qwen;\
+DIFUSE_RMS_LANES_PER_ROW=32,DIFUSE_RMS_ROWS_PER_WARP=4:rms_norm;DIFUSE_RMS_STAGED_ROWS=1:rms_norm;\
+DIFUSE_RMSD_ROWS_PER_WARP=1:rms_norm_diffusers;\
+DIFUSE_RMSMOD_ONE_PASS=1:rms_norm_modulate;DIFUSE_RMSMOD_ONE_PASS=1:gated_residual_rms_norm_modulate;\
+DIFUSE_LNMOD_F32_ROW_EPILOGUE=1:layernorm_modulate_fp32;\
 DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate;\
-DIFUSE_LNMOD_BLOCKS_PER_SM=8:layernorm_modulate;DIFUSE_LNMOD_BLOCKS_PER_SM=8:gated_residual_layernorm_modulate;\
-DIFUSE_RMS_TWO_PASS=1:rms_norm;DIFUSE_LNMOD_F32_BLOCK_EPILOGUE=1:layernorm_modulate_fp32;\
-DIFUSE_RMSD_ROWS_PER_WARP=2:rms_norm_diffusers;DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\
-DIFUSE_RMSMOD_TWO_PASS=1:rms_norm_modulate;DIFUSE_RMSMOD_TWO_PASS=1:gated_residual_rms_norm_modulate"
+DIFUSE_LNMOD_BLOCKS_PER_SM=8:gated_residual_layernorm_modulate"
 stage_sweep() {
   local entry vars op tag r=0
   mkdir -p "$OUT/sweeps"

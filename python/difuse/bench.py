@@ -282,8 +282,8 @@ def op_specs(torch):
 # set says so in its command, so the number cannot be mistaken for the default variant's.
 KERNEL_KNOBS = ("DIFUSE_QK_ROWS_PER_WARP", "DIFUSE_QK_LANES_PER_ROW", "DIFUSE_RMS_ROWS_PER_WARP",
                 "DIFUSE_RMS_LANES_PER_ROW", "DIFUSE_LNMOD_THREADS_PER_ROW", "DIFUSE_LNMOD_BLOCKS_PER_SM",
-                "DIFUSE_RMS_TWO_PASS", "DIFUSE_LNMOD_F32_BLOCK_EPILOGUE",
-                "DIFUSE_RMSD_ROWS_PER_WARP", "DIFUSE_RMSMOD_TWO_PASS")
+                "DIFUSE_RMS_STAGED_ROWS", "DIFUSE_LNMOD_F32_ROW_EPILOGUE",
+                "DIFUSE_RMSD_ROWS_PER_WARP", "DIFUSE_RMSMOD_ONE_PASS")
 
 
 def knob_prefix(env=None) -> str:

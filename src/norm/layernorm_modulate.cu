@@ -118,8 +118,8 @@ struct Params {
   int v;  // H / 4
   float eps;
   bool mod_vec;  // scale/shift rows 8-byte aligned: 4 values per load
-  // layernorm_modulate_fp32 with one fp32 modulation row per batch, DIFUSE_LNMOD_F32_BLOCK_EPILOGUE=1 (for
-  // measurement): the block's threads write all of its rows column by column, each fp32 scale/shift vector
+  // layernorm_modulate_fp32 with one fp32 modulation row per batch (the default; DIFUSE_LNMOD_F32_ROW_EPILOGUE=1
+  // for measurement turns it off): the block's threads write all of its rows column by column, each fp32 scale/shift vector
   // loaded once per block instead of once per row (the fp32 rows were most of the L1 traffic: ncu at 8b01de3,
   // 78 % L1 against 53 % DRAM at 1x32760x5120).
   bool f32_block_epilogue;
@@ -721,8 +721,11 @@ void layernorm_modulate_fp32_impl(const difuse_tensor_view& out, const difuse_te
   p.scale32 = static_cast<const float*>(scale.data);
   p.shift32 = static_cast<const float*>(shift.data);
   p.affine32 = affine;
-  static const int block_epilogue = detail::positive_env_knob("DIFUSE_LNMOD_F32_BLOCK_EPILOGUE");
-  p.f32_block_epilogue = block_epilogue == 1 && p.scale_stride_l == 0 && p.shift_stride_l == 0;
+  // One fp32 modulation row per batch: the block's epilogue by default. H200 at 5fa0c2a (knob-sweeps/):
+  // 1x32760x5120 229.1 us vs 258.6 per row, 1x32760x1536 93.7 vs 93.0. DIFUSE_LNMOD_F32_ROW_EPILOGUE=1 (for
+  // measurement) keeps the per-row epilogue.
+  static const int row_epilogue = detail::positive_env_knob("DIFUSE_LNMOD_F32_ROW_EPILOGUE");
+  p.f32_block_epilogue = row_epilogue != 1 && p.scale_stride_l == 0 && p.shift_stride_l == 0;
   const detail::DeviceGuard device_guard(x.device);
   const bool aligned16 = detail::aligned(x.data, 16) && detail::aligned(out.data, 16);
   const LayernormModulateConfig cfg = layernorm_modulate_config(p.h, aligned16);

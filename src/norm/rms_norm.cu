@@ -141,9 +141,9 @@ __global__ void __launch_bounds__(256) rms_norm_rows(const Params p) {
 // Rows of at most 128 elements (per-head QK norms): only aten's warp 0 holds data, so a row spans SPAN lanes of
 // one of our warps, 32 (lane l is aten thread l, one 4-element vector) or 16 (lane u holds aten threads u and
 // u + 16), and norm/head_rms_span.cuh reproduces aten's tree and its final combine with warps 1..3's +0 roots.
-// Each warp takes R slots at once (a slot: one row per span) so enough loads are in flight. Default 32 lanes, 4
-// rows; DIFUSE_RMS_ROWS_PER_WARP=2|8 and DIFUSE_RMS_LANES_PER_ROW=16 (slots 2 or 4) for measurements: the same
-// arithmetic per row.
+// Each warp takes R slots at once (a slot: one row per span) so enough loads are in flight. Default 16 lanes, 4
+// slots; DIFUSE_RMS_ROWS_PER_WARP=2 (2 slots) and DIFUSE_RMS_LANES_PER_ROW=32 (rows 2, 4 or 8) for measurements:
+// the same arithmetic per row.
 template <int SPAN, int R, int MIN_BLOCKS>
 __global__ void __launch_bounds__(256, MIN_BLOCKS) rms_norm_small_rows(const Params p) {
   constexpr int K = 32 / SPAN;
@@ -278,8 +278,8 @@ detail::Support can_use_rms_norm(const difuse_tensor_view& out, const difuse_ten
 }
 
 namespace {
-int two_pass_knob() {
-  static const int v = detail::positive_env_knob("DIFUSE_RMS_TWO_PASS");
+int staged_rows_knob() {
+  static const int v = detail::positive_env_knob("DIFUSE_RMS_STAGED_ROWS");
   return v;
 }
 }  // namespace
@@ -299,18 +299,22 @@ void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const 
   if (p.v <= 32) {
     static const int knob = detail::positive_env_knob("DIFUSE_RMS_ROWS_PER_WARP");
     static const int lanes = detail::positive_env_knob("DIFUSE_RMS_LANES_PER_ROW");
-    // H200, 1x4608x24x128 weight at 6408223 (knob-sweeps/): 4 rows 20.3 us, 2: 19.7, 8: 19.2 (within ~5 %)
-    if (lanes == 16)
-      knob >= 4 ? launch_small_rows<16, 4, 1>(p, stream) : launch_small_rows<16, 2, 1>(p, stream);
+    // Default: half a warp per row, 4 slots of two rows per warp (DIFUSE_RMS_ROWS_PER_WARP=2: 2 slots). H200,
+    // 1x4608x24x128 weight at 5fa0c2a (knob-sweeps/): 16 lanes 4 slots 18.7 us, 2 slots 19.0, full warp 4 rows
+    // 20.2; at 6408223 full warp 2 rows 19.7, 8 rows 19.2. DIFUSE_RMS_LANES_PER_ROW=32 (for measurement): a warp
+    // per row, DIFUSE_RMS_ROWS_PER_WARP rows (default 4).
+    if (lanes != 32)
+      knob == 2 ? launch_small_rows<16, 2, 1>(p, stream) : launch_small_rows<16, 4, 1>(p, stream);
     else if (knob >= 8)
       launch_small_rows<32, 8, 3>(p, stream);
     else if (knob == 2)
       launch_small_rows<32, 2, 1>(p, stream);
     else
       launch_small_rows<32, 4, 1>(p, stream);
-  } else if (two_pass_knob() == 1 || sweeps > 48) {
-    // DIFUSE_RMS_TWO_PASS=1 (for measurement): aten's own two-pass layout at every width above 128. The staged
-    // kernels lose to eager at Wan's widths (1x32760x5120: 259 us vs 201 at 6408223), where eager runs it.
+  } else if (staged_rows_knob() != 1 || sweeps > 48) {
+    // aten's own two-pass layout at every width above 128 (the default). H200 at 5fa0c2a (knob-sweeps/):
+    // 1x32760x5120 177.8 us vs 259.6 for the staged kernels (eager 204.5), 1x32760x1536 62.5 vs 80.3 (eager 64.1).
+    // DIFUSE_RMS_STAGED_ROWS=1 (for measurement) keeps the staged register-resident kernels below 48 sweeps.
     rms_norm_stream<<<static_cast<unsigned>(p.rows), 128, 0, stream>>>(p);
   } else if (sweeps <= 12) {
     paired ? launch_rows<64, true>(p, x.device, stream) : launch_rows<64, false>(p, x.device, stream);

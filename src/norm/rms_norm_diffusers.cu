@@ -114,8 +114,8 @@ __global__ void __launch_bounds__(256) rms_norm_diffusers_kernel(const Params p)
 // Rows of exactly 128 elements (per-head norms) with the vector output pass, R rows per warp (all R loads before
 // any reduction, the R trees interleaved): the same per-row arithmetic as rms_norm_diffusers_kernel's vectorized
 // path for one vector per lane, through norm/diffusers_head_norm.h (head_rstd, diffusers_norm_run), which the
-// attention prologues run on the same rows. DIFUSE_RMSD_ROWS_PER_WARP=2|4 (for measurement; default 1 row per
-// warp, the kernel above).
+// attention prologues run on the same rows. Default 4 rows per warp; DIFUSE_RMSD_ROWS_PER_WARP=2 (for
+// measurement), or 1 for the kernel above.
 template <int R>
 __global__ void __launch_bounds__(256) rms_norm_diffusers_heads(const Params p) {
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -186,9 +186,11 @@ void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view&
   p.vec_out = p.vectorized && detail::aligned(out.data, 8) && (!p.has_w || detail::aligned(weight.data, 8));
   const detail::DeviceGuard device_guard(x.device);
   static const int rows_per_warp = detail::positive_env_knob("DIFUSE_RMSD_ROWS_PER_WARP");
-  const int R = rows_per_warp >= 4 ? 4 : rows_per_warp >= 2 ? 2 : 1;
+  // Default 4 rows per warp for 128-element rows (DIFUSE_RMSD_ROWS_PER_WARP=1|2 for measurement). H200,
+  // 1x4608x24x128 at 5fa0c2a (knob-sweeps/): 4 rows 22.2 us, 2 rows 23.5, 1 row 31.1.
+  const int R = rows_per_warp == 0 || rows_per_warp >= 4 ? 4 : rows_per_warp >= 2 ? 2 : 1;
   const unsigned blocks = static_cast<unsigned>((p.rows + kRowsPerBlock * R - 1) / (kRowsPerBlock * R));
-  if (R > 1 && p.n == 128 && p.vec_out)  // H200 1x4608x24x128 at 6408223, 1 row per warp: 30.9 us
+  if (R > 1 && p.n == 128 && p.vec_out)
     R == 4 ? rms_norm_diffusers_heads<4><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(p)
            : rms_norm_diffusers_heads<2><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(p);
   else

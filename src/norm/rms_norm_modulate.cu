@@ -227,7 +227,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_narrow(const Param
 // * a as it goes), pass 2 reads them again (L1/L2: the row was just read or written by this lane) for the
 // epilogue. 32-48 registers instead of 120 at N = 3072 (scripts/kernel-resources.sh), so an SM holds 31+ rows:
 // FLUX's 4096 rows in one wave.
-// DIFUSE_RMSMOD_TWO_PASS=1, for measurement.
+// The default for N >= 128 (DIFUSE_RMSMOD_ONE_PASS=1, for measurement, keeps the rows in registers).
 template <bool VEC, bool RESIDUAL>
 __global__ void __launch_bounds__(kThreads) rms_norm_modulate_two_pass(const Params p) {
   constexpr int kBatch = 8;
@@ -296,8 +296,12 @@ template <bool RESIDUAL>
 void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   const detail::DeviceGuard device_guard(device);
   const unsigned blocks = static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock);
-  static const int two_pass = detail::positive_env_knob("DIFUSE_RMSMOD_TWO_PASS");
-  if (two_pass == 1 && rms_norm_modulate_lane_vectors(p.n) != 0) {  // N >= 128
+  // Rows of N >= 128 in two passes over global memory by default (32-48 registers instead of 120). H200 at
+  // 5fa0c2a (knob-sweeps/): 1x4096x3072 ltx2 24.7 us vs 32.9 register-resident, 1x6144x4096 ltx2_tokens 65.4 vs
+  // 82.4, the residual form 1x4096x3072 45.0 vs 62.4 (no shape slower by more than noise).
+  // DIFUSE_RMSMOD_ONE_PASS=1 (for measurement) keeps the register-resident kernels.
+  static const int one_pass = detail::positive_env_knob("DIFUSE_RMSMOD_ONE_PASS");
+  if (one_pass != 1 && rms_norm_modulate_lane_vectors(p.n) != 0) {  // N >= 128
     if (vec)
       rms_norm_modulate_two_pass<true, RESIDUAL><<<blocks, kThreads, 0, stream>>>(p);
     else

@@ -334,10 +334,12 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   // bit-exact through this knob (test_more_rows_per_warp_variants); as the default it has not yet run there.
   const int per_warp = knob > 0 ? knob : 3;
   const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
-  // DIFUSE_QK_LANES_PER_ROW=16: half a warp per row, two rows per warp instruction (slots of two rows; the
-  // rows-per-warp knob then counts slots: 1 or 2, default 1). For measurement; the same bits.
+  // Default: half a warp per row, two rows per warp instruction (slots of two rows; the rows-per-warp knob then
+  // counts slots: 1 or 2, default 1). H200 at 5fa0c2a (knob-sweeps/), 1x4608x24x128 double: 16 lanes 1 slot
+  // 58.5 us, 2 slots 68.3, full warp 3 rows 63.3, 2 rows 65.3; single 43.6 vs 50.0 (fastest at all five shapes).
+  // DIFUSE_QK_LANES_PER_ROW=32 (for measurement): a warp per row, DIFUSE_QK_ROWS_PER_WARP rows (default 3).
   static const int lanes_knob = detail::positive_env_knob("DIFUSE_QK_LANES_PER_ROW");
-  if (lanes_knob == 16) {
+  if (lanes_knob != 32) {
     if (knob >= 2)
       qk_norm_rope_kernel<16, 2, 3><<<grid, block, 0, stream>>>(p);
     else

@@ -90,7 +90,7 @@ struct Params {
 // depends only on the token (TokenRows, the freqs, the weights, the output base) is computed once per block.
 template <int E, int R, int MIN_BLOCKS, int SPAN = 32>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_kernel(const Params p) {
-  // SPAN 16 (DIFUSE_QK_LANES_PER_ROW=16, head_dim 128 only): half a warp per row, lane u holding runs u and
+  // SPAN 16 (the default for head_dim 128, only there): half a warp per row, lane u holding runs u and
   // u + 16 (norm::head_rstd_half_warp); slots of two rows, as in qk_norm_rope.cu.
   static_assert(SPAN == 32 || (SPAN == 16 && E == 4), "half-warp rows need 128-element heads");
   constexpr int K = 32 / SPAN;
@@ -279,10 +279,11 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
   // 1x4608x24x128 txt512 at 6408223: 2 rows 75.3 us, 4 rows 78.6.
   const bool four = rows_per_warp_knob() >= 4;
   const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
-  // DIFUSE_QK_LANES_PER_ROW=16 (for measurement): half a warp per 128-element row, 1 slot of two rows per warp
-  // (2 with DIFUSE_QK_ROWS_PER_WARP >= 2).
+  // 128-element rows by default on half a warp, 1 slot of two rows per warp (2 with DIFUSE_QK_ROWS_PER_WARP >= 2).
+  // H200 at 5fa0c2a (knob-sweeps/), 1x4608x24x128 txt512: 1 slot 60.6 us, 2 slots 67.3, full warp 2 rows 74.8
+  // (fastest at all four shapes). DIFUSE_QK_LANES_PER_ROW=32 (for measurement) keeps a warp per row.
   static const int lanes_knob = detail::positive_env_knob("DIFUSE_QK_LANES_PER_ROW");
-  if (lanes_knob == 16 && p.D == 128) {
+  if (lanes_knob != 32 && p.D == 128) {
     if (rows_per_warp_knob() >= 2)
       qk_norm_rope_qwen_kernel<4, 2, 3, 16><<<grid, block, 0, stream>>>(p);
     else

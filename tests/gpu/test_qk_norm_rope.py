@@ -184,15 +184,17 @@ def test_opcheck_compile_and_graph():
     assert count_mismatches(list(out), ops.qk_norm_rope_eager(**args)) == 0
 
 
-@pytest.mark.parametrize("rows", ["2", "4", "6", "9"])
+@pytest.mark.parametrize("rows", ["2", "3", "4", "6", "9"])
 def test_more_rows_per_warp_variants(rows):
-    """DIFUSE_QK_ROWS_PER_WARP=2|4|6|9 (read once per process) select the kernels other than the default 3 rows
-    per warp: same bits (double and single block, fused and separate projections, odd head counts and widths)."""
+    """DIFUSE_QK_LANES_PER_ROW=32 with DIFUSE_QK_ROWS_PER_WARP=2|3|4|6|9 (read once per process) select the
+    full-warp kernels (the default is half a warp per row): same bits (double and single block, fused and
+    separate projections, odd head counts and widths)."""
     from knob_run import assert_exact_under, exactness_script
 
     specs = [((1, 512, 4096, 24, 128), True), ((2, 77, 300, 24, 128), False), ((1, 0, 333, 5, 64), False),
              ((3, 7, 19, 3, 36), True), ((2, 1, 45, 17, 128), False)]
-    assert_exact_under(exactness_script("qk_norm_rope", specs, 300), DIFUSE_QK_ROWS_PER_WARP=rows)
+    assert_exact_under(exactness_script("qk_norm_rope", specs, 300), DIFUSE_QK_LANES_PER_ROW="32",
+                       DIFUSE_QK_ROWS_PER_WARP=rows)
 
 
 @pytest.mark.parametrize("slots", ["1", "2"])

@@ -223,13 +223,16 @@ def test_opcheck_compile_and_graph():
     assert count_mismatches(list(out), ops.qk_norm_rope_qwen_eager(**args)) == 0
 
 
-def test_four_rows_per_warp_variant():
-    """DIFUSE_QK_ROWS_PER_WARP=4 (read once per process) selects the 4-rows-per-warp kernels: same bits."""
+@pytest.mark.parametrize("rows", ["2", "4"])
+def test_full_warp_rows_variants(rows):
+    """DIFUSE_QK_LANES_PER_ROW=32 with DIFUSE_QK_ROWS_PER_WARP=2|4 (read once per process) select the full-warp
+    kernels for every head size (the default gives 128-element heads half a warp): same bits."""
     from knob_run import assert_exact_under, exactness_script
 
     specs = [((1, 512, 4096, 24, 128), False), ((2, 7, 300, 5, 64), True), ((1, 33, 777, 3, 96), False),
              ((3, 20, 61, 2, 40), True)]
-    assert_exact_under(exactness_script("qk_norm_rope_qwen", specs, 100), DIFUSE_QK_ROWS_PER_WARP="4")
+    assert_exact_under(exactness_script("qk_norm_rope_qwen", specs, 100), DIFUSE_QK_LANES_PER_ROW="32",
+                       DIFUSE_QK_ROWS_PER_WARP=rows)
 
 
 @pytest.mark.parametrize("slots", ["1", "2"])
@@ -239,6 +242,6 @@ def test_half_warp_rows(slots):
     from knob_run import assert_exact_under, exactness_script
 
     specs = [((1, 512, 4096, 24, 128), False), ((2, 7, 300, 5, 128), True), ((1, 33, 777, 3, 128), False),
-             ((3, 20, 61, 2, 64), True), ((1, 13, 40, 1, 128), True)]
+             ((3, 20, 61, 2, 64), True), ((1, 17, 40, 1, 128), True)]
     assert_exact_under(exactness_script("qk_norm_rope_qwen", specs, 1100), DIFUSE_QK_LANES_PER_ROW="16",
                        DIFUSE_QK_ROWS_PER_WARP=slots)

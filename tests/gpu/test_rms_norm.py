@@ -129,15 +129,17 @@ def test_opcheck_compile_and_graph():
         assert count_mismatches(out, F.rms_norm(xs, (128,), ws, 1e-6)) == 0
 
 
-@pytest.mark.parametrize("rows", ["2", "8"])
+@pytest.mark.parametrize("rows", ["2", "4", "8"])
 def test_small_rows_variants(rows):
-    """DIFUSE_RMS_ROWS_PER_WARP=2|8 (read once per process) select the per-head kernels with fewer or more rows
-    per warp: same bits (row counts that leave a warp partly empty, widths 4..128, with and without weight)."""
+    """DIFUSE_RMS_LANES_PER_ROW=32 with DIFUSE_RMS_ROWS_PER_WARP=2|4|8 (read once per process) select the
+    full-warp per-head kernels (the default is half a warp per row): same bits (row counts that leave a warp
+    partly empty, widths 4..128, with and without weight)."""
     from knob_run import assert_exact_under, exactness_script
 
     specs = [((1, 4608, 24, 128), True), ((2, 333, 5, 64), False), ((3, 7, 11, 36), True), ((1, 1, 1, 4), True),
              ((5, 13, 128), False)]
-    assert_exact_under(exactness_script("rms_norm", specs, 400), DIFUSE_RMS_ROWS_PER_WARP=rows)
+    assert_exact_under(exactness_script("rms_norm", specs, 400), DIFUSE_RMS_LANES_PER_ROW="32",
+                       DIFUSE_RMS_ROWS_PER_WARP=rows)
 
 
 @pytest.mark.parametrize("slots", ["2", "4"])
@@ -152,11 +154,12 @@ def test_small_rows_half_warp_variants(slots):
                        DIFUSE_RMS_ROWS_PER_WARP=slots)
 
 
-def test_two_pass_layout_at_every_width():
-    """DIFUSE_RMS_TWO_PASS=1: aten's own two-pass layout for every row wider than 128 (the staged kernels
-    otherwise): same bits (Wan's widths, a width just past the per-head kernel, with and without weight)."""
+def test_staged_rows_variant():
+    """DIFUSE_RMS_STAGED_ROWS=1: the staged register-resident kernels for rows wider than 128 (aten's own two-pass
+    layout otherwise, the default): same bits (Wan's widths, a width just past the per-head kernel, with and
+    without weight, and a width past the staged kernels' limit, which keeps the two-pass layout)."""
     from knob_run import assert_exact_under, exactness_script
 
     specs = [((1, 2048, 5120), True), ((2, 300, 1536), False), ((3, 77, 3072), True), ((5, 9, 132), True),
-             ((1, 40, 24576), True)]
-    assert_exact_under(exactness_script("rms_norm", specs, 900), DIFUSE_RMS_TWO_PASS="1")
+             ((1, 40, 24576), True), ((1, 3, 24580), True)]
+    assert_exact_under(exactness_script("rms_norm", specs, 900), DIFUSE_RMS_STAGED_ROWS="1")

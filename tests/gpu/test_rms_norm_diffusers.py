@@ -110,10 +110,11 @@ def test_opcheck_compile_and_graph():
     assert count_mismatches(out, ops.rms_norm_diffusers_eager(xs, w)) == 0
 
 
-@pytest.mark.parametrize("rows", ["2", "4"])
+@pytest.mark.parametrize("rows", ["1", "2", "4"])
 def test_rows_per_warp_variants(rows):
-    """DIFUSE_RMSD_ROWS_PER_WARP=2|4: 128-element rows R per warp through the prologues' head-norm pieces: same
-    bits (row counts that leave warps partly empty, BHSD views, no weight; other widths keep the one-row kernel)."""
+    """DIFUSE_RMSD_ROWS_PER_WARP=1|2|4: 128-element rows R per warp (default 4) through the prologues' head-norm
+    pieces: same bits (row counts that leave warps partly empty, BHSD views, no weight; other widths keep the
+    one-row kernel)."""
     from knob_run import assert_exact_under, mismatch_script
 
     script = mismatch_script(

@@ -155,11 +155,11 @@ def test_refusals_and_opcheck():
     assert count_mismatches(compiled(x, sc, sc), ops.layernorm_modulate_fp32_eager(x, sc, sc)) == 0
 
 
-def test_block_epilogue_variant():
-    """DIFUSE_LNMOD_F32_BLOCK_EPILOGUE=1: with one fp32 modulation row per batch, the block's threads write all
-    of its rows column by column (each fp32 vector loaded once per block): same bits for the modulated and the
-    affine norm, blocks straddling a batch boundary, the last partial block, misaligned fp32 rows, per-token rows
-    (which keep the per-row epilogue)."""
+def test_row_epilogue_variant():
+    """DIFUSE_LNMOD_F32_ROW_EPILOGUE=1: each row's threads apply its fp32 modulation (the default, with one fp32
+    row per batch, is the block's epilogue: its threads write all of its rows column by column, each fp32 vector
+    loaded once per block; the default tests cover it): same bits for the modulated and the affine norm, blocks
+    straddling a batch boundary, the last partial block, misaligned fp32 rows, per-token rows."""
     from knob_run import assert_exact_under, mismatch_script
 
     script = mismatch_script(
@@ -173,4 +173,4 @@ def test_block_epilogue_variant():
         "        bad += count_mismatches(ops.layernorm_modulate_fp32(x, sc, sh), ops.layernorm_modulate_fp32_eager(x, sc, sh))\n"
         "    w, b = torch.randn(H, device='cuda', generator=g), torch.randn(H, device='cuda', generator=g)\n"
         "    bad += count_mismatches(ops.layernorm_affine_fp32(x, w, b), ops.layernorm_affine_fp32_eager(x, w, b))\n")
-    assert_exact_under(script, DIFUSE_LNMOD_F32_BLOCK_EPILOGUE="1")
+    assert_exact_under(script, DIFUSE_LNMOD_F32_ROW_EPILOGUE="1")
