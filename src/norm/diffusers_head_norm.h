@@ -66,6 +66,20 @@ DIFUSE_HD float head_mean_lane_total(int lane, int d, const HeadRun<E>& own, con
   return mean_lane_total(acc);
 }
 
+// Rows of exactly 64 elements on half a warp (16 lanes, two rows per warp instruction): span lane u holds
+// elements u, u + 16, u + 32, u + 48 (x[0..3]). aten's lane u owns elements u and u + 32 (accumulators 0 and 1;
+// 2 and 3 stay +0) and its lane u + 16 elements u + 16 and u + 48, so the span lane forms both lanes' totals and
+// aten's offset-16 tree step (lane u + lane u + 16) itself; the steps 8..1 then run at shuffle width 16 and the
+// span's first lane ends with aten's lane-0 sum (lane 0's result never reads lanes 16..31 after the first step).
+DIFUSE_HD float head64_span_lane_sum(const float (&x)[4]) {
+  MeanLane lo, hi;
+  mean_push_scalar(lo, 0, x[0]);
+  mean_push_scalar(lo, 1, x[2]);
+  mean_push_scalar(hi, 0, x[1]);
+  mean_push_scalar(hi, 1, x[3]);
+  return mean_tree_step(mean_lane_total(lo), mean_lane_total(hi));
+}
+
 // The norm of one run: bf16(RN(x * rstd)), then bf16(RN(y * w)) with a weight (diffusers_rms_value per element).
 template <int E>
 DIFUSE_HD HeadRun<E> diffusers_norm_run(const HeadRun<E>& x, float rstd, bool has_w, const HeadRun<E>& w) {
@@ -151,6 +165,23 @@ __device__ __forceinline__ void head_rstd_half_warp(const HeadRun<4> (&x)[R][2],
     mean_push_vec4(a1, run_elem(x[q][1], 0), run_elem(x[q][1], 1), run_elem(x[q][1], 2), run_elem(x[q][1], 3));
     tot[q] = mean_tree_step(mean_lane_total(a0), mean_lane_total(a1));
   }
+#pragma unroll
+  for (int o = 8; o >= 1; o /= 2) {
+#pragma unroll
+    for (int q = 0; q < R; ++q) tot[q] = mean_tree_step(tot[q], __shfl_down_sync(0xffffffffu, tot[q], o, 16));
+  }
+#pragma unroll
+  for (int q = 0; q < R; ++q) rstd[q] = diffusers_rstd(__shfl_sync(0xffffffffu, tot[q], 0, 16), factor, eps);
+}
+
+// rstd of R slots of 64-element rows on half warps (head64_span_lane_sum, then the steps 8..1 at width 16); every
+// lane of the warp must call it.
+template <int R>
+__device__ __forceinline__ void head64_rstd_half_warp(const float (&x)[R][4], float factor, float eps,
+                                                      float (&rstd)[R]) {
+  float tot[R];
+#pragma unroll
+  for (int q = 0; q < R; ++q) tot[q] = head64_span_lane_sum(x[q]);
 #pragma unroll
   for (int o = 8; o >= 1; o /= 2) {
 #pragma unroll

@@ -72,6 +72,12 @@ DIFUSE_HD float diffusers_rms_value(float x, float rstd, bool has_w, float w) {
   return has_w ? num::round_bf16(num::mul_rn(y, w)) : y;
 }
 
+// diffusers_rms_value's bits with a weight always applied: an absent weight is w = 1, since RN(y * 1) = y for
+// every bf16 y (NaN stays NaN, canonical on the device as bf16(RN(.)) makes it anyway), so kernels need no branch.
+DIFUSE_HD uint16_t diffusers_rms_bits(float x, float rstd, float w) {
+  return num::float_to_bf16_rne(num::mul_rn(num::round_bf16(num::mul_rn(x, rstd)), w));
+}
+
 // One output element of rms_norm_modulate (a bf16 value, widened): the norm, then the modulate step in the
 // bf16 chain (LTX-2: n * (1 + scale) + shift in bf16) or the fp32 chain (ERNIE-Image:
 // (n.float() * (1 + scale.float()) + shift.float()).to(bf16)).

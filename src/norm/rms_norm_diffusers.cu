@@ -20,11 +20,11 @@
 // mean over misaligned fp32 rows starts with an alignment head, not replayed); rows * N < 2^31; x rows
 // 8-byte aligned when N % 4 == 0; weight (optional) bf16 [N] contiguous; out contiguous bf16 of x's shape.
 //
-// Verification status: bit-exact on the H200 at 6408223 (torch 2.11.0+cu130, sm_90), incl. the vector output pass
-// (4-element loads and stores where the mean is vectorized; 33.7 -> 30.9 us at 1x4608x24x128):
-// tests/gpu/test_rms_norm_diffusers.py (235 cases; N = 8184 failed at 1bfced1 and is now refused: see the guard), 0
-// failed, 0 skipped (bench/results/h200/tests.json). The rows-per-warp variant for 128-element rows
-// (DIFUSE_RMSD_ROWS_PER_WARP) came after it: not yet run there.
+// Verification status: bit-exact on the H200 at 3e989f7 (torch 2.11.0+cu130, sm_90), incl. the vector output pass
+// (4-element loads and stores where the mean is vectorized) and the 4-rows-per-warp default for 128-element rows
+// (1x4608x24x128: 30.9 us with one row per warp at 6408223, 21.9 at 3e989f7): tests/gpu/test_rms_norm_diffusers.py
+// (238 cases, incl. the 1/2/4-row variants; N = 8184 failed at 1bfced1 and is now refused: see the guard), 0
+// failed, 0 skipped (bench/results/h200/tests.json).
 #include "norm/rms_norm_diffusers.h"
 
 #include <cuda_runtime.h>
@@ -46,7 +46,7 @@ namespace {
 const detail::KernelRegistration kRegistration{{
     "rms_norm_diffusers", "cuda", "bit_exact",
     "diffusers RMSNorm: bf16(bf16(x * rsqrt(mean(f32(x)^2) + eps)) * w)  (two roundings)",
-    "verified bit-exact on H200 at 6408223 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 3e989f7 (torch 2.11.0+cu130, sm_90)", 90, 90,
     "the diffusers RMSNorm class chain, replaying aten's mean reduction order"}};
 
 constexpr int kRowsPerBlock = 8;  // one warp per row
@@ -133,6 +133,40 @@ __global__ void __launch_bounds__(256) rms_norm_diffusers_heads(const Params p) 
     if (r0 + q < p.rows) store_run<4>(p.out + (r0 + q) * p.n, lane, diffusers_norm_run<4>(x[q], rstd[q], p.has_w, w));
 }
 
+// Rows of exactly 64 elements (SD3.5's heads) on half a warp, DIFUSE_RMSD_LANES_PER_ROW=16 (for measurement): R
+// slots of two rows per warp (row 2 slot + seg), span lane u holding elements u, u + 16, u + 32, u + 48 (2-byte
+// loads and stores), aten's lanes u and u + 16 folded (norm::head64_span_lane_sum, head64_rstd_half_warp): no
+// gather shuffles and a 4-level tree where rms_norm_diffusers_kernel spends a 5-level tree on 2 elements a lane.
+// An absent weight is applied as 1 (diffusers_rms_bits: the same bits).
+template <int R>
+__global__ void __launch_bounds__(256) rms_norm_diffusers_half_warp64(const Params p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int u = lane % 16, seg = lane / 16;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32) * 2 * R;
+  if (r0 >= p.rows) return;  // whole warp
+  float x[R][4];
+#pragma unroll
+  for (int q = 0; q < R; ++q) {
+    const int64_t r = r0 + 2 * q + seg;
+    const uint16_t* xr = r < p.rows ? row_ptr(p, r) + u : nullptr;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) x[q][j] = xr != nullptr ? num::bf16_to_float(xr[16 * j]) : 0.f;
+  }
+  float rstd[R];
+  head64_rstd_half_warp<R>(x, p.factor, p.eps, rstd);
+  float w[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) w[j] = p.has_w ? num::bf16_to_float(p.w[u + 16 * j]) : 1.f;
+#pragma unroll
+  for (int q = 0; q < R; ++q) {
+    const int64_t r = r0 + 2 * q + seg;
+    if (r >= p.rows) continue;  // no shuffle follows
+    uint16_t* o = p.out + r * 64 + u;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) o[16 * j] = diffusers_rms_bits(x[q][j], rstd[q], w[j]);
+  }
+}
+
 }  // namespace
 
 float diffusers_mean_factor(int64_t rows, int64_t n) {
@@ -190,7 +224,13 @@ void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view&
   // 1x4608x24x128 at 5fa0c2a (knob-sweeps/): 4 rows 22.2 us, 2 rows 23.5, 1 row 31.1.
   const int R = rows_per_warp == 0 || rows_per_warp >= 4 ? 4 : rows_per_warp >= 2 ? 2 : 1;
   const unsigned blocks = static_cast<unsigned>((p.rows + kRowsPerBlock * R - 1) / (kRowsPerBlock * R));
-  if (R > 1 && p.n == 128 && p.vec_out)
+  static const int lanes = detail::positive_env_knob("DIFUSE_RMSD_LANES_PER_ROW");
+  if (lanes == 16 && p.n == 64) {  // 2 slots of two rows per warp (4 with DIFUSE_RMSD_ROWS_PER_WARP >= 4)
+    const int slots = rows_per_warp >= 4 ? 4 : 2;
+    const unsigned b64 = static_cast<unsigned>((p.rows + kRowsPerBlock * 2 * slots - 1) / (kRowsPerBlock * 2 * slots));
+    slots == 4 ? rms_norm_diffusers_half_warp64<4><<<b64, 32 * kRowsPerBlock, 0, stream>>>(p)
+               : rms_norm_diffusers_half_warp64<2><<<b64, 32 * kRowsPerBlock, 0, stream>>>(p);
+  } else if (R > 1 && p.n == 128 && p.vec_out)
     R == 4 ? rms_norm_diffusers_heads<4><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(p)
            : rms_norm_diffusers_heads<2><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(p);
   else

@@ -48,13 +48,13 @@
 // N = 8160) in registers: one read of x, one write of out (and of the residual); modulation rows are read as
 // 8-byte words when every row start is 8-byte aligned, else as bf16. N < 128: scalar elements.
 //
-// Verification status: bit-exact on the H200 at 6408223 (torch 2.11.0+cu130, sm_90; its RowIndexers take the
-// 32-bit FastDivU32 path since 657caa7):
-// tests/gpu/test_rms_norm_modulate.py (374 cases, incl. the diffusers ERNIE-Image and LTX-2 blocks' own forward), 0
-// failed, 0 skipped (bench/results/h200/tests.json).
-// The two-pass variant (DIFUSE_RMSMOD_TWO_PASS=1: 32-48 registers instead of 120 at N = 3072 per
-// scripts/kernel-resources.sh, so 4096 rows fit one wave; 32.4 us at 1x4096x3072 with the register-resident rows at 6408223, target 15) came after that run: not
-// yet run there.
+// Verification status: bit-exact on the H200 at 3e989f7 (torch 2.11.0+cu130, sm_90; its RowIndexers take the
+// 32-bit FastDivU32 path):
+// tests/gpu/test_rms_norm_modulate.py (375 cases, incl. the diffusers ERNIE-Image and LTX-2 blocks' own forward and
+// the register-resident variant through DIFUSE_RMSMOD_ONE_PASS=1), 0 failed, 0 skipped
+// (bench/results/h200/tests.json). The two-pass default (32-48 registers instead of 120 at N = 3072 per
+// scripts/kernel-resources.sh, so 4096 rows fit one wave): 1x4096x3072 32.4 us register-resident (6408223) ->
+// 24.4 (3e989f7; target 15).
 #include "norm/rms_norm_modulate.h"
 
 #include <cuda_runtime.h>
@@ -77,13 +77,13 @@ namespace {
 const detail::KernelRegistration kRegistration{{
     "rms_norm_modulate", "cuda", "bit_exact",
     "diffusers RMSNorm(x, w, eps) * (1 + scale) + shift  (bf16 chain: LTX-2; fp32 modulate: ERNIE-Image)",
-    "verified bit-exact on H200 at 6408223 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 3e989f7 (torch 2.11.0+cu130, sm_90)", 90, 90,
     "RMSNorm-based adaLN in one pass, replaying aten's mean reduction order (rows >= 16, 32 <= N <= 8160)"}};
 
 const detail::KernelRegistration kResidualRegistration{{
     "gated_residual_rms_norm_modulate", "cuda", "bit_exact",
     "h1 = h + gate * a;  diffusers RMSNorm(h1, w, eps) * (1 + scale) + shift  (LTX-2 bf16 / ERNIE-Image fp32)",
-    "verified bit-exact on H200 at 6408223 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 3e989f7 (torch 2.11.0+cu130, sm_90)", 90, 90,
     "gated residual, then RMSNorm-based adaLN of the new residual, one pass"}};
 
 constexpr int kRowsPerBlock = 4;  // one warp per row

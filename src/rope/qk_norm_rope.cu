@@ -11,10 +11,10 @@
 // vectorized_layer_norm_kernel<BFloat16, float, rms=true>: lane l owns elements 4l..4l+3, s = fma(v, v, s), a
 // shuffle-down tree 16..1, rstd = rsqrtf(RN(s / D + eps)), out = bf16(RN(w * RN(rstd * x)))); RoPE is three
 // separate fp32 TensorIterator kernels (x.float() * cos, x_rotated.float() * sin, their sum) and .to(bf16).
-// One block per joint token: its 2H (3H with v) head rows, each warp loading several rows before reducing any
-// (3 by default, the measured best); the token's cos and sin rows are read once per lane. A row spans a warp
-// (aten's lanes one to one) or, with DIFUSE_QK_LANES_PER_ROW=16 (for measurement; not yet run on the H200), half
-// a warp whose lane u holds aten lanes u and u + 16 (see the kernel). Output rows are [B, S_first + S_second, H,
+// One block per joint token: its 2H (3H with v) head rows, each warp loading several rows before reducing any;
+// the token's cos and sin rows are read once per lane. By default a row spans half a warp whose lane u holds aten
+// lanes u and u + 16 (see the kernel), one slot of two rows per warp at a time (the measured best); with
+// DIFUSE_QK_LANES_PER_ROW=32 (for measurement) a row spans a warp (aten's lanes one to one), 3 rows at a time. Output rows are [B, S_first + S_second, H,
 // D] contiguous, exactly the tensors the eager code hands to attention.
 //
 // Guards (can_use_qk_norm_rope; every violation is reported): q, k (and v) of each stream bf16 [B, S, H, D]
@@ -25,11 +25,10 @@
 // aligned; outputs contiguous bf16 [B, S_total, H, D], 8-byte aligned, overlapping no input; v_out given
 // exactly when v is (and v_first exactly when there is a first stream and v).
 //
-// Verification status: bit-exact on the H200 at 6408223 (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_rope.py
-// (245 cases, incl. the q, k, v diffusers' FluxAttnProcessor hands to attention and each rows-per-warp variant
-// through DIFUSE_QK_ROWS_PER_WARP), 0 failed, 0 skipped (bench/results/h200/tests.json). The default became 3 rows
-// per warp after that run (it ran there as a knob variant; not yet as the default), and the kernel became one
-// template over the lanes a row spans (32, or 16 with DIFUSE_QK_LANES_PER_ROW=16): both not yet run there.
+// Verification status: bit-exact on the H200 at 3e989f7 (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_rope.py
+// (248 cases, incl. the q, k, v diffusers' FluxAttnProcessor hands to attention, the half-warp default with 1 and 2
+// slots, and the full-warp 2/3/4/6/9-row variants through DIFUSE_QK_LANES_PER_ROW=32), 0 failed, 0 skipped
+// (bench/results/h200/tests.json).
 #include "rope/qk_norm_rope.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/token_rows.cuh"
@@ -56,7 +55,7 @@ const detail::KernelRegistration kRegistration{{
     "qk_norm_rope", "cuda", "bit_exact",
     "FLUX.1 attention prologue: RMSNorm(q), RMSNorm(k) per head, cat([text, image]), apply_rotary_emb (real, "
     "interleaved)",
-    "verified bit-exact on H200 at 6408223 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 3e989f7 (torch 2.11.0+cu130, sm_90)", 90, 90,
     "per-head QK RMSNorm + joint concat + RoPE in one launch (fused or separate projections)"}};
 
 constexpr int kWarps = 8;
@@ -325,13 +324,11 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   if (blocks == 0 || p.H == 0) return;
   const detail::DeviceGuard device_guard(a.q.device);
   // Rows a warp loads before reducing: fewer rows keep more warps resident (occupancy), more rows put more
-  // loads in flight per warp. DIFUSE_QK_ROWS_PER_WARP=2|3|4|6|9 overrides the default (for measurements; every
-  // variant is exactness-tested: tests/gpu/test_qk_norm_rope.py::test_more_rows_per_warp_variants).
+  // loads in flight per warp. DIFUSE_QK_ROWS_PER_WARP=2|3|4|6|9 picks the full-warp kernel (for measurements;
+  // every variant is exactness-tested: tests/gpu/test_qk_norm_rope.py::test_more_rows_per_warp_variants).
   const int knob = rows_per_warp_knob();
-  // H200, 1x4608x24x128 double, 6408223 (bench/results/h200/knob-sweeps/): 2 rows 64.0 us, 3: 62.0, 4: 68.9,
-  // 6: 74.2 (3 was fastest at all five bench shapes, e.g. 2x4608: 119.6 vs 122.3); before 657caa7 (per-row
-  // divisions) 2: 90.6, 4: 95.5, 6: 97.1, 9: 99.4. Default 3 since 6408223: that run verified the 3-row kernel
-  // bit-exact through this knob (test_more_rows_per_warp_variants); as the default it has not yet run there.
+  // Full warp, H200, 1x4608x24x128 double, 6408223 (bench/results/h200/knob-sweeps/): 2 rows 64.0 us, 3: 62.0,
+  // 4: 68.9, 6: 74.2; before 657caa7 (per-row divisions) 2: 90.6, 4: 95.5, 6: 97.1, 9: 99.4.
   const int per_warp = knob > 0 ? knob : 3;
   const dim3 grid(static_cast<unsigned>(blocks)), block(kWarps * 32);
   // Default: half a warp per row, two rows per warp instruction (slots of two rows; the rows-per-warp knob then

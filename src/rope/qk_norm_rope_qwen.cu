@@ -34,10 +34,10 @@
 // < 2^31, 1 <= H <= 4096; outputs contiguous bf16 [B, S_txt + S_img, H, D], 8-byte aligned, overlapping no input
 // nor each other.
 //
-// Verification status: bit-exact on the H200 at 6408223 (torch 2.11.0+cu130, sm_90; first at c8d8874):
-// tests/gpu/test_qk_norm_rope_qwen.py (252 cases, incl. the real QwenDoubleStreamAttnProcessor2_0 and the 4-row
-// variant), 0 failed, 0 skipped (bench/results/h200/tests.json). Since then the kernel is a template over the
-// lanes a row spans (16 behind DIFUSE_QK_LANES_PER_ROW=16, head_dim 128): not yet run there.
+// Verification status: bit-exact on the H200 at 3e989f7 (torch 2.11.0+cu130, sm_90; first at c8d8874):
+// tests/gpu/test_qk_norm_rope_qwen.py (255 cases, incl. the real QwenDoubleStreamAttnProcessor2_0, the half-warp
+// default for 128-element heads with 1 and 2 slots, the full-warp 2- and 4-row variants), 0 failed, 0 skipped
+// (bench/results/h200/tests.json).
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/token_rows.cuh"
@@ -64,7 +64,7 @@ const detail::KernelRegistration kRegistration{{
     "qk_norm_rope_qwen", "cuda", "bit_exact",
     "Qwen-Image attention prologue: diffusers RMSNorm(q), RMSNorm(k) per head per stream, apply_rotary_emb_qwen "
     "(complex64 freqs per stream), cat([text, image]) of q, k, v",
-    "verified bit-exact on H200 at 6408223 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 3e989f7 (torch 2.11.0+cu130, sm_90)", 90, 90,
     "per-head diffusers QK RMSNorm + complex RoPE per stream + joint concat in one launch"}};
 
 constexpr int kWarps = 8;

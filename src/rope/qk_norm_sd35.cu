@@ -28,10 +28,9 @@
 // [D] contiguous; B * (S_img + S_ctx) < 2^31, 1 <= H <= 4096; outputs contiguous bf16 [B, H, S_img + S_ctx, D],
 // 8-byte aligned, overlapping no input nor each other.
 //
-// Verification status: bit-exact on the H200 at 6408223 (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_sd35.py
-// (251 cases, incl. the real JointAttnProcessor2_0 and the 4- and 8-row variants), 0 failed, 0 skipped
-// (bench/results/h200/tests.json). Since then the default kernel fixes head_dim 64 at compile time (the mean's
-// fetch loop and its width checks fold away): not yet run there.
+// Verification status: bit-exact on the H200 at 3e989f7 (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_sd35.py
+// (251 cases, incl. the real JointAttnProcessor2_0, the 4- and 8-row variants and the head_dim-64 kernel, the
+// default for SD3.5's heads), 0 failed, 0 skipped (bench/results/h200/tests.json).
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/token_rows.cuh"
@@ -41,6 +40,7 @@
 #include <string>
 
 #include "core/device.h"
+#include "core/env_knob.h"
 #include "core/fast_div.h"
 #include "core/registry.h"
 #include "core/tensor.h"
@@ -57,7 +57,7 @@ const detail::KernelRegistration kRegistration{{
     "qk_norm_sd35", "cuda", "bit_exact",
     "SD3.5 joint attention: diffusers RMSNorm(q), RMSNorm(k) per head on the BHSD views of both streams, "
     "cat([image, context], dim=2) of q, k, v",
-    "verified bit-exact on H200 at 6408223 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 3e989f7 (torch 2.11.0+cu130, sm_90)", 90, 90,
     "per-head diffusers QK RMSNorm + BHSD joint concat in one launch"}};
 
 constexpr int kWarps = 8;
@@ -123,6 +123,75 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(c
                                     : x[q];
       uint16_t* o = by_role(role, p.out[0], p.out[1], p.out[2]);
       if (on) norm::store_run<E>(o + out_token + head_of[q] * out_head, lane, y);
+    }
+  }
+}
+
+// head_dim 64 on half a warp (DIFUSE_QK_LANES_PER_ROW=16, for measurement): two rows per warp instruction (a slot;
+// row 2 slot + seg, seg = the half), span lane u holding elements u, u + 16, u + 32, u + 48 of its row as 2-byte
+// loads, which is aten's element-to-lane map folded onto 16 lanes (norm::head64_span_lane_sum): no shuffle to
+// gather a lane's elements and a 4-level tree, where the full-warp kernel spends 2 gather shuffles and a 5-level
+// tree per row and loads a 128-byte row per warp instruction (ncu at 3e989f7: issue-bound, 0.83 warp
+// instructions per scheduler and cycle, DRAM 28 %). v rows are copied as raw bits (NaN payloads kept). The same arithmetic per row as qk_norm_sd35_kernel.
+template <int R, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_warp64(const Params p) {
+  constexpr int D = 64;
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int warp = static_cast<int>(threadIdx.x) / 32;
+  const int u = lane % 16, seg = lane / 16;
+  const unsigned S = static_cast<unsigned>(p.S);  // B * S < 2^31 (predicate)
+  const int64_t b = blockIdx.x / S;
+  const int64_t sj = blockIdx.x % S;
+  const bool in_img = sj < p.img.S;
+  const int64_t s = in_img ? sj : sj - p.img.S;
+
+  const Stream& st = in_img ? p.img : p.ctx;
+  const TokenRows tr(st.t[0], st.t[1], st.t[2], b, s);
+  // Weights at this lane's elements j and j + 1 (j = 0, 2) packed as bf16 pairs (registers: 40 at 6 blocks per
+  // SM); an absent weight is 1 (norm::diffusers_rms_bits).
+  uint32_t wq[2], wk[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) {
+    const uint32_t one = 0x3f80u;  // bf16 1.0
+    wq[j] = st.w[0] != nullptr ? st.w[0][u + 32 * j] | (uint32_t{st.w[0][u + 32 * j + 16]} << 16) : one | (one << 16);
+    wk[j] = st.w[1] != nullptr ? st.w[1][u + 32 * j] | (uint32_t{st.w[1][u + 32 * j + 16]} << 16) : one | (one << 16);
+  }
+  const int64_t out_token = (b * p.H * p.S + sj) * D + u;  // this lane's first element of head 0's output row
+  const int64_t out_head = p.S * D;
+
+  const int rows = 3 * p.H;
+  const int slots = (rows + 1) / 2;
+  for (int base = warp; base < slots; base += kWarps * R) {
+    uint16_t raw[R][4];
+    float x[R][4];
+    uint32_t role_of[R], head_of[R];
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      role_of[q] = role_and_head(p.heads, 2 * (base + q * kWarps) + seg, rows, head_of[q]);
+      const uint16_t* row = tr.row(role_of[q] < 3 ? role_of[q] : 0, head_of[q]) + u;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        raw[q][j] = role_of[q] < 3 ? row[16 * j] : uint16_t{0};
+        x[q][j] = num::bf16_to_float(raw[q][j]);
+      }
+    }
+    float rstd[R];
+    norm::head64_rstd_half_warp<R>(x, st.factor, p.eps, rstd);  // every slot: the shuffles need the whole warp
+#pragma unroll
+    for (int q = 0; q < R; ++q) {
+      const uint32_t role = role_of[q];  // 0 q, 1 k, 2 v (copied as is, raw bits), 3 past the end
+      if (role > 2) continue;  // no shuffle follows: a half warp may skip alone
+      uint16_t* o = by_role(role, p.out[0], p.out[1], p.out[2]) + out_token + head_of[q] * out_head;
+      if (role < 2) {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) {
+          const uint32_t wpair = role == 0 ? wq[j / 2] : wk[j / 2];
+          o[16 * j] = norm::diffusers_rms_bits(x[q][j], rstd[q], j % 2 ? num::bf16_hi(wpair) : num::bf16_lo(wpair));
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < 4; ++j) o[16 * j] = raw[q][j];
+      }
     }
   }
 }
@@ -203,7 +272,15 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
   // flight and fewer resident blocks (same arithmetic per row): 189.5 and 197.4 us there, so 2 stays.
   const int knob = rows_per_warp_knob();
   const int per_warp = knob >= 8 ? 8 : knob >= 4 ? 4 : 2;
-  if (E == 4) {
+  // DIFUSE_QK_LANES_PER_ROW=16 (for measurement; head_dim 64 only): half a warp per row, 2 slots of two rows per
+  // warp (4 with DIFUSE_QK_ROWS_PER_WARP >= 4).
+  static const int lanes_knob = detail::positive_env_knob("DIFUSE_QK_LANES_PER_ROW");
+  if (lanes_knob == 16 && p.D == 64) {
+    if (knob >= 4)
+      qk_norm_sd35_half_warp64<4, 4><<<grid, block, 0, stream>>>(p);
+    else
+      qk_norm_sd35_half_warp64<2, 6><<<grid, block, 0, stream>>>(p);
+  } else if (E == 4) {
     if (per_warp == 8)
       qk_norm_sd35_kernel<4, 8, 2><<<grid, block, 0, stream>>>(p);
     else if (per_warp == 4)

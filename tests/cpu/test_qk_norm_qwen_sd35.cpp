@@ -177,7 +177,67 @@ float kernel_row_sum(const std::vector<uint16_t>& row) {
   return mean_tree_host(lanes);
 }
 
+// The half-warp composition for 64-element rows (qk_norm_sd35_half_warp64): span lane u holds elements u, u + 16,
+// u + 32, u + 48; head64_span_lane_sum, then the steps 8..1 over 16 lanes (a shuffle past the span reads the
+// lane's own value): lane 0's sum.
+float half_warp64_row_sum(const std::vector<uint16_t>& row) {
+  float v[16];
+  for (int u = 0; u < 16; ++u) {
+    const float x[4] = {bf16_to_float(row[u]), bf16_to_float(row[u + 16]), bf16_to_float(row[u + 32]),
+                        bf16_to_float(row[u + 48])};
+    v[u] = difuse::norm::head64_span_lane_sum(x);
+  }
+  for (int o = 8; o >= 1; o /= 2)
+    for (int u = 0; u < 16; ++u) v[u] = difuse::norm::mean_tree_step(v[u], v[u + o < 16 ? u + o : u]);
+  return v[0];
+}
+
 }  // namespace
+
+TEST(DiffusersHeadNorm, HalfWarp64MapReplaysAtensLoopsBitForBit) {
+  std::mt19937 rng(64);
+  for (int trial = 0; trial < 20000; ++trial) {
+    std::vector<uint16_t> row(64);
+    std::vector<float> rf(64);
+    const int kind = trial % 6;
+    for (int i = 0; i < 64; ++i) {
+      row[i] = kind == 4 ? float_to_bf16_rne(1.0f + 0.001f * i)
+               : kind == 5 ? float_to_bf16_rne(std::ldexp(1.0f, (i * 37) % 120 - 60))  // wide exponent spread
+                           : random_bf16(rng, kind == 0 ? 1 : kind);
+      if (kind == 0 && i % 7 == 3) row[i] = random_bf16(rng, 0);  // any pattern (NaN, inf, +-0)
+      rf[i] = bf16_to_float(row[i]);
+    }
+    const float a = aten_row_sum(rf);
+    const float h = half_warp64_row_sum(row);
+    // NaN rows: aten's sum and ours are both NaN (the device canonicalizes; the host keeps payloads).
+    if (std::isnan(a)) {
+      ASSERT_TRUE(std::isnan(h)) << trial;
+      continue;
+    }
+    ASSERT_EQ(float_bits(a), float_bits(h)) << "trial " << trial;
+  }
+}
+
+TEST(DiffusersHeadNorm, HalfWarp64OrderIsNotASequentialSum) {
+  // The half-warp map must follow aten's tree: a different pairing (consecutive runs per lane) differs on some
+  // rows, so the test above can fail.
+  std::mt19937 rng(65);
+  int differ = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::vector<uint16_t> row(64);
+    std::vector<float> rf(64);
+    for (int i = 0; i < 64; ++i) row[i] = random_bf16(rng, 1), rf[i] = bf16_to_float(row[i]);
+    float v[16];
+    for (int u = 0; u < 16; ++u) {
+      const float x[4] = {rf[4 * u], rf[4 * u + 1], rf[4 * u + 2], rf[4 * u + 3]};
+      v[u] = difuse::norm::head64_span_lane_sum(x);
+    }
+    for (int o = 8; o >= 1; o /= 2)
+      for (int u = 0; u < 16; ++u) v[u] = add_rn(v[u], v[u + o < 16 ? u + o : u]);
+    differ += float_bits(v[0]) != float_bits(aten_row_sum(rf));
+  }
+  EXPECT_GT(differ, 50);
+}
 
 TEST(DiffusersHeadNorm, LaneMapReplaysAtensLoopsBitForBit) {
   std::mt19937 rng(23);

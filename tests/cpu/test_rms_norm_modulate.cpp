@@ -199,6 +199,32 @@ TEST(RmsModulateSchedule, PackedEpilogueEqualsTheElementChain) {
   }
 }
 
+TEST(RmsModulateSchedule, RmsBitsIsTheValueAndAnAbsentWeightIsOne) {
+  // diffusers_rms_bits(x, rstd, w) == bf16 bits of diffusers_rms_value(x, rstd, true, w), and with w = 1 those of
+  // diffusers_rms_value(x, rstd, false, .), for every bf16 x (NaN: both NaN; the host keeps payloads).
+  using difuse::norm::diffusers_rms_bits;
+  using difuse::norm::diffusers_rms_value;
+  std::mt19937 rng(77);
+  for (uint32_t xb = 0; xb < 65536; ++xb) {
+    const float x = bf16_to_float(static_cast<uint16_t>(xb));
+    const float rstd = std::ldexp(1.0f + (rng() % 4096) / 4096.f, static_cast<int>(rng() % 60) - 30);
+    const float w = bf16_to_float(random_bf16(rng, xb % 4));
+    const uint16_t got = diffusers_rms_bits(x, rstd, w), want = float_to_bf16_rne(diffusers_rms_value(x, rstd, true, w));
+    const uint16_t got1 = diffusers_rms_bits(x, rstd, 1.0f);
+    const uint16_t want1 = float_to_bf16_rne(diffusers_rms_value(x, rstd, false, 0.f));
+    if (std::isnan(bf16_to_float(want))) {
+      ASSERT_TRUE(std::isnan(bf16_to_float(got))) << xb;
+    } else {
+      ASSERT_EQ(got, want) << xb;
+    }
+    if (std::isnan(bf16_to_float(want1))) {
+      ASSERT_TRUE(std::isnan(bf16_to_float(got1))) << xb;
+    } else {
+      ASSERT_EQ(got1, want1) << xb;
+    }
+  }
+}
+
 TEST(RmsModulateSchedule, ElementChainRoundsWhereDiffusersDoes) {
   using difuse::norm::diffusers_rms_value;
   using difuse::norm::rms_modulate_value;

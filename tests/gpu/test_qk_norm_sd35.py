@@ -222,3 +222,38 @@ def test_more_rows_per_warp_variants(rows):
     specs = [((2, 4429, 333, 38, 64), False), ((1, 300, 77, 5, 128), True), ((3, 61, 20, 7, 96), False),
              ((2, 17, 9, 3, 32), True)]
     assert_exact_under(exactness_script("qk_norm_sd35", specs, 200), DIFUSE_QK_ROWS_PER_WARP=rows)
+
+
+@pytest.mark.parametrize("slots", ["2", "4"])
+def test_half_warp_head_dim_64(slots):
+    """DIFUSE_QK_LANES_PER_ROW=16 (read once per process): 64-element heads on half a warp (span lane u holds
+    elements u, u + 16, u + 32, u + 48, aten's lanes u and u + 16 folded), 2 or 4 slots of two rows per warp:
+    same bits with and without weights (an absent weight is applied as 1), odd head counts (slots straddling q/k/v),
+    adversarial values (v's NaN payloads copied as they are); other head sizes keep the full-warp kernels."""
+    from knob_run import assert_exact_under, exactness_script, mismatch_script
+
+    specs = [((2, 4429, 333, 38, 64), False), ((1, 300, 77, 5, 64), True), ((3, 61, 20, 7, 96), False),
+             ((2, 17, 9, 3, 64), True), ((1, 16, 16, 1, 64), False), ((2, 33, 8, 24, 128), True)]
+    assert_exact_under(exactness_script("qk_norm_sd35", specs, 1500), DIFUSE_QK_LANES_PER_ROW="16",
+                       DIFUSE_QK_ROWS_PER_WARP=slots)
+    script = mismatch_script(
+        "g = torch.Generator(device='cuda').manual_seed(1501)\n"
+        "for B, S1, S2, H in [(1, 40, 17, 3), (2, 64, 16, 38)]:\n"
+        "    for weights in (True, False):\n"
+        "        a = list(ops._qk_norm_sd35_inputs(((B, S1, S2, H, 64), False), 'cuda', g))\n"
+        "        q = a[0].transpose(1, 2).reshape(B, S1, H * 64).clone()\n"
+        "        n = q.numel()\n"
+        "        flat = q.view(-1).view(torch.int16)\n"
+        "        idx = torch.randint(0, n, (n // 50,), generator=g, device='cuda')\n"
+        "        pats = torch.tensor([0x7F80, -128, 0, -32768, 0x7FC1, 0x0001, 0x7F7F, -129], dtype=torch.int16,\n"
+        "                            device='cuda')\n"
+        "        flat[idx] = pats[torch.arange(idx.numel(), device='cuda') % pats.numel()]\n"
+        "        q[:, 5] = 3.0  # a constant row per head\n"
+        "        a[0] = q.view(B, S1, H, 64).transpose(1, 2)\n"
+        "        v = a[2].transpose(1, 2).reshape(B, S1, H * 64).clone()\n"
+        "        v.view(-1).view(torch.int16)[idx] = pats[torch.arange(idx.numel(), device='cuda') % pats.numel()]\n"
+        "        a[2] = v.view(B, S1, H, 64).transpose(1, 2)\n"
+        "        if not weights:\n"
+        "            a[3] = a[4] = a[8] = a[9] = None\n"
+        "        bad += count_mismatches(ops.qk_norm_sd35(*a), ops.qk_norm_sd35_eager(*a))\n")
+    assert_exact_under(script, DIFUSE_QK_LANES_PER_ROW="16", DIFUSE_QK_ROWS_PER_WARP=slots)
