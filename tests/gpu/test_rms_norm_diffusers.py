@@ -141,7 +141,7 @@ def test_half_warp_64_element_rows(slots):
         "bf = dict(device='cuda', dtype=torch.bfloat16)\n"
         "xs = [torch.randn(2, 4096, 24, 64, generator=g, **bf).transpose(1, 2), torch.randn(3, 7, 5, 64, generator=g, **bf),\n"
         "      torch.randn(17, 64, generator=g, **bf) * 1e-20, torch.randn(2, 333, 38, 64, generator=g, **bf)[:, :, 1:],\n"
-        "      torch.randn(1, 9, 128, generator=g, **bf), torch.randn(4, 5, 32, generator=g, **bf)]\n"
+        "      torch.randn(1, 17, 128, generator=g, **bf), torch.randn(4, 5, 32, generator=g, **bf)]\n"
         "adv = torch.randn(61, 64, generator=g, **bf)\n"
         "flat = adv.view(-1).view(torch.int16)\n"
         "pats = torch.tensor([0x7F80, -128, 0, -32768, 0x7FC1, 0x0001, 0x7F7F, -129], dtype=torch.int16, device='cuda')\n"
