@@ -24,7 +24,10 @@
 // (4-element loads and stores where the mean is vectorized) and the 4-rows-per-warp default for 128-element rows
 // (1x4608x24x128: 30.9 us with one row per warp at 6408223, 21.9 at 3e989f7): tests/gpu/test_rms_norm_diffusers.py
 // (238 cases, incl. the 1/2/4-row variants; N = 8184 failed at 1bfced1 and is now refused: see the guard), 0
-// failed, 0 skipped (bench/results/h200/tests.json).
+// failed, 0 skipped (bench/results/h200/tests.json). The half-warp kernel for 64-element rows (now the default;
+// 2x24x4096x64 50.0 -> 24.0 us) ran there through DIFUSE_RMSD_LANES_PER_ROW=16 at 21fe4f5
+// (test_half_warp_64_element_rows, 2 and 4 slots, passed; bench ops 0 mismatches at daa91f6); the whole file has
+// not yet run with it as the default.
 #include "norm/rms_norm_diffusers.h"
 
 #include <cuda_runtime.h>
@@ -133,7 +136,8 @@ __global__ void __launch_bounds__(256) rms_norm_diffusers_heads(const Params p) 
     if (r0 + q < p.rows) store_run<4>(p.out + (r0 + q) * p.n, lane, diffusers_norm_run<4>(x[q], rstd[q], p.has_w, w));
 }
 
-// Rows of exactly 64 elements (SD3.5's heads) on half a warp, DIFUSE_RMSD_LANES_PER_ROW=16 (for measurement): R
+// Rows of exactly 64 elements (SD3.5's heads) on half a warp (the default; DIFUSE_RMSD_LANES_PER_ROW=32 for the
+// full-warp kernel): R
 // slots of two rows per warp (row 2 slot + seg), span lane u holding elements u, u + 16, u + 32, u + 48 (2-byte
 // loads and stores), aten's lanes u and u + 16 folded (norm::head64_span_lane_sum, head64_rstd_half_warp): no
 // gather shuffles and a 4-level tree where rms_norm_diffusers_kernel spends a 5-level tree on 2 elements a lane.
@@ -225,7 +229,10 @@ void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view&
   const int R = rows_per_warp == 0 || rows_per_warp >= 4 ? 4 : rows_per_warp >= 2 ? 2 : 1;
   const unsigned blocks = static_cast<unsigned>((p.rows + kRowsPerBlock * R - 1) / (kRowsPerBlock * R));
   static const int lanes = detail::positive_env_knob("DIFUSE_RMSD_LANES_PER_ROW");
-  if (lanes == 16 && p.n == 64) {  // 2 slots of two rows per warp (4 with DIFUSE_RMSD_ROWS_PER_WARP >= 4)
+  // 64-element rows by default on half a warp, 2 slots of two rows per warp (4 with DIFUSE_RMSD_ROWS_PER_WARP >= 4).
+  // H200 at daa91f6 (knob-sweeps/): 2x24x4096x64 24.0 us vs 50.0 for one row per warp. DIFUSE_RMSD_LANES_PER_ROW=32
+  // (for measurement) keeps the full-warp kernel.
+  if (lanes != 32 && p.n == 64) {
     const int slots = rows_per_warp >= 4 ? 4 : 2;
     const unsigned b64 = static_cast<unsigned>((p.rows + kRowsPerBlock * 2 * slots - 1) / (kRowsPerBlock * 2 * slots));
     slots == 4 ? rms_norm_diffusers_half_warp64<4><<<b64, 32 * kRowsPerBlock, 0, stream>>>(p)

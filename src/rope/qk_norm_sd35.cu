@@ -17,9 +17,11 @@
 // (accumulators 0 and 1), ((a0 + a1) + a2) + a3, shuffle-down tree 16..1, mean = RN(sum * factor),
 // factor = (float)rows / (float)(rows * head_dim) with rows = B * H * S OF THAT STREAM (image and context factors
 // differ); RN(mean + (float)eps), rsqrtf, bf16(RN(x * rstd)), bf16(RN(y * w)); the cat is an exact copy. One
-// block per joint token (b, s): its 3H head rows (q, k normalised, v copied), warps 2 rows at a time (4 or 8 with
-// DIFUSE_QK_ROWS_PER_WARP, for measurement; both slower at 6408223: 189.5 and 197.4 us vs 184.2), a lane
-// holding 2 consecutive elements (4 above head_dim 64); each output row lands at ((b H + h) S_total + s) D.
+// block per joint token (b, s): its 3H head rows (q, k normalised, v copied); each output row lands at
+// ((b H + h) S_total + s) D. head_dim 64 (SD3.5's): rows on half warps, span lane u holding elements u, u + 16,
+// u + 32, u + 48 (aten's lanes u and u + 16 folded: qk_norm_sd35_half_warp64). Other head sizes: a warp per row,
+// 2 rows at a time (4 or 8 with DIFUSE_QK_ROWS_PER_WARP, for measurement), a lane holding 2 consecutive elements
+// (4 above head_dim 64) and gathering aten's by shuffles.
 //
 // Guards (can_use_qk_norm_sd35; every violation is reported): q, k, v and q_ctx, k_ctx, v_ctx bf16 [B, H, S, D]
 // views on one CUDA device (the streams share B, H, D), last dim contiguous, non-negative strides, rows aligned to
@@ -29,8 +31,11 @@
 // 8-byte aligned, overlapping no input nor each other.
 //
 // Verification status: bit-exact on the H200 at 3e989f7 (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_sd35.py
-// (251 cases, incl. the real JointAttnProcessor2_0, the 4- and 8-row variants and the head_dim-64 kernel, the
-// default for SD3.5's heads), 0 failed, 0 skipped (bench/results/h200/tests.json).
+// (251 cases, incl. the real JointAttnProcessor2_0, the 4- and 8-row variants and the full-warp head_dim-64
+// kernel, then the default), 0 failed, 0 skipped (bench/results/h200/tests.json). The half-warp head_dim-64 kernel
+// (now the default) ran there at daa91f6 through DIFUSE_QK_LANES_PER_ROW=16: test_half_warp_head_dim_64
+// (site shapes, odd head counts, no weights, adversarial values, 2 and 4 slots) passed and bench ops counted 0
+// mismatching elements (bench/results/h200/knob-sweeps/); the whole file has not yet run with it as the default.
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/token_rows.cuh"
@@ -127,7 +132,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(c
   }
 }
 
-// head_dim 64 on half a warp (DIFUSE_QK_LANES_PER_ROW=16, for measurement): two rows per warp instruction (a slot;
+// head_dim 64 on half a warp (the default there; DIFUSE_QK_LANES_PER_ROW=32 for the full-warp kernel): two rows per warp instruction (a slot;
 // row 2 slot + seg, seg = the half), span lane u holding elements u, u + 16, u + 32, u + 48 of its row as 2-byte
 // loads, which is aten's element-to-lane map folded onto 16 lanes (norm::head64_span_lane_sum): no shuffle to
 // gather a lane's elements and a 4-level tree, where the full-warp kernel spends 2 gather shuffles and a 5-level
@@ -272,10 +277,11 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
   // flight and fewer resident blocks (same arithmetic per row): 189.5 and 197.4 us there, so 2 stays.
   const int knob = rows_per_warp_knob();
   const int per_warp = knob >= 8 ? 8 : knob >= 4 ? 4 : 2;
-  // DIFUSE_QK_LANES_PER_ROW=16 (for measurement; head_dim 64 only): half a warp per row, 2 slots of two rows per
-  // warp (4 with DIFUSE_QK_ROWS_PER_WARP >= 4).
+  // head_dim 64 (SD3.5's) by default on half a warp, 2 slots of two rows per warp (4 with DIFUSE_QK_ROWS_PER_WARP
+  // >= 4). H200 at daa91f6 (knob-sweeps/): 2x38x4429x64 99.6 us vs 162.1 on full warps, 1x 52.4 vs 84.9.
+  // DIFUSE_QK_LANES_PER_ROW=32 (for measurement) keeps the full-warp kernels.
   static const int lanes_knob = detail::positive_env_knob("DIFUSE_QK_LANES_PER_ROW");
-  if (lanes_knob == 16 && p.D == 64) {
+  if (lanes_knob != 32 && p.D == 64) {
     if (knob >= 4)
       qk_norm_sd35_half_warp64<4, 4><<<grid, block, 0, stream>>>(p);
     else

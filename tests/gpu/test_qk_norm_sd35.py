@@ -214,19 +214,22 @@ def test_opcheck_compile_and_graph():
     assert count_mismatches(list(out), ops.qk_norm_sd35_eager(**args)) == 0
 
 
-@pytest.mark.parametrize("rows", ["4", "8"])
+@pytest.mark.parametrize("rows", ["2", "4", "8"])
 def test_more_rows_per_warp_variants(rows):
-    """DIFUSE_QK_ROWS_PER_WARP=4|8 (read once per process) select the kernels with more rows per warp: same bits."""
+    """DIFUSE_QK_LANES_PER_ROW=32 with DIFUSE_QK_ROWS_PER_WARP=2|4|8 (read once per process) select the full-warp
+    kernels for every head size (64-element heads default to half a warp): same bits."""
     from knob_run import assert_exact_under, exactness_script
 
     specs = [((2, 4429, 333, 38, 64), False), ((1, 300, 77, 5, 128), True), ((3, 61, 20, 7, 96), False),
              ((2, 17, 9, 3, 32), True)]
-    assert_exact_under(exactness_script("qk_norm_sd35", specs, 200), DIFUSE_QK_ROWS_PER_WARP=rows)
+    assert_exact_under(exactness_script("qk_norm_sd35", specs, 200), DIFUSE_QK_LANES_PER_ROW="32",
+                       DIFUSE_QK_ROWS_PER_WARP=rows)
 
 
 @pytest.mark.parametrize("slots", ["2", "4"])
 def test_half_warp_head_dim_64(slots):
-    """DIFUSE_QK_LANES_PER_ROW=16 (read once per process): 64-element heads on half a warp (span lane u holds
+    """DIFUSE_QK_LANES_PER_ROW=16 (read once per process; the default for 64-element heads, here explicit with each
+    slot count): 64-element heads on half a warp (span lane u holds
     elements u, u + 16, u + 32, u + 48, aten's lanes u and u + 16 folded), 2 or 4 slots of two rows per warp:
     same bits with and without weights (an absent weight is applied as 1), odd head counts (slots straddling q/k/v),
     adversarial values (v's NaN payloads copied as they are); other head sizes keep the full-warp kernels."""

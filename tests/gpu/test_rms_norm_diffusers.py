@@ -113,8 +113,9 @@ def test_opcheck_compile_and_graph():
 @pytest.mark.parametrize("rows", ["1", "2", "4"])
 def test_rows_per_warp_variants(rows):
     """DIFUSE_RMSD_ROWS_PER_WARP=1|2|4: 128-element rows R per warp (default 4) through the prologues' head-norm
-    pieces: same bits (row counts that leave warps partly empty, BHSD views, no weight; other widths keep the
-    one-row kernel)."""
+    pieces, with DIFUSE_RMSD_LANES_PER_ROW=32 (64-element rows on the one-row kernel, not the half-warp default):
+    same bits (row counts that leave warps partly empty, BHSD views, no weight; other widths keep the one-row
+    kernel)."""
     from knob_run import assert_exact_under, mismatch_script
 
     script = mismatch_script(
@@ -126,12 +127,12 @@ def test_rows_per_warp_variants(rows):
         "for x in xs:\n"
         "    for w in (torch.randn(x.shape[-1], generator=g, **bf), None):\n"
         "        bad += count_mismatches(ops.rms_norm_diffusers(x, w), ops.rms_norm_diffusers_eager(x, w))\n")
-    assert_exact_under(script, DIFUSE_RMSD_ROWS_PER_WARP=rows)
+    assert_exact_under(script, DIFUSE_RMSD_ROWS_PER_WARP=rows, DIFUSE_RMSD_LANES_PER_ROW="32")
 
 
 @pytest.mark.parametrize("slots", ["2", "4"])
 def test_half_warp_64_element_rows(slots):
-    """DIFUSE_RMSD_LANES_PER_ROW=16: 64-element rows on half a warp (span lane u holds elements u, u + 16, u + 32,
+    """DIFUSE_RMSD_LANES_PER_ROW=16 (the default, here explicit): 64-element rows on half a warp (span lane u holds elements u, u + 16, u + 32,
     u + 48), 2 or 4 slots of two rows per warp: same bits for SD3.5's BHSD views, row counts that leave slots and
     warps partly empty, no weight (applied as 1), adversarial values; other widths keep their kernels."""
     from knob_run import assert_exact_under, mismatch_script
