@@ -53,6 +53,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shlex
 import statistics
 import sys
@@ -280,6 +281,51 @@ def summarize_kernels(kernels) -> dict:
                 top=[dict(name=k[:160], category=v[0], count=v[1], ms=round(v[2], 4)) for k, v in top])
 
 
+_RUNTIME_API = re.compile(r"^cu(da)?[A-Z]")  # CUDA runtime (cudaLaunchKernel) and driver (cuLaunchKernel) calls
+
+
+def summarize_timeline(gpu_intervals, runtime_calls, top: int = 8) -> dict:
+    """Where a profiled step's time goes besides the kernels themselves. gpu_intervals: [(start_us, end_us)] of
+    every GPU activity (all streams); runtime_calls: [(name, host_us)] of the CUDA runtime/driver calls the host
+    made. -> gpu_span_ms (first start to last end), gpu_busy_ms (the union of the intervals), gpu_idle_ms (span -
+    busy: bubbles where no stream had work, e.g. behind a host that is late or waits), and the runtime calls with
+    the most host time (calls, ms, longest single call): a long cudaStreamSynchronize / cudaEventSynchronize /
+    cudaMemcpy means the host waited for the GPU; long launches mean a full launch queue (the host is ahead).
+    NCCL kernels that wait for a peer count as busy."""
+    iv = sorted((float(a), float(b)) for a, b in gpu_intervals if b >= a)
+    busy = 0.0
+    cur_s = cur_e = None
+    for a, b in iv:
+        if cur_e is None or a > cur_e:
+            if cur_e is not None:
+                busy += cur_e - cur_s
+            cur_s, cur_e = a, b
+        else:
+            cur_e = max(cur_e, b)
+    if cur_e is not None:
+        busy += cur_e - cur_s
+    span = max(b for _, b in iv) - iv[0][0] if iv else 0.0
+    by: dict[str, list] = {}
+    for name, us in runtime_calls:
+        e = by.setdefault(name, [0, 0.0, 0.0])
+        e[0] += 1
+        e[1] += us / 1e3
+        e[2] = max(e[2], us / 1e3)
+    rows = sorted(by.items(), key=lambda kv: -kv[1][1])[:top]
+    return dict(gpu_span_ms=round(span / 1e3, 3), gpu_busy_ms=round(busy / 1e3, 3),
+                gpu_idle_ms=round((span - busy) / 1e3, 3),
+                runtime_ms=round(sum(v[1] for v in by.values()), 3),
+                runtime_top=[dict(name=k, calls=v[0], ms=round(v[1], 3), max_ms=round(v[2], 3)) for k, v in rows])
+
+
+def format_timeline(t: dict) -> str:
+    """One line for summarize_timeline's dict."""
+    return ("GPU span %.2f ms, busy %.2f, idle %.2f; CUDA runtime calls on the host %.2f ms: %s" % (
+        t["gpu_span_ms"], t["gpu_busy_ms"], t["gpu_idle_ms"], t["runtime_ms"],
+        "; ".join("%s %d calls %.2f ms (longest %.2f)" % (r["name"], r["calls"], r["ms"], r["max_ms"])
+                  for r in t["runtime_top"])))
+
+
 # ----------------------------------------------------------------------------------------------------------
 # Per-step results and the JSON record
 
@@ -355,6 +401,7 @@ def build_record(*, model: str, config: dict, eager: ArmResult, difuse: ArmResul
     # it approaches the step time, the step is CPU-bound and faster kernels cannot show.
     rec["host_ms_eager"], rec["host_ms_difuse"] = _r(eager.median_host_ms), _r(difuse.median_host_ms)
     rec["profile_ms"] = dict(eager=prof_eager.get("ms"), difuse=prof_difuse.get("ms"))
+    rec["profile_timeline"] = dict(eager=prof_eager.get("timeline"), difuse=prof_difuse.get("timeline"))
     rec["launch_counts"] = dict(eager=prof_eager.get("counts"), difuse=prof_difuse.get("counts"))
     rec["per_step"] = dict(step_ms_eager=[_r(x) for x in eager.step_ms], step_ms_difuse=[_r(x) for x in difuse.step_ms],
                            md5_eager=list(eager.md5), md5_difuse=list(difuse.md5),
@@ -436,6 +483,9 @@ def format_report(rec: dict, site_table: str | None = None) -> str:
         ms = (rec.get("profile_ms") or {}).get(arm) or {}
         if ms:
             lines.append("  %-6s " % arm + ", ".join("%s %.2f ms" % (k, ms[k]) for k in CATEGORIES if k in ms))
+        tl = (rec.get("profile_timeline") or {}).get(arm)
+        if tl:
+            lines.append("  %-6s profiled step: %s" % (arm, format_timeline(tl)))
     lines.append(site_table or format_sites(rec["sites"]))
     return "\n".join(lines)
 
@@ -1462,13 +1512,14 @@ def graph_fields(eager: ArmResult, graph: ArmResult | None, error: str | None = 
                 graph_step_ms=[_r(x) for x in graph.step_ms], graph_error=error)
 
 
-def profile_step(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda") -> list:
-    """One step (the first of the schedule, after the timed arm has warmed everything) under torch.profiler
-    with CUDA activity only: [(GPU activity name, duration us)]. Empty on the CPU."""
+def profile_step_events(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda") -> tuple:
+    """One step (the first of the schedule, after the timed arm has warmed everything) under torch.profiler (CPU
+    and CUDA activity): ([(GPU activity name, duration us)], [(start us, end us)] of those activities,
+    [(CUDA runtime/driver call, host us)]). Empty lists on the CPU."""
     import torch
 
     if torch.device(device).type != "cuda":
-        return []
+        return [], [], []
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -1476,16 +1527,27 @@ def profile_step(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cud
     latents = inputs.latents.clone()
     t = timesteps[0]
     torch.cuda.synchronize()
-    with torch.no_grad(), profile(activities=[ProfilerActivity.CUDA]) as prof:
+    with torch.no_grad(), profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         noise = spec.call(model, latents, t, inputs)
         sched.step(noise, t, latents, return_dict=False)
         torch.cuda.synchronize()
-    out = []
+    kernels, intervals, runtime = [], [], []
     for e in prof.events():
-        if e.device_type != DeviceType.CUDA or getattr(e, "is_user_annotation", False):
+        if getattr(e, "is_user_annotation", False):
             continue
-        out.append((e.name, float(e.time_range.end - e.time_range.start)))
-    return out
+        start, end = float(e.time_range.start), float(e.time_range.end)
+        if e.device_type == DeviceType.CUDA:
+            kernels.append((e.name, end - start))
+            if not e.name.startswith(NON_KERNEL_PREFIXES):
+                intervals.append((start, end))
+        elif _RUNTIME_API.match(e.name):
+            runtime.append((e.name, end - start))
+    return kernels, intervals, runtime
+
+
+def profile_step(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda") -> list:
+    """profile_step_events' GPU activities only: [(name, duration us)]."""
+    return profile_step_events(spec, model, inputs, steps, device)[0]
 
 
 def host_profile(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda", top: int = 25) -> dict:
@@ -1535,7 +1597,10 @@ def profile_summary(spec: ModelSpec, model, inputs: Inputs, steps: int, device="
     if torch.device(device).type != "cuda":
         return {}
     try:
-        return summarize_kernels(profile_step(spec, model, inputs, steps, device))
+        kernels, intervals, runtime = profile_step_events(spec, model, inputs, steps, device)
+        out = summarize_kernels(kernels)
+        out["timeline"] = summarize_timeline(intervals, runtime)
+        return out
     except Exception as e:
         print("profiling failed, no launch counts: %s: %s" % (type(e).__name__, e), file=sys.stderr)
         return {}

@@ -226,6 +226,9 @@ def format_cp_report(rec: dict) -> str:
         if ms:
             lines.append("  rank 0 profiled step, %-6s " % arm + ", ".join(
                 "%s %.2f ms" % (k, ms[k]) for k in e2e.CATEGORIES if k in ms) + " (NCCL kernels count as other)")
+        tl = (rec.get("profile_timeline_rank0") or {}).get(arm)
+        if tl:
+            lines.append("  rank 0 profiled step, %-6s %s" % (arm, e2e.format_timeline(tl)))
         hp = (rec.get("host_profile_rank0") or {}).get(arm) or {}
         if hp:
             lines.append("  rank 0 host profile, %s arm (cProfile, one call %.1f ms): most own time: %s" % (
@@ -518,6 +521,7 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
                                          timing="interleaved: step i of each arm in turn, the order swapped every "
                                                 "step, a barrier before each",
                                          profile_ms_rank0={a: p.get("ms") for a, p in profs.items()},
+                                         profile_timeline_rank0={a: p.get("timeline") for a, p in profs.items()},
                                          launch_counts_rank0={a: p.get("counts") for a, p in profs.items()},
                                          top_kernels_rank0={a: p.get("top") for a, p in profs.items()},
                                          host_profile_rank0=hprofs,

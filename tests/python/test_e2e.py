@@ -105,6 +105,33 @@ class ClassifierTest(unittest.TestCase):
         self.assertEqual((empty["launches"], empty["non_gemm_ms"]), (0, 0.0))
 
 
+class TimelineTest(unittest.TestCase):
+    def test_busy_is_the_union_of_overlapping_intervals(self):
+        # two streams overlapping (0-10, 5-12), a gap (12-20), then 20-30: span 30, busy 22, idle 8
+        t = e2e.summarize_timeline([(20.0, 30.0), (0.0, 10.0), (5.0, 12.0)], [])
+        self.assertEqual((t["gpu_span_ms"], t["gpu_busy_ms"], t["gpu_idle_ms"]), (0.03, 0.022, 0.008))
+        nested = e2e.summarize_timeline([(0.0, 100.0), (10.0, 20.0), (30.0, 40.0)], [])
+        self.assertEqual((nested["gpu_busy_ms"], nested["gpu_idle_ms"]), (0.1, 0.0))
+        empty = e2e.summarize_timeline([], [])
+        self.assertEqual((empty["gpu_span_ms"], empty["gpu_busy_ms"], empty["runtime_ms"]), (0.0, 0.0, 0.0))
+
+    def test_runtime_calls_ranked_by_host_time(self):
+        calls = [("cudaLaunchKernel", 5.0)] * 100 + [("cudaStreamSynchronize", 4000.0), ("cuLaunchKernel", 3.0)]
+        t = e2e.summarize_timeline([(0.0, 1.0)], calls, top=2)
+        self.assertEqual([r["name"] for r in t["runtime_top"]], ["cudaStreamSynchronize", "cudaLaunchKernel"])
+        self.assertEqual(t["runtime_top"][0], dict(name="cudaStreamSynchronize", calls=1, ms=4.0, max_ms=4.0))
+        self.assertEqual(t["runtime_top"][1]["calls"], 100)
+        self.assertAlmostEqual(t["runtime_ms"], 4.503)
+        line = e2e.format_timeline(t)
+        self.assertIn("cudaStreamSynchronize 1 calls 4.00 ms (longest 4.00)", line)
+
+    def test_runtime_name_filter(self):
+        for name, want in (("cudaLaunchKernel", True), ("cuLaunchKernelEx", True), ("cudaStreamSynchronize", True),
+                           ("cudnn::conv", False), ("aten::mm", False), ("cutlass_kernel", False)):
+            with self.subTest(name=name):
+                self.assertEqual(bool(e2e._RUNTIME_API.match(name)), want)
+
+
 class RecordTest(unittest.TestCase):
     def test_compare_md5(self):
         self.assertEqual(e2e.compare_md5(["a", "b"], ["a", "b"]), (True, None))
