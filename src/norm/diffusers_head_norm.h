@@ -150,6 +150,20 @@ __device__ __forceinline__ void head_rstd(const HeadRun<E> (&x)[R], int lane, in
   for (int q = 0; q < R; ++q) rstd[q] = diffusers_rstd(__shfl_sync(0xffffffffu, tot[q], 0), factor, eps);
 }
 
+// The rest of aten's tree for R rows on half warps whose span lanes hold aten's sums after its offset-16 step:
+// the steps 8..1 at shuffle width 16, the span's first lane's sum broadcast, rstd. Every lane of the warp must call
+// it.
+template <int R>
+__device__ __forceinline__ void span16_rstd(float (&tot)[R], float factor, float eps, float (&rstd)[R]) {
+#pragma unroll
+  for (int o = 8; o >= 1; o /= 2) {
+#pragma unroll
+    for (int q = 0; q < R; ++q) tot[q] = mean_tree_step(tot[q], __shfl_down_sync(0xffffffffu, tot[q], o, 16));
+  }
+#pragma unroll
+  for (int q = 0; q < R; ++q) rstd[q] = diffusers_rstd(__shfl_sync(0xffffffffu, tot[q], 0, 16), factor, eps);
+}
+
 // head_rstd for rows of exactly 128 elements spanning half a warp (16 lanes, two rows per warp instruction): lane
 // u holds runs (aten's float4 vectors) u and u + 16, so the total of its first run combined with its second's is
 // what aten's lane u holds after its offset-16 step; the steps 8..1 run at shuffle width 16 and the half's first
@@ -165,13 +179,7 @@ __device__ __forceinline__ void head_rstd_half_warp(const HeadRun<4> (&x)[R][2],
     mean_push_vec4(a1, run_elem(x[q][1], 0), run_elem(x[q][1], 1), run_elem(x[q][1], 2), run_elem(x[q][1], 3));
     tot[q] = mean_tree_step(mean_lane_total(a0), mean_lane_total(a1));
   }
-#pragma unroll
-  for (int o = 8; o >= 1; o /= 2) {
-#pragma unroll
-    for (int q = 0; q < R; ++q) tot[q] = mean_tree_step(tot[q], __shfl_down_sync(0xffffffffu, tot[q], o, 16));
-  }
-#pragma unroll
-  for (int q = 0; q < R; ++q) rstd[q] = diffusers_rstd(__shfl_sync(0xffffffffu, tot[q], 0, 16), factor, eps);
+  span16_rstd<R>(tot, factor, eps, rstd);
 }
 
 // rstd of R slots of 64-element rows on half warps (head64_span_lane_sum, then the steps 8..1 at width 16); every
@@ -182,13 +190,7 @@ __device__ __forceinline__ void head64_rstd_half_warp(const float (&x)[R][4], fl
   float tot[R];
 #pragma unroll
   for (int q = 0; q < R; ++q) tot[q] = head64_span_lane_sum(x[q]);
-#pragma unroll
-  for (int o = 8; o >= 1; o /= 2) {
-#pragma unroll
-    for (int q = 0; q < R; ++q) tot[q] = mean_tree_step(tot[q], __shfl_down_sync(0xffffffffu, tot[q], o, 16));
-  }
-#pragma unroll
-  for (int q = 0; q < R; ++q) rstd[q] = diffusers_rstd(__shfl_sync(0xffffffffu, tot[q], 0, 16), factor, eps);
+  span16_rstd<R>(tot, factor, eps, rstd);
 }
 #endif
 

@@ -178,13 +178,14 @@ float kernel_row_sum(const std::vector<uint16_t>& row) {
 }
 
 // The half-warp composition for 64-element rows (qk_norm_sd35_half_warp64): span lane u holds elements u, u + 16,
-// u + 32, u + 48; head64_span_lane_sum, then the steps 8..1 over 16 lanes (a shuffle past the span reads the
-// lane's own value): lane 0's sum.
-float half_warp64_row_sum(const std::vector<uint16_t>& row) {
+// u + 32, u + 48 (or, with consecutive = true, a wrong map for the negative test: 4u .. 4u + 3);
+// head64_span_lane_sum, then the steps 8..1 over 16 lanes (a shuffle past the span reads the lane's own value):
+// lane 0's sum.
+float half_warp64_row_sum(const std::vector<float>& rf, bool consecutive = false) {
   float v[16];
   for (int u = 0; u < 16; ++u) {
-    const float x[4] = {bf16_to_float(row[u]), bf16_to_float(row[u + 16]), bf16_to_float(row[u + 32]),
-                        bf16_to_float(row[u + 48])};
+    float x[4];
+    for (int j = 0; j < 4; ++j) x[j] = rf[consecutive ? 4 * u + j : u + 16 * j];
     v[u] = difuse::norm::head64_span_lane_sum(x);
   }
   for (int o = 8; o >= 1; o /= 2)
@@ -208,7 +209,7 @@ TEST(DiffusersHeadNorm, HalfWarp64MapReplaysAtensLoopsBitForBit) {
       rf[i] = bf16_to_float(row[i]);
     }
     const float a = aten_row_sum(rf);
-    const float h = half_warp64_row_sum(row);
+    const float h = half_warp64_row_sum(rf);
     // NaN rows: aten's sum and ours are both NaN (the device canonicalizes; the host keeps payloads).
     if (std::isnan(a)) {
       ASSERT_TRUE(std::isnan(h)) << trial;
@@ -224,17 +225,9 @@ TEST(DiffusersHeadNorm, HalfWarp64OrderIsNotASequentialSum) {
   std::mt19937 rng(65);
   int differ = 0;
   for (int trial = 0; trial < 2000; ++trial) {
-    std::vector<uint16_t> row(64);
     std::vector<float> rf(64);
-    for (int i = 0; i < 64; ++i) row[i] = random_bf16(rng, 1), rf[i] = bf16_to_float(row[i]);
-    float v[16];
-    for (int u = 0; u < 16; ++u) {
-      const float x[4] = {rf[4 * u], rf[4 * u + 1], rf[4 * u + 2], rf[4 * u + 3]};
-      v[u] = difuse::norm::head64_span_lane_sum(x);
-    }
-    for (int o = 8; o >= 1; o /= 2)
-      for (int u = 0; u < 16; ++u) v[u] = add_rn(v[u], v[u + o < 16 ? u + o : u]);
-    differ += float_bits(v[0]) != float_bits(aten_row_sum(rf));
+    for (int i = 0; i < 64; ++i) rf[i] = bf16_to_float(random_bf16(rng, 1));
+    differ += float_bits(half_warp64_row_sum(rf, true)) != float_bits(aten_row_sum(rf));
   }
   EXPECT_GT(differ, 50);
 }
