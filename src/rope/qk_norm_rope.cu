@@ -14,8 +14,10 @@
 // One block per joint token: its 2H (3H with v) head rows, each warp loading several rows before reducing any;
 // the token's cos and sin rows are read once per lane. By default a row spans half a warp whose lane u holds aten
 // lanes u and u + 16 (see the kernel), one slot of two rows per warp at a time (the measured best); with
-// DIFUSE_QK_LANES_PER_ROW=32 (for measurement) a row spans a warp (aten's lanes one to one), 3 rows at a time. Output rows are [B, S_first + S_second, H,
-// D] contiguous, exactly the tensors the eager code hands to attention.
+// DIFUSE_QK_LANES_PER_ROW=32 (for measurement) a row spans a warp (aten's lanes one to one), 3 rows at a time;
+// with DIFUSE_QK_STAGED=1 (for measurement; not yet run on the H200) the block first copies its token's rows,
+// tables and weights into shared memory (see the kernel). Output rows are [B, S_first + S_second, H, D]
+// contiguous, exactly the tensors the eager code hands to attention.
 //
 // Guards (can_use_qk_norm_rope; every violation is reported): q, k (and v) of each stream bf16 [B, S, H, D]
 // on one CUDA device, last dim contiguous, non-negative strides, rows 8-byte aligned (strided views: the
@@ -35,6 +37,8 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
+
 #include <string>
 
 #include "core/device.h"
@@ -46,6 +50,7 @@
 #include "difuse/numerics/rope.h"
 #include "norm/head_rms_span.cuh"
 #include "norm/layernorm_schedule.h"
+#include "norm/row_staging.cuh"
 
 namespace difuse::rope {
 
@@ -83,7 +88,15 @@ struct Params {
 // slot i of a token's block holds rows K i .. K i + K - 1 (one per span; row r: role r / H, head r % H), and
 // warp w owns slots w, w + 8, ... Rows past the end carry zeros and are not stored. What depends only on the
 // token (TokenRows, the output base, the weights, cos and sin) is computed once per block.
-template <int SPAN, int R, int MIN_BLOCKS>
+//
+// STAGED (DIFUSE_QK_STAGED=1, for measurement; head_dim 128, rows 16-byte aligned, the token's rows within 48 KB):
+// the block first copies all of its token's rows into shared memory with cp.async (16 bytes per thread and
+// copy, every copy in flight at once: 18 KB for a FLUX double-block token, where a warp otherwise has one 512-byte
+// slot in flight per round; ncu at 3e989f7: DRAM 60 %, 51 % occupancy), then runs the same per-row arithmetic
+// reading its rows from there. Row r of the token sits at r * D elements (r = role * H + head); after the rows come
+// the token's cos and sin rows and the q and k weights (kStagedExtra vectors), also read where used, so the
+// kernel holds none of them in registers.
+template <int SPAN, int R, int MIN_BLOCKS, bool STAGED = false>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(const Params p) {
   static_assert(SPAN == 32 || SPAN == 16, "a row spans a warp or half of one");
   constexpr int K = 32 / SPAN;  // vectors (and rows per slot) per lane
@@ -107,7 +120,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(c
   float4 c[K], sn[K];
   uint2 w[2][K];
 #pragma unroll
-  for (int j = 0; j < K; ++j) {
+  for (int j = 0; j < K && !STAGED; ++j) {  // STAGED: read from shared memory where used
     const int v = u + SPAN * j;
     c[j] = sn[j] = make_float4(0.f, 0.f, 0.f, 0.f);
     if (p.cos != nullptr && on[j]) {
@@ -121,14 +134,37 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(c
   const int64_t out_token = (b * p.S + sj) * p.H * p.D;  // element offset of this token's first output row
 
   const int rows = p.roles * p.H;
+  extern __shared__ uint2 staged[];  // STAGED: the token's rows, row r at vector r * (D / 4); then cos, sin, weights
+  const uint2* s_tab = staged + rows * 32;  // cos (64 vectors), sin (64), q weight (32), k weight (32)
+  if constexpr (STAGED) {
+    constexpr int kChunks = 16;  // 16-byte copies per 128-element row
+    for (int c = static_cast<int>(threadIdx.x); c < rows * kChunks; c += kWarps * 32) {
+      const int r = c / kChunks, part = c % kChunks;
+      uint32_t head;
+      const uint32_t role = p.heads.divmod(static_cast<uint32_t>(r), head);
+      norm::cp_async(staged + r * 32 + part * 2, tr.row(role, head) + part * 8, true);
+    }
+    const int t = static_cast<int>(threadIdx.x);
+    if (p.cos != nullptr && t < 64) {  // 32 copies of 16 bytes per table row
+      const float* src = (t < 32 ? p.cos : p.sin) + sj * 128 + (t % 32) * 4;
+      norm::cp_async(staged + rows * 32 + (t < 32 ? 0 : 64) + (t % 32) * 2, src, true);
+    } else if (t >= 64 && t < 128 && wp[(t - 64) / 32] != nullptr) {  // 32 copies of 8 bytes per weight
+      const int r = (t - 64) / 32, v = t % 32;
+      norm::cp_async(staged + rows * 32 + 128 + 32 * r + v, wp[r] + 4 * v, false);
+    }
+    norm::cp_async_wait_all();
+    __syncthreads();
+  }
   const int slots = (rows + K - 1) / K;
   for (int base = warp; base < slots; base += kWarps * R) {
     uint2 x[R][K];
     uint32_t role_of[R], head_of[R];
 #pragma unroll
     for (int q = 0; q < R; ++q) {
-      role_of[q] = role_and_head(p.heads, (base + q * kWarps) * K + seg, rows, head_of[q]);
-      const uint2* row = reinterpret_cast<const uint2*>(tr.row(role_of[q] < 3 ? role_of[q] : 0, head_of[q]));
+      const int r = (base + q * kWarps) * K + seg;
+      role_of[q] = role_and_head(p.heads, r, rows, head_of[q]);
+      const uint2* row = STAGED ? staged + r * 32
+                                : reinterpret_cast<const uint2*>(tr.row(role_of[q] < 3 ? role_of[q] : 0, head_of[q]));
 #pragma unroll
       for (int j = 0; j < K; ++j) x[q][j] = (role_of[q] < 3 && on[j]) ? row[u + SPAN * j] : make_uint2(0, 0);
     }
@@ -149,12 +185,16 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(c
         const bool has_w = (role == 0 ? wp[0] : wp[1]) != nullptr;
 #pragma unroll
         for (int j = 0; j < K; ++j) {
-          const uint2 wr = role == 0 ? w[0][j] : w[1][j];
+          const int v = u + SPAN * j;
+          const uint2 wr = STAGED ? s_tab[128 + (role == 0 ? 0 : 32) + v] : role == 0 ? w[0][j] : w[1][j];
           y[j] = make_uint2(norm::rms_norm_pair(y[j].x, rstd, has_w, wr.x),
                             norm::rms_norm_pair(y[j].y, rstd, has_w, wr.y));
-          if (p.cos != nullptr)
-            y[j] = make_uint2(num::rope_interleaved_bf16x2(y[j].x, c[j].x, sn[j].x, c[j].y, sn[j].y),
-                              num::rope_interleaved_bf16x2(y[j].y, c[j].z, sn[j].z, c[j].w, sn[j].w));
+          if (p.cos != nullptr) {
+            const float4 cj = STAGED ? reinterpret_cast<const float4*>(s_tab)[v] : c[j];
+            const float4 sj4 = STAGED ? reinterpret_cast<const float4*>(s_tab + 64)[v] : sn[j];
+            y[j] = make_uint2(num::rope_interleaved_bf16x2(y[j].x, cj.x, sj4.x, cj.y, sj4.y),
+                              num::rope_interleaved_bf16x2(y[j].y, cj.z, sj4.z, cj.w, sj4.w));
+          }
         }
       }
       if (role < 3) {
@@ -227,6 +267,17 @@ void require_output(detail::Support& s, const difuse_tensor_view& out, const cha
   for (const difuse_tensor_view* in : inputs)
     if (present(*in) && in->data != nullptr)
       DIFUSE_REQUIRE(s, !detail::overlaps(out, *in), n + " overlaps an input");
+}
+
+// Every present q, k, v row of both streams starts 16 bytes aligned (the staged kernel's 16-byte cp.async).
+bool rows_aligned16(const Params& p) {
+  for (const Stream* st : {&p.first, &p.second})
+    for (int r = 0; r < p.roles; ++r) {
+      const HeadView& v = st->t[r];
+      if (v.data == nullptr) continue;
+      if (!detail::aligned(v.data, 16) || v.sb % 8 != 0 || v.ss % 8 != 0 || v.sh % 8 != 0) return false;
+    }
+  return true;
 }
 
 }  // namespace
@@ -336,7 +387,21 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   // 58.5 us, 2 slots 68.3, full warp 3 rows 63.3, 2 rows 65.3; single 43.6 vs 50.0 (fastest at all five shapes).
   // DIFUSE_QK_LANES_PER_ROW=32 (for measurement): a warp per row, DIFUSE_QK_ROWS_PER_WARP rows (default 3).
   static const int lanes_knob = detail::positive_env_knob("DIFUSE_QK_LANES_PER_ROW");
-  if (lanes_knob != 32) {
+  static const int staged_knob = detail::positive_env_knob("DIFUSE_QK_STAGED");
+  const size_t staged_bytes = static_cast<size_t>(p.roles) * p.H * p.D * sizeof(uint16_t) + 192 * sizeof(uint2);
+  if (lanes_knob != 32 && staged_knob == 1 && p.D == 128 && staged_bytes <= 48 * 1024 && rows_aligned16(p)) {
+    // 32 registers, 8 blocks of 256 threads per SM (ptxas, scripts/kernel-resources.sh): up to 8 tokens' rows in
+    // flight per SM, ~156 KB of shared memory, so the carveout is set to the most shared memory once per device.
+    auto kernel = qk_norm_rope_kernel<16, 1, 8, true>;
+    static std::atomic<uint64_t> carveout_set{0};
+    const uint64_t bit = uint64_t{1} << (a.q.device & 63);
+    if (!(carveout_set.load(std::memory_order_acquire) & bit)) {
+      DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             cudaSharedmemCarveoutMaxShared));
+      carveout_set.fetch_or(bit, std::memory_order_acq_rel);
+    }
+    kernel<<<grid, block, staged_bytes, stream>>>(p);
+  } else if (lanes_knob != 32) {
     if (knob >= 2)
       qk_norm_rope_kernel<16, 2, 3><<<grid, block, 0, stream>>>(p);
     else
