@@ -113,7 +113,7 @@ Registers Per Thread|Block Limit|Warp Cycles Per Issued|Issued Warp Per Schedule
 # sweeps/<op>-<tag>.json, packed into sweeps.tgz. The default list times the alternatives to each default.
 DEFAULT_SWEEPS="DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=3:qk_norm_rope_flux;\
 DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_flux;DIFUSE_QK_STAGED=1:qk_norm_rope_flux;\
-DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_qwen;\
+DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_qwen;DIFUSE_QK_STAGED=1:qk_norm_rope_qwen;\
 DIFUSE_RMS_LANES_PER_ROW=32,DIFUSE_RMS_ROWS_PER_WARP=4:rms_norm;DIFUSE_RMS_STAGED_ROWS=1:rms_norm;\
 DIFUSE_RMSD_ROWS_PER_WARP=1:rms_norm_diffusers;\
 DIFUSE_QK_LANES_PER_ROW=32:qk_norm_sd35;DIFUSE_QK_ROWS_PER_WARP=4:qk_norm_sd35;\

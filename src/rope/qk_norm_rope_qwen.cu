@@ -38,11 +38,14 @@
 // tests/gpu/test_qk_norm_rope_qwen.py (255 cases, incl. the real QwenDoubleStreamAttnProcessor2_0, the half-warp
 // default for 128-element heads with 1 and 2 slots, the full-warp 2- and 4-row variants), 0 failed, 0 skipped
 // (bench/results/h200/tests.json).
+// The staged variant (DIFUSE_QK_STAGED=1) came after it: not yet run there.
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/token_rows.cuh"
 
 #include <cuda_runtime.h>
+
+#include <atomic>
 
 #include <string>
 
@@ -53,6 +56,7 @@
 #include "difuse/numerics/bf16.h"
 #include "difuse/numerics/rope.h"
 #include "norm/diffusers_head_norm.h"
+#include "norm/row_staging.cuh"
 #include "norm/rms_norm_diffusers.h"
 #include "rope/head_views.h"
 
@@ -88,11 +92,18 @@ struct Params {
 // One block per joint token (b, sj): its 3H head rows, warp w taking rows w, w + 8, ... R at a time (all R loads
 // before any reduction, the R shuffle trees interleaved; rows past the end carry zeros and are not stored). What
 // depends only on the token (TokenRows, the freqs, the weights, the output base) is computed once per block.
-template <int E, int R, int MIN_BLOCKS, int SPAN = 32>
+//
+// STAGED (DIFUSE_QK_STAGED=1, for measurement; half-warp 128-element rows 16-byte aligned, the token's rows within
+// 48 KB): the block first copies its token's 3H rows, its stream's freqs row and the q and k weights into shared
+// memory with cp.async, all in flight at once, then runs the same arithmetic reading them from there (as
+// qk_norm_rope.cu's staged kernel). Row r sits at vector 32 r; then the freqs (64 complex), q weight (32
+// vectors), k weight (32).
+template <int E, int R, int MIN_BLOCKS, int SPAN = 32, bool STAGED = false>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_kernel(const Params p) {
   // SPAN 16 (the default for head_dim 128, only there): half a warp per row, lane u holding runs u and
   // u + 16 (norm::head_rstd_half_warp); slots of two rows, as in qk_norm_rope.cu.
   static_assert(SPAN == 32 || (SPAN == 16 && E == 4), "half-warp rows need 128-element heads");
+  static_assert(!STAGED || SPAN == 16, "the staged kernel is the half-warp one");
   constexpr int K = 32 / SPAN;
   using norm::HeadRun;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -111,7 +122,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_ker
   float fc[K][E / 2], fd[K][E / 2];  // each run's E / 2 complex freqs (c + di)
   HeadRun<E> wq[K], wk[K];
 #pragma unroll
-  for (int j = 0; j < K; ++j) {
+  for (int j = 0; j < K && !STAGED; ++j) {  // STAGED: read from shared memory where used
     const int v = u + SPAN * j;
 #pragma unroll
     for (int e = 0; e < E / 2; ++e) fc[j][e] = fd[j][e] = 0.f;
@@ -133,14 +144,36 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_ker
   const int64_t out_token = (b * p.S + sj) * p.H * p.D;  // output row of head h: out_token + h * D
 
   const int rows = 3 * p.H;
+  extern __shared__ uint2 staged[];  // STAGED: the token's rows (row r at vector 32 r), freqs, weights
+  const uint2* s_tab = staged + rows * 32;
+  if constexpr (STAGED) {
+    constexpr int kChunks = 16;  // 16-byte copies per 128-element row
+    for (int c = static_cast<int>(threadIdx.x); c < rows * kChunks; c += kWarps * 32) {
+      const int r = c / kChunks, part = c % kChunks;
+      uint32_t head;
+      const uint32_t role = p.heads.divmod(static_cast<uint32_t>(r), head);
+      norm::cp_async(staged + r * 32 + part * 2, tr.row(role, head) + part * 8, true);
+    }
+    const int t = static_cast<int>(threadIdx.x);
+    if (t < 64) {  // one complex (8 bytes) per copy
+      if (st.freqs != nullptr) norm::cp_async(staged + rows * 32 + t, st.freqs + s * st.freqs_rs + 2 * t, false);
+    } else if (t < 128 && st.w[(t - 64) / 32] != nullptr) {  // 8 bytes per copy
+      const int r = (t - 64) / 32, v = t % 32;
+      norm::cp_async(staged + rows * 32 + 64 + 32 * r + v, st.w[r] + 4 * v, false);
+    }
+    norm::cp_async_wait_all();
+    __syncthreads();
+  }
   const int slots = (rows + K - 1) / K;
   for (int base = warp; base < slots; base += kWarps * R) {
     HeadRun<E> x[R][K];
     uint32_t role_of[R], head_of[R];
 #pragma unroll
     for (int q = 0; q < R; ++q) {
-      role_of[q] = role_and_head(p.heads, (base + q * kWarps) * K + seg, rows, head_of[q]);
-      const uint16_t* row = tr.row(role_of[q] < 3 ? role_of[q] : 0, head_of[q]);
+      const int r = (base + q * kWarps) * K + seg;
+      role_of[q] = role_and_head(p.heads, r, rows, head_of[q]);
+      const uint16_t* row = STAGED ? reinterpret_cast<const uint16_t*>(staged + r * 32)
+                                   : tr.row(role_of[q] < 3 ? role_of[q] : 0, head_of[q]);
 #pragma unroll
       for (int j = 0; j < K; ++j)
         x[q][j] = (role_of[q] < 3 && on[j]) ? norm::load_run<E>(row, u + SPAN * j) : norm::zero_run<E>();
@@ -163,17 +196,38 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_ker
       for (int j = 0; j < K; ++j) {
         HeadRun<E> y = x[q][j];
         if (role < 2) {
-          y = norm::diffusers_norm_run<E>(x[q][j], rstd[q], role == 0 ? has_wq : has_wk,
-                                          norm::select_run<E>(role == 0, wq[j], wk[j]));
+          const int v = u + SPAN * j;
+          HeadRun<E> wr;
+          if constexpr (STAGED) {
+            const uint2 wv = s_tab[64 + (role == 0 ? 0 : 32) + v];
+            wr.w[0] = wv.x;
+            wr.w[1] = wv.y;
+          } else {
+            wr = norm::select_run<E>(role == 0, wq[j], wk[j]);
+          }
+          y = norm::diffusers_norm_run<E>(x[q][j], rstd[q], role == 0 ? has_wq : has_wk, wr);
           if (st.freqs != nullptr) {
 #pragma unroll
-            for (int e = 0; e < E / 2; ++e) y.w[e] = num::rope_complex_bf16x2(y.w[e], fc[j][e], fd[j][e]);
+            for (int e = 0; e < E / 2; ++e) {
+              const float2 f = STAGED ? reinterpret_cast<const float2*>(s_tab)[v * (E / 2) + e]
+                                      : make_float2(fc[j][e], fd[j][e]);
+              y.w[e] = num::rope_complex_bf16x2(y.w[e], f.x, f.y);
+            }
           }
         }
         if (on[j]) norm::store_run<E>(orow, u + SPAN * j, y);
       }
     }
   }
+}
+
+// Every q, k, v row of both streams starts 16 bytes aligned (the staged kernel's 16-byte cp.async).
+bool rows_aligned16(const Params& p) {
+  for (const Stream* st : {&p.txt, &p.img})
+    for (const HeadView& v : st->t)
+      if (v.data != nullptr && (!detail::aligned(v.data, 16) || v.sb % 8 != 0 || v.ss % 8 != 0 || v.sh % 8 != 0))
+        return false;
+  return true;
 }
 
 void require_freqs(detail::Support& s, const difuse_tensor_view& f, const char* name, int64_t S, int64_t D,
@@ -283,7 +337,19 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
   // H200 at 5fa0c2a (knob-sweeps/), 1x4608x24x128 txt512: 1 slot 60.6 us, 2 slots 67.3, full warp 2 rows 74.8
   // (fastest at all four shapes). DIFUSE_QK_LANES_PER_ROW=32 (for measurement) keeps a warp per row.
   static const int lanes_knob = detail::positive_env_knob("DIFUSE_QK_LANES_PER_ROW");
-  if (lanes_knob != 32 && p.D == 128) {
+  static const int staged_knob = detail::positive_env_knob("DIFUSE_QK_STAGED");
+  const size_t staged_bytes = static_cast<size_t>(3) * p.H * p.D * sizeof(uint16_t) + 128 * sizeof(uint2);
+  if (lanes_knob != 32 && staged_knob == 1 && p.D == 128 && staged_bytes <= 48 * 1024 && rows_aligned16(p)) {
+    auto kernel = qk_norm_rope_qwen_kernel<4, 1, 8, 16, true>;
+    static std::atomic<uint64_t> carveout_set{0};  // most shared memory: 8 blocks of ~19 KB per SM
+    const uint64_t bit = uint64_t{1} << (a.q.device & 63);
+    if (!(carveout_set.load(std::memory_order_acquire) & bit)) {
+      DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             cudaSharedmemCarveoutMaxShared));
+      carveout_set.fetch_or(bit, std::memory_order_acq_rel);
+    }
+    kernel<<<grid, block, staged_bytes, stream>>>(p);
+  } else if (lanes_knob != 32 && p.D == 128) {
     if (rows_per_warp_knob() >= 2)
       qk_norm_rope_qwen_kernel<4, 2, 3, 16><<<grid, block, 0, stream>>>(p);
     else

@@ -245,3 +245,37 @@ def test_half_warp_rows(slots):
              ((3, 20, 61, 2, 64), True), ((1, 17, 40, 1, 128), True)]
     assert_exact_under(exactness_script("qk_norm_rope_qwen", specs, 1100), DIFUSE_QK_LANES_PER_ROW="16",
                        DIFUSE_QK_ROWS_PER_WARP=slots)
+
+
+def test_staged_rows_variant():
+    """DIFUSE_QK_STAGED=1 (read once per process): 128-element heads whose rows are 16-byte aligned are first
+    copied, with the stream's freqs row and the weights, into shared memory (cp.async), then normalised and rotated
+    from there with the half-warp arithmetic: same bits (short and long prompts, fused and separate projections,
+    batch 2, odd head counts, no weights, no RoPE, adversarial values); 8-byte-aligned views and other head sizes
+    keep the default kernels, also exact."""
+    from knob_run import assert_exact_under, exactness_script, mismatch_script
+
+    specs = [((1, 512, 4096, 24, 128), True), ((2, 34, 300, 24, 128), False), ((3, 20, 61, 3, 128), True),
+             ((2, 16, 45, 17, 128), False), ((1, 33, 77, 3, 64), True)]
+    assert_exact_under(exactness_script("qk_norm_rope_qwen", specs, 1800), DIFUSE_QK_STAGED="1")
+    script = mismatch_script(
+        "g = torch.Generator(device='cuda').manual_seed(1801)\n"
+        "pats = torch.tensor([0x7F80, -128, 0, -32768, 0x7FC1, 0x0001, 0x7F7F, -129], dtype=torch.int16, device='cuda')\n"
+        "for B, S1, S2, H, offset, weights, rope in [(1, 40, 300, 24, 0, True, True), (2, 9, 33, 3, 4, False, True),\n"
+        "                                            (1, 17, 17, 24, 0, False, False), (1, 16, 20, 2, 4, True, True)]:\n"
+        "    a = list(ops._qk_norm_rope_qwen_inputs(((B, S1, S2, H, 128), False), 'cuda', g))\n"
+        "    # offset 4: rows 8- but not 16-byte aligned (the default kernel runs)\n"
+        "    for i in (0, 1, 2, 5, 6, 7):\n"
+        "        t = a[i]\n"
+        "        buf = torch.empty(t.numel() + offset, device='cuda', dtype=t.dtype)\n"
+        "        x = buf[offset:].view(t.shape)\n"
+        "        x.copy_(t)\n"
+        "        f = x.view(-1).view(torch.int16)\n"
+        "        f[::11] = pats[torch.arange(f[::11].numel(), device='cuda') % pats.numel()]\n"
+        "        a[i] = x\n"
+        "    if not weights:\n"
+        "        a[3] = a[4] = a[8] = a[9] = None\n"
+        "    if not rope:\n"
+        "        a[10] = a[11] = None\n"
+        "    bad += count_mismatches(ops.qk_norm_rope_qwen(*a), ops.qk_norm_rope_qwen_eager(*a))\n")
+    assert_exact_under(script, DIFUSE_QK_STAGED="1")
