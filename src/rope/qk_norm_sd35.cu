@@ -36,11 +36,14 @@
 // (now the default) ran there at daa91f6 through DIFUSE_QK_LANES_PER_ROW=16: test_half_warp_head_dim_64
 // (site shapes, odd head counts, no weights, adversarial values, 2 and 4 slots) passed and bench ops counted 0
 // mismatching elements (bench/results/h200/knob-sweeps/); the whole file has not yet run with it as the default.
+// The staged variant (DIFUSE_QK_STAGED=1) came after it: not yet run there.
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/token_rows.cuh"
 
 #include <cuda_runtime.h>
+
+#include <atomic>
 
 #include <string>
 
@@ -51,6 +54,7 @@
 #include "core/tensor.h"
 #include "difuse/numerics/bf16.h"
 #include "norm/diffusers_head_norm.h"
+#include "norm/row_staging.cuh"
 #include "norm/rms_norm_diffusers.h"
 #include "rope/head_views.h"
 
@@ -132,13 +136,17 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(c
   }
 }
 
-// head_dim 64 on half a warp (the default there; DIFUSE_QK_LANES_PER_ROW=32 for the full-warp kernel): two rows per warp instruction (a slot;
-// row 2 slot + seg, seg = the half), span lane u holding elements u, u + 16, u + 32, u + 48 of its row as 2-byte
-// loads, which is aten's element-to-lane map folded onto 16 lanes (norm::head64_span_lane_sum): no shuffle to
-// gather a lane's elements and a 4-level tree, where the full-warp kernel spends 2 gather shuffles and a 5-level
-// tree per row and loads a 128-byte row per warp instruction (ncu at 3e989f7: issue-bound, 0.83 warp
-// instructions per scheduler and cycle, DRAM 28 %). v rows are copied as raw bits (NaN payloads kept). The same arithmetic per row as qk_norm_sd35_kernel.
-template <int R, int MIN_BLOCKS>
+// head_dim 64 on half a warp (the default there; DIFUSE_QK_LANES_PER_ROW=32 for the full-warp kernel): two rows
+// per warp instruction (a slot; row 2 slot + seg, seg = the half), span lane u holding elements u, u + 16, u + 32,
+// u + 48 of its row as 2-byte loads, which is aten's element-to-lane map folded onto 16 lanes
+// (norm::head64_span_lane_sum): no shuffle to gather a lane's elements and a 4-level tree, where the full-warp
+// kernel spends 2 gather shuffles and a 5-level tree per row and loads a 128-byte row per warp instruction (ncu at
+// 3e989f7: issue-bound, 0.83 warp instructions per scheduler and cycle, DRAM 28 %). v rows are copied as raw bits
+// (NaN payloads kept). The same arithmetic per row as qk_norm_sd35_kernel.
+// STAGED (DIFUSE_QK_STAGED=1, for measurement; rows 16-byte aligned, the token's 3H rows within 48 KB): the block
+// first copies its token's rows into shared memory with cp.async (8 copies of 16 bytes per row, all in flight at
+// once), row r at element 64 r, then reads them from there.
+template <int R, int MIN_BLOCKS, bool STAGED = false>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_warp64(const Params p) {
   constexpr int D = 64;
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -165,6 +173,17 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_war
   const int64_t out_head = p.S * D;
 
   const int rows = 3 * p.H;
+  extern __shared__ uint4 staged64[];  // STAGED: the token's rows, row r at 16-byte chunk 8 r
+  if constexpr (STAGED) {
+    for (int c = static_cast<int>(threadIdx.x); c < rows * 8; c += kWarps * 32) {
+      const int r = c / 8, part = c % 8;
+      uint32_t head;
+      const uint32_t role = p.heads.divmod(static_cast<uint32_t>(r), head);
+      norm::cp_async(staged64 + c, tr.row(role, head) + part * 8, true);
+    }
+    norm::cp_async_wait_all();
+    __syncthreads();
+  }
   const int slots = (rows + 1) / 2;
   for (int base = warp; base < slots; base += kWarps * R) {
     uint16_t raw[R][4];
@@ -172,8 +191,10 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_war
     uint32_t role_of[R], head_of[R];
 #pragma unroll
     for (int q = 0; q < R; ++q) {
-      role_of[q] = role_and_head(p.heads, 2 * (base + q * kWarps) + seg, rows, head_of[q]);
-      const uint16_t* row = tr.row(role_of[q] < 3 ? role_of[q] : 0, head_of[q]) + u;
+      const int r = 2 * (base + q * kWarps) + seg;
+      role_of[q] = role_and_head(p.heads, r, rows, head_of[q]);
+      const uint16_t* row = (STAGED ? reinterpret_cast<const uint16_t*>(staged64 + 8 * r)
+                                    : tr.row(role_of[q] < 3 ? role_of[q] : 0, head_of[q])) + u;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
         raw[q][j] = role_of[q] < 3 ? row[16 * j] : uint16_t{0};
@@ -199,6 +220,15 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_war
       }
     }
   }
+}
+
+// Every q, k, v row of both streams starts 16 bytes aligned (the staged kernel's 16-byte cp.async).
+bool rows_aligned16(const Params& p) {
+  for (const Stream* st : {&p.img, &p.ctx})
+    for (const HeadView& v : st->t)
+      if (v.data != nullptr && (!detail::aligned(v.data, 16) || v.sb % 8 != 0 || v.ss % 8 != 0 || v.sh % 8 != 0))
+        return false;
+  return true;
 }
 
 }  // namespace
@@ -281,7 +311,19 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
   // >= 4). H200 at daa91f6 (knob-sweeps/): 2x38x4429x64 99.6 us vs 162.1 on full warps, 1x 52.4 vs 84.9.
   // DIFUSE_QK_LANES_PER_ROW=32 (for measurement) keeps the full-warp kernels.
   static const int lanes_knob = detail::positive_env_knob("DIFUSE_QK_LANES_PER_ROW");
-  if (lanes_knob != 32 && p.D == 64) {
+  static const int staged_knob = detail::positive_env_knob("DIFUSE_QK_STAGED");
+  const size_t staged_bytes = static_cast<size_t>(3) * p.H * 64 * sizeof(uint16_t);
+  if (lanes_knob != 32 && staged_knob == 1 && p.D == 64 && staged_bytes <= 48 * 1024 && rows_aligned16(p)) {
+    auto kernel = qk_norm_sd35_half_warp64<1, 8, true>;
+    static std::atomic<uint64_t> carveout_set{0};  // most shared memory: 8 blocks of ~15 KB per SM
+    const uint64_t bit = uint64_t{1} << (a.q.device & 63);
+    if (!(carveout_set.load(std::memory_order_acquire) & bit)) {
+      DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
+                                             cudaSharedmemCarveoutMaxShared));
+      carveout_set.fetch_or(bit, std::memory_order_acq_rel);
+    }
+    kernel<<<grid, block, staged_bytes, stream>>>(p);
+  } else if (lanes_knob != 32 && p.D == 64) {
     if (knob >= 4)
       qk_norm_sd35_half_warp64<4, 4><<<grid, block, 0, stream>>>(p);
     else
