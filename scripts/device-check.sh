@@ -61,9 +61,11 @@ stage_tests() {
     compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       compute-sanitizer --tool initcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck with the knob variants the smoke test reaches (DIFUSE_LNMOD_BLOCKS_PER_SM=8, DIFUSE_RMSMOD_ONE_PASS=1):" &&
-      DIFUSE_LNMOD_BLOCKS_PER_SM=8 DIFUSE_RMSMOD_ONE_PASS=1 \
-        compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick
+      echo "memcheck and racecheck with the knob variants the smoke test reaches (DIFUSE_LNMOD_BLOCKS_PER_SM=8, DIFUSE_RMSMOD_ONE_PASS=1, DIFUSE_QK_STAGED=1):" &&
+      DIFUSE_LNMOD_BLOCKS_PER_SM=8 DIFUSE_RMSMOD_ONE_PASS=1 DIFUSE_QK_STAGED=1 \
+        compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
+      DIFUSE_QK_STAGED=1 \
+        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick
   } >"$OUT/sanitizer.log" 2>&1
   local s=$?
   grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|passed, ' "$OUT/sanitizer.log"

@@ -1,5 +1,6 @@
 // Native GPU smoke test for libdifuse's C ABI (no torch): runs layernorm_modulate on every schedule
-// (one, two, four warps per row, 8- and 16-byte accesses, the two-pass kernel), checks that every output
+// (one, two, four warps per row, 8- and 16-byte accesses, the two-pass kernel), the other row ops and the
+// attention prologues (FLUX, Qwen-Image, SD3.5), checks that every output
 // element is written, that two launches give identical bits, and that the result is within a few bf16
 // ulps of the host emulation (whose rsqrt is approximate: exactness is the torch tests' job). Meant to
 // run under compute-sanitizer memcheck and racecheck. Exit code 0 = pass.
@@ -246,6 +247,222 @@ int run_rms_norm_modulate_cases() {  // narrow rows, K = 8, 24, 32, 48 and 64 la
          run_rms_norm_modulate(19, 4100, true, false) + run_rms_norm_modulate(16, 8160, false, true);
 }
 
+// The attention prologues (FLUX qk_norm_rope, Qwen-Image qk_norm_rope_qwen, SD3.5 qk_norm_sd35) on small joint
+// shapes: every output element written, deterministic, v copied bit for bit, q and k within a few bf16 ulps of a
+// double-precision RMSNorm (and RoPE). Under compute-sanitizer this covers the kernels' loads, including the
+// staged (cp.async) variants when DIFUSE_QK_STAGED=1 is set.
+struct DeviceBufs {
+  std::vector<void*> ptrs;
+  template <class T>
+  T* upload(const std::vector<T>& h) {
+    void* d = nullptr;
+    CHECK_CUDA(cudaMalloc(&d, h.size() * sizeof(T) + 16));
+    CHECK_CUDA(cudaMemcpy(d, h.data(), h.size() * sizeof(T), cudaMemcpyHostToDevice));
+    ptrs.push_back(d);
+    return static_cast<T*>(d);
+  }
+  uint16_t* poisoned(int64_t n) {
+    void* d = nullptr;
+    CHECK_CUDA(cudaMalloc(&d, n * 2));
+    CHECK_CUDA(cudaMemset(d, 0xFF, n * 2));
+    ptrs.push_back(d);
+    return static_cast<uint16_t*>(d);
+  }
+  ~DeviceBufs() {
+    for (void* p : ptrs) cudaFree(p);
+  }
+};
+
+std::vector<uint16_t> random_bf16_vec(std::mt19937& rng, int64_t n, float mean, float sd) {
+  std::normal_distribution<float> nd(mean, sd);
+  std::vector<uint16_t> v(n);
+  for (auto& x : v) x = num::float_to_bf16_rne(nd(rng));
+  return v;
+}
+
+// rstd of one row as the eager norm computes it, in double.
+double row_rstd(const uint16_t* x, int d, double eps) {
+  double ss = 0;
+  for (int i = 0; i < d; ++i) ss += static_cast<double>(num::bf16_to_float(x[i])) * num::bf16_to_float(x[i]);
+  return 1.0 / std::sqrt(ss / d + eps);
+}
+
+// Counts over a prologue's outputs: poisoned (unwritten) and nondeterministic elements, q/k elements out of
+// tolerance, v elements whose bits differ from the input.
+struct Tally {
+  int64_t unwritten = 0, nondet = 0, far = 0, v_bits = 0;
+  bool ok() const { return unwritten == 0 && nondet == 0 && far == 0 && v_bits == 0; }
+};
+
+void tally_outputs(Tally& t, const std::vector<uint16_t>& o1, const std::vector<uint16_t>& o2) {
+  for (size_t i = 0; i < o1.size(); ++i) {
+    t.unwritten += o1[i] == 0xFFFF;
+    t.nondet += o1[i] != o2[i];
+  }
+}
+
+void check_close(Tally& t, uint16_t got, double want, double scale) {
+  t.far += std::fabs(num::bf16_to_float(got) - want) > std::ldexp(scale, -5) + 1e-3;
+}
+
+std::vector<uint16_t> download(const uint16_t* d, int64_t n) {
+  std::vector<uint16_t> h(n);
+  CHECK_CUDA(cudaMemcpy(h.data(), d, n * 2, cudaMemcpyDeviceToHost));
+  return h;
+}
+
+int report_prologue(const char* name, const Tally& t) {
+  std::printf("%-4s %s: unwritten %lld, nondeterministic %lld, out of tolerance %lld, v bits differing %lld\n",
+              t.ok() ? "ok" : "FAIL", name, (long long)t.unwritten, (long long)t.nondet, (long long)t.far,
+              (long long)t.v_bits);
+  return t.ok() ? 0 : 1;
+}
+
+// FLUX (qk_norm_rope, D = 128, torch.nn.RMSNorm then interleaved RoPE) or Qwen-Image (qk_norm_rope_qwen, diffusers
+// RMSNorm then the complex RoPE): streams [B, S, H, D] contiguous, first/text stream first in the joint output.
+int run_joint_prologue(bool qwen) {
+  const int64_t B = 2, S1 = 6, S2 = 13, H = 3, D = 128, S = S1 + S2;
+  const double eps = 1e-6;
+  std::mt19937 rng(qwen ? 91 : 90);
+  std::vector<uint16_t> hx[2][3], hw[2][2];
+  for (int st = 0; st < 2; ++st) {
+    for (int r = 0; r < 3; ++r) hx[st][r] = random_bf16_vec(rng, B * (st ? S2 : S1) * H * D, 0.f, 1.f);
+    for (int r = 0; r < 2; ++r) hw[st][r] = random_bf16_vec(rng, D, 1.f, 0.2f);
+  }
+  // FLUX: cos, sin [S, D] fp32 (pairs share an angle); Qwen: (cos, sin) pairs [S_stream, D] per stream
+  std::uniform_real_distribution<float> ang(-3.f, 3.f);
+  std::vector<float> tab[2];
+  for (int k = 0; k < 2; ++k) {
+    const int64_t rows = qwen ? (k ? S2 : S1) : S;
+    tab[k].resize(rows * D);
+    for (int64_t s = 0; s < rows; ++s)
+      for (int i = 0; i < D / 2; ++i) {
+        const float a = ang(rng);
+        if (qwen) {
+          tab[k][s * D + 2 * i] = std::cos(a), tab[k][s * D + 2 * i + 1] = std::sin(a);
+        } else {
+          tab[k][s * D + 2 * i] = tab[k][s * D + 2 * i + 1] = k ? std::sin(a) : std::cos(a);
+        }
+      }
+  }
+  DeviceBufs bufs;
+  TensorView in[2][3], w[2][2], out[3], t[2];
+  for (int st = 0; st < 2; ++st) {
+    for (int r = 0; r < 3; ++r)
+      in[st][r] = TensorView::contiguous(bufs.upload(hx[st][r]), DType::BF16, {B, st ? S2 : S1, H, D}, 0);
+    for (int r = 0; r < 2; ++r) w[st][r] = TensorView::contiguous(bufs.upload(hw[st][r]), DType::BF16, {D}, 0);
+  }
+  for (int k = 0; k < 2; ++k)
+    t[k] = TensorView::contiguous(bufs.upload(tab[k]), DType::F32, {qwen ? (k ? S2 : S1) : S, D}, 0);
+  uint16_t* dout[3];
+  for (int r = 0; r < 3; ++r) {
+    dout[r] = bufs.poisoned(B * S * H * D);
+    out[r] = TensorView::contiguous(dout[r], DType::BF16, {B, S, H, D}, 0);
+  }
+  auto launch = [&] {
+    if (qwen) {
+      const difuse_qk_norm_rope_qwen_args a{&out[0], &out[1], &out[2], &in[1][0], &in[1][1], &in[1][2], &w[1][0],
+                                            &w[1][1], &in[0][0], &in[0][1], &in[0][2], &w[0][0], &w[0][1], &t[1],
+                                            &t[0], eps};
+      qk_norm_rope_qwen(a);
+    } else {
+      const difuse_qk_norm_rope_args a{&out[0], &out[1], &out[2], &in[1][0], &in[1][1], &in[1][2], &w[1][0],
+                                       &w[1][1], &in[0][0], &in[0][1], &in[0][2], &w[0][0], &w[0][1], &t[0], &t[1],
+                                       eps};
+      qk_norm_rope(a);
+    }
+    CHECK_CUDA(cudaDeviceSynchronize());
+  };
+  launch();
+  std::vector<uint16_t> o1[3];
+  for (int r = 0; r < 3; ++r) o1[r] = download(dout[r], B * S * H * D);
+  launch();
+  Tally tl;
+  for (int r = 0; r < 3; ++r) tally_outputs(tl, o1[r], download(dout[r], B * S * H * D));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < S; ++j) {
+      const int st = j < S1 ? 0 : 1;
+      const int64_t s = st ? j - S1 : j, Ss = st ? S2 : S1;
+      for (int64_t h = 0; h < H; ++h) {
+        const int64_t src = ((b * Ss + s) * H + h) * D, dst = ((b * S + j) * H + h) * D;
+        for (int i = 0; i < D; ++i) tl.v_bits += o1[2][dst + i] != hx[st][2][src + i];
+        for (int r = 0; r < 2; ++r) {
+          const uint16_t* x = hx[st][r].data() + src;
+          const double rstd = row_rstd(x, static_cast<int>(D), eps);
+          for (int i = 0; i < D; i += 2) {
+            const double y0 = num::bf16_to_float(x[i]) * rstd * num::bf16_to_float(hw[st][r][i]);
+            const double y1 = num::bf16_to_float(x[i + 1]) * rstd * num::bf16_to_float(hw[st][r][i + 1]);
+            double c0, s0, c1, s1;
+            if (qwen) {
+              c0 = c1 = tab[st][s * D + i], s0 = s1 = tab[st][s * D + i + 1];
+            } else {
+              c0 = tab[0][j * D + i], c1 = tab[0][j * D + i + 1], s0 = tab[1][j * D + i], s1 = tab[1][j * D + i + 1];
+            }
+            // FLUX: out[2i] = y0 c - y1 s, out[2i+1] = y1 c + y0 s; Qwen: (y0 + i y1)(c + i s), the same form
+            check_close(tl, o1[r][dst + i], y0 * c0 - y1 * s0, std::fabs(y0 * c0) + std::fabs(y1 * s0));
+            check_close(tl, o1[r][dst + i + 1], y1 * c1 + y0 * s1, std::fabs(y1 * c1) + std::fabs(y0 * s1));
+          }
+        }
+      }
+    }
+  return report_prologue(qwen ? "qk_norm_rope_qwen 2x(6+13)x3x128" : "qk_norm_rope 2x(6+13)x3x128", tl);
+}
+
+// SD3.5 (qk_norm_sd35, D = 64): [B, H, S, D] views of [B, S, H, D] projections, image first in the joint output.
+int run_sd35_prologue() {
+  const int64_t B = 2, S1 = 13, S2 = 6, H = 3, D = 64, S = S1 + S2;
+  const double eps = 1e-6;
+  std::mt19937 rng(92);
+  std::vector<uint16_t> hx[2][3], hw[2][2];
+  for (int st = 0; st < 2; ++st) {
+    for (int r = 0; r < 3; ++r) hx[st][r] = random_bf16_vec(rng, B * (st ? S2 : S1) * H * D, 0.f, 1.f);
+    for (int r = 0; r < 2; ++r) hw[st][r] = random_bf16_vec(rng, D, 1.f, 0.2f);
+  }
+  DeviceBufs bufs;
+  TensorView in[2][3], w[2][2], out[3];
+  for (int st = 0; st < 2; ++st) {
+    const int64_t Ss = st ? S2 : S1;
+    for (int r = 0; r < 3; ++r)
+      in[st][r] = TensorView(bufs.upload(hx[st][r]), DType::BF16, {B, H, Ss, D}, {Ss * H * D, D, H * D, 1}, 0);
+    for (int r = 0; r < 2; ++r) w[st][r] = TensorView::contiguous(bufs.upload(hw[st][r]), DType::BF16, {D}, 0);
+  }
+  uint16_t* dout[3];
+  for (int r = 0; r < 3; ++r) {
+    dout[r] = bufs.poisoned(B * H * S * D);
+    out[r] = TensorView::contiguous(dout[r], DType::BF16, {B, H, S, D}, 0);
+  }
+  const difuse_qk_norm_sd35_args a{&out[0], &out[1], &out[2], &in[0][0], &in[0][1], &in[0][2], &w[0][0], &w[0][1],
+                                   &in[1][0], &in[1][1], &in[1][2], &w[1][0], &w[1][1], eps};
+  qk_norm_sd35(a);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  std::vector<uint16_t> o1[3];
+  for (int r = 0; r < 3; ++r) o1[r] = download(dout[r], B * H * S * D);
+  qk_norm_sd35(a);
+  CHECK_CUDA(cudaDeviceSynchronize());
+  Tally tl;
+  for (int r = 0; r < 3; ++r) tally_outputs(tl, o1[r], download(dout[r], B * H * S * D));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t h = 0; h < H; ++h)
+      for (int64_t j = 0; j < S; ++j) {
+        const int st = j < S1 ? 0 : 1;
+        const int64_t s = st ? j - S1 : j, Ss = st ? S2 : S1;
+        const int64_t src = ((b * Ss + s) * H + h) * D, dst = ((b * H + h) * S + j) * D;
+        for (int i = 0; i < D; ++i) tl.v_bits += o1[2][dst + i] != hx[st][2][src + i];
+        for (int r = 0; r < 2; ++r) {
+          const uint16_t* x = hx[st][r].data() + src;
+          const double rstd = row_rstd(x, static_cast<int>(D), eps);
+          for (int i = 0; i < D; ++i) {
+            const double y = num::bf16_to_float(x[i]) * rstd * num::bf16_to_float(hw[st][r][i]);
+            check_close(tl, o1[r][dst + i], y, std::fabs(y));
+          }
+        }
+      }
+  return report_prologue("qk_norm_sd35 2x3x(13+6)x64", tl);
+}
+
+constexpr int kPrologueCases = 3;
+int run_prologues() { return run_joint_prologue(false) + run_joint_prologue(true) + run_sd35_prologue(); }
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -261,12 +478,13 @@ int main(int argc, char** argv) {
     fails += run_case(1, 3, 30000, 2, false);  // two-pass kernel
     fails += run_other_ops();
     fails += run_rms_norm_modulate_cases();
+    fails += run_prologues();
     if (!quick) fails += run_case(1, 4096, 3072, 6, false);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "exception: %s\n", e.what());
     return 2;
   }
-  const int total = (quick ? 7 : 8) + 8 + kRmsModulateCases;
+  const int total = (quick ? 7 : 8) + 8 + kRmsModulateCases + kPrologueCases;
   std::printf("%d passed, %d failed\n", total - fails, fails);
   return fails ? 1 : 0;
 }
