@@ -36,6 +36,20 @@ def exactness_script(op: str, specs, seed: int) -> str:
         "    bad += count_mismatches(ops.%s(*a), ops.%s_eager(*a))\n" % (list(specs), seed, op, op, op))
 
 
+# Script lines (for mismatch_script bodies) defining place(t, offset): a contiguous copy of t starting `offset`
+# elements past a fresh allocation (offset 4: 8- but not 16-byte aligned rows), every 11th element overwritten
+# with adversarial bf16 patterns (+-inf, +-0, a NaN with a payload, the smallest subnormal, +-max).
+PLACE_ADVERSARIAL = (
+    "pats = torch.tensor([0x7F80, -128, 0, -32768, 0x7FC1, 0x0001, 0x7F7F, -129], dtype=torch.int16, device='cuda')\n"
+    "def place(t, offset):\n"
+    "    buf = torch.empty(t.numel() + offset, device='cuda', dtype=t.dtype)\n"
+    "    x = buf[offset:].view(t.shape)\n"
+    "    x.copy_(t)\n"
+    "    f = x.view(-1).view(torch.int16)\n"
+    "    f[::11] = pats[torch.arange(f[::11].numel(), device='cuda') % pats.numel()]\n"
+    "    return x\n")
+
+
 def assert_exact_under(script: str, **env) -> None:
     """Runs a mismatch/exactness script with the given knob environment; fails with its output unless it passed."""
     r = run_with_env(script, **env)
