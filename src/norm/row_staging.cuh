@@ -1,5 +1,6 @@
 // Device and launch helpers shared by the row kernels that stage rows in shared memory
-// (layernorm_modulate, rms_norm): cp.async copies, the row-group barrier, the shared-memory opt-in.
+// (layernorm_modulate, rms_norm, the staged attention prologues): cp.async copies, the row-group barrier, the
+// shared-memory opt-in and carveout.
 #pragma once
 
 #include <cuda_runtime.h>
@@ -31,13 +32,27 @@ __device__ __forceinline__ void row_sync() {
     __syncthreads();
 }
 
-// Raises a kernel's dynamic shared-memory limit to `bytes`, once per device (bit per device ordinal).
+// Sets one attribute of a kernel once per device (bit per device ordinal in `done`).
 template <class Kernel>
-void opt_in_shared_memory(Kernel kernel, int device, int bytes, std::atomic<uint64_t>& done) {
+void set_attribute_once(Kernel kernel, int device, cudaFuncAttribute attr, int value, std::atomic<uint64_t>& done) {
   const uint64_t bit = uint64_t{1} << (device & 63);
   if (done.load(std::memory_order_acquire) & bit) return;
-  DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, attr, value));
   done.fetch_or(bit, std::memory_order_acq_rel);
+}
+
+// Raises a kernel's dynamic shared-memory limit to `bytes`, once per device.
+template <class Kernel>
+void opt_in_shared_memory(Kernel kernel, int device, int bytes, std::atomic<uint64_t>& done) {
+  set_attribute_once(kernel, device, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes, done);
+}
+
+// Prefers the largest shared-memory carveout for a kernel (L1 gets the rest), once per device: for kernels whose
+// occupancy is set by their staged rows.
+template <class Kernel>
+void prefer_max_shared_carveout(Kernel kernel, int device, std::atomic<uint64_t>& done) {
+  set_attribute_once(kernel, device, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared,
+                     done);
 }
 
 }  // namespace difuse::norm

@@ -34,6 +34,7 @@
 // The staged variant (DIFUSE_QK_STAGED=1) came after it: not yet run there.
 #include "rope/qk_norm_rope.h"
 #include "rope/rows_per_warp_knob.h"
+#include "rope/staged_token_rows.cuh"
 #include "rope/token_rows.cuh"
 
 #include <cuda_runtime.h>
@@ -51,7 +52,6 @@
 #include "difuse/numerics/rope.h"
 #include "norm/head_rms_span.cuh"
 #include "norm/layernorm_schedule.h"
-#include "norm/row_staging.cuh"
 
 namespace difuse::rope {
 
@@ -135,16 +135,11 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(c
   const int64_t out_token = (b * p.S + sj) * p.H * p.D;  // element offset of this token's first output row
 
   const int rows = p.roles * p.H;
-  extern __shared__ uint2 staged[];  // STAGED: the token's rows, row r at vector r * (D / 4); then cos, sin, weights
+  extern __shared__ uint4 staged16[];  // STAGED: the token's rows, row r at vector r * (D / 4); then cos, sin, weights
+  uint2* staged = reinterpret_cast<uint2*>(staged16);
   const uint2* s_tab = staged + rows * 32;  // cos (64 vectors), sin (64), q weight (32), k weight (32)
   if constexpr (STAGED) {
-    constexpr int kChunks = 16;  // 16-byte copies per 128-element row
-    for (int c = static_cast<int>(threadIdx.x); c < rows * kChunks; c += kWarps * 32) {
-      const int r = c / kChunks, part = c % kChunks;
-      uint32_t head;
-      const uint32_t role = p.heads.divmod(static_cast<uint32_t>(r), head);
-      norm::cp_async(staged + r * 32 + part * 2, tr.row(role, head) + part * 8, true);
-    }
+    stage_token_rows<16, kWarps * 32>(staged16, tr, p.heads, rows);  // 16 copies of 16 bytes per 128-element row
     const int t = static_cast<int>(threadIdx.x);
     if (p.cos != nullptr && t < 64) {  // 32 copies of 16 bytes per table row
       const float* src = (t < 32 ? p.cos : p.sin) + sj * 128 + (t % 32) * 4;
@@ -270,17 +265,6 @@ void require_output(detail::Support& s, const difuse_tensor_view& out, const cha
       DIFUSE_REQUIRE(s, !detail::overlaps(out, *in), n + " overlaps an input");
 }
 
-// Every present q, k, v row of both streams starts 16 bytes aligned (the staged kernel's 16-byte cp.async).
-bool rows_aligned16(const Params& p) {
-  for (const Stream* st : {&p.first, &p.second})
-    for (int r = 0; r < p.roles; ++r) {
-      const HeadView& v = st->t[r];
-      if (v.data == nullptr) continue;
-      if (!detail::aligned(v.data, 16) || v.sb % 8 != 0 || v.ss % 8 != 0 || v.sh % 8 != 0) return false;
-    }
-  return true;
-}
-
 }  // namespace
 
 detail::Support can_use_qk_norm_rope(const QkNormRopeArgs& a) {
@@ -390,17 +374,13 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   static const int lanes_knob = detail::positive_env_knob("DIFUSE_QK_LANES_PER_ROW");
   static const int staged_knob = detail::positive_env_knob("DIFUSE_QK_STAGED");
   const size_t staged_bytes = static_cast<size_t>(p.roles) * p.H * p.D * sizeof(uint16_t) + 192 * sizeof(uint2);
-  if (lanes_knob != 32 && staged_knob == 1 && p.D == 128 && staged_bytes <= 48 * 1024 && rows_aligned16(p)) {
+  if (lanes_knob != 32 && staged_knob == 1 && p.D == 128 && staged_bytes <= 48 * 1024 &&
+      head_rows_aligned16({&p.first, &p.second})) {
     // 32 registers, 8 blocks of 256 threads per SM (ptxas, scripts/kernel-resources.sh): up to 8 tokens' rows in
     // flight per SM, ~156 KB of shared memory, so the carveout is set to the most shared memory once per device.
     auto kernel = qk_norm_rope_kernel<16, 1, 8, true>;
     static std::atomic<uint64_t> carveout_set{0};
-    const uint64_t bit = uint64_t{1} << (a.q.device & 63);
-    if (!(carveout_set.load(std::memory_order_acquire) & bit)) {
-      DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                             cudaSharedmemCarveoutMaxShared));
-      carveout_set.fetch_or(bit, std::memory_order_acq_rel);
-    }
+    norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
     kernel<<<grid, block, staged_bytes, stream>>>(p);
   } else if (lanes_knob != 32) {
     if (knob >= 2)

@@ -41,6 +41,7 @@
 // The staged variant (DIFUSE_QK_STAGED=1) came after it: not yet run there.
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
+#include "rope/staged_token_rows.cuh"
 #include "rope/token_rows.cuh"
 
 #include <cuda_runtime.h>
@@ -56,7 +57,6 @@
 #include "difuse/numerics/bf16.h"
 #include "difuse/numerics/rope.h"
 #include "norm/diffusers_head_norm.h"
-#include "norm/row_staging.cuh"
 #include "norm/rms_norm_diffusers.h"
 #include "rope/head_views.h"
 
@@ -144,16 +144,11 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_ker
   const int64_t out_token = (b * p.S + sj) * p.H * p.D;  // output row of head h: out_token + h * D
 
   const int rows = 3 * p.H;
-  extern __shared__ uint2 staged[];  // STAGED: the token's rows (row r at vector 32 r), freqs, weights
+  extern __shared__ uint4 staged16[];  // STAGED: the token's rows (row r at vector 32 r), freqs, weights
+  uint2* staged = reinterpret_cast<uint2*>(staged16);
   const uint2* s_tab = staged + rows * 32;
   if constexpr (STAGED) {
-    constexpr int kChunks = 16;  // 16-byte copies per 128-element row
-    for (int c = static_cast<int>(threadIdx.x); c < rows * kChunks; c += kWarps * 32) {
-      const int r = c / kChunks, part = c % kChunks;
-      uint32_t head;
-      const uint32_t role = p.heads.divmod(static_cast<uint32_t>(r), head);
-      norm::cp_async(staged + r * 32 + part * 2, tr.row(role, head) + part * 8, true);
-    }
+    stage_token_rows<16, kWarps * 32>(staged16, tr, p.heads, rows);  // 16 copies of 16 bytes per 128-element row
     const int t = static_cast<int>(threadIdx.x);
     if (t < 64) {  // one complex (8 bytes) per copy
       if (st.freqs != nullptr) norm::cp_async(staged + rows * 32 + t, st.freqs + s * st.freqs_rs + 2 * t, false);
@@ -219,15 +214,6 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_ker
       }
     }
   }
-}
-
-// Every q, k, v row of both streams starts 16 bytes aligned (the staged kernel's 16-byte cp.async).
-bool rows_aligned16(const Params& p) {
-  for (const Stream* st : {&p.txt, &p.img})
-    for (const HeadView& v : st->t)
-      if (v.data != nullptr && (!detail::aligned(v.data, 16) || v.sb % 8 != 0 || v.ss % 8 != 0 || v.sh % 8 != 0))
-        return false;
-  return true;
 }
 
 void require_freqs(detail::Support& s, const difuse_tensor_view& f, const char* name, int64_t S, int64_t D,
@@ -339,15 +325,11 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
   static const int lanes_knob = detail::positive_env_knob("DIFUSE_QK_LANES_PER_ROW");
   static const int staged_knob = detail::positive_env_knob("DIFUSE_QK_STAGED");
   const size_t staged_bytes = static_cast<size_t>(3) * p.H * p.D * sizeof(uint16_t) + 128 * sizeof(uint2);
-  if (lanes_knob != 32 && staged_knob == 1 && p.D == 128 && staged_bytes <= 48 * 1024 && rows_aligned16(p)) {
+  if (lanes_knob != 32 && staged_knob == 1 && p.D == 128 && staged_bytes <= 48 * 1024 &&
+      head_rows_aligned16({&p.txt, &p.img})) {
     auto kernel = qk_norm_rope_qwen_kernel<4, 1, 8, 16, true>;
     static std::atomic<uint64_t> carveout_set{0};  // most shared memory: 8 blocks of ~19 KB per SM
-    const uint64_t bit = uint64_t{1} << (a.q.device & 63);
-    if (!(carveout_set.load(std::memory_order_acquire) & bit)) {
-      DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                             cudaSharedmemCarveoutMaxShared));
-      carveout_set.fetch_or(bit, std::memory_order_acq_rel);
-    }
+    norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
     kernel<<<grid, block, staged_bytes, stream>>>(p);
   } else if (lanes_knob != 32 && p.D == 128) {
     if (rows_per_warp_knob() >= 2)

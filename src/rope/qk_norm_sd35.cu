@@ -39,6 +39,7 @@
 // The staged variant (DIFUSE_QK_STAGED=1) came after it: not yet run there.
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
+#include "rope/staged_token_rows.cuh"
 #include "rope/token_rows.cuh"
 
 #include <cuda_runtime.h>
@@ -54,7 +55,6 @@
 #include "core/tensor.h"
 #include "difuse/numerics/bf16.h"
 #include "norm/diffusers_head_norm.h"
-#include "norm/row_staging.cuh"
 #include "norm/rms_norm_diffusers.h"
 #include "rope/head_views.h"
 
@@ -175,12 +175,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_war
   const int rows = 3 * p.H;
   extern __shared__ uint4 staged64[];  // STAGED: the token's rows, row r at 16-byte chunk 8 r
   if constexpr (STAGED) {
-    for (int c = static_cast<int>(threadIdx.x); c < rows * 8; c += kWarps * 32) {
-      const int r = c / 8, part = c % 8;
-      uint32_t head;
-      const uint32_t role = p.heads.divmod(static_cast<uint32_t>(r), head);
-      norm::cp_async(staged64 + c, tr.row(role, head) + part * 8, true);
-    }
+    stage_token_rows<8, kWarps * 32>(staged64, tr, p.heads, rows);  // 8 copies of 16 bytes per 64-element row
     norm::cp_async_wait_all();
     __syncthreads();
   }
@@ -220,15 +215,6 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_war
       }
     }
   }
-}
-
-// Every q, k, v row of both streams starts 16 bytes aligned (the staged kernel's 16-byte cp.async).
-bool rows_aligned16(const Params& p) {
-  for (const Stream* st : {&p.img, &p.ctx})
-    for (const HeadView& v : st->t)
-      if (v.data != nullptr && (!detail::aligned(v.data, 16) || v.sb % 8 != 0 || v.ss % 8 != 0 || v.sh % 8 != 0))
-        return false;
-  return true;
 }
 
 }  // namespace
@@ -313,15 +299,11 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
   static const int lanes_knob = detail::positive_env_knob("DIFUSE_QK_LANES_PER_ROW");
   static const int staged_knob = detail::positive_env_knob("DIFUSE_QK_STAGED");
   const size_t staged_bytes = static_cast<size_t>(3) * p.H * 64 * sizeof(uint16_t);
-  if (lanes_knob != 32 && staged_knob == 1 && p.D == 64 && staged_bytes <= 48 * 1024 && rows_aligned16(p)) {
+  if (lanes_knob != 32 && staged_knob == 1 && p.D == 64 && staged_bytes <= 48 * 1024 &&
+      head_rows_aligned16({&p.img, &p.ctx})) {
     auto kernel = qk_norm_sd35_half_warp64<1, 8, true>;
     static std::atomic<uint64_t> carveout_set{0};  // most shared memory: 8 blocks of ~15 KB per SM
-    const uint64_t bit = uint64_t{1} << (a.q.device & 63);
-    if (!(carveout_set.load(std::memory_order_acquire) & bit)) {
-      DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributePreferredSharedMemoryCarveout,
-                                             cudaSharedmemCarveoutMaxShared));
-      carveout_set.fetch_or(bit, std::memory_order_acq_rel);
-    }
+    norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
     kernel<<<grid, block, staged_bytes, stream>>>(p);
   } else if (lanes_knob != 32 && p.D == 64) {
     if (knob >= 4)

@@ -50,6 +50,26 @@ PLACE_ADVERSARIAL = (
     "    return x\n")
 
 
+def prologue_adversarial_script(op: str, head_dim: int, cases, seed: int, bhsd: bool = False) -> str:
+    """A mismatch script for an attention prologue op on its ops._<op>_inputs: for each case (B, S1, S2, H,
+    offset, weights, rope) every q, k, v input is re-placed with place() (offset 4: 8- but not 16-byte aligned
+    rows; bhsd: the [B, H, S, D] views keep their [B, S, H, D] storage), the weights dropped unless `weights`, the
+    RoPE tables (arguments 10 and 11) dropped unless `rope` (keep it True for prologues without RoPE)."""
+    placed = "place(a[i].transpose(1, 2), offset).transpose(1, 2)" if bhsd else "place(a[i], offset)"
+    return mismatch_script(
+        PLACE_ADVERSARIAL +
+        "g = torch.Generator(device='cuda').manual_seed(%d)\n" % seed +
+        "for B, S1, S2, H, offset, weights, rope in %r:\n" % (list(cases),) +
+        "    a = list(ops._%s_inputs(((B, S1, S2, H, %d), False), 'cuda', g))\n" % (op, head_dim) +
+        "    for i in (0, 1, 2, 5, 6, 7):\n"
+        "        a[i] = %s\n" % placed +
+        "    if not weights:\n"
+        "        a[3] = a[4] = a[8] = a[9] = None\n"
+        "    if not rope:\n"
+        "        a[10] = a[11] = None\n"
+        "    bad += count_mismatches(ops.%s(*a), ops.%s_eager(*a))\n" % (op, op))
+
+
 def assert_exact_under(script: str, **env) -> None:
     """Runs a mismatch/exactness script with the given knob environment; fails with its output unless it passed."""
     r = run_with_env(script, **env)

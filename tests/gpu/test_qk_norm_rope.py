@@ -216,19 +216,13 @@ def test_staged_rows_variant():
     the half-warp arithmetic: same bits (double and single block, fused and separate projections, batch 2, odd
     head counts, no weights, adversarial values); 8-byte-aligned views and other head sizes keep the default
     kernel, also exact."""
-    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, exactness_script, mismatch_script
+    from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
 
     specs = [((1, 512, 4096, 24, 128), True), ((2, 77, 300, 24, 128), False), ((1, 0, 333, 5, 128), False),
              ((2, 1, 45, 17, 128), True), ((3, 7, 19, 3, 64), True), ((1, 3, 5, 1, 128), False)]
     assert_exact_under(exactness_script("qk_norm_rope", specs, 1700), DIFUSE_QK_STAGED="1")
-    script = mismatch_script(
-        PLACE_ADVERSARIAL +
-        "g = torch.Generator(device='cuda').manual_seed(1701)\n"
-        "for B, S1, S2, H, offset, weights in [(1, 40, 300, 24, 0, True), (2, 9, 33, 3, 4, False), (1, 5, 17, 24, 4, True)]:\n"
-        "    a = list(ops._qk_norm_rope_inputs(((B, S1, S2, H, 128), False), 'cuda', g))\n"
-        "    for i in (0, 1, 2, 5, 6, 7):  # offset 4: the default kernel runs\n"
-        "        a[i] = place(a[i], offset)\n"
-        "    if not weights:\n"
-        "        a[3] = a[4] = a[8] = a[9] = None\n"
-        "    bad += count_mismatches(ops.qk_norm_rope(*a), ops.qk_norm_rope_eager(*a))\n")
+    # offset 4: 8- but not 16-byte aligned rows, where the default kernel runs
+    script = prologue_adversarial_script("qk_norm_rope", 128, [(1, 40, 300, 24, 0, True, True),
+                                                               (2, 9, 33, 3, 4, False, True),
+                                                               (1, 5, 17, 24, 4, True, False)], 1701)
     assert_exact_under(script, DIFUSE_QK_STAGED="1")

@@ -253,22 +253,14 @@ def test_staged_rows_variant():
     from there with the half-warp arithmetic: same bits (short and long prompts, fused and separate projections,
     batch 2, odd head counts, no weights, no RoPE, adversarial values); 8-byte-aligned views and other head sizes
     keep the default kernels, also exact."""
-    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, exactness_script, mismatch_script
+    from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
 
     specs = [((1, 512, 4096, 24, 128), True), ((2, 34, 300, 24, 128), False), ((3, 20, 61, 3, 128), True),
              ((2, 16, 45, 17, 128), False), ((1, 33, 77, 3, 64), True)]
     assert_exact_under(exactness_script("qk_norm_rope_qwen", specs, 1800), DIFUSE_QK_STAGED="1")
-    script = mismatch_script(
-        PLACE_ADVERSARIAL +
-        "g = torch.Generator(device='cuda').manual_seed(1801)\n"
-        "for B, S1, S2, H, offset, weights, rope in [(1, 40, 300, 24, 0, True, True), (2, 9, 33, 3, 4, False, True),\n"
-        "                                            (1, 17, 17, 24, 0, False, False), (1, 16, 20, 2, 4, True, True)]:\n"
-        "    a = list(ops._qk_norm_rope_qwen_inputs(((B, S1, S2, H, 128), False), 'cuda', g))\n"
-        "    for i in (0, 1, 2, 5, 6, 7):  # offset 4: the default kernels run\n"
-        "        a[i] = place(a[i], offset)\n"
-        "    if not weights:\n"
-        "        a[3] = a[4] = a[8] = a[9] = None\n"
-        "    if not rope:\n"
-        "        a[10] = a[11] = None\n"
-        "    bad += count_mismatches(ops.qk_norm_rope_qwen(*a), ops.qk_norm_rope_qwen_eager(*a))\n")
+    # offset 4: 8- but not 16-byte aligned rows, where the default kernels run
+    script = prologue_adversarial_script("qk_norm_rope_qwen", 128, [(1, 40, 300, 24, 0, True, True),
+                                                                    (2, 9, 33, 3, 4, False, True),
+                                                                    (1, 17, 17, 24, 0, False, False),
+                                                                    (1, 16, 20, 2, 4, True, True)], 1801)
     assert_exact_under(script, DIFUSE_QK_STAGED="1")

@@ -267,19 +267,13 @@ def test_staged_rows_variant():
     copied into shared memory (cp.async, all of a token's rows at once), then normalised from there with the
     half-warp arithmetic: same bits (site shapes, fused and separate projections, odd head counts, no weights,
     adversarial values, v's NaN payloads); 8-byte-aligned views and other head sizes keep their kernels."""
-    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, exactness_script, mismatch_script
+    from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
 
     specs = [((2, 4429, 333, 38, 64), False), ((1, 300, 77, 5, 64), True), ((2, 17, 9, 3, 64), True),
              ((1, 16, 16, 1, 64), False), ((3, 61, 20, 7, 96), False)]
     assert_exact_under(exactness_script("qk_norm_sd35", specs, 1900), DIFUSE_QK_STAGED="1")
-    script = mismatch_script(
-        PLACE_ADVERSARIAL +
-        "g = torch.Generator(device='cuda').manual_seed(1901)\n"
-        "for B, S1, S2, H, offset, weights in [(1, 40, 17, 3, 0, True), (2, 64, 16, 38, 4, False), (1, 33, 20, 5, 0, False)]:\n"
-        "    a = list(ops._qk_norm_sd35_inputs(((B, S1, S2, H, 64), False), 'cuda', g))\n"
-        "    for i in (0, 1, 2, 5, 6, 7):  # [B, S, H, D] storage, seen [B, H, S, D]; offset 4: the default kernel runs\n"
-        "        a[i] = place(a[i].transpose(1, 2), offset).transpose(1, 2)\n"
-        "    if not weights:\n"
-        "        a[3] = a[4] = a[8] = a[9] = None\n"
-        "    bad += count_mismatches(ops.qk_norm_sd35(*a), ops.qk_norm_sd35_eager(*a))\n")
+    # offset 4: 8- but not 16-byte aligned rows, where the default kernel runs; no RoPE in SD3.5 (rope stays True)
+    script = prologue_adversarial_script("qk_norm_sd35", 64, [(1, 40, 17, 3, 0, True, True),
+                                                              (2, 64, 16, 38, 4, False, True),
+                                                              (1, 33, 20, 5, 0, False, True)], 1901, bhsd=True)
     assert_exact_under(script, DIFUSE_QK_STAGED="1")
