@@ -95,7 +95,7 @@ struct Params {
 // copy, every copy in flight at once: 18 KB for a FLUX double-block token, where a warp otherwise has one 512-byte
 // slot in flight per round; ncu at 3e989f7: DRAM 60 %, 51 % occupancy), then runs the same per-row arithmetic
 // reading its rows from there. Row r of the token sits at r * D elements (r = role * H + head); after the rows come
-// the token's cos and sin rows and the q and k weights (kStagedExtra vectors), also read where used, so the
+// the token's cos and sin rows and the q and k weights (192 more 8-byte vectors), also read where used, so the
 // kernel holds none of them in registers.
 template <int SPAN, int R, int MIN_BLOCKS, bool STAGED = false>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(const Params p) {
