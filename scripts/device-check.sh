@@ -6,8 +6,8 @@
 # report), sanitizer.log, bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
 # for each of $DIFUSE_E2E_MODELS, default "flux qwen-image sd3 wan", with $DIFUSE_E2E_ARGS), ncu-<op>.txt (Nsight
 # Compute on one launch of each of $DIFUSE_NCU_OPS; not part of "all"), sweeps.tgz (bench ops under the kernel
-# knobs of $DIFUSE_SWEEPS; not part of "all"). The logs and
-# text files are packed into logs.tgz at the end (the device tool returns few files). Set DIFUSE_GIT_SHA to the
+# knobs of $DIFUSE_SWEEPS; not part of "all"). The logs and text files are packed into logs.tgz and the e2e
+# charts into e2e-png.tgz at the end (the device tool returns at most 8 files). Set DIFUSE_GIT_SHA to the
 # commit being tested (the device copy has no .git). Exit status: non-zero when any stage fails.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -156,4 +156,5 @@ else
 fi
 say "done: stage $STAGE, exit $rc"
 (cd "$OUT" && ls ./*.log ./*.txt >/dev/null 2>&1 && tar czf logs.tgz ./*.log ./*.txt && rm -f ./*.log ./*.txt)
+(cd "$OUT" && ls ./*.png >/dev/null 2>&1 && tar czf e2e-png.tgz ./*.png && rm -f ./*.png)
 exit $rc
