@@ -26,8 +26,9 @@
 // (238 cases, incl. the 1/2/4-row variants; N = 8184 failed at 1bfced1 and is now refused: see the guard), 0
 // failed, 0 skipped (bench/results/h200/tests.json). The half-warp kernel for 64-element rows (now the default;
 // 2x24x4096x64 50.0 -> 24.0 us) ran there through DIFUSE_RMSD_LANES_PER_ROW=16 at 21fe4f5
-// (test_half_warp_64_element_rows, 2 and 4 slots, passed; bench ops 0 mismatches at daa91f6); the whole file has
+// (test_half_warp_64_element_rows, now test_half_warp_rows, 2 and 4 slots, passed; bench ops 0 mismatches at daa91f6); the whole file has
 // not yet run with it as the default.
+// The half-warp kernel for 128-element rows (DIFUSE_RMSD_LANES_PER_ROW=16) came after that: not yet run there.
 #include "norm/rms_norm_diffusers.h"
 
 #include <cuda_runtime.h>
@@ -171,6 +172,37 @@ __global__ void __launch_bounds__(256) rms_norm_diffusers_half_warp64(const Para
   }
 }
 
+// Rows of exactly 128 elements on half a warp, DIFUSE_RMSD_LANES_PER_ROW=16 (for measurement; the vector output
+// pass): R slots of two rows per warp (row 2 slot + seg), span lane u holding aten's float4 vectors u and u + 16
+// (norm::head_rstd_half_warp, the Qwen-Image prologue's tree), as the FLUX and Qwen prologues gained from it.
+template <int R>
+__global__ void __launch_bounds__(256) rms_norm_diffusers_half_warp128(const Params p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int u = lane % 16, seg = lane / 16;
+  const int64_t r0 = (static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32) * 2 * R;
+  if (r0 >= p.rows) return;  // whole warp
+  HeadRun<4> x[R][2];
+#pragma unroll
+  for (int q = 0; q < R; ++q) {
+    const int64_t r = r0 + 2 * q + seg;
+#pragma unroll
+    for (int j = 0; j < 2; ++j) x[q][j] = r < p.rows ? load_run<4>(row_ptr(p, r), u + 16 * j) : zero_run<4>();
+  }
+  float rstd[R];
+  head_rstd_half_warp<R>(x, p.factor, p.eps, rstd);
+  HeadRun<4> w[2];
+#pragma unroll
+  for (int j = 0; j < 2; ++j) w[j] = p.has_w ? load_run<4>(p.w, u + 16 * j) : zero_run<4>();
+#pragma unroll
+  for (int q = 0; q < R; ++q) {
+    const int64_t r = r0 + 2 * q + seg;
+    if (r >= p.rows) continue;  // no shuffle follows
+#pragma unroll
+    for (int j = 0; j < 2; ++j)
+      store_run<4>(p.out + r * 128, u + 16 * j, diffusers_norm_run<4>(x[q][j], rstd[q], p.has_w, w[j]));
+  }
+}
+
 }  // namespace
 
 float diffusers_mean_factor(int64_t rows, int64_t n) {
@@ -237,6 +269,11 @@ void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view&
     const unsigned b64 = static_cast<unsigned>((p.rows + kRowsPerBlock * 2 * slots - 1) / (kRowsPerBlock * 2 * slots));
     slots == 4 ? rms_norm_diffusers_half_warp64<4><<<b64, 32 * kRowsPerBlock, 0, stream>>>(p)
                : rms_norm_diffusers_half_warp64<2><<<b64, 32 * kRowsPerBlock, 0, stream>>>(p);
+  } else if (lanes == 16 && p.n == 128 && p.vec_out) {  // 2 slots of two rows per warp (4 with ROWS_PER_WARP >= 4)
+    const int slots = rows_per_warp >= 4 ? 4 : 2;
+    const unsigned b128 = static_cast<unsigned>((p.rows + kRowsPerBlock * 2 * slots - 1) / (kRowsPerBlock * 2 * slots));
+    slots == 4 ? rms_norm_diffusers_half_warp128<4><<<b128, 32 * kRowsPerBlock, 0, stream>>>(p)
+               : rms_norm_diffusers_half_warp128<2><<<b128, 32 * kRowsPerBlock, 0, stream>>>(p);
   } else if (R > 1 && p.n == 128 && p.vec_out)
     R == 4 ? rms_norm_diffusers_heads<4><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(p)
            : rms_norm_diffusers_heads<2><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(p);

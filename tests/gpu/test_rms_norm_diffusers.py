@@ -131,10 +131,12 @@ def test_rows_per_warp_variants(rows):
 
 
 @pytest.mark.parametrize("slots", ["2", "4"])
-def test_half_warp_64_element_rows(slots):
-    """DIFUSE_RMSD_LANES_PER_ROW=16 (the default, here explicit): 64-element rows on half a warp (span lane u holds elements u, u + 16, u + 32,
-    u + 48), 2 or 4 slots of two rows per warp: same bits for SD3.5's BHSD views, row counts that leave slots and
-    warps partly empty, no weight (applied as 1), adversarial values; other widths keep their kernels."""
+def test_half_warp_rows(slots):
+    """DIFUSE_RMSD_LANES_PER_ROW=16: 64-element rows on half a warp (the default; span lane u holds elements u,
+    u + 16, u + 32, u + 48) and 128-element rows too (lane u holds aten's vectors u and u + 16, the Qwen prologue's
+    tree), 2 or 4 slots of two rows per warp: same bits for SD3.5's and Qwen's BHSD / BSHD views, row counts that
+    leave slots and warps partly empty, no weight (applied as 1), adversarial values; other widths keep their
+    kernels."""
     from knob_run import assert_exact_under, mismatch_script
 
     script = mismatch_script(
@@ -142,13 +144,16 @@ def test_half_warp_64_element_rows(slots):
         "bf = dict(device='cuda', dtype=torch.bfloat16)\n"
         "xs = [torch.randn(2, 4096, 24, 64, generator=g, **bf).transpose(1, 2), torch.randn(3, 7, 5, 64, generator=g, **bf),\n"
         "      torch.randn(17, 64, generator=g, **bf) * 1e-20, torch.randn(2, 333, 38, 64, generator=g, **bf)[:, :, 1:],\n"
-        "      torch.randn(1, 17, 128, generator=g, **bf), torch.randn(4, 5, 32, generator=g, **bf)]\n"
-        "adv = torch.randn(61, 64, generator=g, **bf)\n"
-        "flat = adv.view(-1).view(torch.int16)\n"
+        "      torch.randn(1, 17, 128, generator=g, **bf), torch.randn(4, 5, 32, generator=g, **bf),\n"
+        "      torch.randn(1, 4608, 24, 128, generator=g, **bf), torch.randn(2, 300, 24, 128, generator=g, **bf).transpose(1, 2),\n"
+        "      torch.randn(3, 7, 5, 128, generator=g, **bf)[:, :, 1:]]\n"
         "pats = torch.tensor([0x7F80, -128, 0, -32768, 0x7FC1, 0x0001, 0x7F7F, -129], dtype=torch.int16, device='cuda')\n"
-        "flat[::7] = pats[torch.arange(flat[::7].numel(), device='cuda') % pats.numel()]\n"
-        "adv[3] = 2.5\n"
-        "xs.append(adv)\n"
+        "for n in (64, 128):\n"
+        "    adv = torch.randn(61, n, generator=g, **bf)\n"
+        "    flat = adv.view(-1).view(torch.int16)\n"
+        "    flat[::7] = pats[torch.arange(flat[::7].numel(), device='cuda') % pats.numel()]\n"
+        "    adv[3] = 2.5\n"
+        "    xs.append(adv)\n"
         "for x in xs:\n"
         "    for w in (torch.randn(x.shape[-1], generator=g, **bf), None):\n"
         "        bad += count_mismatches(ops.rms_norm_diffusers(x, w), ops.rms_norm_diffusers_eager(x, w))\n")
