@@ -6,7 +6,7 @@ session: 13 and 9 rows, where aten's mean needs 16). Here every knob test runs i
 'cuda' replaced by 'cpu': each fused op is called for real, so on CPU tensors it refuses and its predicate lists
 every violated precondition; any reason other than the device one fails the test. Eager references are not run
 and count_mismatches is stubbed (exactness is the H200's job)."""
-import importlib
+import importlib.util
 import inspect
 import sys
 from pathlib import Path
@@ -27,7 +27,10 @@ def _knob_tests():
     for path in sorted(GPU_TESTS.glob("test_*.py")):
         if "assert_exact_under" not in path.read_text():
             continue
-        mod = importlib.import_module(path.stem)
+        # a name of its own: tests/torch_cpu has modules with the GPU tests' basenames
+        spec = importlib.util.spec_from_file_location("gpu_knob_" + path.stem, path)
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
         for name, fn in inspect.getmembers(mod, inspect.isfunction):
             if fn.__module__ != mod.__name__ or not name.startswith("test_"):
                 continue
