@@ -124,7 +124,7 @@ DIFUSE_RMSD_LANES_PER_ROW=16:rms_norm_diffusers;DIFUSE_RMSD_LANES_PER_ROW=16,DIF
 DIFUSE_RMSMOD_ONE_PASS=1:rms_norm_modulate;DIFUSE_RMSMOD_ONE_PASS=1:gated_residual_rms_norm_modulate;\
 DIFUSE_LNMOD_F32_ROW_EPILOGUE=1:layernorm_modulate_fp32;\
 DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate;\
-DIFUSE_LNMOD_BLOCKS_PER_SM=8:gated_residual_layernorm_modulate"
+DIFUSE_LNMOD_BLOCKS_PER_SM=8:gated_residual_layernorm_modulate;DIFUSE_EW_FLAT=1:gated_residual"
 stage_sweep() {
   local entry vars op tag r=0
   mkdir -p "$OUT/sweeps"

@@ -25,6 +25,7 @@
 // (bench/results/h200/tests.json), incl. the per-row batch index as a multiply-high (detail::IndexDiv).
 // gated_residual_fp32's 16-byte path (first run at 5fde96b): 405 us with 4-byte accesses -> 232.7 us at
 // 1x32760x5120, at the 236 us floor (predicted ~280: it streams at copy bandwidth).
+// The flat-index variant (DIFUSE_EW_FLAT=1) came after it: not yet run there.
 #include "modulate/gated_residual.h"
 #include "modulate/gated_residual_pair.h"
 
@@ -35,6 +36,7 @@
 
 #include "core/device.h"
 #include "core/elementwise.cuh"
+#include "core/env_knob.h"
 #include "core/fast_div.h"
 #include "core/registry.h"
 #include "core/tensor.h"
@@ -66,6 +68,27 @@ struct Params {
   detail::IndexDiv seq_div;  // row -> batch without a 64-bit division
 };
 
+// VEC elements at column c of the row at `base` (its gate row `grow`): out = bf16(h + bf16(gate * a)).
+template <int VEC>
+__device__ __forceinline__ void gated_residual_vec(const Params& p, const uint16_t* grow, int64_t base, int64_t c) {
+  if constexpr (VEC == 1) {
+    const float t = num::round_bf16(num::mul_rn(num::bf16_to_float(grow[c]), num::bf16_to_float(p.a[base + c])));
+    p.out[base + c] = num::float_to_bf16_rne(num::add_rn(num::bf16_to_float(p.h[base + c]), t));
+  } else {
+    using T = typename detail::Bf16Access<VEC>::T;
+    constexpr int W = VEC / 2;
+    T hv = *reinterpret_cast<const T*>(p.h + base + c);
+    const T av = *reinterpret_cast<const T*>(p.a + base + c);
+    const T gv = *reinterpret_cast<const T*>(grow + c);
+    uint32_t* hw = reinterpret_cast<uint32_t*>(&hv);
+    const uint32_t* aw = reinterpret_cast<const uint32_t*>(&av);
+    const uint32_t* gw = reinterpret_cast<const uint32_t*>(&gv);
+#pragma unroll
+    for (int w = 0; w < W; ++w) hw[w] = gated_residual_pair(hw[w], aw[w], gw[w]);
+    *reinterpret_cast<T*>(p.out + base + c) = hv;
+  }
+}
+
 template <int VEC>
 __global__ void __launch_bounds__(256) gated_residual_kernel(const Params p) {
   const int64_t nvec = p.cols / VEC;
@@ -74,25 +97,23 @@ __global__ void __launch_bounds__(256) gated_residual_kernel(const Params p) {
     const uint16_t* grow = p.g + b * p.g_sb + l * p.g_sl;
     const int64_t base = r * p.cols;
     for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec;
-         v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
-      const int64_t c = v * VEC;
-      if constexpr (VEC == 1) {
-        const float t = num::round_bf16(num::mul_rn(num::bf16_to_float(grow[c]), num::bf16_to_float(p.a[base + c])));
-        p.out[base + c] = num::float_to_bf16_rne(num::add_rn(num::bf16_to_float(p.h[base + c]), t));
-      } else {
-        using T = typename detail::Bf16Access<VEC>::T;
-        constexpr int W = VEC / 2;
-        T hv = *reinterpret_cast<const T*>(p.h + base + c);
-        const T av = *reinterpret_cast<const T*>(p.a + base + c);
-        const T gv = *reinterpret_cast<const T*>(grow + c);
-        uint32_t* hw = reinterpret_cast<uint32_t*>(&hv);
-        const uint32_t* aw = reinterpret_cast<const uint32_t*>(&av);
-        const uint32_t* gw = reinterpret_cast<const uint32_t*>(&gv);
-#pragma unroll
-        for (int w = 0; w < W; ++w) hw[w] = gated_residual_pair(hw[w], aw[w], gw[w]);
-        *reinterpret_cast<T*>(p.out + base + c) = hv;
-      }
-    }
+         v += static_cast<int64_t>(gridDim.x) * blockDim.x)
+      gated_residual_vec<VEC>(p, grow, base, v * VEC);
+  }
+}
+
+// DIFUSE_EW_FLAT=1 (for measurement): one flat index over every row's vectors (rows * cols / VEC < 2^31), so no
+// thread idles where a row's vector count is not a multiple of the block (3072 / 8 = 384 vectors: the 2-D grid
+// runs two 256-thread blocks per row, a third of its threads idle); the row by a multiply-high. The same
+// per-element arithmetic (gated_residual_vec).
+template <int VEC>
+__global__ void __launch_bounds__(256) gated_residual_flat_kernel(const Params p, detail::FastDivU32 nvec_div,
+                                                                 uint32_t total) {
+  for (uint32_t v = blockIdx.x * blockDim.x + threadIdx.x; v < total; v += gridDim.x * blockDim.x) {
+    uint32_t cv;
+    const int64_t r = nvec_div.divmod(v, cv);
+    const int64_t b = p.seq_div.div(r), l = r - b * p.seq;
+    gated_residual_vec<VEC>(p, p.g + b * p.g_sb + l * p.g_sl, r * p.cols, static_cast<int64_t>(cv) * VEC);
   }
 }
 
@@ -132,6 +153,15 @@ __global__ void __launch_bounds__(256) gated_residual_fp32_kernel(const Params p
 
 template <int VEC>
 void launch(const Params& p, cudaStream_t stream) {
+  static const int flat = detail::positive_env_knob("DIFUSE_EW_FLAT");
+  const int64_t nvec = p.cols / VEC, total = p.rows * nvec;
+  if (flat == 1 && total < (int64_t{1} << 31)) {
+    const int64_t blocks = std::min<int64_t>((total + detail::kElementwiseThreads - 1) / detail::kElementwiseThreads,
+                                             int64_t{1} << 20);
+    gated_residual_flat_kernel<VEC><<<static_cast<unsigned>(blocks), detail::kElementwiseThreads, 0, stream>>>(
+        p, detail::FastDivU32(static_cast<uint32_t>(nvec)), static_cast<uint32_t>(total));
+    return;
+  }
   gated_residual_kernel<VEC><<<detail::elementwise_grid(p.rows, p.cols, VEC), detail::kElementwiseThreads, 0, stream>>>(p);
 }
 

@@ -59,12 +59,17 @@ def _dry_run(script: str, refused: list) -> None:
             return ()  # scripts may list() a result; count_mismatches is stubbed
         return call
 
-    names = [n for n in dir(ops) if not n.startswith("_") and callable(getattr(ops, n)) and hasattr(ops, n + "_eager")]
+    # fused ops: those with an eager twin, and their in-place forms (gated_residual_)
+    fused = [n for n in dir(ops) if not n.startswith("_") and callable(getattr(ops, n)) and
+             (hasattr(ops, n + "_eager") or (n.endswith("_") and hasattr(ops, n[:-1] + "_eager")))]
     try:
-        for n in names:
-            saved[n], saved[n + "_eager"] = getattr(ops, n), getattr(ops, n + "_eager")
+        for n in fused:
+            saved[n] = getattr(ops, n)
             setattr(ops, n, wrap(n, saved[n]))
-            setattr(ops, n + "_eager", lambda *a, **k: ())
+        for n in fused:
+            if hasattr(ops, n + "_eager"):
+                saved[n + "_eager"] = getattr(ops, n + "_eager")
+                setattr(ops, n + "_eager", lambda *a, **k: ())
         saved["count_mismatches"] = gate.count_mismatches
         gate.count_mismatches = lambda *a, **k: 0
         body = script.replace("'cuda'", "'cpu'").replace("sys.exit(1 if bad else 0)", "")
