@@ -1,4 +1,5 @@
-"""The adversarial values the BSHD attention-prologue tests (FLUX, Qwen-Image) put into a query and a key view:
+"""The adversarial values the attention-prologue tests (FLUX, Qwen-Image; SD3.5 through BSHD transposes of its
+BHSD views) put into a query and a key view:
 constant rows, huge and tiny magnitudes, +-inf, nan, zero rows and zeros of both signs."""
 import torch
 
