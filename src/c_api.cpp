@@ -85,9 +85,10 @@ difuse::detail::BitExactGate& gate_ref(difuse_gate* g) {
 
 const char* sig_or_empty(const char* s) { return s ? s : ""; }
 
-difuse::rope::QkNormRopeArgs qk_norm_rope_args(const difuse_qk_norm_rope_args* a) {
-  if (a == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "qk_norm_rope: args is NULL");
-  difuse::rope::QkNormRopeArgs r;
+// The fields the joint prologues' args share (FLUX, Qwen-Image, SD3.5): the three outputs and the main stream's
+// q, k, v and norm weights.
+template <class R, class A>
+void joint_outputs_and_main_stream(R& r, const A* a) {
   DIFUSE_OPTIONAL_VIEW(q_out);
   DIFUSE_OPTIONAL_VIEW(k_out);
   DIFUSE_OPTIONAL_VIEW(v_out);
@@ -96,6 +97,12 @@ difuse::rope::QkNormRopeArgs qk_norm_rope_args(const difuse_qk_norm_rope_args* a
   DIFUSE_OPTIONAL_VIEW(v);
   DIFUSE_OPTIONAL_VIEW(q_weight);
   DIFUSE_OPTIONAL_VIEW(k_weight);
+}
+
+difuse::rope::QkNormRopeArgs qk_norm_rope_args(const difuse_qk_norm_rope_args* a) {
+  if (a == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "qk_norm_rope: args is NULL");
+  difuse::rope::QkNormRopeArgs r;
+  joint_outputs_and_main_stream(r, a);
   DIFUSE_OPTIONAL_VIEW(q_first);
   DIFUSE_OPTIONAL_VIEW(k_first);
   DIFUSE_OPTIONAL_VIEW(v_first);
@@ -126,14 +133,7 @@ difuse::rope::QkNormRopeWanArgs qk_norm_rope_wan_args(const difuse_qk_norm_rope_
 difuse::rope::QkNormRopeQwenArgs qk_norm_rope_qwen_args(const difuse_qk_norm_rope_qwen_args* a) {
   if (a == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "qk_norm_rope_qwen: args is NULL");
   difuse::rope::QkNormRopeQwenArgs r;
-  DIFUSE_OPTIONAL_VIEW(q_out);
-  DIFUSE_OPTIONAL_VIEW(k_out);
-  DIFUSE_OPTIONAL_VIEW(v_out);
-  DIFUSE_OPTIONAL_VIEW(q);
-  DIFUSE_OPTIONAL_VIEW(k);
-  DIFUSE_OPTIONAL_VIEW(v);
-  DIFUSE_OPTIONAL_VIEW(q_weight);
-  DIFUSE_OPTIONAL_VIEW(k_weight);
+  joint_outputs_and_main_stream(r, a);
   DIFUSE_OPTIONAL_VIEW(q_txt);
   DIFUSE_OPTIONAL_VIEW(k_txt);
   DIFUSE_OPTIONAL_VIEW(v_txt);
@@ -148,14 +148,7 @@ difuse::rope::QkNormRopeQwenArgs qk_norm_rope_qwen_args(const difuse_qk_norm_rop
 difuse::rope::QkNormSd35Args qk_norm_sd35_args(const difuse_qk_norm_sd35_args* a) {
   if (a == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "qk_norm_sd35: args is NULL");
   difuse::rope::QkNormSd35Args r;
-  DIFUSE_OPTIONAL_VIEW(q_out);
-  DIFUSE_OPTIONAL_VIEW(k_out);
-  DIFUSE_OPTIONAL_VIEW(v_out);
-  DIFUSE_OPTIONAL_VIEW(q);
-  DIFUSE_OPTIONAL_VIEW(k);
-  DIFUSE_OPTIONAL_VIEW(v);
-  DIFUSE_OPTIONAL_VIEW(q_weight);
-  DIFUSE_OPTIONAL_VIEW(k_weight);
+  joint_outputs_and_main_stream(r, a);
   DIFUSE_OPTIONAL_VIEW(q_ctx);
   DIFUSE_OPTIONAL_VIEW(k_ctx);
   DIFUSE_OPTIONAL_VIEW(v_ctx);
