@@ -7,8 +7,10 @@
 // (shared/reference/torch-2.11-numerics.md §2): 128 threads per row in aten's layout, s = fma(v, v, s) per
 // element, tree s = RN(s + s_in) with offsets 16..1 then warps (0,2),(1,3),(0,1), ms = div(s, N),
 // rstd = rsqrtf(RN(ms + eps)), out = bf16(RN(w * RN(rstd * x))) (or bf16(RN(rstd * x)) without weight).
-// Rows of <= 128 elements (per-head norms): one warp is aten's warp 0, four rows per warp at once. Wider
-// rows: the thread maps of layernorm_modulate (layernorm_schedule.h), rows staged in shared memory.
+// Rows of <= 128 elements (per-head norms): aten's warp 0 on half of one of our warps, four slots of two rows per
+// warp at once (a full warp per row behind DIFUSE_RMS_LANES_PER_ROW=32). Wider rows: aten's own two-pass
+// 128-thread layout by default; the staged kernels (layernorm_modulate's thread maps, layernorm_schedule.h, rows
+// staged in shared memory) behind DIFUSE_RMS_STAGED_ROWS=1 for rows of at most 48 sweeps.
 //
 // Guards (can_use_rms_norm; every violation is reported): x bf16 on a CUDA device, rank 1-4, last dim
 // contiguous, N % 4 == 0, N <= 2^24; a contiguous x must be 8-byte aligned (otherwise aten runs its

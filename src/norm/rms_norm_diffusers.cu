@@ -10,7 +10,9 @@
 // its block is (32, 16): one warp per output row, lane x takes vectors x, x + 32, ... into four accumulators
 // (N >= 128, vectorized) or elements x + 32 i in groups of four (32 <= N < 128), accumulators combined
 // ((a0 + a1) + a2) + a3, a shuffle-down tree 16..1, mean = RN(sum * factor) with factor = (float)rows /
-// (float)numel as aten forms it on the host (not a division by N).
+// (float)numel as aten forms it on the host (not a division by N). Our schedules: 64-element rows on half warps
+// (span lane u holds elements u, u + 16, u + 32, u + 48), 128-element rows 4 per warp (or on half warps behind
+// DIFUSE_RMSD_LANES_PER_ROW=16), other widths one warp per row; each replays the same order.
 //
 // Guards (can_use_rms_norm_diffusers; every violation is reported): x bf16 on a CUDA device, rank 1-4,
 // last dim contiguous; rows >= 16 and 32 <= N <= 8160 (aten's block is then (32, 16) and each warp owns a row:

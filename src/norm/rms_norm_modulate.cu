@@ -44,9 +44,10 @@
 // non-negative strides; fp32_modulate 0 or 1; out (and residual) contiguous bf16 of x's shape, 8-byte aligned,
 // overlapping no input (residual may be h itself).
 //
-// Schedule: one warp per row, 4 rows per 128-thread block; N >= 128: each lane keeps its vectors (up to 64 for
-// N = 8160) in registers: one read of x, one write of out (and of the residual); modulation rows are read as
-// 8-byte words when every row start is 8-byte aligned, else as bf16. N < 128: scalar elements.
+// Schedule: one warp per row, 4 rows per 128-thread block; N >= 128: two passes over the row (the mean, then the
+// epilogue from L1/L2), 32-48 registers; with DIFUSE_RMSMOD_ONE_PASS=1 each lane keeps its vectors (up to 64 for
+// N = 8160) in registers instead: one read of x. Modulation rows are read as 8-byte words when every row start is
+// 8-byte aligned, else as bf16. N < 128: scalar elements.
 //
 // Verification status: bit-exact on the H200 at 3e989f7 (torch 2.11.0+cu130, sm_90; its RowIndexers take the
 // 32-bit FastDivU32 path):

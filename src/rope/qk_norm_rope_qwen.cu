@@ -20,8 +20,10 @@
 // input tensor; the image and text factors differ); RN(mean + (float)eps), rsqrtf, bf16(RN(x * rstd)),
 // bf16(RN(y * w)). The RoPE is binary_internal::MulFunctor<c10::complex<float>> (its sm_90 SASS read from
 // libtorch_cuda.so: FMUL, FMUL, FFMA, FFMA) and the .type_as copy (RNE). One block per joint token (its 3H head
-// rows: q, k normalised and rotated, v copied; warps take 2 rows at a time); a lane holds 4 consecutive elements
-// (2 for heads of <= 64) and the matching complex freqs. Outputs are contiguous [B, S_txt + S_img, H, D], exactly
+// rows: q, k normalised and rotated, v copied). 128-element heads: half a warp per row, lane u holding aten's
+// vectors u and u + 16 (norm::head_rstd_half_warp), one slot of two rows per warp at a time; other heads: a warp
+// per row, 2 rows at a time, a lane holding 4 consecutive elements (2 for heads of <= 64) and the matching complex
+// freqs. Outputs are contiguous [B, S_txt + S_img, H, D], exactly
 // the tensors torch.cat makes.
 //
 // Guards (can_use_qk_norm_rope_qwen; every violation is reported): q, k, v and q_txt, k_txt, v_txt bf16
