@@ -250,6 +250,12 @@ TEST(DiffusersHeadNorm, LaneMapReplaysAtensLoopsBitForBit) {
       }
       const float a = aten_row_sum(rf);
       const float k = d > 64 ? kernel_row_sum<4>(row) : kernel_row_sum<2>(row);
+      // NaN rows: both NaN. The payload is the host's (x86 keeps the first operand's, and the host compiler may
+      // swap a commutative add's operands, as the H200 machine's did); the device canonicalizes NaN.
+      if (std::isnan(a)) {
+        ASSERT_TRUE(std::isnan(k)) << "d " << d << " trial " << trial;
+        continue;
+      }
       ASSERT_EQ(float_bits(a), float_bits(k)) << "d " << d << " trial " << trial;
     }
   }
