@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
-# scripts/device-check.sh --stage build|tests|bench|e2e|ncu|sweep|all   (several: --stage tests,e2e)
+# scripts/device-check.sh --stage build|tests|gputests|sanitizer|bench|e2e|ncu|sweep|all   (several: --stage tests,e2e)
 #
 # The H200 loop (run through the device tool; each stage fits one call). Every stage writes its logs and
 # JSON under $OUT (default: ./device-out): build.log, platform.txt, tests.log + tests.json (the GPU test
-# report), sanitizer.log, bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
+# report; about 8 minutes on a warm machine), gpu-tests.log/.json (the files of $DIFUSE_GPU_TESTS only; not part
+# of "all"), sanitizer.log (compute-sanitizer, about 100 s), bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
 # for each of $DIFUSE_E2E_MODELS, default "flux qwen-image sd3 wan", with $DIFUSE_E2E_ARGS), ncu-<op>.txt (Nsight
 # Compute on one launch of each of $DIFUSE_NCU_OPS; not part of "all"), sweeps.tgz (bench ops under the kernel
 # knobs of $DIFUSE_SWEEPS; not part of "all"). The logs and text files are packed into logs.tgz and the e2e
@@ -16,7 +17,7 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --stage) STAGE=$2; shift 2 ;;
     --stage=*) STAGE=${1#--stage=}; shift ;;
-    *) echo "usage: $0 --stage build|tests|bench|e2e|ncu|sweep|all" >&2; exit 2 ;;
+    *) echo "usage: $0 --stage build|tests|gputests|sanitizer|bench|e2e|ncu|sweep|all" >&2; exit 2 ;;
   esac
 done
 OUT=${OUT:-$ROOT/device-out}
@@ -55,21 +56,40 @@ stage_tests() {
   say "tests: scripts/test.sh (CPU, torch Meta, GPU exact) -> tests.json"
   DIFUSE_TEST_REPORT="$OUT/tests.json" DIFUSE_TEST_COMMAND="scripts/device-check.sh --stage tests" \
     "$ROOT/scripts/test.sh" 2>&1 | tee "$OUT/tests.log" | grep -E '^(==|[0-9]+ passed|FAILED|ERROR|scripts/test.sh)|passed|failed' | tail -n 40
-  local r=${PIPESTATUS[0]}
-  say "compute-sanitizer memcheck + racecheck on the native smoke test"
+  return "${PIPESTATUS[0]}"
+}
+
+# GPU tests of the files in $DIFUSE_GPU_TESTS only (paths under tests/gpu, space-separated; pytest's -k in
+# $DIFUSE_GPU_TESTS_K): a focused check after a change to a few kernels, into gpu-tests.json (not tests.json,
+# which is the full run's).
+stage_gputests() {
+  [ -n "${DIFUSE_GPU_TESTS:-}" ] || { echo "gputests: set DIFUSE_GPU_TESTS to test files under tests/gpu" >&2; return 1; }
+  say "gputests: pytest $DIFUSE_GPU_TESTS ${DIFUSE_GPU_TESTS_K:+-k $DIFUSE_GPU_TESTS_K} -> gpu-tests.json"
+  local files=() f
+  for f in $DIFUSE_GPU_TESTS; do files+=("$ROOT/$f"); done
+  DIFUSE_TEST_REPORT="$OUT/gpu-tests.json" \
+    DIFUSE_TEST_COMMAND="DIFUSE_GPU_TESTS='$DIFUSE_GPU_TESTS' scripts/device-check.sh --stage gputests" \
+    DIFUSE_REQUIRE_GPU=1 python3 -m pytest -q -p no:cacheprovider -rfEs ${DIFUSE_GPU_TESTS_K:+-k "$DIFUSE_GPU_TESTS_K"} \
+    "${files[@]}" 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE '^WARNING' | tail -n 30
+  return "${PIPESTATUS[0]}"
+}
+
+# compute-sanitizer on the native smoke test (the default kernels, then the knob variants it reaches).
+stage_sanitizer() {
+  say "compute-sanitizer memcheck + racecheck + initcheck on the native smoke test -> sanitizer.log"
   {
     compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       compute-sanitizer --tool initcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with the knob variants the smoke test reaches (DIFUSE_LNMOD_BLOCKS_PER_SM=8, DIFUSE_RMSMOD_ONE_PASS=1, DIFUSE_QK_STAGED=1):" &&
-      DIFUSE_LNMOD_BLOCKS_PER_SM=8 DIFUSE_RMSMOD_ONE_PASS=1 DIFUSE_QK_STAGED=1 \
+      echo "memcheck and racecheck with the knob variants the smoke test reaches (DIFUSE_LNMOD_BLOCKS_PER_SM=8, DIFUSE_RMSMOD_ONE_PASS=1, DIFUSE_QK_UNSTAGED=1):" &&
+      DIFUSE_LNMOD_BLOCKS_PER_SM=8 DIFUSE_RMSMOD_ONE_PASS=1 DIFUSE_QK_UNSTAGED=1 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_QK_STAGED=1 \
+      DIFUSE_QK_UNSTAGED=1 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick
   } >"$OUT/sanitizer.log" 2>&1
   local s=$?
-  grep -E 'ERROR SUMMARY|RACECHECK SUMMARY|passed, ' "$OUT/sanitizer.log"
-  [ $r = 0 ] && [ $s = 0 ]
+  grep -E "SUMMARY|passed" "$OUT/sanitizer.log"
+  return $s
 }
 
 stage_bench() {
@@ -114,17 +134,17 @@ Registers Per Thread|Block Limit|Warp Cycles Per Issued|Issued Warp Per Schedule
 # runs with those variables set (read once per process by the launchers; the records' commands name them) into
 # sweeps/<op>-<tag>.json, packed into sweeps.tgz. The default list times the alternatives to each default.
 DEFAULT_SWEEPS="DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=3:qk_norm_rope_flux;\
-DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_flux;DIFUSE_QK_STAGED=1:qk_norm_rope_flux;\
-DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_qwen;DIFUSE_QK_STAGED=1:qk_norm_rope_qwen;\
+DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_flux;DIFUSE_QK_UNSTAGED=1:qk_norm_rope_flux;\
+DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_qwen;DIFUSE_QK_UNSTAGED=1:qk_norm_rope_qwen;\
 DIFUSE_RMS_LANES_PER_ROW=32,DIFUSE_RMS_ROWS_PER_WARP=4:rms_norm;DIFUSE_RMS_STAGED_ROWS=1:rms_norm;\
 DIFUSE_RMSD_ROWS_PER_WARP=1:rms_norm_diffusers;\
-DIFUSE_QK_LANES_PER_ROW=32:qk_norm_sd35;DIFUSE_QK_ROWS_PER_WARP=4:qk_norm_sd35;DIFUSE_QK_STAGED=1:qk_norm_sd35;\
+DIFUSE_QK_LANES_PER_ROW=32:qk_norm_sd35;DIFUSE_QK_ROWS_PER_WARP=4:qk_norm_sd35;DIFUSE_QK_UNSTAGED=1:qk_norm_sd35;\
 DIFUSE_RMSD_LANES_PER_ROW=32:rms_norm_diffusers;DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\
-DIFUSE_RMSD_LANES_PER_ROW=16:rms_norm_diffusers;DIFUSE_RMSD_LANES_PER_ROW=16,DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\
+DIFUSE_RMSD_LANES_PER_ROW=16,DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\
 DIFUSE_RMSMOD_ONE_PASS=1:rms_norm_modulate;DIFUSE_RMSMOD_ONE_PASS=1:gated_residual_rms_norm_modulate;\
 DIFUSE_LNMOD_F32_ROW_EPILOGUE=1:layernorm_modulate_fp32;\
 DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate;\
-DIFUSE_LNMOD_BLOCKS_PER_SM=8:gated_residual_layernorm_modulate;DIFUSE_EW_FLAT=1:gated_residual"
+DIFUSE_LNMOD_BLOCKS_PER_SM=8:gated_residual_layernorm_modulate;DIFUSE_EW_GRID2D=1:gated_residual"
 stage_sweep() {
   local entry vars op tag r=0
   mkdir -p "$OUT/sweeps"
@@ -141,13 +161,15 @@ stage_sweep() {
   return $r
 }
 
-[ "$STAGE" = all ] && STAGE=tests,bench
+[ "$STAGE" = all ] && STAGE=tests,sanitizer,bench
 case ",$STAGE," in
-  *,build,*|*,tests,*|*,bench,*|*,e2e,*|*,ncu,*|*,sweep,*) ;;
+  *,build,*|*,tests,*|*,gputests,*|*,sanitizer,*|*,bench,*|*,e2e,*|*,ncu,*|*,sweep,*) ;;
   *) echo "unknown stage $STAGE" >&2; exit 2 ;;
 esac
 if stage_build; then
   case ",$STAGE," in *,tests,*) stage_tests || rc=1 ;; esac
+  case ",$STAGE," in *,gputests,*) stage_gputests || rc=1 ;; esac
+  case ",$STAGE," in *,sanitizer,*) stage_sanitizer || rc=1 ;; esac
   case ",$STAGE," in *,bench,*) stage_bench || rc=1 ;; esac
   case ",$STAGE," in *,e2e,*) stage_e2e || rc=1 ;; esac
   case ",$STAGE," in *,ncu,*) stage_ncu || rc=1 ;; esac

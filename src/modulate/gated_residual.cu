@@ -25,7 +25,8 @@
 // (bench/results/h200/tests.json), incl. the per-row batch index as a multiply-high (detail::IndexDiv).
 // gated_residual_fp32's 16-byte path (first run at 5fde96b): 405 us with 4-byte accesses -> 232.7 us at
 // 1x32760x5120, at the 236 us floor (predicted ~280: it streams at copy bandwidth).
-// The flat-index variant (DIFUSE_EW_FLAT=1) came after it: not yet run there.
+// The flat-index kernel ran there at 66f5a3b behind DIFUSE_EW_FLAT=1 (test_flat_index_variant passed, now
+// test_grid2d_variant; bench 0 mismatches, knob-sweeps/); it became the default after that run.
 #include "modulate/gated_residual.h"
 #include "modulate/gated_residual_pair.h"
 
@@ -102,8 +103,8 @@ __global__ void __launch_bounds__(256) gated_residual_kernel(const Params p) {
   }
 }
 
-// DIFUSE_EW_FLAT=1 (for measurement): one flat index over every row's vectors (rows * cols / VEC < 2^31), so no
-// thread idles where a row's vector count is not a multiple of the block (3072 / 8 = 384 vectors: the 2-D grid
+// The default (DIFUSE_EW_GRID2D=1 selects the 2-D grid above): one flat index over every row's vectors
+// (rows * cols / VEC < 2^31), so no thread idles where a row's vector count is not a multiple of the block (3072 / 8 = 384 vectors: the 2-D grid
 // runs two 256-thread blocks per row, a third of its threads idle); the row by a multiply-high. The same
 // per-element arithmetic (gated_residual_vec).
 template <int VEC>
@@ -153,9 +154,11 @@ __global__ void __launch_bounds__(256) gated_residual_fp32_kernel(const Params p
 
 template <int VEC>
 void launch(const Params& p, cudaStream_t stream) {
-  static const int flat = detail::positive_env_knob("DIFUSE_EW_FLAT");
+  // Default: the flat index (H200 at 66f5a3b, knob-sweeps/: 1x4096x3072 chunk6 20.9 us vs 21.3 on the 2-D grid,
+  // 1x512x3072 6.0 vs 6.6; no shape slower). DIFUSE_EW_GRID2D=1 keeps the 2-D grid.
+  static const int grid2d = detail::positive_env_knob("DIFUSE_EW_GRID2D");
   const int64_t nvec = p.cols / VEC, total = p.rows * nvec;
-  if (flat == 1 && total < (int64_t{1} << 31)) {
+  if (grid2d != 1 && total < (int64_t{1} << 31)) {
     const int64_t blocks = std::min<int64_t>((total + detail::kElementwiseThreads - 1) / detail::kElementwiseThreads,
                                              int64_t{1} << 20);
     gated_residual_flat_kernel<VEC><<<static_cast<unsigned>(blocks), detail::kElementwiseThreads, 0, stream>>>(

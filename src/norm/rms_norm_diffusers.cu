@@ -11,8 +11,8 @@
 // (N >= 128, vectorized) or elements x + 32 i in groups of four (32 <= N < 128), accumulators combined
 // ((a0 + a1) + a2) + a3, a shuffle-down tree 16..1, mean = RN(sum * factor) with factor = (float)rows /
 // (float)numel as aten forms it on the host (not a division by N). Our schedules: 64-element rows on half warps
-// (span lane u holds elements u, u + 16, u + 32, u + 48), 128-element rows 4 per warp (or on half warps behind
-// DIFUSE_RMSD_LANES_PER_ROW=16), other widths one warp per row; each replays the same order.
+// (span lane u holds elements u, u + 16, u + 32, u + 48), 128-element rows on half warps (4 per warp behind
+// DIFUSE_RMSD_LANES_PER_ROW=32), other widths one warp per row; each replays the same order.
 //
 // Guards (can_use_rms_norm_diffusers; every violation is reported): x bf16 on a CUDA device, rank 1-4,
 // last dim contiguous; rows >= 16 and 32 <= N <= 8160 (aten's block is then (32, 16) and each warp owns a row:
@@ -30,7 +30,9 @@
 // 2x24x4096x64 50.0 -> 24.0 us) ran there through DIFUSE_RMSD_LANES_PER_ROW=16 at 21fe4f5
 // (test_half_warp_64_element_rows, now test_half_warp_rows, 2 and 4 slots, passed; bench ops 0 mismatches at daa91f6); the whole file has
 // not yet run with it as the default.
-// The half-warp kernel for 128-element rows (DIFUSE_RMSD_LANES_PER_ROW=16) came after that: not yet run there.
+// The 64-element default ran in the full run at 66f5a3b (tests.json). The half-warp kernel for 128-element rows
+// ran there behind DIFUSE_RMSD_LANES_PER_ROW=16 (test_half_warp_rows passed; bench 0 mismatches, knob-sweeps/) and
+// became the default after that run.
 #include "norm/rms_norm_diffusers.h"
 
 #include <cuda_runtime.h>
@@ -174,8 +176,8 @@ __global__ void __launch_bounds__(256) rms_norm_diffusers_half_warp64(const Para
   }
 }
 
-// Rows of exactly 128 elements on half a warp, DIFUSE_RMSD_LANES_PER_ROW=16 (for measurement; the vector output
-// pass): R slots of two rows per warp (row 2 slot + seg), span lane u holding aten's float4 vectors u and u + 16
+// Rows of exactly 128 elements on half a warp (the default where the output pass is vectorized;
+// DIFUSE_RMSD_LANES_PER_ROW=32 for the 4-rows-per-warp kernel): R slots of two rows per warp (row 2 slot + seg), span lane u holding aten's float4 vectors u and u + 16
 // (norm::head_rstd_half_warp, the Qwen-Image prologue's tree), as the FLUX and Qwen prologues gained from it.
 template <int R>
 __global__ void __launch_bounds__(256) rms_norm_diffusers_half_warp128(const Params p) {
@@ -271,7 +273,10 @@ void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view&
     const unsigned b64 = static_cast<unsigned>((p.rows + kRowsPerBlock * 2 * slots - 1) / (kRowsPerBlock * 2 * slots));
     slots == 4 ? rms_norm_diffusers_half_warp64<4><<<b64, 32 * kRowsPerBlock, 0, stream>>>(p)
                : rms_norm_diffusers_half_warp64<2><<<b64, 32 * kRowsPerBlock, 0, stream>>>(p);
-  } else if (lanes == 16 && p.n == 128 && p.vec_out) {  // 2 slots of two rows per warp (4 with ROWS_PER_WARP >= 4)
+  } else if (lanes != 32 && p.n == 128 && p.vec_out) {
+    // 128-element rows by default on half a warp, 2 slots of two rows per warp (4 with ROWS_PER_WARP >= 4). H200 at
+    // 66f5a3b (knob-sweeps/): 1x4608x24x128 20.7 us vs 22.2 for 4 rows per warp, 1x4096x24x128 18.7 vs 20.4 (4 slots
+    // the same). DIFUSE_RMSD_LANES_PER_ROW=32 keeps a warp per row (DIFUSE_RMSD_ROWS_PER_WARP rows, default 4).
     const int slots = rows_per_warp >= 4 ? 4 : 2;
     const unsigned b128 = static_cast<unsigned>((p.rows + kRowsPerBlock * 2 * slots - 1) / (kRowsPerBlock * 2 * slots));
     slots == 4 ? rms_norm_diffusers_half_warp128<4><<<b128, 32 * kRowsPerBlock, 0, stream>>>(p)

@@ -12,11 +12,12 @@
 // shuffle-down tree 16..1, rstd = rsqrtf(RN(s / D + eps)), out = bf16(RN(w * RN(rstd * x)))); RoPE is three
 // separate fp32 TensorIterator kernels (x.float() * cos, x_rotated.float() * sin, their sum) and .to(bf16).
 // One block per joint token: its 2H (3H with v) head rows, each warp loading several rows before reducing any;
-// the token's cos and sin rows are read once per lane. By default a row spans half a warp whose lane u holds aten
-// lanes u and u + 16 (see the kernel), one slot of two rows per warp at a time (the measured best); with
-// DIFUSE_QK_LANES_PER_ROW=32 (for measurement) a row spans a warp (aten's lanes one to one), 3 rows at a time;
-// with DIFUSE_QK_STAGED=1 (for measurement; not yet run on the H200) the block first copies its token's rows,
-// tables and weights into shared memory (see the kernel). Output rows are [B, S_first + S_second, H, D]
+// the token's cos and sin rows are read once per lane. A row spans half a warp whose lane u holds aten lanes u and
+// u + 16 (see the kernel). By default (128-element heads, rows 16-byte aligned) the block first copies its token's
+// rows, tables and weights into shared memory (STAGED, see the kernel; the measured best); with
+// DIFUSE_QK_UNSTAGED=1 or DIFUSE_QK_ROWS_PER_WARP (for measurement, and where staging does not apply) each warp
+// loads its rows itself, one slot of two rows per warp at a time; with DIFUSE_QK_LANES_PER_ROW=32 (for
+// measurement) a row spans a warp (aten's lanes one to one), 3 rows at a time. Output rows are [B, S_first + S_second, H, D]
 // contiguous, exactly the tensors the eager code hands to attention.
 //
 // Guards (can_use_qk_norm_rope; every violation is reported): q, k (and v) of each stream bf16 [B, S, H, D]
@@ -31,7 +32,8 @@
 // (248 cases, incl. the q, k, v diffusers' FluxAttnProcessor hands to attention, the half-warp default with 1 and 2
 // slots, and the full-warp 2/3/4/6/9-row variants through DIFUSE_QK_LANES_PER_ROW=32), 0 failed, 0 skipped
 // (bench/results/h200/tests.json).
-// The staged variant (DIFUSE_QK_STAGED=1) came after it: not yet run there.
+// The staged variant ran there at 66f5a3b behind DIFUSE_QK_STAGED=1 (test_staged_rows_variant passed, now
+// test_unstaged_rows_variant; bench 0 mismatches, knob-sweeps/); it became the default after that run.
 #include "rope/qk_norm_rope.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -90,7 +92,7 @@ struct Params {
 // warp w owns slots w, w + 8, ... Rows past the end carry zeros and are not stored. What depends only on the
 // token (TokenRows, the output base, the weights, cos and sin) is computed once per block.
 //
-// STAGED (DIFUSE_QK_STAGED=1, for measurement; head_dim 128, rows 16-byte aligned, the token's rows within 48 KB):
+// STAGED (the default where it applies; head_dim 128, rows 16-byte aligned, the token's rows within 48 KB):
 // the block first copies all of its token's rows into shared memory with cp.async (16 bytes per thread and
 // copy, every copy in flight at once: 18 KB for a FLUX double-block token, where a warp otherwise has one 512-byte
 // slot in flight per round; ncu at 3e989f7: DRAM 60 %, 51 % occupancy), then runs the same per-row arithmetic
@@ -372,9 +374,12 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   // 58.5 us, 2 slots 68.3, full warp 3 rows 63.3, 2 rows 65.3; single 43.6 vs 50.0 (fastest at all five shapes).
   // DIFUSE_QK_LANES_PER_ROW=32 (for measurement): a warp per row, DIFUSE_QK_ROWS_PER_WARP rows (default 3).
   static const int lanes_knob = detail::positive_env_knob("DIFUSE_QK_LANES_PER_ROW");
-  static const int staged_knob = detail::positive_env_knob("DIFUSE_QK_STAGED");
+  // Default where it applies: the staged kernel (H200 at 66f5a3b, knob-sweeps/: 1x4608x24x128 double 53.4 us vs
+  // 58.8 per-row, single 39.8 vs 44.3, batch 2 98.3 vs 109.9). DIFUSE_QK_UNSTAGED=1, or either knob above, keeps
+  // the per-row kernels.
+  static const int unstaged_knob = detail::positive_env_knob("DIFUSE_QK_UNSTAGED");
   const size_t staged_bytes = static_cast<size_t>(p.roles) * p.H * p.D * sizeof(uint16_t) + 192 * sizeof(uint2);
-  if (lanes_knob != 32 && staged_knob == 1 && p.D == 128 && staged_bytes <= 48 * 1024 &&
+  if (lanes_knob != 32 && knob == 0 && unstaged_knob != 1 && p.D == 128 && staged_bytes <= 48 * 1024 &&
       head_rows_aligned16({&p.first, &p.second})) {
     // 32 registers, 8 blocks of 256 threads per SM (ptxas, scripts/kernel-resources.sh): up to 8 tokens' rows in
     // flight per SM, ~156 KB of shared memory, so the carveout is set to the most shared memory once per device.

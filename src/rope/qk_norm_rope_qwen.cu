@@ -40,7 +40,8 @@
 // tests/gpu/test_qk_norm_rope_qwen.py (255 cases, incl. the real QwenDoubleStreamAttnProcessor2_0, the half-warp
 // default for 128-element heads with 1 and 2 slots, the full-warp 2- and 4-row variants), 0 failed, 0 skipped
 // (bench/results/h200/tests.json).
-// The staged variant (DIFUSE_QK_STAGED=1) came after it: not yet run there.
+// The staged variant ran there at 66f5a3b behind DIFUSE_QK_STAGED=1 (test_staged_rows_variant passed, now
+// test_unstaged_rows_variant; bench 0 mismatches, knob-sweeps/); it became the default after that run.
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -95,7 +96,7 @@ struct Params {
 // before any reduction, the R shuffle trees interleaved; rows past the end carry zeros and are not stored). What
 // depends only on the token (TokenRows, the freqs, the weights, the output base) is computed once per block.
 //
-// STAGED (DIFUSE_QK_STAGED=1, for measurement; half-warp 128-element rows 16-byte aligned, the token's rows within
+// STAGED (the default where it applies; half-warp 128-element rows 16-byte aligned, the token's rows within
 // 48 KB): the block first copies its token's 3H rows, its stream's freqs row and the q and k weights into shared
 // memory with cp.async, all in flight at once, then runs the same arithmetic reading them from there (as
 // qk_norm_rope.cu's staged kernel). Row r sits at vector 32 r; then the freqs (64 complex), q weight (32
@@ -325,10 +326,13 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
   // H200 at 5fa0c2a (knob-sweeps/), 1x4608x24x128 txt512: 1 slot 60.6 us, 2 slots 67.3, full warp 2 rows 74.8
   // (fastest at all four shapes). DIFUSE_QK_LANES_PER_ROW=32 (for measurement) keeps a warp per row.
   static const int lanes_knob = detail::positive_env_knob("DIFUSE_QK_LANES_PER_ROW");
-  static const int staged_knob = detail::positive_env_knob("DIFUSE_QK_STAGED");
+  // Default where it applies: the staged kernel (H200 at 66f5a3b, knob-sweeps/: 1x4608x24x128 txt512 54.3 us vs
+  // 60.8 per-row, txt34 50.2 vs 54.9, batch 2 104.3 vs 115.9). DIFUSE_QK_UNSTAGED=1, or either knob above, keeps
+  // the per-row kernels.
+  static const int unstaged_knob = detail::positive_env_knob("DIFUSE_QK_UNSTAGED");
   const size_t staged_bytes = static_cast<size_t>(3) * p.H * p.D * sizeof(uint16_t) + 128 * sizeof(uint2);
-  if (lanes_knob != 32 && staged_knob == 1 && p.D == 128 && staged_bytes <= 48 * 1024 &&
-      head_rows_aligned16({&p.txt, &p.img})) {
+  if (lanes_knob != 32 && rows_per_warp_knob() == 0 && unstaged_knob != 1 && p.D == 128 &&
+      staged_bytes <= 48 * 1024 && head_rows_aligned16({&p.txt, &p.img})) {
     auto kernel = qk_norm_rope_qwen_kernel<4, 1, 8, 16, true>;
     static std::atomic<uint64_t> carveout_set{0};  // most shared memory: 8 blocks of ~19 KB per SM
     norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);

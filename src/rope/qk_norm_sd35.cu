@@ -36,7 +36,9 @@
 // (now the default) ran there at daa91f6 through DIFUSE_QK_LANES_PER_ROW=16: test_half_warp_head_dim_64
 // (site shapes, odd head counts, no weights, adversarial values, 2 and 4 slots) passed and bench ops counted 0
 // mismatching elements (bench/results/h200/knob-sweeps/); the whole file has not yet run with it as the default.
-// The staged variant (DIFUSE_QK_STAGED=1) came after it: not yet run there.
+// Everything above ran as the default in the full run at 66f5a3b (tests.json); the staged variant ran there behind
+// DIFUSE_QK_STAGED=1 (test_staged_rows_variant passed, now test_unstaged_rows_variant; bench 0 mismatches,
+// knob-sweeps/) and became the default after that run.
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -143,7 +145,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(c
 // kernel spends 2 gather shuffles and a 5-level tree per row and loads a 128-byte row per warp instruction (ncu at
 // 3e989f7: issue-bound, 0.83 warp instructions per scheduler and cycle, DRAM 28 %). v rows are copied as raw bits
 // (NaN payloads kept). The same arithmetic per row as qk_norm_sd35_kernel.
-// STAGED (DIFUSE_QK_STAGED=1, for measurement; rows 16-byte aligned, the token's 3H rows within 48 KB): the block
+// STAGED (the default where it applies; rows 16-byte aligned, the token's 3H rows within 48 KB): the block
 // first copies its token's rows into shared memory with cp.async (8 copies of 16 bytes per row, all in flight at
 // once), row r at element 64 r, then reads them from there.
 template <int R, int MIN_BLOCKS, bool STAGED = false>
@@ -297,9 +299,11 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
   // >= 4). H200 at daa91f6 (knob-sweeps/): 2x38x4429x64 99.6 us vs 162.1 on full warps, 1x 52.4 vs 84.9.
   // DIFUSE_QK_LANES_PER_ROW=32 (for measurement) keeps the full-warp kernels.
   static const int lanes_knob = detail::positive_env_knob("DIFUSE_QK_LANES_PER_ROW");
-  static const int staged_knob = detail::positive_env_knob("DIFUSE_QK_STAGED");
+  // Default where it applies: the staged kernel (H200 at 66f5a3b, knob-sweeps/: 2x38x4429x64 95.0 us vs 100.0
+  // per-row, 1x 50.0 vs 52.5). DIFUSE_QK_UNSTAGED=1, or either knob above, keeps the per-row kernels.
+  static const int unstaged_knob = detail::positive_env_knob("DIFUSE_QK_UNSTAGED");
   const size_t staged_bytes = static_cast<size_t>(3) * p.H * 64 * sizeof(uint16_t);
-  if (lanes_knob != 32 && staged_knob == 1 && p.D == 64 && staged_bytes <= 48 * 1024 &&
+  if (lanes_knob != 32 && knob == 0 && unstaged_knob != 1 && p.D == 64 && staged_bytes <= 48 * 1024 &&
       head_rows_aligned16({&p.img, &p.ctx})) {
     auto kernel = qk_norm_sd35_half_warp64<1, 8, true>;
     static std::atomic<uint64_t> carveout_set{0};  // most shared memory: 8 blocks of ~15 KB per SM

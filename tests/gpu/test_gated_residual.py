@@ -165,8 +165,9 @@ def test_cuda_graph_replay_with_new_values():
         assert count_mismatches(out, ops.gated_residual_eager(h, a, gate)) == 0, i
 
 
-def test_flat_index_variant():
-    """DIFUSE_EW_FLAT=1 (read once per process): one flat index over every row's vectors instead of the 2-D grid:
+def test_grid2d_variant():
+    """DIFUSE_EW_GRID2D=1 (read once per process): the 2-D grid (blocks per row) instead of the default flat index
+    over every row's vectors:
     same bits for [B, H] gate chunks, per-token gates, widths that are not a multiple of the block's vectors, every
     access width (odd widths and offsets take 2- and 1-element accesses), and the in-place form; gated_residual_fp32
     keeps its kernel."""
@@ -174,7 +175,7 @@ def test_flat_index_variant():
 
     specs = [((1, 4096, 3072), 6), ((2, 300, 3072), 6), ((1, 4096, 3072), 0), ((3, 77, 1000), 3), ((2, 5, 7), 3),
              ((1, 333, 1538), 6), ((1, 1, 8), 6)]
-    assert_exact_under(exactness_script("gated_residual", specs, 2000), DIFUSE_EW_FLAT="1")
+    assert_exact_under(exactness_script("gated_residual", specs, 2000), DIFUSE_EW_GRID2D="1")
     script = mismatch_script(
         PLACE_ADVERSARIAL +
         "g = torch.Generator(device='cuda').manual_seed(2001)\n"
@@ -186,4 +187,4 @@ def test_flat_index_variant():
         "    want = ops.gated_residual_eager(h, a, gate)\n"
         "    ops.gated_residual_(h, a, gate)\n"
         "    bad += count_mismatches(h, want)\n")
-    assert_exact_under(script, DIFUSE_EW_FLAT="1")
+    assert_exact_under(script, DIFUSE_EW_GRID2D="1")

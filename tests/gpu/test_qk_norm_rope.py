@@ -210,19 +210,19 @@ def test_half_warp_rows(slots):
                        DIFUSE_QK_ROWS_PER_WARP=slots)
 
 
-def test_staged_rows_variant():
-    """DIFUSE_QK_STAGED=1 (read once per process): 128-element heads whose rows are 16-byte aligned are first
-    copied, with each token's cos, sin and weights, into shared memory (cp.async), then normalised from there with
-    the half-warp arithmetic: same bits (double and single block, fused and separate projections, batch 2, odd
-    head counts, no weights, adversarial values); 8-byte-aligned views and other head sizes keep the default
-    kernel, also exact."""
+def test_unstaged_rows_variant():
+    """DIFUSE_QK_UNSTAGED=1 (read once per process): 128-element heads are not staged (the default copies a
+    token's rows, cos, sin and weights into shared memory first, with cp.async, where rows are 16-byte aligned):
+    each warp loads its own rows, the same half-warp arithmetic, same bits (double and single block, fused and
+    separate projections, batch 2, odd head counts, no weights, adversarial values; 8-byte-aligned views and other
+    head sizes, which never stage, too)."""
     from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
 
     specs = [((1, 512, 4096, 24, 128), True), ((2, 77, 300, 24, 128), False), ((1, 0, 333, 5, 128), False),
              ((2, 1, 45, 17, 128), True), ((3, 7, 19, 3, 64), True), ((1, 3, 5, 1, 128), False)]
-    assert_exact_under(exactness_script("qk_norm_rope", specs, 1700), DIFUSE_QK_STAGED="1")
-    # offset 4: 8- but not 16-byte aligned rows, where the default kernel runs
+    assert_exact_under(exactness_script("qk_norm_rope", specs, 1700), DIFUSE_QK_UNSTAGED="1")
+    # offset 4: 8- but not 16-byte aligned rows, which never stage
     script = prologue_adversarial_script("qk_norm_rope", 128, [(1, 40, 300, 24, 0, True, True),
                                                                (2, 9, 33, 3, 4, False, True),
                                                                (1, 5, 17, 24, 4, True, False)], 1701)
-    assert_exact_under(script, DIFUSE_QK_STAGED="1")
+    assert_exact_under(script, DIFUSE_QK_UNSTAGED="1")

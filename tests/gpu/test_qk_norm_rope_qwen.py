@@ -247,20 +247,20 @@ def test_half_warp_rows(slots):
                        DIFUSE_QK_ROWS_PER_WARP=slots)
 
 
-def test_staged_rows_variant():
-    """DIFUSE_QK_STAGED=1 (read once per process): 128-element heads whose rows are 16-byte aligned are first
-    copied, with the stream's freqs row and the weights, into shared memory (cp.async), then normalised and rotated
-    from there with the half-warp arithmetic: same bits (short and long prompts, fused and separate projections,
-    batch 2, odd head counts, no weights, no RoPE, adversarial values); 8-byte-aligned views and other head sizes
-    keep the default kernels, also exact."""
+def test_unstaged_rows_variant():
+    """DIFUSE_QK_UNSTAGED=1 (read once per process): 128-element heads are not staged (the default copies a
+    token's rows, its stream's freqs row and the weights into shared memory first, with cp.async, where rows are
+    16-byte aligned): each warp loads its own rows, the same half-warp arithmetic, same bits (short and long
+    prompts, fused and separate projections, batch 2, odd head counts, no weights, no RoPE, adversarial values;
+    8-byte-aligned views and other head sizes, which never stage, too)."""
     from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
 
     specs = [((1, 512, 4096, 24, 128), True), ((2, 34, 300, 24, 128), False), ((3, 20, 61, 3, 128), True),
              ((2, 16, 45, 17, 128), False), ((1, 33, 77, 3, 64), True)]
-    assert_exact_under(exactness_script("qk_norm_rope_qwen", specs, 1800), DIFUSE_QK_STAGED="1")
-    # offset 4: 8- but not 16-byte aligned rows, where the default kernels run
+    assert_exact_under(exactness_script("qk_norm_rope_qwen", specs, 1800), DIFUSE_QK_UNSTAGED="1")
+    # offset 4: 8- but not 16-byte aligned rows, which never stage
     script = prologue_adversarial_script("qk_norm_rope_qwen", 128, [(1, 40, 300, 24, 0, True, True),
                                                                     (2, 9, 33, 3, 4, False, True),
                                                                     (1, 17, 17, 24, 0, False, False),
                                                                     (1, 16, 20, 2, 4, True, True)], 1801)
-    assert_exact_under(script, DIFUSE_QK_STAGED="1")
+    assert_exact_under(script, DIFUSE_QK_UNSTAGED="1")

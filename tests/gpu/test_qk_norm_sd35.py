@@ -243,18 +243,19 @@ def test_half_warp_head_dim_64(slots):
     assert_exact_under(script, DIFUSE_QK_LANES_PER_ROW="16", DIFUSE_QK_ROWS_PER_WARP=slots)
 
 
-def test_staged_rows_variant():
-    """DIFUSE_QK_STAGED=1 (read once per process): 64-element heads whose rows are 16-byte aligned are first
-    copied into shared memory (cp.async, all of a token's rows at once), then normalised from there with the
-    half-warp arithmetic: same bits (site shapes, fused and separate projections, odd head counts, no weights,
-    adversarial values, v's NaN payloads); 8-byte-aligned views and other head sizes keep their kernels."""
+def test_unstaged_rows_variant():
+    """DIFUSE_QK_UNSTAGED=1 (read once per process): 64-element heads are not staged (the default copies all of a
+    token's rows into shared memory first, with cp.async, where rows are 16-byte aligned): each warp loads its own
+    rows, the same half-warp arithmetic, same bits (site shapes, fused and separate projections, odd head counts,
+    no weights, adversarial values, v's NaN payloads; 8-byte-aligned views and other head sizes, which never stage,
+    too)."""
     from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
 
     specs = [((2, 4429, 333, 38, 64), False), ((1, 300, 77, 5, 64), True), ((2, 17, 9, 3, 64), True),
              ((1, 16, 16, 1, 64), False), ((3, 61, 20, 7, 96), False)]
-    assert_exact_under(exactness_script("qk_norm_sd35", specs, 1900), DIFUSE_QK_STAGED="1")
-    # offset 4: 8- but not 16-byte aligned rows, where the default kernel runs; no RoPE in SD3.5 (rope stays True)
+    assert_exact_under(exactness_script("qk_norm_sd35", specs, 1900), DIFUSE_QK_UNSTAGED="1")
+    # offset 4: 8- but not 16-byte aligned rows, which never stage; no RoPE in SD3.5 (rope stays True)
     script = prologue_adversarial_script("qk_norm_sd35", 64, [(1, 40, 17, 3, 0, True, True),
                                                               (2, 64, 16, 38, 4, False, True),
                                                               (1, 33, 20, 5, 0, False, True)], 1901, bhsd=True)
-    assert_exact_under(script, DIFUSE_QK_STAGED="1")
+    assert_exact_under(script, DIFUSE_QK_UNSTAGED="1")

@@ -132,9 +132,9 @@ def test_rows_per_warp_variants(rows):
 
 @pytest.mark.parametrize("slots", ["2", "4"])
 def test_half_warp_rows(slots):
-    """DIFUSE_RMSD_LANES_PER_ROW=16: 64-element rows on half a warp (the default; span lane u holds elements u,
-    u + 16, u + 32, u + 48) and 128-element rows too (lane u holds aten's vectors u and u + 16, the Qwen prologue's
-    tree), 2 or 4 slots of two rows per warp: same bits for SD3.5's and Qwen's BHSD / BSHD views, row counts that
+    """DIFUSE_RMSD_LANES_PER_ROW=16 (the default's schedule, set explicitly): 64-element rows on half a warp (span
+    lane u holds elements u, u + 16, u + 32, u + 48) and 128-element rows too (lane u holds aten's vectors u and
+    u + 16, the Qwen prologue's tree), 2 or 4 slots of two rows per warp: same bits for SD3.5's and Qwen's BHSD / BSHD views, row counts that
     leave slots and warps partly empty, no weight (applied as 1), adversarial values; other widths keep their
     kernels."""
     from knob_run import assert_exact_under, mismatch_script
