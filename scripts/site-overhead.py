@@ -1,8 +1,10 @@
 #!/usr/bin/env python3
-"""Host cost of a site's signature on this machine: the string difuse.patching.signature builds, against the memo
-(_memo_sig: a tuple key looked up in a dict) the hot path uses. Inputs shaped like FLUX's attention-prologue site
-(13 items: q, k, v and the context views, cos/sin tables, eps, the four weights). CPU tensors: the cost is Python's,
-the device does not enter. A benchmark, not a test.
+"""Host cost of a site's hot path on this machine: the string difuse.patching.signature builds, against the memo
+(_memo_sig: a tuple key looked up in a dict); and a whole Site.run of a verified signature, asking the C++ gate
+(ctypes) every call as before 2026-11-29's sixth session, against run_verified's memo of verified keys. Inputs shaped
+like FLUX's attention-prologue site (13 items: q, k, v and the context views, cos/sin tables, eps, the four
+weights). CPU tensors: the cost is Python's (without a GPU the CUDA stream query is replaced by a stub, so the
+"gate asked" figure is low by that query's cost). A benchmark, not a test.
 
     python3 scripts/site-overhead.py [--calls N]
 """
@@ -40,6 +42,27 @@ def main():
     memo_us = per_call_us(lambda: patching._memo_sig(memo, items, patching.signature), args.calls)
     print("signature string: %.2f us per call; memoised (tuple key + dict lookup): %.2f us per call (%d calls, "
           "torch %s)" % (string_us, memo_us, args.calls, torch.__version__))
+
+    from difuse import gate as G
+    from difuse.ops import Support
+
+    if not torch.cuda.is_available():
+        import types
+
+        torch.cuda.current_stream = lambda device=None: types.SimpleNamespace(cuda_stream=0)
+    site = patching.Site("overhead", "D2")
+    run = lambda: site.run(items, fused=lambda: None, eager=lambda: None,  # noqa: E731
+                           predicate=lambda: Support(True, []), device=0)
+    run()
+    run()  # verified, then remembered
+    assert site.gate.host_fused.get(0) is None and len(site._verified) == 1
+    memo_run_us = per_call_us(run, args.calls)
+    sig = patching.signature(*items)
+    asked_us = per_call_us(lambda: G.run_verified(site.gate, patching._memo_sig(site._sigs, items, patching.signature),
+                                                  lambda: None, lambda: None, 0), args.calls)
+    print("Site.run of a verified signature: %.2f us per call with the memo of verified keys; %.2f us asking the "
+          "gate every call (signature memo + stream query + ctypes decide)" % (memo_run_us, asked_us))
+    assert sig in site._sigs.values()
 
 
 if __name__ == "__main__":

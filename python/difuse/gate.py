@@ -4,7 +4,8 @@
     out = difuse.run_verified(gate, sig, fused=lambda: ..., eager=lambda: ..., device=0)
 
 `run_verified` is the protocol every site uses: a verified signature runs the fused op (one lock-free
-lookup); an unverified one runs both, compares bit patterns and either keeps the fused result or disables
+lookup; a caller that passes `memo` and `key` skips even that on later calls, see run_verified); an unverified
+one runs both, compares bit patterns and either keeps the fused result or disables
 the gate for good (one log line) and returns the eager result; no first verification happens while the
 current stream is capturing a CUDA graph or while torch.compile traces: the eager result is returned.
 """
@@ -48,6 +49,12 @@ class BitExactGate:
             raise ValueError("mode must be 'once' or 'per_signature', got %r" % (mode,))
         _install_log_sink()
         self.op, self.mode = op, mode
+        # epoch: bumped by every call that can end a verified state (disable, reset, a verification that found
+        # mismatches), so a caller's memo of verified keys (run_verified's memo) is void after it. host_fused:
+        # per device, the fused calls run_verified answered from such a memo without asking the C++ gate;
+        # counters() adds them to fused_calls.
+        self.epoch = 0
+        self.host_fused: dict = {}
         h = ctypes.c_void_p()
         _check(core().difuse_gate_create(op.encode(), _MODES[mode], ctypes.byref(h)), "gate_create")
         self._h = h
@@ -72,6 +79,8 @@ class BitExactGate:
         return bool(p.value)
 
     def end_verify(self, device: int, signature: str, mismatches: int, detail: str = "") -> None:
+        if mismatches != 0:
+            self.epoch += 1
         _check(core().difuse_gate_end_verify(self._h, device, signature.encode(), int(mismatches), detail.encode()),
                "gate_end_verify")
 
@@ -79,9 +88,12 @@ class BitExactGate:
         _check(core().difuse_gate_note_fallback(self._h, device, _capi.FALLBACK_REASONS.index(reason)), "note_fallback")
 
     def disable(self, device: int, reason: str) -> None:
+        self.epoch += 1
         _check(core().difuse_gate_disable(self._h, device, reason.encode()), "gate_disable")
 
     def reset(self) -> None:
+        self.epoch += 1
+        self.host_fused.clear()
         _check(core().difuse_gate_reset(self._h), "gate_reset")
 
     def is_verified(self, device: int, signature: str) -> bool:
@@ -95,7 +107,7 @@ class BitExactGate:
         return {
             "verified_signatures": c.verified_signatures,
             "verifications": c.verifications,
-            "fused_calls": c.fused_calls,
+            "fused_calls": c.fused_calls + self.host_fused.get(device, 0),
             "fallbacks": c.fallbacks,
             "fallback_reasons": dict(zip(_capi.FALLBACK_REASONS, list(c.fallback_reasons))),
             "disabled": bool(c.disabled),
@@ -138,24 +150,51 @@ def _tracing() -> bool:
     return bool(torch.compiler.is_compiling())
 
 
-def run_verified(gate: BitExactGate, signature: str, fused: Callable, eager: Callable, device: int,
-                 supported: bool = True, compare: Callable = count_mismatches):
-    """predicate -> gate -> fused op, or the eager callable. Returns the result to use."""
-    import torch
+_MEMO_MAX = 4096  # keys a run_verified memo holds before it starts over
 
+
+def _run_fused(gate: BitExactGate, fused: Callable, eager: Callable, device: int):
+    try:
+        return fused()
+    except Exception as e:  # a host-side failure: disable, answer from the eager chain
+        gate.disable(device, "the fused op raised %s: %s" % (type(e).__name__, e))
+        return eager()
+
+
+def run_verified(gate: BitExactGate, signature, fused: Callable, eager: Callable, device: int,
+                 supported: bool = True, compare: Callable = count_mismatches, memo: dict | None = None, key=None):
+    """predicate -> gate -> fused op, or the eager callable. Returns the result to use.
+
+    signature: the string, or a callable that builds it (called only when the gate is asked). memo and key (a
+    hashable stand-in for the signature, e.g. its shapes, strides, dtypes and alignment; not used while
+    torch.compile traces): once the gate has answered "run fused" for this signature (verified), memo[key]
+    holds the gate's epoch, and later calls with the same key run the fused op straight away, counted in
+    gate.host_fused, without the ctypes call, the stream query or the signature string. Anything that can end a
+    verified state (disable, reset, a mismatch) bumps the epoch, so those calls then ask the gate again. The
+    decision is the gate's own: a verified signature on an enabled gate is always "run fused", capturing or not."""
     if not supported:
         gate.note_fallback(device, "unsupported")
         return eager()
     tracing = _tracing()
+    if memo is not None and key is not None and not tracing:
+        if memo.get(key) == gate.epoch:
+            gate.host_fused[device] = gate.host_fused.get(device, 0) + 1
+            return _run_fused(gate, fused, eager, device)
+    else:
+        memo = None
+    import torch
+
+    if callable(signature):
+        signature = signature()
     stream = torch.cuda.current_stream(device).cuda_stream
     while True:
         d = gate.decide(device, signature, capturing=tracing, stream=stream)
         if d == _capi.RUN_FUSED:
-            try:
-                return fused()
-            except Exception as e:  # a host-side failure: disable, answer from the eager chain
-                gate.disable(device, "the fused op raised %s: %s" % (type(e).__name__, e))
-                return eager()
+            if memo is not None:
+                if len(memo) >= _MEMO_MAX:
+                    memo.clear()
+                memo[key] = gate.epoch
+            return _run_fused(gate, fused, eager, device)
         if d == _capi.FALLBACK:
             return eager()
         if not gate.begin_verify(device, signature):

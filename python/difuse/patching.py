@@ -124,7 +124,11 @@ def _memo_sig(memo: dict, items, build, aligned: bool = True) -> str:
     torch.compile traces, the string is built directly (what dynamo already traced before the memo existed)."""
     if _torch().compiler.is_compiling():
         return build(*items)
-    fk = _fast_key(items, aligned)
+    return _sig_for(memo, _fast_key(items, aligned), items, build)
+
+
+def _sig_for(memo: dict, fk, items, build) -> str:
+    """memo[fk], built (build(*items)) on a miss; build(*items) when fk is None (no hashable key)."""
     if fk is None:
         return build(*items)
     sig = memo.get(fk)
@@ -133,6 +137,15 @@ def _memo_sig(memo: dict, items, build, aligned: bool = True) -> str:
             memo.clear()
         sig = memo[fk] = build(*items)
     return sig
+
+
+def _memo_key(items, device: int, aligned: bool = True):
+    """(device, _fast_key) for run_verified's memo of verified signatures, or None while torch.compile traces or
+    when an item cannot be hashed (then the gate is asked every call)."""
+    if _torch().compiler.is_compiling():
+        return None
+    fk = _fast_key(items, aligned)
+    return None if fk is None else (device, fk)
 
 
 # ---- sites ----------------------------------------------------------------------------------------------------
@@ -146,14 +159,19 @@ class Site:
         self.refusals: dict = {}    # reason -> count of signatures refused for it
         self.calls = 0
         self._sigs: dict = {}       # _fast_key -> signature string
+        self._verified: dict = {}   # (device, _fast_key) -> gate epoch when the gate said "run fused" (run_verified)
 
     def run(self, key, fused, eager, predicate, device: int):
         """key: the tensors and scalars that make the signature; predicate() -> Support (called once per
-        signature); fused() / eager() -> result (a tensor or a list/tuple of tensors)."""
+        signature); fused() / eager() -> result (a tensor or a list/tuple of tensors). A key whose signature the
+        gate has verified runs the fused op after one tuple and two dict lookups (run_verified's memo)."""
         self.calls += 1
         if device < 0:  # host tensors: the eager chain (the kernels are CUDA-only)
             return eager()
-        sig = _memo_sig(self._sigs, key, signature)
+        mk = _memo_key(key, device)
+        if mk is not None and self._verified.get(mk) == self.gate.epoch:
+            return run_verified(self.gate, "", fused, eager, device, memo=self._verified, key=mk)
+        sig = _sig_for(self._sigs, mk[1], key, signature) if mk is not None else signature(*key)
         ok = self.supported.get(sig)
         if ok is None:
             try:
@@ -166,7 +184,7 @@ class Site:
                 for r in reasons or ["unsupported"]:
                     self.refusals[r] = self.refusals.get(r, 0) + 1
                 log.info("difuse: site %s falls back for signature %s: %s", self.name, sig, "; ".join(reasons))
-        return run_verified(self.gate, sig, fused, eager, device, supported=ok)
+        return run_verified(self.gate, sig, fused, eager, device, supported=ok, memo=self._verified, key=mk)
 
     def fallback(self, device: int, reason: str):
         """A call the site could not even try (e.g. a custom attention processor): counted, eager answers."""
@@ -196,10 +214,12 @@ class BlockGate:
         self.name = name
         self.gate = BitExactGate("%s.%s" % (model_name, name), "per_signature")
         self._sigs: dict = {}  # _fast_key (no alignment) -> _shape_sig string
+        self._verified: dict = {}  # (device, _fast_key) -> gate epoch when verified (run_verified's memo)
 
     def run(self, key, patched, original, device: int):
-        return run_verified(self.gate, _memo_sig(self._sigs, key, _shape_sig, aligned=False), patched, original,
-                            device)
+        mk = _memo_key(key, device, aligned=False)
+        sig = (lambda: _sig_for(self._sigs, mk[1], key, _shape_sig)) if mk is not None else _shape_sig(*key)
+        return run_verified(self.gate, sig, patched, original, device, memo=self._verified, key=mk)
 
 
 @dataclass

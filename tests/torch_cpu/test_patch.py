@@ -286,7 +286,7 @@ def test_site_resolves_each_signature_once(monkeypatch):
     """Site.run asks the predicate once per signature and hands the gate the string signature."""
     P = difuse.patching
     seen = []
-    monkeypatch.setattr(P, "run_verified", lambda gate, sig, fused, eager, device, supported=True:
+    monkeypatch.setattr(P, "run_verified", lambda gate, sig, fused, eager, device, supported=True, **memo:
                         seen.append((sig, supported)) or (fused() if supported else eager()))
     site = P.Site("test", "X")
     calls = []
@@ -297,6 +297,88 @@ def test_site_resolves_each_signature_once(monkeypatch):
         assert site.run((x, 1e-6), fused=lambda: "f", eager=lambda: "e", predicate=pred, device=0) == "f"
     assert len(calls) == 2 and site.calls == 5
     assert [s for s, _ in seen] == [P.signature(x, 1e-6) for x in (a, a, b, a, b)]
+
+
+def _count_gate_calls(monkeypatch, gate):
+    """Counts gate.decide calls; the stream query answers 0 (no CUDA on this machine; the C++ probe then says
+    "not capturing")."""
+    import types
+
+    monkeypatch.setattr(torch.cuda, "current_stream", lambda device=None: types.SimpleNamespace(cuda_stream=0))
+    calls = []
+    decide = gate.decide
+    monkeypatch.setattr(gate, "decide", lambda *a, **k: calls.append(a[1]) or decide(*a, **k))
+    return calls
+
+
+def test_verified_keys_skip_the_gate_until_its_state_can_change(monkeypatch):
+    """Site.run through the real run_verified and C++ gate: the first call verifies (fused and eager, compared),
+    the second asks the gate once more (run fused, remembered), later calls with that key run the fused op without
+    asking, counted in fused_calls; a new key asks again; disable() voids the memo (the gate answers fallback);
+    reset() starts over."""
+    P = difuse.patching
+    site = P.Site("test", "memo")
+    decides = _count_gate_calls(monkeypatch, site.gate)
+    ok = lambda: difuse.ops.Support(True, [])  # noqa: E731
+    a, b = torch.ones(2, 16), torch.ones(4, 8)
+    ran = []
+    run = lambda x: site.run((x, 1e-6), fused=lambda: ran.append("f") or x * 2,  # noqa: E731
+                             eager=lambda: ran.append("e") or x * 2, predicate=ok, device=0)
+    for _ in range(5):
+        run(a)
+    assert ran == ["f", "e", "f", "f", "f", "f"] and len(decides) == 2  # verify, then "run fused" once
+    c = site.gate.counters(0)
+    assert c["fused_calls"] == 5 and c["verified_signatures"] == 1 and site.gate.host_fused == {0: 3}
+    run(b)
+    assert len(decides) == 3 and site.gate.counters(0)["verified_signatures"] == 2
+    site.gate.disable(0, "test")
+    ran.clear()
+    run(a)
+    run(a)
+    assert ran == ["e", "e"] and len(decides) == 5  # asked each time, answered fallback
+    site.gate.reset()
+    assert site.gate.counters(0)["fused_calls"] == 0
+    ran.clear()
+    run(a)
+    run(a)
+    run(a)
+    assert ran == ["f", "e", "f", "f"] and len(decides) == 7
+
+
+def test_a_mismatch_voids_the_memo_of_every_key(monkeypatch):
+    """Key a verified and remembered; key b's verification finds a difference: the gate disables itself, and key
+    a, which had stopped asking, asks again and gets the eager answer."""
+    P = difuse.patching
+    site = P.Site("test", "mismatch")
+    decides = _count_gate_calls(monkeypatch, site.gate)
+    ok = lambda: difuse.ops.Support(True, [])  # noqa: E731
+    a, b = torch.ones(2, 16), torch.ones(4, 8)
+    run = lambda x, fused: site.run((x, 1e-6), fused=fused, eager=lambda: x * 2, predicate=ok,  # noqa: E731
+                                    device=0)
+    for _ in range(3):
+        assert torch.equal(run(a, lambda: a * 2), a * 2)
+    assert len(decides) == 2
+    epoch = site.gate.epoch
+    assert torch.equal(run(b, lambda: b * 3), b * 2)  # differs: the eager result, the gate disabled
+    assert site.gate.epoch > epoch and site.gate.counters(0)["disabled"]
+    n = len(decides)
+    assert torch.equal(run(a, lambda: a * 5), a * 2)  # eager: the memo no longer answers
+    assert len(decides) == n + 1
+
+
+def test_block_gate_remembers_verified_shapes(monkeypatch):
+    """BlockGate.run takes the same memo: a verified shape key runs the patched forward without asking; the
+    string signature is built only when the gate is asked."""
+    P = difuse.patching
+    bg = P.BlockGate("test", "block")
+    decides = _count_gate_calls(monkeypatch, bg.gate)
+    built = []
+    shape_sig = P._shape_sig
+    monkeypatch.setattr(P, "_shape_sig", lambda *items: built.append(1) or shape_sig(*items))
+    x = torch.ones(3, 8)
+    for _ in range(4):
+        assert torch.equal(bg.run((x,), lambda: x + 1, lambda: x + 1, 0), x + 1)
+    assert len(decides) == 2 and len(built) == 1 and bg.gate.counters(0)["fused_calls"] == 4
 
 
 def test_copy_bits_moves_the_same_bits_through_wide_views_or_plainly():
