@@ -284,14 +284,29 @@ def summarize_kernels(kernels) -> dict:
 _RUNTIME_API = re.compile(r"^cu(da)?[A-Z]")  # CUDA runtime (cudaLaunchKernel) and driver (cuLaunchKernel) calls
 
 
-def summarize_timeline(gpu_intervals, runtime_calls, top: int = 8) -> dict:
+def _rank_calls(calls, top: int) -> tuple:
+    """[(name, us)] -> (total ms, [{name, calls, ms, max_ms}] of the top names by total time)."""
+    by: dict[str, list] = {}
+    for name, us in calls:
+        e = by.setdefault(name, [0, 0.0, 0.0])
+        e[0] += 1
+        e[1] += us / 1e3
+        e[2] = max(e[2], us / 1e3)
+    rows = sorted(by.items(), key=lambda kv: -kv[1][1])[:top]
+    return (round(sum(v[1] for v in by.values()), 3),
+            [dict(name=k, calls=v[0], ms=round(v[1], 3), max_ms=round(v[2], 3)) for k, v in rows])
+
+
+def summarize_timeline(gpu_intervals, runtime_calls, top: int = 8, host_ops=None) -> dict:
     """Where a profiled step's time goes besides the kernels themselves. gpu_intervals: [(start_us, end_us)] of
     every GPU activity (all streams); runtime_calls: [(name, host_us)] of the CUDA runtime/driver calls the host
     made. -> gpu_span_ms (first start to last end), gpu_busy_ms (the union of the intervals), gpu_idle_ms (span -
     busy: bubbles where no stream had work, e.g. behind a host that is late or waits), and the runtime calls with
     the most host time (calls, ms, longest single call): a long cudaStreamSynchronize / cudaEventSynchronize /
     cudaMemcpy means the host waited for the GPU; long launches mean a full launch queue (the host is ahead).
-    NCCL kernels that wait for a peer count as busy."""
+    NCCL kernels that wait for a peer count as busy. host_ops (optional): [(name, self us)] of the profiler's
+    host-side ops (aten::linear, c10d::all_to_all_single, difuse::qk_norm_rope, ...), their own time without
+    the ops they call -> host_ops_ms and host_ops_top: where a host-bound step's time goes, op by op."""
     iv = sorted((float(a), float(b)) for a, b in gpu_intervals if b >= a)
     busy = 0.0
     cur_s = cur_e = None
@@ -305,25 +320,22 @@ def summarize_timeline(gpu_intervals, runtime_calls, top: int = 8) -> dict:
     if cur_e is not None:
         busy += cur_e - cur_s
     span = max(b for _, b in iv) - iv[0][0] if iv else 0.0
-    by: dict[str, list] = {}
-    for name, us in runtime_calls:
-        e = by.setdefault(name, [0, 0.0, 0.0])
-        e[0] += 1
-        e[1] += us / 1e3
-        e[2] = max(e[2], us / 1e3)
-    rows = sorted(by.items(), key=lambda kv: -kv[1][1])[:top]
-    return dict(gpu_span_ms=round(span / 1e3, 3), gpu_busy_ms=round(busy / 1e3, 3),
-                gpu_idle_ms=round((span - busy) / 1e3, 3),
-                runtime_ms=round(sum(v[1] for v in by.values()), 3),
-                runtime_top=[dict(name=k, calls=v[0], ms=round(v[1], 3), max_ms=round(v[2], 3)) for k, v in rows])
+    runtime_ms, runtime_top = _rank_calls(runtime_calls, top)
+    out = dict(gpu_span_ms=round(span / 1e3, 3), gpu_busy_ms=round(busy / 1e3, 3),
+               gpu_idle_ms=round((span - busy) / 1e3, 3), runtime_ms=runtime_ms, runtime_top=runtime_top)
+    if host_ops is not None:
+        out["host_ops_ms"], out["host_ops_top"] = _rank_calls(host_ops, top)
+    return out
 
 
 def format_timeline(t: dict) -> str:
-    """One line for summarize_timeline's dict."""
-    return ("GPU span %.2f ms, busy %.2f, idle %.2f; CUDA runtime calls on the host %.2f ms: %s" % (
-        t["gpu_span_ms"], t["gpu_busy_ms"], t["gpu_idle_ms"], t["runtime_ms"],
-        "; ".join("%s %d calls %.2f ms (longest %.2f)" % (r["name"], r["calls"], r["ms"], r["max_ms"])
-                  for r in t["runtime_top"])))
+    """One line for summarize_timeline's dict (with the host ops, when it has them, after a " | ")."""
+    row = lambda r: "%s %d calls %.2f ms (longest %.2f)" % (r["name"], r["calls"], r["ms"], r["max_ms"])  # noqa: E731
+    line = "GPU span %.2f ms, busy %.2f, idle %.2f; CUDA runtime calls on the host %.2f ms: %s" % (
+        t["gpu_span_ms"], t["gpu_busy_ms"], t["gpu_idle_ms"], t["runtime_ms"], "; ".join(map(row, t["runtime_top"])))
+    if "host_ops_top" in t:
+        line += " | host ops by own time (%.2f ms in all): %s" % (t["host_ops_ms"], "; ".join(map(row, t["host_ops_top"])))
+    return line
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1515,11 +1527,11 @@ def graph_fields(eager: ArmResult, graph: ArmResult | None, error: str | None = 
 def profile_step_events(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda") -> tuple:
     """One step (the first of the schedule, after the timed arm has warmed everything) under torch.profiler (CPU
     and CUDA activity): ([(GPU activity name, duration us)], [(start us, end us)] of those activities,
-    [(CUDA runtime/driver call, host us)]). Empty lists on the CPU."""
+    [(CUDA runtime/driver call, host us)], [(host op, its own host us)]). Empty lists on the CPU."""
     import torch
 
     if torch.device(device).type != "cuda":
-        return [], [], []
+        return [], [], [], []
     from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
@@ -1531,7 +1543,7 @@ def profile_step_events(spec: ModelSpec, model, inputs: Inputs, steps: int, devi
         noise = spec.call(model, latents, t, inputs)
         sched.step(noise, t, latents, return_dict=False)
         torch.cuda.synchronize()
-    kernels, intervals, runtime = [], [], []
+    kernels, intervals, runtime, host_ops = [], [], [], []
     for e in prof.events():
         if getattr(e, "is_user_annotation", False):
             continue
@@ -1542,7 +1554,9 @@ def profile_step_events(spec: ModelSpec, model, inputs: Inputs, steps: int, devi
                 intervals.append((start, end))
         elif _RUNTIME_API.match(e.name):
             runtime.append((e.name, end - start))
-    return kernels, intervals, runtime
+        elif e.device_type == DeviceType.CPU:
+            host_ops.append((e.name, float(e.self_cpu_time_total)))
+    return kernels, intervals, runtime, host_ops
 
 
 def profile_step(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda") -> list:
@@ -1597,9 +1611,9 @@ def profile_summary(spec: ModelSpec, model, inputs: Inputs, steps: int, device="
     if torch.device(device).type != "cuda":
         return {}
     try:
-        kernels, intervals, runtime = profile_step_events(spec, model, inputs, steps, device)
+        kernels, intervals, runtime, host_ops = profile_step_events(spec, model, inputs, steps, device)
         out = summarize_kernels(kernels)
-        out["timeline"] = summarize_timeline(intervals, runtime)
+        out["timeline"] = summarize_timeline(intervals, runtime, host_ops=host_ops)
         return out
     except Exception as e:
         print("profiling failed, no launch counts: %s: %s" % (type(e).__name__, e), file=sys.stderr)

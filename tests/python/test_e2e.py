@@ -125,6 +125,16 @@ class TimelineTest(unittest.TestCase):
         line = e2e.format_timeline(t)
         self.assertIn("cudaStreamSynchronize 1 calls 4.00 ms (longest 4.00)", line)
 
+    def test_host_ops_ranked_by_own_time(self):
+        ops = [("aten::linear", 40.0)] * 10 + [("c10d::all_to_all_single", 900.0), ("difuse::qk_norm_rope", 20.0)]
+        t = e2e.summarize_timeline([(0.0, 1.0)], [], top=2, host_ops=ops)
+        self.assertEqual([r["name"] for r in t["host_ops_top"]], ["c10d::all_to_all_single", "aten::linear"])
+        self.assertEqual(t["host_ops_top"][1], dict(name="aten::linear", calls=10, ms=0.4, max_ms=0.04))
+        self.assertAlmostEqual(t["host_ops_ms"], 1.32)
+        line = e2e.format_timeline(t)
+        self.assertIn("| host ops by own time (1.32 ms in all): c10d::all_to_all_single 1 calls 0.90 ms", line)
+        self.assertNotIn("host ops", e2e.format_timeline(e2e.summarize_timeline([(0.0, 1.0)], [])))
+
     def test_runtime_name_filter(self):
         for name, want in (("cudaLaunchKernel", True), ("cuLaunchKernelEx", True), ("cudaStreamSynchronize", True),
                            ("cudnn::conv", False), ("aten::mm", False), ("cutlass_kernel", False)):
