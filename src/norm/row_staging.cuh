@@ -23,6 +23,15 @@ __device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool byte
 
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// Closes this thread's group of cp.async copies issued since the last commit (an empty group where none were).
+__device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
+
+// Waits until at most N of this thread's committed groups are still in flight (the newest ones).
+template <int N>
+__device__ __forceinline__ void cp_async_wait_group() {
+  asm volatile("cp.async.wait_group %0;" ::"n"(N) : "memory");
+}
+
 // Barrier among the threads of one row: a warp for G = 32, the block otherwise.
 template <int G>
 __device__ __forceinline__ void row_sync() {
@@ -53,6 +62,22 @@ template <class Kernel>
 void prefer_max_shared_carveout(Kernel kernel, int device, std::atomic<uint64_t>& done) {
   set_attribute_once(kernel, device, cudaFuncAttributePreferredSharedMemoryCarveout, cudaSharedmemCarveoutMaxShared,
                      done);
+}
+
+// Blocks of `kernel` (`threads` threads, `smem` bytes of dynamic shared memory) resident on device `device` at once:
+// its SMs (read once per device) times the blocks per SM the occupancy calculator allows, at least one per SM.
+// For grids that loop over their work (one wave, no block waiting for a slot).
+template <class Kernel>
+int64_t resident_blocks(Kernel kernel, int threads, size_t smem, int device) {
+  static std::atomic<int> sm_count[64];  // 0: not read yet
+  int sms = sm_count[device & 63].load(std::memory_order_acquire);
+  if (sms == 0) {
+    DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+    sm_count[device & 63].store(sms, std::memory_order_release);
+  }
+  int per_sm = 0;
+  DIFUSE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  return static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
 }
 
 }  // namespace difuse::norm

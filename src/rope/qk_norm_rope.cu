@@ -17,8 +17,10 @@
 // rows, tables and weights into shared memory (STAGED, see the kernel; the measured best); with
 // DIFUSE_QK_UNSTAGED=1 or DIFUSE_QK_ROWS_PER_WARP (for measurement, and where staging does not apply) each warp
 // loads its rows itself, one slot of two rows per warp at a time; with DIFUSE_QK_LANES_PER_ROW=32 (for
-// measurement) a row spans a warp (aten's lanes one to one), 3 rows at a time. Output rows are [B, S_first + S_second, H, D]
-// contiguous, exactly the tensors the eager code hands to attention.
+// measurement) a row spans a warp (aten's lanes one to one), 3 rows at a time; with DIFUSE_QK_PIPELINED=1 (for
+// measurement, not yet run on the H200) a grid of resident blocks stages each block's next token while it computes
+// the current one. Output rows are [B, S_first + S_second, H, D] contiguous, exactly the tensors the eager code
+// hands to attention.
 //
 // Guards (can_use_qk_norm_rope; every violation is reported): q, k (and v) of each stream bf16 [B, S, H, D]
 // on one CUDA device, last dim contiguous, non-negative strides, rows 8-byte aligned (strided views: the
@@ -33,7 +35,11 @@
 // slots, and the full-warp 2/3/4/6/9-row variants through DIFUSE_QK_LANES_PER_ROW=32), 0 failed, 0 skipped
 // (bench/results/h200/tests.json).
 // The staged variant ran there at 66f5a3b behind DIFUSE_QK_STAGED=1 (test_staged_rows_variant passed, now
-// test_unstaged_rows_variant; bench 0 mismatches, knob-sweeps/); it became the default after that run.
+// test_unstaged_rows_variant; bench 0 mismatches, knob-sweeps/); it became the default after that run, and this
+// file's tests passed with it at bc88af7 (tests-defaults-bc88af7.json). After that, not yet run on the H200: the
+// staged kernel split into stage_token / run_token for the pipelined variant (the per-row PTX unchanged; the
+// per-token index code reordered, +21 PTX instructions per block, the weights' pointer array no longer in local
+// memory; the other kernels' PTX identical) and the pipelined variant itself.
 #include "rope/qk_norm_rope.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -41,6 +47,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include <string>
@@ -99,25 +106,60 @@ struct Params {
 // reading its rows from there. Row r of the token sits at r * D elements (r = role * H + head); after the rows come
 // the token's cos and sin rows and the q and k weights (192 more 8-byte vectors), also read where used, so the
 // kernel holds none of them in registers.
-template <int SPAN, int R, int MIN_BLOCKS, bool STAGED = false>
-__global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(const Params p) {
+// Token `token` of the launch (0 .. B * S_joint - 1): its batch, joint position and place in its stream.
+struct TokenPlace {
+  int64_t b, sj, s;
+  bool in_first;
+};
+
+__device__ __forceinline__ TokenPlace token_place(const Params& p, unsigned token) {
+  const unsigned S = static_cast<unsigned>(p.S);  // B * S < 2^31 (predicate): 32-bit division
+  TokenPlace t;
+  t.b = token / S;
+  t.sj = token % S;
+  t.in_first = t.sj < p.first.S;
+  t.s = t.in_first ? t.sj : t.sj - p.first.S;
+  return t;
+}
+
+// STAGED layout: issues the copies of token `token`'s rows (row r at 16-byte vector 16 r), then its cos and sin
+// rows and its stream's q and k weights (192 8-byte vectors after the rows) into dst. The caller commits or
+// waits (cp.async) and synchronises the block.
+__device__ __forceinline__ void stage_token(const Params& p, unsigned token, uint4* dst) {
+  const TokenPlace tp = token_place(p, token);
+  const Stream& st = tp.in_first ? p.first : p.second;
+  const TokenRows tr(st.t[0], st.t[1], st.t[2], tp.b, tp.s);
+  const int rows = p.roles * p.H;
+  stage_token_rows<16, kWarps * 32>(dst, tr, p.heads, rows);  // 16 copies of 16 bytes per 128-element row
+  uint2* tab = reinterpret_cast<uint2*>(dst) + rows * 32;
+  const int t = static_cast<int>(threadIdx.x);
+  if (p.cos != nullptr && t < 64) {  // 32 copies of 16 bytes per table row
+    const float* src = (t < 32 ? p.cos : p.sin) + tp.sj * 128 + (t % 32) * 4;
+    norm::cp_async(tab + (t < 32 ? 0 : 64) + (t % 32) * 2, src, true);
+  } else if (t >= 64 && t < 128 && st.w[(t - 64) / 32] != nullptr) {  // 32 copies of 8 bytes per weight
+    const int r = (t - 64) / 32, v = t % 32;
+    norm::cp_async(tab + 128 + 32 * r + v, st.w[r] + 4 * v, false);
+  }
+}
+
+// One token's rows: normalised, rotated and stored by the block's warps (slots as described above). STAGED:
+// `staged` holds the token's rows and tables (stage_token's layout), read where used.
+template <int SPAN, int R, bool STAGED>
+__device__ __forceinline__ void run_token(const Params& p, unsigned token, const uint2* staged) {
   static_assert(SPAN == 32 || SPAN == 16, "a row spans a warp or half of one");
   constexpr int K = 32 / SPAN;  // vectors (and rows per slot) per lane
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int u = lane % SPAN;    // this lane's place in its row
   const int seg = lane / SPAN;  // which of the slot's rows
-  const unsigned S = static_cast<unsigned>(p.S);  // B * S < 2^31 (predicate)
-  const int64_t b = blockIdx.x / S;
-  const int64_t sj = blockIdx.x % S;
-  const bool in_first = sj < p.first.S;
-  const int64_t s = in_first ? sj : sj - p.first.S;
+  const TokenPlace tp = token_place(p, token);
+  const int64_t b = tp.b, sj = tp.sj;
   bool on[K];  // vector j of this lane (aten lane u + SPAN j) holds data
 #pragma unroll
   for (int j = 0; j < K; ++j) on[j] = u + SPAN * j < p.V;
 
-  const Stream& st = in_first ? p.first : p.second;
-  const TokenRows tr(st.t[0], st.t[1], st.t[2], b, s);
+  const Stream& st = tp.in_first ? p.first : p.second;
+  const TokenRows tr(st.t[0], st.t[1], st.t[2], b, tp.s);
   const uint16_t* wp[2] = {st.w[0], st.w[1]};
 
   float4 c[K], sn[K];
@@ -137,22 +179,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(c
   const int64_t out_token = (b * p.S + sj) * p.H * p.D;  // element offset of this token's first output row
 
   const int rows = p.roles * p.H;
-  extern __shared__ uint4 staged16[];  // STAGED: the token's rows, row r at vector r * (D / 4); then cos, sin, weights
-  uint2* staged = reinterpret_cast<uint2*>(staged16);
-  const uint2* s_tab = staged + rows * 32;  // cos (64 vectors), sin (64), q weight (32), k weight (32)
-  if constexpr (STAGED) {
-    stage_token_rows<16, kWarps * 32>(staged16, tr, p.heads, rows);  // 16 copies of 16 bytes per 128-element row
-    const int t = static_cast<int>(threadIdx.x);
-    if (p.cos != nullptr && t < 64) {  // 32 copies of 16 bytes per table row
-      const float* src = (t < 32 ? p.cos : p.sin) + sj * 128 + (t % 32) * 4;
-      norm::cp_async(staged + rows * 32 + (t < 32 ? 0 : 64) + (t % 32) * 2, src, true);
-    } else if (t >= 64 && t < 128 && wp[(t - 64) / 32] != nullptr) {  // 32 copies of 8 bytes per weight
-      const int r = (t - 64) / 32, v = t % 32;
-      norm::cp_async(staged + rows * 32 + 128 + 32 * r + v, wp[r] + 4 * v, false);
-    }
-    norm::cp_async_wait_all();
-    __syncthreads();
-  }
+  const uint2* s_tab = staged + rows * 32;  // STAGED: cos (64 vectors), sin (64), q weight (32), k weight (32)
   const int slots = (rows + K - 1) / K;
   for (int base = warp; base < slots; base += kWarps * R) {
     uint2 x[R][K];
@@ -203,6 +230,41 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(c
           if (on[j]) o[u + SPAN * j] = y[j];
       }
     }
+  }
+}
+
+// One block per token.
+template <int SPAN, int R, int MIN_BLOCKS, bool STAGED = false>
+__global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(const Params p) {
+  extern __shared__ uint4 staged16[];  // STAGED: the token's rows and tables (stage_token's layout)
+  if constexpr (STAGED) {
+    stage_token(p, blockIdx.x, staged16);
+    norm::cp_async_wait_all();
+    __syncthreads();
+  }
+  run_token<SPAN, R, STAGED>(p, blockIdx.x, reinterpret_cast<const uint2*>(staged16));
+}
+
+// PIPELINED (DIFUSE_QK_PIPELINED=1, for measurement, not yet run on the H200; where STAGED applies and two tokens'
+// buffers fit in 48 KB): a grid of at most the resident blocks (DIFUSE_QK_PIPELINED=N >= 2: at most N, for
+// tests), each taking tokens blockIdx.x, + gridDim.x, ... with two buffers of stage_token's layout: the copies of
+// its next token are in flight while it computes the current one (cp.async groups), where STAGED copies, waits,
+// then computes. The same arithmetic per row (run_token).
+template <int SPAN, int MIN_BLOCKS>
+__global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_pipelined(const Params p, unsigned tokens) {
+  extern __shared__ uint4 staged16[];
+  const int buffer = p.roles * p.H * 16 + 96;  // one token's rows and tables, in 16-byte vectors
+  unsigned token = blockIdx.x;  // tokens < 2^31 (predicate), so token + gridDim.x does not wrap
+  if (token < tokens) stage_token(p, token, staged16);
+  norm::cp_async_commit();
+  for (int i = 0; token < tokens; ++i, token += gridDim.x) {
+    const unsigned next = token + gridDim.x;
+    if (next < tokens) stage_token(p, next, staged16 + ((i + 1) & 1) * buffer);
+    norm::cp_async_commit();
+    norm::cp_async_wait_group<1>();  // this thread's copies of `token` have landed
+    __syncthreads();                 // and every thread's
+    run_token<SPAN, 1, true>(p, token, reinterpret_cast<const uint2*>(staged16 + (i & 1) * buffer));
+    __syncthreads();  // the buffer is staged into again two iterations on
   }
 }
 
@@ -381,12 +443,27 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   const size_t staged_bytes = static_cast<size_t>(p.roles) * p.H * p.D * sizeof(uint16_t) + 192 * sizeof(uint2);
   if (lanes_knob != 32 && knob == 0 && unstaged_knob != 1 && p.D == 128 && staged_bytes <= 48 * 1024 &&
       head_rows_aligned16({&p.first, &p.second})) {
-    // 32 registers, 8 blocks of 256 threads per SM (ptxas, scripts/kernel-resources.sh): up to 8 tokens' rows in
-    // flight per SM, ~156 KB of shared memory, so the carveout is set to the most shared memory once per device.
-    auto kernel = qk_norm_rope_kernel<16, 1, 8, true>;
-    static std::atomic<uint64_t> carveout_set{0};
-    norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
-    kernel<<<grid, block, staged_bytes, stream>>>(p);
+    static const int pipelined_knob = detail::positive_env_knob("DIFUSE_QK_PIPELINED");
+    if (pipelined_knob >= 1 && 2 * staged_bytes <= 48 * 1024) {
+      // Two buffers per block (~39 KB for FLUX's 72 rows): 5 blocks per SM, each with its next token's copies in
+      // flight while it computes; the grid is the resident blocks, so no block waits for a slot. A knob value
+      // N >= 2 caps the grid at N blocks (tests: many tokens per block on small shapes, under racecheck too).
+      auto kernel = qk_norm_rope_pipelined<16, 5>;
+      static std::atomic<uint64_t> carveout_set{0};
+      norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
+      int64_t grid_blocks =
+          std::min(blocks, norm::resident_blocks(kernel, kWarps * 32, 2 * staged_bytes, a.q.device));
+      if (pipelined_knob >= 2) grid_blocks = std::min<int64_t>(grid_blocks, pipelined_knob);
+      kernel<<<static_cast<unsigned>(grid_blocks), block, 2 * staged_bytes, stream>>>(p, static_cast<unsigned>(blocks));
+    } else {
+      // 32 registers, 8 blocks of 256 threads per SM (ptxas, scripts/kernel-resources.sh): up to 8 tokens' rows
+      // in flight per SM, ~156 KB of shared memory, so the carveout is set to the most shared memory once per
+      // device.
+      auto kernel = qk_norm_rope_kernel<16, 1, 8, true>;
+      static std::atomic<uint64_t> carveout_set{0};
+      norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
+      kernel<<<grid, block, staged_bytes, stream>>>(p);
+    }
   } else if (lanes_knob != 32) {
     if (knob >= 2)
       qk_norm_rope_kernel<16, 2, 3><<<grid, block, 0, stream>>>(p);
