@@ -253,19 +253,11 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(c
 template <int SPAN, int MIN_BLOCKS>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_pipelined(const Params p, unsigned tokens) {
   extern __shared__ uint4 staged16[];
-  const int buffer = p.roles * p.H * 16 + 96;  // one token's rows and tables, in 16-byte vectors
-  unsigned token = blockIdx.x;  // tokens < 2^31 (predicate), so token + gridDim.x does not wrap
-  if (token < tokens) stage_token(p, token, staged16);
-  norm::cp_async_commit();
-  for (int i = 0; token < tokens; ++i, token += gridDim.x) {
-    const unsigned next = token + gridDim.x;
-    if (next < tokens) stage_token(p, next, staged16 + ((i + 1) & 1) * buffer);
-    norm::cp_async_commit();
-    norm::cp_async_wait_group<1>();  // this thread's copies of `token` have landed
-    __syncthreads();                 // and every thread's
-    run_token<SPAN, 1, true>(p, token, reinterpret_cast<const uint2*>(staged16 + (i & 1) * buffer));
-    __syncthreads();  // the buffer is staged into again two iterations on
-  }
+  pipelined_tokens(
+      tokens, p.roles * p.H * 16 + 96, staged16, [&](unsigned token, uint4* dst) { stage_token(p, token, dst); },
+      [&](unsigned token, const uint4* src) {
+        run_token<SPAN, 1, true>(p, token, reinterpret_cast<const uint2*>(src));
+      });
 }
 
 using heads::present;
@@ -454,7 +446,8 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
       int64_t grid_blocks =
           std::min(blocks, norm::resident_blocks(kernel, kWarps * 32, 2 * staged_bytes, a.q.device));
       if (pipelined_knob >= 2) grid_blocks = std::min<int64_t>(grid_blocks, pipelined_knob);
-      kernel<<<static_cast<unsigned>(grid_blocks), block, 2 * staged_bytes, stream>>>(p, static_cast<unsigned>(blocks));
+      kernel<<<static_cast<unsigned>(grid_blocks), block, 2 * staged_bytes, stream>>>(p,
+                                                                                    static_cast<unsigned>(blocks));
     } else {
       // 32 registers, 8 blocks of 256 threads per SM (ptxas, scripts/kernel-resources.sh): up to 8 tokens' rows
       // in flight per SM, ~156 KB of shared memory, so the carveout is set to the most shared memory once per

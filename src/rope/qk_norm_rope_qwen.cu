@@ -41,7 +41,11 @@
 // default for 128-element heads with 1 and 2 slots, the full-warp 2- and 4-row variants), 0 failed, 0 skipped
 // (bench/results/h200/tests.json).
 // The staged variant ran there at 66f5a3b behind DIFUSE_QK_STAGED=1 (test_staged_rows_variant passed, now
-// test_unstaged_rows_variant; bench 0 mismatches, knob-sweeps/); it became the default after that run.
+// test_unstaged_rows_variant; bench 0 mismatches, knob-sweeps/); it became the default after that run, and this
+// file's tests passed with it at bc88af7 (tests-defaults-bc88af7.json). After that, not yet run on the H200: the
+// kernel split into stage_token / run_token (the other kernels' PTX the same instructions in a different order
+// at the start; the staged one's per-token index code reordered, +11 PTX instructions per block) and the
+// pipelined variant (DIFUSE_QK_PIPELINED=1, staged_token_rows.cuh's pipelined_tokens).
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -49,6 +53,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 
 #include <string>
@@ -101,8 +106,45 @@ struct Params {
 // memory with cp.async, all in flight at once, then runs the same arithmetic reading them from there (as
 // qk_norm_rope.cu's staged kernel). Row r sits at vector 32 r; then the freqs (64 complex), q weight (32
 // vectors), k weight (32).
-template <int E, int R, int MIN_BLOCKS, int SPAN = 32, bool STAGED = false>
-__global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_kernel(const Params p) {
+// Token `token` of the launch (0 .. B * S_joint - 1): its batch, joint position and place in its stream.
+struct TokenPlace {
+  int64_t b, sj, s;
+  bool in_txt;
+};
+
+__device__ __forceinline__ TokenPlace token_place(const Params& p, unsigned token) {
+  const unsigned S = static_cast<unsigned>(p.S);  // B * S < 2^31 (predicate): 32-bit division
+  TokenPlace t;
+  t.b = token / S;
+  t.sj = token % S;
+  t.in_txt = t.sj < p.txt.S;
+  t.s = t.in_txt ? t.sj : t.sj - p.txt.S;
+  return t;
+}
+
+// STAGED layout: issues the copies of token `token`'s 3H rows (row r at 8-byte vector 32 r), then its stream's
+// freqs row (64 complex) and q and k weights (32 vectors each) into dst. The caller commits or waits (cp.async)
+// and synchronises the block.
+__device__ __forceinline__ void stage_token(const Params& p, unsigned token, uint4* dst) {
+  const TokenPlace tp = token_place(p, token);
+  const Stream& st = tp.in_txt ? p.txt : p.img;
+  const TokenRows tr(st.t[0], st.t[1], st.t[2], tp.b, tp.s);
+  const int rows = 3 * p.H;
+  stage_token_rows<16, kWarps * 32>(dst, tr, p.heads, rows);  // 16 copies of 16 bytes per 128-element row
+  uint2* tab = reinterpret_cast<uint2*>(dst) + rows * 32;
+  const int t = static_cast<int>(threadIdx.x);
+  if (t < 64) {  // one complex (8 bytes) per copy
+    if (st.freqs != nullptr) norm::cp_async(tab + t, st.freqs + tp.s * st.freqs_rs + 2 * t, false);
+  } else if (t < 128 && st.w[(t - 64) / 32] != nullptr) {  // 8 bytes per copy
+    const int r = (t - 64) / 32, v = t % 32;
+    norm::cp_async(tab + 64 + 32 * r + v, st.w[r] + 4 * v, false);
+  }
+}
+
+// One token's 3H rows, normalised, rotated and stored by the block's warps. STAGED: `staged` holds them
+// (stage_token's layout), read where used.
+template <int E, int R, int SPAN, bool STAGED>
+__device__ __forceinline__ void run_token(const Params& p, unsigned token, const uint2* staged) {
   // SPAN 16 (the default for head_dim 128, only there): half a warp per row, lane u holding runs u and
   // u + 16 (norm::head_rstd_half_warp); slots of two rows, as in qk_norm_rope.cu.
   static_assert(SPAN == 32 || (SPAN == 16 && E == 4), "half-warp rows need 128-element heads");
@@ -112,12 +154,9 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_ker
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int u = lane % SPAN, seg = lane / SPAN;
-  const unsigned S = static_cast<unsigned>(p.S);  // B * S < 2^31 (predicate)
-  const int64_t b = blockIdx.x / S;
-  const int64_t sj = blockIdx.x % S;
-  const bool in_txt = sj < p.txt.S;
-  const Stream& st = in_txt ? p.txt : p.img;
-  const int64_t s = in_txt ? sj : sj - p.txt.S;
+  const TokenPlace tp = token_place(p, token);
+  const int64_t b = tp.b, sj = tp.sj, s = tp.s;
+  const Stream& st = tp.in_txt ? p.txt : p.img;
   bool on[K];
 #pragma unroll
   for (int j = 0; j < K; ++j) on[j] = u + SPAN * j < p.V;
@@ -147,21 +186,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_ker
   const int64_t out_token = (b * p.S + sj) * p.H * p.D;  // output row of head h: out_token + h * D
 
   const int rows = 3 * p.H;
-  extern __shared__ uint4 staged16[];  // STAGED: the token's rows (row r at vector 32 r), freqs, weights
-  uint2* staged = reinterpret_cast<uint2*>(staged16);
-  const uint2* s_tab = staged + rows * 32;
-  if constexpr (STAGED) {
-    stage_token_rows<16, kWarps * 32>(staged16, tr, p.heads, rows);  // 16 copies of 16 bytes per 128-element row
-    const int t = static_cast<int>(threadIdx.x);
-    if (t < 64) {  // one complex (8 bytes) per copy
-      if (st.freqs != nullptr) norm::cp_async(staged + rows * 32 + t, st.freqs + s * st.freqs_rs + 2 * t, false);
-    } else if (t < 128 && st.w[(t - 64) / 32] != nullptr) {  // 8 bytes per copy
-      const int r = (t - 64) / 32, v = t % 32;
-      norm::cp_async(staged + rows * 32 + 64 + 32 * r + v, st.w[r] + 4 * v, false);
-    }
-    norm::cp_async_wait_all();
-    __syncthreads();
-  }
+  const uint2* s_tab = staged + rows * 32;  // STAGED: freqs (64 complex), q weight (32 vectors), k weight (32)
   const int slots = (rows + K - 1) / K;
   for (int base = warp; base < slots; base += kWarps * R) {
     HeadRun<E> x[R][K];
@@ -217,6 +242,33 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_ker
       }
     }
   }
+}
+
+// One block per token.
+template <int E, int R, int MIN_BLOCKS, int SPAN = 32, bool STAGED = false>
+__global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_kernel(const Params p) {
+  extern __shared__ uint4 staged16[];  // STAGED: the token's rows and tables (stage_token's layout)
+  if constexpr (STAGED) {
+    stage_token(p, blockIdx.x, staged16);
+    norm::cp_async_wait_all();
+    __syncthreads();
+  }
+  run_token<E, R, SPAN, STAGED>(p, blockIdx.x, reinterpret_cast<const uint2*>(staged16));
+}
+
+// PIPELINED (DIFUSE_QK_PIPELINED=1, for measurement, not yet run on the H200; where STAGED applies and two tokens'
+// buffers fit in 48 KB): a grid of at most the resident blocks (DIFUSE_QK_PIPELINED=N >= 2: at most N, for
+// tests), each block staging its next token while it computes the current one (staged_token_rows.cuh's
+// pipelined_tokens). The same arithmetic per row (run_token).
+template <int MIN_BLOCKS>
+__global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS)
+    qk_norm_rope_qwen_pipelined(const Params p, unsigned tokens) {
+  extern __shared__ uint4 staged16[];
+  pipelined_tokens(
+      tokens, 3 * p.H * 16 + 64, staged16, [&](unsigned token, uint4* dst) { stage_token(p, token, dst); },
+      [&](unsigned token, const uint4* src) {
+        run_token<4, 1, 16, true>(p, token, reinterpret_cast<const uint2*>(src));
+      });
 }
 
 void require_freqs(detail::Support& s, const difuse_tensor_view& f, const char* name, int64_t S, int64_t D,
@@ -333,10 +385,24 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
   const size_t staged_bytes = static_cast<size_t>(3) * p.H * p.D * sizeof(uint16_t) + 128 * sizeof(uint2);
   if (lanes_knob != 32 && rows_per_warp_knob() == 0 && unstaged_knob != 1 && p.D == 128 &&
       staged_bytes <= 48 * 1024 && head_rows_aligned16({&p.txt, &p.img})) {
-    auto kernel = qk_norm_rope_qwen_kernel<4, 1, 8, 16, true>;
-    static std::atomic<uint64_t> carveout_set{0};  // most shared memory: 8 blocks of ~19 KB per SM
-    norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
-    kernel<<<grid, block, staged_bytes, stream>>>(p);
+    static const int pipelined_knob = detail::positive_env_knob("DIFUSE_QK_PIPELINED");
+    if (pipelined_knob >= 1 && 2 * staged_bytes <= 48 * 1024) {
+      // Two buffers per block (~38 KB at 24 heads): 5 blocks per SM on a grid of the resident blocks (at most N
+      // with DIFUSE_QK_PIPELINED=N >= 2, for tests), each block's next token in flight while it computes.
+      auto kernel = qk_norm_rope_qwen_pipelined<5>;
+      static std::atomic<uint64_t> carveout_set{0};
+      norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
+      int64_t grid_blocks =
+          std::min(blocks, norm::resident_blocks(kernel, kWarps * 32, 2 * staged_bytes, a.q.device));
+      if (pipelined_knob >= 2) grid_blocks = std::min<int64_t>(grid_blocks, pipelined_knob);
+      kernel<<<static_cast<unsigned>(grid_blocks), block, 2 * staged_bytes, stream>>>(p,
+                                                                                    static_cast<unsigned>(blocks));
+    } else {
+      auto kernel = qk_norm_rope_qwen_kernel<4, 1, 8, 16, true>;
+      static std::atomic<uint64_t> carveout_set{0};  // most shared memory: 8 blocks of ~19 KB per SM
+      norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
+      kernel<<<grid, block, staged_bytes, stream>>>(p);
+    }
   } else if (lanes_knob != 32 && p.D == 128) {
     if (rows_per_warp_knob() >= 2)
       qk_norm_rope_qwen_kernel<4, 2, 3, 16><<<grid, block, 0, stream>>>(p);

@@ -1,6 +1,7 @@
-// The staged attention-prologue kernels' shared pieces (qk_norm_rope, qk_norm_rope_qwen, qk_norm_sd35 with
-// DIFUSE_QK_STAGED=1): a block copies all of its token's head rows into shared memory with cp.async, every copy in
-// flight at once, before its per-row arithmetic (unchanged) reads them from there. Index and copy code only.
+// The staged attention-prologue kernels' shared pieces (qk_norm_rope, qk_norm_rope_qwen, qk_norm_sd35; the default
+// where rows are 16-byte aligned): a block copies all of its token's head rows into shared memory with cp.async,
+// every copy in flight at once, before its per-row arithmetic (unchanged) reads them from there; the pipelined
+// variants overlap the next token's copies with the current token's arithmetic. Index and copy code only.
 #pragma once
 
 #include <cstdint>
@@ -24,6 +25,26 @@ __device__ __forceinline__ void stage_token_rows(uint4* dst, const TokenRows& tr
     uint32_t head;
     const uint32_t role = heads.divmod(static_cast<uint32_t>(r), head);
     norm::cp_async(dst + c, tr.row(role, head) + part * 8, true);
+  }
+}
+
+// The pipelined token loop (DIFUSE_QK_PIPELINED=1): a block takes tokens blockIdx.x, + gridDim.x, ... (tokens <
+// 2^31) with two shared buffers of `buffer` 16-byte vectors from smem; stage(token, dst) issues the cp.async copies
+// of a token's rows and tables into dst, run(token, src) computes it from src. The next token's copies are in
+// flight (their own cp.async group) while the current token is computed.
+template <class Stage, class Run>
+__device__ __forceinline__ void pipelined_tokens(unsigned tokens, int buffer, uint4* smem, Stage stage, Run run) {
+  unsigned token = blockIdx.x;
+  if (token < tokens) stage(token, smem);
+  norm::cp_async_commit();
+  for (int i = 0; token < tokens; ++i, token += gridDim.x) {
+    const unsigned next = token + gridDim.x;  // no wrap: tokens < 2^31 and gridDim.x <= tokens
+    if (next < tokens) stage(next, smem + ((i + 1) & 1) * buffer);
+    norm::cp_async_commit();
+    norm::cp_async_wait_group<1>();  // this thread's copies of `token` have landed
+    __syncthreads();                 // and every thread's
+    run(token, smem + (i & 1) * buffer);
+    __syncthreads();  // the buffer is staged into again two iterations on
   }
 }
 

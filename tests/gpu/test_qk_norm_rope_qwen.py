@@ -264,3 +264,23 @@ def test_unstaged_rows_variant():
                                                                     (1, 17, 17, 24, 0, False, False),
                                                                     (1, 16, 20, 2, 4, True, True)], 1801)
     assert_exact_under(script, DIFUSE_QK_UNSTAGED="1")
+
+
+def test_pipelined_variant():
+    """DIFUSE_QK_PIPELINED=1 (read once per process): where the staged kernel applies and two tokens' buffers fit in
+    48 KB, a grid of the resident blocks loops over the tokens, staging the next token (rows, freqs row, weights)
+    while it computes the current one: same bits where blocks take many tokens (the site shapes, batch 2), where
+    every block takes one, short and long prompts, fused and separate projections, odd head counts, no weights,
+    no RoPE, adversarial values; 38 heads (two buffers over 48 KB) keep the staged kernel. DIFUSE_QK_PIPELINED=3:
+    a grid of 3 blocks, so small shapes reuse both buffers many times."""
+    from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
+
+    specs = [((2, 512, 4096, 24, 128), True), ((1, 34, 4096, 24, 128), False), ((2, 16, 45, 17, 128), False),
+             ((1, 16, 17, 1, 128), True), ((1, 40, 200, 38, 128), True), ((1, 33, 77, 3, 64), True)]
+    assert_exact_under(exactness_script("qk_norm_rope_qwen", specs, 1850), DIFUSE_QK_PIPELINED="1")
+    script = prologue_adversarial_script("qk_norm_rope_qwen", 128, [(1, 40, 3000, 24, 0, True, True),
+                                                                    (2, 16, 33, 3, 0, False, True),
+                                                                    (1, 17, 900, 24, 0, False, False)], 1851)
+    assert_exact_under(script, DIFUSE_QK_PIPELINED="1")
+    few = [((1, 16, 20, 24, 128), True), ((2, 16, 45, 17, 128), False)]
+    assert_exact_under(exactness_script("qk_norm_rope_qwen", few, 1852), DIFUSE_QK_PIPELINED="3")
