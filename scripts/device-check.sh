@@ -86,8 +86,8 @@ stage_sanitizer() {
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_UNSTAGED=1 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with the pipelined FLUX and Qwen-Image prologues on a grid of 2 blocks (DIFUSE_QK_PIPELINED=2):" &&
-      DIFUSE_QK_PIPELINED=2 \
+      echo "memcheck (and racecheck) with the pipelined FLUX and Qwen-Image prologues on a grid of 2 blocks (DIFUSE_QK_PIPELINED=2) and SD3.5 v copied (DIFUSE_QK_VCOPY=1):" &&
+      DIFUSE_QK_PIPELINED=2 DIFUSE_QK_VCOPY=1 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_PIPELINED=2 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick
@@ -144,6 +144,7 @@ DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_qwen;DIFUSE_QK
 DIFUSE_RMS_LANES_PER_ROW=32,DIFUSE_RMS_ROWS_PER_WARP=4:rms_norm;DIFUSE_RMS_STAGED_ROWS=1:rms_norm;\
 DIFUSE_RMSD_ROWS_PER_WARP=1:rms_norm_diffusers;\
 DIFUSE_QK_LANES_PER_ROW=32:qk_norm_sd35;DIFUSE_QK_ROWS_PER_WARP=4:qk_norm_sd35;DIFUSE_QK_UNSTAGED=1:qk_norm_sd35;\
+DIFUSE_QK_VCOPY=1:qk_norm_sd35;\
 DIFUSE_RMSD_LANES_PER_ROW=32:rms_norm_diffusers;DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\
 DIFUSE_RMSD_LANES_PER_ROW=16,DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\
 DIFUSE_RMSMOD_ONE_PASS=1:rms_norm_modulate;DIFUSE_RMSMOD_ONE_PASS=1:gated_residual_rms_norm_modulate;\

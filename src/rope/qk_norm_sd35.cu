@@ -38,7 +38,9 @@
 // mismatching elements (bench/results/h200/knob-sweeps/); the whole file has not yet run with it as the default.
 // Everything above ran as the default in the full run at 66f5a3b (tests.json); the staged variant ran there behind
 // DIFUSE_QK_STAGED=1 (test_staged_rows_variant passed, now test_unstaged_rows_variant; bench 0 mismatches,
-// knob-sweeps/) and became the default after that run.
+// knob-sweeps/) and became the default after that run; this file's tests passed with it at bc88af7
+// (tests-defaults-bc88af7.json). The v-copy variant (DIFUSE_QK_VCOPY=1) came after: not yet run there (the
+// other kernels' PTX unchanged).
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -148,8 +150,13 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(c
 // STAGED (the default where it applies; rows 16-byte aligned, the token's 3H rows within 48 KB): the block
 // first copies its token's rows into shared memory with cp.async (8 copies of 16 bytes per row, all in flight at
 // once), row r at element 64 r, then reads them from there.
-template <int R, int MIN_BLOCKS, bool STAGED = false>
+// VCOPY (with STAGED; DIFUSE_QK_VCOPY=1, for measurement, not yet run on the H200; v_out 16-byte aligned): only the
+// q and k rows are staged and go through the slots; the v rows, which the eager chain only concatenates, are copied
+// global to global in 16-byte vectors by the whole block while the staging copies are in flight (8 threads per
+// row): a third of the rows no longer pay the loads, the sum, the tree and 2-byte stores of a normalised row.
+template <int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = false>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_warp64(const Params p) {
+  static_assert(!VCOPY || STAGED, "the v copy rides on the staged kernel's 16-byte aligned rows");
   constexpr int D = 64;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -174,10 +181,19 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_war
   const int64_t out_token = (b * p.H * p.S + sj) * D + u;  // this lane's first element of head 0's output row
   const int64_t out_head = p.S * D;
 
-  const int rows = 3 * p.H;
+  const int rows = (VCOPY ? 2 : 3) * p.H;  // the rows that go through the slots
   extern __shared__ uint4 staged64[];  // STAGED: the token's rows, row r at 16-byte chunk 8 r
   if constexpr (STAGED) {
     stage_token_rows<8, kWarps * 32>(staged64, tr, p.heads, rows);  // 8 copies of 16 bytes per 64-element row
+    if constexpr (VCOPY) {
+      const uint16_t* v0 = tr.row(2, 0);                      // head 0's v row; head stride tr.sh[2]
+      uint16_t* o0 = p.out[2] + (b * p.H * p.S + sj) * D;  // its output row; head stride S * D
+      for (int c = static_cast<int>(threadIdx.x); c < 8 * p.H; c += kWarps * 32) {
+        const int head = c >> 3, part = c & 7;
+        *reinterpret_cast<uint4*>(o0 + head * out_head + 8 * part) =
+            *reinterpret_cast<const uint4*>(v0 + head * tr.sh[2] + 8 * part);
+      }
+    }
     norm::cp_async_wait_all();
     __syncthreads();
   }
@@ -303,12 +319,20 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
   // per-row, 1x 50.0 vs 52.5). DIFUSE_QK_UNSTAGED=1, or either knob above, keeps the per-row kernels.
   static const int unstaged_knob = detail::positive_env_knob("DIFUSE_QK_UNSTAGED");
   const size_t staged_bytes = static_cast<size_t>(3) * p.H * 64 * sizeof(uint16_t);
+  static const int vcopy_knob = detail::positive_env_knob("DIFUSE_QK_VCOPY");
   if (lanes_knob != 32 && knob == 0 && unstaged_knob != 1 && p.D == 64 && staged_bytes <= 48 * 1024 &&
       head_rows_aligned16({&p.img, &p.ctx})) {
-    auto kernel = qk_norm_sd35_half_warp64<1, 8, true>;
-    static std::atomic<uint64_t> carveout_set{0};  // most shared memory: 8 blocks of ~15 KB per SM
-    norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
-    kernel<<<grid, block, staged_bytes, stream>>>(p);
+    if (vcopy_knob == 1 && detail::aligned(p.out[2], 16)) {  // v rows copied, not staged: 2H rows in shared memory
+      auto kernel = qk_norm_sd35_half_warp64<1, 8, true, true>;
+      static std::atomic<uint64_t> carveout_set{0};
+      norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
+      kernel<<<grid, block, staged_bytes / 3 * 2, stream>>>(p);
+    } else {
+      auto kernel = qk_norm_sd35_half_warp64<1, 8, true>;
+      static std::atomic<uint64_t> carveout_set{0};  // most shared memory: 8 blocks of ~15 KB per SM
+      norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
+      kernel<<<grid, block, staged_bytes, stream>>>(p);
+    }
   } else if (lanes_knob != 32 && p.D == 64) {
     if (knob >= 4)
       qk_norm_sd35_half_warp64<4, 4><<<grid, block, 0, stream>>>(p);
