@@ -47,7 +47,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <atomic>
 
 #include <string>
@@ -106,27 +105,12 @@ struct Params {
 // reading its rows from there. Row r of the token sits at r * D elements (r = role * H + head); after the rows come
 // the token's cos and sin rows and the q and k weights (192 more 8-byte vectors), also read where used, so the
 // kernel holds none of them in registers.
-// Token `token` of the launch (0 .. B * S_joint - 1): its batch, joint position and place in its stream.
-struct TokenPlace {
-  int64_t b, sj, s;
-  bool in_first;
-};
-
-__device__ __forceinline__ TokenPlace token_place(const Params& p, unsigned token) {
-  const unsigned S = static_cast<unsigned>(p.S);  // B * S < 2^31 (predicate): 32-bit division
-  TokenPlace t;
-  t.b = token / S;
-  t.sj = token % S;
-  t.in_first = t.sj < p.first.S;
-  t.s = t.in_first ? t.sj : t.sj - p.first.S;
-  return t;
-}
 
 // STAGED layout: issues the copies of token `token`'s rows (row r at 16-byte vector 16 r), then its cos and sin
 // rows and its stream's q and k weights (192 8-byte vectors after the rows) into dst. The caller commits or
 // waits (cp.async) and synchronises the block.
 __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uint4* dst) {
-  const TokenPlace tp = token_place(p, token);
+  const TokenPlace tp = token_place(token, p.S, p.first.S);
   const Stream& st = tp.in_first ? p.first : p.second;
   const TokenRows tr(st.t[0], st.t[1], st.t[2], tp.b, tp.s);
   const int rows = p.roles * p.H;
@@ -152,7 +136,7 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int u = lane % SPAN;    // this lane's place in its row
   const int seg = lane / SPAN;  // which of the slot's rows
-  const TokenPlace tp = token_place(p, token);
+  const TokenPlace tp = token_place(token, p.S, p.first.S);
   const int64_t b = tp.b, sj = tp.sj;
   bool on[K];  // vector j of this lane (aten lane u + SPAN j) holds data
 #pragma unroll
@@ -440,14 +424,9 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
       // Two buffers per block (~39 KB for FLUX's 72 rows): 5 blocks per SM, each with its next token's copies in
       // flight while it computes; the grid is the resident blocks, so no block waits for a slot. A knob value
       // N >= 2 caps the grid at N blocks (tests: many tokens per block on small shapes, under racecheck too).
-      auto kernel = qk_norm_rope_pipelined<16, 5>;
       static std::atomic<uint64_t> carveout_set{0};
-      norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
-      int64_t grid_blocks =
-          std::min(blocks, norm::resident_blocks(kernel, kWarps * 32, 2 * staged_bytes, a.q.device));
-      if (pipelined_knob >= 2) grid_blocks = std::min<int64_t>(grid_blocks, pipelined_knob);
-      kernel<<<static_cast<unsigned>(grid_blocks), block, 2 * staged_bytes, stream>>>(p,
-                                                                                    static_cast<unsigned>(blocks));
+      launch_pipelined(qk_norm_rope_pipelined<16, 5>, p, blocks, staged_bytes, pipelined_knob, kWarps * 32,
+                       a.q.device, stream, carveout_set);
     } else {
       // 32 registers, 8 blocks of 256 threads per SM (ptxas, scripts/kernel-resources.sh): up to 8 tokens' rows
       // in flight per SM, ~156 KB of shared memory, so the carveout is set to the most shared memory once per

@@ -53,7 +53,6 @@
 
 #include <cuda_runtime.h>
 
-#include <algorithm>
 #include <atomic>
 
 #include <string>
@@ -106,28 +105,13 @@ struct Params {
 // memory with cp.async, all in flight at once, then runs the same arithmetic reading them from there (as
 // qk_norm_rope.cu's staged kernel). Row r sits at vector 32 r; then the freqs (64 complex), q weight (32
 // vectors), k weight (32).
-// Token `token` of the launch (0 .. B * S_joint - 1): its batch, joint position and place in its stream.
-struct TokenPlace {
-  int64_t b, sj, s;
-  bool in_txt;
-};
-
-__device__ __forceinline__ TokenPlace token_place(const Params& p, unsigned token) {
-  const unsigned S = static_cast<unsigned>(p.S);  // B * S < 2^31 (predicate): 32-bit division
-  TokenPlace t;
-  t.b = token / S;
-  t.sj = token % S;
-  t.in_txt = t.sj < p.txt.S;
-  t.s = t.in_txt ? t.sj : t.sj - p.txt.S;
-  return t;
-}
 
 // STAGED layout: issues the copies of token `token`'s 3H rows (row r at 8-byte vector 32 r), then its stream's
 // freqs row (64 complex) and q and k weights (32 vectors each) into dst. The caller commits or waits (cp.async)
 // and synchronises the block.
 __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uint4* dst) {
-  const TokenPlace tp = token_place(p, token);
-  const Stream& st = tp.in_txt ? p.txt : p.img;
+  const TokenPlace tp = token_place(token, p.S, p.txt.S);
+  const Stream& st = tp.in_first ? p.txt : p.img;
   const TokenRows tr(st.t[0], st.t[1], st.t[2], tp.b, tp.s);
   const int rows = 3 * p.H;
   stage_token_rows<16, kWarps * 32>(dst, tr, p.heads, rows);  // 16 copies of 16 bytes per 128-element row
@@ -154,9 +138,9 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int u = lane % SPAN, seg = lane / SPAN;
-  const TokenPlace tp = token_place(p, token);
+  const TokenPlace tp = token_place(token, p.S, p.txt.S);
   const int64_t b = tp.b, sj = tp.sj, s = tp.s;
-  const Stream& st = tp.in_txt ? p.txt : p.img;
+  const Stream& st = tp.in_first ? p.txt : p.img;
   bool on[K];
 #pragma unroll
   for (int j = 0; j < K; ++j) on[j] = u + SPAN * j < p.V;
@@ -389,14 +373,9 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
     if (pipelined_knob >= 1 && 2 * staged_bytes <= 48 * 1024) {
       // Two buffers per block (~38 KB at 24 heads): 5 blocks per SM on a grid of the resident blocks (at most N
       // with DIFUSE_QK_PIPELINED=N >= 2, for tests), each block's next token in flight while it computes.
-      auto kernel = qk_norm_rope_qwen_pipelined<5>;
       static std::atomic<uint64_t> carveout_set{0};
-      norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
-      int64_t grid_blocks =
-          std::min(blocks, norm::resident_blocks(kernel, kWarps * 32, 2 * staged_bytes, a.q.device));
-      if (pipelined_knob >= 2) grid_blocks = std::min<int64_t>(grid_blocks, pipelined_knob);
-      kernel<<<static_cast<unsigned>(grid_blocks), block, 2 * staged_bytes, stream>>>(p,
-                                                                                    static_cast<unsigned>(blocks));
+      launch_pipelined(qk_norm_rope_qwen_pipelined<5>, p, blocks, staged_bytes, pipelined_knob, kWarps * 32,
+                       a.q.device, stream, carveout_set);
     } else {
       auto kernel = qk_norm_rope_qwen_kernel<4, 1, 8, 16, true>;
       static std::atomic<uint64_t> carveout_set{0};  // most shared memory: 8 blocks of ~19 KB per SM

@@ -4,6 +4,8 @@
 // variants overlap the next token's copies with the current token's arithmetic. Index and copy code only.
 #pragma once
 
+#include <algorithm>
+#include <atomic>
 #include <cstdint>
 #include <initializer_list>
 
@@ -46,6 +48,18 @@ __device__ __forceinline__ void pipelined_tokens(unsigned tokens, int buffer, ui
     run(token, smem + (i & 1) * buffer);
     __syncthreads();  // the buffer is staged into again two iterations on
   }
+}
+
+// Host: launches a pipelined kernel, kernel(p, tokens), over `tokens` (< 2^31) tokens with two buffers of
+// buffer_bytes each: a grid of the resident blocks (at most `cap` when cap >= 2, DIFUSE_QK_PIPELINED=N for tests),
+// the largest shared-memory carveout set once per device through `carveout_set`.
+template <class Kernel, class P>
+void launch_pipelined(Kernel kernel, const P& p, int64_t tokens, size_t buffer_bytes, int cap, int threads,
+                      int device, cudaStream_t stream, std::atomic<uint64_t>& carveout_set) {
+  norm::prefer_max_shared_carveout(kernel, device, carveout_set);
+  int64_t blocks = std::min(tokens, norm::resident_blocks(kernel, threads, 2 * buffer_bytes, device));
+  if (cap >= 2) blocks = std::min<int64_t>(blocks, cap);
+  kernel<<<static_cast<unsigned>(blocks), threads, 2 * buffer_bytes, stream>>>(p, static_cast<unsigned>(tokens));
 }
 
 // Host: every present q, k, v view of the streams has 16-byte aligned rows (pointer, batch, sequence and head
