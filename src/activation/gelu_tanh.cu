@@ -14,7 +14,7 @@
 // rank 1-4, last dim contiguous, leading dims that collapse into one row stride each (any row stride);
 // out overlaps x only if it is x itself (in place). Any alignment (16/8/4/2-byte accesses by alignment).
 //
-// Verification status: bit-exact on the H200 at 3e989f7 (torch 2.11.0+cu130, sm_90; first at 710ef68):
+// Verification status: bit-exact on the H200 at 66f5a3b (torch 2.11.0+cu130, sm_90; first at 710ef68):
 // tests/gpu/test_gelu_tanh.py (219 cases: all 65,536 inputs through both the computing kernel and the table path,
 // site shapes, column slices, in place, random shapes, compile, graphs), 0 failed, 0 skipped
 // (bench/results/h200/tests.json), incl. the table kernel's division-free addressing (FastDivU32 only for
@@ -43,7 +43,7 @@ namespace {
 
 const detail::KernelRegistration kRegistration{{
     "gelu_tanh", "cuda", "bit_exact", "F.gelu(x, approximate=\"tanh\")  (bf16; out may be a column slice)",
-    "verified bit-exact on H200 at 3e989f7 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
     "GELU (tanh) with libdevice tanhf, written into any row layout"}};
 
 struct Params {

@@ -20,13 +20,14 @@
 // float4 gate loads where H % 8 == 0 and every row is 16-byte aligned (Wan's sites), else 4-byte words and float2
 // gates, else scalars (gated_residual_fp32_vector_width). The arithmetic per element is the same at every width.
 //
-// Verification status: bit-exact on the H200 at 3e989f7 (torch 2.11.0+cu130, sm_90): tests/gpu/test_gated_residual.py
-// (241 cases; gated_residual_fp32 in test_wan_fp32.py, every access width forced), 0 failed, 0 skipped
+// Verification status: bit-exact on the H200 at 66f5a3b (torch 2.11.0+cu130, sm_90): tests/gpu/test_gated_residual.py
+// (242 cases; gated_residual_fp32 in test_wan_fp32.py, every access width forced), 0 failed, 0 skipped
 // (bench/results/h200/tests.json), incl. the per-row batch index as a multiply-high (detail::IndexDiv).
 // gated_residual_fp32's 16-byte path (first run at 5fde96b): 405 us with 4-byte accesses -> 232.7 us at
 // 1x32760x5120, at the 236 us floor (predicted ~280: it streams at copy bandwidth).
 // The flat-index kernel ran there at 66f5a3b behind DIFUSE_EW_FLAT=1 (test_flat_index_variant passed, now
-// test_grid2d_variant; bench 0 mismatches, knob-sweeps/); it became the default after that run.
+// test_grid2d_variant; bench 0 mismatches, knob-sweeps/); it became the default after that run, and this file's
+// tests passed with it at bc88af7 (tests-defaults-bc88af7.json; 1x4096x3072 21.0 us).
 #include "modulate/gated_residual.h"
 #include "modulate/gated_residual_pair.h"
 
@@ -50,13 +51,13 @@ namespace {
 const detail::KernelRegistration kF32Registration{{
     "gated_residual_fp32", "cuda", "bit_exact",
     "(h.float() + a * gate).type_as(h)  (Wan: bf16 h, a; fp32 gate [B,H], [B,1,H] or [B,L,H])",
-    "verified bit-exact on H200 at 3e989f7 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
     "Wan's gated residual with an fp32 gate, one bf16 rounding at the end"}};
 
 const detail::KernelRegistration kRegistration{{
     "gated_residual", "cuda", "bit_exact",
     "h + gate[:, None] * a  (bf16; h, a [B,L,H]; gate [B,H] or [B,L,H])",
-    "verified bit-exact on H200 at 3e989f7 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
     "adaLN-Zero gated residual in one pass, both eager roundings"}};
 
 struct Params {

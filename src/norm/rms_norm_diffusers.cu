@@ -22,17 +22,14 @@
 // mean over misaligned fp32 rows starts with an alignment head, not replayed); rows * N < 2^31; x rows
 // 8-byte aligned when N % 4 == 0; weight (optional) bf16 [N] contiguous; out contiguous bf16 of x's shape.
 //
-// Verification status: bit-exact on the H200 at 3e989f7 (torch 2.11.0+cu130, sm_90), incl. the vector output pass
-// (4-element loads and stores where the mean is vectorized) and the 4-rows-per-warp default for 128-element rows
-// (1x4608x24x128: 30.9 us with one row per warp at 6408223, 21.9 at 3e989f7): tests/gpu/test_rms_norm_diffusers.py
-// (238 cases, incl. the 1/2/4-row variants; N = 8184 failed at 1bfced1 and is now refused: see the guard), 0
-// failed, 0 skipped (bench/results/h200/tests.json). The half-warp kernel for 64-element rows (now the default;
-// 2x24x4096x64 50.0 -> 24.0 us) ran there through DIFUSE_RMSD_LANES_PER_ROW=16 at 21fe4f5
-// (test_half_warp_64_element_rows, now test_half_warp_rows, 2 and 4 slots, passed; bench ops 0 mismatches at daa91f6); the whole file has
-// not yet run with it as the default.
-// The 64-element default ran in the full run at 66f5a3b (tests.json). The half-warp kernel for 128-element rows
-// ran there behind DIFUSE_RMSD_LANES_PER_ROW=16 (test_half_warp_rows passed; bench 0 mismatches, knob-sweeps/) and
-// became the default after that run.
+// Verification status: bit-exact on the H200 at 66f5a3b (torch 2.11.0+cu130, sm_90), incl. the vector output pass
+// (4-element loads and stores where the mean is vectorized), 64-element rows on half warps (the default; 2x24x4096x64
+// 50.0 -> 24.0 us, first exact at 21fe4f5 through its knob) and the 1/2/4-rows-per-warp kernels for 128-element
+// rows (1x4608x24x128: 30.9 us with one row per warp at 6408223, 22.2 with 4 at 66f5a3b):
+// tests/gpu/test_rms_norm_diffusers.py (240 cases; N = 8184 failed at 1bfced1 and is now refused: see the guard), 0
+// failed, 0 skipped (bench/results/h200/tests.json). The half-warp kernel for 128-element rows ran there behind
+// DIFUSE_RMSD_LANES_PER_ROW=16 (test_half_warp_rows; bench 0 mismatches, knob-sweeps/: 20.7 us) and became the
+// default after that run; this file's tests passed with it at bc88af7 (tests-defaults-bc88af7.json; 19.6 us).
 #include "norm/rms_norm_diffusers.h"
 
 #include <cuda_runtime.h>
@@ -54,7 +51,7 @@ namespace {
 const detail::KernelRegistration kRegistration{{
     "rms_norm_diffusers", "cuda", "bit_exact",
     "diffusers RMSNorm: bf16(bf16(x * rsqrt(mean(f32(x)^2) + eps)) * w)  (two roundings)",
-    "verified bit-exact on H200 at 3e989f7 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
     "the diffusers RMSNorm class chain, replaying aten's mean reduction order"}};
 
 constexpr int kRowsPerBlock = 8;  // one warp per row

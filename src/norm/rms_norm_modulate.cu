@@ -49,7 +49,7 @@
 // N = 8160) in registers instead: one read of x. Modulation rows are read as 8-byte words when every row start is
 // 8-byte aligned, else as bf16. N < 128: scalar elements.
 //
-// Verification status: bit-exact on the H200 at 3e989f7 (torch 2.11.0+cu130, sm_90; its RowIndexers take the
+// Verification status: bit-exact on the H200 at 66f5a3b (torch 2.11.0+cu130, sm_90; its RowIndexers take the
 // 32-bit FastDivU32 path):
 // tests/gpu/test_rms_norm_modulate.py (375 cases, incl. the diffusers ERNIE-Image and LTX-2 blocks' own forward and
 // the register-resident variant through DIFUSE_RMSMOD_ONE_PASS=1), 0 failed, 0 skipped
@@ -78,13 +78,13 @@ namespace {
 const detail::KernelRegistration kRegistration{{
     "rms_norm_modulate", "cuda", "bit_exact",
     "diffusers RMSNorm(x, w, eps) * (1 + scale) + shift  (bf16 chain: LTX-2; fp32 modulate: ERNIE-Image)",
-    "verified bit-exact on H200 at 3e989f7 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
     "RMSNorm-based adaLN in one pass, replaying aten's mean reduction order (rows >= 16, 32 <= N <= 8160)"}};
 
 const detail::KernelRegistration kResidualRegistration{{
     "gated_residual_rms_norm_modulate", "cuda", "bit_exact",
     "h1 = h + gate * a;  diffusers RMSNorm(h1, w, eps) * (1 + scale) + shift  (LTX-2 bf16 / ERNIE-Image fp32)",
-    "verified bit-exact on H200 at 3e989f7 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
     "gated residual, then RMSNorm-based adaLN of the new residual, one pass"}};
 
 constexpr int kRowsPerBlock = 4;  // one warp per row

@@ -30,8 +30,8 @@
 // aligned; outputs contiguous bf16 [B, S_total, H, D], 8-byte aligned, overlapping no input; v_out given
 // exactly when v is (and v_first exactly when there is a first stream and v).
 //
-// Verification status: bit-exact on the H200 at 3e989f7 (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_rope.py
-// (248 cases, incl. the q, k, v diffusers' FluxAttnProcessor hands to attention, the half-warp default with 1 and 2
+// Verification status: bit-exact on the H200 at 66f5a3b (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_rope.py
+// (249 cases, incl. the q, k, v diffusers' FluxAttnProcessor hands to attention, the half-warp default with 1 and 2
 // slots, and the full-warp 2/3/4/6/9-row variants through DIFUSE_QK_LANES_PER_ROW=32), 0 failed, 0 skipped
 // (bench/results/h200/tests.json).
 // The staged variant ran there at 66f5a3b behind DIFUSE_QK_STAGED=1 (test_staged_rows_variant passed, now
@@ -69,7 +69,7 @@ const detail::KernelRegistration kRegistration{{
     "qk_norm_rope", "cuda", "bit_exact",
     "FLUX.1 attention prologue: RMSNorm(q), RMSNorm(k) per head, cat([text, image]), apply_rotary_emb (real, "
     "interleaved)",
-    "verified bit-exact on H200 at 3e989f7 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
     "per-head QK RMSNorm + joint concat + RoPE in one launch (fused or separate projections)"}};
 
 constexpr int kWarps = 8;

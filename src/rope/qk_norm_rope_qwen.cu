@@ -36,8 +36,8 @@
 // < 2^31, 1 <= H <= 4096; outputs contiguous bf16 [B, S_txt + S_img, H, D], 8-byte aligned, overlapping no input
 // nor each other.
 //
-// Verification status: bit-exact on the H200 at 3e989f7 (torch 2.11.0+cu130, sm_90; first at c8d8874):
-// tests/gpu/test_qk_norm_rope_qwen.py (255 cases, incl. the real QwenDoubleStreamAttnProcessor2_0, the half-warp
+// Verification status: bit-exact on the H200 at 66f5a3b (torch 2.11.0+cu130, sm_90; first at c8d8874):
+// tests/gpu/test_qk_norm_rope_qwen.py (256 cases, incl. the real QwenDoubleStreamAttnProcessor2_0, the half-warp
 // default for 128-element heads with 1 and 2 slots, the full-warp 2- and 4-row variants), 0 failed, 0 skipped
 // (bench/results/h200/tests.json).
 // The staged variant ran there at 66f5a3b behind DIFUSE_QK_STAGED=1 (test_staged_rows_variant passed, now
@@ -75,7 +75,7 @@ const detail::KernelRegistration kRegistration{{
     "qk_norm_rope_qwen", "cuda", "bit_exact",
     "Qwen-Image attention prologue: diffusers RMSNorm(q), RMSNorm(k) per head per stream, apply_rotary_emb_qwen "
     "(complex64 freqs per stream), cat([text, image]) of q, k, v",
-    "verified bit-exact on H200 at 3e989f7 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
     "per-head diffusers QK RMSNorm + complex RoPE per stream + joint concat in one launch"}};
 
 constexpr int kWarps = 8;

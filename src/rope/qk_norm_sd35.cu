@@ -30,15 +30,11 @@
 // [D] contiguous; B * (S_img + S_ctx) < 2^31, 1 <= H <= 4096; outputs contiguous bf16 [B, H, S_img + S_ctx, D],
 // 8-byte aligned, overlapping no input nor each other.
 //
-// Verification status: bit-exact on the H200 at 3e989f7 (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_sd35.py
-// (251 cases, incl. the real JointAttnProcessor2_0, the 4- and 8-row variants and the full-warp head_dim-64
-// kernel, then the default), 0 failed, 0 skipped (bench/results/h200/tests.json). The half-warp head_dim-64 kernel
-// (now the default) ran there at daa91f6 through DIFUSE_QK_LANES_PER_ROW=16: test_half_warp_head_dim_64
-// (site shapes, odd head counts, no weights, adversarial values, 2 and 4 slots) passed and bench ops counted 0
-// mismatching elements (bench/results/h200/knob-sweeps/); the whole file has not yet run with it as the default.
-// Everything above ran as the default in the full run at 66f5a3b (tests.json); the staged variant ran there behind
-// DIFUSE_QK_STAGED=1 (test_staged_rows_variant passed, now test_unstaged_rows_variant; bench 0 mismatches,
-// knob-sweeps/) and became the default after that run; this file's tests passed with it at bc88af7
+// Verification status: bit-exact on the H200 at 66f5a3b (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_sd35.py
+// (255 cases, incl. the real JointAttnProcessor2_0, the half-warp head_dim-64 kernel as the default (first exact
+// at daa91f6 through its knob), the 4- and 8-row variants and the full-warp kernels through the knobs, the staged
+// kernel behind the then DIFUSE_QK_STAGED=1), 0 failed, 0 skipped (bench/results/h200/tests.json). The staged
+// kernel became the default after that run; this file's tests passed with it at bc88af7
 // (tests-defaults-bc88af7.json). The v-copy variant (DIFUSE_QK_VCOPY=1) came after: not yet run there (the
 // other kernels' PTX unchanged).
 #include "rope/qk_norm_sd35.h"
@@ -70,7 +66,7 @@ const detail::KernelRegistration kRegistration{{
     "qk_norm_sd35", "cuda", "bit_exact",
     "SD3.5 joint attention: diffusers RMSNorm(q), RMSNorm(k) per head on the BHSD views of both streams, "
     "cat([image, context], dim=2) of q, k, v",
-    "verified bit-exact on H200 at 3e989f7 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
     "per-head diffusers QK RMSNorm + BHSD joint concat in one launch"}};
 
 constexpr int kWarps = 8;
