@@ -105,9 +105,9 @@ __global__ void __launch_bounds__(256) gated_residual_kernel(const Params p) {
 }
 
 // The default (DIFUSE_EW_GRID2D=1 selects the 2-D grid above): one flat index over every row's vectors
-// (rows * cols / VEC < 2^31), so no thread idles where a row's vector count is not a multiple of the block (3072 / 8 = 384 vectors: the 2-D grid
-// runs two 256-thread blocks per row, a third of its threads idle); the row by a multiply-high. The same
-// per-element arithmetic (gated_residual_vec).
+// (rows * cols / VEC < 2^31), so no thread idles where a row's vector count is not a multiple of the block
+// (3072 / 8 = 384 vectors: the 2-D grid runs two 256-thread blocks per row, a third of its threads idle); the row
+// by a multiply-high. The same per-element arithmetic (gated_residual_vec).
 template <int VEC>
 __global__ void __launch_bounds__(256) gated_residual_flat_kernel(const Params p, detail::FastDivU32 nvec_div,
                                                                  uint32_t total) {
