@@ -7,7 +7,8 @@
 # Writes under $OUT (default ./device-out): platform.txt, cp-build.log, cp-tests.log, cp-tests.json,
 # cp-bench-ulysses.log, cp-bench-ring.log, e2e-flux-cp.json (also merged into bench/results/h200x<N>/ in the
 # checkout). NVLink multicast stays off (NCCL_NVLS_ENABLE=0 ...). DIFUSE_CP_NPROC: ranks (default: visible GPUs,
-# at least 2); DIFUSE_CP_BENCH_ARGS: extra bench arguments (e.g. "--steps 10"). --dry-run prints the commands.
+# at least 2); DIFUSE_CP_BENCH_ARGS: extra bench arguments (e.g. "--steps 10"); DIFUSE_CP_TRACE=0 leaves out the
+# Chrome traces of rank 0's profiled steps (bench --trace; packed into traces.tgz). --dry-run prints the commands.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STAGE=all
@@ -34,8 +35,10 @@ if [ -z "${DIFUSE_CP_NPROC:-}" ]; then
 fi
 NPROC=$DIFUSE_CP_NPROC
 BENCH_OUT=$ROOT/bench/results/h200x$NPROC/e2e-flux-cp.json  # the bench's default --out, run from $ROOT
+TRACE_ARGS=
+[ "${DIFUSE_CP_TRACE:-1}" = 0 ] || TRACE_ARGS="--trace $OUT/traces"
 bench_cmd() {  # bench_cmd MODE
-  echo "$PY -m torch.distributed.run --standalone --nproc-per-node $NPROC -m difuse bench flux --cp $1 ${DIFUSE_CP_BENCH_ARGS:-}"
+  echo "$PY -m torch.distributed.run --standalone --nproc-per-node $NPROC -m difuse bench flux --cp $1 $TRACE_ARGS ${DIFUSE_CP_BENCH_ARGS:-}"
 }
 TESTS_CMD="$PY -m pytest -q -p no:cacheprovider -rfEs $ROOT/tests/gpu_multi"
 
@@ -90,6 +93,7 @@ stage_bench() {
     [ "${PIPESTATUS[0]}" = 0 ] || r=1
   done
   [ -f "$BENCH_OUT" ] && cp "$BENCH_OUT" "$OUT/e2e-flux-cp.json"
+  if [ -d "$OUT/traces" ]; then (cd "$OUT" && tar czf traces.tgz traces && rm -rf traces); fi
   return $r
 }
 

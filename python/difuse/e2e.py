@@ -107,6 +107,9 @@ def add_arguments(p) -> None:
                    "difuse_ms; with --cp every rank captures its call, collectives included")
     p.add_argument("--attn-backend", help="--cp: diffusers attention backend (default: native for ulysses, "
                    "_native_flash for ring, which needs the log-sum-exp)")
+    p.add_argument("--trace", metavar="DIR", help="also write each arm's profiled step as a gzipped Chrome trace "
+                   "(host ops, CUDA runtime calls, kernels on one timeline; chrome://tracing or Perfetto) into DIR: "
+                   "trace-<model>-<arm>.json.gz (with --cp, rank 0's: trace-flux-<cp>-<arm>-rank0.json.gz)")
 
 
 @dataclass
@@ -130,6 +133,16 @@ class Options:
     cp: str | None = None  # flux: "ulysses" or "ring" context parallelism (difuse/e2e_cp.py)
     attn_backend: str | None = None  # --cp: the attention backend (None: e2e_cp.DEFAULT_BACKENDS)
     graph: bool = False  # --graph: a third arm, the patched model replayed as a CUDA graph
+    trace: str | None = None  # --trace DIR: gzipped Chrome traces of the profiled steps
+
+
+def trace_path(opts: Options, arm: str, rank: int | None = None):
+    """Where --trace puts an arm's trace: DIR/trace-<model>-<arm>.json.gz, or with --cp (rank 0 only)
+    DIR/trace-flux-<cp>-<arm>-rank0.json.gz; None without --trace (or on another rank)."""
+    if not opts.trace or (rank is not None and rank != 0):
+        return None
+    name = "trace-%s-%s-rank0" % (opts.model + "-" + opts.cp, arm) if opts.cp else "trace-%s-%s" % (opts.model, arm)
+    return os.path.join(opts.trace, name + ".json.gz")
 
 
 def command_line(argv) -> str:
@@ -225,7 +238,8 @@ def resolve_options(args) -> Options:
                    device=args.device, out=out, quick=quick,
                    command=command_line(argv if argv is not None else sys.argv[1:]),
                    overrides=dict(getattr(args, "model_overrides", None) or {}),
-                   layers=layers, width=width, frames=frames, cp=cp, attn_backend=attn_backend, graph=graph)
+                   layers=layers, width=width, frames=frames, cp=cp, attn_backend=attn_backend, graph=graph,
+                   trace=_opt(args, "trace"))
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -1524,10 +1538,29 @@ def graph_fields(eager: ArmResult, graph: ArmResult | None, error: str | None = 
                 graph_step_ms=[_r(x) for x in graph.step_ms], graph_error=error)
 
 
-def profile_step_events(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda") -> tuple:
+def write_trace(prof, path: str) -> None:
+    """prof's events as a gzipped Chrome trace at path (its folder made); a failure is printed, never raised."""
+    import gzip
+    import tempfile
+
+    try:
+        os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+        with tempfile.TemporaryDirectory() as d:
+            raw = os.path.join(d, "trace.json")
+            prof.export_chrome_trace(raw)
+            with open(raw, "rb") as src, gzip.open(path, "wb") as dst:
+                dst.write(src.read())
+        print("wrote %s" % path)
+    except Exception as e:  # noqa: BLE001 -- a trace is a bonus, never the run's cost
+        print("trace %s not written: %s: %s" % (path, type(e).__name__, e), file=sys.stderr)
+
+
+def profile_step_events(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda",
+                        trace: str | None = None) -> tuple:
     """One step (the first of the schedule, after the timed arm has warmed everything) under torch.profiler (CPU
     and CUDA activity): ([(GPU activity name, duration us)], [(start us, end us)] of those activities,
-    [(CUDA runtime/driver call, host us)], [(host op, its own host us)]). Empty lists on the CPU."""
+    [(CUDA runtime/driver call, host us)], [(host op, its own host us)]). Empty lists on the CPU. trace: also write
+    the step as a gzipped Chrome trace there (write_trace)."""
     import torch
 
     if torch.device(device).type != "cuda":
@@ -1543,6 +1576,8 @@ def profile_step_events(spec: ModelSpec, model, inputs: Inputs, steps: int, devi
         noise = spec.call(model, latents, t, inputs)
         sched.step(noise, t, latents, return_dict=False)
         torch.cuda.synchronize()
+    if trace:
+        write_trace(prof, trace)
     kernels, intervals, runtime, host_ops = [], [], [], []
     for e in prof.events():
         if getattr(e, "is_user_annotation", False):
@@ -1603,15 +1638,16 @@ def host_profile(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cud
         return {}
 
 
-def profile_summary(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda") -> dict:
+def profile_summary(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda",
+                    trace: str | None = None) -> dict:
     """summarize_kernels of one profiled step; {} (the record then says null) on the CPU or when the profiler
-    fails, so a profiler problem never costs the timed arms' results."""
+    fails, so a profiler problem never costs the timed arms' results. trace: a Chrome trace path (write_trace)."""
     import torch
 
     if torch.device(device).type != "cuda":
         return {}
     try:
-        kernels, intervals, runtime, host_ops = profile_step_events(spec, model, inputs, steps, device)
+        kernels, intervals, runtime, host_ops = profile_step_events(spec, model, inputs, steps, device, trace)
         out = summarize_kernels(kernels)
         out["timeline"] = summarize_timeline(intervals, runtime, host_ops=host_ops)
         return out
@@ -1693,7 +1729,7 @@ def run(opts: Options, api=None, log=print) -> dict | None:
 
     on_gpu = torch.device(opts.device).type == "cuda"
     eager, clocks_eager = sampled_arm(spec, model, inputs, opts.steps, "eager", opts.device)
-    prof_eager = profile_summary(spec, model, inputs, opts.steps, opts.device)
+    prof_eager = profile_summary(spec, model, inputs, opts.steps, opts.device, trace_path(opts, "eager"))
     host_eager = host_profile(spec, model, inputs, opts.steps, opts.device) if on_gpu else {}
     try:
         patch_report = patch(model)
@@ -1707,7 +1743,7 @@ def run(opts: Options, api=None, log=print) -> dict | None:
         if patch_report is not None:
             log("patched: %s" % (patch_report,))
         fused, clocks_difuse = sampled_arm(spec, model, inputs, opts.steps, "difuse", opts.device)
-        prof_difuse = profile_summary(spec, model, inputs, opts.steps, opts.device)
+        prof_difuse = profile_summary(spec, model, inputs, opts.steps, opts.device, trace_path(opts, "difuse"))
         host_difuse = host_profile(spec, model, inputs, opts.steps, opts.device) if on_gpu else {}
         graph_rec = None
         if opts.graph:

@@ -482,7 +482,8 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
                 say("graph arm failed on rank %d: %s" % (info.rank, graph_error))
         for arm in ("eager", "difuse"):
             # one profiled step per arm on every rank (the collectives need them all); rank 0's summary is kept
-            profs[arm] = e2e.profile_summary(spec, models[arm], inputs[arm], opts.steps, info.device)
+            profs[arm] = e2e.profile_summary(spec, models[arm], inputs[arm], opts.steps, info.device,
+                                             e2e.trace_path(opts, arm, info.rank))
             hprofs[arm] = e2e.host_profile(spec, models[arm], inputs[arm], opts.steps, info.device)
         full = _report(report, models["difuse"], info)
         sites = {k: dict(fused=int(v.get("fused", 0)), fallback=int(v.get("fallback", 0)),

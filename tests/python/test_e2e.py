@@ -3,7 +3,9 @@ summary, the md5 comparison, the JSON record (FLUX's and the one-stack models' c
 handling of `python -m difuse bench flux|qwen-image|sd3|wan` (per-model defaults, --layers, wan's --width and
 --frames, what each model refuses)."""
 import argparse
+import contextlib
 import importlib.util
+import io
 import json
 import os
 import subprocess
@@ -261,6 +263,41 @@ class OptionsTest(unittest.TestCase):
         self.assertEqual((o.steps, o.resolution, o.text_tokens, o.seed, o.device), (50, 1024, 512, 42, "cuda"))
         self.assertEqual((o.double_blocks, o.single_blocks, o.weights), (None, None, None))
         self.assertEqual(o.out, "bench/results/h200/e2e-flux.json")
+
+    def test_trace_paths(self):
+        o = e2e.resolve_options(_parser().parse_args(["flux"]))
+        self.assertIsNone(o.trace)
+        self.assertIsNone(e2e.trace_path(o, "eager"))
+        o = e2e.resolve_options(_parser().parse_args(["sd3", "--trace", "/t"]))
+        self.assertEqual(e2e.trace_path(o, "difuse"), "/t/trace-sd3-difuse.json.gz")
+        o = e2e.resolve_options(_parser().parse_args(["flux", "--cp", "ring", "--trace", "/t"]))
+        self.assertEqual(e2e.trace_path(o, "eager", rank=0), "/t/trace-flux-ring-eager-rank0.json.gz")
+        self.assertIsNone(e2e.trace_path(o, "eager", rank=1))
+
+    def test_write_trace_gzips_the_export_and_never_raises(self):
+        import gzip
+
+        class Prof:
+            def export_chrome_trace(self, path):
+                with open(path, "w") as f:
+                    f.write('{"traceEvents": []}')
+
+        class Broken:
+            def export_chrome_trace(self, path):
+                raise RuntimeError("no events")
+
+        with tempfile.TemporaryDirectory() as d:
+            path = os.path.join(d, "sub", "trace-flux-eager.json.gz")
+            out, err = io.StringIO(), io.StringIO()
+            with contextlib.redirect_stdout(out), contextlib.redirect_stderr(err):
+                e2e.write_trace(Prof(), path)
+            self.assertEqual((out.getvalue(), err.getvalue()), ("wrote %s\n" % path, ""))
+            with gzip.open(path, "rt") as f:
+                self.assertEqual(f.read(), '{"traceEvents": []}')
+            err = io.StringIO()
+            with contextlib.redirect_stderr(err):
+                e2e.write_trace(Broken(), os.path.join(d, "x.json.gz"))
+            self.assertIn("not written: RuntimeError: no events", err.getvalue())
 
     def test_quick_and_overrides(self):
         o = e2e.resolve_options(_parser().parse_args(["flux", "--quick"]))

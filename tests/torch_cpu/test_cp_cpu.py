@@ -131,12 +131,18 @@ def test_disable_cp_leaves_a_plain_model_alone():
 
 def test_cp_check_dry_run_keeps_multicast_off():
     p = subprocess.run(["bash", str(ROOT / "scripts" / "cp-check.sh"), "--dry-run"], capture_output=True, text=True,
-                       env=dict(os.environ, DIFUSE_CP_NPROC="2"))
+                       env=dict(os.environ, DIFUSE_CP_NPROC="2", OUT="/tmp/cp-out"))
     assert p.returncode == 0, p.stderr
     lines = p.stdout.splitlines()
     assert "NCCL_NVLS_ENABLE=0" in lines[0]
     assert any("pytest" in x and "tests/gpu_multi" in x and "DIFUSE_REQUIRE_GPU=1" in x for x in lines)
+    for mode in MODES:  # rank 0's Chrome traces by default, into $OUT/traces (packed into traces.tgz)
+        assert any(x.strip().endswith("--nproc-per-node 2 -m difuse bench flux --cp %s --trace %s/traces"
+                                      % (mode, "/tmp/cp-out")) for x in lines), lines
+    p = subprocess.run(["bash", str(ROOT / "scripts" / "cp-check.sh"), "--dry-run"], capture_output=True, text=True,
+                       env=dict(os.environ, DIFUSE_CP_NPROC="2", DIFUSE_CP_TRACE="0"))
     for mode in MODES:
-        assert any(x.strip().endswith("--nproc-per-node 2 -m difuse bench flux --cp %s" % mode) for x in lines), lines
+        assert any(x.strip().endswith("--nproc-per-node 2 -m difuse bench flux --cp %s" % mode)
+                   for x in p.stdout.splitlines()), p.stdout
     bad = subprocess.run(["bash", str(ROOT / "scripts" / "cp-check.sh"), "--stage", "nope"], capture_output=True)
     assert bad.returncode == 2
