@@ -40,6 +40,7 @@
 // staged kernel split into stage_token / run_token for the pipelined variant (the per-row PTX unchanged; the
 // per-token index code reordered, +21 PTX instructions per block, the weights' pointer array no longer in local
 // memory; the other kernels' PTX identical) and the pipelined variant itself.
+// The v-copy variant (DIFUSE_QK_VCOPY=1) came after too: not yet run there (the other kernels' PTX unchanged).
 #include "rope/qk_norm_rope.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -106,15 +107,25 @@ struct Params {
 // the token's cos and sin rows and the q and k weights (192 more 8-byte vectors), also read where used, so the
 // kernel holds none of them in registers.
 
+// The rows a block stages and runs through its slots: all of the token's, or with VCOPY only q and k.
+template <bool VCOPY>
+__device__ __forceinline__ int slot_rows(const Params& p) {
+  return (VCOPY ? 2 : p.roles) * p.H;
+}
+
 // STAGED layout: issues the copies of token `token`'s rows (row r at 16-byte vector 16 r), then its cos and sin
 // rows and its stream's q and k weights (192 8-byte vectors after the rows) into dst. The caller commits or
-// waits (cp.async) and synchronises the block.
+// waits (cp.async) and synchronises the block. VCOPY: only the q and k rows are staged; the v rows are copied to
+// the output here (copy_v_rows).
+template <bool VCOPY = false>
 __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uint4* dst) {
   const TokenPlace tp = token_place(token, p.S, p.first.S);
   const Stream& st = tp.in_first ? p.first : p.second;
   const TokenRows tr(st.t[0], st.t[1], st.t[2], tp.b, tp.s);
-  const int rows = p.roles * p.H;
+  const int rows = slot_rows<VCOPY>(p);
   stage_token_rows<16, kWarps * 32>(dst, tr, p.heads, rows);  // 16 copies of 16 bytes per 128-element row
+  if (VCOPY && p.roles == 3)  // v out: [B, S_total, H, D] contiguous, head stride D
+    copy_v_rows<16, kWarps * 32>(tr.row(2, 0), tr.sh[2], p.out[2] + (tp.b * p.S + tp.sj) * p.H * p.D, p.D, p.H);
   uint2* tab = reinterpret_cast<uint2*>(dst) + rows * 32;
   const int t = static_cast<int>(threadIdx.x);
   if (p.cos != nullptr && t < 64) {  // 32 copies of 16 bytes per table row
@@ -128,7 +139,7 @@ __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uin
 
 // One token's rows: normalised, rotated and stored by the block's warps (slots as described above). STAGED:
 // `staged` holds the token's rows and tables (stage_token's layout), read where used.
-template <int SPAN, int R, bool STAGED>
+template <int SPAN, int R, bool STAGED, bool VCOPY = false>
 __device__ __forceinline__ void run_token(const Params& p, unsigned token, const uint2* staged) {
   static_assert(SPAN == 32 || SPAN == 16, "a row spans a warp or half of one");
   constexpr int K = 32 / SPAN;  // vectors (and rows per slot) per lane
@@ -162,7 +173,7 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
   }
   const int64_t out_token = (b * p.S + sj) * p.H * p.D;  // element offset of this token's first output row
 
-  const int rows = p.roles * p.H;
+  const int rows = slot_rows<VCOPY>(p);
   const uint2* s_tab = staged + rows * 32;  // STAGED: cos (64 vectors), sin (64), q weight (32), k weight (32)
   const int slots = (rows + K - 1) / K;
   for (int base = warp; base < slots; base += kWarps * R) {
@@ -217,16 +228,18 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
   }
 }
 
-// One block per token.
-template <int SPAN, int R, int MIN_BLOCKS, bool STAGED = false>
+// One block per token. VCOPY (with STAGED; DIFUSE_QK_VCOPY=1, for measurement, not yet run on the H200; v_out
+// 16-byte aligned): the v rows are copied global to global beside the staging copies, only q and k staged.
+template <int SPAN, int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = false>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(const Params p) {
+  static_assert(!VCOPY || STAGED, "the v copy rides on the staged kernel's 16-byte aligned rows");
   extern __shared__ uint4 staged16[];  // STAGED: the token's rows and tables (stage_token's layout)
   if constexpr (STAGED) {
-    stage_token(p, blockIdx.x, staged16);
+    stage_token<VCOPY>(p, blockIdx.x, staged16);
     norm::cp_async_wait_all();
     __syncthreads();
   }
-  run_token<SPAN, R, STAGED>(p, blockIdx.x, reinterpret_cast<const uint2*>(staged16));
+  run_token<SPAN, R, STAGED, VCOPY>(p, blockIdx.x, reinterpret_cast<const uint2*>(staged16));
 }
 
 // PIPELINED (DIFUSE_QK_PIPELINED=1, for measurement, not yet run on the H200; where STAGED applies and two tokens'
@@ -420,6 +433,7 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   if (lanes_knob != 32 && knob == 0 && unstaged_knob != 1 && p.D == 128 && staged_bytes <= 48 * 1024 &&
       head_rows_aligned16({&p.first, &p.second})) {
     static const int pipelined_knob = detail::positive_env_knob("DIFUSE_QK_PIPELINED");
+    static const int vcopy_knob = detail::positive_env_knob("DIFUSE_QK_VCOPY");  // (the pipelined kernel stages v)
     if (pipelined_knob >= 1 && 2 * staged_bytes <= 48 * 1024) {
       // Two buffers per block (~39 KB for FLUX's 72 rows): 5 blocks per SM, each with its next token's copies in
       // flight while it computes; the grid is the resident blocks, so no block waits for a slot. A knob value
@@ -427,6 +441,11 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
       static std::atomic<uint64_t> carveout_set{0};
       launch_pipelined(qk_norm_rope_pipelined<16, 5>, p, blocks, staged_bytes, pipelined_knob, kWarps * 32,
                        a.q.device, stream, carveout_set);
+    } else if (vcopy_knob == 1 && p.roles == 3 && detail::aligned(p.out[2], 16)) {
+      auto kernel = qk_norm_rope_kernel<16, 1, 8, true, true>;  // the v rows copied, 2H rows staged
+      static std::atomic<uint64_t> carveout_set{0};
+      norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
+      kernel<<<grid, block, staged_bytes - static_cast<size_t>(p.H) * p.D * sizeof(uint16_t), stream>>>(p);
     } else {
       // 32 registers, 8 blocks of 256 threads per SM (ptxas, scripts/kernel-resources.sh): up to 8 tokens' rows
       // in flight per SM, ~156 KB of shared memory, so the carveout is set to the most shared memory once per

@@ -46,6 +46,7 @@
 // kernel split into stage_token / run_token (the other kernels' PTX the same instructions in a different order
 // at the start; the staged one's per-token index code reordered, +11 PTX instructions per block) and the
 // pipelined variant (DIFUSE_QK_PIPELINED=1, staged_token_rows.cuh's pipelined_tokens).
+// The v-copy variant (DIFUSE_QK_VCOPY=1) came after too: not yet run there (the other kernels' PTX unchanged).
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -108,13 +109,17 @@ struct Params {
 
 // STAGED layout: issues the copies of token `token`'s 3H rows (row r at 8-byte vector 32 r), then its stream's
 // freqs row (64 complex) and q and k weights (32 vectors each) into dst. The caller commits or waits (cp.async)
-// and synchronises the block.
+// and synchronises the block. VCOPY: only the q and k rows (2H) are staged; the v rows are copied to the output
+// here (copy_v_rows).
+template <bool VCOPY = false>
 __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uint4* dst) {
   const TokenPlace tp = token_place(token, p.S, p.txt.S);
   const Stream& st = tp.in_first ? p.txt : p.img;
   const TokenRows tr(st.t[0], st.t[1], st.t[2], tp.b, tp.s);
-  const int rows = 3 * p.H;
+  const int rows = (VCOPY ? 2 : 3) * p.H;
   stage_token_rows<16, kWarps * 32>(dst, tr, p.heads, rows);  // 16 copies of 16 bytes per 128-element row
+  if constexpr (VCOPY)  // v out: [B, S_txt + S_img, H, D] contiguous, head stride D
+    copy_v_rows<16, kWarps * 32>(tr.row(2, 0), tr.sh[2], p.out[2] + (tp.b * p.S + tp.sj) * p.H * p.D, p.D, p.H);
   uint2* tab = reinterpret_cast<uint2*>(dst) + rows * 32;
   const int t = static_cast<int>(threadIdx.x);
   if (t < 64) {  // one complex (8 bytes) per copy
@@ -127,7 +132,7 @@ __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uin
 
 // One token's 3H rows, normalised, rotated and stored by the block's warps. STAGED: `staged` holds them
 // (stage_token's layout), read where used.
-template <int E, int R, int SPAN, bool STAGED>
+template <int E, int R, int SPAN, bool STAGED, bool VCOPY = false>
 __device__ __forceinline__ void run_token(const Params& p, unsigned token, const uint2* staged) {
   // SPAN 16 (the default for head_dim 128, only there): half a warp per row, lane u holding runs u and
   // u + 16 (norm::head_rstd_half_warp); slots of two rows, as in qk_norm_rope.cu.
@@ -169,7 +174,7 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
   const bool has_wq = st.w[0] != nullptr, has_wk = st.w[1] != nullptr;
   const int64_t out_token = (b * p.S + sj) * p.H * p.D;  // output row of head h: out_token + h * D
 
-  const int rows = 3 * p.H;
+  const int rows = (VCOPY ? 2 : 3) * p.H;  // VCOPY: the v rows were copied by stage_token
   const uint2* s_tab = staged + rows * 32;  // STAGED: freqs (64 complex), q weight (32 vectors), k weight (32)
   const int slots = (rows + K - 1) / K;
   for (int base = warp; base < slots; base += kWarps * R) {
@@ -228,16 +233,18 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
   }
 }
 
-// One block per token.
-template <int E, int R, int MIN_BLOCKS, int SPAN = 32, bool STAGED = false>
+// One block per token. VCOPY (with STAGED; DIFUSE_QK_VCOPY=1, for measurement, not yet run on the H200; v_out
+// 16-byte aligned): the v rows are copied global to global beside the staging copies, only q and k staged.
+template <int E, int R, int MIN_BLOCKS, int SPAN = 32, bool STAGED = false, bool VCOPY = false>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_kernel(const Params p) {
+  static_assert(!VCOPY || STAGED, "the v copy rides on the staged kernel's 16-byte aligned rows");
   extern __shared__ uint4 staged16[];  // STAGED: the token's rows and tables (stage_token's layout)
   if constexpr (STAGED) {
-    stage_token(p, blockIdx.x, staged16);
+    stage_token<VCOPY>(p, blockIdx.x, staged16);
     norm::cp_async_wait_all();
     __syncthreads();
   }
-  run_token<E, R, SPAN, STAGED>(p, blockIdx.x, reinterpret_cast<const uint2*>(staged16));
+  run_token<E, R, SPAN, STAGED, VCOPY>(p, blockIdx.x, reinterpret_cast<const uint2*>(staged16));
 }
 
 // PIPELINED (DIFUSE_QK_PIPELINED=1, for measurement, not yet run on the H200; where STAGED applies and two tokens'
@@ -370,12 +377,18 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
   if (lanes_knob != 32 && rows_per_warp_knob() == 0 && unstaged_knob != 1 && p.D == 128 &&
       staged_bytes <= 48 * 1024 && head_rows_aligned16({&p.txt, &p.img})) {
     static const int pipelined_knob = detail::positive_env_knob("DIFUSE_QK_PIPELINED");
+    static const int vcopy_knob = detail::positive_env_knob("DIFUSE_QK_VCOPY");  // (the pipelined kernel stages v)
     if (pipelined_knob >= 1 && 2 * staged_bytes <= 48 * 1024) {
       // Two buffers per block (~38 KB at 24 heads): 5 blocks per SM on a grid of the resident blocks (at most N
       // with DIFUSE_QK_PIPELINED=N >= 2, for tests), each block's next token in flight while it computes.
       static std::atomic<uint64_t> carveout_set{0};
       launch_pipelined(qk_norm_rope_qwen_pipelined<5>, p, blocks, staged_bytes, pipelined_knob, kWarps * 32,
                        a.q.device, stream, carveout_set);
+    } else if (vcopy_knob == 1 && detail::aligned(p.out[2], 16)) {
+      auto kernel = qk_norm_rope_qwen_kernel<4, 1, 8, 16, true, true>;  // the v rows copied, 2H rows staged
+      static std::atomic<uint64_t> carveout_set{0};
+      norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
+      kernel<<<grid, block, staged_bytes - static_cast<size_t>(p.H) * p.D * sizeof(uint16_t), stream>>>(p);
     } else {
       auto kernel = qk_norm_rope_qwen_kernel<4, 1, 8, 16, true>;
       static std::atomic<uint64_t> carveout_set{0};  // most shared memory: 8 blocks of ~19 KB per SM

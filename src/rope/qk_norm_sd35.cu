@@ -181,15 +181,8 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_war
   extern __shared__ uint4 staged64[];  // STAGED: the token's rows, row r at 16-byte chunk 8 r
   if constexpr (STAGED) {
     stage_token_rows<8, kWarps * 32>(staged64, tr, p.heads, rows);  // 8 copies of 16 bytes per 64-element row
-    if constexpr (VCOPY) {
-      const uint16_t* v0 = tr.row(2, 0);                      // head 0's v row; head stride tr.sh[2]
-      uint16_t* o0 = p.out[2] + (b * p.H * p.S + sj) * D;  // its output row; head stride S * D
-      for (int c = static_cast<int>(threadIdx.x); c < 8 * p.H; c += kWarps * 32) {
-        const int head = c >> 3, part = c & 7;
-        *reinterpret_cast<uint4*>(o0 + head * out_head + 8 * part) =
-            *reinterpret_cast<const uint4*>(v0 + head * tr.sh[2] + 8 * part);
-      }
-    }
+    if constexpr (VCOPY)  // head h's v row to output row (b, h, sj): head stride S * D
+      copy_v_rows<8, kWarps * 32>(tr.row(2, 0), tr.sh[2], p.out[2] + (b * p.H * p.S + sj) * D, out_head, p.H);
     norm::cp_async_wait_all();
     __syncthreads();
   }

@@ -30,6 +30,21 @@ __device__ __forceinline__ void stage_token_rows(uint4* dst, const TokenRows& tr
   }
 }
 
+// A token's v rows (which the eager chains only concatenate) copied global to global in 16-byte vectors by the
+// whole block, CHUNKS vectors per row: head h's row from src + h * src_head to dst + h * dst_head (elements; rows
+// 16-byte aligned). The v-copy variants (DIFUSE_QK_VCOPY=1) call it beside the staging copies, so v rows skip the
+// shared memory and the per-row arithmetic.
+template <int CHUNKS, int THREADS>
+__device__ __forceinline__ void copy_v_rows(const uint16_t* src, int64_t src_head, uint16_t* dst, int64_t dst_head,
+                                            int heads) {
+  static_assert((CHUNKS & (CHUNKS - 1)) == 0, "a power of two: the row and part by shift and mask");
+  for (unsigned c = threadIdx.x; c < static_cast<unsigned>(CHUNKS * heads); c += THREADS) {
+    const unsigned head = c / CHUNKS, part = c % CHUNKS;
+    *reinterpret_cast<uint4*>(dst + head * dst_head + 8 * part) =
+        *reinterpret_cast<const uint4*>(src + head * src_head + 8 * part);
+  }
+}
+
 // The pipelined token loop (DIFUSE_QK_PIPELINED=1): a block takes tokens blockIdx.x, + gridDim.x, ... (tokens <
 // 2^31) with two shared buffers of `buffer` 16-byte vectors from smem; stage(token, dst) issues the cp.async copies
 // of a token's rows and tables into dst, run(token, src) computes it from src. The next token's copies are in

@@ -228,6 +228,24 @@ def test_unstaged_rows_variant():
     assert_exact_under(script, DIFUSE_QK_UNSTAGED="1")
 
 
+def test_v_copy_variant():
+    """DIFUSE_QK_VCOPY=1 (read once per process): in the staged kernel only the q and k rows are staged and
+    normalised; the v rows are copied global to global in 16-byte vectors: v bit for bit (NaN payloads, +-0,
+    infinities from the adversarial patterns), q and k unchanged, for double blocks (text + image, fused and
+    separate projections, batch 2, odd head counts), single blocks (no v: the staged kernel as it was), no weights,
+    no RoPE; 8-byte-aligned rows keep the per-row kernel."""
+    from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
+
+    specs = [((1, 512, 4096, 24, 128), True), ((2, 77, 300, 24, 128), False), ((1, 0, 333, 5, 128), False),
+             ((2, 1, 45, 17, 128), True), ((1, 3, 5, 1, 128), False), ((3, 7, 19, 3, 64), True)]
+    assert_exact_under(exactness_script("qk_norm_rope", specs, 1760), DIFUSE_QK_VCOPY="1")
+    script = prologue_adversarial_script("qk_norm_rope", 128, [(1, 40, 300, 24, 0, True, True),
+                                                               (2, 9, 33, 3, 0, False, True),
+                                                               (1, 17, 90, 24, 0, True, False),
+                                                               (1, 5, 17, 24, 4, True, True)], 1761)
+    assert_exact_under(script, DIFUSE_QK_VCOPY="1")
+
+
 def test_pipelined_variant():
     """DIFUSE_QK_PIPELINED=1 (read once per process): where the staged kernel applies and two tokens' buffers fit in
     48 KB, a grid of the resident blocks loops over the tokens, staging the next token while it computes the

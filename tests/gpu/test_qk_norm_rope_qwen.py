@@ -266,6 +266,24 @@ def test_unstaged_rows_variant():
     assert_exact_under(script, DIFUSE_QK_UNSTAGED="1")
 
 
+def test_v_copy_variant():
+    """DIFUSE_QK_VCOPY=1 (read once per process): in the staged kernel only the q and k rows are staged,
+    normalised and rotated; the v rows are copied global to global in 16-byte vectors: v bit for bit (NaN
+    payloads, +-0, infinities from the adversarial patterns), q and k unchanged, short and long prompts, fused and
+    separate projections, batch 2, odd head counts, no weights, no RoPE; 8-byte-aligned rows keep the per-row
+    kernels."""
+    from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
+
+    specs = [((1, 512, 4096, 24, 128), True), ((2, 34, 300, 24, 128), False), ((3, 20, 61, 3, 128), True),
+             ((2, 16, 45, 17, 128), False), ((1, 33, 77, 3, 64), True)]
+    assert_exact_under(exactness_script("qk_norm_rope_qwen", specs, 1860), DIFUSE_QK_VCOPY="1")
+    script = prologue_adversarial_script("qk_norm_rope_qwen", 128, [(1, 40, 300, 24, 0, True, True),
+                                                                    (2, 16, 33, 3, 0, False, True),
+                                                                    (1, 17, 17, 24, 0, False, False),
+                                                                    (1, 16, 20, 2, 4, True, True)], 1861)
+    assert_exact_under(script, DIFUSE_QK_VCOPY="1")
+
+
 def test_pipelined_variant():
     """DIFUSE_QK_PIPELINED=1 (read once per process): where the staged kernel applies and two tokens' buffers fit in
     48 KB, a grid of the resident blocks loops over the tokens, staging the next token (rows, freqs row, weights)

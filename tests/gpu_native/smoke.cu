@@ -252,7 +252,7 @@ int run_rms_norm_modulate_cases() {  // narrow rows, K = 8, 24, 32, 48 and 64 la
 // double-precision RMSNorm (and RoPE). Under compute-sanitizer this covers the kernels' loads, including the
 // staged (cp.async) kernels, the default; DIFUSE_QK_UNSTAGED=1 covers the per-row ones, DIFUSE_QK_PIPELINED=2 the
 // pipelined FLUX and Qwen-Image kernels on a grid of 2 blocks (each block then loops over many tokens, reusing both
-// buffers), DIFUSE_QK_VCOPY=1 SD3.5's v rows copied in 16-byte vectors.
+// buffers), DIFUSE_QK_VCOPY=1 the staged kernels' v rows copied in 16-byte vectors.
 struct DeviceBufs {
   std::vector<void*> ptrs;
   template <class T>
