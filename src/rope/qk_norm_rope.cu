@@ -234,12 +234,11 @@ template <int SPAN, int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = fal
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(const Params p) {
   static_assert(!VCOPY || STAGED, "the v copy rides on the staged kernel's 16-byte aligned rows");
   extern __shared__ uint4 staged16[];  // STAGED: the token's rows and tables (stage_token's layout)
-  if constexpr (STAGED) {
-    stage_token<VCOPY>(p, blockIdx.x, staged16);
-    norm::cp_async_wait_all();
-    __syncthreads();
-  }
-  run_token<SPAN, R, STAGED, VCOPY>(p, blockIdx.x, reinterpret_cast<const uint2*>(staged16));
+  block_token<STAGED>(
+      staged16, [&](unsigned token, uint4* dst) { stage_token<VCOPY>(p, token, dst); },
+      [&](unsigned token, const uint4* src) {
+        run_token<SPAN, R, STAGED, VCOPY>(p, token, reinterpret_cast<const uint2*>(src));
+      });
 }
 
 // PIPELINED (DIFUSE_QK_PIPELINED=1, for measurement, not yet run on the H200; where STAGED applies and two tokens'

@@ -45,6 +45,18 @@ __device__ __forceinline__ void copy_v_rows(const uint16_t* src, int64_t src_hea
   }
 }
 
+// One block per token (blockIdx.x): STAGED, stage(token, smem) issues its copies, the block waits for them and
+// synchronises; then run(token, smem).
+template <bool STAGED, class Stage, class Run>
+__device__ __forceinline__ void block_token(uint4* smem, Stage stage, Run run) {
+  if constexpr (STAGED) {
+    stage(blockIdx.x, smem);
+    norm::cp_async_wait_all();
+    __syncthreads();
+  }
+  run(blockIdx.x, smem);
+}
+
 // The pipelined token loop (DIFUSE_QK_PIPELINED=1): a block takes tokens blockIdx.x, + gridDim.x, ... (tokens <
 // 2^31) with two shared buffers of `buffer` 16-byte vectors from smem; stage(token, dst) issues the cp.async copies
 // of a token's rows and tables into dst, run(token, src) computes it from src. The next token's copies are in
