@@ -123,7 +123,7 @@ NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats -
 stage_ncu() {
   local op r=0
   command -v ncu >/dev/null || { echo "ncu is not on PATH"; return 1; }
-  for op in ${DIFUSE_NCU_OPS:-qk_norm_rope_flux qk_norm_sd35 layernorm_modulate layernorm_modulate_fp32 gated_residual_fp32 rms_norm}; do
+  for op in ${DIFUSE_NCU_OPS:-qk_norm_rope_flux qk_norm_sd35 layernorm_modulate layernorm_modulate_fp32 gated_residual_fp32 rms_norm rms_norm_modulate gated_residual_layernorm_modulate}; do
     say "ncu: $op (one launch at the first site shape of bench ops)"
     # shellcheck disable=SC2086
     { echo "command: scripts/device-check.sh --stage ncu (ncu on python3 -m difuse bench ops --op $op --reps 3);" \
