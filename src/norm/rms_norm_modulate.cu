@@ -46,8 +46,9 @@
 //
 // Schedule: one warp per row, 4 rows per 128-thread block; N >= 128: two passes over the row (the mean, then the
 // epilogue from L1/L2), 32-48 registers; with DIFUSE_RMSMOD_ONE_PASS=1 each lane keeps its vectors (up to 64 for
-// N = 8160) in registers instead: one read of x. Modulation rows are read as 8-byte words when every row start is
-// 8-byte aligned, else as bf16. N < 128: scalar elements.
+// N = 8160) in registers instead: one read of x; with DIFUSE_RMSMOD_ROWS_PER_WARP=N >= 2 (for measurement, not yet
+// run on the H200) the two-pass kernel on a grid N times smaller, each warp taking every grid-th row. Modulation
+// rows are read as 8-byte words when every row start is 8-byte aligned, else as bf16. N < 128: scalar elements.
 //
 // Verification status: bit-exact on the H200 at 66f5a3b (torch 2.11.0+cu130, sm_90; its RowIndexers take the
 // 32-bit FastDivU32 path):
@@ -230,11 +231,8 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_narrow(const Param
 // FLUX's 4096 rows in one wave.
 // The default for N >= 128 (DIFUSE_RMSMOD_ONE_PASS=1, for measurement, keeps the rows in registers).
 template <bool VEC, bool RESIDUAL>
-__global__ void __launch_bounds__(kThreads) rms_norm_modulate_two_pass(const Params p) {
+__device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int lane) {
   constexpr int kBatch = 8;
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
-  if (row >= p.rows) return;  // whole warp
   const int V = p.v;
   const uint2* xr = reinterpret_cast<const uint2*>(p.x + row * p.n);
   uint2* rr = RESIDUAL ? reinterpret_cast<uint2*>(p.residual + row * p.n) : nullptr;
@@ -285,6 +283,23 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_two_pass(const Par
   }
 }
 
+// One row per warp (the default), or with STRIDE (DIFUSE_RMSMOD_ROWS_PER_WARP=N >= 2, for measurement, not yet run
+// on the H200) a grid N times smaller whose warps take rows row, row + 4 gridDim.x, ...: the same arithmetic per
+// row (two_pass_row), but warps that finish a row start reading the next while others still write, where one
+// wave of single-row warps reads together, computes together and writes together.
+template <bool VEC, bool RESIDUAL, bool STRIDE = false>
+__global__ void __launch_bounds__(kThreads) rms_norm_modulate_two_pass(const Params p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if constexpr (STRIDE) {
+    for (int64_t r = row; r < p.rows; r += static_cast<int64_t>(gridDim.x) * kRowsPerBlock)
+      two_pass_row<VEC, RESIDUAL>(p, r, lane);
+  } else {
+    if (row >= p.rows) return;  // whole warp
+    two_pass_row<VEC, RESIDUAL>(p, row, lane);
+  }
+}
+
 template <int K, bool RESIDUAL>
 void launch_k(const Params& p, bool vec, unsigned blocks, cudaStream_t stream) {
   if (vec)
@@ -302,6 +317,17 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   // 82.4, the residual form 1x4096x3072 45.0 vs 62.4 (no shape slower by more than noise).
   // DIFUSE_RMSMOD_ONE_PASS=1 (for measurement) keeps the register-resident kernels.
   static const int one_pass = detail::positive_env_knob("DIFUSE_RMSMOD_ONE_PASS");
+  static const int rows_per_warp = detail::positive_env_knob("DIFUSE_RMSMOD_ROWS_PER_WARP");
+  if (one_pass != 1 && rms_norm_modulate_lane_vectors(p.n) != 0 && rows_per_warp >= 2) {  // N >= 128, strided
+    const unsigned strided = static_cast<unsigned>(
+        (p.rows + int64_t{kRowsPerBlock} * rows_per_warp - 1) / (int64_t{kRowsPerBlock} * rows_per_warp));
+    if (vec)
+      rms_norm_modulate_two_pass<true, RESIDUAL, true><<<strided, kThreads, 0, stream>>>(p);
+    else
+      rms_norm_modulate_two_pass<false, RESIDUAL, true><<<strided, kThreads, 0, stream>>>(p);
+    DIFUSE_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   if (one_pass != 1 && rms_norm_modulate_lane_vectors(p.n) != 0) {  // N >= 128
     if (vec)
       rms_norm_modulate_two_pass<true, RESIDUAL><<<blocks, kThreads, 0, stream>>>(p);
