@@ -169,8 +169,10 @@ class Site:
         if device < 0:  # host tensors: the eager chain (the kernels are CUDA-only)
             return eager()
         mk = _memo_key(key, device)
-        if mk is not None and self._verified.get(mk) == self.gate.epoch:
-            return run_verified(self.gate, "", fused, eager, device, memo=self._verified, key=mk)
+        if mk is not None and self._verified.get(mk) == self.gate.epoch:  # verified and supported: the memo answers
+            # (the signature is built only if the memo no longer does by then, e.g. another thread disabled the gate)
+            return run_verified(self.gate, lambda: _sig_for(self._sigs, mk[1], key, signature), fused, eager, device,
+                                memo=self._verified, key=mk)
         sig = _sig_for(self._sigs, mk[1], key, signature) if mk is not None else signature(*key)
         ok = self.supported.get(sig)
         if ok is None:
