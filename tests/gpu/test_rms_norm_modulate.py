@@ -400,17 +400,14 @@ def test_cuda_graph_replay_with_new_values():
         assert count_mismatches(r, r_ref) == 0 and count_mismatches(o, o_ref) == 0, i
 
 
-def test_one_pass_variant():
-    """DIFUSE_RMSMOD_ONE_PASS=1: rows of N >= 128 held in registers instead of streamed twice from global memory
-    (the default): same bits at every site layout, both modulate chains, with and without weight, and the
-    gated-residual form."""
-    from knob_run import assert_exact_under, mismatch_script
+def _site_layouts_script(seed: int, layouts) -> str:
+    """A knob_run mismatch script: rms_norm_modulate at each (shape, variant) layout, both modulate chains, with and
+    without weight, and the gated-residual form, against their eager chains."""
+    from knob_run import mismatch_script
 
-    script = mismatch_script(
-        "g = torch.Generator(device='cuda').manual_seed(1300)\n"
-        "for shape, variant in [((1, 4096, 3072), 'ltx2'), ((4352, 2, 3072), 'ernie'),\n"
-        "                       ((4352, 1, 3072), 'ernie_tokens'), ((2, 126, 2048), 'ltx2_tokens'),\n"
-        "                       ((2, 300, 4096), 'ltx2'), ((3, 20, 132), 'ltx2')]:\n"
+    return mismatch_script(
+        "g = torch.Generator(device='cuda').manual_seed(%d)\n"
+        "for shape, variant in %r:\n"
         "    x, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs(shape, variant, 'cuda', g)\n"
         "    for f in (fp32, not fp32):\n"
         "        for ww in (w, None if w is not None else torch.randn(shape[-1], generator=g, device='cuda').to(x.dtype)):\n"
@@ -418,8 +415,19 @@ def test_one_pass_variant():
         "                                    ops.rms_norm_modulate_eager(x, ww, scale, shift, eps, f))\n"
         "    h, a, gate, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs(shape, variant, 'cuda', g, residual=True)\n"
         "    bad += count_mismatches(list(ops.gated_residual_rms_norm_modulate(h, a, gate, w, scale, shift, eps, fp32)),\n"
-        "                            list(ops.gated_residual_rms_norm_modulate_eager(h, a, gate, w, scale, shift, eps, fp32)))\n")
-    assert_exact_under(script, DIFUSE_RMSMOD_ONE_PASS="1")
+        "                            list(ops.gated_residual_rms_norm_modulate_eager(h, a, gate, w, scale, shift, eps, fp32)))\n"
+        % (seed, list(layouts)))
+
+
+def test_one_pass_variant():
+    """DIFUSE_RMSMOD_ONE_PASS=1: rows of N >= 128 held in registers instead of streamed twice from global memory
+    (the default): same bits at every site layout, both modulate chains, with and without weight, and the
+    gated-residual form."""
+    from knob_run import assert_exact_under
+
+    layouts = [((1, 4096, 3072), 'ltx2'), ((4352, 2, 3072), 'ernie'), ((4352, 1, 3072), 'ernie_tokens'),
+               ((2, 126, 2048), 'ltx2_tokens'), ((2, 300, 4096), 'ltx2'), ((3, 20, 132), 'ltx2')]
+    assert_exact_under(_site_layouts_script(1300, layouts), DIFUSE_RMSMOD_ONE_PASS="1")
 
 
 @pytest.mark.parametrize("rows", ["2", "3"])
@@ -428,19 +436,8 @@ def test_strided_rows_variant(rows):
     row, row + 4 gridDim.x, ... (row counts that leave the last warps a row short): same bits at every site layout,
     both modulate chains, with and without weight, and the gated-residual form; rows of N < 128 keep their
     kernel."""
-    from knob_run import assert_exact_under, mismatch_script
+    from knob_run import assert_exact_under
 
-    script = mismatch_script(
-        "g = torch.Generator(device='cuda').manual_seed(1310)\n"
-        "for shape, variant in [((1, 4096, 3072), 'ltx2'), ((4352, 2, 3072), 'ernie'),\n"
-        "                       ((4352, 1, 3072), 'ernie_tokens'), ((2, 126, 2048), 'ltx2_tokens'),\n"
-        "                       ((2, 301, 4096), 'ltx2'), ((3, 23, 132), 'ltx2'), ((1, 19, 96), 'ltx2')]:\n"
-        "    x, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs(shape, variant, 'cuda', g)\n"
-        "    for f in (fp32, not fp32):\n"
-        "        for ww in (w, None if w is not None else torch.randn(shape[-1], generator=g, device='cuda').to(x.dtype)):\n"
-        "            bad += count_mismatches(ops.rms_norm_modulate(x, ww, scale, shift, eps, f),\n"
-        "                                    ops.rms_norm_modulate_eager(x, ww, scale, shift, eps, f))\n"
-        "    h, a, gate, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs(shape, variant, 'cuda', g, residual=True)\n"
-        "    bad += count_mismatches(list(ops.gated_residual_rms_norm_modulate(h, a, gate, w, scale, shift, eps, fp32)),\n"
-        "                            list(ops.gated_residual_rms_norm_modulate_eager(h, a, gate, w, scale, shift, eps, fp32)))\n")
-    assert_exact_under(script, DIFUSE_RMSMOD_ROWS_PER_WARP=rows)
+    layouts = [((1, 4096, 3072), 'ltx2'), ((4352, 2, 3072), 'ernie'), ((4352, 1, 3072), 'ernie_tokens'),
+               ((2, 126, 2048), 'ltx2_tokens'), ((2, 301, 4096), 'ltx2'), ((3, 23, 132), 'ltx2'), ((1, 19, 96), 'ltx2')]
+    assert_exact_under(_site_layouts_script(1310, layouts), DIFUSE_RMSMOD_ROWS_PER_WARP=rows)
