@@ -9,7 +9,8 @@
 # Compute on one launch of each of $DIFUSE_NCU_OPS; not part of "all"), sweeps.tgz (bench ops under the kernel
 # knobs of $DIFUSE_SWEEPS; not part of "all"). The logs and text files are packed into logs.tgz and the e2e
 # charts into e2e-png.tgz at the end (the device tool returns at most 8 files). Set DIFUSE_GIT_SHA to the
-# commit being tested (the device copy has no .git). Exit status: non-zero when any stage fails.
+# commit being tested (the device copy has no .git). Exit status: non-zero when any stage fails. "all" is
+# tests,sanitizer,bench: more than one 10-minute device call holds; run tests, then sanitizer,bench.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 STAGE=all
