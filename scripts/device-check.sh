@@ -4,7 +4,7 @@
 # The H200 loop (run through the device tool; each stage fits one call). Every stage writes its logs and
 # JSON under $OUT (default: ./device-out): build.log, platform.txt, tests.log + tests.json (the GPU test
 # report; about 8 minutes on a warm machine), gpu-tests.log/.json (the files of $DIFUSE_GPU_TESTS only; not part
-# of "all"), sanitizer.log (compute-sanitizer, about 100 s), bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
+# of "all"), sanitizer.log (compute-sanitizer, about 3 minutes), bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
 # for each of $DIFUSE_E2E_MODELS, default "flux qwen-image sd3 wan", with $DIFUSE_E2E_ARGS), ncu-<op>.txt (Nsight
 # Compute on one launch of each of $DIFUSE_NCU_OPS; not part of "all"), sweeps.tgz (bench ops under the kernel
 # knobs of $DIFUSE_SWEEPS; not part of "all"). The logs and text files are packed into logs.tgz and the e2e
