@@ -39,7 +39,8 @@
 // file's tests passed with it at bc88af7 (tests-defaults-bc88af7.json). After that, not yet run on the H200: the
 // staged kernel split into stage_token / run_token for the pipelined variant (the per-row PTX unchanged; the
 // per-token index code reordered, +21 PTX instructions per block, the weights' pointer array no longer in local
-// memory; the other kernels' PTX identical) and the pipelined variant itself.
+// memory; the other kernels' PTX identical: scripts/ptx-diff.sh bc88af7 src/rope/qk_norm_rope.cu) and the pipelined
+// variant itself.
 // The v-copy variant (DIFUSE_QK_VCOPY=1) came after too: not yet run there (the other kernels' PTX unchanged).
 #include "rope/qk_norm_rope.h"
 #include "rope/rows_per_warp_knob.h"

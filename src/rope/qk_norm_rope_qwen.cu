@@ -44,7 +44,8 @@
 // test_unstaged_rows_variant; bench 0 mismatches, knob-sweeps/); it became the default after that run, and this
 // file's tests passed with it at bc88af7 (tests-defaults-bc88af7.json). After that, not yet run on the H200: the
 // kernel split into stage_token / run_token (the other kernels' PTX the same instructions in a different order
-// at the start; the staged one's per-token index code reordered, +11 PTX instructions per block) and the
+// at the start; the staged one's per-token index code reordered, +11 PTX instructions per block:
+// scripts/ptx-diff.sh bc88af7 src/rope/qk_norm_rope_qwen.cu) and the
 // pipelined variant (DIFUSE_QK_PIPELINED=1, staged_token_rows.cuh's pipelined_tokens).
 // The v-copy variant (DIFUSE_QK_VCOPY=1) came after too: not yet run there (the other kernels' PTX unchanged).
 #include "rope/qk_norm_rope_qwen.h"

@@ -1,0 +1,66 @@
+#!/usr/bin/env bash
+# scripts/ptx-diff.sh REV[..REV2] SRC.cu [SRC.cu ...]   (nvcc only, no GPU)
+#
+# Per kernel, whether the PTX that SRC.cu compiles to (the build's flags, compute_90) is the same at git revision
+# REV and in the working tree (or at REV2): the check behind "the default kernels' PTX is unchanged" in the
+# kernel notes.
+# Labels are renumbered before comparing; a kernel whose name gained a defaulted template argument (e.g. a new
+# trailing bool) is matched by its name with that argument's default added (false). One line per kernel:
+#   same | differs (N vs M instructions, +K) | only at REV | only now   <kernel, demangled when c++filt is present>
+set -euo pipefail
+[ $# -ge 2 ] || { echo "usage: $0 REV[..REV2] SRC.cu [SRC.cu ...]" >&2; exit 2; }
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REV=${1%%..*}
+REV2=; [[ $1 == *..* ]] && REV2=${1#*..}
+shift
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+mkdir -p "$TMP/old" "$TMP/new"
+git -C "$ROOT" archive "$REV" include src | tar -x -C "$TMP/old"  # the headers and sources as they were at REV
+NEW=$ROOT
+if [ -n "$REV2" ]; then git -C "$ROOT" archive "$REV2" include src | tar -x -C "$TMP/new"; NEW=$TMP/new; fi
+ptx() {  # ptx TREE SRC OUT
+  nvcc -I"$1/include" -I"$1/src" -gencode arch=compute_90,code=compute_90 --expt-relaxed-constexpr \
+    --expt-extended-lambda -O3 -DNDEBUG -Xcompiler=-fPIC -Xcompiler=-ffp-contract=off -std=c++17 -ptx -x cu \
+    "$1/$2" -o "$3"
+}
+for f in "$@"; do
+  rel=${f#"$ROOT"/}
+  echo "== $rel ($REV vs ${REV2:-working tree})"
+  ptx "$TMP/old" "$rel" "$TMP/old.ptx"
+  ptx "$NEW" "$rel" "$TMP/new.ptx"
+  python3 - "$TMP/old.ptx" "$TMP/new.ptx" <<'PY' | { if command -v c++filt >/dev/null; then c++filt; else cat; fi; }
+import re, sys
+ANON = re.compile(r"\d+_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]{8}")  # the anonymous namespace: path-dependent
+def entries(path):
+    out = {}
+    for part in re.split(r"\n(?=\.visible \.entry|\.entry)", open(path).read()):
+        m = re.search(r"\.entry (\S+)\(", part)
+        if m:
+            body = ANON.sub("ANON", re.sub(r"\$L__BB\d+_", "$L__BB_", part).replace(m.group(1), "NAME"))
+            n = sum(1 for l in body.split("\n") if l.strip() and not l.strip().startswith(("//", ".", "$", "{", "}")))
+            out[ANON.sub("ANON", m.group(1))] = (body, n, m.group(1))
+    return out
+old, new = entries(sys.argv[1]), entries(sys.argv[2])
+def match(name):  # the same kernel, or with a trailing defaulted `false` template argument added
+    for cand in (name, name.replace("EEEv", "ELb0EEEv", 1)):
+        if cand in new:
+            return cand
+    return None
+seen = set()
+for name, (body, n, raw) in old.items():
+    m = match(name)
+    if m is None:
+        print("only at REV  %s" % raw)
+        continue
+    seen.add(m)
+    nb, nn, nraw = new[m]
+    if nb == body:
+        print("same         %s" % nraw)
+    else:
+        print("differs (%d vs %d instructions, %+d)  %s" % (n, nn, nn - n, nraw))
+for name, (_, _, raw) in new.items():
+    if name not in seen:
+        print("only now     %s" % raw)
+PY
+done
