@@ -74,3 +74,11 @@ def assert_exact_under(script: str, **env) -> None:
     """Runs a mismatch/exactness script with the given knob environment; fails with its output unless it passed."""
     r = run_with_env(script, **env)
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+def assert_exact_under_prologue(op: str, head_dim: int, specs, adversarial_cases, seed: int, bhsd: bool = False,
+                                **env) -> None:
+    """An attention prologue under a knob environment: exact on its seeded inputs at each spec
+    (exactness_script, seed) and on the adversarial cases (prologue_adversarial_script, seed + 1)."""
+    assert_exact_under(exactness_script(op, specs, seed), **env)
+    assert_exact_under(prologue_adversarial_script(op, head_dim, adversarial_cases, seed + 1, bhsd=bhsd), **env)

@@ -216,16 +216,15 @@ def test_unstaged_rows_variant():
     each warp loads its own rows, the same half-warp arithmetic, same bits (double and single block, fused and
     separate projections, batch 2, odd head counts, no weights, adversarial values; 8-byte-aligned views and other
     head sizes, which never stage, too)."""
-    from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
+    from knob_run import assert_exact_under_prologue
 
     specs = [((1, 512, 4096, 24, 128), True), ((2, 77, 300, 24, 128), False), ((1, 0, 333, 5, 128), False),
              ((2, 1, 45, 17, 128), True), ((3, 7, 19, 3, 64), True), ((1, 3, 5, 1, 128), False)]
-    assert_exact_under(exactness_script("qk_norm_rope", specs, 1700), DIFUSE_QK_UNSTAGED="1")
     # offset 4: 8- but not 16-byte aligned rows, which never stage
-    script = prologue_adversarial_script("qk_norm_rope", 128, [(1, 40, 300, 24, 0, True, True),
-                                                               (2, 9, 33, 3, 4, False, True),
-                                                               (1, 5, 17, 24, 4, True, False)], 1701)
-    assert_exact_under(script, DIFUSE_QK_UNSTAGED="1")
+    adversarial = [(1, 40, 300, 24, 0, True, True),
+                   (2, 9, 33, 3, 4, False, True),
+                   (1, 5, 17, 24, 4, True, False)]
+    assert_exact_under_prologue("qk_norm_rope", 128, specs, adversarial, 1700, DIFUSE_QK_UNSTAGED="1")
 
 
 def test_v_copy_variant():
@@ -234,16 +233,15 @@ def test_v_copy_variant():
     infinities from the adversarial patterns), q and k unchanged, for double blocks (text + image, fused and
     separate projections, batch 2, odd head counts), single blocks (no v: the staged kernel as it was), no weights,
     no RoPE; 8-byte-aligned rows keep the per-row kernel."""
-    from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
+    from knob_run import assert_exact_under_prologue
 
     specs = [((1, 512, 4096, 24, 128), True), ((2, 77, 300, 24, 128), False), ((1, 0, 333, 5, 128), False),
              ((2, 1, 45, 17, 128), True), ((1, 3, 5, 1, 128), False), ((3, 7, 19, 3, 64), True)]
-    assert_exact_under(exactness_script("qk_norm_rope", specs, 1760), DIFUSE_QK_VCOPY="1")
-    script = prologue_adversarial_script("qk_norm_rope", 128, [(1, 40, 300, 24, 0, True, True),
-                                                               (2, 9, 33, 3, 0, False, True),
-                                                               (1, 17, 90, 24, 0, True, False),
-                                                               (1, 5, 17, 24, 4, True, True)], 1761)
-    assert_exact_under(script, DIFUSE_QK_VCOPY="1")
+    adversarial = [(1, 40, 300, 24, 0, True, True),
+                   (2, 9, 33, 3, 0, False, True),
+                   (1, 17, 90, 24, 0, True, False),
+                   (1, 5, 17, 24, 4, True, True)]
+    assert_exact_under_prologue("qk_norm_rope", 128, specs, adversarial, 1760, DIFUSE_QK_VCOPY="1")
 
 
 def test_pipelined_variant():
@@ -253,17 +251,16 @@ def test_pipelined_variant():
     batch 2: 9,216 tokens on ~660 blocks), where every block takes one (fewer tokens than blocks), for double and
     single blocks, fused and separate projections, odd head counts, no weights, no RoPE, adversarial values;
     38 heads (two buffers over 48 KB) keep the staged kernel, 8-byte-aligned rows the per-row one."""
-    from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
+    from knob_run import assert_exact_under, assert_exact_under_prologue, exactness_script
 
     specs = [((2, 512, 4096, 24, 128), True), ((1, 0, 4608, 24, 128), True), ((2, 77, 300, 24, 128), False),
              ((2, 1, 45, 17, 128), True), ((1, 3, 5, 1, 128), False), ((1, 40, 200, 38, 128), True),
              ((3, 7, 19, 3, 64), True)]
-    assert_exact_under(exactness_script("qk_norm_rope", specs, 1750), DIFUSE_QK_PIPELINED="1")
-    script = prologue_adversarial_script("qk_norm_rope", 128, [(1, 40, 3000, 24, 0, True, True),
-                                                               (2, 9, 33, 3, 0, False, True),
-                                                               (1, 17, 900, 24, 0, True, False),
-                                                               (1, 5, 17, 24, 4, True, True)], 1751)
-    assert_exact_under(script, DIFUSE_QK_PIPELINED="1")
+    adversarial = [(1, 40, 3000, 24, 0, True, True),
+                   (2, 9, 33, 3, 0, False, True),
+                   (1, 17, 900, 24, 0, True, False),
+                   (1, 5, 17, 24, 4, True, True)]
+    assert_exact_under_prologue("qk_norm_rope", 128, specs, adversarial, 1750, DIFUSE_QK_PIPELINED="1")
     # DIFUSE_QK_PIPELINED=3: a grid of at most 3 blocks, so small shapes give each block many tokens and both
     # buffers are reused many times (grid 3 and 2 tokens left for some blocks at the end)
     few = [((1, 7, 20, 24, 128), True), ((2, 1, 45, 17, 128), True), ((1, 0, 31, 24, 128), False)]

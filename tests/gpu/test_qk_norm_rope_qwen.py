@@ -253,17 +253,16 @@ def test_unstaged_rows_variant():
     16-byte aligned): each warp loads its own rows, the same half-warp arithmetic, same bits (short and long
     prompts, fused and separate projections, batch 2, odd head counts, no weights, no RoPE, adversarial values;
     8-byte-aligned views and other head sizes, which never stage, too)."""
-    from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
+    from knob_run import assert_exact_under_prologue
 
     specs = [((1, 512, 4096, 24, 128), True), ((2, 34, 300, 24, 128), False), ((3, 20, 61, 3, 128), True),
              ((2, 16, 45, 17, 128), False), ((1, 33, 77, 3, 64), True)]
-    assert_exact_under(exactness_script("qk_norm_rope_qwen", specs, 1800), DIFUSE_QK_UNSTAGED="1")
     # offset 4: 8- but not 16-byte aligned rows, which never stage
-    script = prologue_adversarial_script("qk_norm_rope_qwen", 128, [(1, 40, 300, 24, 0, True, True),
-                                                                    (2, 9, 33, 3, 4, False, True),
-                                                                    (1, 17, 17, 24, 0, False, False),
-                                                                    (1, 16, 20, 2, 4, True, True)], 1801)
-    assert_exact_under(script, DIFUSE_QK_UNSTAGED="1")
+    adversarial = [(1, 40, 300, 24, 0, True, True),
+                   (2, 9, 33, 3, 4, False, True),
+                   (1, 17, 17, 24, 0, False, False),
+                   (1, 16, 20, 2, 4, True, True)]
+    assert_exact_under_prologue("qk_norm_rope_qwen", 128, specs, adversarial, 1800, DIFUSE_QK_UNSTAGED="1")
 
 
 def test_v_copy_variant():
@@ -272,16 +271,15 @@ def test_v_copy_variant():
     payloads, +-0, infinities from the adversarial patterns), q and k unchanged, short and long prompts, fused and
     separate projections, batch 2, odd head counts, no weights, no RoPE; 8-byte-aligned rows keep the per-row
     kernels."""
-    from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
+    from knob_run import assert_exact_under_prologue
 
     specs = [((1, 512, 4096, 24, 128), True), ((2, 34, 300, 24, 128), False), ((3, 20, 61, 3, 128), True),
              ((2, 16, 45, 17, 128), False), ((1, 33, 77, 3, 64), True)]
-    assert_exact_under(exactness_script("qk_norm_rope_qwen", specs, 1860), DIFUSE_QK_VCOPY="1")
-    script = prologue_adversarial_script("qk_norm_rope_qwen", 128, [(1, 40, 300, 24, 0, True, True),
-                                                                    (2, 16, 33, 3, 0, False, True),
-                                                                    (1, 17, 17, 24, 0, False, False),
-                                                                    (1, 16, 20, 2, 4, True, True)], 1861)
-    assert_exact_under(script, DIFUSE_QK_VCOPY="1")
+    adversarial = [(1, 40, 300, 24, 0, True, True),
+                   (2, 16, 33, 3, 0, False, True),
+                   (1, 17, 17, 24, 0, False, False),
+                   (1, 16, 20, 2, 4, True, True)]
+    assert_exact_under_prologue("qk_norm_rope_qwen", 128, specs, adversarial, 1860, DIFUSE_QK_VCOPY="1")
 
 
 def test_pipelined_variant():
@@ -291,14 +289,13 @@ def test_pipelined_variant():
     every block takes one, short and long prompts, fused and separate projections, odd head counts, no weights,
     no RoPE, adversarial values; 38 heads (two buffers over 48 KB) keep the staged kernel. DIFUSE_QK_PIPELINED=3:
     a grid of 3 blocks, so small shapes reuse both buffers many times."""
-    from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
+    from knob_run import assert_exact_under, assert_exact_under_prologue, exactness_script
 
     specs = [((2, 512, 4096, 24, 128), True), ((1, 34, 4096, 24, 128), False), ((2, 16, 45, 17, 128), False),
              ((1, 16, 17, 1, 128), True), ((1, 40, 200, 38, 128), True), ((1, 33, 77, 3, 64), True)]
-    assert_exact_under(exactness_script("qk_norm_rope_qwen", specs, 1850), DIFUSE_QK_PIPELINED="1")
-    script = prologue_adversarial_script("qk_norm_rope_qwen", 128, [(1, 40, 3000, 24, 0, True, True),
-                                                                    (2, 16, 33, 3, 0, False, True),
-                                                                    (1, 17, 900, 24, 0, False, False)], 1851)
-    assert_exact_under(script, DIFUSE_QK_PIPELINED="1")
+    adversarial = [(1, 40, 3000, 24, 0, True, True),
+                   (2, 16, 33, 3, 0, False, True),
+                   (1, 17, 900, 24, 0, False, False)]
+    assert_exact_under_prologue("qk_norm_rope_qwen", 128, specs, adversarial, 1850, DIFUSE_QK_PIPELINED="1")
     few = [((1, 16, 20, 24, 128), True), ((2, 16, 45, 17, 128), False)]
     assert_exact_under(exactness_script("qk_norm_rope_qwen", few, 1852), DIFUSE_QK_PIPELINED="3")

@@ -249,16 +249,15 @@ def test_unstaged_rows_variant():
     rows, the same half-warp arithmetic, same bits (site shapes, fused and separate projections, odd head counts,
     no weights, adversarial values, v's NaN payloads; 8-byte-aligned views and other head sizes, which never stage,
     too)."""
-    from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
+    from knob_run import assert_exact_under_prologue
 
     specs = [((2, 4429, 333, 38, 64), False), ((1, 300, 77, 5, 64), True), ((2, 17, 9, 3, 64), True),
              ((1, 16, 16, 1, 64), False), ((3, 61, 20, 7, 96), False)]
-    assert_exact_under(exactness_script("qk_norm_sd35", specs, 1900), DIFUSE_QK_UNSTAGED="1")
     # offset 4: 8- but not 16-byte aligned rows, which never stage; no RoPE in SD3.5 (rope stays True)
-    script = prologue_adversarial_script("qk_norm_sd35", 64, [(1, 40, 17, 3, 0, True, True),
-                                                              (2, 64, 16, 38, 4, False, True),
-                                                              (1, 33, 20, 5, 0, False, True)], 1901, bhsd=True)
-    assert_exact_under(script, DIFUSE_QK_UNSTAGED="1")
+    adversarial = [(1, 40, 17, 3, 0, True, True),
+                   (2, 64, 16, 38, 4, False, True),
+                   (1, 33, 20, 5, 0, False, True)]
+    assert_exact_under_prologue("qk_norm_sd35", 64, specs, adversarial, 1900, bhsd=True, DIFUSE_QK_UNSTAGED="1")
 
 
 def test_v_copy_variant():
@@ -267,12 +266,11 @@ def test_v_copy_variant():
     the adversarial patterns) and q, k unchanged, at the site shapes (38 heads, 4,429 + 333 tokens, batch 2),
     fused and separate projections, odd head counts, one head, no weights; 8-byte-aligned rows, which never
     stage, keep their kernel."""
-    from knob_run import assert_exact_under, exactness_script, prologue_adversarial_script
+    from knob_run import assert_exact_under_prologue
 
     specs = [((2, 4429, 333, 38, 64), False), ((2, 4429, 333, 38, 64), True), ((1, 300, 77, 5, 64), True),
              ((2, 17, 9, 3, 64), True), ((1, 16, 16, 1, 64), False), ((3, 61, 20, 7, 96), False)]
-    assert_exact_under(exactness_script("qk_norm_sd35", specs, 1950), DIFUSE_QK_VCOPY="1")
-    script = prologue_adversarial_script("qk_norm_sd35", 64, [(1, 40, 17, 3, 0, True, True),
-                                                              (2, 64, 16, 38, 0, False, True),
-                                                              (1, 33, 20, 5, 4, False, True)], 1951, bhsd=True)
-    assert_exact_under(script, DIFUSE_QK_VCOPY="1")
+    adversarial = [(1, 40, 17, 3, 0, True, True),
+                   (2, 64, 16, 38, 0, False, True),
+                   (1, 33, 20, 5, 4, False, True)]
+    assert_exact_under_prologue("qk_norm_sd35", 64, specs, adversarial, 1950, bhsd=True, DIFUSE_QK_VCOPY="1")
