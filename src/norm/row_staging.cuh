@@ -65,18 +65,28 @@ void prefer_max_shared_carveout(Kernel kernel, int device, std::atomic<uint64_t>
 }
 
 // Blocks of `kernel` (`threads` threads, `smem` bytes of dynamic shared memory) resident on device `device` at once:
-// its SMs (read once per device) times the blocks per SM the occupancy calculator allows, at least one per SM.
-// For grids that loop over their work (one wave, no block waiting for a slot).
+// its SMs times the blocks per SM the occupancy calculator allows, at least one per SM. For grids that loop over
+// their work (one wave, no block waiting for a slot). Both answers are kept per device (the occupancy one for the
+// last threads / smem asked), so a launch with the same configuration makes no runtime call.
 template <class Kernel>
 int64_t resident_blocks(Kernel kernel, int threads, size_t smem, int device) {
-  static std::atomic<int> sm_count[64];  // 0: not read yet
-  int sms = sm_count[device & 63].load(std::memory_order_acquire);
+  static std::atomic<int> sm_count[64];          // 0: not read yet
+  static std::atomic<uint64_t> per_sm_cache[64];  // smem << 32 | threads << 16 | blocks per SM; 0: none yet
+  const int d = device & 63;
+  int sms = sm_count[d].load(std::memory_order_acquire);
   if (sms == 0) {
     DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    sm_count[device & 63].store(sms, std::memory_order_release);
+    sm_count[d].store(sms, std::memory_order_release);
   }
+  const uint64_t key = static_cast<uint64_t>(smem) << 32 | static_cast<uint64_t>(threads & 0xffff) << 16;
+  const uint64_t cached = per_sm_cache[d].load(std::memory_order_acquire);
   int per_sm = 0;
-  DIFUSE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+  if (cached != 0 && (cached & ~uint64_t{0xffff}) == key) {
+    per_sm = static_cast<int>(cached & 0xffff);
+  } else {
+    DIFUSE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+    per_sm_cache[d].store(key | static_cast<uint64_t>(per_sm & 0xffff), std::memory_order_release);
+  }
   return static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
 }
 
