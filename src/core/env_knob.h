@@ -15,4 +15,11 @@ inline int positive_env_knob(const char* name) {
   return v > 0 ? v : 0;
 }
 
+// The integer in environment variable `name` (0 allowed, e.g. to turn a default variant off), or `unset` when it is
+// unset or empty.
+inline int env_knob_or(const char* name, int unset) {
+  const char* e = std::getenv(name);
+  return e && *e ? std::atoi(e) : unset;
+}
+
 }  // namespace difuse::detail

@@ -35,8 +35,8 @@
 // at daa91f6 through its knob), the 4- and 8-row variants and the full-warp kernels through the knobs, the staged
 // kernel behind the then DIFUSE_QK_STAGED=1), 0 failed, 0 skipped (bench/results/h200/tests.json). The staged
 // kernel became the default after that run; this file's tests passed with it at bc88af7
-// (tests-defaults-bc88af7.json). The v-copy variant (DIFUSE_QK_VCOPY=1) came after: not yet run there (the
-// other kernels' PTX unchanged).
+// (tests-defaults-bc88af7.json). The v-copy variant passed its tests at 5f8295d through DIFUSE_QK_VCOPY=1
+// (tests.json: 3,220 GPU cases) and became the default after; DIFUSE_QK_VCOPY=0 keeps v staged.
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -146,7 +146,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(c
 // STAGED (the default where it applies; rows 16-byte aligned, the token's 3H rows within 48 KB): the block
 // first copies its token's rows into shared memory with cp.async (8 copies of 16 bytes per row, all in flight at
 // once), row r at element 64 r, then reads them from there.
-// VCOPY (with STAGED; DIFUSE_QK_VCOPY=1, for measurement, not yet run on the H200; v_out 16-byte aligned): only the
+// VCOPY (with STAGED; the default where v_out is 16-byte aligned, DIFUSE_QK_VCOPY=0 turns it off): only the
 // q and k rows are staged and go through the slots; the v rows, which the eager chain only concatenates, are copied
 // global to global in 16-byte vectors by the whole block while the staging copies are in flight (8 threads per
 // row): a third of the rows no longer pay the loads, the sum, the tree and 2-byte stores of a normalised row.
@@ -308,10 +308,12 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
   // per-row, 1x 50.0 vs 52.5). DIFUSE_QK_UNSTAGED=1, or either knob above, keeps the per-row kernels.
   static const int unstaged_knob = detail::positive_env_knob("DIFUSE_QK_UNSTAGED");
   const size_t staged_bytes = static_cast<size_t>(3) * p.H * 64 * sizeof(uint16_t);
-  static const int vcopy_knob = detail::positive_env_knob("DIFUSE_QK_VCOPY");
+  // The v copies are the default where v_out is 16-byte aligned (H200 at 5f8295d, knob-sweeps/: 2x38x4429x64
+  // 80.7 us vs 94.5 with v staged, 1x 44.1 vs 49.4); DIFUSE_QK_VCOPY=0 (for measurement) stages v as well.
+  static const int vcopy_knob = detail::env_knob_or("DIFUSE_QK_VCOPY", 1);
   if (lanes_knob != 32 && knob == 0 && unstaged_knob != 1 && p.D == 64 && staged_bytes <= 48 * 1024 &&
       head_rows_aligned16({&p.img, &p.ctx})) {
-    if (vcopy_knob == 1 && detail::aligned(p.out[2], 16)) {  // v rows copied, not staged: 2H rows in shared memory
+    if (vcopy_knob != 0 && detail::aligned(p.out[2], 16)) {  // v rows copied, not staged: 2H rows in shared memory
       auto kernel = qk_norm_sd35_half_warp64<1, 8, true, true>;
       static std::atomic<uint64_t> carveout_set{0};
       norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
