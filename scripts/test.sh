@@ -18,7 +18,15 @@ DIFFUSERS_VERSION=0.42.1
 JOBS=${DIFUSE_JOBS:-$(nproc)}
 step() { printf '\n== %s\n' "$*"; }
 LOGDIR=$(mktemp -d)
-trap '[ -n "${META_PID:-}" ] && kill "$META_PID" 2>/dev/null; rm -rf "$LOGDIR"' EXIT
+# On exit: stop the background torch checks if they still run, remove the logs, keep the script's exit status (a
+# failing kill of an already reaped job must not turn a passing run into exit 1, as it did at 5f8295d).
+cleanup() {
+  local rc=$?
+  if [ -n "${META_PID:-}" ]; then kill "$META_PID" 2>/dev/null || true; fi
+  rm -rf "$LOGDIR"
+  exit "$rc"
+}
+trap cleanup EXIT
 # Tally of every runner's counts for the closing line (a failing runner stops the script first: set -e).
 PASSED=0
 FAILED=0
