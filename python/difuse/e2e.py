@@ -489,6 +489,9 @@ def format_report(rec: dict, site_table: str | None = None) -> str:
             lines.append("host profile, %s arm (cProfile, one call %.1f ms), most own time: %s" % (
                 arm, hp["host_ms_profiled"], "; ".join("%s %d calls %.1f ms" % (r["fn"], r["calls"], r["own_ms"])
                                                        for r in hp["top_own"][:10])))
+            if hp.get("by_package"):
+                lines.append("host profile, %s arm, own time by package (C functions counted to their caller's "
+                             "package, difuse's ops to difuse): %s" % (arm, format_by_package(hp["by_package"])))
     for arm in ("eager", "difuse"):
         c = (rec.get("gpu_clocks") or {}).get(arm)
         if c:
@@ -1599,6 +1602,47 @@ def profile_step(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cud
     return profile_step_events(spec, model, inputs, steps, device)[0]
 
 
+PACKAGES = ("difuse", "diffusers", "torch", "other")
+
+
+def _package_of(filename: str) -> str:
+    """The package a profiled Python function's file belongs to (PACKAGES)."""
+    f = filename.replace("\\", "/")
+    for pkg in PACKAGES[:3]:
+        if "/%s/" % pkg in f:
+            return pkg
+    return "other"
+
+
+def own_time_by_package(stats: dict) -> dict:
+    """cProfile's own time (ms) per package, from pstats' stats {(file, line, name): (cc, nc, tt, ct, callers)}:
+    Python functions count to the package of their file; a built-in (C) function's time counts, per caller, to the
+    package of the function that called it (cProfile keeps each caller's share), except difuse's own ops
+    (torch.ops.difuse.*), which count to difuse. {package: {"python": ms, "c": ms}}: where a CPU-bound step's
+    host time goes, ours against the framework's."""
+    out = {pkg: {"python": 0.0, "c": 0.0} for pkg in PACKAGES}
+    for (fn, _line, name), (_cc, _nc, tt, _ct, callers) in stats.items():
+        if fn != "~":
+            out[_package_of(fn)]["python"] += tt * 1e3
+            continue
+        if "difuse" in name:
+            out["difuse"]["c"] += tt * 1e3
+            continue
+        shared = 0.0
+        for (cfn, _cl, _cn), share in (callers or {}).items():
+            part = share[2] if isinstance(share, tuple) else 0.0  # (cc, nc, tt, ct) from this caller
+            out[_package_of(cfn) if cfn != "~" else "other"]["c"] += part * 1e3
+            shared += part
+        out["other"]["c"] += max(tt - shared, 0.0) * 1e3  # no caller recorded (the profiled call's own entry)
+    return {pkg: {k: round(v, 3) for k, v in d.items()} for pkg, d in out.items()}
+
+
+def format_by_package(bp: dict) -> str:
+    """"difuse 12.3 ms (Python 4.1, C 8.2), diffusers ..." for own_time_by_package's dict."""
+    return ", ".join("%s %.1f ms (Python %.1f, C %.1f)" % (pkg, d["python"] + d["c"], d["python"], d["c"])
+                     for pkg, d in bp.items())
+
+
 def host_profile(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda", top: int = 25) -> dict:
     """One model call under cProfile (host side only; the GPU is synchronised before and after): the functions with
     the most own time and the most cumulative time, as "file:line(name)" with calls and ms. Where a step is
@@ -1632,7 +1676,8 @@ def host_profile(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cud
                              cum_ms=round(ct * 1e3, 3)))
         return dict(host_ms_profiled=round(host_ms, 2), total_own_ms=round(sum(r["own_ms"] for r in rows), 2),
                     top_own=sorted(rows, key=lambda r: -r["own_ms"])[:top],
-                    top_cum=sorted(rows, key=lambda r: -r["cum_ms"])[:top])
+                    top_cum=sorted(rows, key=lambda r: -r["cum_ms"])[:top],
+                    by_package=own_time_by_package(st.stats))
     except Exception as e:  # noqa: BLE001 -- a profiler problem never costs the run
         print("host profiling failed: %s: %s" % (type(e).__name__, e), file=sys.stderr)
         return {}

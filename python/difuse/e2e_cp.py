@@ -234,6 +234,10 @@ def format_cp_report(rec: dict) -> str:
             lines.append("  rank 0 host profile, %s arm (cProfile, one call %.1f ms): most own time: %s" % (
                 arm, hp["host_ms_profiled"], "; ".join("%s %d calls %.1f ms" % (r["fn"], r["calls"], r["own_ms"])
                                                        for r in hp["top_own"][:12])))
+            if hp.get("by_package"):
+                lines.append("  rank 0 host profile, %s arm, own time by package (C functions counted to their "
+                             "caller's package, difuse's ops to difuse): %s" % (arm, e2e.format_by_package(
+                                 hp["by_package"])))
     for r, byarm in enumerate(rec.get("gpu_clocks_by_rank") or []):
         for arm, c in (byarm or {}).items():
             if c:

@@ -106,6 +106,12 @@ def test_loop_md5_stable():
     hp = e2e.host_profile(e2e.FLUX, m, inp, 2, "cpu")
     assert hp["host_ms_profiled"] > 0 and len(hp["top_own"]) == 25
     assert any("forward" in r["fn"] for r in hp["top_cum"]) and hp["top_cum"][0]["cum_ms"] >= hp["top_own"][0]["own_ms"]
+    # every own millisecond lands in exactly one package; diffusers' Python and torch's C work are both there
+    bp = hp["by_package"]
+    assert set(bp) == set(e2e.PACKAGES)
+    assert abs(sum(d["python"] + d["c"] for d in bp.values()) - hp["total_own_ms"]) <= 0.01 * hp["total_own_ms"] + 0.1
+    assert bp["diffusers"]["python"] > 0 and bp["torch"]["c"] + bp["diffusers"]["c"] > 0
+    assert "diffusers" in e2e.format_by_package(bp)
     other = e2e.flux_inputs(m, resolution=64, text_tokens=8, seed=43, device="cpu")
     assert e2e.run_arm(e2e.FLUX, m, other, 2, "eager", "cpu", progress=False).md5 != a.md5
 
@@ -175,3 +181,26 @@ def test_main_reports_first_difference(tmp_path):
     assert fake.calls[-1] == "unpatch"
     rec = json.loads((tmp_path / "r" / "e2e.json").read_text())
     assert rec["md5_equal_all_steps"] is False and rec["first_diff_step"] == 0
+
+
+def test_own_time_by_package_attributes_c_calls_to_callers():
+    # pstats-shaped stats: a builtin called from diffusers (2 ms) and from difuse (1 ms), a difuse op (4 ms),
+    # Python in each package, and a builtin with no recorded caller (the profiled call's own entry)
+    lin = ("~", 0, "<built-in method torch._C._nn.linear>")
+    dif = ("/x/site-packages/diffusers/models/a.py", 10, "forward")
+    ours = ("/repo/python/difuse/patching.py", 20, "_flux_attention")
+    tor = ("/x/site-packages/torch/nn/modules/module.py", 30, "_call_impl")
+    stats = {
+        dif: (1, 1, 0.005, 0.010, {}),
+        ours: (1, 1, 0.003, 0.009, {}),
+        tor: (1, 1, 0.002, 0.002, {}),
+        lin: (3, 3, 0.003, 0.003, {dif: (2, 2, 0.002, 0.002), ours: (1, 1, 0.001, 0.001)}),
+        ("~", 0, "<built-in method torch._ops.difuse.qk_norm_rope>"): (1, 1, 0.004, 0.004, {ours: (1, 1, 0.004, 0.004)}),
+        ("~", 0, "<method 'disable' of '_lsprof.Profiler' objects>"): (1, 1, 0.0005, 0.0005, {}),
+        ("/usr/lib/python3.12/functools.py", 1, "wraps"): (1, 1, 0.001, 0.001, {}),
+    }
+    bp = e2e.own_time_by_package(stats)
+    assert bp["diffusers"] == {"python": 5.0, "c": 2.0}
+    assert bp["difuse"] == {"python": 3.0, "c": 5.0}  # its linear call (1) and its op (4)
+    assert bp["torch"] == {"python": 2.0, "c": 0.0}
+    assert bp["other"] == {"python": 1.0, "c": 0.5}
