@@ -70,19 +70,19 @@ using num::VecWelford;
 const detail::KernelRegistration kF32Registration{{
     "layernorm_modulate_fp32", "cuda", "bit_exact",
     "(F.layer_norm(x.float(), (H,), eps=eps) * (1 + scale) + shift).type_as(x)  (Wan: fp32 scale/shift rows)",
-    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
     "Wan's fp32 adaLN: fp32 LayerNorm and modulation, one bf16 rounding at the end"}};
 
 const detail::KernelRegistration kAffineRegistration{{
     "layernorm_affine_fp32", "cuda", "bit_exact",
     "F.layer_norm(x.float(), (H,), weight, bias, eps).type_as(x)  (Wan's norm2: fp32 weight and bias)",
-    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
     "affine FP32LayerNorm over bf16 input, one bf16 rounding at the end"}};
 
 const detail::KernelRegistration kResidualRegistration{{
     "gated_residual_layernorm_modulate", "cuda", "bit_exact",
     "h1 = h + gate[:, None] * a;  F.layer_norm(h1, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]  (bf16)",
-    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
     "the pre-FF site: gated residual, then adaLN LayerNorm + modulate of the new residual, one pass"}};
 
 const detail::KernelRegistration kRegistration{{

@@ -46,14 +46,15 @@
 //
 // Schedule: one warp per row, 4 rows per 128-thread block; N >= 128: two passes over the row (the mean, then the
 // epilogue from L1/L2), 32-48 registers; with DIFUSE_RMSMOD_ONE_PASS=1 each lane keeps its vectors (up to 64 for
-// N = 8160) in registers instead: one read of x; with DIFUSE_RMSMOD_ROWS_PER_WARP=N >= 2 (for measurement, not yet
-// run on the H200) the two-pass kernel on a grid N times smaller, each warp taking every grid-th row. Modulation
+// N = 8160) in registers instead: one read of x; with DIFUSE_RMSMOD_ROWS_PER_WARP=N >= 2 (for measurement; slower
+// on the H200 at 5f8295d, knob-sweeps/: 1x4096x3072 30.8 us at N = 2, 40.4 at 4, vs 24.4) the two-pass kernel on a grid N times smaller, each warp taking every grid-th row. Modulation
 // rows are read as 8-byte words when every row start is 8-byte aligned, else as bf16. N < 128: scalar elements.
 //
-// Verification status: bit-exact on the H200 at 66f5a3b (torch 2.11.0+cu130, sm_90; its RowIndexers take the
+// Verification status: bit-exact on the H200 at 5f8295d (torch 2.11.0+cu130, sm_90; its RowIndexers take the
 // 32-bit FastDivU32 path):
-// tests/gpu/test_rms_norm_modulate.py (375 cases, incl. the diffusers ERNIE-Image and LTX-2 blocks' own forward and
-// the register-resident variant through DIFUSE_RMSMOD_ONE_PASS=1), 0 failed, 0 skipped
+// tests/gpu/test_rms_norm_modulate.py (377 cases, incl. the diffusers ERNIE-Image and LTX-2 blocks' own forward,
+// the register-resident variant through DIFUSE_RMSMOD_ONE_PASS=1 and the strided one through
+// DIFUSE_RMSMOD_ROWS_PER_WARP), 0 failed, 0 skipped
 // (bench/results/h200/tests.json). The two-pass default (32-48 registers instead of 120 at N = 3072 per
 // scripts/kernel-resources.sh, so 4096 rows fit one wave): 1x4096x3072 32.4 us register-resident (6408223) ->
 // 24.4 (3e989f7; target 15).
@@ -79,13 +80,13 @@ namespace {
 const detail::KernelRegistration kRegistration{{
     "rms_norm_modulate", "cuda", "bit_exact",
     "diffusers RMSNorm(x, w, eps) * (1 + scale) + shift  (bf16 chain: LTX-2; fp32 modulate: ERNIE-Image)",
-    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
     "RMSNorm-based adaLN in one pass, replaying aten's mean reduction order (rows >= 16, 32 <= N <= 8160)"}};
 
 const detail::KernelRegistration kResidualRegistration{{
     "gated_residual_rms_norm_modulate", "cuda", "bit_exact",
     "h1 = h + gate * a;  diffusers RMSNorm(h1, w, eps) * (1 + scale) + shift  (LTX-2 bf16 / ERNIE-Image fp32)",
-    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
     "gated residual, then RMSNorm-based adaLN of the new residual, one pass"}};
 
 constexpr int kRowsPerBlock = 4;  // one warp per row
@@ -283,8 +284,8 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
   }
 }
 
-// One row per warp (the default), or with STRIDE (DIFUSE_RMSMOD_ROWS_PER_WARP=N >= 2, for measurement, not yet run
-// on the H200) a grid N times smaller whose warps take rows row, row + 4 gridDim.x, ...: the same arithmetic per
+// One row per warp (the default), or with STRIDE (DIFUSE_RMSMOD_ROWS_PER_WARP=N >= 2, for measurement; slower on
+// the H200, see the header) a grid N times smaller whose warps take rows row, row + 4 gridDim.x, ...: the same arithmetic per
 // row (two_pass_row), but warps that finish a row start reading the next while others still write, where one
 // wave of single-row warps reads together, computes together and writes together.
 template <bool VEC, bool RESIDUAL, bool STRIDE = false>

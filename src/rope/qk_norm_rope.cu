@@ -18,7 +18,7 @@
 // DIFUSE_QK_UNSTAGED=1 or DIFUSE_QK_ROWS_PER_WARP (for measurement, and where staging does not apply) each warp
 // loads its rows itself, one slot of two rows per warp at a time; with DIFUSE_QK_LANES_PER_ROW=32 (for
 // measurement) a row spans a warp (aten's lanes one to one), 3 rows at a time; with DIFUSE_QK_PIPELINED=1 (for
-// measurement, not yet run on the H200) a grid of resident blocks stages each block's next token while it computes
+// measurement; slower on the H200) a grid of resident blocks stages each block's next token while it computes
 // the current one. Output rows are [B, S_first + S_second, H, D] contiguous, exactly the tensors the eager code
 // hands to attention.
 //
@@ -36,12 +36,13 @@
 // (bench/results/h200/tests.json).
 // The staged variant ran there at 66f5a3b behind DIFUSE_QK_STAGED=1 (test_staged_rows_variant passed, now
 // test_unstaged_rows_variant; bench 0 mismatches, knob-sweeps/); it became the default after that run, and this
-// file's tests passed with it at bc88af7 (tests-defaults-bc88af7.json). After that, not yet run on the H200: the
-// staged kernel split into stage_token / run_token for the pipelined variant (the per-row PTX unchanged; the
-// per-token index code reordered, +21 PTX instructions per block, the weights' pointer array no longer in local
-// memory; the other kernels' PTX identical: scripts/ptx-diff.sh bc88af7 src/rope/qk_norm_rope.cu) and the pipelined
-// variant itself.
-// The v-copy variant (DIFUSE_QK_VCOPY=1) came after too: not yet run there (the other kernels' PTX unchanged).
+// file's tests passed with it at bc88af7 (tests-defaults-bc88af7.json). All of this file's tests passed again at
+// 5f8295d (251 cases, tests.json), after the staged kernel was split into stage_token / run_token for the
+// pipelined variant (the per-row PTX unchanged; the per-token index code reordered, +21 PTX instructions per
+// block, the weights' pointer array no longer in local memory; the other kernels' PTX identical:
+// scripts/ptx-diff.sh bc88af7 src/rope/qk_norm_rope.cu), with the pipelined variant itself and the v-copy variant (DIFUSE_QK_VCOPY=1; the other kernels' PTX unchanged). Timed there
+// (knob-sweeps/ at 5f8295d), both lost to the staged default: 1x4608x24x128 double 54.7 us pipelined, 58.5 with
+// v copies, 50.8 staged.
 #include "rope/qk_norm_rope.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -71,7 +72,7 @@ const detail::KernelRegistration kRegistration{{
     "qk_norm_rope", "cuda", "bit_exact",
     "FLUX.1 attention prologue: RMSNorm(q), RMSNorm(k) per head, cat([text, image]), apply_rotary_emb (real, "
     "interleaved)",
-    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
     "per-head QK RMSNorm + joint concat + RoPE in one launch (fused or separate projections)"}};
 
 constexpr int kWarps = 8;
@@ -229,7 +230,7 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
   }
 }
 
-// One block per token. VCOPY (with STAGED; DIFUSE_QK_VCOPY=1, for measurement, not yet run on the H200; v_out
+// One block per token. VCOPY (with STAGED; DIFUSE_QK_VCOPY=1, for measurement, slower on the H200; v_out
 // 16-byte aligned): the v rows are copied global to global beside the staging copies, only q and k staged.
 template <int SPAN, int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = false>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(const Params p) {
@@ -242,7 +243,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(c
       });
 }
 
-// PIPELINED (DIFUSE_QK_PIPELINED=1, for measurement, not yet run on the H200; where STAGED applies and two tokens'
+// PIPELINED (DIFUSE_QK_PIPELINED=1, for measurement, slower on the H200; where STAGED applies and two tokens'
 // buffers fit in 48 KB): a grid of at most the resident blocks (DIFUSE_QK_PIPELINED=N >= 2: at most N, for
 // tests), each taking tokens blockIdx.x, + gridDim.x, ... with two buffers of stage_token's layout: the copies of
 // its next token are in flight while it computes the current one (cp.async groups), where STAGED copies, waits,

@@ -42,12 +42,13 @@
 // (bench/results/h200/tests.json).
 // The staged variant ran there at 66f5a3b behind DIFUSE_QK_STAGED=1 (test_staged_rows_variant passed, now
 // test_unstaged_rows_variant; bench 0 mismatches, knob-sweeps/); it became the default after that run, and this
-// file's tests passed with it at bc88af7 (tests-defaults-bc88af7.json). After that, not yet run on the H200: the
-// kernel split into stage_token / run_token (the other kernels' PTX the same instructions in a different order
+// file's tests passed with it at bc88af7 (tests-defaults-bc88af7.json). All of this file's tests passed again at
+// 5f8295d (258 cases, tests.json), after the kernel split into stage_token / run_token (the other kernels' PTX the same instructions in a different order
 // at the start; the staged one's per-token index code reordered, +11 PTX instructions per block:
 // scripts/ptx-diff.sh bc88af7 src/rope/qk_norm_rope_qwen.cu) and the
-// pipelined variant (DIFUSE_QK_PIPELINED=1, staged_token_rows.cuh's pipelined_tokens).
-// The v-copy variant (DIFUSE_QK_VCOPY=1) came after too: not yet run there (the other kernels' PTX unchanged).
+// pipelined variant (DIFUSE_QK_PIPELINED=1, staged_token_rows.cuh's pipelined_tokens), and the v-copy variant
+// (DIFUSE_QK_VCOPY=1). Timed there (knob-sweeps/ at 5f8295d), both lost to the staged default: 1x4608x24x128
+// txt512 62.8 us pipelined, 61.6 with v copies, 54.1 staged.
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -77,7 +78,7 @@ const detail::KernelRegistration kRegistration{{
     "qk_norm_rope_qwen", "cuda", "bit_exact",
     "Qwen-Image attention prologue: diffusers RMSNorm(q), RMSNorm(k) per head per stream, apply_rotary_emb_qwen "
     "(complex64 freqs per stream), cat([text, image]) of q, k, v",
-    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
     "per-head diffusers QK RMSNorm + complex RoPE per stream + joint concat in one launch"}};
 
 constexpr int kWarps = 8;
@@ -234,7 +235,7 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
   }
 }
 
-// One block per token. VCOPY (with STAGED; DIFUSE_QK_VCOPY=1, for measurement, not yet run on the H200; v_out
+// One block per token. VCOPY (with STAGED; DIFUSE_QK_VCOPY=1, for measurement, slower on the H200; v_out
 // 16-byte aligned): the v rows are copied global to global beside the staging copies, only q and k staged.
 template <int E, int R, int MIN_BLOCKS, int SPAN = 32, bool STAGED = false, bool VCOPY = false>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_kernel(const Params p) {
@@ -247,7 +248,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_ker
       });
 }
 
-// PIPELINED (DIFUSE_QK_PIPELINED=1, for measurement, not yet run on the H200; where STAGED applies and two tokens'
+// PIPELINED (DIFUSE_QK_PIPELINED=1, for measurement, slower on the H200; where STAGED applies and two tokens'
 // buffers fit in 48 KB): a grid of at most the resident blocks (DIFUSE_QK_PIPELINED=N >= 2: at most N, for
 // tests), each block staging its next token while it computes the current one (staged_token_rows.cuh's
 // pipelined_tokens). The same arithmetic per row (run_token).

@@ -36,7 +36,8 @@
 // kernel behind the then DIFUSE_QK_STAGED=1), 0 failed, 0 skipped (bench/results/h200/tests.json). The staged
 // kernel became the default after that run; this file's tests passed with it at bc88af7
 // (tests-defaults-bc88af7.json). The v-copy variant passed its tests at 5f8295d through DIFUSE_QK_VCOPY=1
-// (tests.json: 3,220 GPU cases) and became the default after; DIFUSE_QK_VCOPY=0 keeps v staged.
+// (256 cases, tests.json) and became the default after; the file's 256 tests passed with it at e383706
+// (tests-defaults-e383706.json; v staged through DIFUSE_QK_VCOPY=0).
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -66,7 +67,7 @@ const detail::KernelRegistration kRegistration{{
     "qk_norm_sd35", "cuda", "bit_exact",
     "SD3.5 joint attention: diffusers RMSNorm(q), RMSNorm(k) per head on the BHSD views of both streams, "
     "cat([image, context], dim=2) of q, k, v",
-    "verified bit-exact on H200 at 66f5a3b (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 5f8295d, its default at e383706 (torch 2.11.0+cu130, sm_90)", 90, 90,
     "per-head diffusers QK RMSNorm + BHSD joint concat in one launch"}};
 
 constexpr int kWarps = 8;
