@@ -46,6 +46,23 @@ DIFUSE_HD float mean_lane_total(const MeanLane& l) {
   return num::add_rn(num::add_rn(num::add_rn(l.a[0], l.a[1]), l.a[2]), l.a[3]);
 }
 
+// The same bits with the additions of +0 left out, for the half-warp kernels that are issue-bound (an
+// instruction per element there). A fresh accumulator holds +0, and RN(+0 + s) == s for every s = RN(v * v): a
+// square is never -0 (its sign is +), +0 + inf is inf, and +0 + NaN is that NaN (on the GPU every NaN here is
+// already the canonical one; on the host the payload passes through both). tests/cpu/test_numerics.cpp checks
+// every bf16 value.
+DIFUSE_HD void mean_first_push_vec4(MeanLane& l, float x0, float x1, float x2, float x3) {
+  l.a[0] = mean_square(x0);
+  l.a[1] = mean_square(x1);
+  l.a[2] = mean_square(x2);
+  l.a[3] = mean_square(x3);
+}
+DIFUSE_HD void mean_first_push_scalar(MeanLane& l, int i, float x) { l.a[i] = mean_square(x); }
+
+// mean_lane_total of a lane whose accumulators 2 and 3 were never pushed (rows of 64 on half warps): ((a0 + a1) +
+// +0) + +0 == a0 + a1, as a sum of squares is never -0 (the same argument as above).
+DIFUSE_HD float mean_lane_total_first_two(const MeanLane& l) { return num::add_rn(l.a[0], l.a[1]); }
+
 // One step of the shuffle-down tree: own + the value of lane + offset.
 DIFUSE_HD float mean_tree_step(float own, float in) { return num::add_rn(own, in); }
 

@@ -30,6 +30,9 @@
 // failed, 0 skipped (bench/results/h200/tests.json). The half-warp kernel for 128-element rows ran there behind
 // DIFUSE_RMSD_LANES_PER_ROW=16 (test_half_warp_rows; bench 0 mismatches, knob-sweeps/: 20.7 us) and became the
 // default after that run; this file's tests passed with it at bc88af7 (tests-defaults-bc88af7.json; 19.6 us).
+// All 240 passed again at 5f8295d (tests.json). NOT YET RUN ON THE H200 (after e383706): the half-warp kernels'
+// means leave out their +0 additions (norm::mean_first_push_*, mean_lane_total_first_two in diffusers_head_norm.h:
+// the same bits for every input, tests/cpu/test_rms_norm_modulate.cpp), 17-35 PTX instructions fewer.
 #include "norm/rms_norm_diffusers.h"
 
 #include <cuda_runtime.h>
@@ -174,7 +177,8 @@ __global__ void __launch_bounds__(256) rms_norm_diffusers_half_warp64(const Para
 }
 
 // Rows of exactly 128 elements on half a warp (the default where the output pass is vectorized;
-// DIFUSE_RMSD_LANES_PER_ROW=32 for the 4-rows-per-warp kernel): R slots of two rows per warp (row 2 slot + seg), span lane u holding aten's float4 vectors u and u + 16
+// DIFUSE_RMSD_LANES_PER_ROW=32 for the 4-rows-per-warp kernel): R slots of two rows per warp (row 2 slot + seg), span
+// lane u holding aten's float4 vectors u and u + 16
 // (norm::head_rstd_half_warp, the Qwen-Image prologue's tree), as the FLUX and Qwen prologues gained from it.
 template <int R>
 __global__ void __launch_bounds__(256) rms_norm_diffusers_half_warp128(const Params p) {

@@ -40,9 +40,17 @@
 // 5f8295d (251 cases, tests.json), after the staged kernel was split into stage_token / run_token for the
 // pipelined variant (the per-row PTX unchanged; the per-token index code reordered, +21 PTX instructions per
 // block, the weights' pointer array no longer in local memory; the other kernels' PTX identical:
-// scripts/ptx-diff.sh bc88af7 src/rope/qk_norm_rope.cu), with the pipelined variant itself and the v-copy variant (DIFUSE_QK_VCOPY=1; the other kernels' PTX unchanged). Timed there
+// scripts/ptx-diff.sh bc88af7 src/rope/qk_norm_rope.cu), with the pipelined variant itself and the v-copy variant
+// (DIFUSE_QK_VCOPY=1; the other kernels' PTX unchanged). Timed there
 // (knob-sweeps/ at 5f8295d), both lost to the staged default: 1x4608x24x128 double 54.7 us pipelined, 58.5 with
 // v copies, 50.8 staged.
+// NOT YET RUN ON THE H200 (written after e383706, CPU-built; ptx-diff against e383706): fewer instructions in the
+// staged kernels, which ncu found issue-bound (0.85 warp instructions per scheduler and cycle): the staging copies
+// walk each role's heads by fixed steps (staged_token_rows.cuh; ~6 instructions per 16-byte copy, were ~30), and
+// the row loop has head_dim 128 as a constant (no bounds predicates, no division branch, the output offset a shift),
+// its output base as one indexed constant load (p.out[role], where selects cost ~8 per row) and the weights' presence
+// as a bit mask. SASS of the staged default's row loop: 206 -> 164 instructions per slot. Index arithmetic only;
+// predicted 1x4608x24x128 double 50.8 -> ~46 us (the memory floor is 41.3).
 #include "rope/qk_norm_rope.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -125,7 +133,7 @@ __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uin
   const Stream& st = tp.in_first ? p.first : p.second;
   const TokenRows tr(st.t[0], st.t[1], st.t[2], tp.b, tp.s);
   const int rows = slot_rows<VCOPY>(p);
-  stage_token_rows<16, kWarps * 32>(dst, tr, p.heads, rows);  // 16 copies of 16 bytes per 128-element row
+  stage_token_rows<16, kWarps * 32>(dst, tr, p.H, VCOPY ? 2 : p.roles);  // 16 copies of 16 bytes per 128-element row
   if (VCOPY && p.roles == 3)  // v out: [B, S_total, H, D] contiguous, head stride D
     copy_v_rows<16, kWarps * 32>(tr.row(2, 0), tr.sh[2], p.out[2] + (tp.b * p.S + tp.sj) * p.H * p.D, p.D, p.H);
   uint2* tab = reinterpret_cast<uint2*>(dst) + rows * 32;
@@ -141,10 +149,18 @@ __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uin
 
 // One token's rows: normalised, rotated and stored by the block's warps (slots as described above). STAGED:
 // `staged` holds the token's rows and tables (stage_token's layout), read where used.
+// The staged kernels run at head_dim 128 only (the launcher's condition), so there D, the lane vectors' bounds
+// and the mean's 1/D are compile-time constants: no per-row bounds predicates, no division branch, the output
+// row's offset a shift. A row's output base is p.out[role] (one indexed constant load, where selects among the
+// three cost ~8 instructions per row) and its weight's presence a bit of a per-token mask. Index arithmetic only:
+// the instructions on the elements are the same.
 template <int SPAN, int R, bool STAGED, bool VCOPY = false>
 __device__ __forceinline__ void run_token(const Params& p, unsigned token, const uint2* staged) {
   static_assert(SPAN == 32 || SPAN == 16, "a row spans a warp or half of one");
   constexpr int K = 32 / SPAN;  // vectors (and rows per slot) per lane
+  constexpr int kD = STAGED ? 128 : 0;  // head_dim when fixed at compile time
+  const int D = kD != 0 ? kD : p.D;
+  const float inv_D = kD != 0 ? 1.0f / kD : p.inv_D;  // exact: a power of two, as p.inv_D is then
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int u = lane % SPAN;    // this lane's place in its row
@@ -153,11 +169,13 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
   const int64_t b = tp.b, sj = tp.sj;
   bool on[K];  // vector j of this lane (aten lane u + SPAN j) holds data
 #pragma unroll
-  for (int j = 0; j < K; ++j) on[j] = u + SPAN * j < p.V;
+  for (int j = 0; j < K; ++j) on[j] = kD != 0 || u + SPAN * j < p.V;  // kD: 32 vectors, u + SPAN j < 32
 
   const Stream& st = tp.in_first ? p.first : p.second;
   const TokenRows tr(st.t[0], st.t[1], st.t[2], b, tp.s);
   const uint16_t* wp[2] = {st.w[0], st.w[1]};
+  // STAGED: role 0, 1 has a weight (one register; the per-row kernels keep the pointers' test)
+  const unsigned w_mask = (wp[0] != nullptr ? 1u : 0u) | (wp[1] != nullptr ? 2u : 0u);
 
   float4 c[K], sn[K];
   uint2 w[2][K];
@@ -173,7 +191,7 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
     for (int r = 0; r < 2; ++r)
       w[r][j] = (wp[r] != nullptr && on[j]) ? reinterpret_cast<const uint2*>(wp[r])[v] : make_uint2(0, 0);
   }
-  const int64_t out_token = (b * p.S + sj) * p.H * p.D;  // element offset of this token's first output row
+  const int64_t out_token = (b * p.S + sj) * p.H * D;  // element offset of this token's first output row
 
   const int rows = slot_rows<VCOPY>(p);
   const uint2* s_tab = staged + rows * 32;  // STAGED: cos (64 vectors), sin (64), q weight (32), k weight (32)
@@ -203,8 +221,8 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
 #pragma unroll
       for (int j = 0; j < K; ++j) y[j] = x[q][j];
       if (role < 2) {
-        const float rstd = norm::rms_head_rstd(total, p.D, p.eps, p.inv_D);
-        const bool has_w = (role == 0 ? wp[0] : wp[1]) != nullptr;
+        const float rstd = norm::rms_head_rstd(total, D, p.eps, inv_D);
+        const bool has_w = STAGED ? (w_mask >> role) & 1u : (role == 0 ? wp[0] : wp[1]) != nullptr;
 #pragma unroll
         for (int j = 0; j < K; ++j) {
           const int v = u + SPAN * j;
@@ -220,8 +238,9 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
         }
       }
       if (role < 3) {
-        uint2* o = reinterpret_cast<uint2*>(by_role(role, p.out[0], p.out[1], p.out[2]) + out_token +
-                                            static_cast<int64_t>(head_of[q]) * p.D);
+        uint2* o = reinterpret_cast<uint2*>(
+            (kD != 0 ? p.out[role] : by_role(role, p.out[0], p.out[1], p.out[2])) + out_token +
+            static_cast<int64_t>(head_of[q]) * D);
 #pragma unroll
         for (int j = 0; j < K; ++j)
           if (on[j]) o[u + SPAN * j] = y[j];

@@ -43,12 +43,20 @@
 // The staged variant ran there at 66f5a3b behind DIFUSE_QK_STAGED=1 (test_staged_rows_variant passed, now
 // test_unstaged_rows_variant; bench 0 mismatches, knob-sweeps/); it became the default after that run, and this
 // file's tests passed with it at bc88af7 (tests-defaults-bc88af7.json). All of this file's tests passed again at
-// 5f8295d (258 cases, tests.json), after the kernel split into stage_token / run_token (the other kernels' PTX the same instructions in a different order
+// 5f8295d (258 cases, tests.json), after the kernel split into stage_token / run_token (the other kernels' PTX the same
+// instructions in a different order
 // at the start; the staged one's per-token index code reordered, +11 PTX instructions per block:
 // scripts/ptx-diff.sh bc88af7 src/rope/qk_norm_rope_qwen.cu) and the
 // pipelined variant (DIFUSE_QK_PIPELINED=1, staged_token_rows.cuh's pipelined_tokens), and the v-copy variant
 // (DIFUSE_QK_VCOPY=1). Timed there (knob-sweeps/ at 5f8295d), both lost to the staged default: 1x4608x24x128
 // txt512 62.8 us pipelined, 61.6 with v copies, 54.1 staged.
+// NOT YET RUN ON THE H200 (written after e383706, CPU-built; ptx-diff against e383706): fewer instructions in the
+// staged kernels, which ncu found issue-bound (0.85 warp instructions per scheduler and cycle): the staging copies
+// walk each role's heads by fixed steps (staged_token_rows.cuh; ~6 instructions per 16-byte copy, were ~30), and
+// the row loop has head_dim 128 as a constant, the output base as one indexed constant load, the weights' and freqs'
+// presence as a bit mask, and the mean's first pushes without their +0 additions (norm::mean_first_push_vec4, the same
+// bits for every input: tests/cpu/test_rms_norm_modulate.cpp). SASS of the staged default's row loop: 244 -> 199
+// instructions per slot. Index arithmetic only; predicted 1x4608x24x128 txt512 54.1 -> ~47 us.
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -119,7 +127,7 @@ __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uin
   const Stream& st = tp.in_first ? p.txt : p.img;
   const TokenRows tr(st.t[0], st.t[1], st.t[2], tp.b, tp.s);
   const int rows = (VCOPY ? 2 : 3) * p.H;
-  stage_token_rows<16, kWarps * 32>(dst, tr, p.heads, rows);  // 16 copies of 16 bytes per 128-element row
+  stage_token_rows<16, kWarps * 32>(dst, tr, p.H, VCOPY ? 2 : 3);  // 16 copies of 16 bytes per 128-element row
   if constexpr (VCOPY)  // v out: [B, S_txt + S_img, H, D] contiguous, head stride D
     copy_v_rows<16, kWarps * 32>(tr.row(2, 0), tr.sh[2], p.out[2] + (tp.b * p.S + tp.sj) * p.H * p.D, p.D, p.H);
   uint2* tab = reinterpret_cast<uint2*>(dst) + rows * 32;
@@ -133,7 +141,9 @@ __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uin
 }
 
 // One token's 3H rows, normalised, rotated and stored by the block's warps. STAGED: `staged` holds them
-// (stage_token's layout), read where used.
+// (stage_token's layout), read where used. The staged kernels run at head_dim 128 only (the launcher's
+// condition): there D and the lane runs' bounds are compile-time constants and a row's output base is p.out[role]
+// (one indexed constant load instead of selects), as in qk_norm_rope.cu. Index arithmetic only.
 template <int E, int R, int SPAN, bool STAGED, bool VCOPY = false>
 __device__ __forceinline__ void run_token(const Params& p, unsigned token, const uint2* staged) {
   // SPAN 16 (the default for head_dim 128, only there): half a warp per row, lane u holding runs u and
@@ -141,6 +151,8 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
   static_assert(SPAN == 32 || (SPAN == 16 && E == 4), "half-warp rows need 128-element heads");
   static_assert(!STAGED || SPAN == 16, "the staged kernel is the half-warp one");
   constexpr int K = 32 / SPAN;
+  constexpr int kD = STAGED ? 128 : 0;  // head_dim when fixed at compile time
+  const int D = kD != 0 ? kD : p.D;
   using norm::HeadRun;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -150,7 +162,7 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
   const Stream& st = tp.in_first ? p.txt : p.img;
   bool on[K];
 #pragma unroll
-  for (int j = 0; j < K; ++j) on[j] = u + SPAN * j < p.V;
+  for (int j = 0; j < K; ++j) on[j] = kD != 0 || u + SPAN * j < p.V;  // kD: 32 runs, u + 16 j < 32
 
   float fc[K][E / 2], fd[K][E / 2];  // each run's E / 2 complex freqs (c + di)
   HeadRun<E> wq[K], wk[K];
@@ -173,8 +185,10 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
   }
 
   const TokenRows tr(st.t[0], st.t[1], st.t[2], b, s);
-  const bool has_wq = st.w[0] != nullptr, has_wk = st.w[1] != nullptr;
-  const int64_t out_token = (b * p.S + sj) * p.H * p.D;  // output row of head h: out_token + h * D
+  // bit 0: a q weight, bit 1: a k weight, bit 2: freqs (one register, tested per row and run)
+  const unsigned flags = (st.w[0] != nullptr ? 1u : 0u) | (st.w[1] != nullptr ? 2u : 0u) |
+                         (st.freqs != nullptr ? 4u : 0u);
+  const int64_t out_token = (b * p.S + sj) * p.H * D;  // output row of head h: out_token + h * D
 
   const int rows = (VCOPY ? 2 : 3) * p.H;  // VCOPY: the v rows were copied by stage_token
   const uint2* s_tab = staged + rows * 32;  // STAGED: freqs (64 complex), q weight (32 vectors), k weight (32)
@@ -205,7 +219,8 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
     for (int q = 0; q < R; ++q) {
       const uint32_t role = role_of[q];  // 0 q, 1 k, 2 v (copied as is), 3 past the end
       if (role > 2) continue;  // no shuffle follows: a half warp may skip alone
-      uint16_t* orow = by_role(role, p.out[0], p.out[1], p.out[2]) + out_token + head_of[q] * p.D;
+      uint16_t* orow = (kD != 0 ? p.out[role] : by_role(role, p.out[0], p.out[1], p.out[2])) + out_token +
+                       static_cast<int64_t>(head_of[q]) * D;
 #pragma unroll
       for (int j = 0; j < K; ++j) {
         HeadRun<E> y = x[q][j];
@@ -219,8 +234,8 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
           } else {
             wr = norm::select_run<E>(role == 0, wq[j], wk[j]);
           }
-          y = norm::diffusers_norm_run<E>(x[q][j], rstd[q], role == 0 ? has_wq : has_wk, wr);
-          if (st.freqs != nullptr) {
+          y = norm::diffusers_norm_run<E>(x[q][j], rstd[q], (flags >> role) & 1u, wr);
+          if (flags & 4u) {
 #pragma unroll
             for (int e = 0; e < E / 2; ++e) {
               const float2 f = STAGED ? reinterpret_cast<const float2*>(s_tab)[v * (E / 2) + e]

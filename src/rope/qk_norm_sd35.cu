@@ -38,6 +38,13 @@
 // (tests-defaults-bc88af7.json). The v-copy variant passed its tests at 5f8295d through DIFUSE_QK_VCOPY=1
 // (256 cases, tests.json) and became the default after; the file's 256 tests passed with it at e383706
 // (tests-defaults-e383706.json; v staged through DIFUSE_QK_VCOPY=0).
+// NOT YET RUN ON THE H200 (written after e383706, CPU-built; ptx-diff against e383706): fewer instructions in the
+// staged kernels, which ncu found issue-bound (0.85 warp instructions per scheduler and cycle): the staging copies
+// walk each role's heads by fixed steps (staged_token_rows.cuh; ~6 instructions per 16-byte copy, were ~30), and
+// the row loop keeps the raw bits in 32-bit registers (no byte permutes), takes the output base as one indexed constant
+// load, and leaves out the mean's +0 additions (norm::head64_span_lane_sum: mean_first_push_scalar,
+// mean_lane_total_first_two, the same bits for every input). SASS of the staged default's row loop: 124 -> 106
+// instructions per slot. Index arithmetic only; predicted 2x38x4429x64 80.7 -> ~72 us (target 73).
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -181,7 +188,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_war
   const int rows = (VCOPY ? 2 : 3) * p.H;  // the rows that go through the slots
   extern __shared__ uint4 staged64[];  // STAGED: the token's rows, row r at 16-byte chunk 8 r
   if constexpr (STAGED) {
-    stage_token_rows<8, kWarps * 32>(staged64, tr, p.heads, rows);  // 8 copies of 16 bytes per 64-element row
+    stage_token_rows<8, kWarps * 32>(staged64, tr, p.H, VCOPY ? 2 : 3);  // 8 copies of 16 bytes per 64-element row
     if constexpr (VCOPY)  // head h's v row to output row (b, h, sj): head stride S * D
       copy_v_rows<8, kWarps * 32>(tr.row(2, 0), tr.sh[2], p.out[2] + (b * p.H * p.S + sj) * D, out_head, p.H);
     norm::cp_async_wait_all();
@@ -189,7 +196,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_war
   }
   const int slots = (rows + 1) / 2;
   for (int base = warp; base < slots; base += kWarps * R) {
-    uint16_t raw[R][4];
+    uint32_t raw[R][4];  // the bits, zero-extended (a 16-bit array costs a byte-permute per element)
     float x[R][4];
     uint32_t role_of[R], head_of[R];
 #pragma unroll
@@ -200,8 +207,8 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_war
                                     : tr.row(role_of[q] < 3 ? role_of[q] : 0, head_of[q])) + u;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        raw[q][j] = role_of[q] < 3 ? row[16 * j] : uint16_t{0};
-        x[q][j] = num::bf16_to_float(raw[q][j]);
+        raw[q][j] = role_of[q] < 3 ? row[16 * j] : 0u;
+        x[q][j] = num::bf16_to_float(static_cast<uint16_t>(raw[q][j]));
       }
     }
     float rstd[R];
@@ -210,7 +217,9 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_war
     for (int q = 0; q < R; ++q) {
       const uint32_t role = role_of[q];  // 0 q, 1 k, 2 v (copied as is, raw bits), 3 past the end
       if (role > 2) continue;  // no shuffle follows: a half warp may skip alone
-      uint16_t* o = by_role(role, p.out[0], p.out[1], p.out[2]) + out_token + head_of[q] * out_head;
+      // STAGED: p.out[role] is one indexed constant load where the selects cost ~8 instructions per row
+      uint16_t* o = (STAGED ? p.out[role] : by_role(role, p.out[0], p.out[1], p.out[2])) + out_token +
+                    head_of[q] * out_head;
       if (role < 2) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -219,7 +228,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_war
         }
       } else {
 #pragma unroll
-        for (int j = 0; j < 4; ++j) o[16 * j] = raw[q][j];
+        for (int j = 0; j < 4; ++j) o[16 * j] = static_cast<uint16_t>(raw[q][j]);
       }
     }
   }

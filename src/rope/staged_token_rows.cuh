@@ -16,17 +16,28 @@
 
 namespace difuse::rope {
 
-// Issues the copies of a token's `rows` head rows (row r = role * H + head, CHUNKS 16-byte chunks each) into dst,
-// chunk c of row r at dst[r * CHUNKS + c]; the block's THREADS threads share them. The caller waits
+// Issues the copies of a token's `roles` x H head rows (row r = role * H + head, CHUNKS 16-byte chunks each) into
+// dst, chunk c of row r at dst[r * CHUNKS + c]; the block's THREADS threads share them. The caller waits
 // (cp_async_wait_all) and synchronises the block.
+// Thread t always copies chunk t % CHUNKS, of heads t / CHUNKS, + THREADS / CHUNKS, ... of each role, walking
+// source and destination by fixed steps: ~6 instructions per copy, where dividing each chunk index into role,
+// head and part and selecting the role's base and stride cost ~30 (a third of a FLUX prologue block's
+// instructions went to staging). The same copies, only issued by other threads.
 template <int CHUNKS, int THREADS>
-__device__ __forceinline__ void stage_token_rows(uint4* dst, const TokenRows& tr, const detail::FastDivU32& heads,
-                                                 int rows) {
-  for (int c = static_cast<int>(threadIdx.x); c < rows * CHUNKS; c += THREADS) {
-    const int r = c / CHUNKS, part = c % CHUNKS;
-    uint32_t head;
-    const uint32_t role = heads.divmod(static_cast<uint32_t>(r), head);
-    norm::cp_async(dst + c, tr.row(role, head) + part * 8, true);
+__device__ __forceinline__ void stage_token_rows(uint4* dst, const TokenRows& tr, int H, int roles) {
+  static_assert(THREADS % CHUNKS == 0, "each thread keeps one chunk position");
+  constexpr int kHeadsPerPass = THREADS / CHUNKS;
+  const int part = static_cast<int>(threadIdx.x) % CHUNKS;
+  const int first = static_cast<int>(threadIdx.x) / CHUNKS;
+#pragma unroll
+  for (int role = 0; role < 3; ++role) {  // unrolled: tr's arrays indexed by constants stay in registers
+    if (role >= roles) break;
+    const int64_t step = kHeadsPerPass * tr.sh[role];
+    const uint16_t* src = tr.at[role] + first * tr.sh[role] + part * 8;
+    uint4* d = dst + (role * H + first) * CHUNKS + part;
+#pragma unroll 1  // a few copies per thread and role; unrolled, the three roles' loops bloat the kernel and spill
+    for (int head = first; head < H; head += kHeadsPerPass, src += step, d += kHeadsPerPass * CHUNKS)
+      norm::cp_async(d, src, true);
   }
 }
 

@@ -490,3 +490,37 @@ TEST(RmsNormModulatePredicate, BroadcastRowIndexerFollowsTorchsRules) {
     }
   }
 }
+
+// The half-warp kernels leave out the additions of +0 into fresh accumulators (mean_first_push_*) and of the two
+// unused accumulators (mean_lane_total_first_two): the same bits for every bf16 input, specials included.
+TEST(MeanSchedule, FirstPushesAndTwoLaneTotalAreTheSameBits) {
+  using difuse::norm::MeanLane;
+  std::vector<float> all;
+  for (uint32_t b = 0; b < 65536; ++b) all.push_back(bf16_to_float(static_cast<uint16_t>(b)));
+  for (size_t i = 0; i < all.size(); ++i) {
+    MeanLane full, first;
+    difuse::norm::mean_push_scalar(full, 1, all[i]);
+    difuse::norm::mean_first_push_scalar(first, 1, all[i]);
+    ASSERT_EQ(float_bits(full.a[1]), float_bits(first.a[1])) << "bf16 0x" << std::hex << i;
+    MeanLane full4, first4;  // each slot sees every pattern, beside three others
+    const float x[4] = {all[i], all[(i * 7 + 1) % 65536], all[(i * 13 + 2) % 65536], all[(i * 31 + 3) % 65536]};
+    difuse::norm::mean_push_vec4(full4, x[0], x[1], x[2], x[3]);
+    difuse::norm::mean_first_push_vec4(first4, x[0], x[1], x[2], x[3]);
+    for (int k = 0; k < 4; ++k) ASSERT_EQ(float_bits(full4.a[k]), float_bits(first4.a[k])) << "bf16 0x" << std::hex << i;
+  }
+  // two pushed accumulators (as the 64-element span lanes push them), 2 and 3 at +0
+  std::mt19937 rng(7);
+  std::uniform_int_distribution<uint32_t> pick(0, 65535);
+  for (int t = 0; t < 200000; ++t) {
+    const uint32_t a = t < 65536 ? static_cast<uint32_t>(t) : pick(rng), b = pick(rng);
+    MeanLane l;
+    difuse::norm::mean_push_scalar(l, 0, all[a]);
+    difuse::norm::mean_push_scalar(l, 1, all[b]);
+    ASSERT_EQ(float_bits(difuse::norm::mean_lane_total(l)), float_bits(difuse::norm::mean_lane_total_first_two(l)))
+        << a << " " << b;
+  }
+  // and the case the argument rests on: a -0 accumulator would differ (so the test can tell the two apart)
+  MeanLane neg;
+  neg.a[0] = neg.a[1] = -0.0f;  // -0 + -0 is -0; + +0 makes it +0
+  EXPECT_NE(float_bits(difuse::norm::mean_lane_total(neg)), float_bits(difuse::norm::mean_lane_total_first_two(neg)));
+}
