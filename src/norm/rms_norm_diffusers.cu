@@ -30,9 +30,10 @@
 // failed, 0 skipped (bench/results/h200/tests.json). The half-warp kernel for 128-element rows ran there behind
 // DIFUSE_RMSD_LANES_PER_ROW=16 (test_half_warp_rows; bench 0 mismatches, knob-sweeps/: 20.7 us) and became the
 // default after that run; this file's tests passed with it at bc88af7 (tests-defaults-bc88af7.json; 19.6 us).
-// All 240 passed again at 5f8295d (tests.json). NOT YET RUN ON THE H200 (after e383706): the half-warp kernels'
-// means leave out their +0 additions (norm::mean_first_push_*, mean_lane_total_first_two in diffusers_head_norm.h:
-// the same bits for every input, tests/cpu/test_rms_norm_modulate.cpp), 17-35 PTX instructions fewer.
+// All 240 passed again at 5f8295d (tests.json). At 1765206 the half-warp kernels' means leave out their +0 additions
+// (norm::mean_first_push_*, mean_lane_total_first_two in diffusers_head_norm.h: the same bits for every input,
+// tests/cpu/test_rms_norm_modulate.cpp), 17-35 PTX instructions fewer: bench at 1765206 0 mismatches
+// (ops-prologues-1765206.json: 1x4608x24x128 19.9 us, 2x24x4096x64 23.1); this file's GPU tests NOT YET RUN at 1765206.
 #include "norm/rms_norm_diffusers.h"
 
 #include <cuda_runtime.h>

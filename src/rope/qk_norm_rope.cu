@@ -44,13 +44,15 @@
 // (DIFUSE_QK_VCOPY=1; the other kernels' PTX unchanged). Timed there
 // (knob-sweeps/ at 5f8295d), both lost to the staged default: 1x4608x24x128 double 54.7 us pipelined, 58.5 with
 // v copies, 50.8 staged.
-// NOT YET RUN ON THE H200 (written after e383706, CPU-built; ptx-diff against e383706): fewer instructions in the
-// staged kernels, which ncu found issue-bound (0.85 warp instructions per scheduler and cycle): the staging copies
-// walk each role's heads by fixed steps (staged_token_rows.cuh; ~6 instructions per 16-byte copy, were ~30), and
-// the row loop has head_dim 128 as a constant (no bounds predicates, no division branch, the output offset a shift),
-// its output base as one indexed constant load (p.out[role], where selects cost ~8 per row) and the weights' presence
-// as a bit mask. SASS of the staged default's row loop: 206 -> 164 instructions per slot. Index arithmetic only;
-// predicted 1x4608x24x128 double 50.8 -> ~46 us (the memory floor is 41.3).
+// At 1765206 (after e383706), fewer instructions in the staged kernels, which ncu found issue-bound (0.85 warp
+// instructions per scheduler and cycle): the staging copies walk each role's heads by fixed steps
+// (staged_token_rows.cuh; ~6 instructions per 16-byte copy, were ~30), and the row loop has head_dim 128 as a constant
+// (no bounds predicates, no division branch, the output offset a shift), its output base as one indexed constant load
+// (p.out[role], where selects cost ~8 per row) and the weights' presence as a bit mask. SASS of the staged default's
+// row loop: 206 -> 164 instructions per slot. Index arithmetic only. On the H200 at 1765206 (the last minutes of device
+// time): bench 0 mismatches, 1x4608x24x128 double 50.8 -> 49.0 us (predicted ~46), single 39.8 -> 35.2
+// (ops-prologues-1765206.json); 250 of this file's 251 tests passed before the call's time ran out
+// (test_pipelined_variant not reached; gpu-tests-partial-1765206.log).
 #include "rope/qk_norm_rope.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"

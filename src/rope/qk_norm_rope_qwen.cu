@@ -50,13 +50,14 @@
 // pipelined variant (DIFUSE_QK_PIPELINED=1, staged_token_rows.cuh's pipelined_tokens), and the v-copy variant
 // (DIFUSE_QK_VCOPY=1). Timed there (knob-sweeps/ at 5f8295d), both lost to the staged default: 1x4608x24x128
 // txt512 62.8 us pipelined, 61.6 with v copies, 54.1 staged.
-// NOT YET RUN ON THE H200 (written after e383706, CPU-built; ptx-diff against e383706): fewer instructions in the
-// staged kernels, which ncu found issue-bound (0.85 warp instructions per scheduler and cycle): the staging copies
-// walk each role's heads by fixed steps (staged_token_rows.cuh; ~6 instructions per 16-byte copy, were ~30), and
-// the row loop has head_dim 128 as a constant, the output base as one indexed constant load, the weights' and freqs'
+// At 1765206 (after e383706), fewer instructions in the staged kernels, which ncu found issue-bound: the staging copies
+// walk each role's heads by fixed steps (staged_token_rows.cuh; ~6 instructions per 16-byte copy, were ~30), and the
+// row loop has head_dim 128 as a constant, the output base as one indexed constant load, the weights' and freqs'
 // presence as a bit mask, and the mean's first pushes without their +0 additions (norm::mean_first_push_vec4, the same
 // bits for every input: tests/cpu/test_rms_norm_modulate.cpp). SASS of the staged default's row loop: 244 -> 199
-// instructions per slot. Index arithmetic only; predicted 1x4608x24x128 txt512 54.1 -> ~47 us.
+// instructions per slot. Index arithmetic only. On the H200 at 1765206: bench 0 mismatches at the site shapes,
+// 1x4608x24x128 txt512 54.1 -> 49.8 us (predicted ~47; ops-prologues-1765206.json); this file's GPU tests NOT YET RUN
+// at 1765206 (the call's time ran out first).
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"

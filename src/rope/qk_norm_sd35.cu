@@ -38,13 +38,14 @@
 // (tests-defaults-bc88af7.json). The v-copy variant passed its tests at 5f8295d through DIFUSE_QK_VCOPY=1
 // (256 cases, tests.json) and became the default after; the file's 256 tests passed with it at e383706
 // (tests-defaults-e383706.json; v staged through DIFUSE_QK_VCOPY=0).
-// NOT YET RUN ON THE H200 (written after e383706, CPU-built; ptx-diff against e383706): fewer instructions in the
-// staged kernels, which ncu found issue-bound (0.85 warp instructions per scheduler and cycle): the staging copies
-// walk each role's heads by fixed steps (staged_token_rows.cuh; ~6 instructions per 16-byte copy, were ~30), and
-// the row loop keeps the raw bits in 32-bit registers (no byte permutes), takes the output base as one indexed constant
+// At 1765206 (after e383706), fewer instructions in the staged kernels, which ncu found issue-bound: the staging copies
+// walk each role's heads by fixed steps (staged_token_rows.cuh; ~6 instructions per 16-byte copy, were ~30), and the
+// row loop keeps the raw bits in 32-bit registers (no byte permutes), takes the output base as one indexed constant
 // load, and leaves out the mean's +0 additions (norm::head64_span_lane_sum: mean_first_push_scalar,
 // mean_lane_total_first_two, the same bits for every input). SASS of the staged default's row loop: 124 -> 106
-// instructions per slot. Index arithmetic only; predicted 2x38x4429x64 80.7 -> ~72 us (target 73).
+// instructions per slot. Index arithmetic only. On the H200 at 1765206: this file's 256 tests passed
+// (gpu-tests-partial-1765206.log), bench 0 mismatches, 2x38x4429x64 80.7 -> 76.7 us (predicted ~72; target 73;
+// ops-prologues-1765206.json).
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
