@@ -45,7 +45,9 @@
 // mean_lane_total_first_two, the same bits for every input). SASS of the staged default's row loop: 124 -> 106
 // instructions per slot. Index arithmetic only. On the H200 at 1765206: this file's 256 tests passed
 // (gpu-tests-partial-1765206.log), bench 0 mismatches, 2x38x4429x64 80.7 -> 76.7 us (predicted ~72; target 73;
-// ops-prologues-1765206.json).
+// ops-prologues-1765206.json). NOT YET RUN ON THE H200: after 1765206 the v-copy kernel (the default) drops its bounds
+// test and zero fill (its 2H rows are even and a warp takes one slot per step, so every row exists) and its v-role
+// branch (v never goes through its slots): row loop 106 -> 85 instructions; predicted 76.7 -> ~73 us.
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -162,6 +164,7 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(c
 template <int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = false>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_warp64(const Params p) {
   static_assert(!VCOPY || STAGED, "the v copy rides on the staged kernel's 16-byte aligned rows");
+  static_assert(!VCOPY || R == 1, "VCOPY's rows need no bounds test only with one slot per warp and step");
   constexpr int D = 64;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -203,12 +206,14 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_war
 #pragma unroll
     for (int q = 0; q < R; ++q) {
       const int r = 2 * (base + q * kWarps) + seg;
-      role_of[q] = role_and_head(p.heads, r, rows, head_of[q]);
+      // VCOPY (R == 1): rows = 2H is even and base < slots = H, so r < rows: no bounds test, no zero fill
+      role_of[q] = VCOPY ? p.heads.divmod(static_cast<uint32_t>(r), head_of[q])
+                         : role_and_head(p.heads, r, rows, head_of[q]);
       const uint16_t* row = (STAGED ? reinterpret_cast<const uint16_t*>(staged64 + 8 * r)
                                     : tr.row(role_of[q] < 3 ? role_of[q] : 0, head_of[q])) + u;
 #pragma unroll
       for (int j = 0; j < 4; ++j) {
-        raw[q][j] = role_of[q] < 3 ? row[16 * j] : 0u;
+        raw[q][j] = VCOPY || role_of[q] < 3 ? row[16 * j] : 0u;
         x[q][j] = num::bf16_to_float(static_cast<uint16_t>(raw[q][j]));
       }
     }
@@ -217,11 +222,11 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_war
 #pragma unroll
     for (int q = 0; q < R; ++q) {
       const uint32_t role = role_of[q];  // 0 q, 1 k, 2 v (copied as is, raw bits), 3 past the end
-      if (role > 2) continue;  // no shuffle follows: a half warp may skip alone
+      if (!VCOPY && role > 2) continue;  // no shuffle follows: a half warp may skip alone (VCOPY: role 0 or 1)
       // STAGED: p.out[role] is one indexed constant load where the selects cost ~8 instructions per row
       uint16_t* o = (STAGED ? p.out[role] : by_role(role, p.out[0], p.out[1], p.out[2])) + out_token +
                     head_of[q] * out_head;
-      if (role < 2) {
+      if (VCOPY || role < 2) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
           const uint32_t wpair = role == 0 ? wq[j / 2] : wk[j / 2];
