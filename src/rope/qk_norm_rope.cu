@@ -52,7 +52,9 @@
 // row loop: 206 -> 164 instructions per slot. Index arithmetic only. On the H200 at 1765206 (the last minutes of device
 // time): bench 0 mismatches, 1x4608x24x128 double 50.8 -> 49.0 us (predicted ~46), single 39.8 -> 35.2
 // (ops-prologues-1765206.json); 250 of this file's 251 tests passed before the call's time ran out
-// (test_pipelined_variant not reached; gpu-tests-partial-1765206.log).
+// (test_pipelined_variant not reached; gpu-tests-partial-1765206.log). NOT YET RUN ON THE H200: after 1765206 every
+// kernel finds its token's batch and position by a FastDivU32 made on the host (token_place.h, CPU-tested), where a
+// 32-bit division cost ~20 instructions in every warp: the staged default's prologue 23 SASS instructions shorter.
 #include "rope/qk_norm_rope.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -101,6 +103,7 @@ struct Params {
   float eps = 1e-6f;
   float inv_D = 0.f;        // 1/D when D is a power of two, else 0 (num::div_by_width_rn)
   detail::FastDivU32 heads;  // row -> (role, head) without a division instruction
+  detail::FastDivU32 seq;    // token -> (batch, joint position)
 };
 
 // SPAN lanes per row (32, or 16 for two rows per warp instruction): lane u of a span holds aten's vectors u,
@@ -131,7 +134,7 @@ __device__ __forceinline__ int slot_rows(const Params& p) {
 // the output here (copy_v_rows).
 template <bool VCOPY = false>
 __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uint4* dst) {
-  const TokenPlace tp = token_place(token, p.S, p.first.S);
+  const TokenPlace tp = token_place(token, p.seq, p.first.S);
   const Stream& st = tp.in_first ? p.first : p.second;
   const TokenRows tr(st.t[0], st.t[1], st.t[2], tp.b, tp.s);
   const int rows = slot_rows<VCOPY>(p);
@@ -167,7 +170,7 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int u = lane % SPAN;    // this lane's place in its row
   const int seg = lane / SPAN;  // which of the slot's rows
-  const TokenPlace tp = token_place(token, p.S, p.first.S);
+  const TokenPlace tp = token_place(token, p.seq, p.first.S);
   const int64_t b = tp.b, sj = tp.sj;
   bool on[K];  // vector j of this lane (aten lane u + SPAN j) holds data
 #pragma unroll
@@ -431,6 +434,7 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
   p.eps = static_cast<float>(a.eps);
   p.inv_D = num::inv_pow2_or_zero(p.D);
   p.heads = detail::FastDivU32(static_cast<uint32_t>(p.H));
+  p.seq = detail::FastDivU32(static_cast<uint32_t>(p.S));
   const int64_t blocks = a.q.sizes[0] * p.S;
   if (blocks == 0 || p.H == 0) return;
   const detail::DeviceGuard device_guard(a.q.device);

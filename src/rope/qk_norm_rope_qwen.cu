@@ -57,7 +57,9 @@
 // bits for every input: tests/cpu/test_rms_norm_modulate.cpp). SASS of the staged default's row loop: 244 -> 199
 // instructions per slot. Index arithmetic only. On the H200 at 1765206: bench 0 mismatches at the site shapes,
 // 1x4608x24x128 txt512 54.1 -> 49.8 us (predicted ~47; ops-prologues-1765206.json); this file's GPU tests NOT YET RUN
-// at 1765206 (the call's time ran out first).
+// at 1765206 (the call's time ran out first). After 1765206 (not yet run there either): the token's batch and position
+// by a FastDivU32 made on the host (token_place.h, CPU-tested): the staged default's prologue 36 SASS instructions
+// shorter.
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -106,6 +108,7 @@ struct Params {
   int H = 0, D = 0, V = 0;  // V: lanes holding elements
   float eps = 1e-6f;
   detail::FastDivU32 heads;  // row -> (role, head) without a division instruction
+  detail::FastDivU32 seq;    // token -> (batch, joint position)
 };
 
 // One block per joint token (b, sj): its 3H head rows, warp w taking rows w, w + 8, ... R at a time (all R loads
@@ -124,7 +127,7 @@ struct Params {
 // here (copy_v_rows).
 template <bool VCOPY = false>
 __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uint4* dst) {
-  const TokenPlace tp = token_place(token, p.S, p.txt.S);
+  const TokenPlace tp = token_place(token, p.seq, p.txt.S);
   const Stream& st = tp.in_first ? p.txt : p.img;
   const TokenRows tr(st.t[0], st.t[1], st.t[2], tp.b, tp.s);
   const int rows = (VCOPY ? 2 : 3) * p.H;
@@ -158,7 +161,7 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int u = lane % SPAN, seg = lane / SPAN;
-  const TokenPlace tp = token_place(token, p.S, p.txt.S);
+  const TokenPlace tp = token_place(token, p.seq, p.txt.S);
   const int64_t b = tp.b, sj = tp.sj, s = tp.s;
   const Stream& st = tp.in_first ? p.txt : p.img;
   bool on[K];
@@ -375,6 +378,7 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
   p.V = p.D / E;
   p.eps = static_cast<float>(a.eps);
   p.heads = detail::FastDivU32(static_cast<uint32_t>(p.H));
+  p.seq = detail::FastDivU32(static_cast<uint32_t>(p.S));
   const int64_t blocks = B * p.S;
   if (blocks == 0) return;
   const detail::DeviceGuard device_guard(a.q.device);

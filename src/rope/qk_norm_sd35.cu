@@ -47,7 +47,9 @@
 // (gpu-tests-partial-1765206.log), bench 0 mismatches, 2x38x4429x64 80.7 -> 76.7 us (predicted ~72; target 73;
 // ops-prologues-1765206.json). NOT YET RUN ON THE H200: after 1765206 the v-copy kernel (the default) drops its bounds
 // test and zero fill (its 2H rows are even and a warp takes one slot per step, so every row exists) and its v-role
-// branch (v never goes through its slots): row loop 106 -> 85 instructions; predicted 76.7 -> ~73 us.
+// branch (v never goes through its slots): row loop 106 -> 85 instructions; predicted 76.7 -> ~73 us. The half-warp
+// kernels also find the token's batch and position by a FastDivU32 made on the host (p.seq; the full-warp ones keep the
+// division: their 8-row variant spills with it).
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -94,6 +96,7 @@ struct Params {
   int H = 0, D = 0, V = 0;
   float eps = 1e-6f;
   detail::FastDivU32 heads;  // row -> (role, head) without a division instruction
+  detail::FastDivU32 seq;    // token -> (batch, joint position)
 };
 
 // Warp w of a token's block owns rows w, w + 8, ... of its 3H head rows (row r: role r / H, head r % H), R at a
@@ -169,9 +172,9 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_war
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
   const int u = lane % 16, seg = lane / 16;
-  const unsigned S = static_cast<unsigned>(p.S);  // B * S < 2^31 (predicate)
-  const int64_t b = blockIdx.x / S;
-  const int64_t sj = blockIdx.x % S;
+  uint32_t sj32;  // B * S < 2^31 (predicate): blockIdx.x < 2^31, as FastDivU32 needs
+  const int64_t b = p.seq.divmod(blockIdx.x, sj32);
+  const int64_t sj = sj32;
   const bool in_img = sj < p.img.S;
   const int64_t s = in_img ? sj : sj - p.img.S;
 
@@ -306,6 +309,7 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
   p.V = p.D / E;
   p.eps = static_cast<float>(a.eps);
   p.heads = detail::FastDivU32(static_cast<uint32_t>(p.H));
+  p.seq = detail::FastDivU32(static_cast<uint32_t>(p.S));
   const int64_t blocks = B * p.S;
   if (blocks == 0) return;
   const detail::DeviceGuard device_guard(a.q.device);

@@ -11,6 +11,7 @@
 #include "core/fast_div.h"
 #include "difuse/difuse.h"
 #include "rope/head_views.h"
+#include "rope/token_place.h"
 
 namespace difuse::rope {
 
@@ -67,23 +68,6 @@ struct TokenRows {
     return a + head * st;
   }
 };
-
-// Token `token` of a launch over B * S joint tokens (one block, or one loop step, per token), the first S_first of
-// each batch's S from the first stream: its batch b, joint position sj and place s in its stream.
-struct TokenPlace {
-  int64_t b, sj, s;
-  bool in_first;
-};
-
-__device__ __forceinline__ TokenPlace token_place(unsigned token, int64_t S, int64_t S_first) {
-  const unsigned s32 = static_cast<unsigned>(S);  // B * S < 2^31 (the predicates): 32-bit division
-  TokenPlace t;
-  t.b = token / s32;
-  t.sj = token % s32;
-  t.in_first = t.sj < S_first;
-  t.s = t.in_first ? t.sj : t.sj - S_first;
-  return t;
-}
 
 // Row r of `rows` -> role (its return value) and head; 3 for a row past the end.
 __device__ __forceinline__ uint32_t role_and_head(const detail::FastDivU32& heads, int r, int rows, uint32_t& head) {

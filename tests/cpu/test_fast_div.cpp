@@ -6,6 +6,7 @@
 #include <random>
 
 #include "core/fast_div.h"
+#include "rope/token_place.h"
 #include "core/rows.h"
 
 using difuse::detail::FastDivU32;
@@ -86,4 +87,30 @@ TEST(IndexDiv, BothPathsDivideExactly) {
     for (int64_t n : {int64_t{0}, int64_t{1} << 33, (int64_t{1} << 40) - 1}) ASSERT_EQ(wide.div(n), n / d);
   }
   EXPECT_EQ(IndexDiv(0, 10).d, 1);  // a zero-length sequence never divides (no rows)
+}
+
+// The prologue kernels' token -> (batch, joint position, place in its stream), by a FastDivU32 made on the host,
+// against / and %: the site shapes (FLUX 512 + 4096, Qwen 512 + 4096, SD3.5 4429 + 333 image first), small and odd
+// ones, and the last token of a launch near 2^31 tokens.
+TEST(TokenPlace, MatchesDivisionAndRemainder) {
+  struct Case { int64_t S_first, S_second, B; };
+  const Case cases[] = {{512, 4096, 2}, {4429, 333, 2}, {34, 4096, 1}, {0, 7, 3}, {5, 0, 4}, {1, 1, 9}, {13, 6, 5}};
+  for (const Case& c : cases) {
+    const int64_t S = c.S_first + c.S_second;
+    const difuse::detail::FastDivU32 seq(static_cast<uint32_t>(S));
+    for (int64_t token = 0; token < c.B * S; ++token) {
+      const difuse::rope::TokenPlace t = difuse::rope::token_place(static_cast<unsigned>(token), seq, c.S_first);
+      ASSERT_EQ(t.b, token / S);
+      ASSERT_EQ(t.sj, token % S);
+      ASSERT_EQ(t.in_first, token % S < c.S_first);
+      ASSERT_EQ(t.s, t.in_first ? token % S : token % S - c.S_first);
+    }
+  }
+  const int64_t S = 4608, B = ((int64_t{1} << 31) - 1) / S;  // the largest launch the predicates allow
+  const difuse::detail::FastDivU32 seq(static_cast<uint32_t>(S));
+  for (int64_t token = B * S - 5000; token < B * S; ++token) {
+    const difuse::rope::TokenPlace t = difuse::rope::token_place(static_cast<unsigned>(token), seq, 512);
+    ASSERT_EQ(t.b, token / S);
+    ASSERT_EQ(t.sj, token % S);
+  }
 }
