@@ -87,8 +87,7 @@ template <int E>
 DIFUSE_HD HeadRun<E> diffusers_norm_run(const HeadRun<E>& x, float rstd, bool has_w, const HeadRun<E>& w) {
   HeadRun<E> y;
   for (int j = 0; j < E / 2; ++j)
-    y.w[j] = num::pack_bf16x2(diffusers_rms_value(num::bf16_lo(x.w[j]), rstd, has_w, num::bf16_lo(w.w[j])),
-                              diffusers_rms_value(num::bf16_hi(x.w[j]), rstd, has_w, num::bf16_hi(w.w[j])));
+    y.w[j] = diffusers_rms_pair(x.w[j], rstd, has_w, w.w[j]);  // diffusers_rms_value per half, packed
   return y;
 }
 

@@ -34,6 +34,8 @@
 // (norm::mean_first_push_*, mean_lane_total_first_two in diffusers_head_norm.h: the same bits for every input,
 // tests/cpu/test_rms_norm_modulate.cpp), 17-35 PTX instructions fewer: bench at 1765206 0 mismatches
 // (ops-prologues-1765206.json: 1x4608x24x128 19.9 us, 2x24x4096x64 23.1); this file's GPU tests NOT YET RUN at 1765206.
+// After 1765206 (not yet run): the 128-element kernels round two elements at a time (norm::diffusers_rms_pair, the same
+// bits, CPU-tested), 36-144 PTX instructions fewer.
 #include "norm/rms_norm_diffusers.h"
 
 #include <cuda_runtime.h>

@@ -59,7 +59,9 @@
 // 1x4608x24x128 txt512 54.1 -> 49.8 us (predicted ~47; ops-prologues-1765206.json); this file's GPU tests NOT YET RUN
 // at 1765206 (the call's time ran out first). After 1765206 (not yet run there either): the token's batch and position
 // by a FastDivU32 made on the host (token_place.h, CPU-tested): the staged default's prologue 36 SASS instructions
-// shorter.
+// shorter. And the norm's two roundings two elements at a time (norm::diffusers_rms_pair: one pack-convert per pair
+// where each element was converted alone and widened back; the same bits, CPU-tested against the element chain): row
+// loop 198 -> 178 SASS instructions (244 before 1765206). Predicted txt512 49.8 -> ~47 us.
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"

@@ -524,3 +524,26 @@ TEST(MeanSchedule, FirstPushesAndTwoLaneTotalAreTheSameBits) {
   neg.a[0] = neg.a[1] = -0.0f;  // -0 + -0 is -0; + +0 makes it +0
   EXPECT_NE(float_bits(difuse::norm::mean_lane_total(neg)), float_bits(difuse::norm::mean_lane_total_first_two(neg)));
 }
+
+// diffusers_rms_pair (two elements per pack-convert) against diffusers_rms_value per half: every bf16 pattern in
+// each half, random partners and weights, rstd from ordinary to extreme (inf, 0, NaN, subnormal), with and
+// without a weight.
+TEST(MeanSchedule, DiffusersRmsPairIsTheElementChainPacked) {
+  std::mt19937 rng(11);
+  std::uniform_int_distribution<uint32_t> pick(0, 65535);
+  const float rstds[] = {1.0f, 0.37f, 3.1e4f, 7.3e-3f, 1e30f, 1e-30f, 1e-40f, 0.0f, INFINITY, NAN, 1.9e19f};
+  for (uint32_t b = 0; b < 65536; ++b) {
+    for (int t = 0; t < 4; ++t) {
+      const uint32_t x2 = (t % 2 ? b : pick(rng)) | ((t % 2 ? pick(rng) : b) << 16);
+      const uint32_t w2 = pick(rng) | (pick(rng) << 16);
+      const float rstd = rstds[(b + 3 * t) % (sizeof(rstds) / sizeof(rstds[0]))];
+      for (bool has_w : {false, true}) {
+        const uint32_t want = pack_bf16x2(
+            difuse::norm::diffusers_rms_value(bf16_lo(x2), rstd, has_w, bf16_lo(w2)),
+            difuse::norm::diffusers_rms_value(bf16_hi(x2), rstd, has_w, bf16_hi(w2)));
+        ASSERT_EQ(difuse::norm::diffusers_rms_pair(x2, rstd, has_w, w2), want)
+            << std::hex << x2 << " " << w2 << " rstd " << rstd << " w " << has_w;
+      }
+    }
+  }
+}
