@@ -10,7 +10,9 @@
 // Rows of <= 128 elements (per-head norms): aten's warp 0 on half of one of our warps, four slots of two rows per
 // warp at once (a full warp per row behind DIFUSE_RMS_LANES_PER_ROW=32). Wider rows: aten's own two-pass
 // 128-thread layout by default; the staged kernels (layernorm_modulate's thread maps, layernorm_schedule.h, rows
-// staged in shared memory) behind DIFUSE_RMS_STAGED_ROWS=1 for rows of at most 48 sweeps.
+// staged in shared memory) behind DIFUSE_RMS_STAGED_ROWS=1 for rows of at most 48 sweeps. Per-head rows of 64 or
+// 128 elements with 16-byte aligned rows: the block's 64 rows first copied into shared memory behind
+// DIFUSE_RMS_STAGED_HEADS=1 (written after e383706, not yet run on the H200; test_staged_heads_variant).
 //
 // Guards (can_use_rms_norm; every violation is reported): x bf16 on a CUDA device, rank 1-4, last dim
 // contiguous, N % 4 == 0, N <= 2^24; a contiguous x must be 8-byte aligned (otherwise aten runs its
@@ -187,6 +189,70 @@ __global__ void __launch_bounds__(256, MIN_BLOCKS) rms_norm_small_rows(const Par
   }
 }
 
+// STAGED per-head rows (DIFUSE_RMS_STAGED_HEADS=1, for measurement; not yet run on the H200): rows of 64 or 128
+// elements (CHUNKS 8 or 16 copies of 16 bytes), 16-byte aligned. The block first copies its 64 rows into shared
+// memory with cp.async, every copy in flight at once (16 KB at 128 elements), then runs rms_norm_small_rows'
+// half-warp arithmetic (slots of two rows, one slot at a time) reading them from there: the same bits per row. At 32
+// registers 8 blocks fit an SM (the default kernel: 57 registers, 4 blocks; ncu at e383706: 40.7 % achieved
+// occupancy, DRAM 47 %, 3.27 waves), so twice the rows' bytes are in flight per SM, as the staged attention
+// prologues gained over their per-row kernels (FLUX 58.8 -> 53.4 us).
+constexpr int kStagedHeadRows = 64;
+
+template <int CHUNKS>
+__global__ void __launch_bounds__(256, 8) rms_norm_staged_heads(const Params p) {
+  constexpr int SPAN = 16, K = 2, R = 4;  // 8 warps x 4 slots x 2 rows: the block's 64 rows
+  extern __shared__ uint4 rows16[];       // row rr of the block at 16-byte chunk CHUNKS * rr
+  const int64_t r_first = static_cast<int64_t>(blockIdx.x) * kStagedHeadRows;
+  const int nrows = static_cast<int>(p.rows - r_first < kStagedHeadRows ? p.rows - r_first : kStagedHeadRows);
+  {
+    const int part = static_cast<int>(threadIdx.x) % CHUNKS;  // each thread keeps one chunk position
+#pragma unroll 1
+    for (int rr = static_cast<int>(threadIdx.x) / CHUNKS; rr < nrows; rr += 256 / CHUNKS)
+      cp_async(rows16 + CHUNKS * rr + part, row_ptr(p, r_first + rr) + 8 * part, true);
+  }
+  cp_async_wait_all();
+  __syncthreads();
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int u = lane % SPAN, seg = lane / SPAN;
+  const int r0 = static_cast<int>(threadIdx.x / 32) * R * K;  // the warp's first row in the block
+  if (r0 >= nrows) return;                                     // whole warp (no barrier follows)
+  bool on[K];
+  uint2 ww[K];
+#pragma unroll
+  for (int j = 0; j < K; ++j) {
+    on[j] = u + SPAN * j < p.v;
+    ww[j] = (p.has_w && on[j]) ? reinterpret_cast<const uint2*>(p.w)[u + SPAN * j] : make_uint2(0, 0);
+  }
+  // One slot at a time: the rows are in shared memory, so nothing is gained by holding several (32 registers).
+#pragma unroll 1
+  for (int q = 0; q < R; ++q) {
+    const int rr = r0 + q * K + seg;
+    const uint2* row = reinterpret_cast<const uint2*>(rows16 + CHUNKS * (rr < nrows ? rr : 0));
+    uint2 xw[1][K];
+#pragma unroll
+    for (int j = 0; j < K; ++j) xw[0][j] = (rr < nrows && on[j]) ? row[u + SPAN * j] : make_uint2(0, 0);
+    float sum[1] = {rms_lane_sum<K>(xw[0])};
+    rms_span_tree<SPAN, 1>(sum);  // every lane of the warp takes part (rows past nrows carry zeros)
+    const float rstd = rms_head_rstd(rms_span_total<SPAN>(sum[0]), p.n, p.eps, p.inv_n_pow2);
+    if (rr >= nrows) continue;
+    uint2* orow = reinterpret_cast<uint2*>(p.out + (r_first + rr) * p.n);
+#pragma unroll
+    for (int j = 0; j < K; ++j)
+      if (on[j])
+        orow[u + SPAN * j] = make_uint2(rms_norm_pair(xw[0][j].x, rstd, p.has_w, ww[j].x),
+                                        rms_norm_pair(xw[0][j].y, rstd, p.has_w, ww[j].y));
+  }
+}
+
+template <int CHUNKS>
+void launch_staged_heads(const Params& p, int device, cudaStream_t stream) {
+  auto kernel = rms_norm_staged_heads<CHUNKS>;
+  static std::atomic<uint64_t> carveout_set{0};  // 8 blocks of 16 KB per SM at 128 elements
+  prefer_max_shared_carveout(kernel, device, carveout_set);
+  const int64_t blocks = (p.rows + kStagedHeadRows - 1) / kStagedHeadRows;
+  kernel<<<static_cast<unsigned>(blocks), 256, sizeof(uint4) * CHUNKS * kStagedHeadRows, stream>>>(p);
+}
+
 template <int SPAN, int R, int MIN_BLOCKS>
 void launch_small_rows(const Params& p, cudaStream_t stream) {
   const int64_t warps = (p.rows + R * (32 / SPAN) - 1) / (R * (32 / SPAN));
@@ -305,7 +371,10 @@ void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const 
     // 1x4608x24x128 weight at 5fa0c2a (knob-sweeps/): 16 lanes 4 slots 18.7 us, 2 slots 19.0, full warp 4 rows
     // 20.2; at 6408223 full warp 2 rows 19.7, 8 rows 19.2. DIFUSE_RMS_LANES_PER_ROW=32 (for measurement): a warp
     // per row, DIFUSE_RMS_ROWS_PER_WARP rows (default 4).
-    if (lanes != 32)
+    static const int staged_heads = detail::positive_env_knob("DIFUSE_RMS_STAGED_HEADS");
+    if (staged_heads == 1 && lanes != 32 && knob == 0 && (p.n == 64 || p.n == 128) && rows_aligned(x, 16))
+      p.n == 128 ? launch_staged_heads<16>(p, x.device, stream) : launch_staged_heads<8>(p, x.device, stream);
+    else if (lanes != 32)
       knob == 2 ? launch_small_rows<16, 2, 1>(p, stream) : launch_small_rows<16, 4, 1>(p, stream);
     else if (knob >= 8)
       launch_small_rows<32, 8, 3>(p, stream);

@@ -163,3 +163,30 @@ def test_staged_rows_variant():
     specs = [((1, 2048, 5120), True), ((2, 300, 1536), False), ((3, 77, 3072), True), ((5, 9, 132), True),
              ((1, 40, 24576), True), ((1, 3, 24580), True)]
     assert_exact_under(exactness_script("rms_norm", specs, 900), DIFUSE_RMS_STAGED_ROWS="1")
+
+
+def test_staged_heads_variant():
+    """DIFUSE_RMS_STAGED_HEADS=1: per-head rows of 64 or 128 elements with 16-byte aligned rows are first copied
+    into shared memory, 64 rows per block, then normalised on half warps as by the default kernel: same bits
+    (FLUX's heads, a row count that leaves the last block partly empty and a warp without rows, 64-element heads,
+    no weight; the q, k, v chunks of a fused QKV projection (strided rows); rows only 8-byte aligned and widths the
+    variant does not take, which keep their kernel; adversarial values: +-inf, +-0, NaN payloads, subnormals)."""
+    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, exactness_script, mismatch_script
+
+    specs = [((1, 4608, 24, 128), True), ((1, 4608, 24, 128), False), ((2, 333, 5, 64), False),
+             ((3, 7, 11, 128), True), ((1, 1, 1, 128), True), ((5, 13, 64), True), ((3, 7, 11, 36), True),
+             ((7, 100), True)]
+    assert_exact_under(exactness_script("rms_norm", specs, 1100), DIFUSE_RMS_STAGED_HEADS="1")
+    strided = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "g = torch.Generator(device='cuda').manual_seed(1150)\n"
+        "w = torch.randn(128, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "qkv = torch.randn(2, 300, 3 * 24 * 128, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "for part in range(3):\n"
+        "    x = qkv[..., part * 3072:(part + 1) * 3072].unflatten(-1, (24, 128))\n"
+        "    bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
+        "for offset in (0, 4):  # 4: rows 8- but not 16-byte aligned (the default kernel)\n"
+        "    x = place(torch.randn(3, 77, 24, 128, device='cuda', dtype=torch.bfloat16, generator=g), offset)\n"
+        "    bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
+        "    bad += count_mismatches(ops.rms_norm(x, None, 1e-6), ops.rms_norm_eager(x, None, 1e-6))\n")
+    assert_exact_under(strided, DIFUSE_RMS_STAGED_HEADS="1")
