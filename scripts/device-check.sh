@@ -95,9 +95,10 @@ stage_sanitizer() {
       echo "memcheck with the prologues' v copies (DIFUSE_QK_VCOPY=1), SD3.5's v staged (DIFUSE_QK_VCOPY=0):" &&
       DIFUSE_QK_VCOPY=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_VCOPY=0 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with the staged per-head rms_norm (DIFUSE_RMS_STAGED_HEADS=1):" &&
-      DIFUSE_RMS_STAGED_HEADS=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_RMS_STAGED_HEADS=1 \
+      echo "memcheck and racecheck with the staged per-head rms_norm and rms_norm_diffusers (DIFUSE_RMS_STAGED_HEADS=1, DIFUSE_RMSD_STAGED_ROWS=1):" &&
+      DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 \
+        compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
+      DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick
   } >"$OUT/sanitizer.log" 2>&1
   local s=$?
@@ -151,7 +152,7 @@ DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_flux;DIFUSE_QK_UNSTAGED=1:qk_norm_rope_fl
 DIFUSE_QK_VCOPY=1:qk_norm_rope_flux;DIFUSE_QK_VCOPY=1:qk_norm_rope_qwen;\
 DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_qwen;DIFUSE_QK_UNSTAGED=1:qk_norm_rope_qwen;DIFUSE_QK_PIPELINED=1:qk_norm_rope_qwen;\
 DIFUSE_RMS_LANES_PER_ROW=32,DIFUSE_RMS_ROWS_PER_WARP=4:rms_norm;DIFUSE_RMS_STAGED_ROWS=1:rms_norm;DIFUSE_RMS_STAGED_HEADS=1:rms_norm;\
-DIFUSE_RMSD_ROWS_PER_WARP=1:rms_norm_diffusers;\
+DIFUSE_RMSD_ROWS_PER_WARP=1:rms_norm_diffusers;DIFUSE_RMSD_STAGED_ROWS=1:rms_norm_diffusers;\
 DIFUSE_QK_LANES_PER_ROW=32:qk_norm_sd35;DIFUSE_QK_ROWS_PER_WARP=4:qk_norm_sd35;DIFUSE_QK_UNSTAGED=1:qk_norm_sd35;\
 DIFUSE_QK_VCOPY=0:qk_norm_sd35;\
 DIFUSE_RMSD_LANES_PER_ROW=32:rms_norm_diffusers;DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\

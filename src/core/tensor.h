@@ -20,6 +20,14 @@ bool overlaps(const difuse_tensor_view& a, const difuse_tensor_view& b);
 inline uintptr_t address(const difuse_tensor_view& v) { return reinterpret_cast<uintptr_t>(v.data); }
 inline bool aligned(const void* p, uintptr_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
 
+// Every row of a bf16 view starts `bytes`-aligned: the pointer and each leading stride (dims of size 1 aside).
+inline bool rows_aligned(const difuse_tensor_view& x, uintptr_t bytes) {
+  if (!aligned(x.data, bytes)) return false;
+  for (int d = 0; d + 1 < x.rank; ++d)
+    if (x.sizes[d] > 1 && (x.strides[d] * 2) % static_cast<int64_t>(bytes) != 0) return false;
+  return true;
+}
+
 // Shared predicate pieces (each adds every violation it finds to s).
 // A bf16 row view on a CUDA device: rank 1..4, last dim contiguous, non-negative strides. False when the rank
 // is out of range (the caller then stops: the other checks index the dims).

@@ -298,12 +298,7 @@ void launch_rows(const Params& p, int device, cudaStream_t stream) {
   kernel<<<static_cast<unsigned>(blocks), G * ROWS, smem, stream>>>(p);
 }
 
-bool rows_aligned(const difuse_tensor_view& x, uintptr_t bytes) {
-  if (!detail::aligned(x.data, bytes)) return false;
-  for (int d = 0; d + 1 < x.rank; ++d)
-    if (x.sizes[d] > 1 && (x.strides[d] * 2) % static_cast<int64_t>(bytes) != 0) return false;
-  return true;
-}
+using detail::rows_aligned;
 
 }  // namespace
 

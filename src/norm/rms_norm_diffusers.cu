@@ -35,11 +35,14 @@
 // tests/cpu/test_rms_norm_modulate.cpp), 17-35 PTX instructions fewer: bench at 1765206 0 mismatches
 // (ops-prologues-1765206.json: 1x4608x24x128 19.9 us, 2x24x4096x64 23.1); this file's GPU tests NOT YET RUN at 1765206.
 // After 1765206 (not yet run): the 128-element kernels round two elements at a time (norm::diffusers_rms_pair, the same
-// bits, CPU-tested), 36-144 PTX instructions fewer.
+// bits, CPU-tested), 36-144 PTX instructions fewer. Also written after e383706 (not yet run):
+// DIFUSE_RMSD_STAGED_ROWS=1, 64- and 128-element rows staged in shared memory 64 per block (test_staged_rows_variant,
+// sweep and sanitizer entries).
 #include "norm/rms_norm_diffusers.h"
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <string>
 
 #include "core/device.h"
@@ -49,6 +52,7 @@
 #include "core/tensor.h"
 #include "difuse/numerics/bf16.h"
 #include "norm/diffusers_head_norm.h"
+#include "norm/row_staging.cuh"
 
 namespace difuse::norm {
 
@@ -211,6 +215,81 @@ __global__ void __launch_bounds__(256) rms_norm_diffusers_half_warp128(const Par
   }
 }
 
+// STAGED rows of 64 or 128 elements (DIFUSE_RMSD_STAGED_ROWS=1, for measurement; not yet run on the H200; rows
+// 16-byte aligned, and at 128 the vectorized output pass): the block first copies its 64 rows into shared memory
+// with cp.async, every copy in flight at once, then runs the half-warp kernels' arithmetic (head64_rstd_half_warp
+// at 64, head_rstd_half_warp at 128; slots of two rows, one slot at a time) reading them from there: the same bits
+// per row. 32 registers, 8 blocks per SM: more of the rows' bytes in flight per SM than the per-row kernels hold
+// (2x24x4096x64: 23.1 us, 51 % of its floor; 1x4608x24x128: 19.9 us, 67 %).
+constexpr int kStagedRows = 64;
+
+template <int N>
+__global__ void __launch_bounds__(256, 8) rms_norm_diffusers_staged(const Params p) {
+  static_assert(N == 64 || N == 128, "the half-warp row layouts");
+  constexpr int CHUNKS = N / 8;      // 16-byte copies per row
+  extern __shared__ uint4 rows16[];  // row rr of the block at chunk CHUNKS * rr
+  const int64_t r_first = static_cast<int64_t>(blockIdx.x) * kStagedRows;
+  const int nrows = static_cast<int>(p.rows - r_first < kStagedRows ? p.rows - r_first : kStagedRows);
+  {
+    const int part = static_cast<int>(threadIdx.x) % CHUNKS;  // each thread keeps one chunk position
+#pragma unroll 1
+    for (int rr = static_cast<int>(threadIdx.x) / CHUNKS; rr < nrows; rr += 256 / CHUNKS)
+      cp_async(rows16 + CHUNKS * rr + part, row_ptr(p, r_first + rr) + 8 * part, true);
+  }
+  cp_async_wait_all();
+  __syncthreads();
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int u = lane % 16, seg = lane / 16;
+  const int r0 = static_cast<int>(threadIdx.x / 32) * 8;  // 8 warps x 4 slots x 2 rows: the block's 64 rows
+  if (r0 >= nrows) return;                                // whole warp (no barrier follows)
+  if constexpr (N == 64) {
+    float w[4];
+#pragma unroll
+    for (int j = 0; j < 4; ++j) w[j] = p.has_w ? num::bf16_to_float(p.w[u + 16 * j]) : 1.f;
+#pragma unroll 1
+    for (int q = 0; q < 4; ++q) {
+      const int rr = r0 + 2 * q + seg;
+      const uint16_t* xr = reinterpret_cast<const uint16_t*>(rows16 + CHUNKS * (rr < nrows ? rr : 0)) + u;
+      float x[1][4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) x[0][j] = rr < nrows ? num::bf16_to_float(xr[16 * j]) : 0.f;
+      float rstd[1];
+      head64_rstd_half_warp<1>(x, p.factor, p.eps, rstd);  // every lane of the warp takes part
+      if (rr >= nrows) continue;
+      uint16_t* o = p.out + (r_first + rr) * 64 + u;
+#pragma unroll
+      for (int j = 0; j < 4; ++j) o[16 * j] = diffusers_rms_bits(x[0][j], rstd[0], w[j]);
+    }
+  } else {
+    HeadRun<4> w[2];
+#pragma unroll
+    for (int j = 0; j < 2; ++j) w[j] = p.has_w ? load_run<4>(p.w, u + 16 * j) : zero_run<4>();
+#pragma unroll 1
+    for (int q = 0; q < 4; ++q) {
+      const int rr = r0 + 2 * q + seg;
+      const uint16_t* xr = reinterpret_cast<const uint16_t*>(rows16 + CHUNKS * (rr < nrows ? rr : 0));
+      HeadRun<4> x[1][2];
+#pragma unroll
+      for (int j = 0; j < 2; ++j) x[0][j] = rr < nrows ? load_run<4>(xr, u + 16 * j) : zero_run<4>();
+      float rstd[1];
+      head_rstd_half_warp<1>(x, p.factor, p.eps, rstd);
+      if (rr >= nrows) continue;
+#pragma unroll
+      for (int j = 0; j < 2; ++j)
+        store_run<4>(p.out + (r_first + rr) * 128, u + 16 * j, diffusers_norm_run<4>(x[0][j], rstd[0], p.has_w, w[j]));
+    }
+  }
+}
+
+template <int N>
+void launch_staged(const Params& p, int device, cudaStream_t stream) {
+  auto kernel = rms_norm_diffusers_staged<N>;
+  static std::atomic<uint64_t> carveout_set{0};  // 8 blocks of 8 or 16 KB per SM
+  prefer_max_shared_carveout(kernel, device, carveout_set);
+  const int64_t blocks = (p.rows + kStagedRows - 1) / kStagedRows;
+  kernel<<<static_cast<unsigned>(blocks), 256, sizeof(uint4) * (N / 8) * kStagedRows, stream>>>(p);
+}
+
 }  // namespace
 
 float diffusers_mean_factor(int64_t rows, int64_t n) {
@@ -272,7 +351,11 @@ void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view&
   // 64-element rows by default on half a warp, 2 slots of two rows per warp (4 with DIFUSE_RMSD_ROWS_PER_WARP >= 4).
   // H200 at daa91f6 (knob-sweeps/): 2x24x4096x64 24.0 us vs 50.0 for one row per warp. DIFUSE_RMSD_LANES_PER_ROW=32
   // (for measurement) keeps the full-warp kernel.
-  if (lanes != 32 && p.n == 64) {
+  static const int staged = detail::positive_env_knob("DIFUSE_RMSD_STAGED_ROWS");
+  if (staged == 1 && lanes != 32 && rows_per_warp == 0 && (p.n == 64 || (p.n == 128 && p.vec_out)) &&
+      detail::rows_aligned(x, 16)) {
+    p.n == 64 ? launch_staged<64>(p, x.device, stream) : launch_staged<128>(p, x.device, stream);
+  } else if (lanes != 32 && p.n == 64) {
     const int slots = rows_per_warp >= 4 ? 4 : 2;
     const unsigned b64 = static_cast<unsigned>((p.rows + kRowsPerBlock * 2 * slots - 1) / (kRowsPerBlock * 2 * slots));
     slots == 4 ? rms_norm_diffusers_half_warp64<4><<<b64, 32 * kRowsPerBlock, 0, stream>>>(p)

@@ -161,3 +161,25 @@ def test_half_warp_rows(slots):
     if slots == "4":
         env["DIFUSE_RMSD_ROWS_PER_WARP"] = "4"
     assert_exact_under(script, **env)
+
+
+def test_staged_rows_variant():
+    """DIFUSE_RMSD_STAGED_ROWS=1: 64- and 128-element rows with 16-byte aligned rows are first copied into shared
+    memory, 64 rows per block, then normalised on half warps as by the default kernels: same bits (SD3.5's BHSD
+    views and Qwen's / FLUX's BSHD heads, row counts that leave the last block partly empty, no weight (applied as
+    1), adversarial values; rows only 8-byte aligned and other widths keep their kernels)."""
+    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "g = torch.Generator(device='cuda').manual_seed(1700)\n"
+        "bf = dict(device='cuda', dtype=torch.bfloat16)\n"
+        "xs = [torch.randn(2, 4096, 24, 64, generator=g, **bf).transpose(1, 2), torch.randn(3, 7, 5, 64, generator=g, **bf),\n"
+        "      torch.randn(1, 4608, 24, 128, generator=g, **bf), torch.randn(2, 300, 24, 128, generator=g, **bf).transpose(1, 2),\n"
+        "      torch.randn(17, 128, generator=g, **bf) * 1e-20, torch.randn(4, 5, 32, generator=g, **bf),\n"
+        "      place(torch.randn(3, 77, 24, 128, generator=g, **bf), 0), place(torch.randn(3, 77, 24, 64, generator=g, **bf), 0),\n"
+        "      place(torch.randn(3, 77, 24, 128, generator=g, **bf), 4), place(torch.randn(3, 77, 24, 64, generator=g, **bf), 4)]\n"
+        "for x in xs:\n"
+        "    for w in (torch.randn(x.shape[-1], generator=g, **bf), None):\n"
+        "        bad += count_mismatches(ops.rms_norm_diffusers(x, w), ops.rms_norm_diffusers_eager(x, w))\n")
+    assert_exact_under(script, DIFUSE_RMSD_STAGED_ROWS="1")

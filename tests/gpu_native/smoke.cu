@@ -163,6 +163,19 @@ int run_other_ops() {
           return f(x, r * n + c) / std::sqrt(ss / n + 1e-6) * f(w, c);
         });
   }
+  for (int64_t cols : {64, 128}) {  // half-warp rows (staged under DIFUSE_RMSD_STAGED_ROWS=1); 19 rows: a part block
+    fails += run_elementwise("rms_norm_diffusers", 19, cols,
+        [&](uint16_t* out, uint16_t* x, uint16_t*, uint16_t* w) {
+          const auto wv = TensorView::contiguous(w, DType::BF16, {cols}, 0);
+          rms_norm_diffusers(TensorView::contiguous(out, DType::BF16, {19, cols}, 0),
+                             TensorView::contiguous(x, DType::BF16, {19, cols}, 0), &wv, 1e-6, nullptr);
+        },
+        [](auto& x, auto&, auto& w, int64_t r, int64_t c, int64_t n) {  // two bf16 roundings: within tolerance
+          double ss = 0;
+          for (int64_t k = 0; k < n; ++k) ss += f(x, r * n + k) * f(x, r * n + k);
+          return f(x, r * n + c) / std::sqrt(ss / n + 1e-6) * f(w, c);
+        });
+  }
   return fails;
 }
 
