@@ -95,10 +95,10 @@ stage_sanitizer() {
       echo "memcheck with the prologues' v copies (DIFUSE_QK_VCOPY=1), SD3.5's v staged (DIFUSE_QK_VCOPY=0):" &&
       DIFUSE_QK_VCOPY=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_VCOPY=0 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with the staged per-head rms_norm and rms_norm_diffusers (DIFUSE_RMS_STAGED_HEADS=1, DIFUSE_RMSD_STAGED_ROWS=1):" &&
-      DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 \
+      echo "memcheck and racecheck with the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate (DIFUSE_RMS_STAGED_HEADS=1, DIFUSE_RMSD_STAGED_ROWS=1, DIFUSE_RMSMOD_STAGED=1):" &&
+      DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 \
+      DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick
   } >"$OUT/sanitizer.log" 2>&1
   local s=$?
@@ -159,6 +159,7 @@ DIFUSE_RMSD_LANES_PER_ROW=32:rms_norm_diffusers;DIFUSE_RMSD_ROWS_PER_WARP=4:rms_
 DIFUSE_RMSD_LANES_PER_ROW=16,DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\
 DIFUSE_RMSMOD_ONE_PASS=1:rms_norm_modulate;DIFUSE_RMSMOD_ONE_PASS=1:gated_residual_rms_norm_modulate;\
 DIFUSE_RMSMOD_ROWS_PER_WARP=2:rms_norm_modulate;DIFUSE_RMSMOD_ROWS_PER_WARP=4:rms_norm_modulate;\
+DIFUSE_RMSMOD_STAGED=1:rms_norm_modulate;DIFUSE_RMSMOD_STAGED=1:gated_residual_rms_norm_modulate;\
 DIFUSE_RMSMOD_ROWS_PER_WARP=2:gated_residual_rms_norm_modulate;\
 DIFUSE_LNMOD_F32_ROW_EPILOGUE=1:layernorm_modulate_fp32;\
 DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate;\

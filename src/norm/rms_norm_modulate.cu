@@ -47,8 +47,11 @@
 // Schedule: one warp per row, 4 rows per 128-thread block; N >= 128: two passes over the row (the mean, then the
 // epilogue from L1/L2), 32-48 registers; with DIFUSE_RMSMOD_ONE_PASS=1 each lane keeps its vectors (up to 64 for
 // N = 8160) in registers instead: one read of x; with DIFUSE_RMSMOD_ROWS_PER_WARP=N >= 2 (for measurement; slower
-// on the H200 at 5f8295d, knob-sweeps/: 1x4096x3072 30.8 us at N = 2, 40.4 at 4, vs 24.4) the two-pass kernel on a grid N times smaller, each warp taking every grid-th row. Modulation
-// rows are read as 8-byte words when every row start is 8-byte aligned, else as bf16. N < 128: scalar elements.
+// on the H200 at 5f8295d, knob-sweeps/: 1x4096x3072 30.8 us at N = 2, 40.4 at 4, vs 24.4) the two-pass kernel on
+// a grid N times smaller, each warp taking every grid-th row; with DIFUSE_RMSMOD_STAGED=1 (for measurement; written
+// after e383706, not yet run on the H200) each warp first copies its row into shared memory, all 16-byte copies in
+// flight, and runs the two passes from there (rms_norm_modulate_staged). Modulation rows are read as 8-byte words
+// when every row start is 8-byte aligned, else as bf16. N < 128: scalar elements.
 //
 // Verification status: bit-exact on the H200 at 5f8295d (torch 2.11.0+cu130, sm_90; its RowIndexers take the
 // 32-bit FastDivU32 path):
@@ -62,6 +65,7 @@
 
 #include <cuda_runtime.h>
 
+#include <atomic>
 #include <string>
 
 #include "core/device.h"
@@ -72,6 +76,7 @@
 #include "modulate/gated_residual_pair.h"
 #include "norm/rms_modulate_schedule.h"
 #include "norm/rms_norm_diffusers.h"
+#include "norm/row_staging.cuh"
 
 namespace difuse::norm {
 
@@ -231,11 +236,14 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_narrow(const Param
 // epilogue. 32-48 registers instead of 120 at N = 3072 (scripts/kernel-resources.sh), so an SM holds 31+ rows:
 // FLUX's 4096 rows in one wave.
 // The default for N >= 128 (DIFUSE_RMSMOD_ONE_PASS=1, for measurement, keeps the rows in registers).
-template <bool VEC, bool RESIDUAL>
-__device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int lane) {
+// STAGED: the row (h for the residual form) is already in shared memory at sx, copied by its warp; pass 1 reads it
+// from there, the residual form writes h1 back over it (as well as out to global), and pass 2 reads it from there
+// (each lane reads back only the vectors it wrote: no barrier).
+template <bool VEC, bool RESIDUAL, bool STAGED = false>
+__device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int lane, uint2* sx = nullptr) {
   constexpr int kBatch = 8;
   const int V = p.v;
-  const uint2* xr = reinterpret_cast<const uint2*>(p.x + row * p.n);
+  const uint2* xr = STAGED ? sx : reinterpret_cast<const uint2*>(p.x + row * p.n);
   uint2* rr = RESIDUAL ? reinterpret_cast<uint2*>(p.residual + row * p.n) : nullptr;
   const uint16_t* grow = RESIDUAL ? p.gate + p.gate_rows.offset(row) : nullptr;
   const uint2* ar = RESIDUAL ? reinterpret_cast<const uint2*>(p.a + row * p.n) : nullptr;
@@ -256,6 +264,7 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
           xv[j] = make_uint2(modulate::gated_residual_pair(xv[j].x, aw.x, gw.x),
                              modulate::gated_residual_pair(xv[j].y, aw.y, gw.y));
           rr[vi] = xv[j];
+          if constexpr (STAGED) sx[vi] = xv[j];
         }
       }
     }
@@ -270,7 +279,7 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
   for (int o = 16; o >= 1; o /= 2) s = mean_tree_step(s, __shfl_down_sync(0xffffffffu, s, o));
   const float rstd = diffusers_rstd(__shfl_sync(0xffffffffu, s, 0), p.factor, p.eps);
 
-  const uint2* src = RESIDUAL ? rr : xr;  // this lane's own vectors: its writes are visible to its reads
+  const uint2* src = STAGED ? sx : RESIDUAL ? rr : xr;  // this lane's own vectors: its writes are visible to its reads
   const uint16_t* srow = p.scale + p.scale_rows.offset(row);
   const uint16_t* hrow = p.shift + p.shift_rows.offset(row);
   uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.n);
@@ -285,7 +294,8 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
 }
 
 // One row per warp (the default), or with STRIDE (DIFUSE_RMSMOD_ROWS_PER_WARP=N >= 2, for measurement; slower on
-// the H200, see the header) a grid N times smaller whose warps take rows row, row + 4 gridDim.x, ...: the same arithmetic per
+// the H200, see the header) a grid N times smaller whose warps take rows row, row + 4 gridDim.x, ...: the same
+// arithmetic per
 // row (two_pass_row), but warps that finish a row start reading the next while others still write, where one
 // wave of single-row warps reads together, computes together and writes together.
 template <bool VEC, bool RESIDUAL, bool STRIDE = false>
@@ -299,6 +309,37 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_two_pass(const Par
     if (row >= p.rows) return;  // whole warp
     two_pass_row<VEC, RESIDUAL>(p, row, lane);
   }
+}
+
+// STAGED rows (DIFUSE_RMSMOD_STAGED=1, for measurement; not yet run on the H200; N % 8 == 0, x 16-byte aligned):
+// each warp first copies its whole row (h for the residual form) into shared memory with cp.async, every 16-byte
+// copy in flight at once, then runs two_pass_row's arithmetic from there. The default kernel reads a row in
+// batches of 8 vectors per lane, each batch's loads returning before the next is issued, and re-reads it from
+// L1/L2 in pass 2 (ncu at e383706: 0.48 waves, 65 % of cycles with no eligible warp, DRAM 30 %: latency-bound);
+// here a row costs one DRAM round trip. 4 rows per block: 24 KB at N = 3072, 9 blocks per SM.
+template <bool VEC, bool RESIDUAL>
+__global__ void __launch_bounds__(kThreads) rms_norm_modulate_staged(const Params p) {
+  extern __shared__ uint4 staged_rows[];  // kRowsPerBlock rows of V 8-byte vectors
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int wib = static_cast<int>(threadIdx.x) / 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + wib;
+  if (row >= p.rows) return;  // whole warp (no block barrier follows)
+  uint2* sx = reinterpret_cast<uint2*>(staged_rows) + static_cast<int64_t>(wib) * p.v;
+  const uint4* gx = reinterpret_cast<const uint4*>(p.x + row * p.n);
+  for (int c = lane; c < p.v / 2; c += 32) cp_async(reinterpret_cast<uint4*>(sx) + c, gx + c, true);
+  cp_async_wait_all();
+  __syncwarp();  // every lane's copies of the row have landed
+  two_pass_row<VEC, RESIDUAL, true>(p, row, lane, sx);
+}
+
+template <bool VEC, bool RESIDUAL>
+void launch_staged(const Params& p, unsigned blocks, int device, cudaStream_t stream) {
+  auto kernel = rms_norm_modulate_staged<VEC, RESIDUAL>;
+  const size_t bytes = sizeof(uint16_t) * static_cast<size_t>(kRowsPerBlock) * p.n;  // <= 64 KB (N <= 8160)
+  static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
+  opt_in_shared_memory(kernel, device, static_cast<int>(sizeof(uint16_t) * kRowsPerBlock * kMaxWidth), opted_in);
+  prefer_max_shared_carveout(kernel, device, carveout_set);
+  kernel<<<blocks, kThreads, bytes, stream>>>(p);
 }
 
 template <int K, bool RESIDUAL>
@@ -319,6 +360,16 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   // DIFUSE_RMSMOD_ONE_PASS=1 (for measurement) keeps the register-resident kernels.
   static const int one_pass = detail::positive_env_knob("DIFUSE_RMSMOD_ONE_PASS");
   static const int rows_per_warp = detail::positive_env_knob("DIFUSE_RMSMOD_ROWS_PER_WARP");
+  static const int staged = detail::positive_env_knob("DIFUSE_RMSMOD_STAGED");
+  if (staged == 1 && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
+      p.n % 8 == 0 && detail::aligned(p.x, 16)) {  // N >= 128, rows copied in 16-byte pieces
+    if (vec)
+      launch_staged<true, RESIDUAL>(p, blocks, device, stream);
+    else
+      launch_staged<false, RESIDUAL>(p, blocks, device, stream);
+    DIFUSE_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   if (one_pass != 1 && rms_norm_modulate_lane_vectors(p.n) != 0 && rows_per_warp >= 2) {  // N >= 128, strided
     const unsigned strided = static_cast<unsigned>(
         (p.rows + int64_t{kRowsPerBlock} * rows_per_warp - 1) / (int64_t{kRowsPerBlock} * rows_per_warp));

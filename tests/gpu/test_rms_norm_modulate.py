@@ -441,3 +441,17 @@ def test_strided_rows_variant(rows):
     layouts = [((1, 4096, 3072), 'ltx2'), ((4352, 2, 3072), 'ernie'), ((4352, 1, 3072), 'ernie_tokens'),
                ((2, 126, 2048), 'ltx2_tokens'), ((2, 301, 4096), 'ltx2'), ((3, 23, 132), 'ltx2'), ((1, 19, 96), 'ltx2')]
     assert_exact_under(_site_layouts_script(1310, layouts), DIFUSE_RMSMOD_ROWS_PER_WARP=rows)
+
+
+def test_staged_rows_variant():
+    """DIFUSE_RMSMOD_STAGED=1: each warp first copies its row (h for the residual form) into shared memory, all
+    16-byte copies in flight, and runs the two passes from there (the residual form writes h1 back over it): same
+    bits at every site layout, both modulate chains, with and without weight, and the gated-residual form; the
+    widest row (8160: 64 KB of shared memory per block), a row count that leaves a block's last warps without
+    rows, 136 (17 copies per row); widths not a multiple of 8 (132, 4100) and rows of N < 128 keep their kernels."""
+    from knob_run import assert_exact_under
+
+    layouts = [((1, 4096, 3072), 'ltx2'), ((4352, 2, 3072), 'ernie'), ((4352, 1, 3072), 'ernie_tokens'),
+               ((2, 126, 2048), 'ltx2_tokens'), ((2, 301, 4096), 'ltx2'), ((1, 17, 8160), 'ltx2'),
+               ((3, 23, 136), 'ltx2'), ((3, 23, 132), 'ltx2'), ((2, 9, 4100), 'ltx2'), ((1, 19, 96), 'ltx2')]
+    assert_exact_under(_site_layouts_script(1320, layouts), DIFUSE_RMSMOD_STAGED="1")
