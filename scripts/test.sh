@@ -52,6 +52,16 @@ if [ "${CI:-}" = true ] || [ "${DIFUSE_CI_TORCH:-0}" = 1 ]; then
     "$VENV/bin/pip" install -q --disable-pip-version-check "diffusers==$DIFFUSERS_VERSION" ||
       echo "diffusers $DIFFUSERS_VERSION could not be installed: the patch tests that need it are skipped" >&2
   fi
+  # cuobjdump and nvdisasm (scripts/sass-loops.sh and its test): the CUDA wheels, in the venv, found through
+  # CUOBJDUMP and the end of PATH (the system toolchain stays first).
+  if ! ls "$VENV"/lib/python*/site-packages/nvidia/cu13/bin/nvdisasm >/dev/null 2>&1; then
+    "$VENV/bin/pip" install -q --disable-pip-version-check nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm ||
+      echo "cuobjdump / nvdisasm could not be installed: the SASS test is skipped" >&2
+  fi
+  CUDA_WHEEL_BIN=$(ls -d "$VENV"/lib/python*/site-packages/nvidia/cu13/bin 2>/dev/null | head -n 1 || true)
+  if [ -n "$CUDA_WHEEL_BIN" ] && [ -e "$CUDA_WHEEL_BIN/cuobjdump" ]; then
+    export CUOBJDUMP=$CUDA_WHEEL_BIN/cuobjdump PATH=$PATH:$CUDA_WHEEL_BIN
+  fi
   PY=$VENV/bin/python
 fi
 

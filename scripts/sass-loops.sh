@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# scripts/sass-loops.sh SRC.cu [KERNEL_REGEX] [REV]   (nvcc and cuobjdump, no GPU)
+#
+# The SASS (sm_90, the build's flags) of each kernel SRC.cu compiles to, as instruction counts: the whole kernel,
+# the instructions before its first loop, and each loop (a backward branch: the span from its target to the branch,
+# inclusive), the longest first. The issue-bound kernels' notes quote these ("row loop 206 -> 164 SASS
+# instructions per slot"). KERNEL_REGEX selects kernels by mangled name (Python regex, default all); REV compiles
+# SRC.cu as it was at that git revision instead of the working tree.
+# cuobjdump (and the nvdisasm it runs): $CUOBJDUMP, else on PATH, else from the nvidia-cuda-cuobjdump and
+# nvidia-cuda-nvdisasm wheels in the Python that runs this (`pip install nvidia-cuda-cuobjdump
+# nvidia-cuda-nvdisasm`; CI=true's venv has them); exit 3 with that hint when none is found.
+set -euo pipefail
+[ $# -ge 1 ] || { echo "usage: $0 SRC.cu [KERNEL_REGEX] [REV]" >&2; exit 2; }
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+SRC=${1#"$ROOT"/}
+PATTERN=${2:-.}
+REV=${3:-}
+CUOBJDUMP=${CUOBJDUMP:-$(command -v cuobjdump || true)}
+wheel_tool() {  # wheel_tool NAME: the NAME binary of an nvidia-* wheel in python3's path, or nothing
+  python3 - "$1" <<'PY' 2>/dev/null || true
+import glob, os, sys
+try:
+    import nvidia
+except ImportError:
+    raise SystemExit(0)
+for base in nvidia.__path__:
+    for f in sorted(glob.glob(os.path.join(base, "*", "bin", sys.argv[1]))):
+        print(f)
+        raise SystemExit(0)
+PY
+}
+[ -n "$CUOBJDUMP" ] || CUOBJDUMP=$(wheel_tool cuobjdump)
+[ -n "$CUOBJDUMP" ] || {
+  echo "cuobjdump not found: set CUOBJDUMP, or pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm" >&2
+  exit 3
+}
+if ! command -v nvdisasm >/dev/null; then
+  NVDISASM=$(wheel_tool nvdisasm)
+  [ -n "$NVDISASM" ] || NVDISASM=$(dirname "$CUOBJDUMP")/nvdisasm
+  [ -e "$NVDISASM" ] || { echo "nvdisasm not found (cuobjdump -sass runs it): pip install nvidia-cuda-nvdisasm" >&2; exit 3; }
+  export PATH=$(dirname "$NVDISASM"):$PATH
+fi
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+TREE=$ROOT
+if [ -n "$REV" ]; then git -C "$ROOT" archive "$REV" include src | tar -x -C "$TMP"; TREE=$TMP; fi
+nvcc -I"$TREE/include" -I"$TREE/src" -arch=sm_90 --expt-relaxed-constexpr --expt-extended-lambda -O3 -DNDEBUG \
+  -Xcompiler=-ffp-contract=off -std=c++17 -cubin -x cu "$TREE/$SRC" -o "$TMP/k.cubin"
+"$CUOBJDUMP" -sass "$TMP/k.cubin" > "$TMP/k.sass"
+python3 - "$TMP/k.sass" "$PATTERN" <<'PY' | { if command -v c++filt >/dev/null; then c++filt; else cat; fi; }
+import re, sys
+path, pattern = sys.argv[1], re.compile(sys.argv[2])
+kernels, name = {}, None
+for line in open(path):
+    m = re.search(r"Function : (\S+)", line)
+    if m:
+        name = m.group(1)
+        kernels[name] = []
+        continue
+    m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
+    if name and m:
+        kernels[name].append((int(m.group(1), 16), m.group(2)))
+for name, ins in kernels.items():
+    if not pattern.search(name):
+        continue
+    # the kernel proper ends at its last EXIT/BRA-to-self padding: count up to the final self-branch
+    body = [i for i in ins if not re.match(r"NOP\b", i[1])]
+    loops = set()
+    for addr, text in body:
+        b = re.search(r"\bBRA(?:\.\w+)*\s+(?:!?U?P\w+,\s*)?0x([0-9a-f]+)", text)
+        if b:
+            target = int(b.group(1), 16)
+            if target < addr:  # a backward branch closes a loop
+                loops.add((target, addr))
+    first = min((t for t, _ in loops), default=None)
+    before = sum(1 for a, _ in body if first is None or a < first)
+    last_exit = max((a for a, text in body if re.match(r"(@!?U?P\w+\s+)?EXIT\b", text)), default=None)
+    print("%s: %d instructions, %d before the first loop" % (name, len(body), before))
+    for t, e in sorted(loops, key=lambda l: l[0] - l[1]):
+        n = sum(1 for a, _ in body if t <= a <= e)
+        tail = " (closed past the last EXIT: an out-of-line path, e.g. a divergent shuffle's)" if (
+            last_exit is not None and e > last_exit) else ""
+        print("  loop 0x%04x-0x%04x: %d instructions%s" % (t, e, n, tail))
+PY
