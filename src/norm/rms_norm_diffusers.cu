@@ -230,12 +230,7 @@ __global__ void __launch_bounds__(256, 8) rms_norm_diffusers_staged(const Params
   extern __shared__ uint4 rows16[];  // row rr of the block at chunk CHUNKS * rr
   const int64_t r_first = static_cast<int64_t>(blockIdx.x) * kStagedRows;
   const int nrows = static_cast<int>(p.rows - r_first < kStagedRows ? p.rows - r_first : kStagedRows);
-  {
-    const int part = static_cast<int>(threadIdx.x) % CHUNKS;  // each thread keeps one chunk position
-#pragma unroll 1
-    for (int rr = static_cast<int>(threadIdx.x) / CHUNKS; rr < nrows; rr += 256 / CHUNKS)
-      cp_async(rows16 + CHUNKS * rr + part, row_ptr(p, r_first + rr) + 8 * part, true);
-  }
+  stage_block_rows<CHUNKS, 256>(rows16, nrows, [&](int rr) { return row_ptr(p, r_first + rr); });
   cp_async_wait_all();
   __syncthreads();
   const int lane = static_cast<int>(threadIdx.x) % 32;

@@ -23,6 +23,19 @@ __device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool byte
 
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// Issues the copies of a block's `nrows` rows (row rr starting at row(rr), 16-byte aligned, CHUNKS 16-byte pieces)
+// into smem, row rr at piece CHUNKS * rr; the block's THREADS threads share them, thread t always piece t % CHUNKS
+// (no division per copy). The caller waits (cp_async_wait_all) and synchronises. The staged per-head norms'
+// prologue (rms_norm, rms_norm_diffusers).
+template <int CHUNKS, int THREADS, class RowPtr>
+__device__ __forceinline__ void stage_block_rows(uint4* smem, int nrows, RowPtr row) {
+  static_assert(THREADS % CHUNKS == 0, "each thread keeps one piece position");
+  const int part = static_cast<int>(threadIdx.x) % CHUNKS;
+#pragma unroll 1
+  for (int rr = static_cast<int>(threadIdx.x) / CHUNKS; rr < nrows; rr += THREADS / CHUNKS)
+    cp_async(smem + CHUNKS * rr + part, row(rr) + 8 * part, true);
+}
+
 // Closes this thread's group of cp.async copies issued since the last commit (an empty group where none were).
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 
