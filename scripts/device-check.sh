@@ -163,7 +163,7 @@ DIFUSE_RMSMOD_STAGED=1:rms_norm_modulate;DIFUSE_RMSMOD_STAGED=1:gated_residual_r
 DIFUSE_RMSMOD_ROWS_PER_WARP=2:gated_residual_rms_norm_modulate;\
 DIFUSE_LNMOD_F32_ROW_EPILOGUE=1:layernorm_modulate_fp32;\
 DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate_fp32;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate_fp32;\
-DIFUSE_LNMOD_THREADS_PER_ROW=128:gated_residual_layernorm_modulate;\
+DIFUSE_LNMOD_THREADS_PER_ROW=128:gated_residual_layernorm_modulate;DIFUSE_LNMOD_PREFETCH_A=1:gated_residual_layernorm_modulate;\
 DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate;\
 DIFUSE_LNMOD_BLOCKS_PER_SM=8:gated_residual_layernorm_modulate;DIFUSE_EW_GRID2D=1:gated_residual"
 stage_sweep() {

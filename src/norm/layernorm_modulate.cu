@@ -37,12 +37,15 @@
 // modulation, gated_residual_layernorm_modulate (h1 = h + gate * a first) and Wan's fp32 chains
 // (layernorm_modulate_fp32, layernorm_affine_fp32).
 //
-// Verification status: bit-exact on the H200 at 66f5a3b (torch 2.11.0+cu130, sm_90):
+// Verification status: bit-exact on the H200 at 5f8295d (torch 2.11.0+cu130, sm_90; first at 66f5a3b):
 // tests/gpu/test_layernorm_modulate.py (342 cases, [B, H] and per-token modulation, the forced 32/128-thread
 // schedules), test_gated_residual_layernorm_modulate.py (219) and test_wan_fp32.py (273, incl. the float4 fp32 row
 // loads, the block fp32 epilogue (the default) and the per-row one through DIFUSE_LNMOD_F32_ROW_EPILOGUE=1), 0
 // failed, 0 skipped (bench/results/h200/tests.json). layernorm_modulate_fp32 1x32760x5120: 448.7 us with 4-byte
 // fp32 loads, 258.1 with float4 (5fde96b), 228.2 with the block epilogue (3e989f7; target 198).
+// Written after e383706, not yet run on the H200: DIFUSE_LNMOD_PREFETCH_A=1 (gated_residual_layernorm_modulate:
+// each row's a prefetched into L2 with one bulk-prefetch instruction while its h is copied; the residual kernels'
+// PTX gains that untaken branch by default, the others only a larger Params; test_prefetched_a_variant).
 #include "norm/layernorm_modulate.h"
 
 #include "modulate/gated_residual_pair.h"
@@ -122,6 +125,9 @@ struct Params {
   // loaded once per block instead of once per row (the fp32 rows were most of the L1 traffic: ncu at 8b01de3,
   // 78 % L1 against 53 % DRAM at 1x32760x5120).
   bool f32_block_epilogue;
+  // gated_residual_layernorm_modulate with DIFUSE_LNMOD_PREFETCH_A=1 (for measurement; a 16-byte aligned, H % 8 ==
+  // 0): each row's a is prefetched into L2 while its h is copied, so the residual step's loads of a hit L2.
+  bool prefetch_a;
 };
 
 __device__ __forceinline__ VecWelford shfl_down_state(VecWelford s, int delta) {
@@ -242,6 +248,9 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
         const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
         if (vi < V) cp_async(sx + vi, gx + vi, PAIRED);
       }
+    }
+    if constexpr (RESIDUAL && MINB < 8) {  // (not in the 32-register variant: it would spill)
+      if (p.prefetch_a && i == 0) prefetch_l2(p.a + row * p.h, static_cast<uint32_t>(p.h) * 2u);
     }
   }
   cp_async_wait_all();
@@ -826,6 +835,8 @@ void gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difu
   p.residual = static_cast<uint16_t*>(residual.data);
   p.gate_stride = gate.strides[0];
   p.gate_stride_l = gate.rank == 3 ? gate.strides[1] : 0;
+  static const int prefetch_a = detail::positive_env_knob("DIFUSE_LNMOD_PREFETCH_A");
+  p.prefetch_a = prefetch_a == 1 && detail::aligned(a.data, 16) && p.h % 8 == 0;
   launch<true>(p, h, out, stream);
 }
 

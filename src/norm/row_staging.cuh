@@ -23,6 +23,12 @@ __device__ __forceinline__ void cp_async(void* smem, const void* gmem, bool byte
 
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;" ::: "memory"); }
 
+// Asks L2 for `bytes` (a multiple of 16) from a 16-byte aligned global address: one instruction, no registers, no
+// wait (sm_90's bulk prefetch); a later load of that range then finds it in L2 instead of DRAM.
+__device__ __forceinline__ void prefetch_l2(const void* gmem, uint32_t bytes) {
+  asm volatile("cp.async.bulk.prefetch.L2.global [%0], %1;" ::"l"(gmem), "r"(bytes) : "memory");
+}
+
 // Issues the copies of a block's `nrows` rows (row rr starting at row(rr), 16-byte aligned, CHUNKS 16-byte pieces)
 // into smem, row rr at piece CHUNKS * rr; the block's THREADS threads share them, thread t always piece t % CHUNKS
 // (no division per copy). The caller waits (cp_async_wait_all) and synchronises. The staged per-head norms'

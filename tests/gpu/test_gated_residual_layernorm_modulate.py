@@ -108,3 +108,25 @@ def test_opcheck_compile_and_graph():
     torch.cuda.synchronize()
     r_ref, o_ref = ops.gated_residual_layernorm_modulate_eager(*st)
     assert count_mismatches(r, r_ref) == 0 and count_mismatches(o, o_ref) == 0
+
+
+def test_prefetched_a_variant():
+    """DIFUSE_LNMOD_PREFETCH_A=1: each row's a is prefetched into L2 while its h is copied (a 16-byte aligned,
+    H % 8 == 0): the same bits, at the site shapes (one, two and four warps per row), per-token gates, adversarial
+    values, and views the prefetch does not take (a 8- but not 16-byte aligned, H % 8 != 0)."""
+    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "g = torch.Generator(device='cuda').manual_seed(2400)\n"
+        "def rnd(*s):\n"
+        "    return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "for (B, L, H), offset, per_token in [((1, 4096, 3072), 0, False), ((2, 300, 1536), 0, True),\n"
+        "                                     ((1, 77, 5120), 0, False), ((2, 37, 3072), 4, False),\n"
+        "                                     ((1, 19, 12288), 0, False), ((2, 21, 516), 0, False)]:\n"
+        "    h, a = place(rnd(B, L, H), offset), place(rnd(B, L, H), offset)\n"
+        "    emb = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
+        "    gate = rnd(B, L, H) if per_token else emb[2]\n"
+        "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(h, a, gate, emb[4], emb[3], 1e-6)),\n"
+        "                            list(ops.gated_residual_layernorm_modulate_eager(h, a, gate, emb[4], emb[3], 1e-6)))\n")
+    assert_exact_under(script, DIFUSE_LNMOD_PREFETCH_A="1")
