@@ -1,5 +1,6 @@
 // Native GPU smoke test for libdifuse's C ABI (no torch): runs layernorm_modulate on every schedule
-// (one, two, four warps per row, 8- and 16-byte accesses, the two-pass kernel), the other row ops and the
+// (one, two, four warps per row, 8- and 16-byte accesses, the two-pass kernel), its gated-residual form, the other
+// row ops and the
 // attention prologues (FLUX, Qwen-Image, SD3.5), checks that every output
 // element is written, that two launches give identical bits, and that the result is within a few bf16
 // ulps of the host emulation (whose rsqrt is approximate: exactness is the torch tests' job). Meant to
@@ -85,6 +86,66 @@ int run_case(int64_t B, int64_t L, int64_t H, int64_t chunks, bool misalign16) {
               (long long)unwritten, (long long)nondet, (long long)far);
   return ok ? 0 : 1;
 }
+
+// gated_residual_layernorm_modulate (the pre-FF site): residual = h + gate * a, out = LN(residual) * (1 + scale) +
+// shift. Both outputs written and deterministic; the residual within one bf16 rounding of the host's (eager
+// rounds gate * a first), out close to the host's LayerNorm of the device's residual.
+int run_grln_case(int64_t B, int64_t L, int64_t H) {
+  std::mt19937 rng(static_cast<unsigned>(B * 17 + L * 5 + H));
+  std::normal_distribution<float> nd(0.2f, 1.3f), sd(0.f, 0.5f);
+  const int64_t n = B * L * H, chunks = 6, emb = B * chunks * H;
+  std::vector<uint16_t> hh(n), ha(n), hemb(emb);
+  for (auto* v : {&hh, &ha})
+    for (auto& e : *v) e = num::float_to_bf16_rne(nd(rng));
+  for (auto& e : hemb) e = num::float_to_bf16_rne(sd(rng));
+  uint16_t *dh, *da, *demb, *dres, *dout;
+  for (auto** p : {&dh, &da, &dres, &dout}) CHECK_CUDA(cudaMalloc(p, n * 2));
+  CHECK_CUDA(cudaMalloc(&demb, emb * 2));
+  CHECK_CUDA(cudaMemcpy(dh, hh.data(), n * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(da, ha.data(), n * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(demb, hemb.data(), emb * 2, cudaMemcpyHostToDevice));
+  const auto view = [&](uint16_t* d) { return TensorView::contiguous(d, DType::BF16, {B, L, H}, 0); };
+  const auto chunk = [&](int k) { return TensorView(demb + k * H, DType::BF16, {B, H}, {chunks * H, 1}, 0); };
+  std::vector<uint16_t> r1(n), r2(n), o1(n), o2(n);
+  for (int run = 0; run < 2; ++run) {
+    CHECK_CUDA(cudaMemset(dres, 0xFF, n * 2));
+    CHECK_CUDA(cudaMemset(dout, 0xFF, n * 2));
+    gated_residual_layernorm_modulate(view(dout), view(dres), view(dh), view(da), chunk(2), chunk(4), chunk(3), 1e-6,
+                                      nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaMemcpy((run ? r2 : r1).data(), dres, n * 2, cudaMemcpyDeviceToHost));
+    CHECK_CUDA(cudaMemcpy((run ? o2 : o1).data(), dout, n * 2, cudaMemcpyDeviceToHost));
+  }
+  int64_t unwritten = 0, nondet = 0, far = 0;
+  for (int64_t r = 0; r < B * L; ++r) {
+    const int64_t b = r / L;
+    const uint16_t* e = hemb.data() + b * chunks * H;
+    double mean = 0, var = 0;
+    for (int64_t c = 0; c < H; ++c) mean += num::bf16_to_float(r1[r * H + c]);
+    mean /= H;
+    for (int64_t c = 0; c < H; ++c) var += std::pow(num::bf16_to_float(r1[r * H + c]) - mean, 2);
+    const double rstd = 1.0 / std::sqrt(var / H + 1e-6);
+    for (int64_t c = 0; c < H; ++c) {
+      const int64_t i = r * H + c;
+      unwritten += (r1[i] == 0xFFFF) + (o1[i] == 0xFFFF);
+      nondet += (r1[i] != r2[i]) + (o1[i] != o2[i]);
+      const double want_r = num::bf16_to_float(hh[i]) +
+          num::round_bf16(num::bf16_to_float(e[2 * H + c]) * num::bf16_to_float(ha[i]));
+      far += std::fabs(num::bf16_to_float(r1[i]) - want_r) > std::ldexp(std::fabs(want_r), -7) + 1e-6;
+      const double nrm = (num::bf16_to_float(r1[i]) - mean) * rstd;
+      const double want_o = nrm * (1.0 + num::bf16_to_float(e[4 * H + c])) + num::bf16_to_float(e[3 * H + c]);
+      far += std::fabs(num::bf16_to_float(o1[i]) - want_o) > std::ldexp(std::fabs(want_o), -6) + 1e-2;
+    }
+  }
+  for (auto* p : {dh, da, demb, dres, dout}) CHECK_CUDA(cudaFree(p));
+  const bool ok = unwritten == 0 && nondet == 0 && far == 0;
+  std::printf("%-4s gated_residual_layernorm_modulate B=%lld L=%lld H=%lld: unwritten %lld, nondeterministic %lld, "
+              "out of tolerance %lld\n", ok ? "ok" : "FAIL", (long long)B, (long long)L, (long long)H,
+              (long long)unwritten, (long long)nondet, (long long)far);
+  return ok ? 0 : 1;
+}
+constexpr int kGrlnCases = 2;
+int run_grln_cases() { return run_grln_case(2, 37, 3072) + run_grln_case(1, 19, 1536); }
 
 // Elementwise and RMS ops: every element written, deterministic, close to a double-precision reference.
 template <class Launch, class Ref>
@@ -494,12 +555,13 @@ int main(int argc, char** argv) {
     fails += run_other_ops();
     fails += run_rms_norm_modulate_cases();
     fails += run_prologues();
+    fails += run_grln_cases();
     if (!quick) fails += run_case(1, 4096, 3072, 6, false);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "exception: %s\n", e.what());
     return 2;
   }
-  const int total = (quick ? 7 : 8) + 8 + kRmsModulateCases + kPrologueCases;
+  const int total = (quick ? 7 : 8) + 10 + kRmsModulateCases + kPrologueCases + kGrlnCases;
   std::printf("%d passed, %d failed\n", total - fails, fails);
   return fails ? 1 : 0;
 }
