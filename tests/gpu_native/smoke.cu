@@ -133,8 +133,9 @@ int run_grln_case(int64_t B, int64_t L, int64_t H) {
           num::round_bf16(num::bf16_to_float(e[2 * H + c]) * num::bf16_to_float(ha[i]));
       far += std::fabs(num::bf16_to_float(r1[i]) - want_r) > std::ldexp(std::fabs(want_r), -7) + 1e-6;
       const double nrm = (num::bf16_to_float(r1[i]) - mean) * rstd;
-      const double want_o = nrm * (1.0 + num::bf16_to_float(e[4 * H + c])) + num::bf16_to_float(e[3 * H + c]);
-      far += std::fabs(num::bf16_to_float(o1[i]) - want_o) > std::ldexp(std::fabs(want_o), -6) + 1e-2;
+      const double scaled = nrm * (1.0 + num::bf16_to_float(e[4 * H + c])), sh = num::bf16_to_float(e[3 * H + c]);
+      const double tol = std::ldexp(std::fabs(scaled) + std::fabs(sh), -6) + 1e-6;  // as run_case's
+      far += std::fabs(num::bf16_to_float(o1[i]) - (scaled + sh)) > tol;
     }
   }
   for (auto* p : {dh, da, demb, dres, dout}) CHECK_CUDA(cudaFree(p));
