@@ -54,7 +54,10 @@
 // (ops-prologues-1765206.json); 250 of this file's 251 tests passed before the call's time ran out
 // (test_pipelined_variant not reached; gpu-tests-partial-1765206.log). NOT YET RUN ON THE H200: after 1765206 every
 // kernel finds its token's batch and position by a FastDivU32 made on the host (token_place.h, CPU-tested), where a
-// 32-bit division cost ~20 instructions in every warp: the staged default's prologue 23 SASS instructions shorter.
+// 32-bit division cost ~20 instructions in every warp: the staged default's prologue 23 SASS instructions shorter. And
+// where the slot rows are even (FLUX's 24 heads; always for single blocks and the v-copy kernel) the EVEN kernels drop
+// the bounds test, zero fill and store guard: row loop 164 -> 153 SASS instructions (scripts/sass-loops.sh). Predicted
+// double 49.0 -> ~47 us.
 #include "rope/qk_norm_rope.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -159,9 +162,12 @@ __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uin
 // row's offset a shift. A row's output base is p.out[role] (one indexed constant load, where selects among the
 // three cost ~8 instructions per row) and its weight's presence a bit of a per-token mask. Index arithmetic only:
 // the instructions on the elements are the same.
-template <int SPAN, int R, bool STAGED, bool VCOPY = false>
+// EVEN (R == 1, an even number of slot rows): every slot is full, so a row needs no bounds test, zero fill or
+// store guard (the VCOPY kernel's 2H rows always; the default's 3H or 2H when H is even, as FLUX's 24 heads).
+template <int SPAN, int R, bool STAGED, bool VCOPY = false, bool EVEN = false>
 __device__ __forceinline__ void run_token(const Params& p, unsigned token, const uint2* staged) {
   static_assert(SPAN == 32 || SPAN == 16, "a row spans a warp or half of one");
+  static_assert(!EVEN || R == 1, "full slots are only guaranteed with one slot per warp and step");
   constexpr int K = 32 / SPAN;  // vectors (and rows per slot) per lane
   constexpr int kD = STAGED ? 128 : 0;  // head_dim when fixed at compile time
   const int D = kD != 0 ? kD : p.D;
@@ -207,11 +213,13 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
 #pragma unroll
     for (int q = 0; q < R; ++q) {
       const int r = (base + q * kWarps) * K + seg;
-      role_of[q] = role_and_head(p.heads, r, rows, head_of[q]);
+      role_of[q] = EVEN ? p.heads.divmod(static_cast<uint32_t>(r), head_of[q])
+                        : role_and_head(p.heads, r, rows, head_of[q]);
       const uint2* row = STAGED ? staged + r * 32
                                 : reinterpret_cast<const uint2*>(tr.row(role_of[q] < 3 ? role_of[q] : 0, head_of[q]));
 #pragma unroll
-      for (int j = 0; j < K; ++j) x[q][j] = (role_of[q] < 3 && on[j]) ? row[u + SPAN * j] : make_uint2(0, 0);
+      for (int j = 0; j < K; ++j)
+        x[q][j] = ((EVEN || role_of[q] < 3) && on[j]) ? row[u + SPAN * j] : make_uint2(0, 0);
     }
     float sum[R];
 #pragma unroll
@@ -242,7 +250,7 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
           }
         }
       }
-      if (role < 3) {
+      if (EVEN || role < 3) {
         uint2* o = reinterpret_cast<uint2*>(
             (kD != 0 ? p.out[role] : by_role(role, p.out[0], p.out[1], p.out[2])) + out_token +
             static_cast<int64_t>(head_of[q]) * D);
@@ -256,14 +264,14 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
 
 // One block per token. VCOPY (with STAGED; DIFUSE_QK_VCOPY=1, for measurement, slower on the H200; v_out
 // 16-byte aligned): the v rows are copied global to global beside the staging copies, only q and k staged.
-template <int SPAN, int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = false>
+template <int SPAN, int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = false, bool EVEN = false>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_kernel(const Params p) {
   static_assert(!VCOPY || STAGED, "the v copy rides on the staged kernel's 16-byte aligned rows");
   extern __shared__ uint4 staged16[];  // STAGED: the token's rows and tables (stage_token's layout)
   block_token<STAGED>(
       staged16, [&](unsigned token, uint4* dst) { stage_token<VCOPY>(p, token, dst); },
       [&](unsigned token, const uint4* src) {
-        run_token<SPAN, R, STAGED, VCOPY>(p, token, reinterpret_cast<const uint2*>(src));
+        run_token<SPAN, R, STAGED, VCOPY, EVEN>(p, token, reinterpret_cast<const uint2*>(src));
       });
 }
 
@@ -468,7 +476,7 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
       launch_pipelined(qk_norm_rope_pipelined<16, 5>, p, blocks, staged_bytes, pipelined_knob, kWarps * 32,
                        a.q.device, stream, carveout_set);
     } else if (vcopy_knob == 1 && p.roles == 3 && detail::aligned(p.out[2], 16)) {
-      auto kernel = qk_norm_rope_kernel<16, 1, 8, true, true>;  // the v rows copied, 2H rows staged
+      auto kernel = qk_norm_rope_kernel<16, 1, 8, true, true, true>;  // the v rows copied, 2H rows staged (even)
       static std::atomic<uint64_t> carveout_set{0};
       norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
       kernel<<<grid, block, staged_bytes - static_cast<size_t>(p.H) * p.D * sizeof(uint16_t), stream>>>(p);
@@ -476,10 +484,17 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
       // 32 registers, 8 blocks of 256 threads per SM (ptxas, scripts/kernel-resources.sh): up to 8 tokens' rows
       // in flight per SM, ~156 KB of shared memory, so the carveout is set to the most shared memory once per
       // device.
-      auto kernel = qk_norm_rope_kernel<16, 1, 8, true>;
-      static std::atomic<uint64_t> carveout_set{0};
-      norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
-      kernel<<<grid, block, staged_bytes, stream>>>(p);
+      if (p.roles * p.H % 2 == 0) {  // every slot full (FLUX: 24 heads)
+        auto kernel = qk_norm_rope_kernel<16, 1, 8, true, false, true>;
+        static std::atomic<uint64_t> carveout_set{0};
+        norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
+        kernel<<<grid, block, staged_bytes, stream>>>(p);
+      } else {
+        auto kernel = qk_norm_rope_kernel<16, 1, 8, true>;
+        static std::atomic<uint64_t> carveout_set{0};
+        norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
+        kernel<<<grid, block, staged_bytes, stream>>>(p);
+      }
     }
   } else if (lanes_knob != 32) {
     if (knob >= 2)

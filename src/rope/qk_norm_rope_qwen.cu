@@ -61,7 +61,9 @@
 // by a FastDivU32 made on the host (token_place.h, CPU-tested): the staged default's prologue 36 SASS instructions
 // shorter. And the norm's two roundings two elements at a time (norm::diffusers_rms_pair: one pack-convert per pair
 // where each element was converted alone and widened back; the same bits, CPU-tested against the element chain): row
-// loop 198 -> 178 SASS instructions (244 before 1765206). Predicted txt512 49.8 -> ~47 us.
+// loop 198 -> 178 SASS instructions (244 before 1765206). Predicted txt512 49.8 -> ~47 us. And with an even number of
+// slot rows (24 heads) the EVEN kernel drops the bounds test and zero fill: row loop 178 -> 163
+// (scripts/sass-loops.sh); predicted ~46 us.
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -150,12 +152,15 @@ __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uin
 // (stage_token's layout), read where used. The staged kernels run at head_dim 128 only (the launcher's
 // condition): there D and the lane runs' bounds are compile-time constants and a row's output base is p.out[role]
 // (one indexed constant load instead of selects), as in qk_norm_rope.cu. Index arithmetic only.
-template <int E, int R, int SPAN, bool STAGED, bool VCOPY = false>
+// EVEN (R == 1, an even number of slot rows: the VCOPY kernel's 2H always, the default's 3H when H is even, as
+// Qwen-Image's 24 heads): every slot is full, so a row needs no bounds test or zero fill.
+template <int E, int R, int SPAN, bool STAGED, bool VCOPY = false, bool EVEN = false>
 __device__ __forceinline__ void run_token(const Params& p, unsigned token, const uint2* staged) {
   // SPAN 16 (the default for head_dim 128, only there): half a warp per row, lane u holding runs u and
   // u + 16 (norm::head_rstd_half_warp); slots of two rows, as in qk_norm_rope.cu.
   static_assert(SPAN == 32 || (SPAN == 16 && E == 4), "half-warp rows need 128-element heads");
   static_assert(!STAGED || SPAN == 16, "the staged kernel is the half-warp one");
+  static_assert(!EVEN || R == 1, "full slots are only guaranteed with one slot per warp and step");
   constexpr int K = 32 / SPAN;
   constexpr int kD = STAGED ? 128 : 0;  // head_dim when fixed at compile time
   const int D = kD != 0 ? kD : p.D;
@@ -205,12 +210,13 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
 #pragma unroll
     for (int q = 0; q < R; ++q) {
       const int r = (base + q * kWarps) * K + seg;
-      role_of[q] = role_and_head(p.heads, r, rows, head_of[q]);
+      role_of[q] = EVEN ? p.heads.divmod(static_cast<uint32_t>(r), head_of[q])
+                        : role_and_head(p.heads, r, rows, head_of[q]);
       const uint16_t* row = STAGED ? reinterpret_cast<const uint16_t*>(staged + r * 32)
                                    : tr.row(role_of[q] < 3 ? role_of[q] : 0, head_of[q]);
 #pragma unroll
       for (int j = 0; j < K; ++j)
-        x[q][j] = (role_of[q] < 3 && on[j]) ? norm::load_run<E>(row, u + SPAN * j) : norm::zero_run<E>();
+        x[q][j] = ((EVEN || role_of[q] < 3) && on[j]) ? norm::load_run<E>(row, u + SPAN * j) : norm::zero_run<E>();
     }
     float rstd[R];
     if constexpr (SPAN == 16) {
@@ -224,7 +230,7 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
 #pragma unroll
     for (int q = 0; q < R; ++q) {
       const uint32_t role = role_of[q];  // 0 q, 1 k, 2 v (copied as is), 3 past the end
-      if (role > 2) continue;  // no shuffle follows: a half warp may skip alone
+      if (!EVEN && role > 2) continue;  // no shuffle follows: a half warp may skip alone
       uint16_t* orow = (kD != 0 ? p.out[role] : by_role(role, p.out[0], p.out[1], p.out[2])) + out_token +
                        static_cast<int64_t>(head_of[q]) * D;
 #pragma unroll
@@ -258,14 +264,14 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
 
 // One block per token. VCOPY (with STAGED; DIFUSE_QK_VCOPY=1, for measurement, slower on the H200; v_out
 // 16-byte aligned): the v rows are copied global to global beside the staging copies, only q and k staged.
-template <int E, int R, int MIN_BLOCKS, int SPAN = 32, bool STAGED = false, bool VCOPY = false>
+template <int E, int R, int MIN_BLOCKS, int SPAN = 32, bool STAGED = false, bool VCOPY = false, bool EVEN = false>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_kernel(const Params p) {
   static_assert(!VCOPY || STAGED, "the v copy rides on the staged kernel's 16-byte aligned rows");
   extern __shared__ uint4 staged16[];  // STAGED: the token's rows and tables (stage_token's layout)
   block_token<STAGED>(
       staged16, [&](unsigned token, uint4* dst) { stage_token<VCOPY>(p, token, dst); },
       [&](unsigned token, const uint4* src) {
-        run_token<E, R, SPAN, STAGED, VCOPY>(p, token, reinterpret_cast<const uint2*>(src));
+        run_token<E, R, SPAN, STAGED, VCOPY, EVEN>(p, token, reinterpret_cast<const uint2*>(src));
       });
 }
 
@@ -408,15 +414,23 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
       launch_pipelined(qk_norm_rope_qwen_pipelined<5>, p, blocks, staged_bytes, pipelined_knob, kWarps * 32,
                        a.q.device, stream, carveout_set);
     } else if (vcopy_knob == 1 && detail::aligned(p.out[2], 16)) {
-      auto kernel = qk_norm_rope_qwen_kernel<4, 1, 8, 16, true, true>;  // the v rows copied, 2H rows staged
+      auto kernel = qk_norm_rope_qwen_kernel<4, 1, 8, 16, true, true, true>;  // v rows copied, 2H rows staged (even)
       static std::atomic<uint64_t> carveout_set{0};
       norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
       kernel<<<grid, block, staged_bytes - static_cast<size_t>(p.H) * p.D * sizeof(uint16_t), stream>>>(p);
     } else {
-      auto kernel = qk_norm_rope_qwen_kernel<4, 1, 8, 16, true>;
-      static std::atomic<uint64_t> carveout_set{0};  // most shared memory: 8 blocks of ~19 KB per SM
-      norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
-      kernel<<<grid, block, staged_bytes, stream>>>(p);
+      // most shared memory: 8 blocks of ~19 KB per SM; every slot full when 3H is even (Qwen-Image: 24 heads)
+      if (3 * p.H % 2 == 0) {
+        auto kernel = qk_norm_rope_qwen_kernel<4, 1, 8, 16, true, false, true>;
+        static std::atomic<uint64_t> carveout_set{0};
+        norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
+        kernel<<<grid, block, staged_bytes, stream>>>(p);
+      } else {
+        auto kernel = qk_norm_rope_qwen_kernel<4, 1, 8, 16, true>;
+        static std::atomic<uint64_t> carveout_set{0};
+        norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
+        kernel<<<grid, block, staged_bytes, stream>>>(p);
+      }
     }
   } else if (lanes_knob != 32 && p.D == 128) {
     if (rows_per_warp_knob() >= 2)
