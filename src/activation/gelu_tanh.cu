@@ -19,7 +19,10 @@
 // site shapes, column slices, in place, random shapes, compile, graphs), 0 failed, 0 skipped
 // (bench/results/h200/tests.json), incl. the table kernel's division-free addressing (FastDivU32 only for
 // row-strided tensors) and the first batch's loads overlapping the table copy: 68.0 us at 1x4608x12288 (68.8 at
-// 6408223; target 67, eager 66.3).
+// 6408223; target 67, eager 66.3). All 219 passed again at 5f8295d (tests.json; 67.6 us there, eager 66.3).
+// Written after e383706, not yet run on the H200: the table kernel with its next batch's loads issued before the
+// current batch's stores (DIFUSE_GELU_PIPELINED=1, test_pipelined_table_variant; the default's PTX unchanged);
+// the native smoke test now reaches the table kernel (256 x 3072), so compute-sanitizer sees it.
 #include "activation/gelu_tanh.h"
 
 #include <cuda_runtime.h>
@@ -31,6 +34,7 @@
 
 #include "core/device.h"
 #include "core/elementwise.cuh"
+#include "core/env_knob.h"
 #include "core/fast_div.h"
 #include "core/registry.h"
 #include "core/tensor.h"
@@ -99,6 +103,11 @@ __global__ void build_gelu_table(uint16_t* table) {
 // (detail::FastDivU32; total < 2^31) instead of a 32-bit division sequence per vector, and none when both tensors
 // are dense (row strides equal to the width: offset 8 v). The first batch's loads are issued before the table is
 // copied into shared memory (128 KB per block, one block per SM) so the two overlap.
+// PIPE (DIFUSE_GELU_PIPELINED=1, for measurement; not yet run on the H200): the next batch's loads are issued
+// before the current batch is mapped and stored, so a thread always has a batch of loads in flight, where the
+// default issues them after its stores (one block of 32 warps per SM holds ~64 KB of loads in flight only between
+// a batch's issue and its use). Data movement only: the same table lookups.
+template <bool PIPE>
 __global__ void __launch_bounds__(kTableThreads, 1) gelu_tanh_table_kernel(const Params p, const uint16_t* table,
                                                                            detail::FastDivU32 nvec, unsigned total,
                                                                            bool dense) {
@@ -131,13 +140,33 @@ __global__ void __launch_bounds__(kTableThreads, 1) gelu_tanh_table_kernel(const
   const auto map = [&](uint32_t x) {
     return static_cast<uint32_t>(lut[x & 0xffffu]) | (static_cast<uint32_t>(lut[x >> 16]) << 16);
   };
-  while (v0 < total) {
+  if constexpr (PIPE) {
+    while (v0 < total) {
+      uint4 cur[kTableUnroll];
+      int64_t co[kTableUnroll];
 #pragma unroll
-    for (int u = 0; u < kTableUnroll; ++u)
-      if (v0 + u * stride < total)
-        *reinterpret_cast<uint4*>(p.out + oo[u]) = make_uint4(map(w[u].x), map(w[u].y), map(w[u].z), map(w[u].w));
-    v0 += stride * kTableUnroll;
-    if (v0 < total) load_batch(v0);
+      for (int u = 0; u < kTableUnroll; ++u) {
+        cur[u] = w[u];
+        co[u] = oo[u];
+      }
+      const unsigned next = v0 + stride * kTableUnroll;
+      if (next < total) load_batch(next);  // in flight while this batch is mapped and stored
+#pragma unroll
+      for (int u = 0; u < kTableUnroll; ++u)
+        if (v0 + u * stride < total)
+          *reinterpret_cast<uint4*>(p.out + co[u]) =
+              make_uint4(map(cur[u].x), map(cur[u].y), map(cur[u].z), map(cur[u].w));
+      v0 = next;
+    }
+  } else {
+    while (v0 < total) {
+#pragma unroll
+      for (int u = 0; u < kTableUnroll; ++u)
+        if (v0 + u * stride < total)
+          *reinterpret_cast<uint4*>(p.out + oo[u]) = make_uint4(map(w[u].x), map(w[u].y), map(w[u].z), map(w[u].w));
+      v0 += stride * kTableUnroll;
+      if (v0 < total) load_batch(v0);
+    }
   }
 }
 
@@ -160,8 +189,9 @@ const uint16_t* gelu_table(int device, cudaStream_t stream) {
     build_gelu_table<<<kTableEntries / 2 / 256, 256, 0, stream>>>(t);
     DIFUSE_CUDA_CHECK(cudaGetLastError());
     DIFUSE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(gelu_tanh_table_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                           kTableEntries * static_cast<int>(sizeof(uint16_t))));
+    for (auto kernel : {gelu_tanh_table_kernel<false>, gelu_tanh_table_kernel<true>})
+      DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
+                                             kTableEntries * static_cast<int>(sizeof(uint16_t))));
     tables[device] = t;
     ready.fetch_or(bit, std::memory_order_acq_rel);
   }
@@ -231,7 +261,9 @@ void gelu_tanh(const difuse_tensor_view& out, const difuse_tensor_view& x, cudaS
       int sms = 0;
       DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device));
       const bool dense = (p.rows == 1 || p.x_rs == p.cols) && (p.rows == 1 || p.out_rs == p.cols);
-      gelu_tanh_table_kernel<<<static_cast<unsigned>(sms), kTableThreads, kTableEntries * sizeof(uint16_t), stream>>>(
+      static const int pipelined = detail::positive_env_knob("DIFUSE_GELU_PIPELINED");
+      auto kernel = pipelined == 1 ? gelu_tanh_table_kernel<true> : gelu_tanh_table_kernel<false>;
+      kernel<<<static_cast<unsigned>(sms), kTableThreads, kTableEntries * sizeof(uint16_t), stream>>>(
           p, table, detail::FastDivU32(static_cast<uint32_t>(p.cols / 8)), static_cast<unsigned>(total), dense);
       DIFUSE_CUDA_CHECK(cudaGetLastError());
       return;

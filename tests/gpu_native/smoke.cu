@@ -225,6 +225,16 @@ int run_other_ops() {
           return f(x, r * n + c) / std::sqrt(ss / n + 1e-6) * f(w, c);
         });
   }
+  // 256 x 3072: 98,304 vectors of 8, enough for gelu_tanh's shared-memory table kernel (the cases above compute)
+  fails += run_elementwise("gelu_tanh (table)", 256, 3072,
+      [&](uint16_t* out, uint16_t* x, uint16_t*, uint16_t*) {
+        gelu_tanh(TensorView::contiguous(out, DType::BF16, {256, 3072}, 0),
+                  TensorView::contiguous(x, DType::BF16, {256, 3072}, 0), nullptr);
+      },
+      [](auto& x, auto&, auto&, int64_t r, int64_t c, int64_t n) {
+        const double v = f(x, r * n + c);
+        return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
+      });
   for (int64_t cols : {64, 128}) {  // half-warp rows (staged under DIFUSE_RMSD_STAGED_ROWS=1); 19 rows: a part block
     fails += run_elementwise("rms_norm_diffusers", 19, cols,
         [&](uint16_t* out, uint16_t* x, uint16_t*, uint16_t* w) {
@@ -562,7 +572,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "exception: %s\n", e.what());
     return 2;
   }
-  const int total = (quick ? 7 : 8) + 10 + kRmsModulateCases + kPrologueCases + kGrlnCases;
+  const int total = (quick ? 7 : 8) + 11 + kRmsModulateCases + kPrologueCases + kGrlnCases;
   std::printf("%d passed, %d failed\n", total - fails, fails);
   return fails ? 1 : 0;
 }
