@@ -406,7 +406,9 @@ def _flux_attention(st: _State, site: Site, attn, hidden_states, encoder_hidden_
     proc = attn.processor
     hs = tf.dispatch_attention_fn(q, k, v, attn_mask=None, backend=proc._attention_backend,
                                   parallel_config=proc._parallel_config)
-    hs = hs.flatten(2, 3).to(q.dtype)
+    hs = hs.flatten(2, 3)
+    if hs.dtype != q.dtype:  # the processor's .to(query.dtype); the same tensor when the dtype matches (one aten
+        hs = hs.to(q.dtype)  # dispatch less per call, ~57 per FLUX step, which counts on a host-bound CP step)
     if encoder_hidden_states is not None:
         ehs, hs = hs.split_with_sizes([encoder_hidden_states.shape[1], hs.shape[1] - encoder_hidden_states.shape[1]],
                                       dim=1)
@@ -653,7 +655,9 @@ def _qwen_attention(site: Site, attn, hidden_states, encoder_hidden_states, enco
     proc = attn.processor
     joint = tq.dispatch_attention_fn(jq, jk, jv, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
                                      backend=proc._attention_backend, parallel_config=proc._parallel_config)
-    joint = joint.flatten(2, 3).to(jq.dtype)
+    joint = joint.flatten(2, 3)
+    if joint.dtype != jq.dtype:  # the processor's .to(query.dtype): a no-op dispatch when the dtype matches
+        joint = joint.to(jq.dtype)
     txt_out, img_out = joint[:, :seq_txt, :], joint[:, seq_txt:, :]
     img_out = attn.to_out[0](img_out.contiguous())
     if len(attn.to_out) > 1:
@@ -786,7 +790,9 @@ def _sd3_attention(site: Site, attn, hidden_states, encoder_hidden_states):
     bshd = out.transpose(1, 2)
     flat = torch.empty(bshd.shape, dtype=out.dtype, device=out.device)
     _copy_bits(flat, bshd)
-    out = flat.view(B, -1, attn.heads * D).to(jq.dtype)
+    out = flat.view(B, -1, attn.heads * D)
+    if out.dtype != jq.dtype:  # the processor's .to(query.dtype): a no-op dispatch when the dtype matches
+        out = out.to(jq.dtype)
     hs, ehs = out[:, :S_img], out[:, S_img:]
     if not attn.context_pre_only:
         ehs = attn.to_add_out(ehs)
