@@ -54,7 +54,8 @@
 // (ops-prologues-1765206.json); 250 of this file's 251 tests passed before the call's time ran out
 // (test_pipelined_variant not reached; gpu-tests-partial-1765206.log). NOT YET RUN ON THE H200: after 1765206 every
 // kernel finds its token's batch and position by a FastDivU32 made on the host (token_place.h, CPU-tested), where a
-// 32-bit division cost ~20 instructions in every warp: the staged default's prologue 23 SASS instructions shorter. And
+// 32-bit division cost ~20 instructions in every warp: the staged default 510 -> 487 SASS instructions in all
+// (scripts/sass-loops.sh). And
 // where the slot rows are even (FLUX's 24 heads; always for single blocks and the v-copy kernel) the EVEN kernels drop
 // the bounds test, zero fill and store guard: row loop 164 -> 153 SASS instructions (scripts/sass-loops.sh). Predicted
 // double 49.0 -> ~47 us.

@@ -58,8 +58,9 @@
 // instructions per slot. Index arithmetic only. On the H200 at 1765206: bench 0 mismatches at the site shapes,
 // 1x4608x24x128 txt512 54.1 -> 49.8 us (predicted ~47; ops-prologues-1765206.json); this file's GPU tests NOT YET RUN
 // at 1765206 (the call's time ran out first). After 1765206 (not yet run there either): the token's batch and position
-// by a FastDivU32 made on the host (token_place.h, CPU-tested): the staged default's prologue 36 SASS instructions
-// shorter. And the norm's two roundings two elements at a time (norm::diffusers_rms_pair: one pack-convert per pair
+// by a FastDivU32 made on the host (token_place.h, CPU-tested): the staged default 524 -> 490 SASS instructions in
+// all (scripts/sass-loops.sh). And the norm's two roundings two elements at a time (norm::diffusers_rms_pair: one
+// pack-convert per pair
 // where each element was converted alone and widened back; the same bits, CPU-tested against the element chain): row
 // loop 198 -> 178 SASS instructions (244 before 1765206). Predicted txt512 49.8 -> ~47 us. And with an even number of
 // slot rows (24 heads) the EVEN kernel drops the bounds test and zero fill: row loop 178 -> 163

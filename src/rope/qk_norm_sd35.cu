@@ -47,7 +47,8 @@
 // (gpu-tests-partial-1765206.log), bench 0 mismatches, 2x38x4429x64 80.7 -> 76.7 us (predicted ~72; target 73;
 // ops-prologues-1765206.json). NOT YET RUN ON THE H200: after 1765206 the v-copy kernel (the default) drops its bounds
 // test and zero fill (its 2H rows are even and a warp takes one slot per step, so every row exists) and its v-role
-// branch (v never goes through its slots): row loop 106 -> 85 instructions; predicted 76.7 -> ~73 us. The half-warp
+// branch (v never goes through its slots): row loop 106 -> 84 SASS instructions (scripts/sass-loops.sh); predicted 76.7
+// -> ~73 us. The half-warp
 // kernels also find the token's batch and position by a FastDivU32 made on the host (p.seq; the full-warp ones keep the
 // division: their 8-row variant spills with it).
 #include "rope/qk_norm_sd35.h"
