@@ -241,11 +241,9 @@ __global__ void __launch_bounds__(256, 8) rms_norm_staged_heads(const Params p) 
 
 template <int CHUNKS>
 void launch_staged_heads(const Params& p, int device, cudaStream_t stream) {
-  auto kernel = rms_norm_staged_heads<CHUNKS>;
-  static std::atomic<uint64_t> carveout_set{0};  // 8 blocks of 16 KB per SM at 128 elements
-  prefer_max_shared_carveout(kernel, device, carveout_set);
-  const int64_t blocks = (p.rows + kStagedHeadRows - 1) / kStagedHeadRows;
-  kernel<<<static_cast<unsigned>(blocks), 256, sizeof(uint4) * CHUNKS * kStagedHeadRows, stream>>>(p);
+  const int64_t blocks = (p.rows + kStagedHeadRows - 1) / kStagedHeadRows;  // 8 blocks of 16 KB per SM at 128
+  launch_max_shared<rms_norm_staged_heads<CHUNKS>>(p, static_cast<unsigned>(blocks), 256,
+                                                   sizeof(uint4) * CHUNKS * kStagedHeadRows, device, stream);
 }
 
 template <int SPAN, int R, int MIN_BLOCKS>

@@ -278,11 +278,9 @@ __global__ void __launch_bounds__(256, 8) rms_norm_diffusers_staged(const Params
 
 template <int N>
 void launch_staged(const Params& p, int device, cudaStream_t stream) {
-  auto kernel = rms_norm_diffusers_staged<N>;
-  static std::atomic<uint64_t> carveout_set{0};  // 8 blocks of 8 or 16 KB per SM
-  prefer_max_shared_carveout(kernel, device, carveout_set);
-  const int64_t blocks = (p.rows + kStagedRows - 1) / kStagedRows;
-  kernel<<<static_cast<unsigned>(blocks), 256, sizeof(uint4) * (N / 8) * kStagedRows, stream>>>(p);
+  const int64_t blocks = (p.rows + kStagedRows - 1) / kStagedRows;  // 8 blocks of 8 or 16 KB per SM
+  launch_max_shared<rms_norm_diffusers_staged<N>>(p, static_cast<unsigned>(blocks), 256,
+                                                  sizeof(uint4) * (N / 8) * kStagedRows, device, stream);
 }
 
 }  // namespace

@@ -83,6 +83,15 @@ void prefer_max_shared_carveout(Kernel kernel, int device, std::atomic<uint64_t>
                      done);
 }
 
+// Launches Kernel(p) with the largest shared-memory carveout preferred, set once per device for that kernel (one
+// static per instantiation): the staged kernels, whose occupancy their shared memory sets.
+template <auto Kernel, class P>
+void launch_max_shared(const P& p, dim3 grid, dim3 block, size_t smem, int device, cudaStream_t stream) {
+  static std::atomic<uint64_t> carveout_set{0};
+  prefer_max_shared_carveout(Kernel, device, carveout_set);
+  Kernel<<<grid, block, smem, stream>>>(p);
+}
+
 // Blocks of `kernel` (`threads` threads, `smem` bytes of dynamic shared memory) resident on device `device` at once:
 // its SMs times the blocks per SM the occupancy calculator allows, at least one per SM. For grids that loop over
 // their work (one wave, no block waiting for a slot). Both answers are kept per device (the occupancy one for the

@@ -477,25 +477,19 @@ void qk_norm_rope(const QkNormRopeArgs& a, cudaStream_t stream) {
       launch_pipelined(qk_norm_rope_pipelined<16, 5>, p, blocks, staged_bytes, pipelined_knob, kWarps * 32,
                        a.q.device, stream, carveout_set);
     } else if (vcopy_knob == 1 && p.roles == 3 && detail::aligned(p.out[2], 16)) {
-      auto kernel = qk_norm_rope_kernel<16, 1, 8, true, true, true>;  // the v rows copied, 2H rows staged (even)
-      static std::atomic<uint64_t> carveout_set{0};
-      norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
-      kernel<<<grid, block, staged_bytes - static_cast<size_t>(p.H) * p.D * sizeof(uint16_t), stream>>>(p);
+      // the v rows copied, 2H rows staged (even)
+      norm::launch_max_shared<qk_norm_rope_kernel<16, 1, 8, true, true, true>>(
+          p, grid, block, staged_bytes - static_cast<size_t>(p.H) * p.D * sizeof(uint16_t), a.q.device, stream);
     } else {
       // 32 registers, 8 blocks of 256 threads per SM (ptxas, scripts/kernel-resources.sh): up to 8 tokens' rows
       // in flight per SM, ~156 KB of shared memory, so the carveout is set to the most shared memory once per
       // device.
-      if (p.roles * p.H % 2 == 0) {  // every slot full (FLUX: 24 heads)
-        auto kernel = qk_norm_rope_kernel<16, 1, 8, true, false, true>;
-        static std::atomic<uint64_t> carveout_set{0};
-        norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
-        kernel<<<grid, block, staged_bytes, stream>>>(p);
-      } else {
-        auto kernel = qk_norm_rope_kernel<16, 1, 8, true>;
-        static std::atomic<uint64_t> carveout_set{0};
-        norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
-        kernel<<<grid, block, staged_bytes, stream>>>(p);
-      }
+      if (p.roles * p.H % 2 == 0)  // every slot full (FLUX: 24 heads)
+        norm::launch_max_shared<qk_norm_rope_kernel<16, 1, 8, true, false, true>>(p, grid, block, staged_bytes,
+                                                                                    a.q.device, stream);
+      else
+        norm::launch_max_shared<qk_norm_rope_kernel<16, 1, 8, true>>(p, grid, block, staged_bytes, a.q.device,
+                                                                      stream);
     }
   } else if (lanes_knob != 32) {
     if (knob >= 2)

@@ -415,23 +415,18 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
       launch_pipelined(qk_norm_rope_qwen_pipelined<5>, p, blocks, staged_bytes, pipelined_knob, kWarps * 32,
                        a.q.device, stream, carveout_set);
     } else if (vcopy_knob == 1 && detail::aligned(p.out[2], 16)) {
-      auto kernel = qk_norm_rope_qwen_kernel<4, 1, 8, 16, true, true, true>;  // v rows copied, 2H rows staged (even)
-      static std::atomic<uint64_t> carveout_set{0};
-      norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
-      kernel<<<grid, block, staged_bytes - static_cast<size_t>(p.H) * p.D * sizeof(uint16_t), stream>>>(p);
+      // v rows copied, 2H rows staged (even)
+      norm::launch_max_shared<qk_norm_rope_qwen_kernel<4, 1, 8, 16, true, true, true>>(
+          p, grid, block, staged_bytes - static_cast<size_t>(p.H) * p.D * sizeof(uint16_t), a.q.device, stream);
     } else {
       // most shared memory: 8 blocks of ~19 KB per SM; every slot full when 3H is even (Qwen-Image: 24 heads)
-      if (3 * p.H % 2 == 0) {
-        auto kernel = qk_norm_rope_qwen_kernel<4, 1, 8, 16, true, false, true>;
-        static std::atomic<uint64_t> carveout_set{0};
-        norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
-        kernel<<<grid, block, staged_bytes, stream>>>(p);
-      } else {
-        auto kernel = qk_norm_rope_qwen_kernel<4, 1, 8, 16, true>;
-        static std::atomic<uint64_t> carveout_set{0};
-        norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
-        kernel<<<grid, block, staged_bytes, stream>>>(p);
-      }
+      if (3 * p.H % 2 == 0)
+        norm::launch_max_shared<qk_norm_rope_qwen_kernel<4, 1, 8, 16, true, false, true>>(p, grid, block,
+                                                                                          staged_bytes, a.q.device,
+                                                                                          stream);
+      else
+        norm::launch_max_shared<qk_norm_rope_qwen_kernel<4, 1, 8, 16, true>>(p, grid, block, staged_bytes,
+                                                                              a.q.device, stream);
     }
   } else if (lanes_knob != 32 && p.D == 128) {
     if (rows_per_warp_knob() >= 2)

@@ -335,15 +335,11 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
   if (lanes_knob != 32 && knob == 0 && unstaged_knob != 1 && p.D == 64 && staged_bytes <= 48 * 1024 &&
       head_rows_aligned16({&p.img, &p.ctx})) {
     if (vcopy_knob != 0 && detail::aligned(p.out[2], 16)) {  // v rows copied, not staged: 2H rows in shared memory
-      auto kernel = qk_norm_sd35_half_warp64<1, 8, true, true>;
-      static std::atomic<uint64_t> carveout_set{0};
-      norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
-      kernel<<<grid, block, staged_bytes / 3 * 2, stream>>>(p);
-    } else {
-      auto kernel = qk_norm_sd35_half_warp64<1, 8, true>;
-      static std::atomic<uint64_t> carveout_set{0};  // most shared memory: 8 blocks of ~15 KB per SM
-      norm::prefer_max_shared_carveout(kernel, a.q.device, carveout_set);
-      kernel<<<grid, block, staged_bytes, stream>>>(p);
+      norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true>>(p, grid, block, staged_bytes / 3 * 2,
+                                                                           a.q.device, stream);
+    } else {  // most shared memory: 8 blocks of ~15 KB per SM
+      norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true>>(p, grid, block, staged_bytes, a.q.device,
+                                                                     stream);
     }
   } else if (lanes_knob != 32 && p.D == 64) {
     if (knob >= 4)
