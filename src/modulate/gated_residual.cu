@@ -20,7 +20,8 @@
 // float4 gate loads where H % 8 == 0 and every row is 16-byte aligned (Wan's sites), else 4-byte words and float2
 // gates, else scalars (gated_residual_fp32_vector_width). The arithmetic per element is the same at every width.
 //
-// Verification status: bit-exact on the H200 at 66f5a3b (torch 2.11.0+cu130, sm_90): tests/gpu/test_gated_residual.py
+// Verification status: bit-exact on the H200 at 66f5a3b and again at 5f8295d (torch 2.11.0+cu130, sm_90):
+// tests/gpu/test_gated_residual.py
 // (242 cases; gated_residual_fp32 in test_wan_fp32.py, every access width forced), 0 failed, 0 skipped
 // (bench/results/h200/tests.json), incl. the per-row batch index as a multiply-high (detail::IndexDiv).
 // gated_residual_fp32's 16-byte path (first run at 5fde96b): 405 us with 4-byte accesses -> 232.7 us at

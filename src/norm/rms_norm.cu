@@ -20,7 +20,7 @@
 // 8-byte aligned rows for our loads; weight (optional) bf16 [N] contiguous, 8-byte aligned; out
 // contiguous bf16 of x's shape, overlapping nothing.
 //
-// Verification status: bit-exact on the H200 at 66f5a3b (torch 2.11.0+cu130, sm_90):
+// Verification status: bit-exact on the H200 at 66f5a3b and again at 5f8295d (torch 2.11.0+cu130, sm_90):
 // tests/gpu/test_rms_norm.py (268 cases, incl. the full-warp 2/4/8-row per-head variants, the staged kernels through
 // DIFUSE_RMS_STAGED_ROWS=1 and the defaults: half-warp per-head rows, aten's two-pass layout above 128), 0 failed,
 // 0 skipped (bench/results/h200/tests.json).

@@ -33,7 +33,8 @@
 // and 16-byte aligned rows; outputs contiguous bf16 [B, S, heads, head_dim], 8-byte aligned, overlapping no
 // input nor each other.
 //
-// Verification status: bit-exact on the H200 at 66f5a3b (torch 2.11.0+cu130, sm_90; first at c8d8874):
+// Verification status: bit-exact on the H200 at 66f5a3b and again at 5f8295d (torch 2.11.0+cu130, sm_90; first at
+// c8d8874):
 // tests/gpu/test_qk_norm_rope_wan.py (255 cases, incl. the real WanAttention + WanAttnProcessor at 1536 and 5120), 0
 // failed, 0 skipped (bench/results/h200/tests.json).
 #include "rope/qk_norm_rope_wan.h"
