@@ -152,21 +152,22 @@ DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_flux;DIFUSE_QK_UNSTAGED=1:qk_norm_rope_fl
 DIFUSE_QK_VCOPY=1:qk_norm_rope_flux;DIFUSE_QK_VCOPY=1:qk_norm_rope_qwen;\
 DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_qwen;DIFUSE_QK_UNSTAGED=1:qk_norm_rope_qwen;DIFUSE_QK_PIPELINED=1:qk_norm_rope_qwen;\
 DIFUSE_RMS_LANES_PER_ROW=32,DIFUSE_RMS_ROWS_PER_WARP=4:rms_norm;DIFUSE_RMS_STAGED_ROWS=1:rms_norm;DIFUSE_RMS_STAGED_HEADS=1:rms_norm;\
-DIFUSE_RMSD_ROWS_PER_WARP=1:rms_norm_diffusers;DIFUSE_RMSD_STAGED_ROWS=1:rms_norm_diffusers;\
+DIFUSE_RMSD_ROWS_PER_WARP=1:rms_norm_diffusers;DIFUSE_RMSD_STAGED_ROWS=1:rms_norm_diffusers;DIFUSE_RMSD_STAGED_ROWS=0:rms_norm_diffusers;\
 DIFUSE_QK_LANES_PER_ROW=32:qk_norm_sd35;DIFUSE_QK_ROWS_PER_WARP=4:qk_norm_sd35;DIFUSE_QK_UNSTAGED=1:qk_norm_sd35;\
-DIFUSE_QK_VCOPY=0:qk_norm_sd35;\
+DIFUSE_QK_VCOPY=0:qk_norm_sd35;DIFUSE_QK_SD35_WARPS=8:qk_norm_sd35;\
 DIFUSE_RMSD_LANES_PER_ROW=32:rms_norm_diffusers;DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\
 DIFUSE_RMSD_LANES_PER_ROW=16,DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\
 DIFUSE_RMSMOD_ONE_PASS=1:rms_norm_modulate;DIFUSE_RMSMOD_ONE_PASS=1:gated_residual_rms_norm_modulate;\
 DIFUSE_RMSMOD_ROWS_PER_WARP=2:rms_norm_modulate;DIFUSE_RMSMOD_ROWS_PER_WARP=4:rms_norm_modulate;\
 DIFUSE_RMSMOD_STAGED=1:rms_norm_modulate;DIFUSE_RMSMOD_STAGED=1:gated_residual_rms_norm_modulate;\
+DIFUSE_RMSMOD_STAGED=0:rms_norm_modulate;DIFUSE_RMSMOD_STAGED=0:gated_residual_rms_norm_modulate;\
 DIFUSE_RMSMOD_ROWS_PER_WARP=2:gated_residual_rms_norm_modulate;\
 DIFUSE_LNMOD_F32_ROW_EPILOGUE=1:layernorm_modulate_fp32;\
-DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate_fp32;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate_fp32;\
+DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate_fp32;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate_fp32;DIFUSE_LNMOD_THREADS_PER_ROW=64:layernorm_modulate_fp32;\
 DIFUSE_LNMOD_THREADS_PER_ROW=128:gated_residual_layernorm_modulate;DIFUSE_LNMOD_PREFETCH_A=1:gated_residual_layernorm_modulate;\
-DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate;\
+DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=64:layernorm_modulate;\
 DIFUSE_LNMOD_BLOCKS_PER_SM=8:gated_residual_layernorm_modulate;DIFUSE_EW_GRID2D=1:gated_residual;\
-DIFUSE_GELU_PIPELINED=1:gelu_tanh"
+DIFUSE_GELU_PIPELINED=0:gelu_tanh"
 stage_sweep() {
   local entry vars op tag r=0
   mkdir -p "$OUT/sweeps"

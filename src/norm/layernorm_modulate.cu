@@ -20,7 +20,8 @@
 // limit); out overlaps no input. Inputs aten sends down its two-kernel path (H % 4 != 0, misaligned x) are
 // refused: that path rounds differently.
 //
-// Schedules: H <= 6144 two warps per row (4 rows per block), H <= 24576 four warps (1 row), each staging its
+// Schedules: H <= 3584 two warps per row (4 rows per block; up to 6144 with DIFUSE_LNMOD_THREADS_PER_ROW=64), H <=
+// 24576 four warps (1 row), each staging its
 // row (and, for multi-row blocks, the batch's scale and shift rows) in shared memory with cp.async (one
 // read, one write); one warp per row exists for measurements (DIFUSE_LNMOD_THREADS_PER_ROW=32); H > 24576 a
 // 128-thread two-pass kernel (second read mostly from L2). 16-byte accesses when H % 8 == 0 and x, out
@@ -554,9 +555,13 @@ LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16) {
   // Shared memory per block: (8+2) rows x 3072, (4+2) rows x 6144, 1 row x 24576 elements.
   const int forced = forced_threads_per_row();
   if (forced == 32 && sweeps <= 6) return {32, paired, ns};
+  if (forced == 64 && sweeps <= 12) return {64, paired, ns};
   if (forced == 128 && sweeps <= kMaxStagedSweeps) return {128, false, ns};
-  // Measured on the H200 (bench/results/h200/NOTES.md): two warps per row beat one for H <= 6144.
-  if (sweeps <= 12) return {64, paired, ns};
+  // Measured on the H200 (bench/results/h200/NOTES.md): two warps per row beat one for H <= 6144, and four beat two
+  // above 7 sweeps (H > 3584; 5f8295d and 132f46f sweeps, knob-sweeps/: layernorm_modulate 1x4096x4096 27.6 vs 28.8
+  // us, 1x32760x5120 196.6 vs 202.8, layernorm_modulate_fp32 1x32760x5120 214.4 vs 228.6); at 3072 and below the
+  // two-warp schedule stays (mixed there, and slower at 1536).
+  if (sweeps <= 7) return {64, paired, ns};
   if (sweeps <= kMaxStagedSweeps) return {128, false, ns};
   return {0, false, ns};
 }

@@ -215,8 +215,8 @@ __global__ void __launch_bounds__(256) rms_norm_diffusers_half_warp128(const Par
   }
 }
 
-// STAGED rows of 64 or 128 elements (DIFUSE_RMSD_STAGED_ROWS=1, for measurement; not yet run on the H200; rows
-// 16-byte aligned, and at 128 the vectorized output pass): the block first copies its 64 rows into shared memory
+// STAGED rows of 64 or 128 elements (the default for 64-element rows since 132f46f's sweep, DIFUSE_RMSD_STAGED_ROWS=1
+// stages 128-element rows too and =0 neither; rows 16-byte aligned, and at 128 the vectorized output pass): the block first copies its 64 rows into shared memory
 // with cp.async, every copy in flight at once, then runs the half-warp kernels' arithmetic (head64_rstd_half_warp
 // at 64, head_rstd_half_warp at 128; slots of two rows, one slot at a time) reading them from there: the same bits
 // per row. 32 registers, 8 blocks per SM: more of the rows' bytes in flight per SM than the per-row kernels hold
@@ -344,9 +344,12 @@ void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view&
   // 64-element rows by default on half a warp, 2 slots of two rows per warp (4 with DIFUSE_RMSD_ROWS_PER_WARP >= 4).
   // H200 at daa91f6 (knob-sweeps/): 2x24x4096x64 24.0 us vs 50.0 for one row per warp. DIFUSE_RMSD_LANES_PER_ROW=32
   // (for measurement) keeps the full-warp kernel.
-  static const int staged = detail::positive_env_knob("DIFUSE_RMSD_STAGED_ROWS");
-  if (staged == 1 && lanes != 32 && rows_per_warp == 0 && (p.n == 64 || (p.n == 128 && p.vec_out)) &&
-      detail::rows_aligned(x, 16)) {
+  // Staged rows: the default for 64-element rows (H200 at 132f46f, knob-sweeps/: 2x24x4096x64 20.4 us vs 23.0 on the
+  // per-row half-warp kernel); not for 128-element rows, where they lost (1x4608x24x128 19.6 vs 18.9).
+  // DIFUSE_RMSD_STAGED_ROWS=1 (for measurement) stages 128-element rows too, =0 neither.
+  static const int staged = detail::env_knob_or("DIFUSE_RMSD_STAGED_ROWS", -1);
+  const bool stage_rows = staged == 1 ? (p.n == 64 || (p.n == 128 && p.vec_out)) : staged != 0 && p.n == 64;
+  if (stage_rows && lanes != 32 && rows_per_warp == 0 && detail::rows_aligned(x, 16)) {
     p.n == 64 ? launch_staged<64>(p, x.device, stream) : launch_staged<128>(p, x.device, stream);
   } else if (lanes != 32 && p.n == 64) {
     const int slots = rows_per_warp >= 4 ? 4 : 2;

@@ -311,7 +311,8 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_two_pass(const Par
   }
 }
 
-// STAGED rows (DIFUSE_RMSMOD_STAGED=1, for measurement; not yet run on the H200; N % 8 == 0, x 16-byte aligned):
+// STAGED rows (the default for N <= 3072 since 132f46f's sweep; DIFUSE_RMSMOD_STAGED=1 at every width, =0 never;
+// N % 8 == 0, x 16-byte aligned):
 // each warp first copies its whole row (h for the residual form) into shared memory with cp.async, every 16-byte
 // copy in flight at once, then runs two_pass_row's arithmetic from there. The default kernel reads a row in
 // batches of 8 vectors per lane, each batch's loads returning before the next is issued, and re-reads it from
@@ -360,8 +361,13 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   // DIFUSE_RMSMOD_ONE_PASS=1 (for measurement) keeps the register-resident kernels.
   static const int one_pass = detail::positive_env_knob("DIFUSE_RMSMOD_ONE_PASS");
   static const int rows_per_warp = detail::positive_env_knob("DIFUSE_RMSMOD_ROWS_PER_WARP");
-  static const int staged = detail::positive_env_knob("DIFUSE_RMSMOD_STAGED");
-  if (staged == 1 && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
+  // Staged rows: the default up to N = 3072 (H200 at 132f46f, knob-sweeps/: 1x4096x3072 ltx2 22.9 us vs 24.1 two-pass,
+  // 4352x2x3072 ernie 46.8 vs 53.1, the residual form 38.9 vs 44.4), not above (2x6144x4096 94.5 vs 86.6, the
+  // residual form 169.9 vs 150.3: 32 KB per block there, 7 blocks per SM). DIFUSE_RMSMOD_STAGED=1 (for measurement)
+  // stages every width it can, =0 none.
+  static const int staged = detail::env_knob_or("DIFUSE_RMSMOD_STAGED", -1);
+  const bool stage_rows = staged == 1 || (staged != 0 && p.n <= 3072);
+  if (stage_rows && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
       p.n % 8 == 0 && detail::aligned(p.x, 16)) {  // N >= 128, rows copied in 16-byte pieces
     if (vec)
       launch_staged<true, RESIDUAL>(p, blocks, device, stream);

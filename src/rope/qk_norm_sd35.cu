@@ -165,8 +165,11 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(c
 // q and k rows are staged and go through the slots; the v rows, which the eager chain only concatenates, are copied
 // global to global in 16-byte vectors by the whole block while the staging copies are in flight (8 threads per
 // row): a third of the rows no longer pay the loads, the sum, the tree and 2-byte stores of a normalised row.
-template <int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = false>
-__global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_warp64(const Params p) {
+// WARPS: warps per token's block. 4 (the staged v-copy kernel's default) halves what every warp spends once per
+// block (the token's place, stream, weights and output base: ~155 SASS instructions before the row loop, and the
+// setup of the staging and v-copy loops) per row it then normalises; 8 otherwise. Which warp takes which row only.
+template <int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = false, int WARPS = kWarps>
+__global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp64(const Params p) {
   static_assert(!VCOPY || STAGED, "the v copy rides on the staged kernel's 16-byte aligned rows");
   static_assert(!VCOPY || R == 1, "VCOPY's rows need no bounds test only with one slot per warp and step");
   constexpr int D = 64;
@@ -196,20 +199,20 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_half_war
   const int rows = (VCOPY ? 2 : 3) * p.H;  // the rows that go through the slots
   extern __shared__ uint4 staged64[];  // STAGED: the token's rows, row r at 16-byte chunk 8 r
   if constexpr (STAGED) {
-    stage_token_rows<8, kWarps * 32>(staged64, tr, p.H, VCOPY ? 2 : 3);  // 8 copies of 16 bytes per 64-element row
+    stage_token_rows<8, WARPS * 32>(staged64, tr, p.H, VCOPY ? 2 : 3);  // 8 copies of 16 bytes per 64-element row
     if constexpr (VCOPY)  // head h's v row to output row (b, h, sj): head stride S * D
-      copy_v_rows<8, kWarps * 32>(tr.row(2, 0), tr.sh[2], p.out[2] + (b * p.H * p.S + sj) * D, out_head, p.H);
+      copy_v_rows<8, WARPS * 32>(tr.row(2, 0), tr.sh[2], p.out[2] + (b * p.H * p.S + sj) * D, out_head, p.H);
     norm::cp_async_wait_all();
     __syncthreads();
   }
   const int slots = (rows + 1) / 2;
-  for (int base = warp; base < slots; base += kWarps * R) {
+  for (int base = warp; base < slots; base += WARPS * R) {
     uint32_t raw[R][4];  // the bits, zero-extended (a 16-bit array costs a byte-permute per element)
     float x[R][4];
     uint32_t role_of[R], head_of[R];
 #pragma unroll
     for (int q = 0; q < R; ++q) {
-      const int r = 2 * (base + q * kWarps) + seg;
+      const int r = 2 * (base + q * WARPS) + seg;
       // VCOPY (R == 1): rows = 2H is even and base < slots = H, so r < rows: no bounds test, no zero fill
       role_of[q] = VCOPY ? p.heads.divmod(static_cast<uint32_t>(r), head_of[q])
                          : role_and_head(p.heads, r, rows, head_of[q]);
@@ -335,8 +338,16 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
   if (lanes_knob != 32 && knob == 0 && unstaged_knob != 1 && p.D == 64 && staged_bytes <= 48 * 1024 &&
       head_rows_aligned16({&p.img, &p.ctx})) {
     if (vcopy_knob != 0 && detail::aligned(p.out[2], 16)) {  // v rows copied, not staged: 2H rows in shared memory
-      norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true>>(p, grid, block, staged_bytes / 3 * 2,
-                                                                           a.q.device, stream);
+      // 4 warps per token, 16 blocks per SM by default (the same 64 warps per SM; 2x38x4429x64: 9.7 KB per block);
+      // DIFUSE_QK_SD35_WARPS=8 (for measurement) keeps 8 warps per token, 8 blocks per SM (75.5 us at 132f46f).
+      static const int warps_knob = detail::positive_env_knob("DIFUSE_QK_SD35_WARPS");
+      if (warps_knob == 8)
+        norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true>>(p, grid, block, staged_bytes / 3 * 2,
+                                                                             a.q.device, stream);
+      else
+        norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 16, true, true, 4>>(p, grid, dim3(4 * 32),
+                                                                                 staged_bytes / 3 * 2, a.q.device,
+                                                                                 stream);
     } else {  // most shared memory: 8 blocks of ~15 KB per SM
       norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true>>(p, grid, block, staged_bytes, a.q.device,
                                                                      stream);

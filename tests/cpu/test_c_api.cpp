@@ -166,8 +166,11 @@ TEST(LayernormModulateConfig, PicksTheScheduleByWidthAndAlignment) {
   EXPECT_FALSE(layernorm_modulate_config(3076, true).paired);  // H % 8 != 0: 8-byte accesses
   EXPECT_FALSE(layernorm_modulate_config(3072, false).paired);
   EXPECT_EQ(layernorm_modulate_config(4, true).sweeps, 1);
+  EXPECT_EQ(layernorm_modulate_config(3584, true).threads_per_row, 64);  // 7 sweeps: the last two-warp width
+  EXPECT_EQ(layernorm_modulate_config(3588, true).threads_per_row, 128);
   c = layernorm_modulate_config(5120, true);
-  EXPECT_EQ(c.threads_per_row, 64);
+  EXPECT_EQ(c.threads_per_row, 128);
+  EXPECT_FALSE(c.paired);
   EXPECT_EQ(c.sweeps, 10);
   c = layernorm_modulate_config(16384, true);
   EXPECT_EQ(c.threads_per_row, 128);

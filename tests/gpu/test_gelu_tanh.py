@@ -111,8 +111,10 @@ def test_opcheck_compile_and_graph():
     assert count_mismatches(out, ref(xs)) == 0
 
 
-def test_pipelined_table_variant():
-    """DIFUSE_GELU_PIPELINED=1: the table kernel issues its next batch's loads before storing the current one:
+@pytest.mark.parametrize("pipelined", ["0", "1"])
+def test_pipelined_table_variant(pipelined):
+    """DIFUSE_GELU_PIPELINED=1 (the default) / =0: the table kernel issues its next batch's loads before storing
+    the current one, or (=0) after:
     the same bits for every bf16 pattern (tiled and shuffled, dense, into a column slice, in place), the site shapes
     and a size that leaves the last batch partly empty."""
     from knob_run import assert_exact_under, mismatch_script
@@ -134,4 +136,4 @@ def test_pipelined_table_variant():
         "for shape in [(1, 4608, 12288), (2, 4096, 6144), (1, 4099, 1032)]:\n"
         "    x = (torch.randn(*shape, device='cuda', generator=g) * 3).to(torch.bfloat16)\n"
         "    bad += count_mismatches(ops.gelu_tanh(x), ref(x))\n")
-    assert_exact_under(script, DIFUSE_GELU_PIPELINED="1")
+    assert_exact_under(script, DIFUSE_GELU_PIPELINED=pipelined)

@@ -311,6 +311,32 @@ def test_forced_schedules(threads):
     assert_exact_under(exactness_script("layernorm_modulate", specs, 500), DIFUSE_LNMOD_THREADS_PER_ROW=threads)
 
 
+def test_two_warp_schedule_above_3584():
+    """DIFUSE_LNMOD_THREADS_PER_ROW=64 (read once per process) keeps two warps per row for H up to 6144, where the
+    default takes four above 3584: same bits for layernorm_modulate, GRLN (both outputs) and Wan's fp32 modulate and
+    affine norms at 3588 (8 sweeps), 4096, 5120 (Wan) and 6144 (12), batch 2 with strided modulation chunks and
+    the fp32 rows' block epilogue across a batch boundary."""
+    from knob_run import assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        "for i, (B, L, H) in enumerate([(2, 37, 3588), (1, 300, 4096), (2, 77, 5120), (1, 9, 6144)]):\n"
+        "    g = torch.Generator(device='cuda').manual_seed(2600 + i)\n"
+        "    def rnd(*s):\n"
+        "        return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "    x, a = rnd(B, L, H), rnd(B, L, H)\n"
+        "    emb = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
+        "    bad += count_mismatches(ops.layernorm_modulate(x, emb[1], emb[0], 1e-6),\n"
+        "                            ops.layernorm_modulate_eager(x, emb[1], emb[0], 1e-6))\n"
+        "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(x, a, emb[2], emb[4], emb[3], 1e-6)),\n"
+        "                            list(ops.gated_residual_layernorm_modulate_eager(x, a, emb[2], emb[4], emb[3], 1e-6)))\n"
+        "    t = torch.randn(B, 6, H, device='cuda', generator=g)\n"
+        "    bad += count_mismatches(ops.layernorm_modulate_fp32(x, t[:, 1:2], t[:, 0:1]),\n"
+        "                            ops.layernorm_modulate_fp32_eager(x, t[:, 1:2], t[:, 0:1]))\n"
+        "    w, b = torch.randn(H, device='cuda', generator=g), torch.randn(H, device='cuda', generator=g)\n"
+        "    bad += count_mismatches(ops.layernorm_affine_fp32(x, w, b), ops.layernorm_affine_fp32_eager(x, w, b))\n")
+    assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="64")
+
+
 def test_eight_blocks_per_sm_variant():
     """DIFUSE_LNMOD_BLOCKS_PER_SM=8: the two-warps-per-row kernel at 32 registers, modulation rows from global
     memory instead of shared: same bits, with and without the gated-residual prologue (blocks straddling a batch

@@ -274,3 +274,18 @@ def test_v_staged_variant():
                    (2, 64, 16, 38, 0, False, True),
                    (1, 33, 20, 5, 4, False, True)]
     assert_exact_under_prologue("qk_norm_sd35", 64, specs, adversarial, 1950, bhsd=True, DIFUSE_QK_VCOPY="0")
+
+
+def test_eight_warps_per_token_variant():
+    """DIFUSE_QK_SD35_WARPS=8 (read once per process): the staged v-copy kernel with 8 warps per token's block, 8
+    blocks per SM, instead of the default's 4 warps and 16 blocks (which the other tests of this file run): same bits
+    (site shapes, fused and separate projections, odd head counts so that warps take unequal slot counts, one head,
+    no weights, adversarial values, v's NaN payloads; 8-byte-aligned rows, which never stage, keep their kernel)."""
+    from knob_run import assert_exact_under_prologue
+
+    specs = [((2, 4429, 333, 38, 64), False), ((2, 4429, 333, 38, 64), True), ((1, 300, 77, 5, 64), True),
+             ((2, 17, 9, 3, 64), True), ((1, 16, 16, 1, 64), False), ((1, 20, 18, 13, 64), False)]
+    adversarial = [(1, 40, 17, 3, 0, True, True),
+                   (2, 64, 16, 38, 0, False, True),
+                   (1, 33, 20, 5, 4, False, True)]
+    assert_exact_under_prologue("qk_norm_sd35", 64, specs, adversarial, 1970, bhsd=True, DIFUSE_QK_SD35_WARPS="8")

@@ -132,7 +132,8 @@ def test_rows_per_warp_variants(rows):
 
 @pytest.mark.parametrize("slots", ["2", "4"])
 def test_half_warp_rows(slots):
-    """DIFUSE_RMSD_LANES_PER_ROW=16 (the default's schedule, set explicitly): 64-element rows on half a warp (span
+    """DIFUSE_RMSD_LANES_PER_ROW=16 with DIFUSE_RMSD_STAGED_ROWS=0 (the per-row kernels: the default for 128-element
+    rows, the staged kernel's predecessor for 64): 64-element rows on half a warp (span
     lane u holds elements u, u + 16, u + 32, u + 48) and 128-element rows too (lane u holds aten's vectors u and
     u + 16, the Qwen prologue's tree), 2 or 4 slots of two rows per warp: same bits for SD3.5's and Qwen's BHSD / BSHD views, row counts that
     leave slots and warps partly empty, no weight (applied as 1), adversarial values; other widths keep their
@@ -157,14 +158,15 @@ def test_half_warp_rows(slots):
         "for x in xs:\n"
         "    for w in (torch.randn(x.shape[-1], generator=g, **bf), None):\n"
         "        bad += count_mismatches(ops.rms_norm_diffusers(x, w), ops.rms_norm_diffusers_eager(x, w))\n")
-    env = {"DIFUSE_RMSD_LANES_PER_ROW": "16"}
+    env = {"DIFUSE_RMSD_LANES_PER_ROW": "16", "DIFUSE_RMSD_STAGED_ROWS": "0"}  # the per-row kernels, not the staged
     if slots == "4":
         env["DIFUSE_RMSD_ROWS_PER_WARP"] = "4"
     assert_exact_under(script, **env)
 
 
 def test_staged_rows_variant():
-    """DIFUSE_RMSD_STAGED_ROWS=1: 64- and 128-element rows with 16-byte aligned rows are first copied into shared
+    """DIFUSE_RMSD_STAGED_ROWS=1 (64-element rows are staged by default): 64- and 128-element rows with 16-byte
+    aligned rows are first copied into shared
     memory, 64 rows per block, then normalised on half warps as by the default kernels: same bits (SD3.5's BHSD
     views and Qwen's / FLUX's BSHD heads, row counts that leave the last block partly empty, no weight (applied as
     1), adversarial values; rows only 8-byte aligned and other widths keep their kernels)."""

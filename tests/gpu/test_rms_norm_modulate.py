@@ -443,8 +443,10 @@ def test_strided_rows_variant(rows):
     assert_exact_under(_site_layouts_script(1310, layouts), DIFUSE_RMSMOD_ROWS_PER_WARP=rows)
 
 
-def test_staged_rows_variant():
-    """DIFUSE_RMSMOD_STAGED=1: each warp first copies its row (h for the residual form) into shared memory, all
+@pytest.mark.parametrize("staged", ["0", "1"])
+def test_staged_rows_variant(staged):
+    """DIFUSE_RMSMOD_STAGED=1 (the default stages rows up to N = 3072; =1 every width, =0 none, the two-pass kernel
+    reading global memory): each warp first copies its row (h for the residual form) into shared memory, all
     16-byte copies in flight, and runs the two passes from there (the residual form writes h1 back over it): same
     bits at every site layout, both modulate chains, with and without weight, and the gated-residual form; the
     widest row (8160: 64 KB of shared memory per block), a row count that leaves a block's last warps without
@@ -454,4 +456,4 @@ def test_staged_rows_variant():
     layouts = [((1, 4096, 3072), 'ltx2'), ((4352, 2, 3072), 'ernie'), ((4352, 1, 3072), 'ernie_tokens'),
                ((2, 126, 2048), 'ltx2_tokens'), ((2, 301, 4096), 'ltx2'), ((1, 17, 8160), 'ltx2'),
                ((3, 23, 136), 'ltx2'), ((3, 23, 132), 'ltx2'), ((2, 9, 4100), 'ltx2'), ((1, 19, 96), 'ltx2')]
-    assert_exact_under(_site_layouts_script(1320, layouts), DIFUSE_RMSMOD_STAGED="1")
+    assert_exact_under(_site_layouts_script(1320, layouts), DIFUSE_RMSMOD_STAGED=staged)

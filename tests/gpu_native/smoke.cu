@@ -1,5 +1,5 @@
-// Native GPU smoke test for libdifuse's C ABI (no torch): runs layernorm_modulate on every schedule
-// (one, two, four warps per row, 8- and 16-byte accesses, the two-pass kernel), its gated-residual form, the other
+// Native GPU smoke test for libdifuse's C ABI (no torch): runs layernorm_modulate on every default schedule
+// (two, four warps per row; one under DIFUSE_LNMOD_THREADS_PER_ROW=32, 8- and 16-byte accesses, the two-pass kernel), its gated-residual form, the other
 // row ops and the
 // attention prologues (FLUX, Qwen-Image, SD3.5), checks that every output
 // element is written, that two launches give identical bits, and that the result is within a few bf16
@@ -556,11 +556,11 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
   int fails = 0;
   try {
-    fails += run_case(2, 37, 3072, 6, false);  // one warp per row, 16-byte
-    fails += run_case(1, 9, 3072, 6, true);    // one warp per row, 8-byte
+    fails += run_case(2, 37, 3072, 6, false);  // two warps per row, 16-byte
+    fails += run_case(1, 9, 3072, 6, true);    // two warps per row, 8-byte
     fails += run_case(3, 5, 1000, 3, false);   // partial last sweep
     fails += run_case(1, 5, 4, 2, false);      // H = 4
-    fails += run_case(2, 11, 5120, 6, false);  // two warps per row
+    fails += run_case(2, 11, 5120, 6, false);  // four warps per row (H > 3584)
     fails += run_case(1, 7, 12288, 3, false);  // four warps per row
     fails += run_case(1, 3, 30000, 2, false);  // two-pass kernel
     fails += run_other_ops();
