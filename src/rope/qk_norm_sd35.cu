@@ -165,9 +165,9 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(c
 // q and k rows are staged and go through the slots; the v rows, which the eager chain only concatenates, are copied
 // global to global in 16-byte vectors by the whole block while the staging copies are in flight (8 threads per
 // row): a third of the rows no longer pay the loads, the sum, the tree and 2-byte stores of a normalised row.
-// WARPS: warps per token's block. 4 (the staged v-copy kernel's default) halves what every warp spends once per
-// block (the token's place, stream, weights and output base: ~155 SASS instructions before the row loop, and the
-// setup of the staging and v-copy loops) per row it then normalises; 8 otherwise. Which warp takes which row only.
+// WARPS: warps per token's block, 8 (4 for the staged v-copy kernel under DIFUSE_QK_SD35_WARPS=4: what every warp
+// spends once per block, ~155 SASS instructions before the row loop and the staging and v-copy loops' setup, is then
+// spread over twice the rows; slower on the H200 all the same). Which warp takes which row only.
 template <int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = false, int WARPS = kWarps>
 __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp64(const Params p) {
   static_assert(!VCOPY || STAGED, "the v copy rides on the staged kernel's 16-byte aligned rows");
@@ -338,16 +338,18 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
   if (lanes_knob != 32 && knob == 0 && unstaged_knob != 1 && p.D == 64 && staged_bytes <= 48 * 1024 &&
       head_rows_aligned16({&p.img, &p.ctx})) {
     if (vcopy_knob != 0 && detail::aligned(p.out[2], 16)) {  // v rows copied, not staged: 2H rows in shared memory
-      // 4 warps per token, 16 blocks per SM by default (the same 64 warps per SM; 2x38x4429x64: 9.7 KB per block);
-      // DIFUSE_QK_SD35_WARPS=8 (for measurement) keeps 8 warps per token, 8 blocks per SM (75.5 us at 132f46f).
+      // 8 warps per token, 8 blocks per SM. DIFUSE_QK_SD35_WARPS=4 (for measurement): 4 warps per token, 16 blocks
+      // per SM (the same 64 warps per SM; 9.7 KB per block at 38 heads), which halves the per-block instructions
+      // per row and was predicted 75.5 -> ~69 us at 2x38x4429x64, but measured 79.9 vs 75.6 (H200 at eb1307d,
+      // knob-sweeps/; it was the default at eb1307d, where this file's 257 tests passed with it).
       static const int warps_knob = detail::positive_env_knob("DIFUSE_QK_SD35_WARPS");
-      if (warps_knob == 8)
-        norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true>>(p, grid, block, staged_bytes / 3 * 2,
-                                                                             a.q.device, stream);
-      else
+      if (warps_knob == 4)
         norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 16, true, true, 4>>(p, grid, dim3(4 * 32),
                                                                                  staged_bytes / 3 * 2, a.q.device,
                                                                                  stream);
+      else
+        norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true>>(p, grid, block, staged_bytes / 3 * 2,
+                                                                             a.q.device, stream);
     } else {  // most shared memory: 8 blocks of ~15 KB per SM
       norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true>>(p, grid, block, staged_bytes, a.q.device,
                                                                      stream);

@@ -276,9 +276,9 @@ def test_v_staged_variant():
     assert_exact_under_prologue("qk_norm_sd35", 64, specs, adversarial, 1950, bhsd=True, DIFUSE_QK_VCOPY="0")
 
 
-def test_eight_warps_per_token_variant():
-    """DIFUSE_QK_SD35_WARPS=8 (read once per process): the staged v-copy kernel with 8 warps per token's block, 8
-    blocks per SM, instead of the default's 4 warps and 16 blocks (which the other tests of this file run): same bits
+def test_four_warps_per_token_variant():
+    """DIFUSE_QK_SD35_WARPS=4 (read once per process): the staged v-copy kernel with 4 warps per token's block, 16
+    blocks per SM, instead of the default's 8 warps and 8 blocks (which the other tests of this file run): same bits
     (site shapes, fused and separate projections, odd head counts so that warps take unequal slot counts, one head,
     no weights, adversarial values, v's NaN payloads; 8-byte-aligned rows, which never stage, keep their kernel)."""
     from knob_run import assert_exact_under_prologue
@@ -288,4 +288,4 @@ def test_eight_warps_per_token_variant():
     adversarial = [(1, 40, 17, 3, 0, True, True),
                    (2, 64, 16, 38, 0, False, True),
                    (1, 33, 20, 5, 4, False, True)]
-    assert_exact_under_prologue("qk_norm_sd35", 64, specs, adversarial, 1970, bhsd=True, DIFUSE_QK_SD35_WARPS="8")
+    assert_exact_under_prologue("qk_norm_sd35", 64, specs, adversarial, 1970, bhsd=True, DIFUSE_QK_SD35_WARPS="4")
