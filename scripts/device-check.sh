@@ -4,11 +4,12 @@
 # The H200 loop (run through the device tool; each stage fits one call). Every stage writes its logs and
 # JSON under $OUT (default: ./device-out): build.log, platform.txt, tests.log + tests.json (the GPU test
 # report; about 8 minutes on a warm machine), gpu-tests.log/.json (the files of $DIFUSE_GPU_TESTS only; not part
-# of "all"), sanitizer.log (compute-sanitizer, about 3 minutes), bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
+# of "all"), sanitizer.log (compute-sanitizer, about 4-5 minutes), bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
 # for each of $DIFUSE_E2E_MODELS, default "flux qwen-image sd3 wan", with $DIFUSE_E2E_ARGS), ncu-<op>.txt (Nsight
 # Compute on one launch of each of $DIFUSE_NCU_OPS; not part of "all"), sweeps.tgz (bench ops under the kernel
 # knobs of $DIFUSE_SWEEPS; not part of "all"). The logs and text files are packed into logs.tgz and the e2e
-# charts into e2e-png.tgz at the end (the device tool returns at most 8 files). Set DIFUSE_GIT_SHA to the
+# charts into e2e-png.tgz at the end (the device tool returns at most 8 files; the logs are moved into logs.tgz, so a
+# second tar of $OUT's *.log after this script packs nothing: one session lost its sanitizer.log that way). Set DIFUSE_GIT_SHA to the
 # commit being tested (the device copy has no .git). Exit status: non-zero when any stage fails. "all" is
 # tests,sanitizer,bench: more than one 10-minute device call holds; run tests, then sanitizer,bench.
 set -uo pipefail
@@ -92,6 +93,10 @@ stage_sanitizer() {
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_PIPELINED=2 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
+      echo "memcheck and racecheck with SD3.5's v rows copied out of shared memory (DIFUSE_QK_SD35_VCOPY_SMEM=1), also on 4 warps per token:" &&
+      DIFUSE_QK_SD35_VCOPY_SMEM=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
+      DIFUSE_QK_SD35_VCOPY_SMEM=1 DIFUSE_QK_SD35_WARPS=4 \
+        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       echo "memcheck with the prologues' v copies (DIFUSE_QK_VCOPY=1), SD3.5's v staged (DIFUSE_QK_VCOPY=0):" &&
       DIFUSE_QK_VCOPY=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_VCOPY=0 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
@@ -154,7 +159,8 @@ DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_qwen;DIFUSE_QK
 DIFUSE_RMS_LANES_PER_ROW=32,DIFUSE_RMS_ROWS_PER_WARP=4:rms_norm;DIFUSE_RMS_STAGED_ROWS=1:rms_norm;DIFUSE_RMS_STAGED_HEADS=1:rms_norm;\
 DIFUSE_RMSD_ROWS_PER_WARP=1:rms_norm_diffusers;DIFUSE_RMSD_STAGED_ROWS=1:rms_norm_diffusers;DIFUSE_RMSD_STAGED_ROWS=0:rms_norm_diffusers;\
 DIFUSE_QK_LANES_PER_ROW=32:qk_norm_sd35;DIFUSE_QK_ROWS_PER_WARP=4:qk_norm_sd35;DIFUSE_QK_UNSTAGED=1:qk_norm_sd35;\
-DIFUSE_QK_VCOPY=0:qk_norm_sd35;DIFUSE_QK_SD35_WARPS=4:qk_norm_sd35;\
+DIFUSE_QK_VCOPY=0:qk_norm_sd35;DIFUSE_QK_SD35_WARPS=4:qk_norm_sd35;DIFUSE_QK_SD35_VCOPY_SMEM=1:qk_norm_sd35;\
+DIFUSE_QK_SD35_VCOPY_SMEM=1,DIFUSE_QK_SD35_WARPS=4:qk_norm_sd35;\
 DIFUSE_RMSD_LANES_PER_ROW=32:rms_norm_diffusers;DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\
 DIFUSE_RMSD_LANES_PER_ROW=16,DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\
 DIFUSE_RMSMOD_ONE_PASS=1:rms_norm_modulate;DIFUSE_RMSMOD_ONE_PASS=1:gated_residual_rms_norm_modulate;\

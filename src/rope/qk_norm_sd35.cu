@@ -45,12 +45,14 @@
 // mean_lane_total_first_two, the same bits for every input). SASS of the staged default's row loop: 124 -> 106
 // instructions per slot. Index arithmetic only. On the H200 at 1765206: this file's 256 tests passed
 // (gpu-tests-partial-1765206.log), bench 0 mismatches, 2x38x4429x64 80.7 -> 76.7 us (predicted ~72; target 73;
-// ops-prologues-1765206.json). NOT YET RUN ON THE H200: after 1765206 the v-copy kernel (the default) drops its bounds
-// test and zero fill (its 2H rows are even and a warp takes one slot per step, so every row exists) and its v-role
-// branch (v never goes through its slots): row loop 106 -> 84 SASS instructions (scripts/sass-loops.sh); predicted 76.7
-// -> ~73 us. The half-warp
+// ops-prologues-1765206.json). After 1765206 the v-copy kernel (the default) drops its bounds test and zero fill (its
+// 2H rows are even and a warp takes one slot per step, so every row exists) and its v-role branch (v never goes through
+// its slots): row loop 106 -> 84 SASS instructions (scripts/sass-loops.sh); predicted 76.7 -> ~73 us. The half-warp
 // kernels also find the token's batch and position by a FastDivU32 made on the host (p.seq; the full-warp ones keep the
-// division: their 8-row variant spills with it).
+// division: their 8-row variant spills with it). On the H200 at 132f46f: this file's 256 tests passed (tests.json),
+// 2x38x4429x64 75.5 us (ops.json; target 72.8 = 1.2 x its 60.7 us floor: not met). At eb1307d the 4-warp variant
+// (DIFUSE_QK_SD35_WARPS=4 now) was the default and the file's 257 tests passed with it (gpu-tests-eb1307d.json), but it
+// ran slower (79.9 vs 75.6 us, knob-sweeps/eb1307d/): the 8-warp kernel is the default again, its PTX 132f46f's.
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -80,7 +82,7 @@ const detail::KernelRegistration kRegistration{{
     "qk_norm_sd35", "cuda", "bit_exact",
     "SD3.5 joint attention: diffusers RMSNorm(q), RMSNorm(k) per head on the BHSD views of both streams, "
     "cat([image, context], dim=2) of q, k, v",
-    "verified bit-exact on H200 at 5f8295d, its default at e383706 (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 132f46f (torch 2.11.0+cu130, sm_90)", 90, 90,
     "per-head diffusers QK RMSNorm + BHSD joint concat in one launch"}};
 
 constexpr int kWarps = 8;
@@ -168,10 +170,14 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(c
 // WARPS: warps per token's block, 8 (4 for the staged v-copy kernel under DIFUSE_QK_SD35_WARPS=4: what every warp
 // spends once per block, ~155 SASS instructions before the row loop and the staging and v-copy loops' setup, is then
 // spread over twice the rows; slower on the H200 all the same). Which warp takes which row only.
-template <int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = false, int WARPS = kWarps>
+// VSMEM (with VCOPY; DIFUSE_QK_SD35_VCOPY_SMEM=1): the v rows are staged with the q and k rows and copied from shared
+// memory to the output after the warp's slots (copy_staged_v_rows), not global to global before the barrier; they
+// still skip the slots.
+template <int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = false, int WARPS = kWarps, bool VSMEM = false>
 __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp64(const Params p) {
   static_assert(!VCOPY || STAGED, "the v copy rides on the staged kernel's 16-byte aligned rows");
   static_assert(!VCOPY || R == 1, "VCOPY's rows need no bounds test only with one slot per warp and step");
+  static_assert(!VSMEM || VCOPY, "VSMEM copies the v rows the VCOPY kernel keeps out of its slots");
   constexpr int D = 64;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -199,8 +205,9 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp
   const int rows = (VCOPY ? 2 : 3) * p.H;  // the rows that go through the slots
   extern __shared__ uint4 staged64[];  // STAGED: the token's rows, row r at 16-byte chunk 8 r
   if constexpr (STAGED) {
-    stage_token_rows<8, WARPS * 32>(staged64, tr, p.H, VCOPY ? 2 : 3);  // 8 copies of 16 bytes per 64-element row
-    if constexpr (VCOPY)  // head h's v row to output row (b, h, sj): head stride S * D
+    // 8 copies of 16 bytes per 64-element row
+    stage_token_rows<8, WARPS * 32>(staged64, tr, p.H, VCOPY && !VSMEM ? 2 : 3);
+    if constexpr (VCOPY && !VSMEM)  // head h's v row to output row (b, h, sj): head stride S * D
       copy_v_rows<8, WARPS * 32>(tr.row(2, 0), tr.sh[2], p.out[2] + (b * p.H * p.S + sj) * D, out_head, p.H);
     norm::cp_async_wait_all();
     __syncthreads();
@@ -245,6 +252,10 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp
       }
     }
   }
+  // VSMEM: the v rows (staged rows 2H .. 3H - 1) out after the slots, so that none of the copy's registers is live in
+  // the row loop (before it, the loop spilled)
+  if constexpr (VSMEM)
+    copy_staged_v_rows<8, WARPS * 32>(staged64 + 8 * 2 * p.H, p.out[2] + (out_token - u), out_head, p.H);
 }
 
 }  // namespace
@@ -342,14 +353,26 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
       // per SM (the same 64 warps per SM; 9.7 KB per block at 38 heads), which halves the per-block instructions
       // per row and was predicted 75.5 -> ~69 us at 2x38x4429x64, but measured 79.9 vs 75.6 (H200 at eb1307d,
       // knob-sweeps/; it was the default at eb1307d, where this file's 257 tests passed with it).
+      // DIFUSE_QK_SD35_VCOPY_SMEM=1 (for measurement; not yet run on the H200): v staged with q and k (3H rows in
+      // shared memory, 14.6 KB at 38 heads) and copied out after the slots (copy_staged_v_rows): at 38 heads 48 of a
+      // block's 256 threads no longer wait two DRAM round trips in turn for their v copies before the barrier.
+      // Data movement only. Predicted 2x38x4429x64 75.6 -> ~72 us.
       static const int warps_knob = detail::positive_env_knob("DIFUSE_QK_SD35_WARPS");
-      if (warps_knob == 4)
-        norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 16, true, true, 4>>(p, grid, dim3(4 * 32),
-                                                                                 staged_bytes / 3 * 2, a.q.device,
-                                                                                 stream);
+      static const int vsmem_knob = detail::positive_env_knob("DIFUSE_QK_SD35_VCOPY_SMEM");
+      const size_t bytes = staged_bytes / 3 * 2;
+      if (vsmem_knob == 1 && warps_knob == 4)
+        norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 16, true, true, 4, true>>(p, grid, dim3(4 * 32),
+                                                                                       staged_bytes, a.q.device,
+                                                                                       stream);
+      else if (vsmem_knob == 1)
+        norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true, 8, true>>(p, grid, block, staged_bytes,
+                                                                                      a.q.device, stream);
+      else if (warps_knob == 4)
+        norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 16, true, true, 4>>(p, grid, dim3(4 * 32), bytes,
+                                                                                 a.q.device, stream);
       else
-        norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true>>(p, grid, block, staged_bytes / 3 * 2,
-                                                                             a.q.device, stream);
+        norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true>>(p, grid, block, bytes, a.q.device,
+                                                                             stream);
     } else {  // most shared memory: 8 blocks of ~15 KB per SM
       norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true>>(p, grid, block, staged_bytes, a.q.device,
                                                                      stream);

@@ -56,6 +56,24 @@ __device__ __forceinline__ void copy_v_rows(const uint16_t* src, int64_t src_hea
   }
 }
 
+// The v-copy variant with v staged (qk_norm_sd35 under DIFUSE_QK_SD35_VCOPY_SMEM=1): after the block's barrier (there:
+// after the warp's slots), its `heads` v rows, already in shared memory at src (CHUNKS 16-byte vectors per row, row h at src + h * CHUNKS), are
+// copied to dst + h * dst_head (elements; 16-byte aligned) by the whole block. copy_v_rows' global loads make a
+// thread with k vectors wait k DRAM round trips in turn before the barrier (its store needs its load; 48 of 256
+// threads take 2 at SD3.5's 38 heads); here the v rows' loads are the staging's cp.async copies, all in flight at
+// once, and a vector's wait is a shared-memory load. The same copies.
+template <int CHUNKS, int THREADS>
+__device__ __forceinline__ void copy_staged_v_rows(const uint4* src, uint16_t* dst, int64_t dst_head, int heads) {
+  static_assert(THREADS % CHUNKS == 0, "each thread keeps one chunk position");
+  constexpr int kHeadsPerPass = THREADS / CHUNKS;
+  const int part = static_cast<int>(threadIdx.x) % CHUNKS;
+  const int first = static_cast<int>(threadIdx.x) / CHUNKS;
+  const int64_t step = kHeadsPerPass * dst_head;
+  uint16_t* d = dst + first * dst_head + 8 * part;
+  for (int head = first; head < heads; head += kHeadsPerPass, d += step)
+    *reinterpret_cast<uint4*>(d) = src[head * CHUNKS + part];
+}
+
 // One block per token (blockIdx.x): STAGED, stage(token, smem) issues its copies, the block waits for them and
 // synchronises; then run(token, smem).
 template <bool STAGED, class Stage, class Run>

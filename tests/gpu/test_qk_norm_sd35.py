@@ -289,3 +289,21 @@ def test_four_warps_per_token_variant():
                    (2, 64, 16, 38, 0, False, True),
                    (1, 33, 20, 5, 4, False, True)]
     assert_exact_under_prologue("qk_norm_sd35", 64, specs, adversarial, 1970, bhsd=True, DIFUSE_QK_SD35_WARPS="4")
+
+
+@pytest.mark.parametrize("warps", ["8", "4"])
+def test_v_staged_copied_out_variant(warps):
+    """DIFUSE_QK_SD35_VCOPY_SMEM=1 (read once per process; with 8 or 4 warps per token): the v rows are staged with q
+    and k and copied from shared memory to the output after the slots, instead of global to global before the
+    barrier: v bit for bit (NaN payloads, +-0, infinities from the adversarial patterns) and q, k unchanged, at the
+    site shapes, fused and separate projections, odd head counts, one head, no weights; 8-byte-aligned rows, which
+    never stage, keep their kernel."""
+    from knob_run import assert_exact_under_prologue
+
+    specs = [((2, 4429, 333, 38, 64), False), ((2, 4429, 333, 38, 64), True), ((1, 300, 77, 5, 64), True),
+             ((2, 17, 9, 3, 64), True), ((1, 16, 16, 1, 64), False), ((1, 20, 18, 13, 64), False)]
+    adversarial = [(1, 40, 17, 3, 0, True, True),
+                   (2, 64, 16, 38, 0, False, True),
+                   (1, 33, 20, 5, 4, False, True)]
+    assert_exact_under_prologue("qk_norm_sd35", 64, specs, adversarial, 1990, bhsd=True,
+                                DIFUSE_QK_SD35_VCOPY_SMEM="1", DIFUSE_QK_SD35_WARPS=warps)
