@@ -20,9 +20,12 @@
 // (bench/results/h200/tests.json), incl. the table kernel's division-free addressing (FastDivU32 only for
 // row-strided tensors) and the first batch's loads overlapping the table copy: 68.0 us at 1x4608x12288 (68.8 at
 // 6408223; target 67, eager 66.3). All 219 passed again at 5f8295d (tests.json; 67.6 us there, eager 66.3).
-// Written after e383706, not yet run on the H200: the table kernel with its next batch's loads issued before the
-// current batch's stores (DIFUSE_GELU_PIPELINED=1, test_pipelined_table_variant; the default's PTX unchanged);
-// the native smoke test now reaches the table kernel (256 x 3072), so compute-sanitizer sees it.
+// The table kernel with its next batch's loads issued before the current batch's stores (PIPE): exact through its
+// knob at 132f46f (tests.json: 220 passed) and faster at every shape (knob-sweeps/: 1x4608x12288 67.6 vs 68.1 us,
+// 1x512x12288 11.5 vs 12.2), the default since eb1307d, where this file's 221 tests passed with it
+// (gpu-tests-eb1307d.json; DIFUSE_GELU_PIPELINED=0 keeps the other kernel, test_pipelined_table_variant[0]); 67.3 vs
+// 68.5 us at 1x4608x12288 in one run (knob-sweeps/eb1307d/; target 67, eager 67.5: not met). The native smoke test
+// reaches the table kernel (256 x 3072): compute-sanitizer clean at eb1307d (sanitizer.log).
 #include "activation/gelu_tanh.h"
 
 #include <cuda_runtime.h>
@@ -47,7 +50,7 @@ namespace {
 
 const detail::KernelRegistration kRegistration{{
     "gelu_tanh", "cuda", "bit_exact", "F.gelu(x, approximate=\"tanh\")  (bf16; out may be a column slice)",
-    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at eb1307d (torch 2.11.0+cu130, sm_90)", 90, 90,
     "GELU (tanh) with libdevice tanhf, written into any row layout"}};
 
 struct Params {
@@ -103,9 +106,9 @@ __global__ void build_gelu_table(uint16_t* table) {
 // (detail::FastDivU32; total < 2^31) instead of a 32-bit division sequence per vector, and none when both tensors
 // are dense (row strides equal to the width: offset 8 v). The first batch's loads are issued before the table is
 // copied into shared memory (128 KB per block, one block per SM) so the two overlap.
-// PIPE (DIFUSE_GELU_PIPELINED=1, for measurement; not yet run on the H200): the next batch's loads are issued
-// before the current batch is mapped and stored, so a thread always has a batch of loads in flight, where the
-// default issues them after its stores (one block of 32 warps per SM holds ~64 KB of loads in flight only between
+// PIPE (the default; DIFUSE_GELU_PIPELINED=0 turns it off): the next batch's loads are issued before the current batch
+// is mapped and stored, so a thread always has a batch of loads in flight, where the other kernel issues them after
+// its stores (one block of 32 warps per SM holds ~64 KB of loads in flight only between
 // a batch's issue and its use). Data movement only: the same table lookups.
 template <bool PIPE>
 __global__ void __launch_bounds__(kTableThreads, 1) gelu_tanh_table_kernel(const Params p, const uint16_t* table,

@@ -52,13 +52,13 @@ namespace {
 const detail::KernelRegistration kF32Registration{{
     "gated_residual_fp32", "cuda", "bit_exact",
     "(h.float() + a * gate).type_as(h)  (Wan: bf16 h, a; fp32 gate [B,H], [B,1,H] or [B,L,H])",
-    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 132f46f (torch 2.11.0+cu130, sm_90)", 90, 90,
     "Wan's gated residual with an fp32 gate, one bf16 rounding at the end"}};
 
 const detail::KernelRegistration kRegistration{{
     "gated_residual", "cuda", "bit_exact",
     "h + gate[:, None] * a  (bf16; h, a [B,L,H]; gate [B,H] or [B,L,H])",
-    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 132f46f (torch 2.11.0+cu130, sm_90)", 90, 90,
     "adaLN-Zero gated residual in one pass, both eager roundings"}};
 
 struct Params {

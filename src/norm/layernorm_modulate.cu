@@ -44,9 +44,15 @@
 // loads, the block fp32 epilogue (the default) and the per-row one through DIFUSE_LNMOD_F32_ROW_EPILOGUE=1), 0
 // failed, 0 skipped (bench/results/h200/tests.json). layernorm_modulate_fp32 1x32760x5120: 448.7 us with 4-byte
 // fp32 loads, 258.1 with float4 (5fde96b), 228.2 with the block epilogue (3e989f7; target 198).
-// Written after e383706, not yet run on the H200: DIFUSE_LNMOD_PREFETCH_A=1 (gated_residual_layernorm_modulate:
-// each row's a prefetched into L2 with one bulk-prefetch instruction while its h is copied; the residual kernels'
-// PTX gains that untaken branch by default, the others only a larger Params; test_prefetched_a_variant).
+// DIFUSE_LNMOD_PREFETCH_A=1 (gated_residual_layernorm_modulate: each row's a prefetched into L2 with one
+// bulk-prefetch instruction while its h is copied; the residual kernels' PTX gains that untaken branch by default,
+// the others only a larger Params; test_prefetched_a_variant): exact on the H200 at 132f46f (tests.json, 3,225
+// passed), no faster (knob-sweeps/: 1x4096x3072 45.3 vs 43.5 us).
+// Four warps per row above H = 3584 (7 sweeps) since eb1307d, where they were faster in two sweeps (5f8295d and
+// 132f46f; see layernorm_modulate_config): exact there in this file's tests, GRLN's and test_wan_fp32.py (836 cases,
+// the two-warp schedule at 3588-6144 through DIFUSE_LNMOD_THREADS_PER_ROW=64, gpu-tests-eb1307d.json);
+// layernorm_modulate 1x32760x5120 195.8 us, layernorm_modulate_fp32 212.4 (230.4 with two warps in the same run;
+// target 198: not met) in bench-partial-eb1307d.log and knob-sweeps/eb1307d/.
 #include "norm/layernorm_modulate.h"
 
 #include "modulate/gated_residual_pair.h"
@@ -74,19 +80,19 @@ using num::VecWelford;
 const detail::KernelRegistration kF32Registration{{
     "layernorm_modulate_fp32", "cuda", "bit_exact",
     "(F.layer_norm(x.float(), (H,), eps=eps) * (1 + scale) + shift).type_as(x)  (Wan: fp32 scale/shift rows)",
-    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at eb1307d (torch 2.11.0+cu130, sm_90)", 90, 90,
     "Wan's fp32 adaLN: fp32 LayerNorm and modulation, one bf16 rounding at the end"}};
 
 const detail::KernelRegistration kAffineRegistration{{
     "layernorm_affine_fp32", "cuda", "bit_exact",
     "F.layer_norm(x.float(), (H,), weight, bias, eps).type_as(x)  (Wan's norm2: fp32 weight and bias)",
-    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at eb1307d (torch 2.11.0+cu130, sm_90)", 90, 90,
     "affine FP32LayerNorm over bf16 input, one bf16 rounding at the end"}};
 
 const detail::KernelRegistration kResidualRegistration{{
     "gated_residual_layernorm_modulate", "cuda", "bit_exact",
     "h1 = h + gate[:, None] * a;  F.layer_norm(h1, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]  (bf16)",
-    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at eb1307d (torch 2.11.0+cu130, sm_90)", 90, 90,
     "the pre-FF site: gated residual, then adaLN LayerNorm + modulate of the new residual, one pass"}};
 
 const detail::KernelRegistration kRegistration{{
@@ -203,8 +209,8 @@ __constant__ RcpCounts c_rcp = make_rcp_counts();
 // at 32 registers and skips the modulation-row staging, so 8 blocks of 4 rows fit an SM's registers and shared
 // memory: 4096 FLUX rows in one wave of 4224 row slots instead of 1.29 waves of 3168 (ncu at 8b01de3: "Waves
 // Per SM 1.29", 58 % achieved occupancy). The same arithmetic; the modulation rows come from global memory.
-// Also for gated_residual_layernorm_modulate (the residual prologue fits the 32 registers too). Not yet run on
-// the H200 (tests/gpu/test_layernorm_modulate.py::test_eight_blocks_per_sm_variant).
+// Also for gated_residual_layernorm_modulate (the residual prologue fits the 32 registers too). Exact on the H200
+// (tests/gpu/test_layernorm_modulate.py::test_eight_blocks_per_sm_variant, tests.json at 132f46f).
 template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, bool F32MOD = false, int MINB = 1>
 __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Params p) {
   using Map = AtenThreadMap<G, PAIRED>;

@@ -33,11 +33,14 @@
 // All 240 passed again at 5f8295d (tests.json). At 1765206 the half-warp kernels' means leave out their +0 additions
 // (norm::mean_first_push_*, mean_lane_total_first_two in diffusers_head_norm.h: the same bits for every input,
 // tests/cpu/test_rms_norm_modulate.cpp), 17-35 PTX instructions fewer: bench at 1765206 0 mismatches
-// (ops-prologues-1765206.json: 1x4608x24x128 19.9 us, 2x24x4096x64 23.1); this file's GPU tests NOT YET RUN at 1765206.
-// After 1765206 (not yet run): the 128-element kernels round two elements at a time (norm::diffusers_rms_pair, the same
-// bits, CPU-tested), 36-144 PTX instructions fewer. Also written after e383706 (not yet run):
-// DIFUSE_RMSD_STAGED_ROWS=1, 64- and 128-element rows staged in shared memory 64 per block (test_staged_rows_variant,
-// sweep and sanitizer entries).
+// (ops-prologues-1765206.json: 1x4608x24x128 19.9 us, 2x24x4096x64 23.1). After 1765206: the 128-element kernels round
+// two elements at a time (norm::diffusers_rms_pair, the same bits, CPU-tested), 36-144 PTX instructions fewer; and
+// 64- and 128-element rows staged in shared memory 64 per block (DIFUSE_RMSD_STAGED_ROWS=1, test_staged_rows_variant).
+// All of it exact on the H200 at 132f46f (this file's 241 tests, tests.json); staged rows timed there (knob-sweeps/):
+// 2x24x4096x64 20.4 us vs 23.0, 1x4608x24x128 19.6 vs 18.9. Staged 64-element rows are the default since eb1307d, where
+// the file's 241 tests passed with them (gpu-tests-eb1307d.json; the per-row kernels through DIFUSE_RMSD_STAGED_ROWS=0
+// in test_half_warp_rows) and compute-sanitizer was clean (sanitizer.log); 20.7 vs 23.5 us in one run there
+// (knob-sweeps/eb1307d/). Issue target 16 us at 1x4608x24x128: not met (18.9-19.2).
 #include "norm/rms_norm_diffusers.h"
 
 #include <cuda_runtime.h>
@@ -61,7 +64,7 @@ namespace {
 const detail::KernelRegistration kRegistration{{
     "rms_norm_diffusers", "cuda", "bit_exact",
     "diffusers RMSNorm: bf16(bf16(x * rsqrt(mean(f32(x)^2) + eps)) * w)  (two roundings)",
-    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at eb1307d (torch 2.11.0+cu130, sm_90)", 90, 90,
     "the diffusers RMSNorm class chain, replaying aten's mean reduction order"}};
 
 constexpr int kRowsPerBlock = 8;  // one warp per row

@@ -48,9 +48,12 @@
 // epilogue from L1/L2), 32-48 registers; with DIFUSE_RMSMOD_ONE_PASS=1 each lane keeps its vectors (up to 64 for
 // N = 8160) in registers instead: one read of x; with DIFUSE_RMSMOD_ROWS_PER_WARP=N >= 2 (for measurement; slower
 // on the H200 at 5f8295d, knob-sweeps/: 1x4096x3072 30.8 us at N = 2, 40.4 at 4, vs 24.4) the two-pass kernel on
-// a grid N times smaller, each warp taking every grid-th row; with DIFUSE_RMSMOD_STAGED=1 (for measurement; written
-// after e383706, not yet run on the H200) each warp first copies its row into shared memory, all 16-byte copies in
-// flight, and runs the two passes from there (rms_norm_modulate_staged). Modulation rows are read as 8-byte words
+// a grid N times smaller, each warp taking every grid-th row; staged (the default up to N = 3072 since eb1307d;
+// DIFUSE_RMSMOD_STAGED=1 at every width, =0 never) each warp first copies its row into shared memory, all 16-byte
+// copies in flight, and runs the two passes from there (rms_norm_modulate_staged): exact through its knob at 132f46f
+// (tests.json) and as the default at eb1307d (this file's 379 tests, the two-pass kernel through
+// DIFUSE_RMSMOD_STAGED=0; gpu-tests-eb1307d.json), compute-sanitizer clean there; 1x4096x3072 23.0 us vs 24.5 two-pass,
+// 4352x2x3072 47.1 vs 53.6 (bench-partial-eb1307d.log, knob-sweeps/eb1307d/; target 15: not met). Modulation rows are read as 8-byte words
 // when every row start is 8-byte aligned, else as bf16. N < 128: scalar elements.
 //
 // Verification status: bit-exact on the H200 at 5f8295d (torch 2.11.0+cu130, sm_90; its RowIndexers take the
@@ -85,13 +88,13 @@ namespace {
 const detail::KernelRegistration kRegistration{{
     "rms_norm_modulate", "cuda", "bit_exact",
     "diffusers RMSNorm(x, w, eps) * (1 + scale) + shift  (bf16 chain: LTX-2; fp32 modulate: ERNIE-Image)",
-    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at eb1307d (torch 2.11.0+cu130, sm_90)", 90, 90,
     "RMSNorm-based adaLN in one pass, replaying aten's mean reduction order (rows >= 16, 32 <= N <= 8160)"}};
 
 const detail::KernelRegistration kResidualRegistration{{
     "gated_residual_rms_norm_modulate", "cuda", "bit_exact",
     "h1 = h + gate * a;  diffusers RMSNorm(h1, w, eps) * (1 + scale) + shift  (LTX-2 bf16 / ERNIE-Image fp32)",
-    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at eb1307d (torch 2.11.0+cu130, sm_90)", 90, 90,
     "gated residual, then RMSNorm-based adaLN of the new residual, one pass"}};
 
 constexpr int kRowsPerBlock = 4;  // one warp per row

@@ -56,15 +56,16 @@
 // presence as a bit mask, and the mean's first pushes without their +0 additions (norm::mean_first_push_vec4, the same
 // bits for every input: tests/cpu/test_rms_norm_modulate.cpp). SASS of the staged default's row loop: 244 -> 199
 // instructions per slot. Index arithmetic only. On the H200 at 1765206: bench 0 mismatches at the site shapes,
-// 1x4608x24x128 txt512 54.1 -> 49.8 us (predicted ~47; ops-prologues-1765206.json); this file's GPU tests NOT YET RUN
-// at 1765206 (the call's time ran out first). After 1765206 (not yet run there either): the token's batch and position
+// 1x4608x24x128 txt512 54.1 -> 49.8 us (predicted ~47; ops-prologues-1765206.json); this file's GPU tests did not run
+// at 1765206 (the call's time ran out first). After 1765206: the token's batch and position
 // by a FastDivU32 made on the host (token_place.h, CPU-tested): the staged default 524 -> 490 SASS instructions in
 // all (scripts/sass-loops.sh). And the norm's two roundings two elements at a time (norm::diffusers_rms_pair: one
 // pack-convert per pair
 // where each element was converted alone and widened back; the same bits, CPU-tested against the element chain): row
 // loop 198 -> 178 SASS instructions (244 before 1765206). Predicted txt512 49.8 -> ~47 us. And with an even number of
 // slot rows (24 heads) the EVEN kernel drops the bounds test and zero fill: row loop 178 -> 163
-// (scripts/sass-loops.sh); predicted ~46 us.
+// (scripts/sass-loops.sh); predicted ~46 us, measured at 132f46f 48.8 (ops.json; target 50: met); this file's 258 tests
+// passed there (tests.json).
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -94,7 +95,7 @@ const detail::KernelRegistration kRegistration{{
     "qk_norm_rope_qwen", "cuda", "bit_exact",
     "Qwen-Image attention prologue: diffusers RMSNorm(q), RMSNorm(k) per head per stream, apply_rotary_emb_qwen "
     "(complex64 freqs per stream), cat([text, image]) of q, k, v",
-    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 132f46f (torch 2.11.0+cu130, sm_90)", 90, 90,
     "per-head diffusers QK RMSNorm + complex RoPE per stream + joint concat in one launch"}};
 
 constexpr int kWarps = 8;

@@ -58,7 +58,7 @@ const detail::KernelRegistration kRegistration{{
     "qk_norm_rope_wan", "cuda", "bit_exact",
     "Wan 2.x attention prologue: norm_q(q), norm_k(k) (torch.nn.RMSNorm across heads), unflatten(2, (heads, -1)), "
     "WanAttnProcessor's apply_rotary_emb (interleaved pairs, fp32 freqs)",
-    "verified bit-exact on H200 at 5f8295d (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 132f46f (torch 2.11.0+cu130, sm_90)", 90, 90,
     "QK RMSNorm across heads + head split + Wan RoPE in one launch (fused to_qkv chunks or separate projections)"}};
 
 constexpr int kRowThreads = 64;               // our threads per row: each holds two of aten's 128 threads
