@@ -260,6 +260,14 @@ def test_unstaged_rows_variant():
     assert_exact_under_prologue("qk_norm_sd35", 64, specs, adversarial, 1900, bhsd=True, DIFUSE_QK_UNSTAGED="1")
 
 
+# The staged kernels' knob tests: site shapes (38 heads, 4,429 + 333 tokens, batch 2), fused and separate
+# projections, odd head counts, one head, no weights; adversarial cases (B, S_img, S_ctx, heads, row offset, weights,
+# rope: True, SD3.5 has none; prologue_adversarial_script), offset 4 giving 8-byte-aligned rows, which never stage.
+STAGED_SPECS = [((2, 4429, 333, 38, 64), False), ((2, 4429, 333, 38, 64), True), ((1, 300, 77, 5, 64), True),
+                ((2, 17, 9, 3, 64), True), ((1, 16, 16, 1, 64), False)]
+STAGED_ADVERSARIAL = [(1, 40, 17, 3, 0, True, True), (2, 64, 16, 38, 0, False, True), (1, 33, 20, 5, 4, False, True)]
+
+
 def test_v_staged_variant():
     """DIFUSE_QK_VCOPY=0 (read once per process): the staged kernel stages and passes the v rows through its slots
     as well, instead of the default's 16-byte v copies (which the other tests of this file run): v bit for bit
@@ -268,12 +276,8 @@ def test_v_staged_variant():
     8-byte-aligned rows, which never stage, keep their kernel."""
     from knob_run import assert_exact_under_prologue
 
-    specs = [((2, 4429, 333, 38, 64), False), ((2, 4429, 333, 38, 64), True), ((1, 300, 77, 5, 64), True),
-             ((2, 17, 9, 3, 64), True), ((1, 16, 16, 1, 64), False), ((3, 61, 20, 7, 96), False)]
-    adversarial = [(1, 40, 17, 3, 0, True, True),
-                   (2, 64, 16, 38, 0, False, True),
-                   (1, 33, 20, 5, 4, False, True)]
-    assert_exact_under_prologue("qk_norm_sd35", 64, specs, adversarial, 1950, bhsd=True, DIFUSE_QK_VCOPY="0")
+    specs = STAGED_SPECS + [((3, 61, 20, 7, 96), False)]
+    assert_exact_under_prologue("qk_norm_sd35", 64, specs, STAGED_ADVERSARIAL, 1950, bhsd=True, DIFUSE_QK_VCOPY="0")
 
 
 def test_four_warps_per_token_variant():
@@ -283,12 +287,9 @@ def test_four_warps_per_token_variant():
     no weights, adversarial values, v's NaN payloads; 8-byte-aligned rows, which never stage, keep their kernel)."""
     from knob_run import assert_exact_under_prologue
 
-    specs = [((2, 4429, 333, 38, 64), False), ((2, 4429, 333, 38, 64), True), ((1, 300, 77, 5, 64), True),
-             ((2, 17, 9, 3, 64), True), ((1, 16, 16, 1, 64), False), ((1, 20, 18, 13, 64), False)]
-    adversarial = [(1, 40, 17, 3, 0, True, True),
-                   (2, 64, 16, 38, 0, False, True),
-                   (1, 33, 20, 5, 4, False, True)]
-    assert_exact_under_prologue("qk_norm_sd35", 64, specs, adversarial, 1970, bhsd=True, DIFUSE_QK_SD35_WARPS="4")
+    specs = STAGED_SPECS + [((1, 20, 18, 13, 64), False)]  # 13 heads: warps take unequal slot counts
+    assert_exact_under_prologue("qk_norm_sd35", 64, specs, STAGED_ADVERSARIAL, 1970, bhsd=True,
+                                DIFUSE_QK_SD35_WARPS="4")
 
 
 @pytest.mark.parametrize("warps", ["8", "4"])
@@ -300,10 +301,6 @@ def test_v_staged_copied_out_variant(warps):
     never stage, keep their kernel."""
     from knob_run import assert_exact_under_prologue
 
-    specs = [((2, 4429, 333, 38, 64), False), ((2, 4429, 333, 38, 64), True), ((1, 300, 77, 5, 64), True),
-             ((2, 17, 9, 3, 64), True), ((1, 16, 16, 1, 64), False), ((1, 20, 18, 13, 64), False)]
-    adversarial = [(1, 40, 17, 3, 0, True, True),
-                   (2, 64, 16, 38, 0, False, True),
-                   (1, 33, 20, 5, 4, False, True)]
-    assert_exact_under_prologue("qk_norm_sd35", 64, specs, adversarial, 1990, bhsd=True,
+    specs = STAGED_SPECS + [((1, 20, 18, 13, 64), False)]  # 13 heads: warps take unequal slot counts
+    assert_exact_under_prologue("qk_norm_sd35", 64, specs, STAGED_ADVERSARIAL, 1990, bhsd=True,
                                 DIFUSE_QK_SD35_VCOPY_SMEM="1", DIFUSE_QK_SD35_WARPS=warps)
