@@ -445,8 +445,8 @@ def test_strided_rows_variant(rows):
 
 @pytest.mark.parametrize("staged", ["0", "1"])
 def test_staged_rows_variant(staged):
-    """DIFUSE_RMSMOD_STAGED=1 (the default stages rows up to N = 3072; =1 every width, =0 none, the two-pass kernel
-    reading global memory): each warp first copies its row (h for the residual form) into shared memory, all
+    """DIFUSE_RMSMOD_STAGED=1|0 (the default stages rows up to N = 3072; =1 at every width, =0 at none, the two-pass
+    kernel reading global memory): staged, each warp first copies its row (h for the residual form) into shared memory, all
     16-byte copies in flight, and runs the two passes from there (the residual form writes h1 back over it): same
     bits at every site layout, both modulate chains, with and without weight, and the gated-residual form; the
     widest row (8160: 64 KB of shared memory per block), a row count that leaves a block's last warps without
