@@ -93,9 +93,9 @@ stage_sanitizer() {
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_PIPELINED=2 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with SD3.5's v rows copied out of shared memory (DIFUSE_QK_SD35_VCOPY_SMEM=1), also on 4 warps per token:" &&
-      DIFUSE_QK_SD35_VCOPY_SMEM=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_QK_SD35_VCOPY_SMEM=1 DIFUSE_QK_SD35_WARPS=4 \
+      echo "memcheck and racecheck with SD3.5's v rows copied global to global (DIFUSE_QK_SD35_VCOPY_SMEM=0), the default's v rows on 4 warps per token:" &&
+      DIFUSE_QK_SD35_VCOPY_SMEM=0 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
+      DIFUSE_QK_SD35_WARPS=4 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       echo "memcheck with the prologues' v copies (DIFUSE_QK_VCOPY=1), SD3.5's v staged (DIFUSE_QK_VCOPY=0):" &&
       DIFUSE_QK_VCOPY=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
@@ -159,8 +159,8 @@ DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_qwen;DIFUSE_QK
 DIFUSE_RMS_LANES_PER_ROW=32,DIFUSE_RMS_ROWS_PER_WARP=4:rms_norm;DIFUSE_RMS_STAGED_ROWS=1:rms_norm;DIFUSE_RMS_STAGED_HEADS=1:rms_norm;\
 DIFUSE_RMSD_ROWS_PER_WARP=1:rms_norm_diffusers;DIFUSE_RMSD_STAGED_ROWS=1:rms_norm_diffusers;DIFUSE_RMSD_STAGED_ROWS=0:rms_norm_diffusers;\
 DIFUSE_QK_LANES_PER_ROW=32:qk_norm_sd35;DIFUSE_QK_ROWS_PER_WARP=4:qk_norm_sd35;DIFUSE_QK_UNSTAGED=1:qk_norm_sd35;\
-DIFUSE_QK_VCOPY=0:qk_norm_sd35;DIFUSE_QK_SD35_WARPS=4:qk_norm_sd35;DIFUSE_QK_SD35_VCOPY_SMEM=1:qk_norm_sd35;\
-DIFUSE_QK_SD35_VCOPY_SMEM=1,DIFUSE_QK_SD35_WARPS=4:qk_norm_sd35;\
+DIFUSE_QK_VCOPY=0:qk_norm_sd35;DIFUSE_QK_SD35_WARPS=4:qk_norm_sd35;DIFUSE_QK_SD35_VCOPY_SMEM=0:qk_norm_sd35;\
+DIFUSE_QK_SD35_VCOPY_SMEM=0,DIFUSE_QK_SD35_WARPS=4:qk_norm_sd35;\
 DIFUSE_RMSD_LANES_PER_ROW=32:rms_norm_diffusers;DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\
 DIFUSE_RMSD_LANES_PER_ROW=16,DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\
 DIFUSE_RMSMOD_ONE_PASS=1:rms_norm_modulate;DIFUSE_RMSMOD_ONE_PASS=1:gated_residual_rms_norm_modulate;\

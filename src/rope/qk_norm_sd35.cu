@@ -170,9 +170,9 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(c
 // WARPS: warps per token's block, 8 (4 for the staged v-copy kernel under DIFUSE_QK_SD35_WARPS=4: what every warp
 // spends once per block, ~155 SASS instructions before the row loop and the staging and v-copy loops' setup, is then
 // spread over twice the rows; slower on the H200 all the same). Which warp takes which row only.
-// VSMEM (with VCOPY; DIFUSE_QK_SD35_VCOPY_SMEM=1): the v rows are staged with the q and k rows and copied from shared
-// memory to the output after the warp's slots (copy_staged_v_rows), not global to global before the barrier; they
-// still skip the slots.
+// VSMEM (with VCOPY; the default, DIFUSE_QK_SD35_VCOPY_SMEM=0 turns it off): the v rows are staged with the q and k
+// rows and copied from shared memory to the output after the warp's slots (copy_staged_v_rows), not global to global
+// before the barrier; they still skip the slots.
 template <int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = false, int WARPS = kWarps, bool VSMEM = false>
 __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp64(const Params p) {
   static_assert(!VCOPY || STAGED, "the v copy rides on the staged kernel's 16-byte aligned rows");
@@ -353,18 +353,19 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
       // per SM (the same 64 warps per SM; 9.7 KB per block at 38 heads), which halves the per-block instructions
       // per row and was predicted 75.5 -> ~69 us at 2x38x4429x64, but measured 79.9 vs 75.6 (H200 at eb1307d,
       // knob-sweeps/; it was the default at eb1307d, where this file's 257 tests passed with it).
-      // DIFUSE_QK_SD35_VCOPY_SMEM=1 (for measurement; not yet run on the H200): v staged with q and k (3H rows in
-      // shared memory, 14.6 KB at 38 heads) and copied out after the slots (copy_staged_v_rows): at 38 heads 48 of a
-      // block's 256 threads no longer wait two DRAM round trips in turn for their v copies before the barrier.
-      // Data movement only. Predicted 2x38x4429x64 75.6 -> ~72 us.
+      // v staged with q and k (3H rows in shared memory, 14.6 KB at 38 heads) and copied out after the slots
+      // (copy_staged_v_rows): at 38 heads 48 of a block's 256 threads no longer wait two DRAM round trips in turn for
+      // their v copies before the barrier. Data movement only. Predicted 2x38x4429x64 75.6 -> ~72 us; measured 72.7
+      // vs 75.6 (4 warps: 73.2; H200 at f7a86a5, knob-sweeps/f7a86a5/), so it is the default;
+      // DIFUSE_QK_SD35_VCOPY_SMEM=0 (for measurement) keeps the global-to-global v copies before the barrier.
       static const int warps_knob = detail::positive_env_knob("DIFUSE_QK_SD35_WARPS");
-      static const int vsmem_knob = detail::positive_env_knob("DIFUSE_QK_SD35_VCOPY_SMEM");
+      static const int vsmem_knob = detail::env_knob_or("DIFUSE_QK_SD35_VCOPY_SMEM", 1);
       const size_t bytes = staged_bytes / 3 * 2;
-      if (vsmem_knob == 1 && warps_knob == 4)
+      if (vsmem_knob != 0 && warps_knob == 4)
         norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 16, true, true, 4, true>>(p, grid, dim3(4 * 32),
                                                                                        staged_bytes, a.q.device,
                                                                                        stream);
-      else if (vsmem_knob == 1)
+      else if (vsmem_knob != 0)
         norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true, 8, true>>(p, grid, block, staged_bytes,
                                                                                       a.q.device, stream);
       else if (warps_knob == 4)

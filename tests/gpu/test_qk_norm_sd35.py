@@ -293,14 +293,14 @@ def test_four_warps_per_token_variant():
 
 
 @pytest.mark.parametrize("warps", ["8", "4"])
-def test_v_staged_copied_out_variant(warps):
-    """DIFUSE_QK_SD35_VCOPY_SMEM=1 (read once per process; with 8 or 4 warps per token): the v rows are staged with q
-    and k and copied from shared memory to the output after the slots, instead of global to global before the
-    barrier: v bit for bit (NaN payloads, +-0, infinities from the adversarial patterns) and q, k unchanged, at the
-    site shapes, fused and separate projections, odd head counts, one head, no weights; 8-byte-aligned rows, which
-    never stage, keep their kernel."""
+def test_v_copied_global_to_global_variant(warps):
+    """DIFUSE_QK_SD35_VCOPY_SMEM=0 (read once per process; with 8 or 4 warps per token): the v rows are copied global
+    to global before the block's barrier, instead of the default that stages them with q and k and copies them out of
+    shared memory after the slots (which the other tests of this file run): v bit for bit (NaN payloads, +-0,
+    infinities from the adversarial patterns) and q, k unchanged, at the site shapes, fused and separate
+    projections, odd head counts, one head, no weights; 8-byte-aligned rows, which never stage, keep their kernel."""
     from knob_run import assert_exact_under_prologue
 
     specs = STAGED_SPECS + [((1, 20, 18, 13, 64), False)]  # 13 heads: warps take unequal slot counts
     assert_exact_under_prologue("qk_norm_sd35", 64, specs, STAGED_ADVERSARIAL, 1990, bhsd=True,
-                                DIFUSE_QK_SD35_VCOPY_SMEM="1", DIFUSE_QK_SD35_WARPS=warps)
+                                DIFUSE_QK_SD35_VCOPY_SMEM="0", DIFUSE_QK_SD35_WARPS=warps)
