@@ -77,9 +77,40 @@ inline float mean_tree_host(const float (&lanes)[kMeanLanes]) {
   return v[0];
 }
 
+// The host twins of a W-lane shuffle-down tree's lane 0 (offsets W/2..1; lanes past W read their own value) and of
+// the butterfly (xor offsets W/2..1) that replaces the tree and its broadcast. By induction, after the step of
+// offset o the butterfly's lane i holds the bits of the down tree's lane i mod o: before it, lanes i and i ^ o hold
+// those of down lanes i mod 2o and (i ^ o) mod 2o, which are j = i mod o and j + o, the two partial sums down lane j
+// adds, in one order or the other; IEEE addition is commutative (a NaN result is the GPU's canonical NaN either
+// way). So every lane ends with the down tree's lane-0 bits. tests/cpu checks it.
+template <int W>
+float mean_down_tree_lane0_host(const float (&lanes)[W]) {
+  float v[W];
+  for (int i = 0; i < W; ++i) v[i] = lanes[i];
+  for (int o = W / 2; o >= 1; o /= 2)
+    for (int i = 0; i < W; ++i) v[i] = mean_tree_step(v[i], v[i + o < W ? i + o : i]);
+  return v[0];
+}
+
+template <int W>
+void mean_butterfly_host(const float (&lanes)[W], float (&out)[W]) {
+  for (int i = 0; i < W; ++i) out[i] = lanes[i];
+  for (int o = W / 2; o >= 1; o /= 2) {
+    float before[W];
+    for (int i = 0; i < W; ++i) before[i] = out[i];
+    for (int i = 0; i < W; ++i) out[i] = mean_tree_step(before[i], before[i ^ o]);
+  }
+}
+
 // mean = RN(sum * factor); rstd = rsqrtf(RN(mean + eps)) (device: MUFU.RSQ; the host twin approximates).
 DIFUSE_HD float diffusers_rstd(float sum, float factor, float eps) {
   return num::rsqrt_cuda(num::add_rn(num::mul_rn(sum, factor), eps));
+}
+
+// diffusers_rstd for eps >= FLT_MIN (the caller checks; a sum of squares is >= +0 or NaN and factor > 0, so
+// RN(mean + eps) >= eps): the same bits without rsqrtf's subnormal scaling (num::rsqrt_cuda_normal_input).
+DIFUSE_HD float diffusers_rstd_normal_eps(float sum, float factor, float eps) {
+  return num::rsqrt_cuda_normal_input(num::add_rn(num::mul_rn(sum, factor), eps));
 }
 
 // The norm's output element, as diffusers' RMSNorm returns it: bf16(RN(x * rstd)), then bf16(RN(y * w)) with a

@@ -61,6 +61,7 @@
 #include <cuda_runtime.h>
 
 #include <atomic>
+#include <limits>
 
 #include <string>
 
@@ -173,11 +174,13 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(c
 // VSMEM (with VCOPY; the default, DIFUSE_QK_SD35_VCOPY_SMEM=0 turns it off): the v rows are staged with the q and k
 // rows and copied from shared memory to the output after the warp's slots (copy_staged_v_rows), not global to global
 // before the barrier; they still skip the slots.
-template <int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = false, int WARPS = kWarps, bool VSMEM = false>
+template <int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = false, int WARPS = kWarps, bool VSMEM = false,
+          bool LEAN = false>
 __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp64(const Params p) {
   static_assert(!VCOPY || STAGED, "the v copy rides on the staged kernel's 16-byte aligned rows");
   static_assert(!VCOPY || R == 1, "VCOPY's rows need no bounds test only with one slot per warp and step");
   static_assert(!VSMEM || VCOPY, "VSMEM copies the v rows the VCOPY kernel keeps out of its slots");
+  static_assert(!LEAN || VSMEM, "LEAN trims the VSMEM kernel's slots");
   constexpr int D = 64;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -201,6 +204,11 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp
   }
   const int64_t out_token = (b * p.H * p.S + sj) * D + u;  // this lane's first element of head 0's output row
   const int64_t out_head = p.S * D;
+  // LEAN: the q and k output bases of this lane, and the head stride in bytes (head * S * D < 2^30 elements: each
+  // stream's B * H * S * D <= 2^29), so a row's address is one 32 x 32 -> 64-bit multiply-add
+  char* const out_q = reinterpret_cast<char*>(p.out[0] + out_token);
+  char* const out_k = reinterpret_cast<char*>(p.out[1] + out_token);
+  const uint32_t out_head_bytes = static_cast<uint32_t>(out_head * sizeof(uint16_t));
 
   const int rows = (VCOPY ? 2 : 3) * p.H;  // the rows that go through the slots
   extern __shared__ uint4 staged64[];  // STAGED: the token's rows, row r at 16-byte chunk 8 r
@@ -221,8 +229,13 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp
     for (int q = 0; q < R; ++q) {
       const int r = 2 * (base + q * WARPS) + seg;
       // VCOPY (R == 1): rows = 2H is even and base < slots = H, so r < rows: no bounds test, no zero fill
-      role_of[q] = VCOPY ? p.heads.divmod(static_cast<uint32_t>(r), head_of[q])
-                         : role_and_head(p.heads, r, rows, head_of[q]);
+      if constexpr (LEAN) {  // r < 2H: k's rows are r >= H, no divider
+        role_of[q] = r >= p.H ? 1u : 0u;
+        head_of[q] = static_cast<uint32_t>(r - (role_of[q] ? p.H : 0));
+      } else {
+        role_of[q] = VCOPY ? p.heads.divmod(static_cast<uint32_t>(r), head_of[q])
+                           : role_and_head(p.heads, r, rows, head_of[q]);
+      }
       const uint16_t* row = (STAGED ? reinterpret_cast<const uint16_t*>(staged64 + 8 * r)
                                     : tr.row(role_of[q] < 3 ? role_of[q] : 0, head_of[q])) + u;
 #pragma unroll
@@ -232,14 +245,16 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp
       }
     }
     float rstd[R];
-    norm::head64_rstd_half_warp<R>(x, st.factor, p.eps, rstd);  // every slot: the shuffles need the whole warp
+    norm::head64_rstd_half_warp<R, LEAN>(x, st.factor, p.eps, rstd);  // every slot: the shuffles need the whole warp
 #pragma unroll
     for (int q = 0; q < R; ++q) {
       const uint32_t role = role_of[q];  // 0 q, 1 k, 2 v (copied as is, raw bits), 3 past the end
       if (!VCOPY && role > 2) continue;  // no shuffle follows: a half warp may skip alone (VCOPY: role 0 or 1)
       // STAGED: p.out[role] is one indexed constant load where the selects cost ~8 instructions per row
-      uint16_t* o = (STAGED ? p.out[role] : by_role(role, p.out[0], p.out[1], p.out[2])) + out_token +
-                    head_of[q] * out_head;
+      uint16_t* o = LEAN ? reinterpret_cast<uint16_t*>((role ? out_k : out_q) +
+                                                       static_cast<uint64_t>(head_of[q]) * out_head_bytes)
+                         : (STAGED ? p.out[role] : by_role(role, p.out[0], p.out[1], p.out[2])) + out_token +
+                               head_of[q] * out_head;
       if (VCOPY || role < 2) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -360,11 +375,20 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
       // DIFUSE_QK_SD35_VCOPY_SMEM=0 (for measurement) keeps the global-to-global v copies before the barrier.
       static const int warps_knob = detail::positive_env_knob("DIFUSE_QK_SD35_WARPS");
       static const int vsmem_knob = detail::env_knob_or("DIFUSE_QK_SD35_VCOPY_SMEM", 1);
+      // LEAN (with VSMEM on 8 warps, where eps >= FLT_MIN, as SD3.5's 1e-6; DIFUSE_QK_SD35_LEAN=0 for measurement):
+      // per slot, k's rows found by a compare instead of the head divider, the output row's address as one
+      // multiply-add from per-role bases, the tree's steps as a butterfly (no broadcast shuffle), rsqrtf without
+      // its subnormal scaling (eps >= FLT_MIN makes RN(mean + eps) normal): the same bits, row loop 89 -> ~78 SASS
+      // instructions. Predicted 2x38x4429x64 ~73 -> ~71 us (the kernel is near issue-bound: ncu at e383706).
+      static const int lean_knob = detail::env_knob_or("DIFUSE_QK_SD35_LEAN", 1);
       const size_t bytes = staged_bytes / 3 * 2;
       if (vsmem_knob != 0 && warps_knob == 4)
         norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 16, true, true, 4, true>>(p, grid, dim3(4 * 32),
                                                                                        staged_bytes, a.q.device,
                                                                                        stream);
+      else if (vsmem_knob != 0 && lean_knob != 0 && p.eps >= std::numeric_limits<float>::min())
+        norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true, 8, true, true>>(p, grid, block, staged_bytes,
+                                                                                            a.q.device, stream);
       else if (vsmem_knob != 0)
         norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true, 8, true>>(p, grid, block, staged_bytes,
                                                                                       a.q.device, stream);

@@ -232,6 +232,58 @@ TEST(DiffusersHeadNorm, HalfWarp64OrderIsNotASequentialSum) {
   EXPECT_GT(differ, 50);
 }
 
+TEST(DiffusersHeadNorm, ButterflyLeavesTheDownTreesLaneZeroBitsInEveryLane) {
+  // qk_norm_sd35's LEAN kernel reduces a span's 16 lane sums by xor shuffles instead of the shuffle-down tree and
+  // its broadcast (norm::span16_rstd_butterfly): every lane must end with the bits the tree leaves in lane 0, for
+  // sums of squares of any size (the argument is commutativity, so every value pattern is drawn; a NaN lane only
+  // needs a NaN result: the device's NaN is canonical, the host keeps payloads).
+  using difuse::norm::mean_butterfly_host;
+  using difuse::norm::mean_down_tree_lane0_host;
+  std::mt19937 rng(66);
+  for (int trial = 0; trial < 20000; ++trial) {
+    float lanes[16];
+    const int kind = trial % 6;
+    for (int u = 0; u < 16; ++u) {
+      const float x = kind == 5 ? std::ldexp(1.0f, (u * 37 + trial) % 250 - 125) : bf16_to_float(random_bf16(rng, kind));
+      lanes[u] = x * x;
+    }
+    const float tree = mean_down_tree_lane0_host(lanes);
+    float all[16];
+    mean_butterfly_host(lanes, all);
+    for (int u = 0; u < 16; ++u) {
+      if (std::isnan(tree)) {
+        ASSERT_TRUE(std::isnan(all[u])) << "trial " << trial << " lane " << u;
+        continue;
+      }
+      ASSERT_EQ(float_bits(all[u]), float_bits(tree)) << "trial " << trial << " lane " << u;
+    }
+  }
+}
+
+TEST(DiffusersHeadNorm, AButterflyInAnotherStepOrderDiffers) {
+  // The same butterfly with its offsets ascending (1..8: adjacent lanes first) pairs the partial sums differently
+  // and differs from the down tree on some rows, so the test above can fail.
+  using difuse::norm::mean_down_tree_lane0_host;
+  using difuse::norm::mean_tree_step;
+  std::mt19937 rng(67);
+  int differ = 0;
+  for (int trial = 0; trial < 2000; ++trial) {
+    float v[16];
+    for (int u = 0; u < 16; ++u) {
+      const float x = bf16_to_float(random_bf16(rng, 1));
+      v[u] = x * x;
+    }
+    const float tree = mean_down_tree_lane0_host(v);
+    for (int o = 1; o <= 8; o *= 2) {
+      float before[16];
+      for (int u = 0; u < 16; ++u) before[u] = v[u];
+      for (int u = 0; u < 16; ++u) v[u] = mean_tree_step(before[u], before[u ^ o]);
+    }
+    differ += float_bits(v[0]) != float_bits(tree);
+  }
+  EXPECT_GT(differ, 50);
+}
+
 TEST(DiffusersHeadNorm, LaneMapReplaysAtensLoopsBitForBit) {
   std::mt19937 rng(23);
   int widths = 0;
