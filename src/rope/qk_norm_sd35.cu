@@ -375,18 +375,20 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
       // DIFUSE_QK_SD35_VCOPY_SMEM=0 (for measurement) keeps the global-to-global v copies before the barrier.
       static const int warps_knob = detail::positive_env_knob("DIFUSE_QK_SD35_WARPS");
       static const int vsmem_knob = detail::env_knob_or("DIFUSE_QK_SD35_VCOPY_SMEM", 1);
-      // LEAN (with VSMEM on 8 warps, where eps >= FLT_MIN, as SD3.5's 1e-6; DIFUSE_QK_SD35_LEAN=0 for measurement):
-      // per slot, k's rows found by a compare instead of the head divider, the output row's address as one
-      // multiply-add from per-role bases, the tree's steps as a butterfly (no broadcast shuffle), rsqrtf without
-      // its subnormal scaling (eps >= FLT_MIN makes RN(mean + eps) normal): the same bits, row loop 89 -> ~78 SASS
-      // instructions. Predicted 2x38x4429x64 ~73 -> ~71 us (the kernel is near issue-bound: ncu at e383706).
-      static const int lean_knob = detail::env_knob_or("DIFUSE_QK_SD35_LEAN", 1);
+      // DIFUSE_QK_SD35_LEAN=1 (for measurement; with VSMEM on 8 warps, where eps >= FLT_MIN, as SD3.5's 1e-6): per
+      // slot, k's rows found by a compare instead of the head divider, the output row's address as one multiply-add
+      // from per-role bases, the tree's steps as a butterfly (no broadcast shuffle), rsqrtf without its subnormal
+      // scaling (eps >= FLT_MIN makes RN(mean + eps) normal): the same bits, row loop 89 -> 74 SASS instructions
+      // (134 -> 118 before it). Predicted ~73 -> ~71 us at 2x38x4429x64 (ncu at e383706 had the kernel near
+      // issue-bound); measured 73.8 vs 73.7 (fused 73.5 vs 73.0; H200 at f1e1d95, where it was the default and this
+      // file's 275 tests passed): 13 % fewer instructions, no faster, so the kernel is no longer issue-bound.
+      static const int lean_knob = detail::positive_env_knob("DIFUSE_QK_SD35_LEAN");
       const size_t bytes = staged_bytes / 3 * 2;
       if (vsmem_knob != 0 && warps_knob == 4)
         norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 16, true, true, 4, true>>(p, grid, dim3(4 * 32),
                                                                                        staged_bytes, a.q.device,
                                                                                        stream);
-      else if (vsmem_knob != 0 && lean_knob != 0 && p.eps >= std::numeric_limits<float>::min())
+      else if (vsmem_knob != 0 && lean_knob == 1 && p.eps >= std::numeric_limits<float>::min())
         norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true, 8, true, true>>(p, grid, block, staged_bytes,
                                                                                             a.q.device, stream);
       else if (vsmem_knob != 0)

@@ -306,25 +306,46 @@ def test_v_copied_global_to_global_variant(warps):
                                 DIFUSE_QK_SD35_VCOPY_SMEM="0", DIFUSE_QK_SD35_WARPS=warps)
 
 
-def test_lean_slots_off_variant():
-    """DIFUSE_QK_SD35_LEAN=0 (read once per process): the staged kernel with v copied out of shared memory keeps its
-    head divider, per-role output selects, shuffle-down tree with a broadcast and rsqrtf's subnormal scaling,
-    instead of the default's lean slots (which the other tests of this file run): the same bits at the site shapes,
-    fused and separate projections, odd head counts, one head, no weights, adversarial values."""
+def test_lean_slots_variant():
+    """DIFUSE_QK_SD35_LEAN=1 (read once per process): the staged kernel with v copied out of shared memory finds k's
+    rows by a compare instead of the head divider, each row's address by one multiply-add, reduces by a butterfly
+    without a broadcast and takes rsqrtf without its subnormal scaling where eps >= FLT_MIN, instead of the default
+    (which the other tests of this file run): the same bits at the site shapes, fused and separate projections, odd
+    head counts, one head, no weights, adversarial values."""
     from knob_run import assert_exact_under_prologue
 
     specs = STAGED_SPECS + [((1, 20, 18, 13, 64), False)]  # 13 heads: warps take unequal slot counts
     assert_exact_under_prologue("qk_norm_sd35", 64, specs, STAGED_ADVERSARIAL, 2010, bhsd=True,
-                                DIFUSE_QK_SD35_LEAN="0")
+                                DIFUSE_QK_SD35_LEAN="1")
+
+
+def test_lean_slots_eps_on_both_sides_of_flt_min():
+    """DIFUSE_QK_SD35_LEAN=1's bare MUFU.RSQ is exact only where eps >= FLT_MIN (RN(mean + eps) is then normal); eps
+    = 0 or a subnormal eps keeps the kernel with rsqrtf's scaling. Under the knob, each eps of the test below at
+    rows whose mean of squares is subnormal or zero, infinite or ordinary."""
+    from knob_run import assert_exact_under
+
+    script = """
+import sys
+sys.path.insert(0, %r)
+import torch, test_qk_norm_sd35 as t
+for eps in (0.0, 1e-40, 2.0 ** -126, 1e-6, 1e-2):
+    for scale in (1.0, 1e-20, 1e30):
+        g = torch.Generator(device="cuda").manual_seed(t.SEED + 77)
+        args = t.make_args(2, 300, 77, 38, 64, layout="fused", gen=g, scale=scale)
+        args["eps"] = eps
+        t.assert_exact(args)
+print("ok")
+""" % os.path.dirname(os.path.abspath(__file__))
+    assert_exact_under(script, DIFUSE_QK_SD35_LEAN="1")
 
 
 @pytest.mark.parametrize("scale", [1.0, 1e-20, 1e30], ids=["unit", "tiny", "huge"])
 @pytest.mark.parametrize("eps", [0.0, 1e-40, 2.0 ** -126, 1e-6, 1e-2], ids=str)
 def test_eps_on_both_sides_of_flt_min(eps, scale):
-    """The default kernel's lean slots take rsqrtf without its subnormal scaling, which is exact only where eps >=
-    FLT_MIN (RN(mean + eps) is then normal); eps = 0 or a subnormal eps takes the kernel with the scaling. Both at
-    SD3.5-large's 38 heads, with rows whose mean of squares is subnormal or zero (tiny: 1e-20 squared), infinite
-    (huge) or ordinary."""
+    """eps = 0, subnormal, FLT_MIN and ordinary at SD3.5-large's 38 heads, with rows whose mean of squares is
+    subnormal or zero (tiny: 1e-20 squared), infinite (huge) or ordinary: rsqrtf's subnormal scaling and the eps
+    addition as eager has them."""
     g = torch.Generator(device=DEV).manual_seed(SEED + 77)
     args = make_args(2, 300, 77, 38, 64, layout="fused", gen=g, scale=scale)
     args["eps"] = eps
