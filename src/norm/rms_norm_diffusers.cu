@@ -224,11 +224,17 @@ __global__ void __launch_bounds__(256) rms_norm_diffusers_half_warp128(const Par
 // at 64, head_rstd_half_warp at 128; slots of two rows, one slot at a time) reading them from there: the same bits
 // per row. 32 registers, 8 blocks per SM: more of the rows' bytes in flight per SM than the per-row kernels hold
 // (2x24x4096x64: 23.1 us, 51 % of its floor; 1x4608x24x128: 19.9 us, 67 %).
+// OSMEM (64-element rows, out 16-byte aligned; DIFUSE_RMSD_OUT_SMEM=1, for measurement): each normalised element
+// written back over its staged input (the same lane, the same half-word) instead of to global memory, then after a
+// second barrier the block's rows, one contiguous run of out, copied out in 16-byte vectors: a half warp's 2-byte
+// stores reach L2 as 32-byte pieces of two rows per instruction, the copy as whole lines (qk_norm_sd35's
+// DIFUSE_QK_SD35_OUT_SMEM=1 tests the same on the SD3.5 prologue). The same bits (stores only).
 constexpr int kStagedRows = 64;
 
-template <int N>
+template <int N, bool OSMEM = false>
 __global__ void __launch_bounds__(256, 8) rms_norm_diffusers_staged(const Params p) {
   static_assert(N == 64 || N == 128, "the half-warp row layouts");
+  static_assert(!OSMEM || N == 64, "the write-back variant is for 64-element rows");
   constexpr int CHUNKS = N / 8;      // 16-byte copies per row
   extern __shared__ uint4 rows16[];  // row rr of the block at chunk CHUNKS * rr
   const int64_t r_first = static_cast<int64_t>(blockIdx.x) * kStagedRows;
@@ -239,13 +245,13 @@ __global__ void __launch_bounds__(256, 8) rms_norm_diffusers_staged(const Params
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int u = lane % 16, seg = lane / 16;
   const int r0 = static_cast<int>(threadIdx.x / 32) * 8;  // 8 warps x 4 slots x 2 rows: the block's 64 rows
-  if (r0 >= nrows) return;                                // whole warp (no barrier follows)
+  if (!OSMEM && r0 >= nrows) return;                      // whole warp (no barrier follows; OSMEM: one does)
   if constexpr (N == 64) {
     float w[4];
 #pragma unroll
     for (int j = 0; j < 4; ++j) w[j] = p.has_w ? num::bf16_to_float(p.w[u + 16 * j]) : 1.f;
 #pragma unroll 1
-    for (int q = 0; q < 4; ++q) {
+    for (int q = 0; q < (OSMEM && r0 >= nrows ? 0 : 4); ++q) {  // OSMEM: a warp past the rows goes to the barrier
       const int rr = r0 + 2 * q + seg;
       const uint16_t* xr = reinterpret_cast<const uint16_t*>(rows16 + CHUNKS * (rr < nrows ? rr : 0)) + u;
       float x[1][4];
@@ -254,9 +260,15 @@ __global__ void __launch_bounds__(256, 8) rms_norm_diffusers_staged(const Params
       float rstd[1];
       head64_rstd_half_warp<1>(x, p.factor, p.eps, rstd);  // every lane of the warp takes part
       if (rr >= nrows) continue;
-      uint16_t* o = p.out + (r_first + rr) * 64 + u;
+      uint16_t* o = OSMEM ? reinterpret_cast<uint16_t*>(rows16 + CHUNKS * rr) + u : p.out + (r_first + rr) * 64 + u;
 #pragma unroll
       for (int j = 0; j < 4; ++j) o[16 * j] = diffusers_rms_bits(x[0][j], rstd[0], w[j]);
+    }
+    if constexpr (OSMEM) {  // the block's rows are one contiguous run of out: nrows * 8 vectors
+      __syncthreads();
+      uint4* dst = reinterpret_cast<uint4*>(p.out + r_first * 64);
+#pragma unroll 1
+      for (int c = static_cast<int>(threadIdx.x); c < nrows * CHUNKS; c += 256) dst[c] = rows16[c];
     }
   } else {
     HeadRun<4> w[2];
@@ -279,11 +291,11 @@ __global__ void __launch_bounds__(256, 8) rms_norm_diffusers_staged(const Params
   }
 }
 
-template <int N>
+template <int N, bool OSMEM = false>
 void launch_staged(const Params& p, int device, cudaStream_t stream) {
   const int64_t blocks = (p.rows + kStagedRows - 1) / kStagedRows;  // 8 blocks of 8 or 16 KB per SM
-  launch_max_shared<rms_norm_diffusers_staged<N>>(p, static_cast<unsigned>(blocks), 256,
-                                                  sizeof(uint4) * (N / 8) * kStagedRows, device, stream);
+  launch_max_shared<rms_norm_diffusers_staged<N, OSMEM>>(p, static_cast<unsigned>(blocks), 256,
+                                                         sizeof(uint4) * (N / 8) * kStagedRows, device, stream);
 }
 
 }  // namespace
@@ -353,7 +365,15 @@ void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view&
   static const int staged = detail::env_knob_or("DIFUSE_RMSD_STAGED_ROWS", -1);
   const bool stage_rows = staged == 1 ? (p.n == 64 || (p.n == 128 && p.vec_out)) : staged != 0 && p.n == 64;
   if (stage_rows && lanes != 32 && rows_per_warp == 0 && detail::rows_aligned(x, 16)) {
-    p.n == 64 ? launch_staged<64>(p, x.device, stream) : launch_staged<128>(p, x.device, stream);
+    // DIFUSE_RMSD_OUT_SMEM=1 (for measurement; 64-element rows, out 16-byte aligned): the rows written back to shared
+    // memory and copied out in 16-byte vectors (OSMEM above). Predicted 2x24x4096x64 20.7 -> ~17 us if the 2-byte
+    // stores' 32-byte pieces are what holds it at 57 % of its floor (the 128-element rows, 8 bytes per lane, run
+    // the same bytes in 17.5), unchanged if not.
+    static const int osmem = detail::positive_env_knob("DIFUSE_RMSD_OUT_SMEM");
+    if (p.n == 64 && osmem == 1 && detail::aligned(out.data, 16))
+      launch_staged<64, true>(p, x.device, stream);
+    else
+      p.n == 64 ? launch_staged<64>(p, x.device, stream) : launch_staged<128>(p, x.device, stream);
   } else if (lanes != 32 && p.n == 64) {
     const int slots = rows_per_warp >= 4 ? 4 : 2;
     const unsigned b64 = static_cast<unsigned>((p.rows + kRowsPerBlock * 2 * slots - 1) / (kRowsPerBlock * 2 * slots));

@@ -53,6 +53,14 @@
 // 2x38x4429x64 75.5 us (ops.json; target 72.8 = 1.2 x its 60.7 us floor: not met). At eb1307d the 4-warp variant
 // (DIFUSE_QK_SD35_WARPS=4 now) was the default and the file's 257 tests passed with it (gpu-tests-eb1307d.json), but it
 // ran slower (79.9 vs 75.6 us, knob-sweeps/eb1307d/): the 8-warp kernel is the default again, its PTX 132f46f's.
+// On the H200 at f7a86a5 the v rows staged with q and k and copied out of shared memory after the slots
+// (DIFUSE_QK_SD35_VCOPY_SMEM=1 then) ran exact (this file's 259 tests) and faster: 72.7 vs 75.6 us (4 warps: 73.2;
+// knob-sweeps/f7a86a5/, bench-f7a86a5.log); it is the default since 61e66e7, where this file's 259 tests passed and
+// compute-sanitizer was clean (gpu-tests-61e66e7.json, sanitizer-61e66e7.log; 73.4 vs 76.2 with
+// DIFUSE_QK_SD35_VCOPY_SMEM=0, knob-sweeps/61e66e7/). The lean slots (DIFUSE_QK_SD35_LEAN=1, 13 % fewer
+// instructions) were the default at f1e1d95 (275 tests passed, sanitizer clean) and ran no faster (73.8 vs 73.7);
+// the default is 61e66e7's kernel again (PTX unchanged), 276 tests passed at 1195fc2 (gpu-tests-1195fc2.json).
+// 2x38x4429x64 is 73.4-73.8 us against a target of 73.2 (1.2 x its 61.0 us floor in those runs): not met.
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -83,7 +91,7 @@ const detail::KernelRegistration kRegistration{{
     "qk_norm_sd35", "cuda", "bit_exact",
     "SD3.5 joint attention: diffusers RMSNorm(q), RMSNorm(k) per head on the BHSD views of both streams, "
     "cat([image, context], dim=2) of q, k, v",
-    "verified bit-exact on H200 at 132f46f (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at 1195fc2 (torch 2.11.0+cu130, sm_90)", 90, 90,
     "per-head diffusers QK RMSNorm + BHSD joint concat in one launch"}};
 
 constexpr int kWarps = 8;
@@ -172,15 +180,22 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(c
 // spends once per block, ~155 SASS instructions before the row loop and the staging and v-copy loops' setup, is then
 // spread over twice the rows; slower on the H200 all the same). Which warp takes which row only.
 // VSMEM (with VCOPY; the default, DIFUSE_QK_SD35_VCOPY_SMEM=0 turns it off): the v rows are staged with the q and k
-// rows and copied from shared memory to the output after the warp's slots (copy_staged_v_rows), not global to global
+// rows and copied from shared memory to the output after the warp's slots (copy_staged_rows_out), not global to global
 // before the barrier; they still skip the slots.
+// OSMEM (with VSMEM; DIFUSE_QK_SD35_OUT_SMEM=1, for measurement): the slots write each normalised q and k element
+// back over its staged input (the same lane, the same shared-memory half-word) instead of to global memory, and
+// after a second barrier the whole block copies all 3H rows out in 16-byte vectors (copy_staged_rows_out): a half
+// warp's 2-byte stores reach L2 as 32-byte pieces of two rows per instruction (4 per 128-byte row; FLUX's
+// half-warp rows, 8 bytes per lane, write a whole 128-byte line per half warp), the copy as whole lines. Also no
+// output address per slot. The same bits (stores only).
 template <int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = false, int WARPS = kWarps, bool VSMEM = false,
-          bool LEAN = false>
+          bool LEAN = false, bool OSMEM = false>
 __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp64(const Params p) {
   static_assert(!VCOPY || STAGED, "the v copy rides on the staged kernel's 16-byte aligned rows");
   static_assert(!VCOPY || R == 1, "VCOPY's rows need no bounds test only with one slot per warp and step");
   static_assert(!VSMEM || VCOPY, "VSMEM copies the v rows the VCOPY kernel keeps out of its slots");
   static_assert(!LEAN || VSMEM, "LEAN trims the VSMEM kernel's slots");
+  static_assert(!OSMEM || (VSMEM && !LEAN), "OSMEM writes the VSMEM kernel's slots back to shared memory");
   constexpr int D = 64;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -229,7 +244,7 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp
     for (int q = 0; q < R; ++q) {
       const int r = 2 * (base + q * WARPS) + seg;
       // VCOPY (R == 1): rows = 2H is even and base < slots = H, so r < rows: no bounds test, no zero fill
-      if constexpr (LEAN) {  // r < 2H: k's rows are r >= H, no divider
+      if constexpr (LEAN || OSMEM) {  // r < 2H: k's rows are r >= H, no divider
         role_of[q] = r >= p.H ? 1u : 0u;
         head_of[q] = static_cast<uint32_t>(r - (role_of[q] ? p.H : 0));
       } else {
@@ -251,10 +266,11 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp
       const uint32_t role = role_of[q];  // 0 q, 1 k, 2 v (copied as is, raw bits), 3 past the end
       if (!VCOPY && role > 2) continue;  // no shuffle follows: a half warp may skip alone (VCOPY: role 0 or 1)
       // STAGED: p.out[role] is one indexed constant load where the selects cost ~8 instructions per row
-      uint16_t* o = LEAN ? reinterpret_cast<uint16_t*>((role ? out_k : out_q) +
-                                                       static_cast<uint64_t>(head_of[q]) * out_head_bytes)
-                         : (STAGED ? p.out[role] : by_role(role, p.out[0], p.out[1], p.out[2])) + out_token +
-                               head_of[q] * out_head;
+      uint16_t* o = OSMEM ? reinterpret_cast<uint16_t*>(staged64 + 8 * (2 * (base + q * WARPS) + seg)) + u
+                    : LEAN ? reinterpret_cast<uint16_t*>((role ? out_k : out_q) +
+                                                         static_cast<uint64_t>(head_of[q]) * out_head_bytes)
+                           : (STAGED ? p.out[role] : by_role(role, p.out[0], p.out[1], p.out[2])) + out_token +
+                                 head_of[q] * out_head;
       if (VCOPY || role < 2) {
 #pragma unroll
         for (int j = 0; j < 4; ++j) {
@@ -267,10 +283,16 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp
       }
     }
   }
+  if constexpr (OSMEM) {  // every slot's q and k rows written back: then all 3H rows out, one role at a time
+    __syncthreads();
+    uint16_t* const dst[3] = {p.out[0] + (out_token - u), p.out[1] + (out_token - u), p.out[2] + (out_token - u)};
+    copy_staged_token_rows_out<8, WARPS * 32>(staged64, dst, out_head, p.H, 3);
+    return;
+  }
   // VSMEM: the v rows (staged rows 2H .. 3H - 1) out after the slots, so that none of the copy's registers is live in
   // the row loop (before it, the loop spilled)
   if constexpr (VSMEM)
-    copy_staged_v_rows<8, WARPS * 32>(staged64 + 8 * 2 * p.H, p.out[2] + (out_token - u), out_head, p.H);
+    copy_staged_rows_out<8, WARPS * 32>(staged64 + 8 * 2 * p.H, p.out[2] + (out_token - u), out_head, p.H);
 }
 
 }  // namespace
@@ -369,7 +391,7 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
       // per row and was predicted 75.5 -> ~69 us at 2x38x4429x64, but measured 79.9 vs 75.6 (H200 at eb1307d,
       // knob-sweeps/; it was the default at eb1307d, where this file's 257 tests passed with it).
       // v staged with q and k (3H rows in shared memory, 14.6 KB at 38 heads) and copied out after the slots
-      // (copy_staged_v_rows): at 38 heads 48 of a block's 256 threads no longer wait two DRAM round trips in turn for
+      // (copy_staged_rows_out): at 38 heads 48 of a block's 256 threads no longer wait two DRAM round trips in turn for
       // their v copies before the barrier. Data movement only. Predicted 2x38x4429x64 75.6 -> ~72 us; measured 72.7
       // vs 75.6 (4 warps: 73.2; H200 at f7a86a5, knob-sweeps/f7a86a5/), so it is the default;
       // DIFUSE_QK_SD35_VCOPY_SMEM=0 (for measurement) keeps the global-to-global v copies before the barrier.
@@ -383,11 +405,22 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
       // issue-bound); measured 73.8 vs 73.7 (fused 73.5 vs 73.0; H200 at f1e1d95, where it was the default and this
       // file's 275 tests passed): 13 % fewer instructions, no faster, so the kernel is no longer issue-bound.
       static const int lean_knob = detail::positive_env_knob("DIFUSE_QK_SD35_LEAN");
+      // DIFUSE_QK_SD35_OUT_SMEM=1 (for measurement; with VSMEM on 8 warps; before LEAN): the normalised q and k rows
+      // written back to shared memory and copied out with the v rows in 16-byte vectors after a second barrier
+      // (OSMEM above). ncu at 1195fc2 (1x38x4429x64): DRAM 62 % vs FLUX's 72 %, issue 0.81 per scheduler, and the
+      // lean slots' 13 % fewer instructions bought nothing, so what the stores look like to L2 is the next suspect:
+      // the default's 2-byte stores reach it as 4 pieces of 32 bytes per 128-byte row, 304 write requests per
+      // 38-head token where the copy makes 114 whole lines. Predicted 2x38x4429x64 73.5 -> ~68 us if that is the
+      // limit (FLUX's 2x at 89 % of its floor), unchanged if not.
+      static const int osmem_knob = detail::positive_env_knob("DIFUSE_QK_SD35_OUT_SMEM");
       const size_t bytes = staged_bytes / 3 * 2;
       if (vsmem_knob != 0 && warps_knob == 4)
         norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 16, true, true, 4, true>>(p, grid, dim3(4 * 32),
                                                                                        staged_bytes, a.q.device,
                                                                                        stream);
+      else if (vsmem_knob != 0 && osmem_knob == 1)
+        norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true, 8, true, false, true>>(
+            p, grid, block, staged_bytes, a.q.device, stream);
       else if (vsmem_knob != 0 && lean_knob == 1 && p.eps >= std::numeric_limits<float>::min())
         norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true, 8, true, true>>(p, grid, block, staged_bytes,
                                                                                             a.q.device, stream);

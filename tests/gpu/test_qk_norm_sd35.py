@@ -319,6 +319,19 @@ def test_lean_slots_variant():
                                 DIFUSE_QK_SD35_LEAN="1")
 
 
+def test_rows_out_of_shared_memory_variant():
+    """DIFUSE_QK_SD35_OUT_SMEM=1 (read once per process): the slots write the normalised q and k rows back to shared
+    memory and the block copies all 3H rows out in 16-byte vectors after a second barrier, instead of the default's
+    2-byte global stores from the slots (which the other tests of this file run): q, k and v bit for bit at the
+    site shapes, fused and separate projections, odd head counts (warps take unequal slot counts, so the barrier
+    waits for the slowest), one head, no weights, adversarial values; 8-byte-aligned rows keep their kernel."""
+    from knob_run import assert_exact_under_prologue
+
+    specs = STAGED_SPECS + [((1, 20, 18, 13, 64), False), ((2, 33, 17, 37, 64), True)]
+    assert_exact_under_prologue("qk_norm_sd35", 64, specs, STAGED_ADVERSARIAL, 2030, bhsd=True,
+                                DIFUSE_QK_SD35_OUT_SMEM="1")
+
+
 def test_lean_slots_eps_on_both_sides_of_flt_min():
     """DIFUSE_QK_SD35_LEAN=1's bare MUFU.RSQ is exact only where eps >= FLT_MIN (RN(mean + eps) is then normal); eps
     = 0 or a subnormal eps keeps the kernel with rsqrtf's scaling. Under the knob, each eps of the test below at

@@ -185,3 +185,24 @@ def test_staged_rows_variant():
         "    for w in (torch.randn(x.shape[-1], generator=g, **bf), None):\n"
         "        bad += count_mismatches(ops.rms_norm_diffusers(x, w), ops.rms_norm_diffusers_eager(x, w))\n")
     assert_exact_under(script, DIFUSE_RMSD_STAGED_ROWS="1")
+
+
+def test_staged_rows_written_back_variant():
+    """DIFUSE_RMSD_OUT_SMEM=1: the staged 64-element rows' results are written back to shared memory and copied out
+    in 16-byte vectors after a second barrier, instead of the default's 2-byte stores from the slots: same bits
+    (SD3.5's BHSD views, row counts that leave the last block partly empty and some warps without rows, a single
+    row, no weight, tiny rows, adversarial values; 128-element and 8-byte-aligned rows keep their kernels)."""
+    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "g = torch.Generator(device='cuda').manual_seed(1710)\n"
+        "bf = dict(device='cuda', dtype=torch.bfloat16)\n"
+        "xs = [torch.randn(2, 4096, 24, 64, generator=g, **bf).transpose(1, 2), torch.randn(3, 7, 5, 64, generator=g, **bf),\n"
+        "      torch.randn(2, 333, 38, 64, generator=g, **bf).transpose(1, 2), torch.randn(1, 16, 1, 64, generator=g, **bf),\n"
+        "      torch.randn(17, 64, generator=g, **bf) * 1e-20, torch.randn(1, 300, 24, 128, generator=g, **bf),\n"
+        "      place(torch.randn(3, 77, 24, 64, generator=g, **bf), 0), place(torch.randn(3, 77, 24, 64, generator=g, **bf), 4)]\n"
+        "for x in xs:\n"
+        "    for w in (torch.randn(x.shape[-1], generator=g, **bf), None):\n"
+        "        bad += count_mismatches(ops.rms_norm_diffusers(x, w), ops.rms_norm_diffusers_eager(x, w))\n")
+    assert_exact_under(script, DIFUSE_RMSD_OUT_SMEM="1")
