@@ -4,7 +4,7 @@
 # Per kernel, whether the PTX that SRC.cu compiles to (the build's flags, compute_90) is the same at git revision
 # REV and in the working tree (or at REV2): the check behind "the default kernels' PTX is unchanged" in the
 # kernel notes.
-# Labels are renumbered before comparing; a kernel whose name gained a defaulted template argument (e.g. a new
+# Labels are renumbered and translation-unit hashes in internal names blanked before comparing; a kernel whose name gained a defaulted template argument (e.g. a new
 # trailing bool) is matched by its name with that argument's default added (false). One line per kernel:
 #   same | differs (N vs M instructions, +K) | only at REV | only now   <kernel, demangled when c++filt is present>
 set -euo pipefail
@@ -32,12 +32,16 @@ for f in "$@"; do
   python3 - "$TMP/old.ptx" "$TMP/new.ptx" <<'PY' | { if command -v c++filt >/dev/null; then c++filt; else cat; fi; }
 import re, sys
 ANON = re.compile(r"\d+_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]{8}")  # the anonymous namespace: path-dependent
+# internal-linkage globals (e.g. a __constant__ table) carry a hash of the translation unit: any edit to an included
+# header changes it, not the code
+INTERNAL = re.compile(r"_INTERNAL_[0-9a-f]{8}_")
 def entries(path):
     out = {}
     for part in re.split(r"\n(?=\.visible \.entry|\.entry)", open(path).read()):
         m = re.search(r"\.entry (\S+)\(", part)
         if m:
             body = ANON.sub("ANON", re.sub(r"\$L__BB\d+_", "$L__BB_", part).replace(m.group(1), "NAME"))
+            body = INTERNAL.sub("_INTERNAL_", body)
             n = sum(1 for l in body.split("\n") if l.strip() and not l.strip().startswith(("//", ".", "$", "{", "}")))
             out[ANON.sub("ANON", m.group(1))] = (body, n, m.group(1))
     return out

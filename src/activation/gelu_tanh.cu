@@ -261,8 +261,7 @@ void gelu_tanh(const difuse_tensor_view& out, const difuse_tensor_view& x, cudaS
   const int64_t total = p.rows * (p.cols / 8);
   if (fits(8) && total >= (int64_t{1} << 16) && total < (int64_t{1} << 31)) {
     if (const uint16_t* table = gelu_table(x.device, stream)) {
-      int sms = 0;
-      DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, x.device));
+      const int sms = detail::sm_count(x.device);  // one runtime call per device, not per launch
       const bool dense = (p.rows == 1 || p.x_rs == p.cols) && (p.rows == 1 || p.out_rs == p.cols);
       // The pipelined table kernel by default (H200 at 132f46f, knob-sweeps/: 1x4608x12288 67.6 us vs 68.1,
       // 1x512x12288 11.5 vs 12.2, faster at every shape); DIFUSE_GELU_PIPELINED=0 (for measurement) keeps the other.

@@ -8,6 +8,7 @@
 #include <atomic>
 #include <cstdint>
 
+#include "core/device.h"
 #include "core/error.h"
 
 namespace difuse::norm {
@@ -98,14 +99,9 @@ void launch_max_shared(const P& p, dim3 grid, dim3 block, size_t smem, int devic
 // last threads / smem asked), so a launch with the same configuration makes no runtime call.
 template <class Kernel>
 int64_t resident_blocks(Kernel kernel, int threads, size_t smem, int device) {
-  static std::atomic<int> sm_count[64];          // 0: not read yet
   static std::atomic<uint64_t> per_sm_cache[64];  // smem << 32 | threads << 16 | blocks per SM; 0: none yet
   const int d = device & 63;
-  int sms = sm_count[d].load(std::memory_order_acquire);
-  if (sms == 0) {
-    DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    sm_count[d].store(sms, std::memory_order_release);
-  }
+  const int sms = detail::sm_count(device);
   const uint64_t key = static_cast<uint64_t>(smem) << 32 | static_cast<uint64_t>(threads & 0xffff) << 16;
   const uint64_t cached = per_sm_cache[d].load(std::memory_order_acquire);
   int per_sm = 0;
