@@ -154,30 +154,23 @@ __device__ __forceinline__ void head_rstd(const HeadRun<E> (&x)[R], int lane, in
 // The rest of aten's tree for R rows on half warps whose span lanes hold aten's sums after its offset-16 step:
 // the steps 8..1 at shuffle width 16, the span's first lane's sum broadcast, rstd. Every lane of the warp must call
 // it.
-template <int R>
+// BUTTERFLY (eps >= FLT_MIN, the caller checks): the steps 8..1 as a butterfly (xor shuffles at width 16), so every
+// lane of the span ends with the bits the shuffle-down tree leaves in its first lane (mean_butterfly_host says why)
+// and no broadcast follows, and rsqrtf without its subnormal scaling (diffusers_rstd_normal_eps). The same bits; one
+// shuffle and ~4 other instructions fewer per slot.
+template <int R, bool BUTTERFLY = false>
 __device__ __forceinline__ void span16_rstd(float (&tot)[R], float factor, float eps, float (&rstd)[R]) {
 #pragma unroll
   for (int o = 8; o >= 1; o /= 2) {
 #pragma unroll
-    for (int q = 0; q < R; ++q) tot[q] = mean_tree_step(tot[q], __shfl_down_sync(0xffffffffu, tot[q], o, 16));
+    for (int q = 0; q < R; ++q)
+      tot[q] = mean_tree_step(tot[q], BUTTERFLY ? __shfl_xor_sync(0xffffffffu, tot[q], o, 16)
+                                                : __shfl_down_sync(0xffffffffu, tot[q], o, 16));
   }
 #pragma unroll
-  for (int q = 0; q < R; ++q) rstd[q] = diffusers_rstd(__shfl_sync(0xffffffffu, tot[q], 0, 16), factor, eps);
-}
-
-// span16_rstd for eps >= FLT_MIN (the caller checks): the steps 8..1 as a butterfly (xor shuffles at width 16), so
-// every lane of the span ends with the bits the shuffle-down tree leaves in its first lane (mean_butterfly_host
-// says why) and no broadcast follows, and rsqrtf without its subnormal scaling (diffusers_rstd_normal_eps). The
-// same bits; one shuffle and ~4 other instructions fewer per slot. Every lane of the warp must call it.
-template <int R>
-__device__ __forceinline__ void span16_rstd_butterfly(float (&tot)[R], float factor, float eps, float (&rstd)[R]) {
-#pragma unroll
-  for (int o = 8; o >= 1; o /= 2) {
-#pragma unroll
-    for (int q = 0; q < R; ++q) tot[q] = mean_tree_step(tot[q], __shfl_xor_sync(0xffffffffu, tot[q], o, 16));
-  }
-#pragma unroll
-  for (int q = 0; q < R; ++q) rstd[q] = diffusers_rstd_normal_eps(tot[q], factor, eps);
+  for (int q = 0; q < R; ++q)
+    rstd[q] = BUTTERFLY ? diffusers_rstd_normal_eps(tot[q], factor, eps)
+                        : diffusers_rstd(__shfl_sync(0xffffffffu, tot[q], 0, 16), factor, eps);
 }
 
 // head_rstd for rows of exactly 128 elements spanning half a warp (16 lanes, two rows per warp instruction): lane
@@ -200,17 +193,14 @@ __device__ __forceinline__ void head_rstd_half_warp(const HeadRun<4> (&x)[R][2],
 
 // rstd of R slots of 64-element rows on half warps (head64_span_lane_sum, then the steps 8..1 at width 16); every
 // lane of the warp must call it.
-// BUTTERFLY (eps >= FLT_MIN, the caller checks): span16_rstd_butterfly, the same bits.
+// BUTTERFLY (eps >= FLT_MIN, the caller checks): span16_rstd's butterfly, the same bits.
 template <int R, bool BUTTERFLY = false>
 __device__ __forceinline__ void head64_rstd_half_warp(const float (&x)[R][4], float factor, float eps,
                                                       float (&rstd)[R]) {
   float tot[R];
 #pragma unroll
   for (int q = 0; q < R; ++q) tot[q] = head64_span_lane_sum(x[q]);
-  if constexpr (BUTTERFLY)
-    span16_rstd_butterfly<R>(tot, factor, eps, rstd);
-  else
-    span16_rstd<R>(tot, factor, eps, rstd);
+  span16_rstd<R, BUTTERFLY>(tot, factor, eps, rstd);
 }
 #endif
 

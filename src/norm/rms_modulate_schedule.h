@@ -66,17 +66,6 @@ DIFUSE_HD float mean_lane_total_first_two(const MeanLane& l) { return num::add_r
 // One step of the shuffle-down tree: own + the value of lane + offset.
 DIFUSE_HD float mean_tree_step(float own, float in) { return num::add_rn(own, in); }
 
-// The host twin of the warp's tree (offsets 16..1; lanes past the warp read their own value): lane 0's sum.
-// Lanes are updated in ascending order, so lane + o still holds its value from before the step, as a shuffle
-// reads it.
-inline float mean_tree_host(const float (&lanes)[kMeanLanes]) {
-  float v[kMeanLanes];
-  for (int i = 0; i < kMeanLanes; ++i) v[i] = lanes[i];
-  for (int o = kMeanLanes / 2; o >= 1; o /= 2)
-    for (int i = 0; i < kMeanLanes; ++i) v[i] = mean_tree_step(v[i], v[i + o < kMeanLanes ? i + o : i]);
-  return v[0];
-}
-
 // The host twins of a W-lane shuffle-down tree's lane 0 (offsets W/2..1; lanes past W read their own value) and of
 // the butterfly (xor offsets W/2..1) that replaces the tree and its broadcast. By induction, after the step of
 // offset o the butterfly's lane i holds the bits of the down tree's lane i mod o: before it, lanes i and i ^ o hold
@@ -91,6 +80,10 @@ float mean_down_tree_lane0_host(const float (&lanes)[W]) {
     for (int i = 0; i < W; ++i) v[i] = mean_tree_step(v[i], v[i + o < W ? i + o : i]);
   return v[0];
 }
+
+// The host twin of the warp's tree (offsets 16..1): lane 0's sum. Lanes are updated in ascending order, so lane + o
+// still holds its value from before the step, as a shuffle reads it.
+inline float mean_tree_host(const float (&lanes)[kMeanLanes]) { return mean_down_tree_lane0_host(lanes); }
 
 template <int W>
 void mean_butterfly_host(const float (&lanes)[W], float (&out)[W]) {

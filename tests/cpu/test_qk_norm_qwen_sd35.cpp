@@ -234,7 +234,7 @@ TEST(DiffusersHeadNorm, HalfWarp64OrderIsNotASequentialSum) {
 
 TEST(DiffusersHeadNorm, ButterflyLeavesTheDownTreesLaneZeroBitsInEveryLane) {
   // qk_norm_sd35's LEAN kernel reduces a span's 16 lane sums by xor shuffles instead of the shuffle-down tree and
-  // its broadcast (norm::span16_rstd_butterfly): every lane must end with the bits the tree leaves in lane 0, for
+  // its broadcast (norm::span16_rstd<R, true>): every lane must end with the bits the tree leaves in lane 0, for
   // sums of squares of any size (the argument is commutativity, so every value pattern is drawn; a NaN lane only
   // needs a NaN result: the device's NaN is canonical, the host keeps payloads).
   using difuse::norm::mean_butterfly_host;
