@@ -53,7 +53,9 @@
 // copies in flight, and runs the two passes from there (rms_norm_modulate_staged): exact through its knob at 132f46f
 // (tests.json) and as the default at eb1307d (this file's 379 tests, the two-pass kernel through
 // DIFUSE_RMSMOD_STAGED=0; gpu-tests-eb1307d.json), compute-sanitizer clean there; 1x4096x3072 23.0 us vs 24.5 two-pass,
-// 4352x2x3072 47.1 vs 53.6 (bench-partial-eb1307d.log, knob-sweeps/eb1307d/; target 15: not met). Modulation rows are read as 8-byte words
+// 4352x2x3072 47.1 vs 53.6 (bench-partial-eb1307d.log, knob-sweeps/eb1307d/; target 15: not met; 23.1 at f1e1d95);
+// DIFUSE_RMSMOD_PIPELINED=1 (not yet run on the H200) runs the staged rows on a grid of the resident blocks with two
+// buffers per warp, the next row's copies in flight during the current row's passes. Modulation rows are read as 8-byte words
 // when every row start is 8-byte aligned, else as bf16. N < 128: scalar elements.
 //
 // Verification status: bit-exact on the H200 at 5f8295d (torch 2.11.0+cu130, sm_90; its RowIndexers take the
@@ -68,6 +70,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 
@@ -336,6 +339,54 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_staged(const Param
   two_pass_row<VEC, RESIDUAL, true>(p, row, lane, sx);
 }
 
+// PIPELINED staged rows (DIFUSE_RMSMOD_PIPELINED=1, for measurement; where the staged kernel runs): a grid of the
+// resident blocks, each warp taking rows row, row + G, ... (G = the grid's warps) with two shared-memory buffers: the
+// next row's cp.async copies are issued before the current row's two passes, so they are in flight while it
+// computes and stores. The staged kernel's single wave (4096 rows fit the SMs at once) loads every row, then
+// computes every row, then stores every row, and DRAM idles in the middle; here one row's compute overlaps the next
+// row's loads and the previous row's stores. two_pass_row's arithmetic per row, unchanged. 2 x 4 rows of N elements
+// per block (48 KB at N = 3072, 4 blocks and 16 warps per SM).
+template <bool VEC, bool RESIDUAL>
+__global__ void __launch_bounds__(kThreads) rms_norm_modulate_staged_pipelined(const Params p) {
+  extern __shared__ uint4 staged_rows[];  // per warp: two buffers of V 8-byte vectors
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int wib = static_cast<int>(threadIdx.x) / 32;
+  const int64_t stride = static_cast<int64_t>(gridDim.x) * kRowsPerBlock;
+  int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + wib;
+  if (row >= p.rows) return;  // whole warp (no block barrier follows)
+  uint2* const buf0 = reinterpret_cast<uint2*>(staged_rows) + static_cast<int64_t>(2 * wib) * p.v;
+  uint2* const buf1 = buf0 + p.v;
+  const int chunks = p.v / 2;  // 16-byte copies per row
+  auto issue = [&](int64_t r, uint2* dst) {
+    const uint4* gx = reinterpret_cast<const uint4*>(p.x + r * p.n);
+    for (int c = lane; c < chunks; c += 32) cp_async(reinterpret_cast<uint4*>(dst) + c, gx + c, true);
+  };
+  issue(row, buf0);
+  cp_async_commit();
+  for (int k = 0; row < p.rows; row += stride, k ^= 1) {
+    uint2* const cur = k ? buf1 : buf0;
+    if (row + stride < p.rows) issue(row + stride, k ? buf0 : buf1);  // the buffer the previous row used
+    cp_async_commit();                                                // (an empty group past the last row)
+    cp_async_wait_group<1>();                                         // this row's copies have landed
+    __syncwarp();                                                     // every lane's
+    two_pass_row<VEC, RESIDUAL, true>(p, row, lane, cur);
+    __syncwarp();  // every lane is done with cur before the next iteration refills it
+  }
+}
+
+template <bool VEC, bool RESIDUAL>
+void launch_staged_pipelined(const Params& p, int max_blocks, int device, cudaStream_t stream) {
+  auto kernel = rms_norm_modulate_staged_pipelined<VEC, RESIDUAL>;
+  const size_t bytes = sizeof(uint16_t) * static_cast<size_t>(2 * kRowsPerBlock) * p.n;  // <= 128 KB (N <= 8160)
+  static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
+  opt_in_shared_memory(kernel, device, static_cast<int>(sizeof(uint16_t) * 2 * kRowsPerBlock * kMaxWidth), opted_in);
+  prefer_max_shared_carveout(kernel, device, carveout_set);
+  const int64_t needed = (p.rows + kRowsPerBlock - 1) / kRowsPerBlock;
+  int64_t blocks = std::min(needed, resident_blocks(kernel, kThreads, bytes, device));
+  if (max_blocks > 1) blocks = std::min<int64_t>(blocks, max_blocks);  // tests: many rows per warp
+  kernel<<<static_cast<unsigned>(blocks), kThreads, bytes, stream>>>(p);
+}
+
 template <bool VEC, bool RESIDUAL>
 void launch_staged(const Params& p, unsigned blocks, int device, cudaStream_t stream) {
   auto kernel = rms_norm_modulate_staged<VEC, RESIDUAL>;
@@ -370,9 +421,18 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   // stages every width it can, =0 none.
   static const int staged = detail::env_knob_or("DIFUSE_RMSMOD_STAGED", -1);
   const bool stage_rows = staged == 1 || (staged != 0 && p.n <= 3072);
+  // DIFUSE_RMSMOD_PIPELINED=1 (for measurement): the staged rows on a grid of the resident blocks, two buffers per
+  // warp, the next row's copies in flight while the current one computes and stores (rms_norm_modulate_staged_pipelined);
+  // =N >= 2 caps the grid at N blocks (tests, the sanitizer: many rows per warp at small shapes).
+  // Predicted 1x4096x3072 22.7 -> ~19 us: ~6 us of the staged kernel's time is its one wave computing with DRAM idle.
+  static const int pipelined = detail::positive_env_knob("DIFUSE_RMSMOD_PIPELINED");
   if (stage_rows && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
       p.n % 8 == 0 && detail::aligned(p.x, 16)) {  // N >= 128, rows copied in 16-byte pieces
-    if (vec)
+    if (pipelined >= 1 && vec)
+      launch_staged_pipelined<true, RESIDUAL>(p, pipelined, device, stream);
+    else if (pipelined >= 1)
+      launch_staged_pipelined<false, RESIDUAL>(p, pipelined, device, stream);
+    else if (vec)
       launch_staged<true, RESIDUAL>(p, blocks, device, stream);
     else
       launch_staged<false, RESIDUAL>(p, blocks, device, stream);

@@ -457,3 +457,19 @@ def test_staged_rows_variant(staged):
                ((2, 126, 2048), 'ltx2_tokens'), ((2, 301, 4096), 'ltx2'), ((1, 17, 8160), 'ltx2'),
                ((3, 23, 136), 'ltx2'), ((3, 23, 132), 'ltx2'), ((2, 9, 4100), 'ltx2'), ((1, 19, 96), 'ltx2')]
     assert_exact_under(_site_layouts_script(1320, layouts), DIFUSE_RMSMOD_STAGED=staged)
+
+
+@pytest.mark.parametrize("grid", ["1", "2"])
+def test_pipelined_staged_rows_variant(grid):
+    """DIFUSE_RMSMOD_PIPELINED=1 (a grid of the resident blocks) or =2 (two blocks: every warp loops over many rows,
+    each buffer refilled many times): the staged rows with the next row's copies in flight while the current one
+    computes, two buffers per warp: same bits at every site layout, both modulate chains, with and without weight,
+    and the gated-residual form (h1 written back into the buffer); row counts that leave warps a row short or
+    without rows, the widest row (8160 under DIFUSE_RMSMOD_STAGED=1: 128 KB per block), 136; widths not a multiple of
+    8 and rows of N < 128 keep their kernels."""
+    from knob_run import assert_exact_under
+
+    layouts = [((1, 4096, 3072), 'ltx2'), ((4352, 2, 3072), 'ernie'), ((4352, 1, 3072), 'ernie_tokens'),
+               ((2, 126, 2048), 'ltx2_tokens'), ((2, 301, 4096), 'ltx2'), ((1, 17, 8160), 'ltx2'),
+               ((3, 23, 136), 'ltx2'), ((3, 23, 132), 'ltx2'), ((1, 19, 96), 'ltx2')]
+    assert_exact_under(_site_layouts_script(1330, layouts), DIFUSE_RMSMOD_PIPELINED=grid, DIFUSE_RMSMOD_STAGED="1")
