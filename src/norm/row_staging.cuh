@@ -7,6 +7,8 @@
 
 #include <atomic>
 #include <cstdint>
+#include <mutex>
+#include <vector>
 
 #include "core/device.h"
 #include "core/error.h"
@@ -95,21 +97,31 @@ void launch_max_shared(const P& p, dim3 grid, dim3 block, size_t smem, int devic
 
 // Blocks of `kernel` (`threads` threads, `smem` bytes of dynamic shared memory) resident on device `device` at once:
 // its SMs times the blocks per SM the occupancy calculator allows, at least one per SM. For grids that loop over
-// their work (one wave, no block waiting for a slot). Both answers are kept per device (the occupancy one for the
-// last threads / smem asked), so a launch with the same configuration makes no runtime call.
+// their work (one wave, no block waiting for a slot). The SM count is read once per device and each (kernel,
+// device, threads, smem) answer once, so a repeated launch makes no runtime call. The answers are keyed by the
+// kernel itself: kernels of one signature (one instantiation of this template) differ in registers and so in
+// blocks per SM.
 template <class Kernel>
 int64_t resident_blocks(Kernel kernel, int threads, size_t smem, int device) {
-  static std::atomic<uint64_t> per_sm_cache[64];  // smem << 32 | threads << 16 | blocks per SM; 0: none yet
-  const int d = device & 63;
+  struct Entry {
+    const void* kernel;
+    int device, threads;
+    size_t smem;
+    int per_sm;
+  };
+  static std::mutex mutex;
+  static std::vector<Entry> cache;  // a few entries: one per staged kernel and shape class launched
+  const void* const k = reinterpret_cast<const void*>(kernel);
   const int sms = detail::sm_count(device);
-  const uint64_t key = static_cast<uint64_t>(smem) << 32 | static_cast<uint64_t>(threads & 0xffff) << 16;
-  const uint64_t cached = per_sm_cache[d].load(std::memory_order_acquire);
-  int per_sm = 0;
-  if (cached != 0 && (cached & ~uint64_t{0xffff}) == key) {
-    per_sm = static_cast<int>(cached & 0xffff);
-  } else {
-    DIFUSE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
-    per_sm_cache[d].store(key | static_cast<uint64_t>(per_sm & 0xffff), std::memory_order_release);
+  int per_sm = -1;
+  {
+    const std::lock_guard<std::mutex> lock(mutex);
+    for (const Entry& e : cache)
+      if (e.kernel == k && e.device == device && e.threads == threads && e.smem == smem) per_sm = e.per_sm;
+    if (per_sm < 0) {
+      DIFUSE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, threads, smem));
+      cache.push_back({k, device, threads, smem, per_sm});
+    }
   }
   return static_cast<int64_t>(sms) * (per_sm > 0 ? per_sm : 1);
 }
