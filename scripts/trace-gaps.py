@@ -11,8 +11,7 @@ stall at one point shows up as one heavy tenth), and the largest gaps with the a
 idle-time figures of bench/results/h200/NOTES.md's e2e sections come from this."""
 import argparse
 import collections
-import gzip
-import json
+import os
 import sys
 
 GPU_CATS = ("kernel", "gpu_memset", "gpu_memcpy")
@@ -20,11 +19,8 @@ LAUNCH_CATS = ("cuda_runtime", "cuda_driver")
 BUCKETS_US = (2.0, 10.0, 100.0, 1000.0)  # gap size classes: < 2 us, 2-10, 10-100, 100-1000, >= 1000
 
 
-def load(path: str) -> list:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        d = json.load(f)
-    return d["traceEvents"] if isinstance(d, dict) else d
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trace_events import load  # noqa: E402  (the scripts folder: run as a script or loaded by path in the tests)
 
 
 def bucket_name(i: int) -> str:

@@ -9,18 +9,14 @@ TemplatedUlyssesAttention and the collectives under it) and with the most own ti
 bench/results/h200/NOTES.md's CP sections come from this."""
 import argparse
 import collections
-import gzip
-import json
+import os
 import sys
 
 HOST_CATS = ("cpu_op", "user_annotation", "cuda_runtime", "cuda_driver")
 
 
-def load(path: str) -> list:
-    opener = gzip.open if path.endswith(".gz") else open
-    with opener(path, "rt") as f:
-        d = json.load(f)
-    return d["traceEvents"] if isinstance(d, dict) else d
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from trace_events import load  # noqa: E402  (the scripts folder: run as a script or loaded by path in the tests)
 
 
 def analyze(events: list) -> dict:
