@@ -34,7 +34,7 @@ import re, sys
 ANON = re.compile(r"\d+_GLOBAL__N__[0-9a-f]+_\d+_\w+?_cu_[0-9a-f]{8}")  # the anonymous namespace: path-dependent
 # internal-linkage globals (e.g. a __constant__ table) carry a hash of the translation unit: any edit to an included
 # header changes it, not the code
-INTERNAL = re.compile(r"_INTERNAL_[0-9a-f]{8}_")
+INTERNAL = re.compile(r"_INTERNAL_[0-9a-f]{8}_\d+_\w+?_cu_[0-9a-f]{8}")
 def entries(path):
     out = {}
     for part in re.split(r"\n(?=\.visible \.entry|\.entry)", open(path).read()):

@@ -112,7 +112,7 @@ def test_opcheck_compile_and_graph():
 
 def test_prefetched_a_variant():
     """DIFUSE_LNMOD_PREFETCH_A=1: each row's a is prefetched into L2 while its h is copied (a 16-byte aligned,
-    H % 8 == 0): the same bits, at the site shapes (one, two and four warps per row), per-token gates, adversarial
+    H % 8 == 0): the same bits, at the site shapes (two and four warps per row), per-token gates, adversarial
     values, and views the prefetch does not take (a 8- but not 16-byte aligned, H % 8 != 0)."""
     from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
 
@@ -130,3 +130,25 @@ def test_prefetched_a_variant():
         "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(h, a, gate, emb[4], emb[3], 1e-6)),\n"
         "                            list(ops.gated_residual_layernorm_modulate_eager(h, a, gate, emb[4], emb[3], 1e-6)))\n")
     assert_exact_under(script, DIFUSE_LNMOD_PREFETCH_A="1")
+
+
+def test_two_warp_schedule_at_3072():
+    """DIFUSE_LNMOD_THREADS_PER_ROW=64 (read once per process) keeps two warps per row from 6 sweeps (H > 2560) up
+    to 6144, where the default takes four: both outputs bit for bit at FLUX's and Qwen's 3072 (batch 1 and 2,
+    4096, 512 and 300 rows), 2564 (6 sweeps, the last partial), 4096, per-token gates, strided modulation chunks
+    and adversarial values; the default's four-warp schedule at these widths runs in the other tests."""
+    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "g = torch.Generator(device='cuda').manual_seed(2700)\n"
+        "def rnd(*s):\n"
+        "    return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "for (B, L, H), per_token in [((1, 4096, 3072), False), ((1, 512, 3072), False), ((2, 300, 3072), True),\n"
+        "                             ((2, 37, 2564), False), ((1, 77, 4096), False)]:\n"
+        "    h, a = place(rnd(B, L, H), 0), rnd(B, L, H)\n"
+        "    emb = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
+        "    gate = rnd(B, L, H) if per_token else emb[2]\n"
+        "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(h, a, gate, emb[4], emb[3], 1e-6)),\n"
+        "                            list(ops.gated_residual_layernorm_modulate_eager(h, a, gate, emb[4], emb[3], 1e-6)))\n")
+    assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="64")
