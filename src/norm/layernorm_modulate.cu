@@ -20,8 +20,8 @@
 // limit); out overlaps no input. Inputs aten sends down its two-kernel path (H % 4 != 0, misaligned x) are
 // refused: that path rounds differently.
 //
-// Schedules: H <= 3584 two warps per row (4 rows per block; up to 6144 with DIFUSE_LNMOD_THREADS_PER_ROW=64;
-// gated_residual_layernorm_modulate only up to 2560, see below), H <= 24576 four warps (1 row), each staging its
+// Schedules: H <= 3584 two warps per row (4 rows per block; up to 6144 with DIFUSE_LNMOD_THREADS_PER_ROW=64), H <=
+// 24576 four warps (1 row), each staging its
 // row (and, for multi-row blocks, the batch's scale and shift rows) in shared memory with cp.async (one
 // read, one write); one warp per row exists for measurements (DIFUSE_LNMOD_THREADS_PER_ROW=32); H > 24576 a
 // 128-thread two-pass kernel (second read mostly from L2). 16-byte accesses when H % 8 == 0 and x, out
@@ -53,10 +53,6 @@
 // the two-warp schedule at 3588-6144 through DIFUSE_LNMOD_THREADS_PER_ROW=64, gpu-tests-eb1307d.json);
 // layernorm_modulate 1x32760x5120 195.8 us, layernorm_modulate_fp32 212.4 (230.4 with two warps in the same run;
 // target 198: not met) in bench-partial-eb1307d.log and knob-sweeps/eb1307d/.
-// gated_residual_layernorm_modulate on four warps per row from H > 2560 (6 sweeps) after the ninth session, by the
-// 132f46f sweep (faster at all three of its 3072-wide shapes, 1.6-14 %; layernorm_modulate_config): a dispatch change
-// to the four-warp residual kernel the default runs above 3584, NOT yet run on the H200 as the default at 3072
-// (DIFUSE_LNMOD_THREADS_PER_ROW=64 keeps two warps there).
 #include "norm/layernorm_modulate.h"
 
 #include "modulate/gated_residual_pair.h"
@@ -558,7 +554,7 @@ int forced_threads_per_row() {
 }
 }  // namespace
 
-LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16, bool residual) {
+LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16) {
   const int64_t sweeps = (h / kVecElems + kAtenThreads - 1) / kAtenThreads;
   const bool paired = aligned16 && h % 8 == 0;
   const int ns = static_cast<int>(sweeps);
@@ -571,11 +567,6 @@ LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16, boo
   // above 7 sweeps (H > 3584; 5f8295d and 132f46f sweeps, knob-sweeps/: layernorm_modulate 1x4096x4096 27.6 vs 28.8
   // us, 1x32760x5120 196.6 vs 202.8, layernorm_modulate_fp32 1x32760x5120 214.4 vs 228.6); at 3072 and below the
   // two-warp schedule stays (mixed there, and slower at 1536).
-  // gated_residual_layernorm_modulate: four warps per row from 6 sweeps (H > 2560) too (132f46f sweep, in one run,
-  // knob-sweeps/: 1x4096x3072 42.8 vs 43.5 us, 1x512x3072 12.1 vs 12.6, 2x300x3072 12.3 vs 14.2; 2x4096x1536, 3
-  // sweeps, 45.4 vs 45.1), except under DIFUSE_LNMOD_BLOCKS_PER_SM=8, whose kernel is the two-warp one.
-  static const int dense = detail::positive_env_knob("DIFUSE_LNMOD_BLOCKS_PER_SM");
-  if (residual && sweeps >= 6 && sweeps <= 7 && dense != 8) return {128, false, ns};
   if (sweeps <= 7) return {64, paired, ns};
   if (sweeps <= kMaxStagedSweeps) return {128, false, ns};
   return {0, false, ns};
@@ -664,7 +655,7 @@ template <bool RESIDUAL>
 void launch(const Params& p, const difuse_tensor_view& x, const difuse_tensor_view& out, cudaStream_t stream) {
   const detail::DeviceGuard device_guard(x.device);
   const bool aligned16 = detail::aligned(x.data, 16) && detail::aligned(out.data, 16);
-  const LayernormModulateConfig cfg = layernorm_modulate_config(p.h, aligned16, RESIDUAL);
+  const LayernormModulateConfig cfg = layernorm_modulate_config(p.h, aligned16);
   if (cfg.threads_per_row == 0) {
     if constexpr (RESIDUAL) throw detail::Failure(DIFUSE_ERR_INTERNAL, "residual rows wider than 24576 reached the launcher");
     layernorm_modulate_stream<<<static_cast<unsigned>(p.rows), 128, 0, stream>>>(p);

@@ -47,8 +47,7 @@ struct LayernormModulateConfig {
   bool paired;          // 16-byte accesses
   int sweeps;           // sweeps of 512 elements (aten's 128 threads x 4) per row
 };
-// residual: the schedule of gated_residual_layernorm_modulate (four warps per row from 6 sweeps, not 8).
-LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16, bool residual = false);
+LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16);
 // Whether the fp32 kernels read the fp32 modulation (or affine) rows as float4: both rows 16-byte aligned at
 // every batch / token step and contiguous in H. Otherwise four scalar loads; the arithmetic is the same.
 bool layernorm_fp32_rows_vec4(const difuse_tensor_view& scale, const difuse_tensor_view& shift);

@@ -178,17 +178,6 @@ TEST(LayernormModulateConfig, PicksTheScheduleByWidthAndAlignment) {
   EXPECT_EQ(c.sweeps, 32);
   EXPECT_EQ(layernorm_modulate_config(24576, true).threads_per_row, 128);
   EXPECT_EQ(layernorm_modulate_config(24580, true).threads_per_row, 0);
-  // gated_residual_layernorm_modulate: four warps per row from 6 sweeps (H > 2560), as above 7 sweeps
-  EXPECT_EQ(layernorm_modulate_config(2560, true, true).threads_per_row, 64);  // 5 sweeps
-  EXPECT_TRUE(layernorm_modulate_config(2560, true, true).paired);
-  c = layernorm_modulate_config(3072, true, true);
-  EXPECT_EQ(c.threads_per_row, 128);
-  EXPECT_FALSE(c.paired);
-  EXPECT_EQ(c.sweeps, 6);
-  EXPECT_EQ(layernorm_modulate_config(2564, true, true).threads_per_row, 128);  // 6 sweeps, the last one partial
-  EXPECT_EQ(layernorm_modulate_config(1536, true, true).threads_per_row, 64);
-  EXPECT_EQ(layernorm_modulate_config(5120, true, true).threads_per_row, 128);
-  EXPECT_EQ(layernorm_modulate_config(3072, true, false).threads_per_row, 64);  // layernorm_modulate keeps two
 }
 
 // Wan's fp32 rows: float4 loads only where every row of both tensors starts 16-byte aligned.
