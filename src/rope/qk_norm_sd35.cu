@@ -285,8 +285,9 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp
   }
   if constexpr (OSMEM) {  // every slot's q and k rows written back: then all 3H rows out, one role at a time
     __syncthreads();
-    uint16_t* const dst[3] = {p.out[0] + (out_token - u), p.out[1] + (out_token - u), p.out[2] + (out_token - u)};
-    copy_staged_token_rows_out<8, WARPS * 32>(staged64, dst, out_head, p.H, 3);
+#pragma unroll
+    for (int role = 0; role < 3; ++role)
+      copy_staged_rows_out<8, WARPS * 32, true>(staged64 + 8 * role * p.H, p.out[role] + (out_token - u), out_head, p.H);
     return;
   }
   // VSMEM: the v rows (staged rows 2H .. 3H - 1) out after the slots, so that none of the copy's registers is live in

@@ -63,7 +63,9 @@ __device__ __forceinline__ void copy_v_rows(const uint16_t* src, int64_t src_hea
 // k vectors wait k DRAM round trips in turn before the barrier (its store needs its load; 48 of 256 threads take 2
 // at SD3.5's 38 heads); here the rows' loads are the staging's cp.async copies, all in flight at once, and a
 // vector's wait is a shared-memory load. The same copies.
-template <int CHUNKS, int THREADS>
+// ROLLED: the loop kept a loop (three roles' unrolled copies spill the qk_norm_sd35 kernel under
+// DIFUSE_QK_SD35_OUT_SMEM=1); the same copies.
+template <int CHUNKS, int THREADS, bool ROLLED = false>
 __device__ __forceinline__ void copy_staged_rows_out(const uint4* src, uint16_t* dst, int64_t dst_head, int heads) {
   static_assert(THREADS % CHUNKS == 0, "each thread keeps one chunk position");
   constexpr int kHeadsPerPass = THREADS / CHUNKS;
@@ -71,29 +73,13 @@ __device__ __forceinline__ void copy_staged_rows_out(const uint4* src, uint16_t*
   const int first = static_cast<int>(threadIdx.x) / CHUNKS;
   const int64_t step = kHeadsPerPass * dst_head;
   uint16_t* d = dst + first * dst_head + 8 * part;
-  for (int head = first; head < heads; head += kHeadsPerPass, d += step)
-    *reinterpret_cast<uint4*>(d) = src[head * CHUNKS + part];
-}
-
-// copy_staged_rows_out for the `roles` x `heads` rows of a token (row r = role * heads + head at src + r * CHUNKS),
-// role k's head h to dst[k] + h * dst_head (roles <= 3); the per-role loops kept rolled (unrolled, three roles'
-// copies spill the qk_norm_sd35 kernel under DIFUSE_QK_SD35_OUT_SMEM=1). The same copies.
-template <int CHUNKS, int THREADS>
-__device__ __forceinline__ void copy_staged_token_rows_out(const uint4* src, uint16_t* const (&dst)[3], int64_t dst_head,
-                                                           int heads, int roles) {
-  static_assert(THREADS % CHUNKS == 0, "each thread keeps one chunk position");
-  constexpr int kHeadsPerPass = THREADS / CHUNKS;
-  const int part = static_cast<int>(threadIdx.x) % CHUNKS;
-  const int first = static_cast<int>(threadIdx.x) / CHUNKS;
-  const int64_t step = kHeadsPerPass * dst_head;
-#pragma unroll  // constant role indices: dst stays in registers
-  for (int role = 0; role < 3; ++role) {
-    if (role >= roles) break;
-    uint16_t* d = dst[role] + first * dst_head + 8 * part;
-    const uint4* sr = src + role * heads * CHUNKS + part;
+  if constexpr (ROLLED) {
 #pragma unroll 1
     for (int head = first; head < heads; head += kHeadsPerPass, d += step)
-      *reinterpret_cast<uint4*>(d) = sr[head * CHUNKS];
+      *reinterpret_cast<uint4*>(d) = src[head * CHUNKS + part];
+  } else {
+    for (int head = first; head < heads; head += kHeadsPerPass, d += step)
+      *reinterpret_cast<uint4*>(d) = src[head * CHUNKS + part];
   }
 }
 
