@@ -24,8 +24,10 @@
 // knob at 132f46f (tests.json: 220 passed) and faster at every shape (knob-sweeps/: 1x4608x12288 67.6 vs 68.1 us,
 // 1x512x12288 11.5 vs 12.2), the default since eb1307d, where this file's 221 tests passed with it
 // (gpu-tests-eb1307d.json; DIFUSE_GELU_PIPELINED=0 keeps the other kernel, test_pipelined_table_variant[0]); 67.3 vs
-// 68.5 us at 1x4608x12288 in one run (knob-sweeps/eb1307d/; target 67, eager 67.5: not met). The native smoke test
-// reaches the table kernel (256 x 3072): compute-sanitizer clean at eb1307d (sanitizer.log).
+// 68.5 us at 1x4608x12288 in one run (knob-sweeps/eb1307d/; target 67, eager 67.5: not met then); 66.5 us at
+// f7a86a5 (bench-f7a86a5.log) and 66.8 at f1e1d95 (ops.json): target met. The native smoke test reaches the table
+// kernel (256 x 3072): compute-sanitizer clean at eb1307d and f1e1d95 (sanitizer.log). After f1e1d95 (not yet run on
+// the H200): the launcher reads the SM count once per device (detail::sm_count), host code only.
 #include "activation/gelu_tanh.h"
 
 #include <cuda_runtime.h>

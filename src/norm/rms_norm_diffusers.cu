@@ -40,7 +40,10 @@
 // 2x24x4096x64 20.4 us vs 23.0, 1x4608x24x128 19.6 vs 18.9. Staged 64-element rows are the default since eb1307d, where
 // the file's 241 tests passed with them (gpu-tests-eb1307d.json; the per-row kernels through DIFUSE_RMSD_STAGED_ROWS=0
 // in test_half_warp_rows) and compute-sanitizer was clean (sanitizer.log); 20.7 vs 23.5 us in one run there
-// (knob-sweeps/eb1307d/). Issue target 16 us at 1x4608x24x128: not met (18.9-19.2).
+// (knob-sweeps/eb1307d/). Issue target 16 us at 1x4608x24x128: not met (18.9-19.2; 19.2 at f1e1d95, ops.json).
+// Written after f1e1d95, not yet run on the H200: DIFUSE_RMSD_OUT_SMEM=1 (the staged 64-element rows written back
+// to shared memory and copied out in 16-byte vectors; test_staged_rows_written_back_variant; the default kernels'
+// PTX unchanged).
 #include "norm/rms_norm_diffusers.h"
 
 #include <cuda_runtime.h>
