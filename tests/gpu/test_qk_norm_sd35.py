@@ -336,20 +336,19 @@ def test_lean_slots_eps_on_both_sides_of_flt_min():
     """DIFUSE_QK_SD35_LEAN=1's bare MUFU.RSQ is exact only where eps >= FLT_MIN (RN(mean + eps) is then normal); eps
     = 0 or a subnormal eps keeps the kernel with rsqrtf's scaling. Under the knob, each eps of the test below at
     rows whose mean of squares is subnormal or zero, infinite or ordinary."""
-    from knob_run import assert_exact_under
+    from knob_run import assert_exact_under, mismatch_script
 
-    script = """
-import sys
-sys.path.insert(0, %r)
-import torch, test_qk_norm_sd35 as t
-for eps in (0.0, 1e-40, 2.0 ** -126, 1e-6, 1e-2):
-    for scale in (1.0, 1e-20, 1e30):
-        g = torch.Generator(device="cuda").manual_seed(t.SEED + 77)
-        args = t.make_args(2, 300, 77, 38, 64, layout="fused", gen=g, scale=scale)
-        args["eps"] = eps
-        t.assert_exact(args)
-print("ok")
-""" % os.path.dirname(os.path.abspath(__file__))
+    # self-contained (no import of this module, whose tensors are made on DEV): tests/torch_cpu/test_knob_specs.py
+    # dry-runs the script on the CPU with its 'cuda' replaced; q, k, v (fused projection chunks) scaled in place
+    script = mismatch_script(
+        "for eps in (0.0, 1e-40, 2.0 ** -126, 1e-6, 1e-2):\n"
+        "    for scale in (1.0, 1e-20, 1e30):\n"
+        "        g = torch.Generator(device='cuda').manual_seed(%d)\n"
+        "        a = list(ops._qk_norm_sd35_inputs(((2, 300, 77, 38, 64), True), 'cuda', g))\n"
+        "        for i in (0, 1, 2, 5, 6, 7):\n"
+        "            a[i].mul_(scale)\n"
+        "        a[10] = eps\n"
+        "        bad += count_mismatches(ops.qk_norm_sd35(*a), ops.qk_norm_sd35_eager(*a))\n" % (SEED + 77))
     assert_exact_under(script, DIFUSE_QK_SD35_LEAN="1")
 
 

@@ -46,6 +46,10 @@ def _dry_run(script: str, refused: list) -> None:
     """Runs a knob script on the CPU with every fused op's refusal reasons collected (device ones excepted)."""
     from difuse import gate, ops
 
+    # only the script's own 'cuda' literals move to the CPU: a "cuda" or an imported GPU test module (whose tensors
+    # are made on its DEV) would reach the CUDA runtime and fail here with a driver error instead of a reason
+    assert '"cuda"' not in script and "import test_" not in script, \
+        "a knob script must make its tensors itself with device='cuda' (knob_run.mismatch_script)"
     saved = {}
 
     def wrap(name, fn):
