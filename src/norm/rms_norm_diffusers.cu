@@ -85,11 +85,14 @@ __device__ __forceinline__ float sq(uint16_t b) {
   return num::mul_rn(v, v);  // .pow(2) in fp32
 }
 
-__global__ void __launch_bounds__(256) rms_norm_diffusers_kernel(const Params p) {
-  const int lane = static_cast<int>(threadIdx.x) % 32;
-  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
-  if (row >= p.rows) return;  // whole warp
-  const uint16_t* xr = row_ptr(p, row);
+// One row on one warp in aten's order (the mean, then the output pass), its elements and the weight read from
+// global memory (rms_norm_diffusers_kernel) or, STAGED, from the block's copies in shared memory at sx and sw
+// (rms_norm_diffusers_wide_staged).
+template <bool STAGED>
+__device__ __forceinline__ void diffusers_row(const Params& p, int64_t row, int lane, const uint16_t* sx = nullptr,
+                                              const uint16_t* sw = nullptr) {
+  const uint16_t* xr = STAGED ? sx : row_ptr(p, row);
+  const uint16_t* wr = STAGED ? sw : p.w;
   float a[4] = {0.f, 0.f, 0.f, 0.f};
   uint2 first = make_uint2(0, 0);  // this lane's first vector, kept for the output pass
   if (p.vectorized) {  // input_vectorized_thread_reduce_impl: vl[k] += s[4v + k], v = lane, lane + 32, ...
@@ -120,7 +123,7 @@ __global__ void __launch_bounds__(256) rms_norm_diffusers_kernel(const Params p)
   if (p.vec_out) {  // the same per-element arithmetic on whole vectors: 8-byte loads and stores
     for (int v = lane; 4 * v + 3 < p.n; v += 32) {
       const uint2 xv = v == lane ? first : reinterpret_cast<const uint2*>(xr)[v];
-      const uint2 wv = p.has_w ? reinterpret_cast<const uint2*>(p.w)[v] : make_uint2(0, 0);
+      const uint2 wv = p.has_w ? reinterpret_cast<const uint2*>(wr)[v] : make_uint2(0, 0);
       const HeadRun<4> y = diffusers_norm_run<4>(HeadRun<4>{{xv.x, xv.y}}, r, p.has_w, HeadRun<4>{{wv.x, wv.y}});
       reinterpret_cast<uint2*>(orow)[v] = make_uint2(y.w[0], y.w[1]);
     }
@@ -128,8 +131,59 @@ __global__ void __launch_bounds__(256) rms_norm_diffusers_kernel(const Params p)
   }
   for (int c = lane; c < p.n; c += 32) {
     const float yb = num::round_bf16(num::mul_rn(num::bf16_to_float(xr[c]), r));  // bf16 * fp32 -> fp32, .to(bf16)
-    orow[c] = num::float_to_bf16_rne(p.has_w ? num::mul_rn(yb, num::bf16_to_float(p.w[c])) : yb);
+    orow[c] = num::float_to_bf16_rne(p.has_w ? num::mul_rn(yb, num::bf16_to_float(wr[c])) : yb);
   }
+}
+
+__global__ void __launch_bounds__(256) rms_norm_diffusers_kernel(const Params p) {
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + threadIdx.x / 32;
+  if (row >= p.rows) return;  // whole warp
+  diffusers_row<false>(p, row, lane);
+}
+
+// WIDE STAGED (DIFUSE_RMSD_WIDE_STAGED=1, for measurement; vectorized rows with the vector output pass, N >= 128,
+// outside the 64- and 128-element kernels: Qwen-Image's txt_norm at 3584): rms_norm_diffusers_kernel's arithmetic
+// (diffusers_row) on rows first copied into shared memory, each lane copying the 8-byte vectors it reduces (v =
+// lane, lane + 32, ...) and the block the weight, every copy in flight at once. Why: the per-row kernel's loop
+// issues 4 loads per iteration (SASS: 4 LDG.E.64, then the adds that wait on them), so a 3584-element row (28
+// vectors per lane) takes 7 DRAM round trips in a row and its output pass 7 more to L1/L2 for x and the weight;
+// 1x512x3584 runs 17.9 us (f1e1d95, ops.json) against a floor of 1.7. Staged: one round trip, then shared memory.
+// kWideRowsPerBlock rows (warps) per block: 512 rows fill 128 blocks; 10 N bytes of shared memory (81.6 KB at N =
+// 8160, opted in).
+constexpr int kWideRowsPerBlock = 4;
+
+__global__ void __launch_bounds__(32 * kWideRowsPerBlock) rms_norm_diffusers_wide_staged(const Params p) {
+  extern __shared__ uint2 wide_rows[];  // the weight's V vectors, then row rb's at V * (1 + rb)
+  const int lane = static_cast<int>(threadIdx.x) % 32;
+  const int rb = static_cast<int>(threadIdx.x) / 32;
+  const int64_t row = static_cast<int64_t>(blockIdx.x) * kWideRowsPerBlock + rb;
+  const int V = p.n / 4;
+  if (p.has_w) {
+#pragma unroll 1
+    for (int v = static_cast<int>(threadIdx.x); v < V; v += 32 * kWideRowsPerBlock)
+      cp_async(wide_rows + v, reinterpret_cast<const uint2*>(p.w) + v, false);
+  }
+  uint2* sx = wide_rows + static_cast<int64_t>(V) * (1 + rb);
+  if (row < p.rows) {
+    const uint2* gx = reinterpret_cast<const uint2*>(row_ptr(p, row));
+#pragma unroll 1
+    for (int v = lane; v < V; v += 32) cp_async(sx + v, gx + v, false);
+  }
+  cp_async_wait_all();
+  __syncthreads();  // the weight's vectors come from the whole block
+  if (row >= p.rows) return;  // whole warp
+  diffusers_row<true>(p, row, lane, reinterpret_cast<const uint16_t*>(sx),
+                      reinterpret_cast<const uint16_t*>(wide_rows));
+}
+
+void launch_wide_staged(const Params& p, int device, cudaStream_t stream) {
+  constexpr int kMaxBytes = static_cast<int>(sizeof(uint16_t)) * 8160 * (1 + kWideRowsPerBlock);
+  static std::atomic<uint64_t> opted_in{0};
+  opt_in_shared_memory(rms_norm_diffusers_wide_staged, device, kMaxBytes, opted_in);
+  const int64_t blocks = (p.rows + kWideRowsPerBlock - 1) / kWideRowsPerBlock;
+  launch_max_shared<rms_norm_diffusers_wide_staged>(p, static_cast<unsigned>(blocks), 32 * kWideRowsPerBlock,
+                                                    sizeof(uint16_t) * p.n * (1 + kWideRowsPerBlock), device, stream);
 }
 
 // Rows of exactly 128 elements (per-head norms) with the vector output pass, R rows per warp (all R loads before
@@ -366,6 +420,10 @@ void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view&
   // per-row half-warp kernel); not for 128-element rows, where they lost (1x4608x24x128 19.6 vs 18.9).
   // DIFUSE_RMSD_STAGED_ROWS=1 (for measurement) stages 128-element rows too, =0 neither.
   static const int staged = detail::env_knob_or("DIFUSE_RMSD_STAGED_ROWS", -1);
+  // DIFUSE_RMSD_WIDE_STAGED=1 (for measurement): the rows the per-row kernel takes (other widths than 64 and 128),
+  // vectorized with the vector output pass, staged in shared memory first (rms_norm_diffusers_wide_staged).
+  // Predicted 1x512x3584 17.9 -> ~6 us.
+  static const int wide_staged = detail::positive_env_knob("DIFUSE_RMSD_WIDE_STAGED");
   const bool stage_rows = staged == 1 ? (p.n == 64 || (p.n == 128 && p.vec_out)) : staged != 0 && p.n == 64;
   if (stage_rows && lanes != 32 && rows_per_warp == 0 && detail::rows_aligned(x, 16)) {
     // DIFUSE_RMSD_OUT_SMEM=1 (for measurement; 64-element rows, out 16-byte aligned): the rows written back to shared
@@ -393,6 +451,8 @@ void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view&
   } else if (R > 1 && p.n == 128 && p.vec_out)
     R == 4 ? rms_norm_diffusers_heads<4><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(p)
            : rms_norm_diffusers_heads<2><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(p);
+  else if (wide_staged == 1 && p.vec_out)
+    launch_wide_staged(p, x.device, stream);
   else
     rms_norm_diffusers_kernel<<<static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock),
                                 32 * kRowsPerBlock, 0, stream>>>(p);

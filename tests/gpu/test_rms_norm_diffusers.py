@@ -206,3 +206,36 @@ def test_staged_rows_written_back_variant():
         "    for w in (torch.randn(x.shape[-1], generator=g, **bf), None):\n"
         "        bad += count_mismatches(ops.rms_norm_diffusers(x, w), ops.rms_norm_diffusers_eager(x, w))\n")
     assert_exact_under(script, DIFUSE_RMSD_OUT_SMEM="1")
+
+
+def test_wide_rows_staged_variant():
+    """DIFUSE_RMSD_WIDE_STAGED=1: rows of widths other than 64 and 128 (Qwen-Image's txt_norm, 3584) are copied into
+    shared memory first, each lane its own 8-byte vectors and the block the weight, then reduced and normalised
+    there in the per-row kernel's order: same bits (prompt lengths 16, 77 and 512, a part last block (19 rows:
+    one warp idle at the barrier), 8160 (81.6 KB of shared memory, above the 48 KB default), widths whose vectors
+    do not divide among the lanes (132, 1000), strided and 8- but not 16-byte aligned rows, no weight, tiny and huge
+    rows, adversarial values, random widths; a weight only 2-byte aligned keeps the per-row kernel's scalar output
+    pass)."""
+    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "import random\n"
+        "g = torch.Generator(device='cuda').manual_seed(1720)\n"
+        "bf = dict(device='cuda', dtype=torch.bfloat16)\n"
+        "xs = [torch.randn(1, 512, 3584, generator=g, **bf), torch.randn(1, 77, 3584, generator=g, **bf),\n"
+        "      torch.randn(1, 16, 3584, generator=g, **bf), torch.randn(19, 8160, generator=g, **bf),\n"
+        "      torch.randn(2, 33, 4096, generator=g, **bf), torch.randn(17, 132, generator=g, **bf),\n"
+        "      torch.randn(23, 1000, generator=g, **bf), torch.randn(1, 77, 3600, generator=g, **bf)[..., :3584],\n"
+        "      torch.randn(1, 40, 3584, generator=g, **bf) * 1e-20, torch.randn(1, 40, 3584, generator=g, **bf) * 1e30,\n"
+        "      place(torch.randn(1, 77, 3584, generator=g, **bf), 0), place(torch.randn(1, 77, 3584, generator=g, **bf), 4)]\n"
+        "r = random.Random(1721)\n"
+        "for _ in range(12):\n"
+        "    xs.append(torch.randn(r.randint(16, 600), 4 * r.randint(33, 2040), generator=g, **bf))\n"
+        "for x in xs:\n"
+        "    for w in (torch.randn(x.shape[-1], generator=g, **bf), None):\n"
+        "        bad += count_mismatches(ops.rms_norm_diffusers(x, w), ops.rms_norm_diffusers_eager(x, w))\n"
+        "x = torch.randn(1, 77, 3584, generator=g, **bf)\n"
+        "w = torch.randn(3585, generator=g, **bf)[1:]  # 2-byte aligned: the per-row kernel's scalar output pass\n"
+        "bad += count_mismatches(ops.rms_norm_diffusers(x, w), ops.rms_norm_diffusers_eager(x, w))\n")
+    assert_exact_under(script, DIFUSE_RMSD_WIDE_STAGED="1")

@@ -235,7 +235,10 @@ int run_other_ops() {
         const double v = f(x, r * n + c);
         return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
       });
-  for (int64_t cols : {64, 128}) {  // half-warp rows (staged under DIFUSE_RMSD_STAGED_ROWS=1); 19 rows: a part block
+  // 64, 128: half-warp rows (staged under DIFUSE_RMSD_STAGED_ROWS=1); 19 rows: a part block. 3584, 8160: a warp per
+  // row (staged in shared memory under DIFUSE_RMSD_WIDE_STAGED=1: 5 blocks of 4 rows, the last with one warp idle at
+  // the barrier; 8160: 81.6 KB, above the 48 KB default)
+  for (int64_t cols : {64, 128, 3584, 8160}) {
     fails += run_elementwise("rms_norm_diffusers", 19, cols,
         [&](uint16_t* out, uint16_t* x, uint16_t*, uint16_t* w) {
           const auto wv = TensorView::contiguous(w, DType::BF16, {cols}, 0);
@@ -572,7 +575,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "exception: %s\n", e.what());
     return 2;
   }
-  const int total = (quick ? 7 : 8) + 11 + kRmsModulateCases + kPrologueCases + kGrlnCases;
+  const int total = (quick ? 7 : 8) + 13 + kRmsModulateCases + kPrologueCases + kGrlnCases;
   std::printf("%d passed, %d failed\n", total - fails, fails);
   return fails ? 1 : 0;
 }
