@@ -344,6 +344,23 @@ def copy_bandwidth() -> float:
     return 2 * n / (us * 1e-6)
 
 
+def copy_time_us(nbytes: int, sets: int, reps: int) -> float:
+    """Median µs of a device-to-device copy that moves `nbytes` (half read, half written), rotating over `sets`
+    buffer pairs as the op's timing rotates its inputs: what the copy engine of this harness needs for the same
+    bytes at this size (launch, ramp and drain included), the practical floor of a memory-bound kernel there."""
+    import torch
+
+    half = max(16, (nbytes // 2) // 16 * 16)
+    pairs = [(torch.empty(half, dtype=torch.uint8, device="cuda"), torch.empty(half, dtype=torch.uint8, device="cuda"))
+             for _ in range(sets)]
+    for a, b in pairs:
+        a.fill_(1)
+        b.fill_(0)
+    us = time_calls([lambda a=a, b=b: b.copy_(a) for a, b in pairs], reps)
+    del pairs
+    return us
+
+
 def _load_peer(peer_dir):
     """Peer kernels (not part of difuse; see docs/ARCHITECTURE.md, Benchmarks): <peer_dir>/peer_ops.py may
     define functions named like the ops (layernorm_modulate(x, scale, shift, eps), gated_residual(h, a, gate))
@@ -385,9 +402,9 @@ def main(args) -> int:
     for name, spec in specs.items():
         if args.op and name not in args.op:
             continue
-        print("\n%s\n%-20s %14s %8s %9s %9s %9s %9s %8s %8s %10s" % (
-            name, "shape", "variant", "MB", "floor us", "eager us", "difuse us", "peer us", "% floor", "x eager",
-            "mismatch"))
+        print("\n%s\n%-20s %14s %8s %9s %9s %9s %9s %9s %8s %8s %8s %10s" % (
+            name, "shape", "variant", "MB", "floor us", "copy us", "eager us", "difuse us", "peer us", "% floor",
+            "x copy", "x eager", "mismatch"))
         peer_fn = getattr(peer, spec["peer"], None) if peer else None
         for shape, chunks in spec["shapes"]:
             if args.quick and (shape, chunks) not in QUICK:
@@ -406,17 +423,20 @@ def main(args) -> int:
                 except Exception as e:
                     print("peer failed on %s: %s" % (shape, e), file=sys.stderr)
             floor_us = nbytes / bw * 1e6
+            copy_us = copy_time_us(nbytes, sets, args.reps)
             rec = dict(op=name, variant=spec["variant"](chunks), shape=list(shape), bytes=nbytes,
-                       floor_us=round(floor_us, 3), eager_us=round(eager_us, 3), difuse_us=round(difuse_us, 3),
+                       floor_us=round(floor_us, 3), copy_us=round(copy_us, 3), eager_us=round(eager_us, 3),
+                       difuse_us=round(difuse_us, 3),
                        peer_us=None if peer_us is None else round(peer_us, 3), peer=peer_name if peer_fn else None,
-                       pct_of_floor=round(100 * floor_us / difuse_us, 1),
+                       pct_of_floor=round(100 * floor_us / difuse_us, 1), x_copy=round(difuse_us / copy_us, 2),
                        speedup_vs_eager=round(eager_us / difuse_us, 2), mismatches=mism, git_sha=git_sha(),
                        command=command, torch=torch.__version__, gpu=gpu, copy_bw_tbs=round(bw / 1e12, 3),
                        input_sets=sets, reps=args.reps, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
             records.append(rec)
-            print("%-20s %14s %8.1f %9.1f %9.1f %9.1f %9s %7.0f%% %8.2f %10d" % (
-                "x".join(map(str, shape)), rec["variant"], nbytes / 1e6, floor_us, eager_us, difuse_us,
-                "-" if peer_us is None else "%.1f" % peer_us, rec["pct_of_floor"], rec["speedup_vs_eager"], mism))
+            print("%-20s %14s %8.1f %9.1f %9.1f %9.1f %9.1f %9s %7.0f%% %8.2f %8.2f %10d" % (
+                "x".join(map(str, shape)), rec["variant"], nbytes / 1e6, floor_us, copy_us, eager_us, difuse_us,
+                "-" if peer_us is None else "%.1f" % peer_us, rec["pct_of_floor"], rec["x_copy"],
+                rec["speedup_vs_eager"], mism))
             del inputs
             torch.cuda.empty_cache()
     if args.out:
