@@ -478,6 +478,10 @@ def format_report(rec: dict, site_table: str | None = None) -> str:
                                          "DIFFER from eager, first at step %s" % rec["graph_first_diff_step"]))
     elif rec.get("graph_error"):
         lines.append("CUDA-graph arm failed: %s" % rec["graph_error"])
+    peak = rec.get("peak_memory_gb") or {}
+    if peak.get("eager") is not None and peak.get("difuse") is not None:
+        lines.append("peak GPU memory allocated during the timed loop (weights included): eager %.2f GB, difuse "
+                     "%.2f GB" % (peak["eager"], peak["difuse"]))
     if rec.get("host_ms_eager") is not None and rec.get("host_ms_difuse") is not None:
         lines.append("host time to issue the model call (median; near the step time = CPU-bound): eager %.2f ms, "
                      "difuse %.2f ms" % (rec["host_ms_eager"], rec["host_ms_difuse"]))
@@ -1453,6 +1457,20 @@ def sampled(fn, device, label: str):
     return res, summ
 
 
+def peak_memory_gb(fn, device):
+    """fn() with the CUDA allocator's peak reset before it: (fn's result, the peak GB of tensors allocated on
+    `device` while it ran, weights included; None off the GPU)."""
+    import torch
+
+    if torch.device(device).type != "cuda":
+        return fn(), None
+    torch.cuda.synchronize(device)
+    torch.cuda.reset_peak_memory_stats(device)
+    res = fn()
+    torch.cuda.synchronize(device)
+    return res, round(torch.cuda.max_memory_allocated(device) / 1e9, 3)
+
+
 def sampled_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str, device="cuda"):
     """run_arm with GpuClockSampler around it on a GPU: (ArmResult, clocks summary or None)."""
     return sampled(lambda: run_arm(spec, model, inputs, steps, label, device), device, label)
@@ -1773,7 +1791,8 @@ def run(opts: Options, api=None, log=print) -> dict | None:
         shape_text(config), config["image_tokens"], config["text_tokens"], opts.steps))
 
     on_gpu = torch.device(opts.device).type == "cuda"
-    eager, clocks_eager = sampled_arm(spec, model, inputs, opts.steps, "eager", opts.device)
+    (eager, clocks_eager), peak_eager = peak_memory_gb(
+        lambda: sampled_arm(spec, model, inputs, opts.steps, "eager", opts.device), opts.device)
     prof_eager = profile_summary(spec, model, inputs, opts.steps, opts.device, trace_path(opts, "eager"))
     host_eager = host_profile(spec, model, inputs, opts.steps, opts.device) if on_gpu else {}
     try:
@@ -1787,7 +1806,8 @@ def run(opts: Options, api=None, log=print) -> dict | None:
     try:
         if patch_report is not None:
             log("patched: %s" % (patch_report,))
-        fused, clocks_difuse = sampled_arm(spec, model, inputs, opts.steps, "difuse", opts.device)
+        (fused, clocks_difuse), peak_difuse = peak_memory_gb(
+            lambda: sampled_arm(spec, model, inputs, opts.steps, "difuse", opts.device), opts.device)
         prof_difuse = profile_summary(spec, model, inputs, opts.steps, opts.device, trace_path(opts, "difuse"))
         host_difuse = host_profile(spec, model, inputs, opts.steps, opts.device) if on_gpu else {}
         graph_rec = None
@@ -1809,6 +1829,7 @@ def run(opts: Options, api=None, log=print) -> dict | None:
                                   top_kernels=dict(eager=prof_eager.get("top"), difuse=prof_difuse.get("top")),
                                   patch_report=_jsonable(full_report),
                                   gpu_clocks=dict(eager=clocks_eager, difuse=clocks_difuse),
+                                  peak_memory_gb=dict(eager=peak_eager, difuse=peak_difuse),
                                   host_profile=dict(eager=host_eager, difuse=host_difuse),
                                   **(graph_rec or {}),
                                   wall_s=round(time.perf_counter() - t0, 1)))

@@ -414,6 +414,15 @@ class GraphArmTest(unittest.TestCase):
         self.assertIn("1.50 ms per step, latents md5 identical to eager at every step", e2e.format_report(rec))
 
 
+class PeakMemoryTest(unittest.TestCase):
+    def test_report_line(self):
+        rec = _record()
+        self.assertNotIn("peak GPU memory", e2e.format_report(rec))  # not measured (CPU): no line
+        rec["peak_memory_gb"] = dict(eager=31.25, difuse=29.5)
+        self.assertIn("peak GPU memory allocated during the timed loop (weights included): eager 31.25 GB, difuse "
+                      "29.50 GB", e2e.format_report(rec))
+
+
 class ModelConfigTest(unittest.TestCase):
     def test_wan_shapes(self):
         self.assertEqual(e2e.wan_latent_shape(480, 832, 81), (1, 16, 21, 60, 104))

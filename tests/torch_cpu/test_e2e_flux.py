@@ -168,6 +168,7 @@ def test_main_identical_arms(tmp_path, capsys):
     assert rec["per_step"]["md5_eager"] == rec["per_step"]["md5_difuse"]
     assert rec["sites"] == {"layernorm_modulate": {"fused": 4, "fallback": 0, "disabled": 0}}
     assert rec["launches_eager"] is None and rec["non_gemm_ms_difuse"] is None  # no profile on the CPU
+    assert rec["peak_memory_gb"] == {"eager": None, "difuse": None}  # the CUDA allocator's peak: GPU only
     assert rec["gpu"] == "cpu" and rec["command"] == "python -m difuse bench flux --device cpu"
     assert rec["torch"] == torch.__version__ and rec["diffusers"]
     assert isinstance(rec["patch_report"]["extra"], str)
