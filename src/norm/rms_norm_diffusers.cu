@@ -43,7 +43,9 @@
 // (knob-sweeps/eb1307d/). Issue target 16 us at 1x4608x24x128: not met (18.9-19.2; 19.2 at f1e1d95, ops.json).
 // Written after f1e1d95, not yet run on the H200: DIFUSE_RMSD_OUT_SMEM=1 (the staged 64-element rows written back
 // to shared memory and copied out in 16-byte vectors; test_staged_rows_written_back_variant; the default kernels'
-// PTX unchanged).
+// PTX unchanged). Written in the tenth session (no device time), not yet run: DIFUSE_RMSD_WIDE_STAGED=1 (rows of
+// other widths than 64 and 128 staged in shared memory first; test_wide_rows_staged_variant); the per-row default
+// kernel now runs diffusers_row<false>, the same arithmetic instruction for instruction (PTX 468 -> 467: addressing).
 #include "norm/rms_norm_diffusers.h"
 
 #include <cuda_runtime.h>
