@@ -439,6 +439,12 @@ def main(args) -> int:
                 rec["speedup_vs_eager"], mism))
             del inputs
             torch.cuda.empty_cache()
+    from . import targets
+
+    text, met, judged = targets.table(records)
+    if judged:
+        print("\nissue targets in this run (python -m difuse targets): %d of %d bounded records meet their bound\n%s"
+              % (met, judged, text))
     if args.out:
         with open(args.out, "w") as f:
             json.dump(records, f, indent=1)

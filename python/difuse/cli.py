@@ -94,6 +94,12 @@ def cmd_bench(args) -> int:
     return bench.main(args)
 
 
+def cmd_targets(args) -> int:
+    from . import targets
+
+    return targets.main(args.files)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m difuse", description=__doc__,
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -104,6 +110,8 @@ def main(argv=None) -> int:
     c.add_argument("--seed", type=int, default=0)
     from .e2e import MODELS, add_arguments
 
+    t = sub.add_parser("targets", help="the issues' op targets applied to bench ops records (no GPU needed)")
+    t.add_argument("files", nargs="*", help="bench ops JSON files (default bench/results/h200/ops.json)")
     b = sub.add_parser("bench", help="benchmark (the main job)")
     b.add_argument("what", nargs="?", default="ops", choices=["ops", *MODELS],
                    help="ops (default) or a model's whole denoising loop, eager vs patched")
@@ -118,4 +126,4 @@ def main(argv=None) -> int:
     if args.cmd is None:
         args = ap.parse_args(["bench"] + (argv or sys.argv[1:]))
     args.argv = list(sys.argv[1:] if argv is None else argv)  # the command as typed, for the records
-    return {"kernels": cmd_kernels, "check": cmd_check, "bench": cmd_bench}[args.cmd](args)
+    return {"kernels": cmd_kernels, "check": cmd_check, "bench": cmd_bench, "targets": cmd_targets}[args.cmd](args)
