@@ -334,17 +334,11 @@ def time_calls(calls, reps: int, warmup: int = 10) -> float:
 
 def copy_bandwidth() -> float:
     """Device-to-device copy bandwidth in bytes/s (bytes read + written), 1 GiB buffers."""
-    import torch
-
     n = 1 << 30
-    a = torch.empty(n, dtype=torch.uint8, device="cuda")
-    b = torch.empty_like(a)
-    a.fill_(1)
-    us = time_calls([lambda: b.copy_(a)], reps=30, warmup=3)
-    return 2 * n / (us * 1e-6)
+    return 2 * n / (copy_time_us(2 * n, sets=1, reps=30, warmup=3) * 1e-6)
 
 
-def copy_time_us(nbytes: int, sets: int, reps: int) -> float:
+def copy_time_us(nbytes: int, sets: int, reps: int, warmup: int = 10) -> float:
     """Median µs of a device-to-device copy that moves `nbytes` (half read, half written), rotating over `sets`
     buffer pairs as the op's timing rotates its inputs: what the copy engine of this harness needs for the same
     bytes at this size (launch, ramp and drain included), the practical floor of a memory-bound kernel there."""
@@ -356,7 +350,7 @@ def copy_time_us(nbytes: int, sets: int, reps: int) -> float:
     for a, b in pairs:
         a.fill_(1)
         b.fill_(0)
-    us = time_calls([lambda a=a, b=b: b.copy_(a) for a, b in pairs], reps)
+    us = time_calls([lambda a=a, b=b: b.copy_(a) for a, b in pairs], reps, warmup)
     del pairs
     return us
 
