@@ -572,6 +572,20 @@ LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16) {
   return {0, false, ns};
 }
 
+LayernormModulateConfig gated_residual_layernorm_modulate_config(int64_t h, bool aligned16, int64_t rows) {
+  const LayernormModulateConfig c = layernorm_modulate_config(h, aligned16);
+  // Few rows at 6-7 sweeps (H in (2560, 3584]): four warps per row, one row per block. Two warps take 4 rows per
+  // block, so 512 rows fill 128 blocks, one per SM, 8 warps each; four warps give 512 blocks, ~16 warps per SM.
+  // H200 at 5d35cbc (knob-sweeps/5d35cbc/, DIFUSE_LNMOD_THREADS_PER_ROW=128 against ops.json in the same run):
+  // 1x512x3072 11.8 vs 13.3 us, 2x300x3072 12.0 vs 14.8; but 1x4096x3072 44.0 vs 43.1 and 2x4096x1536 46.6 vs
+  // 44.7, so many rows keep two warps. Plain layernorm_modulate does not gain (1x512x3072 9.4 us on four warps at
+  // 132f46f vs 8.7 on two at 5d35cbc). The bits do not change (every schedule replays the same tree).
+  constexpr int64_t kFourWarpMaxRows = 1024;
+  if (forced_threads_per_row() == 0 && c.threads_per_row == 64 && c.sweeps >= 6 && rows <= kFourWarpMaxRows)
+    return {128, false, c.sweeps};
+  return c;
+}
+
 detail::Support can_use_layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x,
                                            const difuse_tensor_view& scale, const difuse_tensor_view& shift,
                                            double eps) {
@@ -655,7 +669,8 @@ template <bool RESIDUAL>
 void launch(const Params& p, const difuse_tensor_view& x, const difuse_tensor_view& out, cudaStream_t stream) {
   const detail::DeviceGuard device_guard(x.device);
   const bool aligned16 = detail::aligned(x.data, 16) && detail::aligned(out.data, 16);
-  const LayernormModulateConfig cfg = layernorm_modulate_config(p.h, aligned16);
+  const LayernormModulateConfig cfg = RESIDUAL ? gated_residual_layernorm_modulate_config(p.h, aligned16, p.rows)
+                                               : layernorm_modulate_config(p.h, aligned16);
   if (cfg.threads_per_row == 0) {
     if constexpr (RESIDUAL) throw detail::Failure(DIFUSE_ERR_INTERNAL, "residual rows wider than 24576 reached the launcher");
     layernorm_modulate_stream<<<static_cast<unsigned>(p.rows), 128, 0, stream>>>(p);

@@ -422,10 +422,11 @@ void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view&
   // per-row half-warp kernel); not for 128-element rows, where they lost (1x4608x24x128 19.6 vs 18.9).
   // DIFUSE_RMSD_STAGED_ROWS=1 (for measurement) stages 128-element rows too, =0 neither.
   static const int staged = detail::env_knob_or("DIFUSE_RMSD_STAGED_ROWS", -1);
-  // DIFUSE_RMSD_WIDE_STAGED=1 (for measurement): the rows the per-row kernel takes (other widths than 64 and 128),
-  // vectorized with the vector output pass, staged in shared memory first (rms_norm_diffusers_wide_staged).
-  // Predicted 1x512x3584 17.9 -> ~6 us.
-  static const int wide_staged = detail::positive_env_knob("DIFUSE_RMSD_WIDE_STAGED");
+  // The rows the per-row kernel takes (other widths than 64 and 128), vectorized with the vector output pass, are
+  // staged in shared memory first by default (rms_norm_diffusers_wide_staged). H200 at 5d35cbc (knob-sweeps/5d35cbc/,
+  // DIFUSE_RMSD_WIDE_STAGED=1 against ops.json of the same run): 1x512x3584 8.3 us vs 17.3 (predicted ~6; the copy
+  // of the same bytes in that harness: 8.9). DIFUSE_RMSD_WIDE_STAGED=0 (for measurement) keeps the per-row kernel.
+  static const int wide_staged = detail::env_knob_or("DIFUSE_RMSD_WIDE_STAGED", -1);
   const bool stage_rows = staged == 1 ? (p.n == 64 || (p.n == 128 && p.vec_out)) : staged != 0 && p.n == 64;
   if (stage_rows && lanes != 32 && rows_per_warp == 0 && detail::rows_aligned(x, 16)) {
     // DIFUSE_RMSD_OUT_SMEM=1 (for measurement; 64-element rows, out 16-byte aligned): the rows written back to shared
@@ -453,7 +454,7 @@ void rms_norm_diffusers(const difuse_tensor_view& out, const difuse_tensor_view&
   } else if (R > 1 && p.n == 128 && p.vec_out)
     R == 4 ? rms_norm_diffusers_heads<4><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(p)
            : rms_norm_diffusers_heads<2><<<blocks, 32 * kRowsPerBlock, 0, stream>>>(p);
-  else if (wide_staged == 1 && p.vec_out)
+  else if (wide_staged != 0 && p.vec_out)
     launch_wide_staged(p, x.device, stream);
   else
     rms_norm_diffusers_kernel<<<static_cast<unsigned>((p.rows + kRowsPerBlock - 1) / kRowsPerBlock),

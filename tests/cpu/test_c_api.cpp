@@ -180,6 +180,28 @@ TEST(LayernormModulateConfig, PicksTheScheduleByWidthAndAlignment) {
   EXPECT_EQ(layernorm_modulate_config(24580, true).threads_per_row, 0);
 }
 
+// GRLN: four warps per row for few rows at 6-7 sweeps, the plain schedule otherwise.
+TEST(LayernormModulateConfig, GatedResidualTakesFourWarpsForFewRowsAt3072) {
+  using difuse::norm::gated_residual_layernorm_modulate_config;
+  using difuse::norm::layernorm_modulate_config;
+  auto c = gated_residual_layernorm_modulate_config(3072, true, 512);  // FLUX's text rows
+  EXPECT_EQ(c.threads_per_row, 128);
+  EXPECT_FALSE(c.paired);
+  EXPECT_EQ(c.sweeps, 6);
+  EXPECT_EQ(gated_residual_layernorm_modulate_config(3072, true, 1024).threads_per_row, 128);
+  EXPECT_EQ(gated_residual_layernorm_modulate_config(3072, true, 1025).threads_per_row, 64);
+  EXPECT_EQ(gated_residual_layernorm_modulate_config(3072, true, 4096).threads_per_row, 64);
+  EXPECT_TRUE(gated_residual_layernorm_modulate_config(3072, true, 4096).paired);
+  EXPECT_EQ(gated_residual_layernorm_modulate_config(3584, true, 600).threads_per_row, 128);  // 7 sweeps
+  EXPECT_EQ(gated_residual_layernorm_modulate_config(2564, true, 600).threads_per_row, 128);  // 6 sweeps, partial
+  EXPECT_EQ(gated_residual_layernorm_modulate_config(2560, true, 600).threads_per_row, 64);   // 5 sweeps
+  EXPECT_EQ(gated_residual_layernorm_modulate_config(1536, true, 666).threads_per_row, 64);   // SD3.5's context
+  EXPECT_EQ(layernorm_modulate_config(3072, true).threads_per_row, 64);  // the plain op keeps two warps
+  c = gated_residual_layernorm_modulate_config(5120, true, 77);          // already four warps
+  EXPECT_EQ(c.threads_per_row, 128);
+  EXPECT_EQ(c.sweeps, 10);
+}
+
 // Wan's fp32 rows: float4 loads only where every row of both tensors starts 16-byte aligned.
 TEST(LayernormModulate, Fp32RowsReadAsFloat4OnlyWhenAligned) {
   using difuse::norm::layernorm_fp32_rows_vec4;

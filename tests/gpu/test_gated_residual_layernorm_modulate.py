@@ -134,8 +134,8 @@ def test_prefetched_a_variant():
 
 def test_four_warp_schedule_at_3072():
     """DIFUSE_LNMOD_THREADS_PER_ROW=128 (read once per process) puts GRLN on four warps per row at 6-7 sweeps (H >
-    2560), where the default keeps two (a candidate default: the 132f46f sweep had it faster at 3072): both
-    outputs bit for bit at FLUX's and Qwen's 3072 (batch 1 and 2, 4096, 512 and 300 rows), 2564 (6 sweeps, the last
+    2560) for any row count; by default only up to 1024 rows take them (gated_residual_layernorm_modulate_config),
+    more keep two warps: both outputs bit for bit at FLUX's and Qwen's 3072 (batch 1 and 2, 4096, 512 and 300 rows), 2564 (6 sweeps, the last
     partial), 4096, per-token gates, strided modulation chunks and adversarial values."""
     from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
 
@@ -152,3 +152,25 @@ def test_four_warp_schedule_at_3072():
         "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(h, a, gate, emb[4], emb[3], 1e-6)),\n"
         "                            list(ops.gated_residual_layernorm_modulate_eager(h, a, gate, emb[4], emb[3], 1e-6)))\n")
     assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="128")
+
+
+def test_two_warp_schedule_for_few_rows():
+    """DIFUSE_LNMOD_THREADS_PER_ROW=64 (read once per process) keeps GRLN on two warps per row for the few-row
+    shapes the default puts on four (at most 1024 rows, H in (2560, 3584]): both outputs bit for bit at FLUX's and
+    Qwen's 512 text rows, 2x300 with a per-token gate, 1024 rows, 7 sweeps (3584), 6 partial ones (2564), a part
+    last block (37 rows) and adversarial values."""
+    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "g = torch.Generator(device='cuda').manual_seed(2710)\n"
+        "def rnd(*s):\n"
+        "    return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "for (B, L, H), per_token in [((1, 512, 3072), False), ((2, 300, 3072), True), ((1, 1024, 3072), False),\n"
+        "                             ((1, 77, 3584), False), ((2, 37, 2564), False), ((1, 5, 3072), True)]:\n"
+        "    h, a = place(rnd(B, L, H), 0), rnd(B, L, H)\n"
+        "    emb = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
+        "    gate = rnd(B, L, H) if per_token else emb[2]\n"
+        "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(h, a, gate, emb[4], emb[3], 1e-6)),\n"
+        "                            list(ops.gated_residual_layernorm_modulate_eager(h, a, gate, emb[4], emb[3], 1e-6)))\n")
+    assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="64")

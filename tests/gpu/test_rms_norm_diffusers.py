@@ -208,10 +208,12 @@ def test_staged_rows_written_back_variant():
     assert_exact_under(script, DIFUSE_RMSD_OUT_SMEM="1")
 
 
-def test_wide_rows_staged_variant():
-    """DIFUSE_RMSD_WIDE_STAGED=1: rows of widths other than 64 and 128 (Qwen-Image's txt_norm, 3584) are copied into
-    shared memory first, each lane its own 8-byte vectors and the block the weight, then reduced and normalised
-    there in the per-row kernel's order: same bits (prompt lengths 16, 77 and 512, a part last block (19 rows:
+@pytest.mark.parametrize("staged", ["1", "0"])
+def test_wide_rows_staged_and_per_row(staged):
+    """Rows of widths other than 64 and 128 (Qwen-Image's txt_norm, 3584) are by default (DIFUSE_RMSD_WIDE_STAGED=1
+    the same) copied into shared memory first, each lane its own 8-byte vectors and the block the weight, then
+    reduced and normalised there in the per-row kernel's order; DIFUSE_RMSD_WIDE_STAGED=0 keeps the per-row kernel,
+    reading global memory. Both: same bits (prompt lengths 16, 77 and 512, a part last block (19 rows:
     one warp idle at the barrier), 8160 (81.6 KB of shared memory, above the 48 KB default), widths whose vectors
     do not divide among the lanes (132, 1000), strided and 8- but not 16-byte aligned rows, no weight, tiny and huge
     rows, adversarial values, random widths; a weight only 2-byte aligned keeps the per-row kernel's scalar output
@@ -238,4 +240,4 @@ def test_wide_rows_staged_variant():
         "x = torch.randn(1, 77, 3584, generator=g, **bf)\n"
         "w = torch.randn(3585, generator=g, **bf)[1:]  # 2-byte aligned: the per-row kernel's scalar output pass\n"
         "bad += count_mismatches(ops.rms_norm_diffusers(x, w), ops.rms_norm_diffusers_eager(x, w))\n")
-    assert_exact_under(script, DIFUSE_RMSD_WIDE_STAGED="1")
+    assert_exact_under(script, DIFUSE_RMSD_WIDE_STAGED=staged)

@@ -236,7 +236,7 @@ int run_other_ops() {
         return 0.5 * v * (1.0 + std::tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)));
       });
   // 64, 128: half-warp rows (staged under DIFUSE_RMSD_STAGED_ROWS=1); 19 rows: a part block. 3584, 8160: a warp per
-  // row (staged in shared memory under DIFUSE_RMSD_WIDE_STAGED=1: 5 blocks of 4 rows, the last with one warp idle at
+  // row (staged in shared memory by default, the per-row kernel under DIFUSE_RMSD_WIDE_STAGED=0: 5 blocks of 4 rows, the last with one warp idle at
   // the barrier; 8160: 81.6 KB, above the 48 KB default)
   for (int64_t cols : {64, 128, 3584, 8160}) {
     fails += run_elementwise("rms_norm_diffusers", 19, cols,
