@@ -211,6 +211,15 @@ __constant__ RcpCounts c_rcp = make_rcp_counts();
 // Per SM 1.29", 58 % achieved occupancy). The same arithmetic; the modulation rows come from global memory.
 // Also for gated_residual_layernorm_modulate (the residual prologue fits the 32 registers too). Exact on the H200
 // (tests/gpu/test_layernorm_modulate.py::test_eight_blocks_per_sm_variant, tests.json at 132f46f).
+// Sweeps whose residual loads (a, gate) gated_residual_layernorm_modulate issues together (see the residual loop):
+// 3 on four warps per row (1 slot per lane: 6 vectors in two batches at H = 3072, 46 registers), 2 on two warps
+// (2 slots: 3 batches of 4 vectors at 3072, 64 registers: 4 blocks per SM instead of 5); 0 in the 32-register
+// variant (DIFUSE_LNMOD_BLOCKS_PER_SM=8): one vector at a time as before, since even one sweep's batch spills there.
+template <int G, int MINB>
+constexpr int residual_sweep_batch() {
+  return MINB >= 8 ? 0 : G == 128 ? 3 : 2;
+}
+
 template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, bool F32MOD = false, int MINB = 1>
 __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Params p) {
   using Map = AtenThreadMap<G, PAIRED>;
@@ -269,16 +278,50 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
       const uint16_t* grow = p.gate + bb * p.gate_stride + ll * p.gate_stride_l;
       const uint2* ar = reinterpret_cast<const uint2*>(p.a + row * p.h);
       uint2* rr = reinterpret_cast<uint2*>(p.residual + row * p.h);
-      for (int k = 0; k < sweeps; ++k) {
+      // KB sweeps' a and gate loads are issued before any of their stores. One vector at a time (before), each
+      // load waited for the previous vector's store (the compiler does not move a load above a store that may
+      // alias it): sweeps x A = 12 round trips to DRAM per lane at H = 3072, one after the other (SASS). The
+      // arithmetic per element is unchanged.
+      constexpr int KB = residual_sweep_batch<G, MINB>() > 0 ? residual_sweep_batch<G, MINB>() : 1;
+      if constexpr (residual_sweep_batch<G, MINB>() == 0) {
+        for (int k = 0; k < sweeps; ++k) {
 #pragma unroll
-        for (int j = 0; j < A; ++j) {
-          const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
-          if (vi < V) {
-            const uint2 hw = sx[vi], aw = ar[vi], gw = load_mod_words(grow + kVecElems * vi);
-            const uint2 h1 = make_uint2(modulate::gated_residual_pair(hw.x, aw.x, gw.x),
-                                        modulate::gated_residual_pair(hw.y, aw.y, gw.y));
-            sx[vi] = h1;
-            rr[vi] = h1;
+          for (int j = 0; j < A; ++j) {
+            const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+            if (vi < V) {
+              const uint2 hw = sx[vi], aw = ar[vi], gw = load_mod_words(grow + kVecElems * vi);
+              const uint2 h1 = make_uint2(modulate::gated_residual_pair(hw.x, aw.x, gw.x),
+                                          modulate::gated_residual_pair(hw.y, aw.y, gw.y));
+              sx[vi] = h1;
+              rr[vi] = h1;
+            }
+          }
+        }
+      } else
+      for (int k0 = 0; k0 < sweeps; k0 += KB) {
+        uint2 aw[KB][A], gw[KB][A];
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk) {
+#pragma unroll
+          for (int j = 0; j < A; ++j) {
+            const int vi = Map::aten_thread(i, j) + kAtenThreads * (k0 + kk);
+            const bool in = k0 + kk < sweeps && vi < V;
+            aw[kk][j] = in ? ar[vi] : make_uint2(0, 0);
+            gw[kk][j] = in ? load_mod_words(grow + kVecElems * vi) : make_uint2(0, 0);
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk) {
+#pragma unroll
+          for (int j = 0; j < A; ++j) {
+            const int vi = Map::aten_thread(i, j) + kAtenThreads * (k0 + kk);
+            if (k0 + kk < sweeps && vi < V) {
+              const uint2 hw = sx[vi];
+              const uint2 h1 = make_uint2(modulate::gated_residual_pair(hw.x, aw[kk][j].x, gw[kk][j].x),
+                                          modulate::gated_residual_pair(hw.y, aw[kk][j].y, gw[kk][j].y));
+              sx[vi] = h1;
+              rr[vi] = h1;
+            }
           }
         }
       }
