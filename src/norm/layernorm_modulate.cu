@@ -53,6 +53,16 @@
 // the two-warp schedule at 3588-6144 through DIFUSE_LNMOD_THREADS_PER_ROW=64, gpu-tests-eb1307d.json);
 // layernorm_modulate 1x32760x5120 195.8 us, layernorm_modulate_fp32 212.4 (230.4 with two warps in the same run;
 // target 198: not met) in bench-partial-eb1307d.log and knob-sweeps/eb1307d/.
+// gated_residual_layernorm_modulate since 2cecf55: four warps per row for at most 1024 rows at H in (2560, 3584]
+// (gated_residual_layernorm_modulate_config): 1x512x3072 12.0 us vs 12.8 on two warps in the same run, 2x300x3072
+// 12.2 vs 14.4 (DIFUSE_LNMOD_THREADS_PER_ROW=64, knob-sweeps/2cecf55/); exact there (GRLN's tests incl.
+// test_two_warp_schedule_for_few_rows, gpu-tests-2cecf55.json). Since 0385466 its residual pass issues 2-3 sweeps' a
+// and gate loads before their stores (residual_sweep_batch; before, SASS showed each vector's loads waiting on the
+// previous vector's stores: 12 DRAM round trips in turn per lane at 3072): 1x4096x3072 39.6-39.8 us vs 42.8
+// (predicted 33-36; target 30: not met); 64 registers on two warps, 4 blocks per SM instead of 5. Exact at 0385466
+// (this file's, GRLN's and LN's tests, 946 passed, gpu-tests-0385466.json), smoke memcheck / initcheck / racecheck
+// clean (sanitizer-0385466.txt). The 32-register variant (DIFUSE_LNMOD_BLOCKS_PER_SM=8) keeps the one-vector loop
+// and ran 42.7 at 4096 rows but 10.6 at 512 (knob-sweeps/0385466/).
 #include "norm/layernorm_modulate.h"
 
 #include "modulate/gated_residual_pair.h"

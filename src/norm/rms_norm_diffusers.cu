@@ -41,11 +41,16 @@
 // the file's 241 tests passed with them (gpu-tests-eb1307d.json; the per-row kernels through DIFUSE_RMSD_STAGED_ROWS=0
 // in test_half_warp_rows) and compute-sanitizer was clean (sanitizer.log); 20.7 vs 23.5 us in one run there
 // (knob-sweeps/eb1307d/). Issue target 16 us at 1x4608x24x128: not met (18.9-19.2; 19.2 at f1e1d95, ops.json).
-// Written after f1e1d95, not yet run on the H200: DIFUSE_RMSD_OUT_SMEM=1 (the staged 64-element rows written back
-// to shared memory and copied out in 16-byte vectors; test_staged_rows_written_back_variant; the default kernels'
-// PTX unchanged). Written in the tenth session (no device time), not yet run: DIFUSE_RMSD_WIDE_STAGED=1 (rows of
-// other widths than 64 and 128 staged in shared memory first; test_wide_rows_staged_variant); the per-row default
-// kernel now runs diffusers_row<false>, the same arithmetic instruction for instruction (PTX 468 -> 467: addressing).
+// DIFUSE_RMSD_OUT_SMEM=1 (the staged 64-element rows written back to shared memory and copied out in 16-byte
+// vectors; test_staged_rows_written_back_variant): exact on the H200 at 5d35cbc, no faster (2x24x4096x64 21.3 us vs
+// 20.0 default, knob-sweeps/5d35cbc/); kept for measurement only. Wide rows (other widths than 64 and 128) staged in
+// shared memory first (rms_norm_diffusers_wide_staged) are the default since 2cecf55: 1x512x3584 (Qwen-Image's
+// txt_norm) 8.1 us against 16.8 for the per-row kernel in the same run (DIFUSE_RMSD_WIDE_STAGED=0,
+// knob-sweeps/2cecf55/; 17.3 vs 8.3 through the knob at 5d35cbc), about a copy of the same bytes (8.4); target
+// floor + 4 = 5.7: not met. Exact at 2cecf55 (test_wide_rows_staged_and_per_row, both kernels; this file's tests,
+// gpu-tests-2cecf55.json), the native smoke test's 3584 and 8160 rows compute-sanitizer clean (sanitizer-2cecf55.txt).
+// The per-row kernel runs diffusers_row<false>, the same arithmetic instruction for instruction as before (PTX 468
+// -> 467: addressing).
 #include "norm/rms_norm_diffusers.h"
 
 #include <cuda_runtime.h>
@@ -144,7 +149,7 @@ __global__ void __launch_bounds__(256) rms_norm_diffusers_kernel(const Params p)
   diffusers_row<false>(p, row, lane);
 }
 
-// WIDE STAGED (DIFUSE_RMSD_WIDE_STAGED=1, for measurement; vectorized rows with the vector output pass, N >= 128,
+// WIDE STAGED (the default since 2cecf55, DIFUSE_RMSD_WIDE_STAGED=0 keeps the per-row kernel; vectorized rows with the vector output pass, N >= 128,
 // outside the 64- and 128-element kernels: Qwen-Image's txt_norm at 3584): rms_norm_diffusers_kernel's arithmetic
 // (diffusers_row) on rows first copied into shared memory, each lane copying the 8-byte vectors it reduces (v =
 // lane, lane + 32, ...) and the block the weight, every copy in flight at once. Why: the per-row kernel's loop

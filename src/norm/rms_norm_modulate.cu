@@ -54,8 +54,16 @@
 // (tests.json) and as the default at eb1307d (this file's 379 tests, the two-pass kernel through
 // DIFUSE_RMSMOD_STAGED=0; gpu-tests-eb1307d.json), compute-sanitizer clean there; 1x4096x3072 23.0 us vs 24.5 two-pass,
 // 4352x2x3072 47.1 vs 53.6 (bench-partial-eb1307d.log, knob-sweeps/eb1307d/; target 15: not met; 23.1 at f1e1d95);
-// DIFUSE_RMSMOD_PIPELINED=1 (not yet run on the H200) runs the staged rows on a grid of the resident blocks with two
-// buffers per warp, the next row's copies in flight during the current row's passes. Modulation rows are read as 8-byte words
+// DIFUSE_RMSMOD_PIPELINED=1 runs the staged rows on a grid of the resident blocks with two buffers per warp, the
+// next row's copies in flight during the current row's passes: exact at 5d35cbc and slower (1x4096x3072 29.3 vs
+// 22.4 us, knob-sweeps/5d35cbc/); kept for measurement only.
+// Batched loads (0385466): the epilogue issues 4 vectors' x, weight, scale and shift loads before their stores, and
+// the residual pass half a batch's a and gate loads before theirs. Before, SASS showed each vector's loads waiting
+// on the previous vector's store (24 L2 round trips in turn per 3072-element row). H200 at 0385466 (ops.json
+// against 2cecf55's): 1x4096x3072 18.9 us vs 22.3 (predicted 18-19; a same-bytes copy 19.2; target 15: not met),
+// 2x6144x4096 75.4 vs 87.1, the residual form 31.8 vs 39.0 and 124.0 vs 150.5, but 4352x1x3072 per-token residual
+// 59.6 vs 56.8 (64 registers instead of 48). Exact there: test_rms_norm_modulate.py (gpu-tests-0385466.json),
+// smoke memcheck / initcheck / racecheck clean (sanitizer-0385466.txt). Modulation rows are read as 8-byte words
 // when every row start is 8-byte aligned, else as bf16. N < 128: scalar elements.
 //
 // Verification status: bit-exact on the H200 at 5f8295d (torch 2.11.0+cu130, sm_90; its RowIndexers take the
