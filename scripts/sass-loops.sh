@@ -3,8 +3,9 @@
 #
 # The SASS (sm_90, the build's flags) of each kernel SRC.cu compiles to, as instruction counts: the whole kernel,
 # the instructions before its first loop, and each loop (a backward branch: the span from its target to the branch,
-# inclusive), the longest first. The issue-bound kernels' notes quote these ("row loop 206 -> 164 SASS
-# instructions per slot"). KERNEL_REGEX selects kernels by mangled name (Python regex, default all); REV compiles
+# inclusive), the longest first, with the number of global load batches in each loop that the SASS issues after a
+# global store (each waits one more memory round trip: bench/results/h200/NOTES.md, eleventh session). The
+# issue-bound kernels' notes quote these ("row loop 206 -> 164 SASS instructions per slot"). KERNEL_REGEX selects kernels by mangled name (Python regex, default all); REV compiles
 # SRC.cu as it was at that git revision instead of the working tree.
 # cuobjdump (and the nvdisasm it runs): $CUOBJDUMP, else on PATH, else from the nvidia-cuda-cuobjdump and
 # nvidia-cuda-nvdisasm wheels in the Python that runs this (`pip install nvidia-cuda-cuobjdump
@@ -80,5 +81,18 @@ for name, ins in kernels.items():
         n = sum(1 for a, _ in body if t <= a <= e)
         tail = " (closed past the last EXIT: an out-of-line path, e.g. a divergent shuffle's)" if (
             last_exit is not None and e > last_exit) else ""
-        print("  loop 0x%04x-0x%04x: %d instructions%s" % (t, e, n, tail))
+        # Global loads issued after a global store in the loop body, in program order: the compiler does not move
+        # a load above a store that may alias it, so each such load waits (through the store's data) for the
+        # loads before it: one memory round trip more per iteration.
+        behind, stored = 0, False
+        for a, text in body:
+            if not t <= a <= e:
+                continue
+            op = re.sub(r"^@!?U?P\w+\s+", "", text).split()[0]
+            if op.startswith("STG") or op.startswith("ST.E"):
+                stored = True
+            elif stored and op.startswith("LDG") and not op.startswith(("LDGSTS", "LDGDEPBAR")):
+                behind, stored = behind + 1, False
+        note = ", %d global load batch%s behind a store" % (behind, "" if behind == 1 else "es") if behind else ""
+        print("  loop 0x%04x-0x%04x: %d instructions%s%s" % (t, e, n, tail, note))
 PY

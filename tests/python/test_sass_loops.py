@@ -46,6 +46,27 @@ class SassLoopsTest(unittest.TestCase):
         if _nvcc_13_0():  # the numbers the kernel notes quote, from nvcc 13.0
             self.assertEqual((before, after), (206, 164))
 
+    def behind(self, src, pattern, rev=""):
+        p = subprocess.run(["bash", str(SCRIPT), src, pattern] + ([rev] if rev else []), cwd=ROOT,
+                           capture_output=True, text=True)
+        if p.returncode == 3:
+            self.skipTest(p.stderr.strip())
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return sum(int(m.group(1)) for m in re.finditer(r"(\d+) global load batch(?:es)? behind a store", p.stdout))
+
+    def test_rms_norm_modulates_epilogue_loads_no_longer_wait_behind_its_stores(self):
+        # 2cecf55: the epilogue loop (unrolled by 4) issued each vector's weight / scale / shift loads after the
+        # previous vector's store; 0385466 batches them (bench/results/h200/NOTES.md, eleventh session).
+        if not (_have_rev("2cecf55") and _have_rev("0385466")):
+            self.skipTest("2cecf55 / 0385466 are not in this clone's history")
+        kernel = "rms_norm_modulate_stagedILb1ELb0E"  # LTX-2's staged rows, the default up to N = 3072
+        before = self.behind("src/norm/rms_norm_modulate.cu", kernel, "2cecf55")
+        after = self.behind("src/norm/rms_norm_modulate.cu", kernel, "0385466")
+        self.assertGreaterEqual(before, 1)
+        self.assertEqual(after, 0)
+        if _nvcc_13_0():
+            self.assertEqual(before, 3)
+
     def test_a_pattern_matching_no_kernel_prints_nothing(self):
         p = subprocess.run(["bash", str(SCRIPT), "src/rope/qk_norm_rope.cu", "no_such_kernel"], cwd=ROOT,
                            capture_output=True, text=True)
