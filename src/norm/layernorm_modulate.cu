@@ -230,7 +230,12 @@ constexpr int residual_sweep_batch() {
   return MINB >= 8 ? 0 : G == 128 ? 3 : 2;
 }
 
-template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, bool F32MOD = false, int MINB = 1>
+// EPB (DIFUSE_LNMOD_EPILOGUE_BATCH=1, for measurement; four warps per row only): the epilogue that reads its
+// modulation rows from global memory (every four-warp row: one-row blocks stage no modulation; Wan's fp32 rows
+// always) issues EPB sweeps' loads (x from shared memory, scale and shift) before any of their stores. With EPB = 1
+// (the default) each sweep's loads wait for the previous sweep's store (sass-loops.sh: 1-3 global load batches
+// behind a store per loop, 10 sweeps at H = 5120). Written in the eleventh session, not yet run on the H200.
+template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, bool F32MOD = false, int MINB = 1, int EPB = 1>
 __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Params p) {
   using Map = AtenThreadMap<G, PAIRED>;
   constexpr int A = Map::kSlots;
@@ -415,14 +420,30 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
     const float* s32 = p.scale32 + b * p.scale_stride + l * p.scale_stride_l;
     const float* h32 = p.shift32 + b * p.shift_stride + l * p.shift_stride_l;
     uint2* o32 = reinterpret_cast<uint2*>(p.out + row * p.h);
-    for (int k = 0; k < sweeps; ++k) {
+    if constexpr (EPB > 1 && A == 1) {  // EPB sweeps' fp32 rows loaded before their stores
+      for (int k0 = 0; k0 < sweeps; k0 += EPB) {
+        float sc[EPB][4], sh[EPB][4];
 #pragma unroll
-      for (int j = 0; j < A; ++j) {
-        const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
-        if (vi < V) {
-          float sc[4], sh[4];
-          load_f32_rows4<MODVEC>(s32, h32, kVecElems * vi, sc, sh);  // MODVEC: fp32 rows 16-byte aligned
-          o32[vi] = f32_chain4(sx[vi], rs, sc, sh, p.affine32);
+        for (int kk = 0; kk < EPB; ++kk) {
+          const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
+          if (k0 + kk < sweeps && vi < V) load_f32_rows4<MODVEC>(s32, h32, kVecElems * vi, sc[kk], sh[kk]);
+        }
+#pragma unroll
+        for (int kk = 0; kk < EPB; ++kk) {
+          const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
+          if (k0 + kk < sweeps && vi < V) o32[vi] = f32_chain4(sx[vi], rs, sc[kk], sh[kk], p.affine32);
+        }
+      }
+    } else {
+      for (int k = 0; k < sweeps; ++k) {
+#pragma unroll
+        for (int j = 0; j < A; ++j) {
+          const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+          if (vi < V) {
+            float sc[4], sh[4];
+            load_f32_rows4<MODVEC>(s32, h32, kVecElems * vi, sc, sh);  // MODVEC: fp32 rows 16-byte aligned
+            o32[vi] = f32_chain4(sx[vi], rs, sc, sh, p.affine32);
+          }
         }
       }
     }
@@ -458,37 +479,62 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
     }
     return;
   }
-  for (int k = 0; k < sweeps; ++k) {
+  if constexpr (EPB > 1 && A == 1 && !PAIRED) {  // EPB sweeps' modulation words loaded before their stores
+    for (int k0 = 0; k0 < sweeps; k0 += EPB) {
+      uint2 w[EPB], sc[EPB], sh[EPB];
 #pragma unroll
-    for (int j = 0; j < A; j += STEP) {
-      const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
-      if (vi < V) {
-        if constexpr (PAIRED) {
-          const uint4 w = *reinterpret_cast<const uint4*>(sx + vi);
-          uint4 sc, sh;
-          if constexpr (MODVEC) {  // rows are 8-byte aligned: two word pairs
-            const uint2 s0 = *reinterpret_cast<const uint2*>(srow + kVecElems * vi);
-            const uint2 s1 = *reinterpret_cast<const uint2*>(srow + kVecElems * vi + 4);
-            const uint2 h0 = *reinterpret_cast<const uint2*>(hrow + kVecElems * vi);
-            const uint2 h1 = *reinterpret_cast<const uint2*>(hrow + kVecElems * vi + 4);
-            sc = make_uint4(s0.x, s0.y, s1.x, s1.y);
-            sh = make_uint4(h0.x, h0.y, h1.x, h1.y);
+      for (int kk = 0; kk < EPB; ++kk) {
+        const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
+        const bool in = k0 + kk < sweeps && vi < V;
+        w[kk] = in ? sx[vi] : make_uint2(0, 0);
+        sc[kk] = !in     ? make_uint2(0, 0)
+                 : MODVEC ? *reinterpret_cast<const uint2*>(srow + kVecElems * vi)
+                          : load_mod_words(srow + kVecElems * vi);
+        sh[kk] = !in     ? make_uint2(0, 0)
+                 : MODVEC ? *reinterpret_cast<const uint2*>(hrow + kVecElems * vi)
+                          : load_mod_words(hrow + kVecElems * vi);
+      }
+#pragma unroll
+      for (int kk = 0; kk < EPB; ++kk) {
+        const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
+        if (k0 + kk < sweeps && vi < V)
+          orow[vi] = make_uint2(layernorm_modulate_pair(w[kk].x, rs, sc[kk].x, sh[kk].x),
+                                layernorm_modulate_pair(w[kk].y, rs, sc[kk].y, sh[kk].y));
+      }
+    }
+  } else {
+    for (int k = 0; k < sweeps; ++k) {
+  #pragma unroll
+      for (int j = 0; j < A; j += STEP) {
+        const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+        if (vi < V) {
+          if constexpr (PAIRED) {
+            const uint4 w = *reinterpret_cast<const uint4*>(sx + vi);
+            uint4 sc, sh;
+            if constexpr (MODVEC) {  // rows are 8-byte aligned: two word pairs
+              const uint2 s0 = *reinterpret_cast<const uint2*>(srow + kVecElems * vi);
+              const uint2 s1 = *reinterpret_cast<const uint2*>(srow + kVecElems * vi + 4);
+              const uint2 h0 = *reinterpret_cast<const uint2*>(hrow + kVecElems * vi);
+              const uint2 h1 = *reinterpret_cast<const uint2*>(hrow + kVecElems * vi + 4);
+              sc = make_uint4(s0.x, s0.y, s1.x, s1.y);
+              sh = make_uint4(h0.x, h0.y, h1.x, h1.y);
+            } else {
+              const uint2 s0 = load_mod_words(srow + kVecElems * vi), s1 = load_mod_words(srow + kVecElems * vi + 4);
+              const uint2 h0 = load_mod_words(hrow + kVecElems * vi), h1 = load_mod_words(hrow + kVecElems * vi + 4);
+              sc = make_uint4(s0.x, s0.y, s1.x, s1.y);
+              sh = make_uint4(h0.x, h0.y, h1.x, h1.y);
+            }
+            *reinterpret_cast<uint4*>(orow + vi) =
+                make_uint4(layernorm_modulate_pair(w.x, rs, sc.x, sh.x), layernorm_modulate_pair(w.y, rs, sc.y, sh.y),
+                           layernorm_modulate_pair(w.z, rs, sc.z, sh.z), layernorm_modulate_pair(w.w, rs, sc.w, sh.w));
           } else {
-            const uint2 s0 = load_mod_words(srow + kVecElems * vi), s1 = load_mod_words(srow + kVecElems * vi + 4);
-            const uint2 h0 = load_mod_words(hrow + kVecElems * vi), h1 = load_mod_words(hrow + kVecElems * vi + 4);
-            sc = make_uint4(s0.x, s0.y, s1.x, s1.y);
-            sh = make_uint4(h0.x, h0.y, h1.x, h1.y);
+            const uint2 w = sx[vi];
+            const uint2 sc = MODVEC ? *reinterpret_cast<const uint2*>(srow + kVecElems * vi)
+                                    : load_mod_words(srow + kVecElems * vi);
+            const uint2 sh = MODVEC ? *reinterpret_cast<const uint2*>(hrow + kVecElems * vi)
+                                    : load_mod_words(hrow + kVecElems * vi);
+            orow[vi] = make_uint2(layernorm_modulate_pair(w.x, rs, sc.x, sh.x), layernorm_modulate_pair(w.y, rs, sc.y, sh.y));
           }
-          *reinterpret_cast<uint4*>(orow + vi) =
-              make_uint4(layernorm_modulate_pair(w.x, rs, sc.x, sh.x), layernorm_modulate_pair(w.y, rs, sc.y, sh.y),
-                         layernorm_modulate_pair(w.z, rs, sc.z, sh.z), layernorm_modulate_pair(w.w, rs, sc.w, sh.w));
-        } else {
-          const uint2 w = sx[vi];
-          const uint2 sc = MODVEC ? *reinterpret_cast<const uint2*>(srow + kVecElems * vi)
-                                  : load_mod_words(srow + kVecElems * vi);
-          const uint2 sh = MODVEC ? *reinterpret_cast<const uint2*>(hrow + kVecElems * vi)
-                                  : load_mod_words(hrow + kVecElems * vi);
-          orow[vi] = make_uint2(layernorm_modulate_pair(w.x, rs, sc.x, sh.x), layernorm_modulate_pair(w.y, rs, sc.y, sh.y));
         }
       }
     }
@@ -536,10 +582,10 @@ __global__ void __launch_bounds__(128) layernorm_modulate_stream(const Params p)
 
 constexpr size_t kMaxStagedBytes = 72 * 1024;  // dynamic staging per block: (8+2) x 6 KB, (4+2) x 12 KB, 1 x 48 KB
 
-template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, int MINB = 1>
+template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, int MINB = 1, int EPB = 1>
 void launch_rows(const Params& p, int device, cudaStream_t stream) {
   constexpr int ROWS = G == 128 ? 1 : 256 / G;
-  auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC, RESIDUAL, false, MINB>;
+  auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC, RESIDUAL, false, MINB, EPB>;
   // 48 KB of dynamic shared memory plus the kernel's static part needs the opt-in, once per device.
   static std::atomic<uint64_t> opted_in{0};
   opt_in_shared_memory(kernel, device, static_cast<int>(kMaxStagedBytes), opted_in);
@@ -551,18 +597,28 @@ void launch_rows(const Params& p, int device, cudaStream_t stream) {
 }
 
 // VEC4: the fp32 modulation (or affine) rows are 16-byte aligned and read as float4 (MODVEC of the kernel).
-template <int G, bool PAIRED, bool VEC4>
+template <int G, bool PAIRED, bool VEC4, int EPB = 1>
 void launch_rows_f32(const Params& p, int device, cudaStream_t stream) {
   constexpr int ROWS = G == 128 ? 1 : 256 / G;
-  auto kernel = layernorm_modulate_rows<G, PAIRED, VEC4, false, true>;
+  auto kernel = layernorm_modulate_rows<G, PAIRED, VEC4, false, true, 1, EPB>;
   static std::atomic<uint64_t> opted_in{0};
   opt_in_shared_memory(kernel, device, static_cast<int>(kMaxStagedBytes), opted_in);
   const int64_t blocks = (p.rows + ROWS - 1) / ROWS;
   kernel<<<static_cast<unsigned>(blocks), G * ROWS, static_cast<size_t>(ROWS) * p.v * sizeof(uint2), stream>>>(p);
 }
 
+// DIFUSE_LNMOD_EPILOGUE_BATCH=1 (for measurement): four-warp rows take the kernels whose epilogue loads
+// kEpilogueBatch sweeps before their stores (EPB above). Read once.
+constexpr int kEpilogueBatch = 4;
+bool epilogue_batched() {
+  static const int v = detail::positive_env_knob("DIFUSE_LNMOD_EPILOGUE_BATCH");
+  return v == 1;
+}
+
 template <bool VEC4>
 void dispatch_rows_f32(const LayernormModulateConfig& cfg, const Params& p, int d, cudaStream_t s) {
+  if (cfg.threads_per_row == 128 && epilogue_batched())
+    return launch_rows_f32<128, false, VEC4, kEpilogueBatch>(p, d, s);
   switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
     case 65: return launch_rows_f32<32, true, VEC4>(p, d, s);
     case 64: return launch_rows_f32<32, false, VEC4>(p, d, s);
@@ -579,6 +635,8 @@ void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, c
   static const int dense = detail::positive_env_knob("DIFUSE_LNMOD_BLOCKS_PER_SM");
   // the unpaired map: the paired one needs more than 32 registers with modulation words from global memory
   if (dense == 8 && cfg.threads_per_row == 64) return launch_rows<64, false, MODVEC, RESIDUAL, 8>(p, d, s);
+  if (cfg.threads_per_row == 128 && epilogue_batched())
+    return launch_rows<128, false, MODVEC, RESIDUAL, 1, kEpilogueBatch>(p, d, s);
   switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
     case 65: return launch_rows<32, true, MODVEC, RESIDUAL>(p, d, s);
     case 64: return launch_rows<32, false, MODVEC, RESIDUAL>(p, d, s);

@@ -337,6 +337,41 @@ def test_two_warp_schedule_above_3584():
     assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="64")
 
 
+def test_batched_epilogue_variant():
+    """DIFUSE_LNMOD_EPILOGUE_BATCH=1 (read once per process): four-warp rows load 4 sweeps' modulation (and x from
+    shared memory) before their stores: same bits for layernorm_modulate ([B, H] chunks, per-token rows, 2-byte
+    aligned modulation rows read as bf16), GRLN (both outputs; few rows at 3072 and 2564, 5120 with a per-token
+    gate), and Wan's fp32 modulate (16-byte aligned rows, misaligned rows, per-token rows) and affine norms, at
+    3588 (8 sweeps, the last partial), 4096, 5120 (10: two batches of 4, then 2), 12288 and 24576 (48), with
+    adversarial values."""
+    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "for i, (B, L, H) in enumerate([(2, 37, 3588), (1, 300, 4096), (2, 77, 5120), (1, 19, 12288),\n"
+        "                               (1, 16, 24576), (1, 512, 3072), (2, 21, 2564)]):\n"
+        "    g = torch.Generator(device='cuda').manual_seed(2800 + i)\n"
+        "    def rnd(*s):\n"
+        "        return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "    x, a = place(rnd(B, L, H), 0), rnd(B, L, H)\n"
+        "    emb = (rnd(B, 6 * H + 1) * 0.5)[:, 1:].chunk(6, dim=1)  # 2-byte aligned chunks\n"
+        "    emb8 = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
+        "    tok = (rnd(B, L, H), rnd(B, L, H))\n"
+        "    for sc, sh in ((emb8[1], emb8[0]), (emb[1], emb[0]), tok):\n"
+        "        bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n"
+        "    for gate in (emb8[2], rnd(B, L, H)):\n"
+        "        bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(x, a, gate, emb8[4], emb8[3], 1e-6)),\n"
+        "                                list(ops.gated_residual_layernorm_modulate_eager(x, a, gate, emb8[4], emb8[3], 1e-6)))\n"
+        "    t = torch.randn(B, 6, H + 1, device='cuda', generator=g)\n"
+        "    rows = [(t[:, 1:2, :H], t[:, 0:1, :H]), (t[:, 1:2, 1:], t[:, 0:1, 1:]),\n"
+        "            (torch.randn(B, L, H, device='cuda', generator=g), torch.randn(B, L, H, device='cuda', generator=g))]\n"
+        "    for sc, sh in rows:\n"
+        "        bad += count_mismatches(ops.layernorm_modulate_fp32(x, sc, sh), ops.layernorm_modulate_fp32_eager(x, sc, sh))\n"
+        "    w, b = torch.randn(H, device='cuda', generator=g), torch.randn(H, device='cuda', generator=g)\n"
+        "    bad += count_mismatches(ops.layernorm_affine_fp32(x, w, b), ops.layernorm_affine_fp32_eager(x, w, b))\n")
+    assert_exact_under(script, DIFUSE_LNMOD_EPILOGUE_BATCH="1")
+
+
 def test_eight_blocks_per_sm_variant():
     """DIFUSE_LNMOD_BLOCKS_PER_SM=8: the two-warps-per-row kernel at 32 registers, modulation rows from global
     memory instead of shared: same bits, with and without the gated-residual prologue (blocks straddling a batch
