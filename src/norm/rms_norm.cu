@@ -253,7 +253,15 @@ void launch_small_rows(const Params& p, cudaStream_t stream) {
   rms_norm_small_rows<SPAN, R, MIN_BLOCKS><<<static_cast<unsigned>((warps + 7) / 8), 256, 0, stream>>>(p);
 }
 
-// Rows wider than 24576: aten's own layout, two passes over global memory.
+// Rows wider than 128 (the default; the staged kernels above only through DIFUSE_RMS_STAGED_ROWS=1): aten's own
+// layout, two passes over global memory.
+// BATCHED (DIFUSE_RMS_STREAM_BATCH=1, for measurement; written in the eleventh session, not yet run on the H200): the
+// output pass loads kStreamBatch vectors' x and weight before any of their stores. By default each iteration's
+// loads wait for the previous iteration's store (sass-loops.sh: 3 global load batches behind a store in each pass-2
+// loop), so a 1536-element row's pass 2 takes 3 round trips to L1/L2 in turn, a 5120-element row's 10. The
+// arithmetic per element is the same.
+constexpr int kStreamBatch = 4;
+template <bool BATCHED = false>
 __global__ void __launch_bounds__(128) rms_norm_stream(const Params p) {
   __shared__ float roots[4];
   __shared__ float rstd_s;
@@ -274,10 +282,29 @@ __global__ void __launch_bounds__(128) rms_norm_stream(const Params p) {
   const float rstd = rstd_s;
   uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.n);
   const uint2* wv = reinterpret_cast<const uint2*>(p.w);
-  for (int vi = t; vi < p.v; vi += kAtenThreads) {
-    const uint2 xw = gx[vi];
-    const uint2 ww = p.has_w ? wv[vi] : make_uint2(0, 0);
-    orow[vi] = make_uint2(rms_norm_pair(xw.x, rstd, p.has_w, ww.x), rms_norm_pair(xw.y, rstd, p.has_w, ww.y));
+  if constexpr (BATCHED) {
+    for (int v0 = t; v0 < p.v; v0 += kAtenThreads * kStreamBatch) {
+      uint2 xw[kStreamBatch], ww[kStreamBatch];
+#pragma unroll
+      for (int u = 0; u < kStreamBatch; ++u) {
+        const int vi = v0 + kAtenThreads * u;
+        xw[u] = vi < p.v ? gx[vi] : make_uint2(0, 0);
+        ww[u] = vi < p.v && p.has_w ? wv[vi] : make_uint2(0, 0);
+      }
+#pragma unroll
+      for (int u = 0; u < kStreamBatch; ++u) {
+        const int vi = v0 + kAtenThreads * u;
+        if (vi < p.v)
+          orow[vi] = make_uint2(rms_norm_pair(xw[u].x, rstd, p.has_w, ww[u].x),
+                                rms_norm_pair(xw[u].y, rstd, p.has_w, ww[u].y));
+      }
+    }
+  } else {
+    for (int vi = t; vi < p.v; vi += kAtenThreads) {
+      const uint2 xw = gx[vi];
+      const uint2 ww = p.has_w ? wv[vi] : make_uint2(0, 0);
+      orow[vi] = make_uint2(rms_norm_pair(xw.x, rstd, p.has_w, ww.x), rms_norm_pair(xw.y, rstd, p.has_w, ww.y));
+    }
   }
 }
 
@@ -375,7 +402,11 @@ void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const 
     // aten's own two-pass layout at every width above 128 (the default). H200 at 5fa0c2a (knob-sweeps/):
     // 1x32760x5120 177.8 us vs 259.6 for the staged kernels (eager 204.5), 1x32760x1536 62.5 vs 80.3 (eager 64.1).
     // DIFUSE_RMS_STAGED_ROWS=1 (for measurement) keeps the staged register-resident kernels below 48 sweeps.
-    rms_norm_stream<<<static_cast<unsigned>(p.rows), 128, 0, stream>>>(p);
+    static const int batched = detail::positive_env_knob("DIFUSE_RMS_STREAM_BATCH");
+    if (batched == 1)
+      rms_norm_stream<true><<<static_cast<unsigned>(p.rows), 128, 0, stream>>>(p);
+    else
+      rms_norm_stream<<<static_cast<unsigned>(p.rows), 128, 0, stream>>>(p);
   } else if (sweeps <= 12) {
     paired ? launch_rows<64, true>(p, x.device, stream) : launch_rows<64, false>(p, x.device, stream);
   } else {

@@ -165,6 +165,31 @@ def test_staged_rows_variant():
     assert_exact_under(exactness_script("rms_norm", specs, 900), DIFUSE_RMS_STAGED_ROWS="1")
 
 
+def test_batched_stream_variant():
+    """DIFUSE_RMS_STREAM_BATCH=1: aten's two-pass layout (rows wider than 128) with its output pass loading 4
+    iterations' x and weight before their stores: same bits (Wan's widths 1536 and 5120, 132 (one vector per
+    thread, most threads idle), 3072, 24580 (48+ iterations), with and without weight, strided rows of a fused
+    projection, 8- but not 16-byte aligned rows and adversarial values)."""
+    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, exactness_script, mismatch_script
+
+    specs = [((1, 2048, 5120), True), ((2, 300, 1536), False), ((2, 300, 1536), True), ((3, 77, 3072), True),
+             ((5, 9, 132), True), ((1, 3, 24580), True), ((1, 40, 2052), False)]
+    assert_exact_under(exactness_script("rms_norm", specs, 1200), DIFUSE_RMS_STREAM_BATCH="1")
+    strided = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "g = torch.Generator(device='cuda').manual_seed(1250)\n"
+        "w = torch.randn(1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "qkv = torch.randn(2, 300, 3 * 1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "for part in range(3):\n"
+        "    x = qkv[..., part * 1536:(part + 1) * 1536]\n"
+        "    bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
+        "for offset in (0, 4):\n"
+        "    x = place(torch.randn(3, 77, 1536, device='cuda', dtype=torch.bfloat16, generator=g), offset)\n"
+        "    bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
+        "    bad += count_mismatches(ops.rms_norm(x, None, 1e-6), ops.rms_norm_eager(x, None, 1e-6))\n")
+    assert_exact_under(strided, DIFUSE_RMS_STREAM_BATCH="1")
+
+
 def test_staged_heads_variant():
     """DIFUSE_RMS_STAGED_HEADS=1: per-head rows of 64 or 128 elements with 16-byte aligned rows are first copied
     into shared memory, 64 rows per block, then normalised on half warps as by the default kernel: same bits
