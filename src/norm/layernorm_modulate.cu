@@ -235,7 +235,13 @@ constexpr int residual_sweep_batch() {
 // always) issues EPB sweeps' loads (x from shared memory, scale and shift) before any of their stores. With EPB = 1
 // (the default) each sweep's loads wait for the previous sweep's store (sass-loops.sh: 1-3 global load batches
 // behind a store per loop, 10 sweeps at H = 5120). Written in the eleventh session, not yet run on the H200.
-template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, bool F32MOD = false, int MINB = 1, int EPB = 1>
+// SA (DIFUSE_LNMOD_STAGE_A=1, for measurement; gated_residual_layernorm_modulate on two or four warps per row, where
+// the block's rows fit kMaxStagedBytes twice): each row's a is copied into shared memory with its h, every copy in
+// flight at once, so the residual pass reads no a from global memory (by default it loads a in batches of 4
+// vectors per lane, 3 DRAM round trips in turn at H = 3072). Costs a second row of shared memory per row: at 3072,
+// 60 KB per two-warp block, 3 blocks per SM instead of 4. Written in the eleventh session, not yet run on the H200.
+template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, bool F32MOD = false, int MINB = 1, int EPB = 1,
+          bool SA = false>
 __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Params p) {
   using Map = AtenThreadMap<G, PAIRED>;
   constexpr int A = Map::kSlots;
@@ -283,6 +289,17 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
     if constexpr (RESIDUAL && MINB < 8) {  // (not in the 32-register variant: it would spill)
       if (p.prefetch_a && i == 0) prefetch_l2(p.a + row * p.h, static_cast<uint32_t>(p.h) * 2u);
     }
+    if constexpr (RESIDUAL && SA) {  // a's row after the modulation rows' region: the same vectors as h's
+      uint2* sa = staged + static_cast<int64_t>(ROWS + (STAGE_MOD ? 2 : 0) + rb) * V;
+      const uint2* ga = reinterpret_cast<const uint2*>(p.a + row * p.h);
+      for (int k = 0; k < sweeps; ++k) {
+#pragma unroll
+        for (int j = 0; j < A; ++j) {
+          const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
+          if (vi < V) cp_async(sa + vi, ga + vi, false);  // 8 bytes: a need not be 16-byte aligned
+        }
+      }
+    }
   }
   cp_async_wait_all();
   if constexpr (STAGE_MOD) __syncthreads();  // the modulation rows were copied by the whole block
@@ -291,7 +308,8 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
     if (active) {
       const int64_t bb = p.seq_div.div(row), ll = row - bb * p.seq;
       const uint16_t* grow = p.gate + bb * p.gate_stride + ll * p.gate_stride_l;
-      const uint2* ar = reinterpret_cast<const uint2*>(p.a + row * p.h);
+      const uint2* ar = SA ? staged + static_cast<int64_t>(ROWS + (STAGE_MOD ? 2 : 0) + rb) * V
+                           : reinterpret_cast<const uint2*>(p.a + row * p.h);  // SA: this thread's own copies
       uint2* rr = reinterpret_cast<uint2*>(p.residual + row * p.h);
       // KB sweeps' a and gate loads are issued before any of their stores. One vector at a time (before), each
       // load waited for the previous vector's store (the compiler does not move a load above a store that may
@@ -582,16 +600,16 @@ __global__ void __launch_bounds__(128) layernorm_modulate_stream(const Params p)
 
 constexpr size_t kMaxStagedBytes = 72 * 1024;  // dynamic staging per block: (8+2) x 6 KB, (4+2) x 12 KB, 1 x 48 KB
 
-template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, int MINB = 1, int EPB = 1>
+template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, int MINB = 1, int EPB = 1, bool SA = false>
 void launch_rows(const Params& p, int device, cudaStream_t stream) {
   constexpr int ROWS = G == 128 ? 1 : 256 / G;
-  auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC, RESIDUAL, false, MINB, EPB>;
+  auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC, RESIDUAL, false, MINB, EPB, SA>;
   // 48 KB of dynamic shared memory plus the kernel's static part needs the opt-in, once per device.
   static std::atomic<uint64_t> opted_in{0};
   opt_in_shared_memory(kernel, device, static_cast<int>(kMaxStagedBytes), opted_in);
   const int64_t blocks = (p.rows + ROWS - 1) / ROWS;
   // x rows, then (staging kernels) the scale and shift rows
-  const int staged_rows = ROWS + (ROWS > 1 && MODVEC && MINB < 8 ? 2 : 0);
+  const int staged_rows = ROWS + (ROWS > 1 && MODVEC && MINB < 8 ? 2 : 0) + (SA ? ROWS : 0);
   const size_t smem = static_cast<size_t>(staged_rows) * p.v * sizeof(uint2);
   kernel<<<static_cast<unsigned>(blocks), G * ROWS, smem, stream>>>(p);
 }
@@ -630,11 +648,35 @@ void dispatch_rows_f32(const LayernormModulateConfig& cfg, const Params& p, int 
   throw detail::Failure(DIFUSE_ERR_INTERNAL, "layernorm_modulate_fp32: no staged kernel for this width");
 }
 
+// DIFUSE_LNMOD_STAGE_A=1 (for measurement; SA above): GRLN on two or four warps per row, when the block's h rows,
+// modulation rows and a rows fit kMaxStagedBytes (two warps: H <= 3584 with staged modulation rows; four: H <=
+// 18432). Read once.
+bool stage_a_fits(const LayernormModulateConfig& cfg, bool modvec, int v) {
+  static const int knob = detail::positive_env_knob("DIFUSE_LNMOD_STAGE_A");
+  static const int dense = detail::positive_env_knob("DIFUSE_LNMOD_BLOCKS_PER_SM");
+  if (knob != 1 || dense == 8 || (cfg.threads_per_row != 64 && cfg.threads_per_row != 128)) return false;
+  const int rows = cfg.threads_per_row == 128 ? 1 : 256 / cfg.threads_per_row;
+  const int staged_rows = 2 * rows + (rows > 1 && modvec ? 2 : 0);
+  return static_cast<size_t>(staged_rows) * v * sizeof(uint2) <= kMaxStagedBytes;
+}
+
 template <bool MODVEC, bool RESIDUAL>
 void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, cudaStream_t s) {
   static const int dense = detail::positive_env_knob("DIFUSE_LNMOD_BLOCKS_PER_SM");
   // the unpaired map: the paired one needs more than 32 registers with modulation words from global memory
   if (dense == 8 && cfg.threads_per_row == 64) return launch_rows<64, false, MODVEC, RESIDUAL, 8>(p, d, s);
+  if constexpr (RESIDUAL) {
+    if (stage_a_fits(cfg, MODVEC, p.v)) {
+      switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
+        case 129: return launch_rows<64, true, MODVEC, true, 1, 1, true>(p, d, s);
+        case 128: return launch_rows<64, false, MODVEC, true, 1, 1, true>(p, d, s);
+        case 256:
+          return epilogue_batched() ? launch_rows<128, false, MODVEC, true, 1, kEpilogueBatch, true>(p, d, s)
+                                    : launch_rows<128, false, MODVEC, true, 1, 1, true>(p, d, s);
+        default: break;
+      }
+    }
+  }
   if (cfg.threads_per_row == 128 && epilogue_batched())
     return launch_rows<128, false, MODVEC, RESIDUAL, 1, kEpilogueBatch>(p, d, s);
   switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {

@@ -154,6 +154,31 @@ def test_four_warp_schedule_at_3072():
     assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="128")
 
 
+@pytest.mark.parametrize("epilogue_batch", ["0", "1"])
+def test_staged_a_variant(epilogue_batch):
+    """DIFUSE_LNMOD_STAGE_A=1 (read once per process): each row's a copied into shared memory with its h: both
+    outputs bit for bit on two warps per row (4096 rows at 3072, 1536, 2564; per-token gates and modulation rows,
+    h 8- but not 16-byte aligned, a 8-byte aligned) and on four (512 rows at 3072, 5120, 12288), a row too wide to
+    stage twice (24576, the default kernel), adversarial values; with DIFUSE_LNMOD_EPILOGUE_BATCH=1 too."""
+    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "g = torch.Generator(device='cuda').manual_seed(2900)\n"
+        "def rnd(*s):\n"
+        "    return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "for (B, L, H), off_h, off_a, per_token in [((1, 4096, 3072), 0, 0, False), ((2, 300, 3072), 0, 4, True),\n"
+        "        ((2, 4096, 1536), 0, 0, False), ((2, 37, 2564), 4, 4, False), ((1, 512, 3072), 0, 0, True),\n"
+        "        ((1, 77, 5120), 0, 4, False), ((1, 19, 12288), 0, 0, True), ((1, 16, 24576), 0, 0, False)]:\n"
+        "    h, a = place(rnd(B, L, H), off_h), place(rnd(B, L, H), off_a)\n"
+        "    emb = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
+        "    gate = rnd(B, L, H) if per_token else emb[2]\n"
+        "    sc, sh = (rnd(B, L, H), rnd(B, L, H)) if per_token else (emb[4], emb[3])\n"
+        "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(h, a, gate, sc, sh, 1e-6)),\n"
+        "                            list(ops.gated_residual_layernorm_modulate_eager(h, a, gate, sc, sh, 1e-6)))\n")
+    assert_exact_under(script, DIFUSE_LNMOD_STAGE_A="1", DIFUSE_LNMOD_EPILOGUE_BATCH=epilogue_batch)
+
+
 def test_two_warp_schedule_for_few_rows():
     """DIFUSE_LNMOD_THREADS_PER_ROW=64 (read once per process) keeps GRLN on two warps per row for the few-row
     shapes the default puts on four (at most 1024 rows, H in (2560, 3584]): both outputs bit for bit at FLUX's and
