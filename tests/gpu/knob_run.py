@@ -50,6 +50,18 @@ PLACE_ADVERSARIAL = (
     "    return x\n")
 
 
+# Script lines (inside a loop over B, L, H with x [B, L, H] bf16 and a generator g) counting the mismatches of Wan's
+# fp32 modulated LayerNorm on 16-byte aligned, misaligned and per-token fp32 rows, and of its affine norm.
+WAN_FP32_NORM_LINES = (
+    "    t = torch.randn(B, 6, H + 1, device='cuda', generator=g)\n"
+    "    rows = [(t[:, 1:2, :H], t[:, 0:1, :H]), (t[:, 1:2, 1:], t[:, 0:1, 1:]),\n"
+    "            (torch.randn(B, L, H, device='cuda', generator=g), torch.randn(B, L, H, device='cuda', generator=g))]\n"
+    "    for sc, sh in rows:\n"
+    "        bad += count_mismatches(ops.layernorm_modulate_fp32(x, sc, sh), ops.layernorm_modulate_fp32_eager(x, sc, sh))\n"
+    "    w, b = torch.randn(H, device='cuda', generator=g), torch.randn(H, device='cuda', generator=g)\n"
+    "    bad += count_mismatches(ops.layernorm_affine_fp32(x, w, b), ops.layernorm_affine_fp32_eager(x, w, b))\n")
+
+
 def prologue_adversarial_script(op: str, head_dim: int, cases, seed: int, bhsd: bool = False) -> str:
     """A mismatch script for an attention prologue op on its ops._<op>_inputs: for each case (B, S1, S2, H,
     offset, weights, rope) every q, k, v input is re-placed with place() (offset 4: 8- but not 16-byte aligned

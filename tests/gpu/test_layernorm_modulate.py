@@ -344,7 +344,7 @@ def test_batched_epilogue_variant():
     gate), and Wan's fp32 modulate (16-byte aligned rows, misaligned rows, per-token rows) and affine norms, at
     3588 (8 sweeps, the last partial), 4096, 5120 (10: two batches of 4, then 2), 12288 and 24576 (48), with
     adversarial values."""
-    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+    from knob_run import PLACE_ADVERSARIAL, WAN_FP32_NORM_LINES, assert_exact_under, mismatch_script
 
     script = mismatch_script(
         PLACE_ADVERSARIAL +
@@ -362,13 +362,7 @@ def test_batched_epilogue_variant():
         "    for gate in (emb8[2], rnd(B, L, H)):\n"
         "        bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(x, a, gate, emb8[4], emb8[3], 1e-6)),\n"
         "                                list(ops.gated_residual_layernorm_modulate_eager(x, a, gate, emb8[4], emb8[3], 1e-6)))\n"
-        "    t = torch.randn(B, 6, H + 1, device='cuda', generator=g)\n"
-        "    rows = [(t[:, 1:2, :H], t[:, 0:1, :H]), (t[:, 1:2, 1:], t[:, 0:1, 1:]),\n"
-        "            (torch.randn(B, L, H, device='cuda', generator=g), torch.randn(B, L, H, device='cuda', generator=g))]\n"
-        "    for sc, sh in rows:\n"
-        "        bad += count_mismatches(ops.layernorm_modulate_fp32(x, sc, sh), ops.layernorm_modulate_fp32_eager(x, sc, sh))\n"
-        "    w, b = torch.randn(H, device='cuda', generator=g), torch.randn(H, device='cuda', generator=g)\n"
-        "    bad += count_mismatches(ops.layernorm_affine_fp32(x, w, b), ops.layernorm_affine_fp32_eager(x, w, b))\n")
+        + WAN_FP32_NORM_LINES)
     assert_exact_under(script, DIFUSE_LNMOD_EPILOGUE_BATCH="1")
 
 

@@ -160,17 +160,10 @@ def test_row_epilogue_variant():
     row per batch, is the block's epilogue: its threads write all of its rows column by column, each fp32 vector
     loaded once per block; the default tests cover it): same bits for the modulated and the affine norm, blocks
     straddling a batch boundary, the last partial block, misaligned fp32 rows, per-token rows."""
-    from knob_run import assert_exact_under, mismatch_script
+    from knob_run import WAN_FP32_NORM_LINES, assert_exact_under, mismatch_script
 
     script = mismatch_script(
         "for i, (B, L, H) in enumerate([(1, 32760, 5120), (2, 37, 5120), (3, 301, 1536), (2, 7, 2240)]):\n"
         "    g = torch.Generator(device='cuda').manual_seed(1000 + i)\n"
-        "    x = torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16)\n"
-        "    t = torch.randn(B, 6, H + 1, device='cuda', generator=g)\n"
-        "    rows = [(t[:, 1:2, :H], t[:, 0:1, :H]), (t[:, 1:2, 1:], t[:, 0:1, 1:]),\n"
-        "            (torch.randn(B, L, H, device='cuda', generator=g), torch.randn(B, L, H, device='cuda', generator=g))]\n"
-        "    for sc, sh in rows:\n"
-        "        bad += count_mismatches(ops.layernorm_modulate_fp32(x, sc, sh), ops.layernorm_modulate_fp32_eager(x, sc, sh))\n"
-        "    w, b = torch.randn(H, device='cuda', generator=g), torch.randn(H, device='cuda', generator=g)\n"
-        "    bad += count_mismatches(ops.layernorm_affine_fp32(x, w, b), ops.layernorm_affine_fp32_eager(x, w, b))\n")
+        "    x = torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16)\n" + WAN_FP32_NORM_LINES)
     assert_exact_under(script, DIFUSE_LNMOD_F32_ROW_EPILOGUE="1")

@@ -25,7 +25,8 @@ def _nvcc_13_0() -> bool:
 @unittest.skipUnless(shutil.which("nvcc") and shutil.which("git") and (ROOT / ".git").exists(),
                      "needs nvcc and a git checkout")
 class SassLoopsTest(unittest.TestCase):
-    def loops(self, src, pattern, rev=""):
+    def run_script(self, src, pattern, rev=""):
+        """The script's report for one kernel (skips where cuobjdump / nvdisasm are missing)."""
         p = subprocess.run(["bash", str(SCRIPT), src, pattern] + ([rev] if rev else []), cwd=ROOT,
                            capture_output=True, text=True)
         if p.returncode == 3:
@@ -33,7 +34,11 @@ class SassLoopsTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         kernels = [l for l in p.stdout.splitlines() if not l.startswith("  ")]
         self.assertEqual(len(kernels), 1, p.stdout)
-        return [int(m.group(1)) for m in re.finditer(r"loop \S+: (\d+) instructions(?! \(closed past)", p.stdout)]
+        return p.stdout
+
+    def loops(self, src, pattern, rev=""):
+        out = self.run_script(src, pattern, rev)
+        return [int(m.group(1)) for m in re.finditer(r"loop \S+: (\d+) instructions(?! \(closed past)", out)]
 
     def test_the_staged_flux_row_loop_before_and_after_its_instruction_cuts(self):
         # Two fixed revisions, so the answer depends only on the toolchain: 5f8295d (before) and 1765206 (the
@@ -47,12 +52,8 @@ class SassLoopsTest(unittest.TestCase):
             self.assertEqual((before, after), (206, 164))
 
     def behind(self, src, pattern, rev=""):
-        p = subprocess.run(["bash", str(SCRIPT), src, pattern] + ([rev] if rev else []), cwd=ROOT,
-                           capture_output=True, text=True)
-        if p.returncode == 3:
-            self.skipTest(p.stderr.strip())
-        self.assertEqual(p.returncode, 0, p.stderr)
-        return sum(int(m.group(1)) for m in re.finditer(r"(\d+) global load batch(?:es)? behind a store", p.stdout))
+        out = self.run_script(src, pattern, rev)
+        return sum(int(m.group(1)) for m in re.finditer(r"(\d+) global load batch(?:es)? behind a store", out))
 
     def test_rms_norm_modulates_epilogue_loads_no_longer_wait_behind_its_stores(self):
         # 2cecf55: the epilogue loop (unrolled by 4) issued each vector's weight / scale / shift loads after the
