@@ -4,8 +4,9 @@
 # Per kernel, whether the PTX that SRC.cu compiles to (the build's flags, compute_90) is the same at git revision
 # REV and in the working tree (or at REV2): the check behind "the default kernels' PTX is unchanged" in the
 # kernel notes.
-# Labels are renumbered and translation-unit hashes in internal names blanked before comparing; a kernel whose name gained a defaulted template argument (e.g. a new
-# trailing bool) is matched by its name with that argument's default added (false). One line per kernel:
+# Labels are renumbered and translation-unit hashes in internal names blanked before comparing; a kernel whose name
+# gained defaulted template arguments (a trailing bool, a trailing int 1 and bool, or a plain kernel turned into a
+# template on one bool) is matched by its name with those defaults added (false, 1). One line per kernel:
 #   same | differs (N vs M instructions, +K) | only at REV | only now   <kernel, demangled when c++filt is present>
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 REV[..REV2] SRC.cu [SRC.cu ...]" >&2; exit 2; }
@@ -40,14 +41,26 @@ def entries(path):
     for part in re.split(r"\n(?=\.visible \.entry|\.entry)", open(path).read()):
         m = re.search(r"\.entry (\S+)\(", part)
         if m:
-            body = ANON.sub("ANON", re.sub(r"\$L__BB\d+_", "$L__BB_", part).replace(m.group(1), "NAME"))
+            # the kernel's own name, also inside its function-local symbols (a static __shared__ array is
+            # _ZZ<name without _Z>E5roots), so a renamed kernel compares by its code
+            raw = m.group(1)
+            body = re.sub(r"\$L__BB\d+_", "$L__BB_", part).replace(raw, "NAME").replace(raw[2:], "NAME")
+            body = ANON.sub("ANON", body)
             body = INTERNAL.sub("_INTERNAL_", body)
             n = sum(1 for l in body.split("\n") if l.strip() and not l.strip().startswith(("//", ".", "$", "{", "}")))
             out[ANON.sub("ANON", m.group(1))] = (body, n, m.group(1))
     return out
 old, new = entries(sys.argv[1]), entries(sys.argv[2])
-def match(name):  # the same kernel, or with a trailing defaulted `false` template argument added
-    for cand in (name, name.replace("EEEv", "ELb0EEEv", 1)):
+# The same kernel, or the same kernel with defaulted template arguments appended: a trailing `false`, a trailing
+# `1, false` (an int knob then a bool knob), or a plain kernel that became a template whose one argument defaults
+# to `false` (its name gains I...E and a void return type).
+PLAIN = re.compile(r"^(_ZN.*?\d+[A-Za-z_]\w*)(ENS\w*)$")
+def match(name):
+    cands = [name, name.replace("EEEv", "ELb0EEEv", 1), name.replace("EEEv", "ELi1ELb0EEEv", 1)]
+    m = PLAIN.match(name)
+    if m and "EEEv" not in name:
+        cands.append(m.group(1) + "ILb0EEEv" + m.group(2)[1:])
+    for cand in cands:
         if cand in new:
             return cand
     return None

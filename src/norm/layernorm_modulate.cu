@@ -234,7 +234,8 @@ constexpr int residual_sweep_batch() {
 // modulation rows from global memory (every four-warp row: one-row blocks stage no modulation; Wan's fp32 rows
 // always) issues EPB sweeps' loads (x from shared memory, scale and shift) before any of their stores. With EPB = 1
 // (the default) each sweep's loads wait for the previous sweep's store (sass-loops.sh: 1-3 global load batches
-// behind a store per loop, 10 sweeps at H = 5120). Written in the eleventh session, not yet run on the H200.
+// behind a store per loop, 10 sweeps at H = 5120). Written in the eleventh session, not yet run on the H200. With
+// EPB = 1 and SA = false every kernel's PTX is the one that ran at 0385466 (scripts/ptx-diff.sh 0385466: 34 of 34 same).
 // SA (DIFUSE_LNMOD_STAGE_A=1, for measurement; gated_residual_layernorm_modulate on two or four warps per row, where
 // the block's rows fit kMaxStagedBytes twice): each row's a is copied into shared memory with its h, every copy in
 // flight at once, so the residual pass reads no a from global memory (by default it loads a in batches of 4

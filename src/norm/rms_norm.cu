@@ -259,7 +259,8 @@ void launch_small_rows(const Params& p, cudaStream_t stream) {
 // output pass loads kStreamBatch vectors' x and weight before any of their stores. By default each iteration's
 // loads wait for the previous iteration's store (sass-loops.sh: 3 global load batches behind a store in each pass-2
 // loop), so a 1536-element row's pass 2 takes 3 round trips to L1/L2 in turn, a 5120-element row's 10. The
-// arithmetic per element is the same.
+// arithmetic per element is the same. rms_norm_stream<false> is the kernel that ran at 0385466, PTX for PTX
+// (scripts/ptx-diff.sh 0385466).
 constexpr int kStreamBatch = 4;
 template <bool BATCHED = false>
 __global__ void __launch_bounds__(128) rms_norm_stream(const Params p) {

@@ -40,6 +40,17 @@ class PtxDiffTest(unittest.TestCase):
         self.assertRegex(text, r"only now +.*qk_norm_rope_pipelined")
         self.assertEqual(sum(line.startswith("same ") for line in lines), 7, text)
 
+    def test_a_kernel_turned_template_compares_by_its_code(self):
+        # 0385466 -> 0bcffcf made rms_norm_stream a template on one bool (the batched variant under a knob):
+        # rms_norm_stream<false> is the old kernel, its static __shared__ names now carry the template argument.
+        if not (_have_rev("0385466") and _have_rev("0bcffcf")):
+            self.skipTest("0385466 / 0bcffcf are not in this clone's history")
+        text = "\n".join(self.run_diff("0385466..0bcffcf", "src/norm/rms_norm.cu"))
+        self.assertRegex(text, r"same +.*rms_norm_stream<false>")
+        self.assertRegex(text, r"only now +.*rms_norm_stream<true>")
+        self.assertNotIn("only at REV", text)
+        self.assertNotIn("differs", text)
+
 
 if __name__ == "__main__":
     unittest.main()
