@@ -14,6 +14,13 @@ DIFUSE_HD uint32_t gated_residual_pair(uint32_t h2, uint32_t a2, uint32_t g2) {
   return num::bf16x2_add_rn(h2, t2);
 }
 
+#ifdef __CUDACC__
+// Four packed bf16 (an 8-byte vector of each of h, a and g): gated_residual_pair on both words.
+__device__ __forceinline__ uint2 gated_residual_vec4(uint2 h, uint2 a, uint2 g) {
+  return make_uint2(gated_residual_pair(h.x, a.x, g.x), gated_residual_pair(h.y, a.y, g.y));
+}
+#endif
+
 // Wan's fp32-gate form on two packed bf16 with their two fp32 gates: bf16(RN(f(h) + RN(f(a) * g))), one bf16
 // rounding (bf16 x fp32 promotes to fp32; the eager mul and add are one fp32 TensorIterator kernel each).
 DIFUSE_HD uint32_t gated_residual_fp32_pair(uint32_t h2, uint32_t a2, float g_lo, float g_hi) {

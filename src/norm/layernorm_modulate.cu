@@ -316,45 +316,42 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
       // load waited for the previous vector's store (the compiler does not move a load above a store that may
       // alias it): sweeps x A = 12 round trips to DRAM per lane at H = 3072, one after the other (SASS). The
       // arithmetic per element is unchanged.
-      constexpr int KB = residual_sweep_batch<G, MINB>() > 0 ? residual_sweep_batch<G, MINB>() : 1;
-      if constexpr (residual_sweep_batch<G, MINB>() == 0) {
+      constexpr int KB = residual_sweep_batch<G, MINB>();
+      if constexpr (KB == 0) {
         for (int k = 0; k < sweeps; ++k) {
 #pragma unroll
           for (int j = 0; j < A; ++j) {
             const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
             if (vi < V) {
-              const uint2 hw = sx[vi], aw = ar[vi], gw = load_mod_words(grow + kVecElems * vi);
-              const uint2 h1 = make_uint2(modulate::gated_residual_pair(hw.x, aw.x, gw.x),
-                                          modulate::gated_residual_pair(hw.y, aw.y, gw.y));
+              const uint2 h1 = modulate::gated_residual_vec4(sx[vi], ar[vi], load_mod_words(grow + kVecElems * vi));
               sx[vi] = h1;
               rr[vi] = h1;
             }
           }
         }
-      } else
-      for (int k0 = 0; k0 < sweeps; k0 += KB) {
-        uint2 aw[KB][A], gw[KB][A];
+      } else {
+        for (int k0 = 0; k0 < sweeps; k0 += KB) {
+          uint2 aw[KB][A], gw[KB][A];
 #pragma unroll
-        for (int kk = 0; kk < KB; ++kk) {
+          for (int kk = 0; kk < KB; ++kk) {
 #pragma unroll
-          for (int j = 0; j < A; ++j) {
-            const int vi = Map::aten_thread(i, j) + kAtenThreads * (k0 + kk);
-            const bool in = k0 + kk < sweeps && vi < V;
-            aw[kk][j] = in ? ar[vi] : make_uint2(0, 0);
-            gw[kk][j] = in ? load_mod_words(grow + kVecElems * vi) : make_uint2(0, 0);
+            for (int j = 0; j < A; ++j) {
+              const int vi = Map::aten_thread(i, j) + kAtenThreads * (k0 + kk);
+              const bool in = k0 + kk < sweeps && vi < V;
+              aw[kk][j] = in ? ar[vi] : make_uint2(0, 0);
+              gw[kk][j] = in ? load_mod_words(grow + kVecElems * vi) : make_uint2(0, 0);
+            }
           }
-        }
 #pragma unroll
-        for (int kk = 0; kk < KB; ++kk) {
+          for (int kk = 0; kk < KB; ++kk) {
 #pragma unroll
-          for (int j = 0; j < A; ++j) {
-            const int vi = Map::aten_thread(i, j) + kAtenThreads * (k0 + kk);
-            if (k0 + kk < sweeps && vi < V) {
-              const uint2 hw = sx[vi];
-              const uint2 h1 = make_uint2(modulate::gated_residual_pair(hw.x, aw[kk][j].x, gw[kk][j].x),
-                                          modulate::gated_residual_pair(hw.y, aw[kk][j].y, gw[kk][j].y));
-              sx[vi] = h1;
-              rr[vi] = h1;
+            for (int j = 0; j < A; ++j) {
+              const int vi = Map::aten_thread(i, j) + kAtenThreads * (k0 + kk);
+              if (k0 + kk < sweeps && vi < V) {
+                const uint2 h1 = modulate::gated_residual_vec4(sx[vi], aw[kk][j], gw[kk][j]);
+                sx[vi] = h1;
+                rr[vi] = h1;
+              }
             }
           }
         }

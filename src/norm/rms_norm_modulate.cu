@@ -160,9 +160,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_rows(const Params 
     for (int k = 0; k < K; ++k) {
       const int vi = lane + 32 * k;
       if (vi < V) {
-        const uint2 aw = ar[vi], gw = load4<VEC>(grow + 4 * vi);
-        xv[k] = make_uint2(modulate::gated_residual_pair(xv[k].x, aw.x, gw.x),
-                           modulate::gated_residual_pair(xv[k].y, aw.y, gw.y));
+        xv[k] = modulate::gated_residual_vec4(xv[k], ar[vi], load4<VEC>(grow + 4 * vi));
         rr[vi] = xv[k];
       }
     }
@@ -287,8 +285,7 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
         for (int j = 0; j < kHalf; ++j) {
           const int vi = lane + 32 * (kb + j0 + j);
           if (vi < V) {
-            xv[j0 + j] = make_uint2(modulate::gated_residual_pair(xv[j0 + j].x, aw[j].x, gw[j].x),
-                                    modulate::gated_residual_pair(xv[j0 + j].y, aw[j].y, gw[j].y));
+            xv[j0 + j] = modulate::gated_residual_vec4(xv[j0 + j], aw[j], gw[j]);
             rr[vi] = xv[j0 + j];
             if constexpr (STAGED) sx[vi] = xv[j0 + j];
           }

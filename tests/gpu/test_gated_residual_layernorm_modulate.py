@@ -110,25 +110,36 @@ def test_opcheck_compile_and_graph():
     assert count_mismatches(r, r_ref) == 0 and count_mismatches(o, o_ref) == 0
 
 
+def _knob_script(seed, cases):
+    """A mismatch script for the knob tests: GRLN and its eager chain, both outputs, for each case (shape, h's and
+    a's element offsets (place: 4 = 8- but not 16-byte aligned, adversarial values either way), a per-token gate,
+    per-token modulation rows instead of the [B, H] chunks)."""
+    from knob_run import PLACE_ADVERSARIAL, mismatch_script
+
+    return mismatch_script(
+        PLACE_ADVERSARIAL +
+        "g = torch.Generator(device='cuda').manual_seed(%d)\n"
+        "def rnd(*s):\n"
+        "    return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "for (B, L, H), off_h, off_a, per_token, per_token_mod in %r:\n"
+        "    h, a = place(rnd(B, L, H), off_h), place(rnd(B, L, H), off_a)\n"
+        "    emb = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
+        "    gate = rnd(B, L, H) if per_token else emb[2]\n"
+        "    sc, sh = (rnd(B, L, H), rnd(B, L, H)) if per_token_mod else (emb[4], emb[3])\n"
+        "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(h, a, gate, sc, sh, 1e-6)),\n"
+        "                            list(ops.gated_residual_layernorm_modulate_eager(h, a, gate, sc, sh, 1e-6)))\n"
+        % (seed, list(cases)))
+
+
 def test_prefetched_a_variant():
     """DIFUSE_LNMOD_PREFETCH_A=1: each row's a is prefetched into L2 while its h is copied (a 16-byte aligned,
     H % 8 == 0): the same bits, at the site shapes (two and four warps per row), per-token gates, adversarial
     values, and views the prefetch does not take (a 8- but not 16-byte aligned, H % 8 != 0)."""
-    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+    from knob_run import assert_exact_under
 
-    script = mismatch_script(
-        PLACE_ADVERSARIAL +
-        "g = torch.Generator(device='cuda').manual_seed(2400)\n"
-        "def rnd(*s):\n"
-        "    return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
-        "for (B, L, H), offset, per_token in [((1, 4096, 3072), 0, False), ((2, 300, 1536), 0, True),\n"
-        "                                     ((1, 77, 5120), 0, False), ((2, 37, 3072), 4, False),\n"
-        "                                     ((1, 19, 12288), 0, False), ((2, 21, 516), 0, False)]:\n"
-        "    h, a = place(rnd(B, L, H), offset), place(rnd(B, L, H), offset)\n"
-        "    emb = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
-        "    gate = rnd(B, L, H) if per_token else emb[2]\n"
-        "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(h, a, gate, emb[4], emb[3], 1e-6)),\n"
-        "                            list(ops.gated_residual_layernorm_modulate_eager(h, a, gate, emb[4], emb[3], 1e-6)))\n")
+    script = _knob_script(2400, [((1, 4096, 3072), 0, 0, False, False), ((2, 300, 1536), 0, 0, True, False),
+                                 ((1, 77, 5120), 0, 0, False, False), ((2, 37, 3072), 4, 4, False, False),
+                                 ((1, 19, 12288), 0, 0, False, False), ((2, 21, 516), 0, 0, False, False)])
     assert_exact_under(script, DIFUSE_LNMOD_PREFETCH_A="1")
 
 
@@ -137,20 +148,11 @@ def test_four_warp_schedule_at_3072():
     2560) for any row count; by default only up to 1024 rows take them (gated_residual_layernorm_modulate_config),
     more keep two warps: both outputs bit for bit at FLUX's and Qwen's 3072 (batch 1 and 2, 4096, 512 and 300 rows), 2564 (6 sweeps, the last
     partial), 4096, per-token gates, strided modulation chunks and adversarial values."""
-    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+    from knob_run import assert_exact_under
 
-    script = mismatch_script(
-        PLACE_ADVERSARIAL +
-        "g = torch.Generator(device='cuda').manual_seed(2700)\n"
-        "def rnd(*s):\n"
-        "    return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
-        "for (B, L, H), per_token in [((1, 4096, 3072), False), ((1, 512, 3072), False), ((2, 300, 3072), True),\n"
-        "                             ((2, 37, 2564), False), ((1, 77, 4096), False)]:\n"
-        "    h, a = place(rnd(B, L, H), 0), rnd(B, L, H)\n"
-        "    emb = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
-        "    gate = rnd(B, L, H) if per_token else emb[2]\n"
-        "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(h, a, gate, emb[4], emb[3], 1e-6)),\n"
-        "                            list(ops.gated_residual_layernorm_modulate_eager(h, a, gate, emb[4], emb[3], 1e-6)))\n")
+    script = _knob_script(2700, [((1, 4096, 3072), 0, 0, False, False), ((1, 512, 3072), 0, 0, False, False),
+                                 ((2, 300, 3072), 0, 0, True, False), ((2, 37, 2564), 0, 0, False, False),
+                                 ((1, 77, 4096), 0, 0, False, False)])
     assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="128")
 
 
@@ -160,22 +162,12 @@ def test_staged_a_variant(epilogue_batch):
     outputs bit for bit on two warps per row (4096 rows at 3072, 1536, 2564; per-token gates and modulation rows,
     h 8- but not 16-byte aligned, a 8-byte aligned) and on four (512 rows at 3072, 5120, 12288), a row too wide to
     stage twice (24576, the default kernel), adversarial values; with DIFUSE_LNMOD_EPILOGUE_BATCH=1 too."""
-    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+    from knob_run import assert_exact_under
 
-    script = mismatch_script(
-        PLACE_ADVERSARIAL +
-        "g = torch.Generator(device='cuda').manual_seed(2900)\n"
-        "def rnd(*s):\n"
-        "    return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
-        "for (B, L, H), off_h, off_a, per_token in [((1, 4096, 3072), 0, 0, False), ((2, 300, 3072), 0, 4, True),\n"
-        "        ((2, 4096, 1536), 0, 0, False), ((2, 37, 2564), 4, 4, False), ((1, 512, 3072), 0, 0, True),\n"
-        "        ((1, 77, 5120), 0, 4, False), ((1, 19, 12288), 0, 0, True), ((1, 16, 24576), 0, 0, False)]:\n"
-        "    h, a = place(rnd(B, L, H), off_h), place(rnd(B, L, H), off_a)\n"
-        "    emb = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
-        "    gate = rnd(B, L, H) if per_token else emb[2]\n"
-        "    sc, sh = (rnd(B, L, H), rnd(B, L, H)) if per_token else (emb[4], emb[3])\n"
-        "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(h, a, gate, sc, sh, 1e-6)),\n"
-        "                            list(ops.gated_residual_layernorm_modulate_eager(h, a, gate, sc, sh, 1e-6)))\n")
+    script = _knob_script(2900, [((1, 4096, 3072), 0, 0, False, False), ((2, 300, 3072), 0, 4, True, True),
+                                 ((2, 4096, 1536), 0, 0, False, False), ((2, 37, 2564), 4, 4, False, False),
+                                 ((1, 512, 3072), 0, 0, True, True), ((1, 77, 5120), 0, 4, False, False),
+                                 ((1, 19, 12288), 0, 0, True, True), ((1, 16, 24576), 0, 0, False, False)])
     assert_exact_under(script, DIFUSE_LNMOD_STAGE_A="1", DIFUSE_LNMOD_EPILOGUE_BATCH=epilogue_batch)
 
 
@@ -184,18 +176,9 @@ def test_two_warp_schedule_for_few_rows():
     shapes the default puts on four (at most 1024 rows, H in (2560, 3584]): both outputs bit for bit at FLUX's and
     Qwen's 512 text rows, 2x300 with a per-token gate, 1024 rows, 7 sweeps (3584), 6 partial ones (2564), a part
     last block (37 rows) and adversarial values."""
-    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+    from knob_run import assert_exact_under
 
-    script = mismatch_script(
-        PLACE_ADVERSARIAL +
-        "g = torch.Generator(device='cuda').manual_seed(2710)\n"
-        "def rnd(*s):\n"
-        "    return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
-        "for (B, L, H), per_token in [((1, 512, 3072), False), ((2, 300, 3072), True), ((1, 1024, 3072), False),\n"
-        "                             ((1, 77, 3584), False), ((2, 37, 2564), False), ((1, 5, 3072), True)]:\n"
-        "    h, a = place(rnd(B, L, H), 0), rnd(B, L, H)\n"
-        "    emb = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
-        "    gate = rnd(B, L, H) if per_token else emb[2]\n"
-        "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(h, a, gate, emb[4], emb[3], 1e-6)),\n"
-        "                            list(ops.gated_residual_layernorm_modulate_eager(h, a, gate, emb[4], emb[3], 1e-6)))\n")
+    script = _knob_script(2710, [((1, 512, 3072), 0, 0, False, False), ((2, 300, 3072), 0, 0, True, False),
+                                 ((1, 1024, 3072), 0, 0, False, False), ((1, 77, 3584), 0, 0, False, False),
+                                 ((2, 37, 2564), 0, 0, False, False), ((1, 5, 3072), 0, 0, True, False)])
     assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="64")

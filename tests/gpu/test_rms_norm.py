@@ -165,28 +165,42 @@ def test_staged_rows_variant():
     assert_exact_under(exactness_script("rms_norm", specs, 900), DIFUSE_RMS_STAGED_ROWS="1")
 
 
+def _strided_rows_script(seed, row_shape):
+    """A mismatch script: rms_norm against its eager chain on the q, k, v chunks of a fused [2, 300, 3 * width]
+    projection viewed as rows of row_shape ((width,) or (heads, head_dim)), and on [3, 77, *row_shape] rows placed
+    at element offsets 0 and 4 (8- but not 16-byte aligned) with adversarial values, with and without weight."""
+    from knob_run import PLACE_ADVERSARIAL, mismatch_script
+
+    width = 1
+    for d in row_shape:
+        width *= d
+    return mismatch_script(
+        PLACE_ADVERSARIAL +
+        "g = torch.Generator(device='cuda').manual_seed(%d)\n"
+        "rs, width = %r, %d\n"
+        "w = torch.randn(rs[-1], device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "qkv = torch.randn(2, 300, 3 * width, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "for part in range(3):\n"
+        "    x = qkv[..., part * width:(part + 1) * width].unflatten(-1, rs)\n"
+        "    bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
+        "for offset in (0, 4):\n"
+        "    x = place(torch.randn(3, 77, *rs, device='cuda', dtype=torch.bfloat16, generator=g), offset)\n"
+        "    bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
+        "    bad += count_mismatches(ops.rms_norm(x, None, 1e-6), ops.rms_norm_eager(x, None, 1e-6))\n"
+        % (seed, tuple(row_shape), width))
+
+
 def test_batched_stream_variant():
     """DIFUSE_RMS_STREAM_BATCH=1: aten's two-pass layout (rows wider than 128) with its output pass loading 4
     iterations' x and weight before their stores: same bits (Wan's widths 1536 and 5120, 132 (one vector per
     thread, most threads idle), 3072, 24580 (48+ iterations), with and without weight, strided rows of a fused
     projection, 8- but not 16-byte aligned rows and adversarial values)."""
-    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, exactness_script, mismatch_script
+    from knob_run import assert_exact_under, exactness_script
 
     specs = [((1, 2048, 5120), True), ((2, 300, 1536), False), ((2, 300, 1536), True), ((3, 77, 3072), True),
              ((5, 9, 132), True), ((1, 3, 24580), True), ((1, 40, 2052), False)]
     assert_exact_under(exactness_script("rms_norm", specs, 1200), DIFUSE_RMS_STREAM_BATCH="1")
-    strided = mismatch_script(
-        PLACE_ADVERSARIAL +
-        "g = torch.Generator(device='cuda').manual_seed(1250)\n"
-        "w = torch.randn(1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
-        "qkv = torch.randn(2, 300, 3 * 1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
-        "for part in range(3):\n"
-        "    x = qkv[..., part * 1536:(part + 1) * 1536]\n"
-        "    bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
-        "for offset in (0, 4):\n"
-        "    x = place(torch.randn(3, 77, 1536, device='cuda', dtype=torch.bfloat16, generator=g), offset)\n"
-        "    bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
-        "    bad += count_mismatches(ops.rms_norm(x, None, 1e-6), ops.rms_norm_eager(x, None, 1e-6))\n")
+    strided = _strided_rows_script(1250, (1536,))
     assert_exact_under(strided, DIFUSE_RMS_STREAM_BATCH="1")
 
 
@@ -196,22 +210,11 @@ def test_staged_heads_variant():
     (FLUX's heads, a row count that leaves the last block partly empty and a warp without rows, 64-element heads,
     no weight; the q, k, v chunks of a fused QKV projection (strided rows); rows only 8-byte aligned and widths the
     variant does not take, which keep their kernel; adversarial values: +-inf, +-0, NaN payloads, subnormals)."""
-    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, exactness_script, mismatch_script
+    from knob_run import assert_exact_under, exactness_script
 
     specs = [((1, 4608, 24, 128), True), ((1, 4608, 24, 128), False), ((2, 333, 5, 64), False),
              ((3, 7, 11, 128), True), ((1, 1, 1, 128), True), ((5, 13, 64), True), ((3, 7, 11, 36), True),
              ((7, 100), True)]
     assert_exact_under(exactness_script("rms_norm", specs, 1100), DIFUSE_RMS_STAGED_HEADS="1")
-    strided = mismatch_script(
-        PLACE_ADVERSARIAL +
-        "g = torch.Generator(device='cuda').manual_seed(1150)\n"
-        "w = torch.randn(128, device='cuda', dtype=torch.bfloat16, generator=g)\n"
-        "qkv = torch.randn(2, 300, 3 * 24 * 128, device='cuda', dtype=torch.bfloat16, generator=g)\n"
-        "for part in range(3):\n"
-        "    x = qkv[..., part * 3072:(part + 1) * 3072].unflatten(-1, (24, 128))\n"
-        "    bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
-        "for offset in (0, 4):  # 4: rows 8- but not 16-byte aligned (the default kernel)\n"
-        "    x = place(torch.randn(3, 77, 24, 128, device='cuda', dtype=torch.bfloat16, generator=g), offset)\n"
-        "    bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
-        "    bad += count_mismatches(ops.rms_norm(x, None, 1e-6), ops.rms_norm_eager(x, None, 1e-6))\n")
+    strided = _strided_rows_script(1150, (24, 128))
     assert_exact_under(strided, DIFUSE_RMS_STAGED_HEADS="1")
