@@ -97,10 +97,10 @@ stage_sanitizer() {
       echo "memcheck and racecheck with SD3.5's v rows copied global to global (DIFUSE_QK_SD35_VCOPY_SMEM=0), the default's v rows on 4 warps per token:" &&
       DIFUSE_QK_SD35_VCOPY_SMEM=0 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_SD35_LEAN=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with SD3.5's and rms_norm_diffusers' 64-element rows copied out of shared memory, rms_norm_modulate's pipelined staged rows on 2 blocks, rms_norm_diffusers' wide rows on the per-row kernel, not staged, four-warp LayerNorm rows' and rms_norm's two-pass rows' batched epilogues, GRLN's a staged (DIFUSE_QK_SD35_OUT_SMEM=1, DIFUSE_RMSD_OUT_SMEM=1, DIFUSE_RMSMOD_PIPELINED=2, DIFUSE_RMSD_WIDE_STAGED=0, DIFUSE_LNMOD_EPILOGUE_BATCH=1, DIFUSE_RMS_STREAM_BATCH=1, DIFUSE_LNMOD_STAGE_A=1):" &&
-      DIFUSE_QK_SD35_OUT_SMEM=1 DIFUSE_RMSD_OUT_SMEM=1 DIFUSE_RMSMOD_PIPELINED=2 DIFUSE_RMSD_WIDE_STAGED=0 DIFUSE_LNMOD_EPILOGUE_BATCH=1 DIFUSE_RMS_STREAM_BATCH=1 DIFUSE_LNMOD_STAGE_A=1 \
+      echo "memcheck and racecheck with SD3.5's and rms_norm_diffusers' 64-element rows copied out of shared memory, rms_norm_modulate's pipelined staged rows on 2 blocks, rms_norm_diffusers' wide rows on the per-row kernel, not staged, four-warp LayerNorm rows' and rms_norm's two-pass rows' batched epilogues at every width, GRLN's a staged, the residual rms_norm_modulate's quarter batches (DIFUSE_QK_SD35_OUT_SMEM=1, DIFUSE_RMSD_OUT_SMEM=1, DIFUSE_RMSMOD_PIPELINED=2, DIFUSE_RMSD_WIDE_STAGED=0, DIFUSE_LNMOD_EPILOGUE_BATCH=1, DIFUSE_RMS_STREAM_BATCH=1, DIFUSE_LNMOD_STAGE_A=1, DIFUSE_RMSMOD_RESIDUAL_HALF=2):" &&
+      DIFUSE_QK_SD35_OUT_SMEM=1 DIFUSE_RMSD_OUT_SMEM=1 DIFUSE_RMSMOD_PIPELINED=2 DIFUSE_RMSD_WIDE_STAGED=0 DIFUSE_LNMOD_EPILOGUE_BATCH=1 DIFUSE_RMS_STREAM_BATCH=1 DIFUSE_LNMOD_STAGE_A=1 DIFUSE_RMSMOD_RESIDUAL_HALF=2 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_QK_SD35_OUT_SMEM=1 DIFUSE_RMSD_OUT_SMEM=1 DIFUSE_RMSMOD_PIPELINED=2 DIFUSE_RMSD_WIDE_STAGED=0 DIFUSE_LNMOD_EPILOGUE_BATCH=1 DIFUSE_RMS_STREAM_BATCH=1 DIFUSE_LNMOD_STAGE_A=1 \
+      DIFUSE_QK_SD35_OUT_SMEM=1 DIFUSE_RMSD_OUT_SMEM=1 DIFUSE_RMSMOD_PIPELINED=2 DIFUSE_RMSD_WIDE_STAGED=0 DIFUSE_LNMOD_EPILOGUE_BATCH=1 DIFUSE_RMS_STREAM_BATCH=1 DIFUSE_LNMOD_STAGE_A=1 DIFUSE_RMSMOD_RESIDUAL_HALF=2 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_SD35_WARPS=4 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
@@ -169,6 +169,7 @@ DIFUSE_QK_LANES_PER_ROW=32:qk_norm_sd35;DIFUSE_QK_ROWS_PER_WARP=4:qk_norm_sd35;D
 DIFUSE_QK_VCOPY=0:qk_norm_sd35;DIFUSE_QK_SD35_WARPS=4:qk_norm_sd35;DIFUSE_QK_SD35_VCOPY_SMEM=0:qk_norm_sd35;\
 DIFUSE_QK_SD35_VCOPY_SMEM=0,DIFUSE_QK_SD35_WARPS=4:qk_norm_sd35;DIFUSE_QK_SD35_LEAN=1:qk_norm_sd35;DIFUSE_QK_SD35_OUT_SMEM=1:qk_norm_sd35;DIFUSE_RMSD_OUT_SMEM=1:rms_norm_diffusers;DIFUSE_RMSD_WIDE_STAGED=0:rms_norm_diffusers;\
 DIFUSE_RMSMOD_PIPELINED=1:rms_norm_modulate;DIFUSE_RMSMOD_PIPELINED=1:gated_residual_rms_norm_modulate;\
+DIFUSE_RMSMOD_RESIDUAL_HALF=2:gated_residual_rms_norm_modulate;\
 DIFUSE_RMSD_LANES_PER_ROW=32:rms_norm_diffusers;DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\
 DIFUSE_RMSD_LANES_PER_ROW=16,DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\
 DIFUSE_RMSMOD_ONE_PASS=1:rms_norm_modulate;DIFUSE_RMSMOD_ONE_PASS=1:gated_residual_rms_norm_modulate;\
@@ -177,7 +178,7 @@ DIFUSE_RMSMOD_STAGED=1:rms_norm_modulate;DIFUSE_RMSMOD_STAGED=1:gated_residual_r
 DIFUSE_RMSMOD_STAGED=0:rms_norm_modulate;DIFUSE_RMSMOD_STAGED=0:gated_residual_rms_norm_modulate;\
 DIFUSE_RMSMOD_ROWS_PER_WARP=2:gated_residual_rms_norm_modulate;\
 DIFUSE_LNMOD_F32_ROW_EPILOGUE=1:layernorm_modulate_fp32;DIFUSE_LNMOD_EPILOGUE_BATCH=1:layernorm_modulate_fp32;\
-DIFUSE_LNMOD_EPILOGUE_BATCH=1:layernorm_modulate;DIFUSE_RMS_STREAM_BATCH=1:rms_norm;DIFUSE_LNMOD_EPILOGUE_BATCH=1:gated_residual_layernorm_modulate;DIFUSE_LNMOD_STAGE_A=1:gated_residual_layernorm_modulate;\
+DIFUSE_LNMOD_EPILOGUE_BATCH=1:layernorm_modulate;DIFUSE_RMS_STREAM_BATCH=1:rms_norm;DIFUSE_RMS_STREAM_BATCH=0:rms_norm;DIFUSE_LNMOD_EPILOGUE_BATCH=0:gated_residual_layernorm_modulate;DIFUSE_LNMOD_STAGE_A=1:gated_residual_layernorm_modulate;\
 DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate_fp32;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate_fp32;DIFUSE_LNMOD_THREADS_PER_ROW=64:layernorm_modulate_fp32;\
 DIFUSE_LNMOD_THREADS_PER_ROW=128:gated_residual_layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=64:gated_residual_layernorm_modulate;DIFUSE_LNMOD_PREFETCH_A=1:gated_residual_layernorm_modulate;\
 DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=64:layernorm_modulate;\

@@ -62,7 +62,10 @@
 // (predicted 33-36; target 30: not met); 64 registers on two warps, 4 blocks per SM instead of 5. Exact at 0385466
 // (this file's, GRLN's and LN's tests, 946 passed, gpu-tests-0385466.json), smoke memcheck / initcheck / racecheck
 // clean (sanitizer-0385466.txt). The 32-register variant (DIFUSE_LNMOD_BLOCKS_PER_SM=8) keeps the one-vector loop
-// and ran 42.7 at 4096 rows but 10.6 at 512 (knob-sweeps/0385466/).
+// and ran 42.7 at 4096 rows but 10.6 at 512 (knob-sweeps/0385466/). Since the twelfth session those four-warp rows
+// (<= 1024 rows) load 4 sweeps' modulation before their stores (EPB, epilogue_batched): 1x512x3072 9.5 us vs 11.1,
+// 2x300x3072 10.2 vs 11.3 through DIFUSE_LNMOD_EPILOGUE_BATCH=1 at 94cceb5, where it ran exact
+// (gpu-tests-94cceb5.json: this file's, LN's, Wan fp32's and rms_norm's tests, 1,111 passed).
 #include "norm/layernorm_modulate.h"
 
 #include "modulate/gated_residual_pair.h"
@@ -230,17 +233,21 @@ constexpr int residual_sweep_batch() {
   return MINB >= 8 ? 0 : G == 128 ? 3 : 2;
 }
 
-// EPB (DIFUSE_LNMOD_EPILOGUE_BATCH=1, for measurement; four warps per row only): the epilogue that reads its
+// EPB (four warps per row only; the default for GRLN's rows at <= 1024 rows since the twelfth session,
+// epilogue_batched below; DIFUSE_LNMOD_EPILOGUE_BATCH=1 everywhere, =0 nowhere): the epilogue that reads its
 // modulation rows from global memory (every four-warp row: one-row blocks stage no modulation; Wan's fp32 rows
 // always) issues EPB sweeps' loads (x from shared memory, scale and shift) before any of their stores. With EPB = 1
-// (the default) each sweep's loads wait for the previous sweep's store (sass-loops.sh: 1-3 global load batches
-// behind a store per loop, 10 sweeps at H = 5120). Written in the eleventh session, not yet run on the H200. With
-// EPB = 1 and SA = false every kernel's PTX is the one that ran at 0385466 (scripts/ptx-diff.sh 0385466: 34 of 34 same).
+// each sweep's loads wait for the previous sweep's store (sass-loops.sh: 1-3 global load batches behind a store per
+// loop, 10 sweeps at H = 5120). Registers 37-52 -> 53-64, no spills. Exact on the H200 at 94cceb5
+// (test_batched_epilogue_variant, gpu-tests-94cceb5.json). With EPB = 1 and SA = false every kernel's PTX is the one
+// that ran at 0385466 (scripts/ptx-diff.sh 0385466: 34 of 34 same).
 // SA (DIFUSE_LNMOD_STAGE_A=1, for measurement; gated_residual_layernorm_modulate on two or four warps per row, where
 // the block's rows fit kMaxStagedBytes twice): each row's a is copied into shared memory with its h, every copy in
 // flight at once, so the residual pass reads no a from global memory (by default it loads a in batches of 4
 // vectors per lane, 3 DRAM round trips in turn at H = 3072). Costs a second row of shared memory per row: at 3072,
-// 60 KB per two-warp block, 3 blocks per SM instead of 4. Written in the eleventh session, not yet run on the H200.
+// 60 KB per two-warp block, 3 blocks per SM instead of 4. Exact on the H200 at 94cceb5 (test_staged_a_variant),
+// slower: 1x4096x3072 48.5 us vs 39.5 (predicted ~34 or no better: the lost block per SM cost more than the
+// round trips saved), 1x512x3072 11.0 vs 11.1 (knob-sweeps/94cceb5/).
 template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, bool F32MOD = false, int MINB = 1, int EPB = 1,
           bool SA = false>
 __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Params p) {
@@ -623,17 +630,28 @@ void launch_rows_f32(const Params& p, int device, cudaStream_t stream) {
   kernel<<<static_cast<unsigned>(blocks), G * ROWS, static_cast<size_t>(ROWS) * p.v * sizeof(uint2), stream>>>(p);
 }
 
-// DIFUSE_LNMOD_EPILOGUE_BATCH=1 (for measurement): four-warp rows take the kernels whose epilogue loads
-// kEpilogueBatch sweeps before their stores (EPB above). Read once.
+// The epilogue batch (EPB above) for four-warp rows. The default since the twelfth session for
+// gated_residual_layernorm_modulate's four-warp rows at <= kFourWarpMaxRows rows (the few-row schedule below), where
+// one wave holds every row: H200 at 94cceb5 (knob-sweeps/94cceb5/, DIFUSE_LNMOD_EPILOGUE_BATCH=1 against ops.json of
+// the same run) 1x512x3072 9.5 us vs 11.1, 2x300x3072 10.2 vs 11.3 (predicted ~10.5). Not for many rows, where the
+// 53-64 registers cost blocks per SM: layernorm_modulate 1x32760x5120 204.9 vs 195.6, layernorm_modulate_fp32
+// 1x32760x5120 223.6 vs 213.8 (so the fp32 rows keep EPB = 1 unless forced). DIFUSE_LNMOD_EPILOGUE_BATCH=1 (for
+// measurement) batches every four-warp row, =0 none. Read once.
 constexpr int kEpilogueBatch = 4;
-bool epilogue_batched() {
-  static const int v = detail::positive_env_knob("DIFUSE_LNMOD_EPILOGUE_BATCH");
-  return v == 1;
+constexpr int64_t kFourWarpMaxRows = 1024;
+int epilogue_batch_knob() {
+  static const int v = detail::env_knob_or("DIFUSE_LNMOD_EPILOGUE_BATCH", -1);
+  return v;
+}
+bool epilogue_batched(const LayernormModulateConfig& cfg, bool residual, int64_t rows) {
+  if (cfg.threads_per_row != 128) return false;
+  const int knob = epilogue_batch_knob();
+  return knob == 1 || (knob != 0 && residual && rows <= kFourWarpMaxRows);
 }
 
 template <bool VEC4>
 void dispatch_rows_f32(const LayernormModulateConfig& cfg, const Params& p, int d, cudaStream_t s) {
-  if (cfg.threads_per_row == 128 && epilogue_batched())
+  if (cfg.threads_per_row == 128 && epilogue_batch_knob() == 1)
     return launch_rows_f32<128, false, VEC4, kEpilogueBatch>(p, d, s);
   switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
     case 65: return launch_rows_f32<32, true, VEC4>(p, d, s);
@@ -669,13 +687,14 @@ void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, c
         case 129: return launch_rows<64, true, MODVEC, true, 1, 1, true>(p, d, s);
         case 128: return launch_rows<64, false, MODVEC, true, 1, 1, true>(p, d, s);
         case 256:
-          return epilogue_batched() ? launch_rows<128, false, MODVEC, true, 1, kEpilogueBatch, true>(p, d, s)
+          return epilogue_batched(cfg, true, p.rows)
+                     ? launch_rows<128, false, MODVEC, true, 1, kEpilogueBatch, true>(p, d, s)
                                     : launch_rows<128, false, MODVEC, true, 1, 1, true>(p, d, s);
         default: break;
       }
     }
   }
-  if (cfg.threads_per_row == 128 && epilogue_batched())
+  if (epilogue_batched(cfg, RESIDUAL, p.rows))
     return launch_rows<128, false, MODVEC, RESIDUAL, 1, kEpilogueBatch>(p, d, s);
   switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
     case 65: return launch_rows<32, true, MODVEC, RESIDUAL>(p, d, s);
@@ -731,7 +750,6 @@ LayernormModulateConfig gated_residual_layernorm_modulate_config(int64_t h, bool
   // 1x512x3072 11.8 vs 13.3 us, 2x300x3072 12.0 vs 14.8; but 1x4096x3072 44.0 vs 43.1 and 2x4096x1536 46.6 vs
   // 44.7, so many rows keep two warps. Plain layernorm_modulate does not gain (1x512x3072 9.4 us on four warps at
   // 132f46f vs 8.7 on two at 5d35cbc). The bits do not change (every schedule replays the same tree).
-  constexpr int64_t kFourWarpMaxRows = 1024;
   if (forced_threads_per_row() == 0 && c.threads_per_row == 64 && c.sweeps >= 6 && rows <= kFourWarpMaxRows)
     return {128, false, c.sweeps};
   return c;

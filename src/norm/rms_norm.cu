@@ -255,13 +255,15 @@ void launch_small_rows(const Params& p, cudaStream_t stream) {
 
 // Rows wider than 128 (the default; the staged kernels above only through DIFUSE_RMS_STAGED_ROWS=1): aten's own
 // layout, two passes over global memory.
-// BATCHED (DIFUSE_RMS_STREAM_BATCH=1, for measurement; written in the eleventh session, not yet run on the H200): the
-// output pass loads kStreamBatch vectors' x and weight before any of their stores. By default each iteration's
+// BATCHED (the default for N >= 4096 since the twelfth session; DIFUSE_RMS_STREAM_BATCH=1 every width, =0 none): the
+// output pass loads kStreamBatch vectors' x and weight before any of their stores. Without it each iteration's
 // loads wait for the previous iteration's store (sass-loops.sh: 3 global load batches behind a store in each pass-2
 // loop), so a 1536-element row's pass 2 takes 3 round trips to L1/L2 in turn, a 5120-element row's 10. The
 // arithmetic per element is the same. rms_norm_stream<false> is the kernel that ran at 0385466, PTX for PTX
-// (scripts/ptx-diff.sh 0385466).
+// (scripts/ptx-diff.sh 0385466). Both exact on the H200 at 94cceb5 (test_batched_stream_variant and this op's
+// tests, gpu-tests-94cceb5.json).
 constexpr int kStreamBatch = 4;
+constexpr int64_t kStreamBatchMinWidth = 4096;
 template <bool BATCHED = false>
 __global__ void __launch_bounds__(128) rms_norm_stream(const Params p) {
   __shared__ float roots[4];
@@ -403,8 +405,14 @@ void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const 
     // aten's own two-pass layout at every width above 128 (the default). H200 at 5fa0c2a (knob-sweeps/):
     // 1x32760x5120 177.8 us vs 259.6 for the staged kernels (eager 204.5), 1x32760x1536 62.5 vs 80.3 (eager 64.1).
     // DIFUSE_RMS_STAGED_ROWS=1 (for measurement) keeps the staged register-resident kernels below 48 sweeps.
-    static const int batched = detail::positive_env_knob("DIFUSE_RMS_STREAM_BATCH");
-    if (batched == 1)
+    // The batched output pass (BATCHED above) for rows of >= 4096 elements, the default since the twelfth session.
+    // H200 at 94cceb5 (knob-sweeps/94cceb5/, DIFUSE_RMS_STREAM_BATCH=1 against ops.json of the same run):
+    // 1x32760x5120 174.7 us vs 178.1 (predicted ~170), but 1x32760x1536 70.0 vs 62.6 (predicted ~58): 38 registers
+    // instead of 28 cost a quarter of the resident blocks, which a 3-vector row's one round trip saved does not buy
+    // back. DIFUSE_RMS_STREAM_BATCH=1 (for measurement) batches every width, =0 none.
+    static const int batched_knob = detail::env_knob_or("DIFUSE_RMS_STREAM_BATCH", -1);
+    const bool batched = batched_knob == 1 || (batched_knob != 0 && p.n >= kStreamBatchMinWidth);
+    if (batched)
       rms_norm_stream<true><<<static_cast<unsigned>(p.rows), 128, 0, stream>>>(p);
     else
       rms_norm_stream<<<static_cast<unsigned>(p.rows), 128, 0, stream>>>(p);

@@ -251,7 +251,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_narrow(const Param
 // STAGED: the row (h for the residual form) is already in shared memory at sx, copied by its warp; pass 1 reads it
 // from there, the residual form writes h1 back over it (as well as out to global), and pass 2 reads it from there
 // (each lane reads back only the vectors it wrote: no barrier).
-template <bool VEC, bool RESIDUAL, bool STAGED = false>
+template <bool VEC, bool RESIDUAL, bool STAGED = false, int HALF = 4>
 __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int lane, uint2* sx = nullptr) {
   constexpr int kBatch = 8;
   const int V = p.v;
@@ -271,7 +271,11 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
       // The a and gate loads of half a batch before its stores (as in the epilogue below: a load after a store
       // that may alias it is not moved above it, so one loop would wait on L2 once per vector). Halves, not the
       // whole batch: 8 vectors' a and gate took 72 registers (7 blocks per SM, 3584 rows per wave; 4 keep 56).
-      constexpr int kHalf = kBatch / 2;
+      // HALF = 2 (DIFUSE_RMSMOD_RESIDUAL_HALF=2, for measurement; the residual form's staged rows): quarters, and
+      // an epilogue batch of 2: 50-54 registers instead of 62-64 (9 blocks per SM instead of 8); HALF = 2 alone
+      // gave 60, the same 8 blocks.
+      static_assert(HALF == 2 || HALF == 4, "a residual batch of 2 or 4 vectors");
+      constexpr int kHalf = HALF;
 #pragma unroll
       for (int j0 = 0; j0 < kBatch; j0 += kHalf) {
         uint2 aw[kHalf], gw[kHalf];
@@ -312,7 +316,7 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
   // SASS issued each vector's LDGs only after the previous vector's STG (the compiler cannot move a load above a
   // store that may alias it): V / 32 = 24 round trips to L2 per 3072-element row, one after the other. The
   // arithmetic per element is unchanged.
-  constexpr int kOutBatch = 4;
+  constexpr int kOutBatch = HALF == 2 ? 2 : 4;  // HALF = 2: see the residual pass above
   for (int vb = lane; vb < V; vb += 32 * kOutBatch) {
     uint2 xw[kOutBatch], ww[kOutBatch], sc[kOutBatch], sh[kOutBatch];
 #pragma unroll
@@ -359,7 +363,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_two_pass(const Par
 // batches of 8 vectors per lane, each batch's loads returning before the next is issued, and re-reads it from
 // L1/L2 in pass 2 (ncu at e383706: 0.48 waves, 65 % of cycles with no eligible warp, DRAM 30 %: latency-bound);
 // here a row costs one DRAM round trip. 4 rows per block: 24 KB at N = 3072, 9 blocks per SM.
-template <bool VEC, bool RESIDUAL>
+template <bool VEC, bool RESIDUAL, int HALF = 4>
 __global__ void __launch_bounds__(kThreads) rms_norm_modulate_staged(const Params p) {
   extern __shared__ uint4 staged_rows[];  // kRowsPerBlock rows of V 8-byte vectors
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -371,7 +375,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_staged(const Param
   for (int c = lane; c < p.v / 2; c += 32) cp_async(reinterpret_cast<uint4*>(sx) + c, gx + c, true);
   cp_async_wait_all();
   __syncwarp();  // every lane's copies of the row have landed
-  two_pass_row<VEC, RESIDUAL, true>(p, row, lane, sx);
+  two_pass_row<VEC, RESIDUAL, true, HALF>(p, row, lane, sx);
 }
 
 // PIPELINED staged rows (DIFUSE_RMSMOD_PIPELINED=1, for measurement; where the staged kernel runs): a grid of the
@@ -422,9 +426,9 @@ void launch_staged_pipelined(const Params& p, int max_blocks, int device, cudaSt
   kernel<<<static_cast<unsigned>(blocks), kThreads, bytes, stream>>>(p);
 }
 
-template <bool VEC, bool RESIDUAL>
+template <bool VEC, bool RESIDUAL, int HALF = 4>
 void launch_staged(const Params& p, unsigned blocks, int device, cudaStream_t stream) {
-  auto kernel = rms_norm_modulate_staged<VEC, RESIDUAL>;
+  auto kernel = rms_norm_modulate_staged<VEC, RESIDUAL, HALF>;
   const size_t bytes = sizeof(uint16_t) * static_cast<size_t>(kRowsPerBlock) * p.n;  // <= 64 KB (N <= 8160)
   static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
   opt_in_shared_memory(kernel, device, static_cast<int>(sizeof(uint16_t) * kRowsPerBlock * kMaxWidth), opted_in);
@@ -461,12 +465,21 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   // =N >= 2 caps the grid at N blocks (tests, the sanitizer: many rows per warp at small shapes).
   // Predicted 1x4096x3072 22.7 -> ~19 us: ~6 us of the staged kernel's time is its one wave computing with DRAM idle.
   static const int pipelined = detail::positive_env_knob("DIFUSE_RMSMOD_PIPELINED");
+  // DIFUSE_RMSMOD_RESIDUAL_HALF=2 (for measurement; the residual form's staged rows): a and the gate loaded 2
+  // vectors at a time instead of 4, the epilogue 2 instead of 4 (HALF above; 54 registers). Predicted: the
+  // per-token 4352x1x3072 back from 59.6 to ~57 us if the staged residual kernel's 64 registers (since 0385466:
+  // 8 blocks per SM, 4,224 rows per wave for 4,352 rows) are what it lost (9 blocks per SM: 4,752 rows per wave);
+  // the 4096-row shapes a little slower (twice the round trips in turn, no wave to gain).
+  static const int residual_half = detail::positive_env_knob("DIFUSE_RMSMOD_RESIDUAL_HALF");
   if (stage_rows && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
       p.n % 8 == 0 && detail::aligned(p.x, 16)) {  // N >= 128, rows copied in 16-byte pieces
     if (pipelined >= 1 && vec)
       launch_staged_pipelined<true, RESIDUAL>(p, pipelined, device, stream);
     else if (pipelined >= 1)
       launch_staged_pipelined<false, RESIDUAL>(p, pipelined, device, stream);
+    else if (residual_half == 2 && RESIDUAL)
+      vec ? launch_staged<true, true, 2>(p, blocks, device, stream)
+          : launch_staged<false, true, 2>(p, blocks, device, stream);
     else if (vec)
       launch_staged<true, RESIDUAL>(p, blocks, device, stream);
     else

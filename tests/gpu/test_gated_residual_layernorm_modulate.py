@@ -156,6 +156,18 @@ def test_four_warp_schedule_at_3072():
     assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="128")
 
 
+def test_unbatched_epilogue_for_few_rows():
+    """DIFUSE_LNMOD_EPILOGUE_BATCH=0 (read once per process): GRLN's few-row four-warp schedule without the batched
+    epilogue (the default there since the twelfth session loads 4 sweeps' modulation before its stores; this keeps
+    the kernel that each sweep loads after the previous sweep's store): both outputs bit for bit at 512 and 300 rows
+    at 3072, 2564 and 5120, per-token gates and modulation rows, unaligned views, adversarial values."""
+    from knob_run import assert_exact_under
+
+    script = _knob_script(3100, [((1, 512, 3072), 0, 0, False, False), ((2, 300, 3072), 4, 0, True, True),
+                                 ((2, 37, 2564), 0, 4, False, True), ((1, 77, 5120), 0, 0, True, False)])
+    assert_exact_under(script, DIFUSE_LNMOD_EPILOGUE_BATCH="0")
+
+
 @pytest.mark.parametrize("epilogue_batch", ["0", "1"])
 def test_staged_a_variant(epilogue_batch):
     """DIFUSE_LNMOD_STAGE_A=1 (read once per process): each row's a copied into shared memory with its h: both

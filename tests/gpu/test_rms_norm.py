@@ -190,18 +190,23 @@ def _strided_rows_script(seed, row_shape):
         % (seed, tuple(row_shape), width))
 
 
-def test_batched_stream_variant():
-    """DIFUSE_RMS_STREAM_BATCH=1: aten's two-pass layout (rows wider than 128) with its output pass loading 4
-    iterations' x and weight before their stores: same bits (Wan's widths 1536 and 5120, 132 (one vector per
-    thread, most threads idle), 3072, 24580 (48+ iterations), with and without weight, strided rows of a fused
-    projection, 8- but not 16-byte aligned rows and adversarial values)."""
+@pytest.mark.parametrize("batched", ["0", "1"])
+def test_batched_stream_variant(batched):
+    """DIFUSE_RMS_STREAM_BATCH=1|0: aten's two-pass layout (rows wider than 128) with its output pass loading 4
+    iterations' x and weight before their stores at every width (=1; by default only at >= 4096), or at none (=0,
+    the loop that loads after each store): same bits (Wan's widths 1536 and 5120, 132 (one vector per thread, most
+    threads idle), 3072, 4100 (just past the default's threshold, the last vector partial), 24580 (48+ iterations),
+    with and without weight, strided rows of a fused projection, 8- but not 16-byte aligned rows and adversarial
+    values)."""
     from knob_run import assert_exact_under, exactness_script
 
     specs = [((1, 2048, 5120), True), ((2, 300, 1536), False), ((2, 300, 1536), True), ((3, 77, 3072), True),
-             ((5, 9, 132), True), ((1, 3, 24580), True), ((1, 40, 2052), False)]
-    assert_exact_under(exactness_script("rms_norm", specs, 1200), DIFUSE_RMS_STREAM_BATCH="1")
+             ((5, 9, 132), True), ((1, 3, 24580), True), ((1, 40, 2052), False), ((2, 19, 4100), True)]
+    assert_exact_under(exactness_script("rms_norm", specs, 1200), DIFUSE_RMS_STREAM_BATCH=batched)
     strided = _strided_rows_script(1250, (1536,))
-    assert_exact_under(strided, DIFUSE_RMS_STREAM_BATCH="1")
+    assert_exact_under(strided, DIFUSE_RMS_STREAM_BATCH=batched)
+    strided = _strided_rows_script(1260, (5120,))
+    assert_exact_under(strided, DIFUSE_RMS_STREAM_BATCH=batched)
 
 
 def test_staged_heads_variant():
