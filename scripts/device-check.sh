@@ -135,23 +135,27 @@ stage_e2e() {
   return $r
 }
 
-# Nsight Compute on one launch of each op at its first --quick site shape (after the exactness check), hardware
-# counters read without touching the clocks (--clock-control none, as the device notes ask). ncu-<op>.txt each.
+# Nsight Compute on one launch of each op at its first site shape (after the exactness check), or at SHAPE for an
+# entry op:SHAPE (e.g. rms_norm_modulate:4096x1x3072, bench ops' --shape), hardware counters read without touching
+# the clocks (--clock-control none, as the device notes ask). ncu-<op>.txt each (ncu-<op>-<SHAPE>.txt).
 NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
   --section MemoryWorkloadAnalysis --section SchedulerStats"
 stage_ncu() {
-  local op r=0
+  local entry op shape file r=0
   command -v ncu >/dev/null || { echo "ncu is not on PATH"; return 1; }
-  for op in ${DIFUSE_NCU_OPS:-qk_norm_rope_flux qk_norm_sd35 layernorm_modulate layernorm_modulate_fp32 gated_residual_fp32 rms_norm rms_norm_modulate gated_residual_layernorm_modulate}; do
-    say "ncu: $op (one launch at the first site shape of bench ops)"
+  for entry in ${DIFUSE_NCU_OPS:-qk_norm_rope_flux qk_norm_sd35 layernorm_modulate layernorm_modulate_fp32 gated_residual_fp32 rms_norm rms_norm_modulate gated_residual_layernorm_modulate}; do
+    op=${entry%%:*}
+    shape=; [ "$op" = "$entry" ] || shape=${entry#*:}
+    file="$OUT/ncu-$op${shape:+-$shape}.txt"
+    say "ncu: $op (one launch at ${shape:-the first site shape of bench ops})"
     # shellcheck disable=SC2086
-    { echo "command: scripts/device-check.sh --stage ncu (ncu on python3 -m difuse bench ops --op $op --reps 3);" \
+    { echo "command: scripts/device-check.sh --stage ncu (ncu on python3 -m difuse bench ops --op $op${shape:+ --shape $shape} --reps 3);" \
         "git $DIFUSE_GIT_SHA"
       ncu --clock-control none --kernel-name-base demangled -k regex:difuse:: --launch-skip 1 --launch-count 1 \
-        $NCU_SECTIONS python3 -m difuse bench ops --op "$op" --reps 3; } >"$OUT/ncu-$op.txt" 2>&1 || r=1
+        $NCU_SECTIONS python3 -m difuse bench ops --op "$op" ${shape:+--shape "$shape"} --reps 3; } >"$file" 2>&1 || r=1
     grep -E "^  [a-z].*difuse::|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|\
 Registers Per Thread|Block Limit|Warp Cycles Per Issued|Issued Warp Per Scheduler|No Eligible|==ERROR==|==WARNING==" \
-      "$OUT/ncu-$op.txt" | head -n 24
+      "$file" | head -n 24
   done
   return $r
 }

@@ -6,7 +6,8 @@
 # kernel notes.
 # Labels are renumbered and translation-unit hashes in internal names blanked before comparing; a kernel whose name
 # gained defaulted template arguments (a trailing bool, a trailing int 1 and bool, or a plain kernel turned into a
-# template on one bool) is matched by its name with those defaults added (false, 1). One line per kernel:
+# template on one bool) is matched by its name with those defaults added (false, 1), failing that by any literal
+# arguments appended (of several, the one with the same code). One line per kernel:
 #   same | differs (N vs M instructions, +K) | only at REV | only now   <kernel, demangled when c++filt is present>
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 REV[..REV2] SRC.cu [SRC.cu ...]" >&2; exit 2; }
@@ -53,7 +54,7 @@ def entries(path):
 old, new = entries(sys.argv[1]), entries(sys.argv[2])
 # The same kernel, or the same kernel with defaulted template arguments appended: a trailing `false`, a trailing
 # `1, false` (an int knob then a bool knob), or a plain kernel that became a template whose one argument defaults
-# to `false` (its name gains I...E and a void return type).
+# to `false` (its name gains I...E and a void return type); failing those, any literal arguments appended.
 PLAIN = re.compile(r"^(_ZN.*?\d+[A-Za-z_]\w*)(ENS\w*)$")
 def match(name):
     cands = [name, name.replace("EEEv", "ELb0EEEv", 1), name.replace("EEEv", "ELi1ELb0EEEv", 1)]
@@ -63,7 +64,16 @@ def match(name):
     for cand in cands:
         if cand in new:
             return cand
-    return None
+    # Any other defaulted arguments appended (e.g. an int knob defaulting to 4): the new names that insert only
+    # literal template arguments (ELi4, ELb0, ...) before the old name's EEEv; of several, the one with the same
+    # code.
+    i = name.find("EEEv")
+    if i < 0:
+        return None
+    extra = re.compile("^" + re.escape(name[:i]) + r"(?:EL[a-z]\d+)+" + re.escape(name[i:]) + "$")
+    found = [c for c in new if extra.match(c)]
+    same = [c for c in found if new[c][0] == old[name][0]]
+    return (same or found or [None])[0]
 seen = set()
 for name, (body, n, raw) in old.items():
     m = match(name)

@@ -403,6 +403,8 @@ def main(args) -> int:
         for shape, chunks in spec["shapes"]:
             if args.quick and (shape, chunks) not in QUICK:
                 continue
+            if getattr(args, "shape", None) and "x".join(map(str, shape)) not in args.shape:
+                continue
             nbytes = spec["bytes"](shape, chunks)
             sets = max(2, math.ceil(3 * l2 / nbytes))
             inputs = [spec["make"](torch, shape, chunks, g) for _ in range(sets)]

@@ -120,6 +120,8 @@ def main(argv=None) -> int:
     b.add_argument("--quick", action="store_true",
                    help="ops: three shapes per op only; models: 4 steps, 2+2 blocks (flux) or 2 layers")
     b.add_argument("--op", action="append", help="only this op (repeatable)")
+    b.add_argument("--shape", action="append",
+                   help="ops: only this site shape, written as in the table (e.g. 4096x1x3072; repeatable)")
     b.add_argument("--peer-dir", help="folder holding peer_ops.py, peer implementations to time alongside (see docs)")
     add_arguments(b.add_argument_group("models (bench flux|qwen-image|sd3|wan)"))
     args = ap.parse_args(argv)

@@ -1,5 +1,6 @@
 """scripts/ptx-diff.sh: the per-kernel PTX comparison the kernel notes quote ("the default kernels' PTX is
 unchanged"). Needs nvcc and the git history; skipped without them."""
+import re
 import shutil
 import subprocess
 import unittest
@@ -48,6 +49,19 @@ class PtxDiffTest(unittest.TestCase):
         text = "\n".join(self.run_diff("0385466..0bcffcf", "src/norm/rms_norm.cu"))
         self.assertRegex(text, r"same +.*rms_norm_stream<false>")
         self.assertRegex(text, r"only now +.*rms_norm_stream<true>")
+        self.assertNotIn("only at REV", text)
+        self.assertNotIn("differs", text)
+
+    def test_a_kernel_with_an_int_argument_appended_compares_by_its_code(self):
+        # 94cceb5 -> 32a743c gave rms_norm_modulate_staged a third template argument defaulting to 4 (the residual
+        # half batch) and added its instantiations at 2: the four kernels at 4 are the old ones, PTX for PTX.
+        if not (_have_rev("94cceb5") and _have_rev("32a743c")):
+            self.skipTest("94cceb5 / 32a743c are not in this clone's history")
+        text = "\n".join(self.run_diff("94cceb5..32a743c", "src/norm/rms_norm_modulate.cu"))
+        self.assertEqual(len(re.findall(r"same +.*rms_norm_modulate_staged<(true|false), (true|false), 4>", text)), 4,
+                         text)
+        self.assertEqual(len(re.findall(r"only now +.*rms_norm_modulate_staged<(true|false), true, 2>", text)), 2,
+                         text)
         self.assertNotIn("only at REV", text)
         self.assertNotIn("differs", text)
 
