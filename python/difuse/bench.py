@@ -183,7 +183,7 @@ RMSM_SHAPES = [  # rms_norm_modulate: (shape, variant) — the issue's 1x4096x30
     ((2, 6144, 4096), "ltx2"), ((1, 6144, 4096), "ltx2_tokens"), ((2, 126, 2048), "ltx2"),
 ]
 GRRMSM_SHAPES = [((1, 4096, 3072), "ltx2"), ((4352, 2, 3072), "ernie"), ((4352, 1, 3072), "ernie_tokens"),
-                 ((2, 6144, 4096), "ltx2")]
+                 ((2, 6144, 4096), "ltx2"), ((2, 126, 2048), "ltx2_tokens")]
 
 
 def _rmsm_case(torch, shape, variant, g):

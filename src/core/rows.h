@@ -30,6 +30,14 @@ struct RowIndexer {
     return i0 * s0 + i1 * s1 + i2 * s2;
   }
 
+  // Whether rows [0, rows) all start at different offsets: every leading dim of more than one index moves (a
+  // per-token modulation or gate tensor, where the [B, H] chunks broadcast). Assumes non-negative strides and
+  // non-overlapping dims, as the predicates require.
+  bool every_row_distinct(int64_t rows) const {
+    const int64_t d0 = d1 * d2 > 0 ? rows / (d1 * d2) : 0;
+    return (d0 <= 1 || s0 != 0) && (d1 <= 1 || s1 != 0) && (d2 <= 1 || s2 != 0);
+  }
+
   // For indexing rows [0, rows): takes the 32-bit path when rows <= 2^31 - 1 (then d1, d2 < 2^31 too).
   RowIndexer& prepare(int64_t rows) {
     fast = rows > 0 && rows < (int64_t{1} << 31) && d1 >= 1 && d2 >= 1 && d1 < (int64_t{1} << 31) &&

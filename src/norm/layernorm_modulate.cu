@@ -630,23 +630,23 @@ void launch_rows_f32(const Params& p, int device, cudaStream_t stream) {
   kernel<<<static_cast<unsigned>(blocks), G * ROWS, static_cast<size_t>(ROWS) * p.v * sizeof(uint2), stream>>>(p);
 }
 
-// The epilogue batch (EPB above) for four-warp rows. The default since the twelfth session for
-// gated_residual_layernorm_modulate's four-warp rows at <= kFourWarpMaxRows rows (the few-row schedule below), where
-// one wave holds every row: H200 at 94cceb5 (knob-sweeps/94cceb5/, DIFUSE_LNMOD_EPILOGUE_BATCH=1 against ops.json of
-// the same run) 1x512x3072 9.5 us vs 11.1, 2x300x3072 10.2 vs 11.3 (predicted ~10.5). Not for many rows, where the
-// 53-64 registers cost blocks per SM: layernorm_modulate 1x32760x5120 204.9 vs 195.6, layernorm_modulate_fp32
-// 1x32760x5120 223.6 vs 213.8 (so the fp32 rows keep EPB = 1 unless forced). DIFUSE_LNMOD_EPILOGUE_BATCH=1 (for
-// measurement) batches every four-warp row, =0 none. Read once.
+// The epilogue batch (EPB above) for four-warp rows, the default since the twelfth session at <= kFourWarpMaxRows
+// rows (GRLN's and layernorm_modulate's few-row schedules below), where one wave holds every row: H200 at 94cceb5
+// (knob-sweeps/94cceb5/, DIFUSE_LNMOD_EPILOGUE_BATCH=1 against ops.json of the same run) GRLN 1x512x3072 9.5 us vs
+// 11.1, 2x300x3072 10.2 vs 11.3 (predicted ~10.5; 10.0 / 10.7 vs 10.6 / 10.9 through =0 at edec152). Not for many
+// rows, where the 53-64 registers cost blocks per SM: layernorm_modulate 1x32760x5120 204.9 vs 195.6,
+// layernorm_modulate_fp32 1x32760x5120 223.6 vs 213.8 (the fp32 rows keep EPB = 1 unless forced).
+// DIFUSE_LNMOD_EPILOGUE_BATCH=1 (for measurement) batches every four-warp row, =0 none. Read once.
 constexpr int kEpilogueBatch = 4;
 constexpr int64_t kFourWarpMaxRows = 1024;
 int epilogue_batch_knob() {
   static const int v = detail::env_knob_or("DIFUSE_LNMOD_EPILOGUE_BATCH", -1);
   return v;
 }
-bool epilogue_batched(const LayernormModulateConfig& cfg, bool residual, int64_t rows) {
+bool epilogue_batched(const LayernormModulateConfig& cfg, int64_t rows) {
   if (cfg.threads_per_row != 128) return false;
   const int knob = epilogue_batch_knob();
-  return knob == 1 || (knob != 0 && residual && rows <= kFourWarpMaxRows);
+  return knob == 1 || (knob != 0 && rows <= kFourWarpMaxRows);
 }
 
 template <bool VEC4>
@@ -687,14 +687,14 @@ void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, c
         case 129: return launch_rows<64, true, MODVEC, true, 1, 1, true>(p, d, s);
         case 128: return launch_rows<64, false, MODVEC, true, 1, 1, true>(p, d, s);
         case 256:
-          return epilogue_batched(cfg, true, p.rows)
+          return epilogue_batched(cfg, p.rows)
                      ? launch_rows<128, false, MODVEC, true, 1, kEpilogueBatch, true>(p, d, s)
                                     : launch_rows<128, false, MODVEC, true, 1, 1, true>(p, d, s);
         default: break;
       }
     }
   }
-  if (epilogue_batched(cfg, RESIDUAL, p.rows))
+  if (epilogue_batched(cfg, p.rows))
     return launch_rows<128, false, MODVEC, RESIDUAL, 1, kEpilogueBatch>(p, d, s);
   switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
     case 65: return launch_rows<32, true, MODVEC, RESIDUAL>(p, d, s);
@@ -751,6 +751,18 @@ LayernormModulateConfig gated_residual_layernorm_modulate_config(int64_t h, bool
   // 44.7, so many rows keep two warps. Plain layernorm_modulate does not gain (1x512x3072 9.4 us on four warps at
   // 132f46f vs 8.7 on two at 5d35cbc). The bits do not change (every schedule replays the same tree).
   if (forced_threads_per_row() == 0 && c.threads_per_row == 64 && c.sweeps >= 6 && rows <= kFourWarpMaxRows)
+    return {128, false, c.sweeps};
+  return c;
+}
+
+LayernormModulateConfig layernorm_modulate_rows_config(int64_t h, bool aligned16, int64_t rows) {
+  const LayernormModulateConfig c = layernorm_modulate_config(h, aligned16);
+  // Few rows at 3-7 sweeps (H in (1024, 3584]): four warps per row with the batched epilogue (EPB; four warps alone
+  // were slower: 1x512x3072 9.4 us at 132f46f vs 8.7 on two). H200 at edec152 (knob-sweeps/edec152/,
+  // DIFUSE_LNMOD_THREADS_PER_ROW=128 with DIFUSE_LNMOD_EPILOGUE_BATCH=1 against ops.json of the same run): 1x512x3072
+  // 8.0 vs 8.9 us, 2x300x3072 8.4 vs 9.8, 2x333x1536 7.6 vs 8.5; more rows lose (2x1024x2240 13.6 vs 12.9,
+  // 1x4096x3072 24.8 vs 24.1), so they keep two warps.
+  if (forced_threads_per_row() == 0 && c.threads_per_row == 64 && c.sweeps >= 3 && rows <= kFourWarpMaxRows)
     return {128, false, c.sweeps};
   return c;
 }
@@ -839,7 +851,7 @@ void launch(const Params& p, const difuse_tensor_view& x, const difuse_tensor_vi
   const detail::DeviceGuard device_guard(x.device);
   const bool aligned16 = detail::aligned(x.data, 16) && detail::aligned(out.data, 16);
   const LayernormModulateConfig cfg = RESIDUAL ? gated_residual_layernorm_modulate_config(p.h, aligned16, p.rows)
-                                               : layernorm_modulate_config(p.h, aligned16);
+                                               : layernorm_modulate_rows_config(p.h, aligned16, p.rows);
   if (cfg.threads_per_row == 0) {
     if constexpr (RESIDUAL) throw detail::Failure(DIFUSE_ERR_INTERNAL, "residual rows wider than 24576 reached the launcher");
     layernorm_modulate_stream<<<static_cast<unsigned>(p.rows), 128, 0, stream>>>(p);

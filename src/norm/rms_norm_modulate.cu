@@ -271,7 +271,7 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
       // The a and gate loads of half a batch before its stores (as in the epilogue below: a load after a store
       // that may alias it is not moved above it, so one loop would wait on L2 once per vector). Halves, not the
       // whole batch: 8 vectors' a and gate took 72 registers (7 blocks per SM, 3584 rows per wave; 4 keep 56).
-      // HALF = 2 (DIFUSE_RMSMOD_RESIDUAL_HALF=2, for measurement; the residual form's staged rows): quarters, and
+      // HALF = 2 (the residual form's staged rows with a per-token gate, half_batches in launch): quarters, and
       // an epilogue batch of 2: 50-54 registers instead of 62-64 (9 blocks per SM instead of 8); HALF = 2 alone
       // gave 60, the same 8 blocks.
       static_assert(HALF == 2 || HALF == 4, "a residual batch of 2 or 4 vectors");
@@ -465,19 +465,23 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   // =N >= 2 caps the grid at N blocks (tests, the sanitizer: many rows per warp at small shapes).
   // Predicted 1x4096x3072 22.7 -> ~19 us: ~6 us of the staged kernel's time is its one wave computing with DRAM idle.
   static const int pipelined = detail::positive_env_knob("DIFUSE_RMSMOD_PIPELINED");
-  // DIFUSE_RMSMOD_RESIDUAL_HALF=2 (for measurement; the residual form's staged rows): a and the gate loaded 2
-  // vectors at a time instead of 4, the epilogue 2 instead of 4 (HALF above; 54 registers). Predicted: the
-  // per-token 4352x1x3072 back from 59.6 to ~57 us if the staged residual kernel's 64 registers (since 0385466:
-  // 8 blocks per SM, 4,224 rows per wave for 4,352 rows) are what it lost (9 blocks per SM: 4,752 rows per wave);
-  // the 4096-row shapes a little slower (twice the round trips in turn, no wave to gain).
-  static const int residual_half = detail::positive_env_knob("DIFUSE_RMSMOD_RESIDUAL_HALF");
+  // The residual form's staged rows with a per-token gate (a gate row per row: ERNIE-Image's ernie_tokens, LTX-2's
+  // per-token views) load a and the gate 2 vectors at a time and batch their epilogue by 2 (HALF = 2 above; 54
+  // registers instead of 64: 9 blocks per SM instead of 8), the default since the twelfth session. H200 at edec152
+  // (knob-sweeps/edec152/, DIFUSE_RMSMOD_RESIDUAL_HALF=2 against ops.json of the same run): 4352x1x3072 ernie_tokens
+  // 53.7 us vs 59.0 (predicted ~57: 4,352 rows in one wave of 4,752 instead of 4,224 + 128), but the [B, H] gates
+  // lose: 1x4096x3072 ltx2 35.1 vs 31.8 (one wave either way, twice the round trips in turn), 4352x2x3072 ernie
+  // 71.6 vs 70.2. DIFUSE_RMSMOD_RESIDUAL_HALF=2 (for measurement) takes HALF = 2 for every gate, =4 for none.
+  static const int residual_half = detail::env_knob_or("DIFUSE_RMSMOD_RESIDUAL_HALF", -1);
+  const bool half_batches =
+      RESIDUAL && (residual_half == 2 || (residual_half != 4 && p.gate_rows.every_row_distinct(p.rows)));
   if (stage_rows && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
       p.n % 8 == 0 && detail::aligned(p.x, 16)) {  // N >= 128, rows copied in 16-byte pieces
     if (pipelined >= 1 && vec)
       launch_staged_pipelined<true, RESIDUAL>(p, pipelined, device, stream);
     else if (pipelined >= 1)
       launch_staged_pipelined<false, RESIDUAL>(p, pipelined, device, stream);
-    else if (residual_half == 2 && RESIDUAL)
+    else if (half_batches)
       vec ? launch_staged<true, true, 2>(p, blocks, device, stream)
           : launch_staged<false, true, 2>(p, blocks, device, stream);
     else if (vec)

@@ -180,6 +180,24 @@ TEST(LayernormModulateConfig, PicksTheScheduleByWidthAndAlignment) {
   EXPECT_EQ(layernorm_modulate_config(24580, true).threads_per_row, 0);
 }
 
+// layernorm_modulate: four warps per row for few rows at 3-7 sweeps, the width's schedule otherwise.
+TEST(LayernormModulateConfig, FewRowsTakeFourWarpsFrom1024To3584) {
+  using difuse::norm::layernorm_modulate_rows_config;
+  auto c = layernorm_modulate_rows_config(3072, true, 512);  // FLUX's text rows
+  EXPECT_EQ(c.threads_per_row, 128);
+  EXPECT_FALSE(c.paired);
+  EXPECT_EQ(c.sweeps, 6);
+  EXPECT_EQ(layernorm_modulate_rows_config(1536, true, 666).threads_per_row, 128);   // SD3.5's context, 3 sweeps
+  EXPECT_EQ(layernorm_modulate_rows_config(3072, true, 1024).threads_per_row, 128);
+  EXPECT_EQ(layernorm_modulate_rows_config(3072, true, 1025).threads_per_row, 64);
+  EXPECT_TRUE(layernorm_modulate_rows_config(3072, true, 1025).paired);
+  EXPECT_EQ(layernorm_modulate_rows_config(2240, true, 2048).threads_per_row, 64);   // 2x1024x2240
+  EXPECT_EQ(layernorm_modulate_rows_config(1024, true, 600).threads_per_row, 64);    // 2 sweeps
+  EXPECT_EQ(layernorm_modulate_rows_config(1028, true, 600).threads_per_row, 128);   // 3 sweeps, partial
+  EXPECT_EQ(layernorm_modulate_rows_config(5120, true, 32760).threads_per_row, 128); // the width's four warps
+  EXPECT_EQ(layernorm_modulate_rows_config(24580, true, 16).threads_per_row, 0);     // the two-pass kernel
+}
+
 // GRLN: four warps per row for few rows at 6-7 sweeps, the plain schedule otherwise.
 TEST(LayernormModulateConfig, GatedResidualTakesFourWarpsForFewRowsAt3072) {
   using difuse::norm::gated_residual_layernorm_modulate_config;

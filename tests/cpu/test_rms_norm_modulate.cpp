@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <random>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -488,6 +489,11 @@ TEST(RmsNormModulatePredicate, BroadcastRowIndexerFollowsTorchsRules) {
       }
       ASSERT_EQ(ix.offset(r), want) << "x rank " << x.rank << " m rank " << m.rank << " row " << r;
     }
+    // every_row_distinct (the residual form's per-token gate rule): the offsets of all rows differ.
+    std::set<int64_t> offsets;
+    for (int64_t r = 0; r < rows; ++r) offsets.insert(ix.offset(r));
+    EXPECT_EQ(ix.every_row_distinct(rows), static_cast<int64_t>(offsets.size()) == rows)
+        << "x rank " << x.rank << " m rank " << m.rank;
   }
 }
 

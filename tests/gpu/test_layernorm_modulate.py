@@ -311,6 +311,28 @@ def test_forced_schedules(threads):
     assert_exact_under(exactness_script("layernorm_modulate", specs, 500), DIFUSE_LNMOD_THREADS_PER_ROW=threads)
 
 
+def test_two_warp_schedule_for_few_rows():
+    """DIFUSE_LNMOD_THREADS_PER_ROW=64 (read once per process) keeps two warps per row for the few-row shapes
+    (<= 1024 rows at H in (1024, 3584]), where the default takes four with the batched epilogue
+    (layernorm_modulate_rows_config): same bits at FLUX's and Qwen's text rows (512 at 3072, batch 2 x 300), SD3.5's
+    context (2 x 333 at 1536), 1028 (3 sweeps, the last partial), [B, H] chunks 8- and 2-byte aligned, per-token
+    rows, adversarial values."""
+    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "for i, (B, L, H) in enumerate([(1, 512, 3072), (2, 300, 3072), (2, 333, 1536), (3, 41, 1028)]):\n"
+        "    g = torch.Generator(device='cuda').manual_seed(3200 + i)\n"
+        "    def rnd(*s):\n"
+        "        return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "    x = place(rnd(B, L, H), 0)\n"
+        "    emb = (rnd(B, 6 * H + 1) * 0.5)[:, 1:].chunk(6, dim=1)  # 2-byte aligned chunks\n"
+        "    emb8 = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
+        "    for sc, sh in ((emb8[1], emb8[0]), (emb[1], emb[0]), (rnd(B, L, H), rnd(B, L, H))):\n"
+        "        bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n")
+    assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="64")
+
+
 def test_two_warp_schedule_above_3584():
     """DIFUSE_LNMOD_THREADS_PER_ROW=64 (read once per process) keeps two warps per row for H up to 6144, where the
     default takes four above 3584: same bits for layernorm_modulate, GRLN (both outputs) and Wan's fp32 modulate and

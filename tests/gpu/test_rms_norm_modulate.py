@@ -459,17 +459,19 @@ def test_staged_rows_variant(staged):
     assert_exact_under(_site_layouts_script(1320, layouts), DIFUSE_RMSMOD_STAGED=staged)
 
 
-def test_residual_quarter_batch_variant():
-    """DIFUSE_RMSMOD_RESIDUAL_HALF=2: the residual form's staged rows load a and the gate 2 vectors at a time and
-    batch their epilogue by 2 (54 registers instead of 64): same bits at every site layout (the per-token gate's
-    4352x1, [B, H] gates, 4096 rows, 8160 under DIFUSE_RMSMOD_STAGED=1, 136: 17 vectors, a partial quarter), both
-    modulate chains, with and without weight (the plain form keeps its kernel)."""
+@pytest.mark.parametrize("half", ["2", "4"])
+def test_residual_quarter_batch_variant(half):
+    """DIFUSE_RMSMOD_RESIDUAL_HALF=2|4: the residual form's staged rows load a and the gate 2 vectors at a time and
+    batch their epilogue by 2 (54 registers instead of 64) for every gate (=2; by default only for per-token gates),
+    or 4 at a time for every gate (=4): same bits at every site layout (the per-token gate's 4352x1, [B, H] gates,
+    4096 rows, 8160 under DIFUSE_RMSMOD_STAGED=1, 136: 17 vectors, a partial quarter), both modulate chains, with
+    and without weight (the plain form keeps its kernel)."""
     from knob_run import assert_exact_under
 
     layouts = [((1, 4096, 3072), 'ltx2'), ((4352, 2, 3072), 'ernie'), ((4352, 1, 3072), 'ernie_tokens'),
                ((2, 126, 2048), 'ltx2_tokens'), ((2, 301, 4096), 'ltx2'), ((1, 17, 8160), 'ltx2'),
                ((3, 23, 136), 'ltx2'), ((3, 23, 132), 'ltx2')]
-    assert_exact_under(_site_layouts_script(1340, layouts), DIFUSE_RMSMOD_RESIDUAL_HALF="2",
+    assert_exact_under(_site_layouts_script(1340, layouts), DIFUSE_RMSMOD_RESIDUAL_HALF=half,
                        DIFUSE_RMSMOD_STAGED="1")
 
 
