@@ -256,24 +256,27 @@ int run_other_ops() {
 
 // rms_norm_modulate / gated_residual_rms_norm_modulate (rms_norm_modulate.cu): every element written, the
 // residual bit-exact (its host twin is exact), the output deterministic and within a few bf16 ulps of a double
-// reference of each term (n is rounded to bf16 twice before the modulate). One case per kernel class.
-int run_rms_norm_modulate(int64_t rows, int64_t cols, bool residual, bool fp32) {
+// reference of each term (n is rounded to bf16 twice before the modulate). One case per kernel class; a per-token
+// gate ([rows, cols], the residual form's quarter-batch kernel) where token_gate.
+int run_rms_norm_modulate(int64_t rows, int64_t cols, bool residual, bool fp32, bool token_gate = false) {
   std::mt19937 rng(static_cast<unsigned>(rows * 17 + cols * 3 + residual));
   std::normal_distribution<float> nd(0.f, 1.5f), sd(0.f, 0.5f);
   const int64_t n = rows * cols;
-  std::vector<uint16_t> hx(n), ha(n), hw(cols), hm(3 * cols);  // hm: shift, scale, gate rows
+  std::vector<uint16_t> hx(n), ha(n), hw(cols), hm(3 * cols), hg(n);  // hm: shift, scale, gate rows; hg: per token
   for (auto& v : hx) v = num::float_to_bf16_rne(nd(rng));
   for (auto& v : ha) v = num::float_to_bf16_rne(nd(rng));
   for (auto& v : hw) v = num::float_to_bf16_rne(nd(rng));
   for (auto& v : hm) v = num::float_to_bf16_rne(sd(rng));
-  uint16_t *dx, *da, *dw, *dm, *dout, *dres;
-  for (auto* p : {&dx, &da, &dout, &dres}) CHECK_CUDA(cudaMalloc(p, n * 2));
+  for (auto& v : hg) v = num::float_to_bf16_rne(sd(rng));
+  uint16_t *dx, *da, *dw, *dm, *dout, *dres, *dg;
+  for (auto* p : {&dx, &da, &dout, &dres, &dg}) CHECK_CUDA(cudaMalloc(p, n * 2));
   CHECK_CUDA(cudaMalloc(&dw, cols * 2));
   CHECK_CUDA(cudaMalloc(&dm, 3 * cols * 2));
   CHECK_CUDA(cudaMemcpy(dx, hx.data(), n * 2, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(da, ha.data(), n * 2, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dw, hw.data(), cols * 2, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dm, hm.data(), 3 * cols * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(dg, hg.data(), n * 2, cudaMemcpyHostToDevice));
   const auto x = TensorView::contiguous(dx, DType::BF16, {rows, cols}, 0);
   const auto a = TensorView::contiguous(da, DType::BF16, {rows, cols}, 0);
   const auto out = TensorView::contiguous(dout, DType::BF16, {rows, cols}, 0);
@@ -281,7 +284,8 @@ int run_rms_norm_modulate(int64_t rows, int64_t cols, bool residual, bool fp32) 
   const auto w = TensorView::contiguous(dw, DType::BF16, {cols}, 0);
   const auto shift = TensorView::contiguous(dm, DType::BF16, {cols}, 0);  // one row, broadcast to every row
   const auto scale = TensorView::contiguous(dm + cols, DType::BF16, {cols}, 0);
-  const auto gate = TensorView::contiguous(dm + 2 * cols, DType::BF16, {cols}, 0);
+  const auto gate = token_gate ? TensorView::contiguous(dg, DType::BF16, {rows, cols}, 0)
+                               : TensorView::contiguous(dm + 2 * cols, DType::BF16, {cols}, 0);
   std::vector<uint16_t> o1(n), o2(n), r1(n);
   for (auto* o : {&o1, &o2}) {
     CHECK_CUDA(cudaMemset(dout, 0xFF, n * 2));
@@ -302,7 +306,8 @@ int run_rms_norm_modulate(int64_t rows, int64_t cols, bool residual, bool fp32) 
       const int64_t i = r * cols + c;
       uint16_t hb = hx[i];
       if (residual) {  // exact on the host: bf16(h + bf16(gate * a))
-        const float t = num::round_bf16(num::mul_rn(num::bf16_to_float(hm[2 * cols + c]), num::bf16_to_float(ha[i])));
+        const uint16_t g = token_gate ? hg[i] : hm[2 * cols + c];
+        const float t = num::round_bf16(num::mul_rn(num::bf16_to_float(g), num::bf16_to_float(ha[i])));
         hb = num::float_to_bf16_rne(num::add_rn(num::bf16_to_float(hx[i]), t));
         residual_bits += r1[i] != hb;
       }
@@ -319,20 +324,21 @@ int run_rms_norm_modulate(int64_t rows, int64_t cols, bool residual, bool fp32) 
       far += std::fabs(num::bf16_to_float(o1[i]) - (t + sh)) > std::ldexp(std::fabs(t) + std::fabs(sh), -5) + 1e-5;
     }
   }
-  for (auto* p : {dx, da, dw, dm, dout, dres}) CHECK_CUDA(cudaFree(p));
+  for (auto* p : {dx, da, dw, dm, dout, dres, dg}) CHECK_CUDA(cudaFree(p));
   const bool ok = unwritten == 0 && nondet == 0 && far == 0 && residual_bits == 0;
-  std::printf("%-4s %s %lldx%lld%s: unwritten %lld, nondeterministic %lld, out of tolerance %lld, residual bits %lld\n",
+  std::printf("%-4s %s %lldx%lld%s%s: unwritten %lld, nondeterministic %lld, out of tolerance %lld, residual bits %lld\n",
               ok ? "ok" : "FAIL", residual ? "gated_residual_rms_norm_modulate" : "rms_norm_modulate", (long long)rows,
-              (long long)cols, fp32 ? " (fp32 modulate)" : "", (long long)unwritten, (long long)nondet, (long long)far,
+              (long long)cols, fp32 ? " (fp32 modulate)" : "", token_gate ? " (per-token gate)" : "", (long long)unwritten, (long long)nondet, (long long)far,
               (long long)residual_bits);
   return ok ? 0 : 1;
 }
 
-constexpr int kRmsModulateCases = 6;
+constexpr int kRmsModulateCases = 7;
 int run_rms_norm_modulate_cases() {  // narrow rows, K = 8, 24, 32, 48 and 64 lane vectors
   return run_rms_norm_modulate(19, 33, false, true) + run_rms_norm_modulate(17, 128, true, false) +
          run_rms_norm_modulate(19, 3072, true, true) + run_rms_norm_modulate(19, 4096, false, false) +
-         run_rms_norm_modulate(19, 4100, true, false) + run_rms_norm_modulate(16, 8160, false, true);
+         run_rms_norm_modulate(19, 4100, true, false) + run_rms_norm_modulate(16, 8160, false, true) +
+         run_rms_norm_modulate(23, 3072, true, true, true);
 }
 
 // The attention prologues (FLUX qk_norm_rope, Qwen-Image qk_norm_rope_qwen, SD3.5 qk_norm_sd35) on small joint
@@ -559,8 +565,9 @@ int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
   int fails = 0;
   try {
-    fails += run_case(2, 37, 3072, 6, false);  // two warps per row, 16-byte
-    fails += run_case(1, 9, 3072, 6, true);    // two warps per row, 8-byte
+    fails += run_case(2, 37, 3072, 6, false);  // few rows: four warps per row, the batched epilogue, 16-byte
+    fails += run_case(1, 9, 3072, 6, true);    // the same, 8-byte
+    fails += run_case(1, 1100, 3072, 6, true);  // > 1024 rows: two warps per row, 8-byte
     fails += run_case(3, 5, 1000, 3, false);   // partial last sweep
     fails += run_case(1, 5, 4, 2, false);      // H = 4
     fails += run_case(2, 11, 5120, 6, false);  // four warps per row (H > 3584)
@@ -575,7 +582,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "exception: %s\n", e.what());
     return 2;
   }
-  const int total = (quick ? 7 : 8) + 13 + kRmsModulateCases + kPrologueCases + kGrlnCases;
+  const int total = (quick ? 8 : 9) + 13 + kRmsModulateCases + kPrologueCases + kGrlnCases;
   std::printf("%d passed, %d failed\n", total - fails, fails);
   return fails ? 1 : 0;
 }
