@@ -436,6 +436,16 @@ void launch_staged(const Params& p, unsigned blocks, int device, cudaStream_t st
   kernel<<<blocks, kThreads, bytes, stream>>>(p);
 }
 
+// Blocks of the residual staged kernel (HALF) resident at once on the device, at this row width's shared memory.
+template <bool VEC, int HALF>
+int64_t staged_resident(const Params& p, int device) {
+  auto kernel = rms_norm_modulate_staged<VEC, true, HALF>;
+  static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
+  opt_in_shared_memory(kernel, device, static_cast<int>(sizeof(uint16_t) * kRowsPerBlock * kMaxWidth), opted_in);
+  prefer_max_shared_carveout(kernel, device, carveout_set);
+  return resident_blocks(kernel, kThreads, sizeof(uint16_t) * static_cast<size_t>(kRowsPerBlock) * p.n, device);
+}
+
 template <int K, bool RESIDUAL>
 void launch_k(const Params& p, bool vec, unsigned blocks, cudaStream_t stream) {
   if (vec)
@@ -467,21 +477,28 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   static const int pipelined = detail::positive_env_knob("DIFUSE_RMSMOD_PIPELINED");
   // The residual form's staged rows with a per-token gate (a gate row per row: ERNIE-Image's ernie_tokens, LTX-2's
   // per-token views) load a and the gate 2 vectors at a time and batch their epilogue by 2 (HALF = 2 above; 54
-  // registers instead of 64: 9 blocks per SM instead of 8), the default since the twelfth session. H200 at edec152
-  // (knob-sweeps/edec152/, DIFUSE_RMSMOD_RESIDUAL_HALF=2 against ops.json of the same run): 4352x1x3072 ernie_tokens
-  // 53.7 us vs 59.0 (predicted ~57: 4,352 rows in one wave of 4,752 instead of 4,224 + 128), but the [B, H] gates
-  // lose: 1x4096x3072 ltx2 35.1 vs 31.8 (one wave either way, twice the round trips in turn), 4352x2x3072 ernie
-  // 71.6 vs 70.2. DIFUSE_RMSMOD_RESIDUAL_HALF=2 (for measurement) takes HALF = 2 for every gate, =4 for none.
+  // registers instead of 64: 9 blocks per SM instead of 8) where that saves a wave (residual_quarter_batches), the
+  // default since the twelfth session. H200 (DIFUSE_RMSMOD_RESIDUAL_HALF=2|4 against ops.json of the same runs,
+  // knob-sweeps/edec152/ and c14c296/): 4352x1x3072 ernie_tokens 53.7 us vs 59.0-59.9 (predicted ~57: 4,352 rows in
+  // one wave of 4,752 instead of 4,224 + 128); in one wave either way it loses: 2x126x2048 ltx2_tokens 16.2 vs 11.7,
+  // 1x4096x3072 ltx2 35.1 vs 31.8; and with [B, H] gates even where it saves a wave: 4352x2x3072 ernie 71.6 vs
+  // 70.2. DIFUSE_RMSMOD_RESIDUAL_HALF=2 (for measurement) takes HALF = 2 for every staged residual row, =4 never.
   static const int residual_half = detail::env_knob_or("DIFUSE_RMSMOD_RESIDUAL_HALF", -1);
-  const bool half_batches =
-      RESIDUAL && (residual_half == 2 || (residual_half != 4 && p.gate_rows.every_row_distinct(p.rows)));
+  auto half_batches = [&](bool v) {
+    if (!RESIDUAL || residual_half == 4) return false;
+    if (residual_half == 2) return true;
+    if (!p.gate_rows.every_row_distinct(p.rows)) return false;  // [B, H] gates keep 4
+    const int64_t quarter = v ? staged_resident<true, 2>(p, device) : staged_resident<false, 2>(p, device);
+    const int64_t full = v ? staged_resident<true, 4>(p, device) : staged_resident<false, 4>(p, device);
+    return residual_quarter_batches(true, blocks, quarter, full);
+  };
   if (stage_rows && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
       p.n % 8 == 0 && detail::aligned(p.x, 16)) {  // N >= 128, rows copied in 16-byte pieces
     if (pipelined >= 1 && vec)
       launch_staged_pipelined<true, RESIDUAL>(p, pipelined, device, stream);
     else if (pipelined >= 1)
       launch_staged_pipelined<false, RESIDUAL>(p, pipelined, device, stream);
-    else if (half_batches)
+    else if (half_batches(vec))
       vec ? launch_staged<true, true, 2>(p, blocks, device, stream)
           : launch_staged<false, true, 2>(p, blocks, device, stream);
     else if (vec)
@@ -523,6 +540,13 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
 }
 
 }  // namespace
+
+bool residual_quarter_batches(bool per_token_gate, int64_t blocks, int64_t resident_quarter, int64_t resident_default) {
+  if (!per_token_gate || blocks <= 0 || resident_quarter <= 0 || resident_default <= 0) return false;
+  const int64_t waves_quarter = (blocks + resident_quarter - 1) / resident_quarter;
+  const int64_t waves_default = (blocks + resident_default - 1) / resident_default;
+  return waves_quarter < waves_default;
+}
 
 detail::RowIndexer broadcast_row_indexer(const difuse_tensor_view& m, const difuse_tensor_view& x) {
   int64_t sz[3] = {1, 1, 1}, st[3] = {0, 0, 0};

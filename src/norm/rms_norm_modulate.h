@@ -36,6 +36,13 @@ void gated_residual_rms_norm_modulate(const difuse_tensor_view& out, const difus
 // kernel instance taken (8, 16, 24, 32, 48 or 64); 0 for rows the register kernels do not take (n < 128).
 int rms_norm_modulate_lane_vectors(int64_t n);
 
+// Whether the residual form's staged rows take the quarter-batch kernel (54 registers, one block per SM more than
+// the default's 64): only for a per-token gate (every row its own gate row) and only when that saves a wave, i.e. a
+// grid of `blocks` needs fewer waves at `resident_quarter` blocks at once than at `resident_default`. Measured on the
+// H200 (rms_norm_modulate.cu, launch): a wave saved 5.5 us at 4352x1x3072, while in one wave either way the
+// quarter batches cost 3-4.5 us (1x4096x3072, 2x126x2048), and [B, H] gates lost even where a wave was saved.
+bool residual_quarter_batches(bool per_token_gate, int64_t blocks, int64_t resident_quarter, int64_t resident_default);
+
 // Where the modulation row of x's row r starts: x's leading dims right-aligned into a RowIndexer carrying m's
 // strides where m has that dim and 0 where it broadcasts (torch's rules; the predicate has checked the shapes).
 detail::RowIndexer broadcast_row_indexer(const difuse_tensor_view& m, const difuse_tensor_view& x);

@@ -243,6 +243,22 @@ TEST(RmsModulateSchedule, ElementChainRoundsWhereDiffusersDoes) {
   EXPECT_EQ(rms_modulate_value(n, 1.0f, false, 0.f, scale, shift, true), 1.5078125f);
 }
 
+// The quarter-batch rule: per-token gates only, and only where one more block per SM saves a wave (H200: 132 SMs,
+// 9 vs 8 blocks of 4 rows at N = 3072).
+TEST(RmsModulateSchedule, QuarterBatchesOnlyWhereTheySaveAWave) {
+  using difuse::norm::residual_quarter_batches;
+  EXPECT_TRUE(residual_quarter_batches(true, 4352 / 4, 9 * 132, 8 * 132));    // ernie_tokens: 2 waves -> 1
+  EXPECT_FALSE(residual_quarter_batches(false, 4352 / 4, 9 * 132, 8 * 132));  // a [B, H] gate
+  EXPECT_FALSE(residual_quarter_batches(true, 4096 / 4, 9 * 132, 8 * 132));   // one wave either way
+  EXPECT_FALSE(residual_quarter_batches(true, 252 / 4 + 1, 9 * 132, 8 * 132));  // 2x126x2048 ltx2_tokens
+  EXPECT_TRUE(residual_quarter_batches(true, 8 * 132 * 2 + 1, 9 * 132, 8 * 132));  // 3 waves -> 2
+  EXPECT_TRUE(residual_quarter_batches(true, 9 * 132 * 8, 9 * 132, 8 * 132));      // 9 waves -> 8
+  EXPECT_FALSE(residual_quarter_batches(true, 8 * 132 * 8, 9 * 132, 8 * 132));     // 8 waves either way
+  EXPECT_FALSE(residual_quarter_batches(true, 1088, 8 * 132, 8 * 132));            // the same occupancy
+  EXPECT_FALSE(residual_quarter_batches(true, 0, 9 * 132, 8 * 132));
+  EXPECT_FALSE(residual_quarter_batches(true, 1088, 0, 8 * 132));
+}
+
 TEST(RmsModulateSchedule, LaneVectorsPerWidth) {
   using difuse::norm::rms_norm_modulate_lane_vectors;
   EXPECT_EQ(rms_norm_modulate_lane_vectors(127), 0);
