@@ -409,7 +409,9 @@ void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const 
     // H200 at 94cceb5 (knob-sweeps/94cceb5/, DIFUSE_RMS_STREAM_BATCH=1 against ops.json of the same run):
     // 1x32760x5120 174.7 us vs 178.1 (predicted ~170), but 1x32760x1536 70.0 vs 62.6 (predicted ~58): 38 registers
     // instead of 28 cost a quarter of the resident blocks, which a 3-vector row's one round trip saved does not buy
-    // back. DIFUSE_RMS_STREAM_BATCH=1 (for measurement) batches every width, =0 none.
+    // back. As the default at edec152: 173.3 vs 181.8 through =0 (knob-sweeps/edec152/); 179.1 at c14c296. The gain
+    // (3-8 us, 2-5 %) is about the run-to-run spread. Exact at 94cceb5 and edec152 (test_batched_stream_variant[0|1]).
+    // DIFUSE_RMS_STREAM_BATCH=1 (for measurement) batches every width, =0 none.
     static const int batched_knob = detail::env_knob_or("DIFUSE_RMS_STREAM_BATCH", -1);
     const bool batched = batched_knob == 1 || (batched_knob != 0 && p.n >= kStreamBatchMinWidth);
     if (batched)

@@ -65,6 +65,14 @@
 // 59.6 vs 56.8 (64 registers instead of 48). Exact there: test_rms_norm_modulate.py (gpu-tests-0385466.json),
 // smoke memcheck / initcheck / racecheck clean (sanitizer-0385466.txt). Modulation rows are read as 8-byte words
 // when every row start is 8-byte aligned, else as bf16. N < 128: scalar elements.
+// Quarter batches (twelfth session): the residual form's staged rows with a per-token gate load a and the gate 2
+// vectors at a time and batch the epilogue by 2 (54 registers, 9 blocks per SM instead of 8) where that saves a
+// wave (residual_quarter_batches). 4352x1x3072 ernie_tokens 53.5-53.7 us vs 59.0-59.9 (bound 55.2: met). Exact at
+// edec152 through DIFUSE_RMSMOD_RESIDUAL_HALF=2 and at c14c296 as the default for every per-token gate
+// (gpu-tests-edec152.json, gpu-tests-c14c296.json), sanitizer clean at c14c296 (sanitizer.log, with the smoke test's
+// per-token gate case). c14c296's rule also took them at 2x126x2048 ltx2_tokens, where they lost (16.2 us vs 11.7);
+// the wave condition (8b4d75d, host dispatch only: every kernel's PTX is c14c296's) came after the last device
+// call and has not run on the H200.
 //
 // Verification status: bit-exact on the H200 at 5f8295d (torch 2.11.0+cu130, sm_90; its RowIndexers take the
 // 32-bit FastDivU32 path):
