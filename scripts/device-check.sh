@@ -89,6 +89,8 @@ stage_sanitizer() {
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_UNSTAGED=1 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
+      echo "memcheck with the 48-register two-warp LayerNorm rows (DIFUSE_LNMOD_BLOCKS_PER_SM=5):" &&
+      DIFUSE_LNMOD_BLOCKS_PER_SM=5 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       echo "memcheck and racecheck with the pipelined FLUX and Qwen-Image prologues on a grid of 2 blocks (DIFUSE_QK_PIPELINED=2):" &&
       DIFUSE_QK_PIPELINED=2 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
@@ -186,7 +188,8 @@ DIFUSE_LNMOD_EPILOGUE_BATCH=1:layernorm_modulate;DIFUSE_RMS_STREAM_BATCH=1:rms_n
 DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate_fp32;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate_fp32;DIFUSE_LNMOD_THREADS_PER_ROW=64:layernorm_modulate_fp32;\
 DIFUSE_LNMOD_THREADS_PER_ROW=128:gated_residual_layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=64:gated_residual_layernorm_modulate;DIFUSE_LNMOD_PREFETCH_A=1:gated_residual_layernorm_modulate;\
 DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=64:layernorm_modulate;\
-DIFUSE_LNMOD_BLOCKS_PER_SM=8:gated_residual_layernorm_modulate;DIFUSE_EW_GRID2D=1:gated_residual;\
+DIFUSE_LNMOD_BLOCKS_PER_SM=8:gated_residual_layernorm_modulate;DIFUSE_LNMOD_BLOCKS_PER_SM=5:gated_residual_layernorm_modulate;\
+DIFUSE_LNMOD_BLOCKS_PER_SM=5:layernorm_modulate;DIFUSE_EW_GRID2D=1:gated_residual;\
 DIFUSE_GELU_PIPELINED=0:gelu_tanh"
 stage_sweep() {
   local entry vars op tag r=0

@@ -224,6 +224,12 @@ __constant__ RcpCounts c_rcp = make_rcp_counts();
 // Per SM 1.29", 58 % achieved occupancy). The same arithmetic; the modulation rows come from global memory.
 // Also for gated_residual_layernorm_modulate (the residual prologue fits the 32 registers too). Exact on the H200
 // (tests/gpu/test_layernorm_modulate.py::test_eight_blocks_per_sm_variant, tests.json at 132f46f).
+// 5 (DIFUSE_LNMOD_BLOCKS_PER_SM=5, for measurement; two warps per row): 48 registers, everything else as by default
+// (modulation rows staged, the residual loads batched 2 sweeps at a time; sass-loops.sh: the same loops, 185
+// instructions instead of 164 in the first). Aimed at GRLN 1x4096x3072 (39.7 us; ncu at edec152: 64 registers, 4
+// blocks per SM, 50 % theoretical occupancy, latency-bound): 5 blocks per SM. Predicted ~35-37 us if the kernel's
+// throughput follows its resident rows; layernorm_modulate's two-warp rows are at 48 already (no change expected).
+// Written in the twelfth session after its last device call: not yet run on the H200.
 // Sweeps whose residual loads (a, gate) gated_residual_layernorm_modulate issues together (see the residual loop):
 // 3 on four warps per row (1 slot per lane: 6 vectors in two batches at H = 3072, 46 registers), 2 on two warps
 // (2 slots: 3 batches of 4 vectors at 3072, 64 registers: 4 blocks per SM instead of 5); 0 in the 32-register
@@ -681,6 +687,9 @@ void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, c
   static const int dense = detail::positive_env_knob("DIFUSE_LNMOD_BLOCKS_PER_SM");
   // the unpaired map: the paired one needs more than 32 registers with modulation words from global memory
   if (dense == 8 && cfg.threads_per_row == 64) return launch_rows<64, false, MODVEC, RESIDUAL, 8>(p, d, s);
+  if (dense == 5 && cfg.threads_per_row == 64)
+    return cfg.paired ? launch_rows<64, true, MODVEC, RESIDUAL, 5>(p, d, s)
+                      : launch_rows<64, false, MODVEC, RESIDUAL, 5>(p, d, s);
   if constexpr (RESIDUAL) {
     if (stage_a_fits(cfg, MODVEC, p.v)) {
       switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {

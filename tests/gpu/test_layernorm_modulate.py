@@ -388,10 +388,12 @@ def test_batched_epilogue_variant():
     assert_exact_under(script, DIFUSE_LNMOD_EPILOGUE_BATCH="1")
 
 
-def test_eight_blocks_per_sm_variant():
+@pytest.mark.parametrize("blocks", ["8", "5"])
+def test_eight_blocks_per_sm_variant(blocks):
     """DIFUSE_LNMOD_BLOCKS_PER_SM=8: the two-warps-per-row kernel at 32 registers, modulation rows from global
-    memory instead of shared: same bits, with and without the gated-residual prologue (blocks straddling a batch
-    boundary, per-token rows, unaligned rows)."""
+    memory instead of shared; =5: at 48 registers, the modulation rows staged and GRLN's residual loads batched as
+    by default: same bits, with and without the gated-residual prologue (blocks straddling a batch boundary,
+    per-token rows, unaligned rows)."""
     from knob_run import assert_exact_under, mismatch_script
 
     script = mismatch_script(
@@ -408,4 +410,4 @@ def test_eight_blocks_per_sm_variant():
         "        gate = emb[:, 2 * H:3 * H]\n"
         "        bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(x, a, gate, scale, shift, 1e-6)),\n"
         "                                list(ops.gated_residual_layernorm_modulate_eager(x, a, gate, scale, shift)))\n")
-    assert_exact_under(script, DIFUSE_LNMOD_BLOCKS_PER_SM="8")
+    assert_exact_under(script, DIFUSE_LNMOD_BLOCKS_PER_SM=blocks)
