@@ -105,6 +105,11 @@ def add_arguments(p) -> None:
                    "(captured after the patched arm verified every signature) from the same latents: its step time "
                    "and md5 per step go in the record as difuse_graph_ms / graph_md5_equal_all_steps, never as "
                    "difuse_ms; with --cp every rank captures its call, collectives included")
+    p.add_argument("--no-step-sync", action="store_true",
+                   help="time both arms without waiting for the GPU at the end of each step (the latents are copied "
+                   "on the GPU and their md5, finiteness and std read after the loop): the host issues step i + 1 "
+                   "while the GPU runs step i, as a pipeline without a per-step callback does, so no step's time "
+                   "includes the host's first launches; the record's timer says which. Not with --cp or --graph")
     p.add_argument("--attn-backend", help="--cp: diffusers attention backend (default: native for ulysses, "
                    "_native_flash for ring, which needs the log-sum-exp)")
     p.add_argument("--trace", metavar="DIR", help="also write each arm's profiled step as a gzipped Chrome trace "
@@ -134,6 +139,7 @@ class Options:
     attn_backend: str | None = None  # --cp: the attention backend (None: e2e_cp.DEFAULT_BACKENDS)
     graph: bool = False  # --graph: a third arm, the patched model replayed as a CUDA graph
     trace: str | None = None  # --trace DIR: gzipped Chrome traces of the profiled steps
+    step_sync: bool = True  # False (--no-step-sync): no wait for the GPU between steps while timing
 
 
 def trace_path(opts: Options, arm: str, rank: int | None = None):
@@ -230,6 +236,9 @@ def resolve_options(args) -> Options:
     graph = bool(_opt(args, "graph"))
     if graph and not str(args.device).startswith("cuda"):
         raise ValueError("--graph needs a CUDA device (CUDA graphs), not %s" % args.device)
+    step_sync = not bool(_opt(args, "no_step_sync"))
+    if not step_sync and (cp is not None or graph):
+        raise ValueError("--no-step-sync goes with neither --cp nor --graph (their arms wait for the GPU each step)")
     # --cp: the default path names the world size, known once the process group is up (e2e_cp.DEFAULT_OUT).
     out = getattr(args, "out", None) or ("" if cp else DEFAULT_OUT.format(model=model, suffix="-quick" if quick else ""))
     argv = getattr(args, "argv", None)
@@ -239,7 +248,7 @@ def resolve_options(args) -> Options:
                    command=command_line(argv if argv is not None else sys.argv[1:]),
                    overrides=dict(getattr(args, "model_overrides", None) or {}),
                    layers=layers, width=width, frames=frames, cp=cp, attn_backend=attn_backend, graph=graph,
-                   trace=_opt(args, "trace"))
+                   trace=_opt(args, "trace"), step_sync=step_sync)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -463,7 +472,8 @@ def format_report(rec: dict, site_table: str | None = None) -> str:
     ps = rec["per_step"]
     lines = []
     e, d = rec["eager_ms"], rec["difuse_ms"]
-    timer = {"cuda_events": "CUDA events", "perf_counter": "host clock"}.get(rec.get("timer"), rec.get("timer"))
+    timer = {"cuda_events": "CUDA events", "cuda_events_no_step_sync": "CUDA events, no wait between steps",
+             "perf_counter": "host clock"}.get(rec.get("timer"), rec.get("timer"))
     lines.append("step time (median of %d, %s): eager %.2f ms, difuse %.2f ms, eager/difuse %.3fx"
                  % (rec["steps"], timer or "CUDA events", e, d, rec["speedup"] or float("nan")))
     if rec["md5_equal_all_steps"]:
@@ -1471,23 +1481,26 @@ def peak_memory_gb(fn, device):
     return res, round(torch.cuda.max_memory_allocated(device) / 1e9, 3)
 
 
-def sampled_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str, device="cuda"):
+def sampled_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str, device="cuda", step_sync=True):
     """run_arm with GpuClockSampler around it on a GPU: (ArmResult, clocks summary or None)."""
-    return sampled(lambda: run_arm(spec, model, inputs, steps, label, device), device, label)
+    return sampled(lambda: run_arm(spec, model, inputs, steps, label, device, step_sync=step_sync), device, label)
 
 
 def run_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, label: str, device="cuda",
-            progress: bool = True) -> ArmResult:
-    """The denoising loop from inputs.latents with a fresh scheduler: per step time, md5, finite, std."""
+            progress: bool = True, step_sync: bool = True) -> ArmResult:
+    """The denoising loop from inputs.latents with a fresh scheduler: per step time, md5, finite, std (step_sync
+    False: _denoise_unsynced on a GPU)."""
     import torch
 
     sched, timesteps = inputs.new_scheduler(steps)
     latents = inputs.latents.clone()
     timer = _Timer(torch, device)
     bar = _Progress(label, len(timesteps)) if progress else None
+    issue = lambda lat, t: spec.call(model, lat, t, inputs)  # noqa: E731
     with torch.no_grad():
-        return _denoise(ArmResult(label), sched, timesteps, latents, lambda lat, t: spec.call(model, lat, t, inputs),
-                        timer, bar)
+        if not step_sync and timer.cuda:
+            return _denoise_unsynced(ArmResult(label), sched, timesteps, latents, issue, torch, bar)
+        return _denoise(ArmResult(label), sched, timesteps, latents, issue, timer, bar)
 
 
 def _denoise(res: ArmResult, sched, timesteps, latents, issue, timer, bar, before_step=None) -> ArmResult:
@@ -1506,6 +1519,32 @@ def _denoise(res: ArmResult, sched, timesteps, latents, issue, timer, bar, befor
         res.add_step(ms, latents)
         if bar:
             bar.update(i, ms)
+    return res
+
+
+def _denoise_unsynced(res: ArmResult, sched, timesteps, latents, issue, torch, bar) -> ArmResult:
+    """_denoise without the wait at the end of each step (--no-step-sync): CUDA events around each step's model
+    call and scheduler step, a GPU copy of the latents after it, and only after the last step one wait, then
+    each step's event time and the latents' md5, finiteness and std. The host runs ahead of the GPU by what the
+    launch queue holds, so a step's events bracket its GPU work and not the host's time to issue the first
+    launches. The progress line shows each step's host time (issued, not finished)."""
+    events, snaps = [], []
+    for i, t in enumerate(timesteps):
+        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        a.record()
+        h0 = time.perf_counter()
+        noise = issue(latents, t)
+        res.host_ms.append((time.perf_counter() - h0) * 1e3)
+        latents = sched.step(noise, t, latents, return_dict=False)[0]
+        b.record()
+        events.append((a, b))
+        snaps.append(latents.clone())
+        if bar:
+            bar.update(i, (time.perf_counter() - h0) * 1e3)
+    if events:
+        events[-1][1].synchronize()
+    for (a, b), lat in zip(events, snaps):
+        res.add_step(a.elapsed_time(b), lat)
     return res
 
 
@@ -1792,7 +1831,7 @@ def run(opts: Options, api=None, log=print) -> dict | None:
 
     on_gpu = torch.device(opts.device).type == "cuda"
     (eager, clocks_eager), peak_eager = peak_memory_gb(
-        lambda: sampled_arm(spec, model, inputs, opts.steps, "eager", opts.device), opts.device)
+        lambda: sampled_arm(spec, model, inputs, opts.steps, "eager", opts.device, opts.step_sync), opts.device)
     prof_eager = profile_summary(spec, model, inputs, opts.steps, opts.device, trace_path(opts, "eager"))
     host_eager = host_profile(spec, model, inputs, opts.steps, opts.device) if on_gpu else {}
     try:
@@ -1807,7 +1846,8 @@ def run(opts: Options, api=None, log=print) -> dict | None:
         if patch_report is not None:
             log("patched: %s" % (patch_report,))
         (fused, clocks_difuse), peak_difuse = peak_memory_gb(
-            lambda: sampled_arm(spec, model, inputs, opts.steps, "difuse", opts.device), opts.device)
+            lambda: sampled_arm(spec, model, inputs, opts.steps, "difuse", opts.device, opts.step_sync),
+            opts.device)
         prof_difuse = profile_summary(spec, model, inputs, opts.steps, opts.device, trace_path(opts, "difuse"))
         host_difuse = host_profile(spec, model, inputs, opts.steps, opts.device) if on_gpu else {}
         graph_rec = None
@@ -1825,7 +1865,9 @@ def run(opts: Options, api=None, log=print) -> dict | None:
     rec = build_record(model=spec.name, config=config, eager=eager, difuse=fused, prof_eager=prof_eager,
                        prof_difuse=prof_difuse, sites=sites, env=environment(torch, opts.device),
                        command=opts.command,
-                       extra=dict(title=spec.title, timer="cuda_events" if on_gpu else "perf_counter",
+                       extra=dict(title=spec.title,
+                                  timer=("cuda_events" if opts.step_sync else "cuda_events_no_step_sync")
+                                  if on_gpu else "perf_counter",
                                   top_kernels=dict(eager=prof_eager.get("top"), difuse=prof_difuse.get("top")),
                                   patch_report=_jsonable(full_report),
                                   gpu_clocks=dict(eager=clocks_eager, difuse=clocks_difuse),

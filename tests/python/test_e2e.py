@@ -186,6 +186,8 @@ class RecordTest(unittest.TestCase):
         self.assertIn("first at step 1", text)
         self.assertIn("layernorm_modulate", text)
         self.assertIn("identical at all 3 steps", e2e.format_report(_record()))
+        unsynced = dict(_record(), timer="cuda_events_no_step_sync")
+        self.assertIn("(median of 3, CUDA events, no wait between steps)", e2e.format_report(unsynced))
         self.assertIn("none reported", e2e.format_sites({}))
 
     @unittest.skipUnless(importlib.util.find_spec("matplotlib"), "matplotlib is not installed")
@@ -263,6 +265,8 @@ class OptionsTest(unittest.TestCase):
         self.assertEqual((o.steps, o.resolution, o.text_tokens, o.seed, o.device), (50, 1024, 512, 42, "cuda"))
         self.assertEqual((o.double_blocks, o.single_blocks, o.weights), (None, None, None))
         self.assertEqual(o.out, "bench/results/h200/e2e-flux.json")
+        self.assertTrue(o.step_sync)
+        self.assertFalse(e2e.resolve_options(_parser().parse_args(["flux", "--no-step-sync"])).step_sync)
 
     def test_trace_paths(self):
         o = e2e.resolve_options(_parser().parse_args(["flux"]))
@@ -376,6 +380,8 @@ class OptionsTest(unittest.TestCase):
             ("qwen-image", "--text-tokens", "0"): "at least 1",
             ("wan", "--steps", "0"): "at least 1",
             ("flux", "--graph", "--device", "cpu"): "needs a CUDA device",
+            ("flux", "--no-step-sync", "--graph"): "neither --cp nor --graph",
+            ("flux", "--no-step-sync", "--cp", "ulysses"): "neither --cp nor --graph",
         }
         for argv, msg in cases.items():
             with self.subTest(argv=argv), self.assertRaises(ValueError) as cm:

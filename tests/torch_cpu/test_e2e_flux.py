@@ -116,6 +116,48 @@ def test_loop_md5_stable():
     assert e2e.run_arm(e2e.FLUX, m, other, 2, "eager", "cpu", progress=False).md5 != a.md5
 
 
+class _FakeCudaEvents:
+    """torch.cuda's Event as _denoise_unsynced uses it, on the CPU: record() stamps a counter, elapsed_time()
+    the difference; synchronize() is counted (the unsynced loop waits once, after its last step)."""
+
+    def __init__(self):
+        self.clock, self.waits = 0, 0
+        fake = self
+
+        class Event:
+            def __init__(self, enable_timing=False):
+                self.t = None
+
+            def record(self):
+                fake.clock += 1
+                self.t = fake.clock
+
+            def synchronize(self):
+                fake.waits += 1
+
+            def elapsed_time(self, end):
+                return float(end.t - self.t)
+
+        self.cuda = argparse.Namespace(Event=Event)
+
+
+def test_unsynced_loop_records_the_same_latents_and_waits_once():
+    # --no-step-sync: the latents of every step are the synced loop's (their GPU copies are what the md5s read),
+    # each step has its own event pair, and the loop waits for the GPU once, at its end.
+    m = tiny()
+    inp = e2e.flux_inputs(m, resolution=64, text_tokens=8, seed=42, device="cpu")
+    synced = e2e.run_arm(e2e.FLUX, m, inp, 3, "eager", "cpu", progress=False)
+    fake = _FakeCudaEvents()
+    sched, timesteps = inp.new_scheduler(3)
+    with torch.no_grad():
+        res = e2e._denoise_unsynced(e2e.ArmResult("eager"), sched, timesteps, inp.latents.clone(),
+                                    lambda lat, t: e2e.FLUX.call(m, lat, t, inp), fake, None)
+    assert res.md5 == synced.md5 and len(set(res.md5)) == 3
+    assert res.std == synced.std and res.finite == synced.finite
+    assert res.step_ms == [1.0, 1.0, 1.0] and len(res.host_ms) == 3
+    assert fake.waits == 1
+
+
 def _args(tmp_path, **kw):
     ap = argparse.ArgumentParser()
     ap.add_argument("what")
