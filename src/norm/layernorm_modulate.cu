@@ -690,21 +690,20 @@ void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, c
   if (dense == 5 && cfg.threads_per_row == 64)
     return cfg.paired ? launch_rows<64, true, MODVEC, RESIDUAL, 5>(p, d, s)
                       : launch_rows<64, false, MODVEC, RESIDUAL, 5>(p, d, s);
+  const bool epb = epilogue_batched(cfg, p.rows);
   if constexpr (RESIDUAL) {
     if (stage_a_fits(cfg, MODVEC, p.v)) {
       switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
         case 129: return launch_rows<64, true, MODVEC, true, 1, 1, true>(p, d, s);
         case 128: return launch_rows<64, false, MODVEC, true, 1, 1, true>(p, d, s);
         case 256:
-          return epilogue_batched(cfg, p.rows)
-                     ? launch_rows<128, false, MODVEC, true, 1, kEpilogueBatch, true>(p, d, s)
-                                    : launch_rows<128, false, MODVEC, true, 1, 1, true>(p, d, s);
+          return epb ? launch_rows<128, false, MODVEC, true, 1, kEpilogueBatch, true>(p, d, s)
+                     : launch_rows<128, false, MODVEC, true, 1, 1, true>(p, d, s);
         default: break;
       }
     }
   }
-  if (epilogue_batched(cfg, p.rows))
-    return launch_rows<128, false, MODVEC, RESIDUAL, 1, kEpilogueBatch>(p, d, s);
+  if (epb) return launch_rows<128, false, MODVEC, RESIDUAL, 1, kEpilogueBatch>(p, d, s);
   switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
     case 65: return launch_rows<32, true, MODVEC, RESIDUAL>(p, d, s);
     case 64: return launch_rows<32, false, MODVEC, RESIDUAL>(p, d, s);
@@ -751,29 +750,34 @@ LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16) {
   return {0, false, ns};
 }
 
-LayernormModulateConfig gated_residual_layernorm_modulate_config(int64_t h, bool aligned16, int64_t rows) {
+namespace {
+// The width's schedule, or four warps per row (one row per block) where it takes two, the row has at least
+// min_sweeps sweeps and there are at most kFourWarpMaxRows rows (unless DIFUSE_LNMOD_THREADS_PER_ROW forces one).
+LayernormModulateConfig four_warps_for_few_rows(int64_t h, bool aligned16, int64_t rows, int min_sweeps) {
   const LayernormModulateConfig c = layernorm_modulate_config(h, aligned16);
+  if (forced_threads_per_row() == 0 && c.threads_per_row == 64 && c.sweeps >= min_sweeps && rows <= kFourWarpMaxRows)
+    return {128, false, c.sweeps};
+  return c;
+}
+}  // namespace
+
+LayernormModulateConfig gated_residual_layernorm_modulate_config(int64_t h, bool aligned16, int64_t rows) {
   // Few rows at 6-7 sweeps (H in (2560, 3584]): four warps per row, one row per block. Two warps take 4 rows per
   // block, so 512 rows fill 128 blocks, one per SM, 8 warps each; four warps give 512 blocks, ~16 warps per SM.
   // H200 at 5d35cbc (knob-sweeps/5d35cbc/, DIFUSE_LNMOD_THREADS_PER_ROW=128 against ops.json in the same run):
   // 1x512x3072 11.8 vs 13.3 us, 2x300x3072 12.0 vs 14.8; but 1x4096x3072 44.0 vs 43.1 and 2x4096x1536 46.6 vs
   // 44.7, so many rows keep two warps. Plain layernorm_modulate does not gain (1x512x3072 9.4 us on four warps at
   // 132f46f vs 8.7 on two at 5d35cbc). The bits do not change (every schedule replays the same tree).
-  if (forced_threads_per_row() == 0 && c.threads_per_row == 64 && c.sweeps >= 6 && rows <= kFourWarpMaxRows)
-    return {128, false, c.sweeps};
-  return c;
+  return four_warps_for_few_rows(h, aligned16, rows, 6);
 }
 
 LayernormModulateConfig layernorm_modulate_rows_config(int64_t h, bool aligned16, int64_t rows) {
-  const LayernormModulateConfig c = layernorm_modulate_config(h, aligned16);
   // Few rows at 3-7 sweeps (H in (1024, 3584]): four warps per row with the batched epilogue (EPB; four warps alone
   // were slower: 1x512x3072 9.4 us at 132f46f vs 8.7 on two). H200 at edec152 (knob-sweeps/edec152/,
   // DIFUSE_LNMOD_THREADS_PER_ROW=128 with DIFUSE_LNMOD_EPILOGUE_BATCH=1 against ops.json of the same run): 1x512x3072
   // 8.0 vs 8.9 us, 2x300x3072 8.4 vs 9.8, 2x333x1536 7.6 vs 8.5; more rows lose (2x1024x2240 13.6 vs 12.9,
   // 1x4096x3072 24.8 vs 24.1), so they keep two warps.
-  if (forced_threads_per_row() == 0 && c.threads_per_row == 64 && c.sweeps >= 3 && rows <= kFourWarpMaxRows)
-    return {128, false, c.sweeps};
-  return c;
+  return four_warps_for_few_rows(h, aligned16, rows, 3);
 }
 
 detail::Support can_use_layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x,

@@ -434,24 +434,31 @@ void launch_staged_pipelined(const Params& p, int max_blocks, int device, cudaSt
   kernel<<<static_cast<unsigned>(blocks), kThreads, bytes, stream>>>(p);
 }
 
-template <bool VEC, bool RESIDUAL, int HALF = 4>
-void launch_staged(const Params& p, unsigned blocks, int device, cudaStream_t stream) {
+// The staged kernel, its shared-memory opt-in and carveout set (once per device), and its dynamic shared memory
+// for this row width: what a launch and an occupancy query of it both need.
+template <bool VEC, bool RESIDUAL, int HALF>
+auto prepared_staged(const Params& p, int device, size_t& bytes) {
   auto kernel = rms_norm_modulate_staged<VEC, RESIDUAL, HALF>;
-  const size_t bytes = sizeof(uint16_t) * static_cast<size_t>(kRowsPerBlock) * p.n;  // <= 64 KB (N <= 8160)
+  bytes = sizeof(uint16_t) * static_cast<size_t>(kRowsPerBlock) * p.n;  // <= 64 KB (N <= 8160)
   static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
   opt_in_shared_memory(kernel, device, static_cast<int>(sizeof(uint16_t) * kRowsPerBlock * kMaxWidth), opted_in);
   prefer_max_shared_carveout(kernel, device, carveout_set);
+  return kernel;
+}
+
+template <bool VEC, bool RESIDUAL, int HALF = 4>
+void launch_staged(const Params& p, unsigned blocks, int device, cudaStream_t stream) {
+  size_t bytes = 0;
+  auto kernel = prepared_staged<VEC, RESIDUAL, HALF>(p, device, bytes);
   kernel<<<blocks, kThreads, bytes, stream>>>(p);
 }
 
 // Blocks of the residual staged kernel (HALF) resident at once on the device, at this row width's shared memory.
 template <bool VEC, int HALF>
 int64_t staged_resident(const Params& p, int device) {
-  auto kernel = rms_norm_modulate_staged<VEC, true, HALF>;
-  static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
-  opt_in_shared_memory(kernel, device, static_cast<int>(sizeof(uint16_t) * kRowsPerBlock * kMaxWidth), opted_in);
-  prefer_max_shared_carveout(kernel, device, carveout_set);
-  return resident_blocks(kernel, kThreads, sizeof(uint16_t) * static_cast<size_t>(kRowsPerBlock) * p.n, device);
+  size_t bytes = 0;
+  auto kernel = prepared_staged<VEC, true, HALF>(p, device, bytes);
+  return resident_blocks(kernel, kThreads, bytes, device);
 }
 
 template <int K, bool RESIDUAL>
@@ -496,8 +503,9 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
     if (!RESIDUAL || residual_half == 4) return false;
     if (residual_half == 2) return true;
     if (!p.gate_rows.every_row_distinct(p.rows)) return false;  // [B, H] gates keep 4
-    const int64_t quarter = v ? staged_resident<true, 2>(p, device) : staged_resident<false, 2>(p, device);
     const int64_t full = v ? staged_resident<true, 4>(p, device) : staged_resident<false, 4>(p, device);
+    if (blocks <= full) return false;  // one wave already: no occupancy query of the other kernel
+    const int64_t quarter = v ? staged_resident<true, 2>(p, device) : staged_resident<false, 2>(p, device);
     return residual_quarter_batches(true, blocks, quarter, full);
   };
   if (stage_rows && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
