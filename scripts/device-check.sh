@@ -3,7 +3,7 @@
 #
 # The H200 loop (run through the device tool; each stage fits one call). Every stage writes its logs and
 # JSON under $OUT (default: ./device-out): build.log, platform.txt, tests.log + tests.json (the GPU test
-# report; about 8 minutes on a warm machine), gpu-tests.log/.json (the files of $DIFUSE_GPU_TESTS only; not part
+# report; the GPU files in DIFUSE_GPU_TEST_JOBS parallel pytest processes, default 4: in one they ran past 570 s), gpu-tests.log/.json (the files of $DIFUSE_GPU_TESTS only; not part
 # of "all"), sanitizer.log (compute-sanitizer, about 4-5 minutes), bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
 # for each of $DIFUSE_E2E_MODELS, default "flux qwen-image sd3 wan", with $DIFUSE_E2E_ARGS), ncu-<op>.txt (Nsight
 # Compute on one launch of each of $DIFUSE_NCU_OPS; not part of "all"), sweeps.tgz (bench ops under the kernel
@@ -57,7 +57,7 @@ stage_build() {
 stage_tests() {
   say "tests: scripts/test.sh (CPU, torch Meta, GPU exact) -> tests.json"
   DIFUSE_TEST_REPORT="$OUT/tests.json" DIFUSE_TEST_COMMAND="scripts/device-check.sh --stage tests" \
-    "$ROOT/scripts/test.sh" 2>&1 | tee "$OUT/tests.log" | grep -E '^(==|[0-9]+ passed|FAILED|ERROR|scripts/test.sh)|passed|failed' | tail -n 40
+    "$ROOT/scripts/test.sh" 2>&1 | tee "$OUT/tests.log" | grep -E '^(==|[0-9]+ passed|FAILED|ERROR|scripts/test.sh|shard |-- shard|GPU tests)|passed|failed' | tail -n 60
   return "${PIPESTATUS[0]}"
 }
 

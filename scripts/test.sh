@@ -22,7 +22,8 @@ LOGDIR=$(mktemp -d)
 # failing kill of an already reaped job must not turn a passing run into exit 1, as it did at 5f8295d).
 cleanup() {
   local rc=$?
-  if [ -n "${META_PID:-}" ]; then kill "$META_PID" 2>/dev/null || true; fi
+  local pid
+  for pid in ${META_PID:-} ${UNIT_PID:-} ${GPU_PIDS[@]+"${GPU_PIDS[@]}"}; do kill "$pid" 2>/dev/null || true; done
   rm -rf "$LOGDIR"
   exit "$rc"
 }
@@ -92,11 +93,27 @@ test "${PIPESTATUS[0]}" = 0
 n=$(grep -oE 'out of [0-9]+' "$LOGDIR/ctest.log" | grep -oE '[0-9]+' | tail -n 1)
 tally "${n:-0}" 0
 
-step "Python tests without torch or GPU (unittest)"
-DIFUSE_LIB_DIR="$BUILD" python3 -m unittest discover -s "$ROOT/tests/python" -t "$ROOT" -v 2>&1 | tee "$LOGDIR/unittest.log" | tail -n 25
-test "${PIPESTATUS[0]}" = 0
-n=$(grep -oE '^Ran [0-9]+' "$LOGDIR/unittest.log" | grep -oE '[0-9]+')
-tally "${n:-0}" 0
+# The Python unit tests need neither torch nor a GPU: with a GPU they too run beside the GPU tests (they took 113 s
+# of the H200's tests stage at 9c75d86, most of it nvcc in the PTX / SASS tools' tests).
+unit_tests() {
+  DIFUSE_LIB_DIR="$BUILD" python3 -m unittest discover -s "$ROOT/tests/python" -t "$ROOT" -v
+}
+unit_tally() {
+  n=$(grep -oE '^Ran [0-9]+' "$LOGDIR/unittest.log" | grep -oE '[0-9]+')
+  tally "${n:-0}" 0
+}
+UNIT_PID=
+GPU_PIDS=()
+if [ $HAVE_GPU = 1 ]; then
+  step "Python tests without torch or GPU (unittest), in the background beside the GPU tests"
+  unit_tests >"$LOGDIR/unittest.log" 2>&1 &
+  UNIT_PID=$!
+else
+  step "Python tests without torch or GPU (unittest)"
+  unit_tests 2>&1 | tee "$LOGDIR/unittest.log" | tail -n 25
+  test "${PIPESTATUS[0]}" = 0
+  unit_tally
+fi
 
 # The torch checks are CPU tests: with a GPU they run beside the GPU tests, with the GPU hidden (as on CI).
 meta_tests() {
@@ -115,16 +132,80 @@ elif [ $HAVE_TORCH = 1 ]; then
 fi
 
 if [ $HAVE_GPU = 1 ]; then
-  step "GPU tests (pytest, exact against the live eager chains; skips are failures)"
-  DIFUSE_LIB_DIR="$BUILD" DIFUSE_REQUIRE_GPU=1 "$PY" -m pytest -q -p no:cacheprovider -rfEs "$ROOT/tests/gpu" \
-    | tee "$LOGDIR/gpu.log"
-  test "${PIPESTATUS[0]}" = 0
-  tally "$(pytest_passed "$LOGDIR/gpu.log")" 0
+  # The GPU test files in DIFUSE_GPU_TEST_JOBS pytest processes (default 4) on the one GPU, balanced by the
+  # committed reports' per-file seconds (scripts/gpu-test-shards.py): in one process the suite outgrew a 10-minute
+  # device call. None of them times anything, so sharing the GPU changes no result. Each process gets its share
+  # of the CPU threads; the reports merge into DIFUSE_TEST_REPORT.
+  GPU_JOBS=${DIFUSE_GPU_TEST_JOBS:-4}
+  SHARDS=()
+  WEIGHTS=()
+  for f in "$ROOT"/bench/results/h200/tests.json "$ROOT"/bench/results/h200/gpu-tests-*.json; do
+    [ -e "$f" ] && WEIGHTS+=(--weights "$f")
+  done
+  while IFS= read -r line; do SHARDS+=("$line"); done < <(python3 "$ROOT/scripts/gpu-test-shards.py" split \
+    --jobs "$GPU_JOBS" ${WEIGHTS[@]+"${WEIGHTS[@]}"} "$ROOT"/tests/gpu/test_*.py)
+  [ ${#SHARDS[@]} -gt 0 ] || { echo "no GPU test files under $ROOT/tests/gpu" >&2; exit 1; }
+  step "GPU tests (pytest in ${#SHARDS[@]} processes on the one GPU, exact against the live eager chains; skips are failures)"
+  threads=$(( $(nproc) / ${#SHARDS[@]} ))
+  [ "$threads" -ge 1 ] || threads=1
+  started=$SECONDS
+  for i in "${!SHARDS[@]}"; do
+    read -ra files <<<"${SHARDS[$i]}"
+    echo "shard $i: $(for f in "${files[@]}"; do printf '%s ' "${f##*/}"; done)"
+    DIFUSE_LIB_DIR="$BUILD" DIFUSE_REQUIRE_GPU=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} \
+      DIFUSE_TEST_REPORT=${DIFUSE_TEST_REPORT:+$LOGDIR/gpu-$i.json} \
+      "$PY" -u -m pytest -q -p no:cacheprovider -rfEs "${files[@]}" >"$LOGDIR/gpu-$i.log" 2>&1 &
+    GPU_PIDS+=($!)
+  done
+  # Progress every 30 s: each shard's last pytest percentage.
+  while :; do
+    for _ in $(seq 30); do
+      alive=0
+      for pid in "${GPU_PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
+      [ $alive = 1 ] || break
+      sleep 1
+    done
+    [ $alive = 1 ] || break
+    line="GPU tests $((SECONDS - started)) s:"
+    for i in "${!SHARDS[@]}"; do
+      pct=$(grep -oE '\[ *[0-9]+%\]' "$LOGDIR/gpu-$i.log" 2>/dev/null | tail -n 1 | tr -d '[] ' || true)
+      line+=" shard $i ${pct:-0%}"
+    done
+    echo "$line"
+  done
+  gpu_rc=0
+  for i in "${!GPU_PIDS[@]}"; do
+    rc=0
+    wait "${GPU_PIDS[$i]}" || rc=$?
+    if [ "$rc" = 0 ]; then
+      echo "-- shard $i: $(tail -n 1 "$LOGDIR/gpu-$i.log")"
+      tally "$(pytest_passed "$LOGDIR/gpu-$i.log")" 0
+    else
+      echo "-- shard $i FAILED (exit $rc):"
+      cat "$LOGDIR/gpu-$i.log"
+      gpu_rc=1
+    fi
+  done
+  GPU_PIDS=()
+  echo "GPU tests took $((SECONDS - started)) s"
+  if [ -n "${DIFUSE_TEST_REPORT:-}" ]; then
+    reports=()
+    for i in "${!SHARDS[@]}"; do reports+=("$LOGDIR/gpu-$i.json"); done
+    python3 "$ROOT/scripts/gpu-test-shards.py" merge "$DIFUSE_TEST_REPORT" "${reports[@]}" || gpu_rc=1
+  fi
+  test "$gpu_rc" = 0
   step "native GPU smoke test"
   "$BUILD/difuse_gpu_smoke" | tee "$LOGDIR/smoke.log"
   test "${PIPESTATUS[0]}" = 0
   n=$(grep -oE '^[0-9]+ passed' "$LOGDIR/smoke.log" | grep -oE '[0-9]+')
   tally "${n:-0}" 0
+  step "Python tests without torch or GPU (unittest, ran in the background)"
+  unit_rc=0
+  wait "$UNIT_PID" || unit_rc=$?
+  UNIT_PID=
+  tail -n 25 "$LOGDIR/unittest.log"
+  test "$unit_rc" = 0
+  unit_tally
   if [ -n "$META_PID" ]; then
     step "torch binding: Meta / fake-tensor checks (pytest, ran in the background)"
     meta_rc=0

@@ -1,9 +1,12 @@
-"""scripts/test.sh's GPU branch (the torch CPU checks in the background beside the GPU tests), run on this machine
-with every tool it calls replaced by a stub: the branch's control flow and exit status, which CI (no GPU) never
-reaches. The stubs report a torch with a visible GPU, pass or fail on request, and count what ran."""
+"""scripts/test.sh's GPU branch (the unit tests and torch CPU checks in the background beside the GPU tests, the GPU
+test files in parallel shards whose reports merge), run on this machine with every tool it calls replaced by a stub:
+the branch's control flow and exit status, which CI (no GPU) never reaches. The stubs report a torch with a visible
+GPU, pass or fail on request, write a shard report when asked, and count what ran."""
 import os
 import stat
+import json
 import subprocess
+import sys
 import tempfile
 import unittest
 from pathlib import Path
@@ -12,20 +15,28 @@ ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = ROOT / "scripts" / "test.sh"
 
 # DIFUSE_PYTHON: `-c CODE` probes succeed (torch imports, CUDA is available) and print a version; `-m pytest`
-# prints pytest's summary for the folder it was given, failing where STUB_FAIL names that folder.
+# prints pytest's summary for what it was given, failing where STUB_FAIL names the runner or STUB_FAIL_FILE a file
+# of its shard, and writes a one-case report (named after its last file) where DIFUSE_TEST_REPORT is set.
 FAKE_PY = r"""#!/usr/bin/env bash
 if [ "$1" = -c ]; then echo 2.11.0; exit 0; fi
 what=gpu
 case "$*" in *torch_cpu*) what=torch_cpu; sleep 0.3 ;; esac
 echo "$what" >>"$STUB_LOG"
+if [ $what = gpu ] && [ -n "${DIFUSE_TEST_REPORT:-}" ]; then
+  last=$(basename "${@: -1}")
+  printf '{"git_sha": "abc", "passed": 11, "failed": 0, "skipped": 0, "cases": [{"id": "%s::c", "outcome": "passed"}]}' \
+    "$last" >"$DIFUSE_TEST_REPORT"
+fi
 if [ "${STUB_FAIL:-}" = "$what" ]; then echo "1 failed, 6 passed in 0.1s"; exit 1; fi
+case " $* " in *"/${STUB_FAIL_FILE:-none} "*) echo "1 failed, 10 passed in 0.1s"; exit 1 ;; esac
 case $what in torch_cpu) echo "7 passed in 0.3s" ;; *) echo "11 passed in 0.1s" ;; esac
 """
 STUBS = {
     "cmake": "#!/usr/bin/env bash\nexit 0\n",
     "ctest": "#!/usr/bin/env bash\necho '100% tests passed out of 3'\n",
-    # python3 runs only the unittest step here (the probes use DIFUSE_PYTHON)
-    "python3": "#!/usr/bin/env bash\necho 'Ran 2 tests in 0.0s' >&2\necho OK >&2\n",
+    # python3 runs the unittest step (the probes use DIFUSE_PYTHON) and the shard script, which is real
+    "python3": f"#!/usr/bin/env bash\ncase \"$1\" in *gpu-test-shards.py) exec {sys.executable} \"$@\" ;; esac\n"
+               "echo 'Ran 2 tests in 0.0s' >&2\necho OK >&2\n",
 }
 SMOKE = "#!/usr/bin/env bash\necho '5 passed, 0 failed'\n[ \"${STUB_FAIL:-}\" != smoke ]\n"
 
@@ -36,7 +47,7 @@ def _exe(path: Path, text: str) -> None:
 
 
 class TestScriptGpuBranch(unittest.TestCase):
-    def run_script(self, fail: str = ""):
+    def run_script(self, fail: str = "", fail_file: str = "", report: bool = False):
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
             bin_dir, build = tmp / "bin", tmp / "build"
@@ -48,31 +59,58 @@ class TestScriptGpuBranch(unittest.TestCase):
             _exe(build / "difuse_gpu_smoke", SMOKE)
             env = {k: v for k, v in os.environ.items() if k not in ("CI", "DIFUSE_CI_TORCH")}
             env.update(PATH=f"{bin_dir}:{env['PATH']}", DIFUSE_PYTHON=str(tmp / "py"), DIFUSE_BUILD_DIR=str(build),
-                       STUB_LOG=str(tmp / "ran.log"), STUB_FAIL=fail)
+                       STUB_LOG=str(tmp / "ran.log"), STUB_FAIL=fail, STUB_FAIL_FILE=fail_file,
+                       DIFUSE_GPU_TEST_JOBS="2")
+            env.pop("DIFUSE_TEST_REPORT", None)
+            if report:
+                env["DIFUSE_TEST_REPORT"] = str(tmp / "tests.json")
             p = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
             ran = (tmp / "ran.log").read_text().split() if (tmp / "ran.log").exists() else []
-            return p, ran
+            merged = json.loads((tmp / "tests.json").read_text()) if (tmp / "tests.json").exists() else None
+            return p, ran, merged
 
     def test_a_passing_run_exits_0_and_counts_every_runner(self):
-        p, ran = self.run_script()
+        p, ran, _ = self.run_script()
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-        self.assertEqual(sorted(ran), ["gpu", "torch_cpu"])
-        # ctest 3 + unittest 2 + GPU 11 + smoke 5 + torch checks 7
-        self.assertIn("difuse: 28 passed, 0 failed", p.stdout)
-        self.assertIn("ran in the background", p.stdout)
+        self.assertEqual(sorted(ran), ["gpu", "gpu", "torch_cpu"])  # two GPU shards
+        # ctest 3 + unittest 2 + GPU 2 x 11 + smoke 5 + torch checks 7
+        self.assertIn("difuse: 39 passed, 0 failed", p.stdout)
+        self.assertIn("unittest, ran in the background", p.stdout)
+        self.assertIn("Meta / fake-tensor checks (pytest, ran in the background)", p.stdout)
+        # every GPU test file in exactly one shard
+        shards = [line.split(": ", 1)[1].split() for line in p.stdout.splitlines() if line.startswith("shard ")]
+        self.assertEqual(len(shards), 2)
+        files = sorted(f.name for f in (ROOT / "tests" / "gpu").glob("test_*.py"))
+        self.assertEqual(sorted(f for s in shards for f in s), files)
+
+    def test_the_shard_reports_merge_into_one(self):
+        p, _, merged = self.run_script(report=True)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIsNotNone(merged)
+        self.assertEqual((merged["passed"], merged["failed"], merged["shards"]), (22, 0, 2))
+        self.assertEqual(len(merged["cases"]), 2)
 
     def test_a_failing_background_torch_check_fails_the_run(self):
-        p, _ = self.run_script(fail="torch_cpu")
+        p, _, _ = self.run_script(fail="torch_cpu")
         self.assertNotEqual(p.returncode, 0)
         self.assertNotIn("all passed", p.stdout)
 
     def test_a_failing_gpu_test_fails_the_run(self):
-        p, _ = self.run_script(fail="gpu")
+        p, _, _ = self.run_script(fail="gpu")
         self.assertNotEqual(p.returncode, 0)
         self.assertNotIn("all passed", p.stdout)
 
+    def test_one_failing_shard_fails_the_run_and_shows_its_log(self):
+        p, ran, merged = self.run_script(fail_file="test_gelu_tanh.py", report=True)
+        self.assertNotEqual(p.returncode, 0)
+        self.assertNotIn("all passed", p.stdout)
+        self.assertEqual(ran.count("gpu"), 2)  # the other shard ran to its end too
+        self.assertIn("FAILED (exit 1)", p.stdout)
+        self.assertIn("1 failed, 10 passed", p.stdout)
+        self.assertIsNotNone(merged)  # the report of a failing run is still written
+
     def test_a_failing_smoke_test_fails_the_run(self):
-        p, _ = self.run_script(fail="smoke")
+        p, _, _ = self.run_script(fail="smoke")
         self.assertNotEqual(p.returncode, 0)
 
 
