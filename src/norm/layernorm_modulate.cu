@@ -229,7 +229,10 @@ __constant__ RcpCounts c_rcp = make_rcp_counts();
 // instructions instead of 164 in the first). Aimed at GRLN 1x4096x3072 (39.7 us; ncu at edec152: 64 registers, 4
 // blocks per SM, 50 % theoretical occupancy, latency-bound): 5 blocks per SM. Predicted ~35-37 us if the kernel's
 // throughput follows its resident rows; layernorm_modulate's two-warp rows are at 48 already (no change expected).
-// Written in the twelfth session after its last device call: not yet run on the H200.
+// Measured at 9c75d86 (knob-sweeps/9c75d86/, against the same run's ops.json): slower, GRLN 1x4096x3072 42.2 us vs
+// 39.2, 2x4096x1536 45.7 vs 43.6; layernorm_modulate unchanged (24.3 vs 24.0). Exact there
+// (test_eight_blocks_per_sm_variant[5], gpu-tests-9c75d86.json). A measurement knob only: the resident rows were not
+// what bounds GRLN.
 // Sweeps whose residual loads (a, gate) gated_residual_layernorm_modulate issues together (see the residual loop):
 // 3 on four warps per row (1 slot per lane: 6 vectors in two batches at H = 3072, 46 registers), 2 on two warps
 // (2 slots: 3 batches of 4 vectors at 3072, 64 registers: 4 blocks per SM instead of 5); 0 in the 32-register
