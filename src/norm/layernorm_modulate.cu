@@ -257,8 +257,18 @@ constexpr int residual_sweep_batch() {
 // 60 KB per two-warp block, 3 blocks per SM instead of 4. Exact on the H200 at 94cceb5 (test_staged_a_variant),
 // slower: 1x4096x3072 48.5 us vs 39.5 (predicted ~34 or no better: the lost block per SM cost more than the
 // round trips saved), 1x512x3072 11.0 vs 11.1 (knob-sweeps/94cceb5/).
+// EA (DIFUSE_LNMOD_EARLY_A=1, for measurement; gated_residual_layernorm_modulate on two warps per row, the
+// 4096-row FLUX / Qwen / SD3 sites): the residual pass's first batch of a and gate loads (KB sweeps) is issued before
+// the wait for h's copies, so it travels with them instead of after them. By default the residual pass starts after
+// `cp.async.wait_all`, which the compiler does not move a load across: the row's h copy, then 3 batches of a and
+// gate loads at H = 3072, four DRAM round trips in turn per row (ncu at edec152: latency-bound, issue 0.51, no
+// eligible warp 49 % of cycles). EA makes it three. The registers of the first batch are live during the wait
+// instead of after it: the same count expected (64, 4 blocks per SM). The arithmetic per element is unchanged
+// (the same gated_residual_vec4 on the same words, in the same order). Predicted: GRLN 1x4096x3072 39.2 -> ~36-37
+// us, 2x4096x1536 (2 batches) 43.6 -> ~41. Written in the thirteenth session after its last device call: not yet
+// run on the H200.
 template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, bool F32MOD = false, int MINB = 1, int EPB = 1,
-          bool SA = false>
+          bool SA = false, bool EA = false>
 __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Params p) {
   using Map = AtenThreadMap<G, PAIRED>;
   constexpr int A = Map::kSlots;
@@ -318,6 +328,27 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
       }
     }
   }
+  // EA: the first batch of the residual pass's loads, before the wait (see EA above the kernel).
+  constexpr int KB = residual_sweep_batch<G, MINB>();
+  constexpr bool EARLY = EA && RESIDUAL && !SA && KB > 0;
+  uint2 aw0[EARLY ? KB : 1][EARLY ? A : 1], gw0[EARLY ? KB : 1][EARLY ? A : 1];
+  if constexpr (EARLY) {
+    if (active) {
+      const int64_t bb = p.seq_div.div(row), ll = row - bb * p.seq;
+      const uint16_t* grow = p.gate + bb * p.gate_stride + ll * p.gate_stride_l;
+      const uint2* ar = reinterpret_cast<const uint2*>(p.a + row * p.h);
+#pragma unroll
+      for (int kk = 0; kk < KB; ++kk) {
+#pragma unroll
+        for (int j = 0; j < A; ++j) {
+          const int vi = Map::aten_thread(i, j) + kAtenThreads * kk;
+          const bool in = kk < sweeps && vi < V;
+          aw0[kk][j] = in ? ar[vi] : make_uint2(0, 0);
+          gw0[kk][j] = in ? load_mod_words(grow + kVecElems * vi) : make_uint2(0, 0);
+        }
+      }
+    }
+  }
   cp_async_wait_all();
   if constexpr (STAGE_MOD) __syncthreads();  // the modulation rows were copied by the whole block
 
@@ -332,7 +363,6 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
       // load waited for the previous vector's store (the compiler does not move a load above a store that may
       // alias it): sweeps x A = 12 round trips to DRAM per lane at H = 3072, one after the other (SASS). The
       // arithmetic per element is unchanged.
-      constexpr int KB = residual_sweep_batch<G, MINB>();
       if constexpr (KB == 0) {
         for (int k = 0; k < sweeps; ++k) {
 #pragma unroll
@@ -346,7 +376,21 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
           }
         }
       } else {
-        for (int k0 = 0; k0 < sweeps; k0 += KB) {
+        if constexpr (EARLY) {  // the first batch, loaded before the wait
+#pragma unroll
+          for (int kk = 0; kk < KB; ++kk) {
+#pragma unroll
+            for (int j = 0; j < A; ++j) {
+              const int vi = Map::aten_thread(i, j) + kAtenThreads * kk;
+              if (kk < sweeps && vi < V) {
+                const uint2 h1 = modulate::gated_residual_vec4(sx[vi], aw0[kk][j], gw0[kk][j]);
+                sx[vi] = h1;
+                rr[vi] = h1;
+              }
+            }
+          }
+        }
+        for (int k0 = EARLY ? KB : 0; k0 < sweeps; k0 += KB) {
           uint2 aw[KB][A], gw[KB][A];
 #pragma unroll
           for (int kk = 0; kk < KB; ++kk) {
@@ -614,10 +658,11 @@ __global__ void __launch_bounds__(128) layernorm_modulate_stream(const Params p)
 
 constexpr size_t kMaxStagedBytes = 72 * 1024;  // dynamic staging per block: (8+2) x 6 KB, (4+2) x 12 KB, 1 x 48 KB
 
-template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, int MINB = 1, int EPB = 1, bool SA = false>
+template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, int MINB = 1, int EPB = 1, bool SA = false,
+          bool EA = false>
 void launch_rows(const Params& p, int device, cudaStream_t stream) {
   constexpr int ROWS = G == 128 ? 1 : 256 / G;
-  auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC, RESIDUAL, false, MINB, EPB, SA>;
+  auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC, RESIDUAL, false, MINB, EPB, SA, EA>;
   // 48 KB of dynamic shared memory plus the kernel's static part needs the opt-in, once per device.
   static std::atomic<uint64_t> opted_in{0};
   opt_in_shared_memory(kernel, device, static_cast<int>(kMaxStagedBytes), opted_in);
@@ -695,6 +740,13 @@ void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, c
                       : launch_rows<64, false, MODVEC, RESIDUAL, 5>(p, d, s);
   const bool epb = epilogue_batched(cfg, p.rows);
   if constexpr (RESIDUAL) {
+    // DIFUSE_LNMOD_EARLY_A=1 (for measurement; EA above the kernel): GRLN's two-warp rows with the residual pass's
+    // first batch of loads issued before the wait for h. Not with the other measurement knobs (they take the
+    // rows above and below). Read once.
+    static const int early_a = detail::positive_env_knob("DIFUSE_LNMOD_EARLY_A");
+    if (early_a == 1 && cfg.threads_per_row == 64 && !stage_a_fits(cfg, MODVEC, p.v))
+      return cfg.paired ? launch_rows<64, true, MODVEC, true, 1, 1, false, true>(p, d, s)
+                        : launch_rows<64, false, MODVEC, true, 1, 1, false, true>(p, d, s);
     if (stage_a_fits(cfg, MODVEC, p.v)) {
       switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
         case 129: return launch_rows<64, true, MODVEC, true, 1, 1, true>(p, d, s);
