@@ -21,7 +21,8 @@
 // refused: that path rounds differently.
 //
 // Schedules: H <= 3584 two warps per row (4 rows per block; up to 6144 with DIFUSE_LNMOD_THREADS_PER_ROW=64), H <=
-// 24576 four warps (1 row), each staging its
+// 24576 four warps (1 row); few rows four warps and many rows at H <= 1536 one warp (8 rows per block; the
+// *_rows_config functions below), each staging its
 // row (and, for multi-row blocks, the batch's scale and shift rows) in shared memory with cp.async (one
 // read, one write); one warp per row exists for measurements (DIFUSE_LNMOD_THREADS_PER_ROW=32); H > 24576 a
 // 128-thread two-pass kernel (second read mostly from L2). 16-byte accesses when H % 8 == 0 and x, out
@@ -814,7 +815,27 @@ LayernormModulateConfig four_warps_for_few_rows(int64_t h, bool aligned16, int64
     return {128, false, c.sweeps};
   return c;
 }
+
+// One warp per row (8 rows per block) where the width takes two warps, the row has at most 3 sweeps (H <= 1536) and
+// there are at least kOneWarpMinRows rows (unless DIFUSE_LNMOD_THREADS_PER_ROW forces a schedule). H200 at 132f46f
+// (knob-sweeps/, DIFUSE_LNMOD_THREADS_PER_ROW=32 against ops.json of the same run): layernorm_modulate 1x32760x1536
+// 80.2 us vs 87.3 on two warps, 2x4096x1536 26.6 vs 27.8, layernorm_modulate_fp32 1x32760x1536 89.4 vs 92.6; few rows
+// lose (2x333x1536 9.6 vs 8.0) and wider rows do not gain (1x32760x5120 203.2 vs 202.8, 2x1024x2240 13.9 vs 13.2).
+// Those one-warp kernels' PTX is 132f46f's (scripts/ptx-diff.sh 132f46f), and they ran exact in the whole suite at
+// 5ee73e2 (tests.json: the forced one-warp schedules of test_layernorm_modulate.py and test_wan_fp32.py). The default
+// since the thirteenth session, written after its last device call: not yet timed as the default on the H200.
+// The 8192 is the smallest measured win; 4096 rows at 1536 were not measured and keep two warps.
+constexpr int64_t kOneWarpMinRows = 8192;
+LayernormModulateConfig one_warp_for_many_narrow_rows(const LayernormModulateConfig& c, int64_t rows) {
+  if (forced_threads_per_row() == 0 && c.threads_per_row == 64 && c.sweeps <= 3 && rows >= kOneWarpMinRows)
+    return {32, c.paired, c.sweeps};
+  return c;
+}
 }  // namespace
+
+LayernormModulateConfig layernorm_fp32_rows_config(int64_t h, bool aligned16, int64_t rows) {
+  return one_warp_for_many_narrow_rows(layernorm_modulate_config(h, aligned16), rows);
+}
 
 LayernormModulateConfig gated_residual_layernorm_modulate_config(int64_t h, bool aligned16, int64_t rows) {
   // Few rows at 6-7 sweeps (H in (2560, 3584]): four warps per row, one row per block. Two warps take 4 rows per
@@ -831,8 +852,8 @@ LayernormModulateConfig layernorm_modulate_rows_config(int64_t h, bool aligned16
   // were slower: 1x512x3072 9.4 us at 132f46f vs 8.7 on two). H200 at edec152 (knob-sweeps/edec152/,
   // DIFUSE_LNMOD_THREADS_PER_ROW=128 with DIFUSE_LNMOD_EPILOGUE_BATCH=1 against ops.json of the same run): 1x512x3072
   // 8.0 vs 8.9 us, 2x300x3072 8.4 vs 9.8, 2x333x1536 7.6 vs 8.5; more rows lose (2x1024x2240 13.6 vs 12.9,
-  // 1x4096x3072 24.8 vs 24.1), so they keep two warps.
-  return four_warps_for_few_rows(h, aligned16, rows, 3);
+  // 1x4096x3072 24.8 vs 24.1), so they keep two warps. Many narrow rows: one warp (one_warp_for_many_narrow_rows).
+  return one_warp_for_many_narrow_rows(four_warps_for_few_rows(h, aligned16, rows, 3), rows);
 }
 
 detail::Support can_use_layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& x,
@@ -1011,7 +1032,7 @@ void layernorm_modulate_fp32_impl(const difuse_tensor_view& out, const difuse_te
   p.f32_block_epilogue = row_epilogue != 1 && p.scale_stride_l == 0 && p.shift_stride_l == 0;
   const detail::DeviceGuard device_guard(x.device);
   const bool aligned16 = detail::aligned(x.data, 16) && detail::aligned(out.data, 16);
-  const LayernormModulateConfig cfg = layernorm_modulate_config(p.h, aligned16);
+  const LayernormModulateConfig cfg = layernorm_fp32_rows_config(p.h, aligned16, p.rows);
   if (layernorm_fp32_rows_vec4(scale, shift))
     dispatch_rows_f32<true>(cfg, p, x.device, stream);
   else

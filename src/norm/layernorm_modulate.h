@@ -52,8 +52,12 @@ LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16);
 // 1024 rows at 6-7 sweeps (H in (2560, 3584]), where the two-warp blocks leave SMs with one block each.
 LayernormModulateConfig gated_residual_layernorm_modulate_config(int64_t h, bool aligned16, int64_t rows);
 // layernorm_modulate's schedule: layernorm_modulate_config's, except four warps per row (with the batched epilogue)
-// for at most 1024 rows at 3-7 sweeps (H in (1024, 3584]).
+// for at most 1024 rows at 3-7 sweeps (H in (1024, 3584]), and one warp per row for at least 8192 rows at 1-3 sweeps
+// (H <= 1536).
 LayernormModulateConfig layernorm_modulate_rows_config(int64_t h, bool aligned16, int64_t rows);
+// The fp32 norms' schedule (layernorm_modulate_fp32, layernorm_affine_fp32): layernorm_modulate_config's, except one
+// warp per row for at least 8192 rows at 1-3 sweeps (Wan 2.1 1.3B's 1536).
+LayernormModulateConfig layernorm_fp32_rows_config(int64_t h, bool aligned16, int64_t rows);
 // Whether the fp32 kernels read the fp32 modulation (or affine) rows as float4: both rows 16-byte aligned at
 // every batch / token step and contiguous in H. Otherwise four scalar loads; the arithmetic is the same.
 bool layernorm_fp32_rows_vec4(const difuse_tensor_view& scale, const difuse_tensor_view& shift);

@@ -198,6 +198,31 @@ TEST(LayernormModulateConfig, FewRowsTakeFourWarpsFrom1024To3584) {
   EXPECT_EQ(layernorm_modulate_rows_config(24580, true, 16).threads_per_row, 0);     // the two-pass kernel
 }
 
+// Many rows at <= 3 sweeps: one warp per row (layernorm_modulate and the fp32 norms), the width's schedule otherwise.
+TEST(LayernormModulateConfig, ManyNarrowRowsTakeOneWarp) {
+  using difuse::norm::layernorm_fp32_rows_config;
+  using difuse::norm::layernorm_modulate_rows_config;
+  auto c = layernorm_modulate_rows_config(1536, true, 32760);  // Wan 2.1 1.3B
+  EXPECT_EQ(c.threads_per_row, 32);
+  EXPECT_TRUE(c.paired);
+  EXPECT_EQ(c.sweeps, 3);
+  EXPECT_FALSE(layernorm_modulate_rows_config(1536, false, 32760).paired);
+  EXPECT_EQ(layernorm_modulate_rows_config(1536, true, 8192).threads_per_row, 32);   // SD3.5-medium, CFG batch 2
+  EXPECT_EQ(layernorm_modulate_rows_config(1536, true, 8191).threads_per_row, 64);
+  EXPECT_EQ(layernorm_modulate_rows_config(1536, true, 4096).threads_per_row, 64);   // not measured: two warps
+  EXPECT_EQ(layernorm_modulate_rows_config(1540, true, 32760).threads_per_row, 64);  // 4 sweeps
+  EXPECT_EQ(layernorm_modulate_rows_config(512, true, 32760).threads_per_row, 32);   // 1 sweep
+  EXPECT_EQ(layernorm_modulate_rows_config(3072, true, 32760).threads_per_row, 64);
+  EXPECT_EQ(layernorm_modulate_rows_config(5120, true, 32760).threads_per_row, 128);
+  EXPECT_EQ(layernorm_modulate_rows_config(1536, true, 666).threads_per_row, 128);   // few rows: four warps
+  c = layernorm_fp32_rows_config(1536, true, 32760);
+  EXPECT_EQ(c.threads_per_row, 32);
+  EXPECT_EQ(c.sweeps, 3);
+  EXPECT_EQ(layernorm_fp32_rows_config(1536, true, 600).threads_per_row, 64);  // fp32 rows: no four-warp rule
+  EXPECT_EQ(layernorm_fp32_rows_config(5120, true, 32760).threads_per_row, 128);
+  EXPECT_EQ(layernorm_fp32_rows_config(1536, true, 8191).threads_per_row, 64);
+}
+
 // GRLN: four warps per row for few rows at 6-7 sweeps, the plain schedule otherwise.
 TEST(LayernormModulateConfig, GatedResidualTakesFourWarpsForFewRowsAt3072) {
   using difuse::norm::gated_residual_layernorm_modulate_config;

@@ -333,6 +333,45 @@ def test_two_warp_schedule_for_few_rows():
     assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="64")
 
 
+@pytest.mark.parametrize("B,L,H,offset", [(2, 4096, 1536, 0), (1, 8192, 1536, 4), (1, 8200, 1028, 0),
+                                          (3, 2731, 516, 4), (1, 9000, 4, 0), (1, 8192, 1540, 0)], ids=str)
+def test_many_narrow_rows_on_one_warp(B, L, H, offset):
+    """The default for >= 8192 rows at H <= 1536 (layernorm_modulate_rows_config): one warp per row, 8 rows per
+    block. Same bits with [B, H] chunks 8- and 2-byte aligned and per-token rows, x 16- or 8- but not 16-byte aligned
+    (paired / unpaired maps), 1-3 sweeps incl. a partial last one (1028), a part last block (3 x 2731 = 8193 rows),
+    adversarial values; 1540 (4 sweeps) keeps two warps."""
+    g = torch.Generator(device=DEV).manual_seed(SEED + 17 * L + H)
+    buf = torch.empty(B * L * H + offset, device=DEV, dtype=BF)
+    x = buf[offset:].view(B, L, H)
+    x.copy_((torch.randn(B, L, H, device=DEV, generator=g) * 3.0).to(BF))
+    f = x.view(-1).view(torch.int16)
+    pats = torch.tensor([0x7F80, -128, 0, -32768, 0x7FC1, 0x0001, 0x7F7F, -129], dtype=torch.int16, device=DEV)
+    f[::13] = pats[torch.arange(f[::13].numel(), device=DEV) % pats.numel()]
+    x[:, ::97] = 2.5  # constant rows
+    emb = (torch.randn(B, 6 * H + 1, device=DEV, generator=g) * 0.5).to(BF)
+    e8, e2 = emb[:, :6 * H].chunk(6, dim=1), emb[:, 1:].chunk(6, dim=1)
+    per_token = (torch.randn(B, L, H, device=DEV, generator=g).to(BF), torch.randn(B, L, H, device=DEV, generator=g).to(BF))
+    for sc, sh in ((e8[1], e8[0]), (e2[1], e2[0]), per_token):
+        assert_exact(x, sc, sh)
+
+
+def test_two_warp_schedule_for_many_narrow_rows():
+    """DIFUSE_LNMOD_THREADS_PER_ROW=64 (read once per process) keeps two warps per row for >= 8192 rows at H <= 1536,
+    where the default takes one: same bits for layernorm_modulate and Wan's fp32 modulate and affine norms at Wan
+    2.1 1.3B's 1x32760x1536 and SD3.5-medium's 2x4096x1536 (aligned, misaligned and per-token rows), adversarial x."""
+    from knob_run import PLACE_ADVERSARIAL, WAN_FP32_NORM_LINES, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "for i, (B, L, H) in enumerate([(1, 32760, 1536), (2, 4096, 1536), (1, 8200, 1028)]):\n"
+        "    g = torch.Generator(device='cuda').manual_seed(3400 + i)\n"
+        "    x = place(torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16), 4 * i % 8)\n"
+        "    emb = (torch.randn(B, 6 * H, device='cuda', generator=g) * 0.5).to(torch.bfloat16).chunk(6, dim=1)\n"
+        "    bad += count_mismatches(ops.layernorm_modulate(x, emb[1], emb[0], 1e-6),\n"
+        "                            ops.layernorm_modulate_eager(x, emb[1], emb[0], 1e-6))\n" + WAN_FP32_NORM_LINES)
+    assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="64")
+
+
 def test_two_warp_schedule_above_3584():
     """DIFUSE_LNMOD_THREADS_PER_ROW=64 (read once per process) keeps two warps per row for H up to 6144, where the
     default takes four above 3584: same bits for layernorm_modulate, GRLN (both outputs) and Wan's fp32 modulate and

@@ -132,7 +132,8 @@ def test_layernorm_modulate_fp32_row_loads(misaligned, kind):
     assert_ln(x, sc, sh)
 
 
-@pytest.mark.parametrize("shape", [(1, 32760, 5120), (2, 77, 1536), (1, 5, 4), (3, 300, 20000)], ids=str)
+@pytest.mark.parametrize("shape", [(1, 32760, 5120), (1, 32760, 1536), (2, 77, 1536), (1, 5, 4), (3, 300, 20000)],
+                         ids=str)
 def test_norm2_affine(shape):
     g = torch.Generator(device=DEV).manual_seed(SEED)
     B, L, H = shape
