@@ -266,8 +266,8 @@ constexpr int residual_sweep_batch() {
 // eligible warp 49 % of cycles). EA makes it three. The registers of the first batch are live during the wait
 // instead of after it: the same count expected (64, 4 blocks per SM). The arithmetic per element is unchanged
 // (the same gated_residual_vec4 on the same words, in the same order). Predicted: GRLN 1x4096x3072 39.2 -> ~36-37
-// us, 2x4096x1536 (2 batches) 43.6 -> ~41. Written in the thirteenth session after its last device call: not yet
-// run on the H200.
+// us. (2x4096x1536 takes the 32-register kernel by default since then, gated_residual_layernorm_modulate_config;
+// EA there runs unpaired.) Written in the thirteenth session after its last device call: not yet run on the H200.
 template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, bool F32MOD = false, int MINB = 1, int EPB = 1,
           bool SA = false, bool EA = false>
 __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Params p) {
@@ -759,6 +759,9 @@ void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, c
       }
     }
   }
+  if constexpr (RESIDUAL) {  // many narrow rows, after the measurement knobs: the 32-register kernel (cfg.dense)
+    if (cfg.dense) return launch_rows<64, false, MODVEC, true, 8>(p, d, s);
+  }
   if (epb) return launch_rows<128, false, MODVEC, RESIDUAL, 1, kEpilogueBatch>(p, d, s);
   switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
     case 65: return launch_rows<32, true, MODVEC, RESIDUAL>(p, d, s);
@@ -844,7 +847,19 @@ LayernormModulateConfig gated_residual_layernorm_modulate_config(int64_t h, bool
   // 1x512x3072 11.8 vs 13.3 us, 2x300x3072 12.0 vs 14.8; but 1x4096x3072 44.0 vs 43.1 and 2x4096x1536 46.6 vs
   // 44.7, so many rows keep two warps. Plain layernorm_modulate does not gain (1x512x3072 9.4 us on four warps at
   // 132f46f vs 8.7 on two at 5d35cbc). The bits do not change (every schedule replays the same tree).
-  return four_warps_for_few_rows(h, aligned16, rows, 6);
+  // Many narrow rows (>= kOneWarpMinRows at <= 3 sweeps): two warps on the 32-register kernel, 8 blocks per SM
+  // (MINB = 8: modulation rows and a from global memory, one vector at a time, the unpaired map). H200, forced by
+  // DIFUSE_LNMOD_BLOCKS_PER_SM=8 against ops.json of the same run: 2x4096x1536 41.8 us vs 45.1 at 132f46f
+  // (knob-sweeps/), 42.6 vs 44.2 at 0385466 (knob-sweeps/0385466/); at 3072 it loses (42.7 vs 39.7 at 0385466), so
+  // only H <= 1536. The kernel's PTX is 0385466's (scripts/ptx-diff.sh 0385466), exact in the whole suite at 5ee73e2
+  // (test_eight_blocks_per_sm_variant[8]). The default since the thirteenth session, after its last device call:
+  // not yet timed as the default on the H200. DIFUSE_LNMOD_THREADS_PER_ROW=64 keeps the MINB = 1 two-warp kernel.
+  LayernormModulateConfig c = four_warps_for_few_rows(h, aligned16, rows, 6);
+  if (forced_threads_per_row() == 0 && c.threads_per_row == 64 && c.sweeps <= 3 && rows >= kOneWarpMinRows) {
+    c.dense = true;
+    c.paired = false;
+  }
+  return c;
 }
 
 LayernormModulateConfig layernorm_modulate_rows_config(int64_t h, bool aligned16, int64_t rows) {

@@ -46,10 +46,14 @@ struct LayernormModulateConfig {
   int threads_per_row;  // 32, 64, 128 (rows staged in shared memory); 0 = the two-pass kernel (H > 24576)
   bool paired;          // 16-byte accesses
   int sweeps;           // sweeps of 512 elements (aten's 128 threads x 4) per row
+  // gated_residual_layernorm_modulate only: two warps per row on the 32-register kernel (8 blocks per SM, the
+  // modulation rows and a from global memory, the unpaired map; what DIFUSE_LNMOD_BLOCKS_PER_SM=8 forces)
+  bool dense = false;
 };
 LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16);
 // gated_residual_layernorm_modulate's schedule: layernorm_modulate_config's, except four warps per row for at most
-// 1024 rows at 6-7 sweeps (H in (2560, 3584]), where the two-warp blocks leave SMs with one block each.
+// 1024 rows at 6-7 sweeps (H in (2560, 3584]), where the two-warp blocks leave SMs with one block each, and the
+// 32-register two-warp kernel (`dense`) for at least 8192 rows at 1-3 sweeps (H <= 1536).
 LayernormModulateConfig gated_residual_layernorm_modulate_config(int64_t h, bool aligned16, int64_t rows);
 // layernorm_modulate's schedule: layernorm_modulate_config's, except four warps per row (with the batched epilogue)
 // for at most 1024 rows at 3-7 sweeps (H in (1024, 3584]), and one warp per row for at least 8192 rows at 1-3 sweeps

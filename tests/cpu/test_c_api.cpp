@@ -238,6 +238,17 @@ TEST(LayernormModulateConfig, GatedResidualTakesFourWarpsForFewRowsAt3072) {
   EXPECT_EQ(gated_residual_layernorm_modulate_config(3584, true, 600).threads_per_row, 128);  // 7 sweeps
   EXPECT_EQ(gated_residual_layernorm_modulate_config(2564, true, 600).threads_per_row, 128);  // 6 sweeps, partial
   EXPECT_EQ(gated_residual_layernorm_modulate_config(2560, true, 600).threads_per_row, 64);   // 5 sweeps
+  // many narrow rows: the 32-register two-warp kernel, unpaired
+  c = gated_residual_layernorm_modulate_config(1536, true, 8192);  // 2x4096x1536
+  EXPECT_EQ(c.threads_per_row, 64);
+  EXPECT_TRUE(c.dense);
+  EXPECT_FALSE(c.paired);
+  EXPECT_TRUE(gated_residual_layernorm_modulate_config(512, true, 32760).dense);     // 1 sweep
+  EXPECT_FALSE(gated_residual_layernorm_modulate_config(1536, true, 8191).dense);
+  EXPECT_FALSE(gated_residual_layernorm_modulate_config(1540, true, 8192).dense);    // 4 sweeps
+  EXPECT_FALSE(gated_residual_layernorm_modulate_config(3072, true, 4096).dense);
+  EXPECT_FALSE(gated_residual_layernorm_modulate_config(1536, true, 666).dense);     // few rows
+  EXPECT_FALSE(layernorm_modulate_config(1536, true).dense);
   EXPECT_EQ(gated_residual_layernorm_modulate_config(1536, true, 666).threads_per_row, 64);   // SD3.5's context
   EXPECT_EQ(layernorm_modulate_config(3072, true).threads_per_row, 64);  // the plain op keeps two warps
   c = gated_residual_layernorm_modulate_config(5120, true, 77);          // already four warps

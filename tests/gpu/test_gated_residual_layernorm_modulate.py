@@ -200,6 +200,49 @@ def test_early_a_variant(prefetch_a):
     assert_exact_under(script, DIFUSE_LNMOD_EARLY_A="1", DIFUSE_LNMOD_PREFETCH_A=prefetch_a)
 
 
+@pytest.mark.parametrize("B,L,H,off_h,off_a,per_token,per_token_mod", [
+    (2, 4096, 1536, 0, 0, False, False), (1, 8192, 1536, 4, 0, True, False), (1, 8200, 1028, 0, 4, False, True),
+    (3, 2731, 516, 4, 4, True, True), (1, 9000, 4, 0, 0, False, False), (1, 8192, 1540, 0, 0, False, False)],
+    ids=str)
+def test_many_narrow_rows_on_the_dense_kernel(B, L, H, off_h, off_a, per_token, per_token_mod):
+    """The default for >= 8192 rows at H <= 1536 (gated_residual_layernorm_modulate_config's `dense`): two warps per
+    row on the 32-register kernel, modulation rows and a from global memory. Both outputs bit for bit with h and a
+    16- or 8- but not 16-byte aligned, [B, H] or per-token gates and modulation rows, 1-3 sweeps incl. a partial last
+    one (1028), a part last block (3 x 2731 = 8193 rows), adversarial values in h; 1540 (4 sweeps) keeps the default
+    two-warp kernel."""
+    g = torch.Generator(device=DEV).manual_seed(SEED + 19 * L + H)
+
+    def place(t, offset):
+        buf = torch.empty(t.numel() + offset, device=DEV, dtype=BF)
+        x = buf[offset:].view(t.shape)
+        x.copy_(t)
+        return x
+
+    h, a, gate, scale, shift = make(B, L, H, gen=g, per_token=per_token)
+    h, a = place(h, off_h), place(a, off_a)
+    f = h.view(-1).view(torch.int16)
+    pats = torch.tensor([0x7F80, -128, 0, -32768, 0x7FC1, 0x0001, 0x7F7F, -129], dtype=torch.int16, device=DEV)
+    f[::13] = pats[torch.arange(f[::13].numel(), device=DEV) % pats.numel()]
+    h[:, ::97] = 2.5
+    a[:, ::97] = 0.0  # constant rows of the residual
+    if per_token_mod:
+        scale = torch.randn(B, L, H, device=DEV, generator=g).to(BF)
+        shift = torch.randn(B, L, H, device=DEV, generator=g).to(BF)
+    assert_exact(h, a, gate, scale, shift)
+
+
+def test_two_warp_schedule_for_many_narrow_rows():
+    """DIFUSE_LNMOD_THREADS_PER_ROW=64 (read once per process) keeps the default two-warp kernel (64 registers, the
+    modulation rows staged, the residual loads batched) for >= 8192 rows at H <= 1536, where the default takes the
+    32-register one: both outputs bit for bit at 2x4096x1536, 8200 rows at 1028, per-token gates and modulation rows,
+    unaligned views, adversarial values."""
+    from knob_run import assert_exact_under
+
+    script = _knob_script(3500, [((2, 4096, 1536), 0, 0, False, False), ((1, 8192, 1536), 4, 0, True, False),
+                                 ((1, 8200, 1028), 0, 4, False, True)])
+    assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="64")
+
+
 def test_two_warp_schedule_for_few_rows():
     """DIFUSE_LNMOD_THREADS_PER_ROW=64 (read once per process) keeps GRLN on two warps per row for the few-row
     shapes the default puts on four (at most 1024 rows, H in (2560, 3584]): both outputs bit for bit at FLUX's and
