@@ -329,7 +329,10 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
       }
     }
   }
-  // EA: the first batch of the residual pass's loads, before the wait (see EA above the kernel).
+  // EA: the first batch of the residual pass's loads, before the wait (see EA above the kernel). These loads and
+  // the first batch's stores below repeat the batched loop's bodies on purpose: folding them into shared helpers
+  // (tried in the thirteenth session) changes the PTX of 28 default kernels (4-18 instructions fewer) that ran exact
+  // on the H200; that belongs with a device run, or with dropping EA if it loses.
   constexpr int KB = residual_sweep_batch<G, MINB>();
   constexpr bool EARLY = EA && RESIDUAL && !SA && KB > 0;
   uint2 aw0[EARLY ? KB : 1][EARLY ? A : 1], gw0[EARLY ? KB : 1][EARLY ? A : 1];
@@ -829,10 +832,13 @@ LayernormModulateConfig four_warps_for_few_rows(int64_t h, bool aligned16, int64
 // since the thirteenth session, written after its last device call: not yet timed as the default on the H200.
 // The 8192 is the smallest measured win; 4096 rows at 1536 were not measured and keep two warps.
 constexpr int64_t kOneWarpMinRows = 8192;
+// Two warps by the width's rule, at most 3 sweeps, at least kOneWarpMinRows rows, no forced schedule: where
+// layernorm_modulate and the fp32 norms take one warp and GRLN its 32-register kernel.
+bool many_narrow_rows(const LayernormModulateConfig& c, int64_t rows) {
+  return forced_threads_per_row() == 0 && c.threads_per_row == 64 && c.sweeps <= 3 && rows >= kOneWarpMinRows;
+}
 LayernormModulateConfig one_warp_for_many_narrow_rows(const LayernormModulateConfig& c, int64_t rows) {
-  if (forced_threads_per_row() == 0 && c.threads_per_row == 64 && c.sweeps <= 3 && rows >= kOneWarpMinRows)
-    return {32, c.paired, c.sweeps};
-  return c;
+  return many_narrow_rows(c, rows) ? LayernormModulateConfig{32, c.paired, c.sweeps} : c;
 }
 }  // namespace
 
@@ -855,7 +861,7 @@ LayernormModulateConfig gated_residual_layernorm_modulate_config(int64_t h, bool
   // (test_eight_blocks_per_sm_variant[8]). The default since the thirteenth session, after its last device call:
   // not yet timed as the default on the H200. DIFUSE_LNMOD_THREADS_PER_ROW=64 keeps the MINB = 1 two-warp kernel.
   LayernormModulateConfig c = four_warps_for_few_rows(h, aligned16, rows, 6);
-  if (forced_threads_per_row() == 0 && c.threads_per_row == 64 && c.sweeps <= 3 && rows >= kOneWarpMinRows) {
+  if (many_narrow_rows(c, rows)) {
     c.dense = true;
     c.paired = false;
   }

@@ -210,19 +210,11 @@ def test_many_narrow_rows_on_the_dense_kernel(B, L, H, off_h, off_a, per_token, 
     16- or 8- but not 16-byte aligned, [B, H] or per-token gates and modulation rows, 1-3 sweeps incl. a partial last
     one (1028), a part last block (3 x 2731 = 8193 rows), adversarial values in h; 1540 (4 sweeps) keeps the default
     two-warp kernel."""
+    from row_placement import place
+
     g = torch.Generator(device=DEV).manual_seed(SEED + 19 * L + H)
-
-    def place(t, offset):
-        buf = torch.empty(t.numel() + offset, device=DEV, dtype=BF)
-        x = buf[offset:].view(t.shape)
-        x.copy_(t)
-        return x
-
     h, a, gate, scale, shift = make(B, L, H, gen=g, per_token=per_token)
-    h, a = place(h, off_h), place(a, off_a)
-    f = h.view(-1).view(torch.int16)
-    pats = torch.tensor([0x7F80, -128, 0, -32768, 0x7FC1, 0x0001, 0x7F7F, -129], dtype=torch.int16, device=DEV)
-    f[::13] = pats[torch.arange(f[::13].numel(), device=DEV) % pats.numel()]
+    h, a = place(h, off_h, every=13), place(a, off_a)
     h[:, ::97] = 2.5
     a[:, ::97] = 0.0  # constant rows of the residual
     if per_token_mod:

@@ -340,13 +340,10 @@ def test_many_narrow_rows_on_one_warp(B, L, H, offset):
     block. Same bits with [B, H] chunks 8- and 2-byte aligned and per-token rows, x 16- or 8- but not 16-byte aligned
     (paired / unpaired maps), 1-3 sweeps incl. a partial last one (1028), a part last block (3 x 2731 = 8193 rows),
     adversarial values; 1540 (4 sweeps) keeps two warps."""
+    from row_placement import place
+
     g = torch.Generator(device=DEV).manual_seed(SEED + 17 * L + H)
-    buf = torch.empty(B * L * H + offset, device=DEV, dtype=BF)
-    x = buf[offset:].view(B, L, H)
-    x.copy_((torch.randn(B, L, H, device=DEV, generator=g) * 3.0).to(BF))
-    f = x.view(-1).view(torch.int16)
-    pats = torch.tensor([0x7F80, -128, 0, -32768, 0x7FC1, 0x0001, 0x7F7F, -129], dtype=torch.int16, device=DEV)
-    f[::13] = pats[torch.arange(f[::13].numel(), device=DEV) % pats.numel()]
+    x = place((torch.randn(B, L, H, device=DEV, generator=g) * 3.0).to(BF), offset, every=13)
     x[:, ::97] = 2.5  # constant rows
     emb = (torch.randn(B, 6 * H + 1, device=DEV, generator=g) * 0.5).to(BF)
     e8, e2 = emb[:, :6 * H].chunk(6, dim=1), emb[:, 1:].chunk(6, dim=1)
