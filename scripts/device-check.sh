@@ -91,8 +91,6 @@ stage_sanitizer() {
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       echo "memcheck with the 48-register two-warp LayerNorm rows (DIFUSE_LNMOD_BLOCKS_PER_SM=5):" &&
       DIFUSE_LNMOD_BLOCKS_PER_SM=5 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck with GRLN's early residual loads (DIFUSE_LNMOD_EARLY_A=1; the smoke test's 19 rows at 1536 take them):" &&
-      DIFUSE_LNMOD_EARLY_A=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       echo "memcheck and racecheck with the pipelined FLUX and Qwen-Image prologues on a grid of 2 blocks (DIFUSE_QK_PIPELINED=2):" &&
       DIFUSE_QK_PIPELINED=2 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
@@ -189,7 +187,6 @@ DIFUSE_LNMOD_F32_ROW_EPILOGUE=1:layernorm_modulate_fp32;DIFUSE_LNMOD_EPILOGUE_BA
 DIFUSE_LNMOD_EPILOGUE_BATCH=1:layernorm_modulate;DIFUSE_RMS_STREAM_BATCH=1:rms_norm;DIFUSE_RMS_STREAM_BATCH=0:rms_norm;DIFUSE_LNMOD_EPILOGUE_BATCH=0:gated_residual_layernorm_modulate;DIFUSE_LNMOD_STAGE_A=1:gated_residual_layernorm_modulate;\
 DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate_fp32;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate_fp32;DIFUSE_LNMOD_THREADS_PER_ROW=64:layernorm_modulate_fp32;\
 DIFUSE_LNMOD_THREADS_PER_ROW=128:gated_residual_layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=64:gated_residual_layernorm_modulate;DIFUSE_LNMOD_PREFETCH_A=1:gated_residual_layernorm_modulate;\
-DIFUSE_LNMOD_EARLY_A=1:gated_residual_layernorm_modulate;DIFUSE_LNMOD_EARLY_A=1,DIFUSE_LNMOD_PREFETCH_A=1:gated_residual_layernorm_modulate;\
 DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=64:layernorm_modulate;\
 DIFUSE_LNMOD_BLOCKS_PER_SM=8:gated_residual_layernorm_modulate;DIFUSE_LNMOD_BLOCKS_PER_SM=5:gated_residual_layernorm_modulate;\
 DIFUSE_LNMOD_BLOCKS_PER_SM=5:layernorm_modulate;DIFUSE_EW_GRID2D=1:gated_residual;\

@@ -258,18 +258,12 @@ constexpr int residual_sweep_batch() {
 // 60 KB per two-warp block, 3 blocks per SM instead of 4. Exact on the H200 at 94cceb5 (test_staged_a_variant),
 // slower: 1x4096x3072 48.5 us vs 39.5 (predicted ~34 or no better: the lost block per SM cost more than the
 // round trips saved), 1x512x3072 11.0 vs 11.1 (knob-sweeps/94cceb5/).
-// EA (DIFUSE_LNMOD_EARLY_A=1, for measurement; gated_residual_layernorm_modulate on two warps per row, the
-// 4096-row FLUX / Qwen / SD3 sites): the residual pass's first batch of a and gate loads (KB sweeps) is issued before
-// the wait for h's copies, so it travels with them instead of after them. By default the residual pass starts after
-// `cp.async.wait_all`, which the compiler does not move a load across: the row's h copy, then 3 batches of a and
-// gate loads at H = 3072, four DRAM round trips in turn per row (ncu at edec152: latency-bound, issue 0.51, no
-// eligible warp 49 % of cycles). EA makes it three. The registers of the first batch are live during the wait
-// instead of after it: the same count expected (64, 4 blocks per SM). The arithmetic per element is unchanged
-// (the same gated_residual_vec4 on the same words, in the same order). Predicted: GRLN 1x4096x3072 39.2 -> ~36-37
-// us. (2x4096x1536 takes the 32-register kernel by default since then, gated_residual_layernorm_modulate_config;
-// EA there runs unpaired.) Written in the thirteenth session after its last device call: not yet run on the H200.
+// EA (DIFUSE_LNMOD_EARLY_A=1, 215f468, removed): the residual pass's first batch of a and gate loads issued before
+// the wait for h's copies (three DRAM round trips in turn per row at 3072 instead of four). Exact on the H200 at
+// d3185fc (861 tests of this family), no faster: 1x4096x3072 39.7 vs 39.6 us (predicted 36-37: wrong), 2x4096x1536
+// 41.3 vs 42.0, within the noise (knob-sweeps/d3185fc/). The wait for h is not what a row waits on.
 template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, bool F32MOD = false, int MINB = 1, int EPB = 1,
-          bool SA = false, bool EA = false>
+          bool SA = false>
 __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Params p) {
   using Map = AtenThreadMap<G, PAIRED>;
   constexpr int A = Map::kSlots;
@@ -329,30 +323,6 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
       }
     }
   }
-  // EA: the first batch of the residual pass's loads, before the wait (see EA above the kernel). These loads and
-  // the first batch's stores below repeat the batched loop's bodies on purpose: folding them into shared helpers
-  // (tried in the thirteenth session) changes the PTX of 28 default kernels (4-18 instructions fewer) that ran exact
-  // on the H200; that belongs with a device run, or with dropping EA if it loses.
-  constexpr int KB = residual_sweep_batch<G, MINB>();
-  constexpr bool EARLY = EA && RESIDUAL && !SA && KB > 0;
-  uint2 aw0[EARLY ? KB : 1][EARLY ? A : 1], gw0[EARLY ? KB : 1][EARLY ? A : 1];
-  if constexpr (EARLY) {
-    if (active) {
-      const int64_t bb = p.seq_div.div(row), ll = row - bb * p.seq;
-      const uint16_t* grow = p.gate + bb * p.gate_stride + ll * p.gate_stride_l;
-      const uint2* ar = reinterpret_cast<const uint2*>(p.a + row * p.h);
-#pragma unroll
-      for (int kk = 0; kk < KB; ++kk) {
-#pragma unroll
-        for (int j = 0; j < A; ++j) {
-          const int vi = Map::aten_thread(i, j) + kAtenThreads * kk;
-          const bool in = kk < sweeps && vi < V;
-          aw0[kk][j] = in ? ar[vi] : make_uint2(0, 0);
-          gw0[kk][j] = in ? load_mod_words(grow + kVecElems * vi) : make_uint2(0, 0);
-        }
-      }
-    }
-  }
   cp_async_wait_all();
   if constexpr (STAGE_MOD) __syncthreads();  // the modulation rows were copied by the whole block
 
@@ -367,6 +337,7 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
       // load waited for the previous vector's store (the compiler does not move a load above a store that may
       // alias it): sweeps x A = 12 round trips to DRAM per lane at H = 3072, one after the other (SASS). The
       // arithmetic per element is unchanged.
+      constexpr int KB = residual_sweep_batch<G, MINB>();
       if constexpr (KB == 0) {
         for (int k = 0; k < sweeps; ++k) {
 #pragma unroll
@@ -380,21 +351,7 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
           }
         }
       } else {
-        if constexpr (EARLY) {  // the first batch, loaded before the wait
-#pragma unroll
-          for (int kk = 0; kk < KB; ++kk) {
-#pragma unroll
-            for (int j = 0; j < A; ++j) {
-              const int vi = Map::aten_thread(i, j) + kAtenThreads * kk;
-              if (kk < sweeps && vi < V) {
-                const uint2 h1 = modulate::gated_residual_vec4(sx[vi], aw0[kk][j], gw0[kk][j]);
-                sx[vi] = h1;
-                rr[vi] = h1;
-              }
-            }
-          }
-        }
-        for (int k0 = EARLY ? KB : 0; k0 < sweeps; k0 += KB) {
+        for (int k0 = 0; k0 < sweeps; k0 += KB) {
           uint2 aw[KB][A], gw[KB][A];
 #pragma unroll
           for (int kk = 0; kk < KB; ++kk) {
@@ -662,11 +619,10 @@ __global__ void __launch_bounds__(128) layernorm_modulate_stream(const Params p)
 
 constexpr size_t kMaxStagedBytes = 72 * 1024;  // dynamic staging per block: (8+2) x 6 KB, (4+2) x 12 KB, 1 x 48 KB
 
-template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, int MINB = 1, int EPB = 1, bool SA = false,
-          bool EA = false>
+template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, int MINB = 1, int EPB = 1, bool SA = false>
 void launch_rows(const Params& p, int device, cudaStream_t stream) {
   constexpr int ROWS = G == 128 ? 1 : 256 / G;
-  auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC, RESIDUAL, false, MINB, EPB, SA, EA>;
+  auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC, RESIDUAL, false, MINB, EPB, SA>;
   // 48 KB of dynamic shared memory plus the kernel's static part needs the opt-in, once per device.
   static std::atomic<uint64_t> opted_in{0};
   opt_in_shared_memory(kernel, device, static_cast<int>(kMaxStagedBytes), opted_in);
@@ -744,13 +700,6 @@ void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, c
                       : launch_rows<64, false, MODVEC, RESIDUAL, 5>(p, d, s);
   const bool epb = epilogue_batched(cfg, p.rows);
   if constexpr (RESIDUAL) {
-    // DIFUSE_LNMOD_EARLY_A=1 (for measurement; EA above the kernel): GRLN's two-warp rows with the residual pass's
-    // first batch of loads issued before the wait for h. Not with the other measurement knobs (they take the
-    // rows above and below). Read once.
-    static const int early_a = detail::positive_env_knob("DIFUSE_LNMOD_EARLY_A");
-    if (early_a == 1 && cfg.threads_per_row == 64 && !stage_a_fits(cfg, MODVEC, p.v))
-      return cfg.paired ? launch_rows<64, true, MODVEC, true, 1, 1, false, true>(p, d, s)
-                        : launch_rows<64, false, MODVEC, true, 1, 1, false, true>(p, d, s);
     if (stage_a_fits(cfg, MODVEC, p.v)) {
       switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
         case 129: return launch_rows<64, true, MODVEC, true, 1, 1, true>(p, d, s);
@@ -829,7 +778,9 @@ LayernormModulateConfig four_warps_for_few_rows(int64_t h, bool aligned16, int64
 // lose (2x333x1536 9.6 vs 8.0) and wider rows do not gain (1x32760x5120 203.2 vs 202.8, 2x1024x2240 13.9 vs 13.2).
 // Those one-warp kernels' PTX is 132f46f's (scripts/ptx-diff.sh 132f46f), and they ran exact in the whole suite at
 // 5ee73e2 (tests.json: the forced one-warp schedules of test_layernorm_modulate.py and test_wan_fp32.py). The default
-// since the thirteenth session, written after its last device call: not yet timed as the default on the H200.
+// since 196d420; timed as the default at d3185fc (ops.json against DIFUSE_LNMOD_THREADS_PER_ROW=64 in the same run,
+// knob-sweeps/d3185fc/): 1x32760x1536 80.3 vs 86.8, 2x4096x1536 27.3 vs 28.5, fp32 1x32760x1536 90.0 vs 93.0; its
+// tests passed there (gpu-tests-d3185fc.json).
 // The 8192 is the smallest measured win; 4096 rows at 1536 were not measured and keep two warps.
 constexpr int64_t kOneWarpMinRows = 8192;
 // Two warps by the width's rule, at most 3 sweeps, at least kOneWarpMinRows rows, no forced schedule: where
@@ -858,8 +809,9 @@ LayernormModulateConfig gated_residual_layernorm_modulate_config(int64_t h, bool
   // DIFUSE_LNMOD_BLOCKS_PER_SM=8 against ops.json of the same run: 2x4096x1536 41.8 us vs 45.1 at 132f46f
   // (knob-sweeps/), 42.6 vs 44.2 at 0385466 (knob-sweeps/0385466/); at 3072 it loses (42.7 vs 39.7 at 0385466), so
   // only H <= 1536. The kernel's PTX is 0385466's (scripts/ptx-diff.sh 0385466), exact in the whole suite at 5ee73e2
-  // (test_eight_blocks_per_sm_variant[8]). The default since the thirteenth session, after its last device call:
-  // not yet timed as the default on the H200. DIFUSE_LNMOD_THREADS_PER_ROW=64 keeps the MINB = 1 two-warp kernel.
+  // (test_eight_blocks_per_sm_variant[8]). The default since be1cdc5; timed as the default at d3185fc: 2x4096x1536
+  // 42.0 vs 44.7 (knob-sweeps/d3185fc/), its tests passed there (gpu-tests-d3185fc.json).
+  // DIFUSE_LNMOD_THREADS_PER_ROW=64 keeps the MINB = 1 two-warp kernel.
   LayernormModulateConfig c = four_warps_for_few_rows(h, aligned16, rows, 6);
   if (many_narrow_rows(c, rows)) {
     c.dense = true;

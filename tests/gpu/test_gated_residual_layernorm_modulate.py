@@ -183,23 +183,6 @@ def test_staged_a_variant(epilogue_batch):
     assert_exact_under(script, DIFUSE_LNMOD_STAGE_A="1", DIFUSE_LNMOD_EPILOGUE_BATCH=epilogue_batch)
 
 
-@pytest.mark.parametrize("prefetch_a", ["0", "1"])
-def test_early_a_variant(prefetch_a):
-    """DIFUSE_LNMOD_EARLY_A=1 (read once per process): GRLN's two-warp rows issue the residual pass's first batch of
-    a and gate loads before the wait for h's copies: both outputs bit for bit at FLUX's 4096 rows at 3072 (paired
-    16-byte rows; 3 batches), Qwen / SD3's 1536 (2 batches), 2564 (6 sweeps, the last partial) and 516 (2 sweeps:
-    one batch, nothing after the early one), h or a 8- but not 16-byte aligned (the unpaired map), per-token gates
-    and modulation rows, a part last block (37 rows), adversarial values; few rows (the four-warp default there,
-    which the knob leaves alone); with DIFUSE_LNMOD_PREFETCH_A=1 too."""
-    from knob_run import assert_exact_under
-
-    script = _knob_script(3300, [((1, 4096, 3072), 0, 0, False, False), ((2, 4096, 1536), 0, 0, True, False),
-                                 ((2, 1100, 3072), 4, 0, False, True), ((1, 1100, 3072), 0, 4, True, True),
-                                 ((2, 37, 2564), 0, 0, True, False), ((1, 2100, 516), 4, 4, False, False),
-                                 ((1, 512, 3072), 0, 0, False, False), ((1, 1030, 1540), 0, 0, False, True)])
-    assert_exact_under(script, DIFUSE_LNMOD_EARLY_A="1", DIFUSE_LNMOD_PREFETCH_A=prefetch_a)
-
-
 @pytest.mark.parametrize("B,L,H,off_h,off_a,per_token,per_token_mod", [
     (2, 4096, 1536, 0, 0, False, False), (1, 8192, 1536, 4, 0, True, False), (1, 8200, 1028, 0, 4, False, True),
     (3, 2731, 516, 4, 4, True, True), (1, 9000, 4, 0, 0, False, False), (1, 8192, 1540, 0, 0, False, False)],
