@@ -96,8 +96,6 @@ stage_sanitizer() {
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_PIPELINED=2 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck with Qwen-Image's v rows through the slots (DIFUSE_QK_QWEN_VCOPY_SMEM=0):" &&
-      DIFUSE_QK_QWEN_VCOPY_SMEM=0 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       echo "memcheck and racecheck with SD3.5's v rows copied global to global (DIFUSE_QK_SD35_VCOPY_SMEM=0), the default's v rows on 4 warps per token:" &&
       DIFUSE_QK_SD35_VCOPY_SMEM=0 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_SD35_LEAN=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
@@ -169,7 +167,7 @@ Registers Per Thread|Block Limit|Warp Cycles Per Issued|Issued Warp Per Schedule
 # sweeps/<op>-<tag>.json, packed into sweeps.tgz. The default list times the alternatives to each default.
 DEFAULT_SWEEPS="DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=3:qk_norm_rope_flux;\
 DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_flux;DIFUSE_QK_UNSTAGED=1:qk_norm_rope_flux;DIFUSE_QK_PIPELINED=1:qk_norm_rope_flux;\
-DIFUSE_QK_VCOPY=1:qk_norm_rope_flux;DIFUSE_QK_VCOPY=1:qk_norm_rope_qwen;DIFUSE_QK_QWEN_VCOPY_SMEM=0:qk_norm_rope_qwen;\
+DIFUSE_QK_VCOPY=1:qk_norm_rope_flux;DIFUSE_QK_VCOPY=1:qk_norm_rope_qwen;\
 DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_qwen;DIFUSE_QK_UNSTAGED=1:qk_norm_rope_qwen;DIFUSE_QK_PIPELINED=1:qk_norm_rope_qwen;\
 DIFUSE_RMS_LANES_PER_ROW=32,DIFUSE_RMS_ROWS_PER_WARP=4:rms_norm;DIFUSE_RMS_STAGED_ROWS=1:rms_norm;DIFUSE_RMS_STAGED_HEADS=1:rms_norm;\
 DIFUSE_RMSD_ROWS_PER_WARP=1:rms_norm_diffusers;DIFUSE_RMSD_STAGED_ROWS=1:rms_norm_diffusers;DIFUSE_RMSD_STAGED_ROWS=0:rms_norm_diffusers;\

@@ -281,7 +281,7 @@ def op_specs(torch):
 # Environment variables that change which kernel variant runs (read by the C++ launchers); a record made with one
 # set says so in its command, so the number cannot be mistaken for the default variant's.
 KERNEL_KNOBS = ("DIFUSE_QK_ROWS_PER_WARP", "DIFUSE_QK_LANES_PER_ROW", "DIFUSE_QK_UNSTAGED", "DIFUSE_QK_PIPELINED",
-                "DIFUSE_QK_VCOPY", "DIFUSE_QK_SD35_WARPS", "DIFUSE_QK_SD35_VCOPY_SMEM", "DIFUSE_QK_QWEN_VCOPY_SMEM", "DIFUSE_QK_SD35_LEAN",
+                "DIFUSE_QK_VCOPY", "DIFUSE_QK_SD35_WARPS", "DIFUSE_QK_SD35_VCOPY_SMEM", "DIFUSE_QK_SD35_LEAN",
                 "DIFUSE_QK_SD35_OUT_SMEM",
                 "DIFUSE_RMS_ROWS_PER_WARP", "DIFUSE_RMS_LANES_PER_ROW", "DIFUSE_RMS_STAGED_ROWS",
                 "DIFUSE_RMS_STAGED_HEADS", "DIFUSE_RMS_STREAM_BATCH",

@@ -66,11 +66,11 @@
 // slot rows (24 heads) the EVEN kernel drops the bounds test and zero fill: row loop 178 -> 163
 // (scripts/sass-loops.sh); predicted ~46 us, measured at 132f46f 48.8 (ops.json; target 50: met); this file's 258 tests
 // passed there (tests.json).
-// Fourteenth session: the v rows out of the slots (VSMEM above run_token, the default where v_out is 16-byte aligned;
-// DIFUSE_QK_QWEN_VCOPY_SMEM=0 keeps them in). SASS (scripts/sass-loops.sh): row loop 163 -> 166 instructions per
-// slot, but 24 slots per 24-head token instead of 36 (3 rounds of 8 warps instead of 5 / 4) plus a copy loop of 16
-// per 16-byte vector (1-2 per thread); the copy sits before the slots (after them, the kernel spilled 8 bytes at
-// 32 registers). 32 registers, no spills. Predicted 1x4608x24x128 txt512 49.8 -> ~47 us (d3185fc's ops.json).
+// Tried in the fourteenth session (479c108, removed): the v rows copied out of shared memory by the whole block
+// (copy_staged_rows_out, as qk_norm_sd35's default) instead of through the slots, so 2H rows go through them (24
+// slots per 24-head token instead of 36). Exact on the H200 (this file's 259 tests), no faster: txt512 49.5 vs 49.4
+// us, fused 48.9 vs 48.9, batch 2 89.5 vs 89.7 (knob-sweeps/479c108/; predicted ~47). Fewer instructions do not
+// speed this kernel up any more.
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -159,23 +159,15 @@ __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uin
 // (stage_token's layout), read where used. The staged kernels run at head_dim 128 only (the launcher's
 // condition): there D and the lane runs' bounds are compile-time constants and a row's output base is p.out[role]
 // (one indexed constant load instead of selects), as in qk_norm_rope.cu. Index arithmetic only.
-// EVEN (R == 1, an even number of slot rows: the VCOPY and VSMEM kernels' 2H always, the staged kernel's 3H when H
-// is even, as Qwen-Image's 24 heads): every slot is full, so a row needs no bounds test or zero fill.
-// VSMEM (with STAGED and EVEN; the default where v_out is 16-byte aligned, DIFUSE_QK_QWEN_VCOPY_SMEM=0 turns it off):
-// the v rows stay staged with q and k (stage_token's layout unchanged) but skip the slots: only the 2H q and k rows
-// go through them, and before its slots (after them the kernel spilled) the whole block copies the H v rows from
-// shared memory to the output in 16-byte vectors (copy_staged_rows_out, as qk_norm_sd35's default after its slots).
-// A v row in a slot paid two shared loads, the sum of squares, the shuffle tree and rsqrt of a normalised row, and
-// its stores, for a copy; and 3H = 72 rows are 36 slots over 8 warps (5 rounds for half the warps, 4 for the rest),
-// 2H = 48 are 24 (3 rounds each). The same stores of the same bits, issued by other threads.
-template <int E, int R, int SPAN, bool STAGED, bool VCOPY = false, bool EVEN = false, bool VSMEM = false>
+// EVEN (R == 1, an even number of slot rows: the VCOPY kernel's 2H always, the default's 3H when H is even, as
+// Qwen-Image's 24 heads): every slot is full, so a row needs no bounds test or zero fill.
+template <int E, int R, int SPAN, bool STAGED, bool VCOPY = false, bool EVEN = false>
 __device__ __forceinline__ void run_token(const Params& p, unsigned token, const uint2* staged) {
   // SPAN 16 (the default for head_dim 128, only there): half a warp per row, lane u holding runs u and
   // u + 16 (norm::head_rstd_half_warp); slots of two rows, as in qk_norm_rope.cu.
   static_assert(SPAN == 32 || (SPAN == 16 && E == 4), "half-warp rows need 128-element heads");
   static_assert(!STAGED || SPAN == 16, "the staged kernel is the half-warp one");
   static_assert(!EVEN || R == 1, "full slots are only guaranteed with one slot per warp and step");
-  static_assert(!VSMEM || (STAGED && EVEN && !VCOPY), "VSMEM copies the staged v rows out; its 2H slot rows are even");
   constexpr int K = 32 / SPAN;
   constexpr int kD = STAGED ? 128 : 0;  // head_dim when fixed at compile time
   const int D = kD != 0 ? kD : p.D;
@@ -216,14 +208,8 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
                          (st.freqs != nullptr ? 4u : 0u);
   const int64_t out_token = (b * p.S + sj) * p.H * D;  // output row of head h: out_token + h * D
 
-  const int rows = (VCOPY || VSMEM ? 2 : 3) * p.H;  // through the slots (VCOPY: v copied by stage_token; VSMEM: below)
-  const uint2* s_tab = staged + (VCOPY ? 2 : 3) * p.H * 32;  // STAGED: after the staged rows, freqs (64 complex), q
-                                                               // weight (32 vectors), k weight (32)
-  // VSMEM: the v rows (staged rows 2H .. 3H - 1, 16 vectors of 16 bytes each) out before the slots. No barrier: the
-  // slots only read the staged rows.
-  if constexpr (VSMEM)
-    copy_staged_rows_out<16, kWarps * 32>(reinterpret_cast<const uint4*>(staged) + 2 * p.H * 16, p.out[2] + out_token,
-                                          kD, p.H);
+  const int rows = (VCOPY ? 2 : 3) * p.H;  // VCOPY: the v rows were copied by stage_token
+  const uint2* s_tab = staged + rows * 32;  // STAGED: freqs (64 complex), q weight (32 vectors), k weight (32)
   const int slots = (rows + K - 1) / K;
   for (int base = warp; base < slots; base += kWarps * R) {
     HeadRun<E> x[R][K];
@@ -285,15 +271,14 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
 
 // One block per token. VCOPY (with STAGED; DIFUSE_QK_VCOPY=1, for measurement, slower on the H200; v_out
 // 16-byte aligned): the v rows are copied global to global beside the staging copies, only q and k staged.
-template <int E, int R, int MIN_BLOCKS, int SPAN = 32, bool STAGED = false, bool VCOPY = false, bool EVEN = false,
-          bool VSMEM = false>
+template <int E, int R, int MIN_BLOCKS, int SPAN = 32, bool STAGED = false, bool VCOPY = false, bool EVEN = false>
 __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_kernel(const Params p) {
   static_assert(!VCOPY || STAGED, "the v copy rides on the staged kernel's 16-byte aligned rows");
   extern __shared__ uint4 staged16[];  // STAGED: the token's rows and tables (stage_token's layout)
   block_token<STAGED>(
       staged16, [&](unsigned token, uint4* dst) { stage_token<VCOPY>(p, token, dst); },
       [&](unsigned token, const uint4* src) {
-        run_token<E, R, SPAN, STAGED, VCOPY, EVEN, VSMEM>(p, token, reinterpret_cast<const uint2*>(src));
+        run_token<E, R, SPAN, STAGED, VCOPY, EVEN>(p, token, reinterpret_cast<const uint2*>(src));
       });
 }
 
@@ -429,11 +414,6 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
       staged_bytes <= 48 * 1024 && head_rows_aligned16({&p.txt, &p.img})) {
     static const int pipelined_knob = detail::positive_env_knob("DIFUSE_QK_PIPELINED");
     static const int vcopy_knob = detail::positive_env_knob("DIFUSE_QK_VCOPY");  // (the pipelined kernel stages v)
-    // VSMEM, the default where v_out is 16-byte aligned (DIFUSE_QK_QWEN_VCOPY_SMEM=0, for measurement, sends the v
-    // rows through the slots as before): v staged, copied out before the 2H q and k rows' slots. Written in the
-    // fourteenth session; predicted 1x4608x24x128 txt512 49.8 -> ~47 us (ncu at e383706 had the staged prologues
-    // issue-bound: a v slot's ~70 SASS instructions become ~10 per 16-byte vector, and the warps' 5 / 4 rounds 3).
-    static const int vsmem_knob = detail::env_knob_or("DIFUSE_QK_QWEN_VCOPY_SMEM", 1);
     if (pipelined_knob >= 1 && 2 * staged_bytes <= 48 * 1024) {
       // Two buffers per block (~38 KB at 24 heads): 5 blocks per SM on a grid of the resident blocks (at most N
       // with DIFUSE_QK_PIPELINED=N >= 2, for tests), each block's next token in flight while it computes.
@@ -444,11 +424,6 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
       // v rows copied, 2H rows staged (even)
       norm::launch_max_shared<qk_norm_rope_qwen_kernel<4, 1, 8, 16, true, true, true>>(
           p, grid, block, staged_bytes - static_cast<size_t>(p.H) * p.D * sizeof(uint16_t), a.q.device, stream);
-    } else if (vsmem_knob != 0 && detail::aligned(p.out[2], 16)) {
-      // 3H rows staged (~19 KB at 24 heads, 8 blocks per SM), v copied out, 2H through the slots (even)
-      norm::launch_max_shared<qk_norm_rope_qwen_kernel<4, 1, 8, 16, true, false, true, true>>(p, grid, block,
-                                                                                              staged_bytes,
-                                                                                              a.q.device, stream);
     } else {
       // most shared memory: 8 blocks of ~19 KB per SM; every slot full when 3H is even (Qwen-Image: 24 heads)
       if (3 * p.H % 2 == 0)

@@ -282,23 +282,6 @@ def test_v_copy_variant():
     assert_exact_under_prologue("qk_norm_rope_qwen", 128, specs, adversarial, 1860, DIFUSE_QK_VCOPY="1")
 
 
-def test_v_rows_through_the_slots_variant():
-    """DIFUSE_QK_QWEN_VCOPY_SMEM=0 (read once per process): the staged kernel before the fourteenth session, the v
-    rows sent through the warps' slots with q and k (3H slot rows: the EVEN kernel at an even head count, the
-    bounds-tested one at an odd), where the default copies them out of shared memory after the 2H q and k rows'
-    slots: same bits for short and long prompts, fused and separate projections, batch 2, odd head counts, no
-    weights, no RoPE, adversarial values (NaN payloads, +-0, infinities in v too)."""
-    from knob_run import assert_exact_under_prologue
-
-    specs = [((1, 512, 4096, 24, 128), True), ((2, 34, 300, 24, 128), False), ((3, 20, 61, 3, 128), True),
-             ((2, 16, 45, 17, 128), False), ((1, 33, 77, 3, 64), True)]
-    adversarial = [(1, 40, 300, 24, 0, True, True),
-                   (2, 16, 33, 3, 0, False, True),
-                   (1, 17, 17, 24, 0, False, False),
-                   (1, 16, 20, 2, 4, True, True)]
-    assert_exact_under_prologue("qk_norm_rope_qwen", 128, specs, adversarial, 1870, DIFUSE_QK_QWEN_VCOPY_SMEM="0")
-
-
 def test_pipelined_variant():
     """DIFUSE_QK_PIPELINED=1 (read once per process): where the staged kernel applies and two tokens' buffers fit in
     48 KB, a grid of the resident blocks loops over the tokens, staging the next token (rows, freqs row, weights)
