@@ -140,6 +140,9 @@ stage_e2e() {
 # Nsight Compute on one launch of each op at its first site shape (after the exactness check), or at SHAPE for an
 # entry op:SHAPE (e.g. rms_norm_modulate:4096x1x3072, bench ops' --shape), hardware counters read without touching
 # the clocks (--clock-control none, as the device notes ask). ncu-<op>.txt each (ncu-<op>-<SHAPE>.txt).
+# An entry stream:MB profiles aten's vectorized elementwise kernel (b = -a in bf16) moving MB megabytes, half read and
+# half written, as the bench's same-bytes copy does: the speed of light of a plain streaming kernel at that size
+# (DRAM and L2 throughput), against which the ops' own reports read (every op's L2 throughput tops its DRAM's).
 NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
   --section MemoryWorkloadAnalysis --section SchedulerStats"
 stage_ncu() {
@@ -149,6 +152,19 @@ stage_ncu() {
     op=${entry%%:*}
     shape=; [ "$op" = "$entry" ] || shape=${entry#*:}
     file="$OUT/ncu-$op${shape:+-$shape}.txt"
+    if [ "$op" = stream ]; then  # stream:MB, the ceiling any streaming kernel meets at that size (below)
+      say "ncu: aten's vectorized elementwise kernel (b = -a, bf16) moving ${shape:-100} MB (half read, half written)"
+      # shellcheck disable=SC2086
+      { echo "command: scripts/device-check.sh --stage ncu (ncu on torch.neg(a, out=b), ${shape:-100} MB moved);" \
+          "git $DIFUSE_GIT_SHA"
+        ncu --clock-control none -k regex:vectorized_elementwise --launch-skip 1 --launch-count 1 $NCU_SECTIONS \
+          python3 -c "import torch; n = int(${shape:-100} * 1e6) // 4; a = torch.empty(n, dtype=torch.bfloat16, device='cuda')
+b = torch.empty_like(a)
+for _ in range(3): torch.neg(a, out=b)
+torch.cuda.synchronize()"; } >"$file" 2>&1 || r=1
+      grep -E "Duration|DRAM Throughput|L2 Cache Throughput|Memory Throughput|L2 Hit Rate|==ERROR==" "$file" | head -n 12
+      continue
+    fi
     say "ncu: $op (one launch at ${shape:-the first site shape of bench ops})"
     # shellcheck disable=SC2086
     { echo "command: scripts/device-check.sh --stage ncu (ncu on python3 -m difuse bench ops --op $op${shape:+ --shape $shape} --reps 3);" \
