@@ -22,9 +22,9 @@
 //
 // Schedules: H <= 3584 two warps per row (4 rows per block; up to 6144 with DIFUSE_LNMOD_THREADS_PER_ROW=64), H <=
 // 24576 four warps (1 row); few rows four warps and many rows at H <= 1536 one warp (8 rows per block; the
-// *_rows_config functions below), each staging its
-// row (and, for multi-row blocks, the batch's scale and shift rows) in shared memory with cp.async (one
-// read, one write); one warp per row exists for measurements (DIFUSE_LNMOD_THREADS_PER_ROW=32); H > 24576 a
+// *_rows_config functions below; GRLN's many rows at H <= 1536 take two warps on the 32-register kernel instead),
+// each staging its row (and, for multi-row blocks, the batch's scale and shift rows) in shared memory with cp.async
+// (one read, one write); DIFUSE_LNMOD_THREADS_PER_ROW=32|64|128 forces a schedule everywhere; H > 24576 a
 // 128-thread two-pass kernel (second read mostly from L2). 16-byte accesses when H % 8 == 0 and x, out
 // are 16-byte aligned, else 8-byte; modulation rows are read as words when 8-byte aligned, else as bf16.
 // The fp32 variants read their fp32 rows as float4 when every row is 16-byte aligned
@@ -67,6 +67,10 @@
 // (<= 1024 rows) load 4 sweeps' modulation before their stores (EPB, epilogue_batched): 1x512x3072 9.5 us vs 11.1,
 // 2x300x3072 10.2 vs 11.3 through DIFUSE_LNMOD_EPILOGUE_BATCH=1 at 94cceb5, where it ran exact
 // (gpu-tests-94cceb5.json: this file's, LN's, Wan fp32's and rms_norm's tests, 1,111 passed).
+// The many-narrow-rows defaults (one warp per row, GRLN's 32-register kernel; >= 8192 rows at H <= 1536) since
+// 196d420 / be1cdc5: exact in this file's, GRLN's and Wan fp32's tests at d3185fc (861 passed,
+// gpu-tests-d3185fc.json) and in the whole suite at d12a190 (3,281 passed, tests.json); the full sanitizer stage
+// clean there (sanitizer-d12a190.txt).
 #include "norm/layernorm_modulate.h"
 
 #include "modulate/gated_residual_pair.h"
