@@ -167,10 +167,10 @@ torch.cuda.synchronize()"; } >"$file" 2>&1 || r=1
     fi
     say "ncu: $op (one launch at ${shape:-the first site shape of bench ops})"
     # shellcheck disable=SC2086
-    { echo "command: scripts/device-check.sh --stage ncu (ncu on python3 -m difuse bench ops --op $op${shape:+ --shape $shape} --reps 3);" \
+    { echo "command: scripts/device-check.sh --stage ncu (ncu on python3 -m difuse bench ops --op $op${shape:+ --shape $shape} --reps 3 --no-stream);" \
         "git $DIFUSE_GIT_SHA"
       ncu --clock-control none --kernel-name-base demangled -k regex:difuse:: --launch-skip 1 --launch-count 1 \
-        $NCU_SECTIONS python3 -m difuse bench ops --op "$op" ${shape:+--shape "$shape"} --reps 3; } >"$file" 2>&1 || r=1
+        $NCU_SECTIONS python3 -m difuse bench ops --op "$op" ${shape:+--shape "$shape"} --reps 3 --no-stream; } >"$file" 2>&1 || r=1
     grep -E "^  [a-z].*difuse::|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|\
 Registers Per Thread|Block Limit|Warp Cycles Per Issued|Issued Warp Per Scheduler|No Eligible|==ERROR==|==WARNING==" \
       "$file" | head -n 24

@@ -3,6 +3,7 @@
 #include <exception>
 #include <new>
 #include <string>
+#include <vector>
 
 #include "activation/gelu_tanh.h"
 #include "core/error.h"
@@ -14,6 +15,7 @@
 #include "norm/rms_norm.h"
 #include "norm/rms_norm_diffusers.h"
 #include "norm/rms_norm_modulate.h"
+#include "probe/stream_copy.h"
 #include "rope/qk_norm_rope.h"
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/qk_norm_sd35.h"
@@ -548,4 +550,25 @@ difuse_status difuse_qk_norm_sd35(const difuse_qk_norm_sd35_args* args, void* st
   return guarded([&] { difuse::rope::qk_norm_sd35(qk_norm_sd35_args(args), static_cast<cudaStream_t>(stream)); });
 }
 
+// ---- probes --------------------------------------------------------------------------------------
+
+int32_t difuse_probe_stream_copy_variants(void) { return difuse::probe::stream_copy_variant_count(); }
+
+const char* difuse_probe_stream_copy_variant_name(int32_t variant) {
+  static const std::vector<std::string> names = [] {
+    std::vector<std::string> v;
+    for (int i = 0; i < difuse::probe::stream_copy_variant_count(); ++i)
+      v.push_back(difuse::probe::stream_copy_variant_name(i));
+    return v;
+  }();
+  return variant >= 0 && variant < static_cast<int32_t>(names.size()) ? names[variant].c_str() : nullptr;
+}
+
+difuse_status difuse_probe_stream_copy(void* dst, const void* src, int64_t nbytes, int32_t variant, void* stream) {
+  return guarded([&] {
+    difuse::probe::stream_copy(dst, src, nbytes, variant, static_cast<cudaStream_t>(stream));
+  });
+}
+
 }  // extern "C"
+

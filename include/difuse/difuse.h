@@ -135,6 +135,17 @@ DIFUSE_API difuse_status difuse_set_platform_note(const char* note);
 typedef void (*difuse_log_fn)(const char* line, void* user);
 DIFUSE_API difuse_status difuse_set_log_sink(difuse_log_fn fn, void* user);
 
+/* ---- probes (benchmarks only; not ops) ------------------------------------------------------------ */
+
+/* The streaming ceiling `bench ops` measures each op against: dst[0, nbytes) = src[0, nbytes) with copy-kernel
+ * variant `variant` in [0, difuse_probe_stream_copy_variants()) on `stream` (the current device). Pointers 16-byte
+ * aligned, nbytes a positive multiple of 16, no overlap; every violation is reported (DIFUSE_ERR_INVALID_ARGUMENT).
+ * difuse_probe_stream_copy_variant_name: e.g. "u4_t256_onepass_default", NULL outside the range. */
+DIFUSE_API int32_t difuse_probe_stream_copy_variants(void);
+DIFUSE_API const char* difuse_probe_stream_copy_variant_name(int32_t variant);
+DIFUSE_API difuse_status difuse_probe_stream_copy(void* dst, const void* src, int64_t nbytes, int32_t variant,
+                                                  void* stream);
+
 /* ---- ops ---------------------------------------------------------------------------------------- */
 
 /* out = bf16 chain of F.layer_norm(x, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]

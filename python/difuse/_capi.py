@@ -75,6 +75,9 @@ def declare(lib: C.CDLL) -> C.CDLL:
         "difuse_set_log_sink": (st, [LOG_FN, C.c_void_p]),
         "difuse_can_use_layernorm_modulate": (st, [p(TensorView)] * 4 + [C.c_double]),
         "difuse_can_use_gated_residual": (st, [p(TensorView)] * 4),
+        "difuse_probe_stream_copy_variants": (C.c_int32, []),
+        "difuse_probe_stream_copy_variant_name": (C.c_char_p, [C.c_int32]),
+        "difuse_probe_stream_copy": (st, [C.c_void_p, C.c_void_p, C.c_int64, C.c_int32, C.c_void_p]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

@@ -122,6 +122,8 @@ def main(argv=None) -> int:
     b.add_argument("--op", action="append", help="only this op (repeatable)")
     b.add_argument("--shape", action="append",
                    help="ops: only this site shape, written as in the table (e.g. 4096x1x3072; repeatable)")
+    b.add_argument("--no-stream", action="store_true",
+                   help="ops: skip stream_us (the fastest plain streaming kernel of the same bytes; ~0.3 s a shape)")
     b.add_argument("--peer-dir", help="folder holding peer_ops.py, peer implementations to time alongside (see docs)")
     add_arguments(b.add_argument_group("models (bench flux|qwen-image|sd3|wan)"))
     args = ap.parse_args(argv)

@@ -549,3 +549,31 @@ TEST(QkNormRope, RefusesWideHeadsMisalignedRowsAndMissingOutputs) {
   none.q = nullptr;
   EXPECT_TRUE(mentions(difuse::can_use_qk_norm_rope(none), "q and k are required"));
 }
+
+// The streaming-ceiling probe (bench only): its arguments are checked before anything reaches the GPU, every
+// violation listed; its variants have stable names the bench records carry.
+TEST(StreamCopyProbe, ListsEveryViolationWithoutLaunching) {
+  const difuse_status s = difuse_probe_stream_copy(fake(0x1000000008ull), nullptr, 24, 64, nullptr);
+  ASSERT_EQ(s, DIFUSE_ERR_INVALID_ARGUMENT);
+  const std::string e = difuse_last_error();
+  EXPECT_NE(e.find("src is NULL"), std::string::npos) << e;
+  EXPECT_NE(e.find("dst is not 16-byte aligned"), std::string::npos) << e;
+  EXPECT_NE(e.find("nbytes = 24 is not a positive multiple of 16"), std::string::npos) << e;
+  EXPECT_NE(e.find("variant 64 outside [0, 64)"), std::string::npos) << e;
+  EXPECT_EQ(e.find("overlap"), std::string::npos) << e;
+  EXPECT_EQ(difuse_probe_stream_copy(fake(0x1000000010ull), fake(0x1000000000ull), 32, 0, nullptr),
+            DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(difuse_last_error()).find("dst and src overlap"), std::string::npos);
+  EXPECT_EQ(difuse_probe_stream_copy(fake(0x1000000000ull), fake(0x2000000000ull), 0, -1, nullptr),
+            DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(difuse_last_error()).find("variant -1 outside"), std::string::npos);
+}
+
+TEST(StreamCopyProbe, VariantNames) {
+  ASSERT_EQ(difuse_probe_stream_copy_variants(), 64);
+  EXPECT_STREQ(difuse_probe_stream_copy_variant_name(0), "u1_t128_onepass_default");
+  EXPECT_STREQ(difuse_probe_stream_copy_variant_name(6), "u4_t256_onepass_default");
+  EXPECT_STREQ(difuse_probe_stream_copy_variant_name(63), "u8_t1024_resident_evict_first");
+  EXPECT_EQ(difuse_probe_stream_copy_variant_name(64), nullptr);
+  EXPECT_EQ(difuse_probe_stream_copy_variant_name(-1), nullptr);
+}

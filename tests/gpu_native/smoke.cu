@@ -1,12 +1,13 @@
 // Native GPU smoke test for libdifuse's C ABI (no torch): runs layernorm_modulate on every default schedule
 // (two, four warps per row; one under DIFUSE_LNMOD_THREADS_PER_ROW=32, 8- and 16-byte accesses, the two-pass kernel), its gated-residual form, the other
 // row ops and the
-// attention prologues (FLUX, Qwen-Image, SD3.5), checks that every output
+// attention prologues (FLUX, Qwen-Image, SD3.5) and the benchmarks' streaming probe, checks that every output
 // element is written, that two launches give identical bits, and that the result is within a few bf16
 // ulps of the host emulation (whose rsqrt is approximate: exactness is the torch tests' job). Meant to
 // run under compute-sanitizer memcheck and racecheck. Exit code 0 = pass.
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
@@ -556,6 +557,46 @@ int run_sd35_prologue() {
   return report_prologue("qk_norm_sd35 2x3x(13+6)x64", tl);
 }
 
+// The benchmarks' streaming probe (src/probe/stream_copy.cu): every variant copies exactly nbytes (a size that
+// leaves partial chunks at every unroll and, at 40 MB, strides more than one resident wave) and nothing past it.
+int run_stream_copy_probe() {
+  int fails = 0;
+  const int64_t sizes[] = {16 * 1000 + 16 * 7, 40000016};
+  for (const int64_t n : sizes) {
+    const int64_t guard = 4096;
+    std::vector<uint8_t> host(n);
+    std::mt19937 rng(static_cast<unsigned>(n));
+    for (auto& b : host) b = static_cast<uint8_t>(rng());
+    uint8_t *src = nullptr, *dst = nullptr;
+    CHECK_CUDA(cudaMalloc(&src, n));
+    CHECK_CUDA(cudaMalloc(&dst, n + guard));
+    CHECK_CUDA(cudaMemcpy(src, host.data(), n, cudaMemcpyHostToDevice));
+    std::vector<uint8_t> back(n + guard);
+    for (int v = 0; v < difuse_probe_stream_copy_variants(); ++v) {
+      CHECK_CUDA(cudaMemset(dst, 0xA5, n + guard));
+      if (difuse_probe_stream_copy(dst, src, n, v, nullptr) != DIFUSE_OK) {
+        std::fprintf(stderr, "stream_copy %s: %s\n", difuse_probe_stream_copy_variant_name(v), difuse_last_error());
+        ++fails;
+        continue;
+      }
+      CHECK_CUDA(cudaDeviceSynchronize());
+      CHECK_CUDA(cudaMemcpy(back.data(), dst, n + guard, cudaMemcpyDeviceToHost));
+      bool ok = std::equal(host.begin(), host.end(), back.begin());
+      for (int64_t i = n; i < n + guard; ++i) ok = ok && back[i] == 0xA5;
+      if (!ok) {
+        std::fprintf(stderr, "stream_copy %s: wrong bytes at nbytes = %lld\n", difuse_probe_stream_copy_variant_name(v),
+                     static_cast<long long>(n));
+        ++fails;
+      }
+    }
+    CHECK_CUDA(cudaFree(src));
+    CHECK_CUDA(cudaFree(dst));
+  }
+  std::printf("stream_copy probe, %d variants x 2 sizes: %s\n", difuse_probe_stream_copy_variants(),
+              fails ? "FAILED" : "ok");
+  return fails ? 1 : 0;
+}
+
 constexpr int kPrologueCases = 3;
 int run_prologues() { return run_joint_prologue(false) + run_joint_prologue(true) + run_sd35_prologue(); }
 
@@ -577,12 +618,13 @@ int main(int argc, char** argv) {
     fails += run_rms_norm_modulate_cases();
     fails += run_prologues();
     fails += run_grln_cases();
+    fails += run_stream_copy_probe();
     if (!quick) fails += run_case(1, 4096, 3072, 6, false);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "exception: %s\n", e.what());
     return 2;
   }
-  const int total = (quick ? 8 : 9) + 13 + kRmsModulateCases + kPrologueCases + kGrlnCases;
+  const int total = (quick ? 8 : 9) + 13 + kRmsModulateCases + kPrologueCases + kGrlnCases + 1;
   std::printf("%d passed, %d failed\n", total - fails, fails);
   return fails ? 1 : 0;
 }

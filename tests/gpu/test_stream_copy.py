@@ -1,0 +1,44 @@
+"""The streaming-ceiling probe that `bench ops` times (src/probe/stream_copy.cu; not an op): every variant copies
+exactly the bytes asked for, with partial chunks and partial resident strides, and writes nothing past them; bad
+arguments come back as errors naming each violation."""
+import pytest
+import torch
+
+from difuse._capi import ERR_INVALID_ARGUMENT, OK
+from difuse._loader import core, last_error
+
+DEV = "cuda"
+# sizes in bytes: one vector; a chunk's worth plus a tail at every unroll; more than one resident wave at every
+# block size (132 SMs x 2 x 1024 threads x 8 vectors x 16 bytes = 34.6 MB)
+SIZES = (16, 16 * 1000 + 16 * 7, 1 << 20, 40_000_016)
+
+
+def variants():
+    return range(core().difuse_probe_stream_copy_variants())
+
+
+@pytest.mark.parametrize("nbytes", SIZES)
+def test_every_variant_copies_exactly_the_bytes(nbytes):
+    lib = core()
+    g = torch.Generator(device=DEV).manual_seed(nbytes)
+    src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=DEV, generator=g)
+    stream = torch.cuda.current_stream().cuda_stream
+    guard = 4096
+    for v in variants():
+        dst = torch.full((nbytes + guard,), 0xA5, dtype=torch.uint8, device=DEV)
+        assert lib.difuse_probe_stream_copy(dst.data_ptr(), src.data_ptr(), nbytes, v, stream) == OK, last_error()
+        name = lib.difuse_probe_stream_copy_variant_name(v).decode()
+        assert torch.equal(dst[:nbytes], src), name
+        assert bool((dst[nbytes:] == 0xA5).all()), name + " wrote past nbytes"
+
+
+def test_refuses_bad_arguments():
+    lib = core()
+    buf = torch.zeros(1 << 12, dtype=torch.uint8, device=DEV)
+    p = buf.data_ptr()
+    assert lib.difuse_probe_stream_copy(p + 1024 + 8, p, 100, 0, None) == ERR_INVALID_ARGUMENT
+    e = last_error()
+    assert "dst is not 16-byte aligned" in e and "nbytes = 100 is not a positive multiple of 16" in e, e
+    assert lib.difuse_probe_stream_copy(p + 16, p, 64, 0, None) == ERR_INVALID_ARGUMENT
+    assert "dst and src overlap" in last_error()
+    assert (buf == 0).all()
