@@ -144,7 +144,7 @@ struct Params {
   int h;
   int v;  // H / 4
   float eps;
-  bool mod_vec;  // scale/shift rows 8-byte aligned: 4 values per load
+  bool mod_vec;  // scale/shift rows 8-byte aligned: 4 values per load (GRLN: the gate rows too)
   // layernorm_modulate_fp32 with one fp32 modulation row per batch (the default; DIFUSE_LNMOD_F32_ROW_EPILOGUE=1
   // for measurement turns it off): the block's threads write all of its rows column by column, each fp32 scale/shift vector
   // loaded once per block instead of once per row (the fp32 rows were most of the L1 traffic: ncu at 8b01de3,
@@ -166,6 +166,16 @@ __device__ __forceinline__ VecWelford shfl_down_state(VecWelford s, int delta) {
 // Four bf16 of a modulation row at any 2-byte alignment, as two words.
 __device__ __forceinline__ uint2 load_mod_words(const uint16_t* s) {
   return make_uint2(s[0] | (uint32_t{s[1]} << 16), s[2] | (uint32_t{s[3]} << 16));
+}
+
+// Four bf16 of a gate row (gated_residual_layernorm_modulate): one 8-byte load where the kernel's MODVEC says the
+// gate rows are 8-byte aligned too (Params::mod_vec), else load_mod_words. Before (always load_mod_words), the
+// residual pass issued 16 LDG.U16 and 8 PRMT per 16 elements for the gate (SASS at cf12c4f: 164 instructions per
+// two-sweep iteration of the two-warp row at 3072); the values, and so every bit, are the same either way.
+template <bool WORDS>
+__device__ __forceinline__ uint2 load_gate_words(const uint16_t* g) {
+  if constexpr (WORDS) return *reinterpret_cast<const uint2*>(g);
+  return load_mod_words(g);
 }
 
 // 4 bf16 of x (two words) -> 4 bf16 outputs (two words); modulation rows of any alignment.
@@ -348,7 +358,7 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
           for (int j = 0; j < A; ++j) {
             const int vi = Map::aten_thread(i, j) + kAtenThreads * k;
             if (vi < V) {
-              const uint2 h1 = modulate::gated_residual_vec4(sx[vi], ar[vi], load_mod_words(grow + kVecElems * vi));
+              const uint2 h1 = modulate::gated_residual_vec4(sx[vi], ar[vi], load_gate_words<MODVEC>(grow + kVecElems * vi));
               sx[vi] = h1;
               rr[vi] = h1;
             }
@@ -364,7 +374,7 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
               const int vi = Map::aten_thread(i, j) + kAtenThreads * (k0 + kk);
               const bool in = k0 + kk < sweeps && vi < V;
               aw[kk][j] = in ? ar[vi] : make_uint2(0, 0);
-              gw[kk][j] = in ? load_mod_words(grow + kVecElems * vi) : make_uint2(0, 0);
+              gw[kk][j] = in ? load_gate_words<MODVEC>(grow + kVecElems * vi) : make_uint2(0, 0);
             }
           }
 #pragma unroll
@@ -384,6 +394,10 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
     }
   }
 
+  // kCountAfter: the pushes skip the count's add and the count is set once after them (the same bits:
+  // vec_welford_push_uncounted). Before, each push also added 1: 16 of the 153 instructions of a two-sweep iteration
+  // of GRLN's two-warp row (SASS at cf12c4f). Not in the 32-register kernel (MINB = 8), where it spilled.
+  constexpr bool kCountAfter = MINB < 8;
   VecWelford st[A];
   if (active) {
     // All of a sweep's shared-memory reads are issued before its pushes (the pushes are a dependent chain
@@ -402,11 +416,27 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
 #pragma unroll
       for (int j = 0; j < A; ++j) {
         if (valid[j]) {
-          st[j] = num::vec_welford_push(st[j], num::bf16_lo(w[j].x), r[1]);
-          st[j] = num::vec_welford_push(st[j], num::bf16_hi(w[j].x), r[2]);
-          st[j] = num::vec_welford_push(st[j], num::bf16_lo(w[j].y), r[3]);
-          st[j] = num::vec_welford_push(st[j], num::bf16_hi(w[j].y), r[4]);
+          if constexpr (kCountAfter) {
+            st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_lo(w[j].x), r[1]);
+            st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_hi(w[j].x), r[2]);
+            st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_lo(w[j].y), r[3]);
+            st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_hi(w[j].y), r[4]);
+          } else {
+            st[j] = num::vec_welford_push(st[j], num::bf16_lo(w[j].x), r[1]);
+            st[j] = num::vec_welford_push(st[j], num::bf16_hi(w[j].x), r[2]);
+            st[j] = num::vec_welford_push(st[j], num::bf16_lo(w[j].y), r[3]);
+            st[j] = num::vec_welford_push(st[j], num::bf16_hi(w[j].y), r[4]);
+          }
         }
+      }
+    }
+    if constexpr (kCountAfter) {
+      // The count each slot's pushes would have added one by one (its valid sweeps are a prefix: 4 per vector).
+#pragma unroll
+      for (int j = 0; j < A; ++j) {
+        const int t = Map::aten_thread(i, j);
+        const int n = t < V ? min(sweeps, (V - t + kAtenThreads - 1) / kAtenThreads) : 0;
+        st[j].count = static_cast<float>(4 * n);
       }
     }
   }
@@ -1108,6 +1138,9 @@ void gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difu
   p.residual = static_cast<uint16_t*>(residual.data);
   p.gate_stride = gate.strides[0];
   p.gate_stride_l = gate.rank == 3 ? gate.strides[1] : 0;
+  // The MODVEC kernels read the gate as words too: a gate row that is not 8-byte aligned takes the bf16-load kernel
+  // (its scale and shift then also load as bf16; the same values, the same bits).
+  p.mod_vec = p.mod_vec && detail::aligned(gate.data, 8) && p.gate_stride % 4 == 0 && p.gate_stride_l % 4 == 0;
   static const int prefetch_a = detail::positive_env_knob("DIFUSE_LNMOD_PREFETCH_A");
   p.prefetch_a = prefetch_a == 1 && detail::aligned(a.data, 16) && p.h % 8 == 0;
   launch<true>(p, h, out, stream);

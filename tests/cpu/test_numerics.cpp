@@ -133,6 +133,28 @@ TEST(Welford, VectorizedPushMatchesFormula) {
   }
 }
 
+TEST(Welford, UncountedPushesWithTheCountSetAfterwardAreTheSameBits) {
+  // layernorm_modulate_rows pushes a row's prefix without the count's add and sets count = 4 x vectors after.
+  std::mt19937 rng(11);
+  std::normal_distribution<float> nd(-1.f, 30.f);
+  for (int n : {1, 4, 24, 96, 6144}) {
+    VecWelford a, b;
+    for (int k = 1; k <= n; ++k) {
+      const float v = nd(rng);
+      a = vec_welford_push(a, v, rcp_of_count(k));
+      b = vec_welford_push_uncounted(b, v, rcp_of_count(k));
+    }
+    b.count = static_cast<float>(n);
+    ASSERT_EQ(float_bits(a.count), float_bits(b.count)) << n;
+    ASSERT_EQ(float_bits(a.mean), float_bits(b.mean)) << n;
+    ASSERT_EQ(float_bits(a.sigma2), float_bits(b.sigma2)) << n;
+    const VecWelford other = vec_welford_push(VecWelford{}, 5.f);
+    const VecWelford ca = vec_welford_combine(a, other), cb = vec_welford_combine(b, other);
+    ASSERT_EQ(float_bits(ca.mean), float_bits(cb.mean)) << n;
+    ASSERT_EQ(float_bits(ca.sigma2), float_bits(cb.sigma2)) << n;
+  }
+}
+
 TEST(Welford, CombineWithEmptySideIsNotAShortcut) {
   // k * rcp(k) is not always exactly 1 in fp32, so combining with an empty state can change the mean:
   // aten does not special-case it and neither may we.

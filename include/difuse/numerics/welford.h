@@ -33,6 +33,18 @@ DIFUSE_HD VecWelford vec_welford_push(VecWelford s, float v, float rcp_new_count
   return r;
 }
 
+// The same push without the count's add: for kernels whose pushes are a known prefix of a row, which set the count
+// once afterwards (4 x the vectors pushed: the counts are small integers, so every RN(count + 1) is exact and the
+// result is the same bits as vec_welford_push's). mean and sigma2 are computed exactly as there.
+DIFUSE_HD VecWelford vec_welford_push_uncounted(VecWelford s, float v, float rcp_new_count) {
+  const float d = sub_rn(v, s.mean);
+  VecWelford r;
+  r.count = s.count;
+  r.mean = fma_rn(d, rcp_new_count, s.mean);
+  r.sigma2 = fma_rn(d, sub_rn(v, r.mean), s.sigma2);
+  return r;
+}
+
 DIFUSE_HD VecWelford vec_welford_push(VecWelford s, float v) {
   return vec_welford_push(s, v, rcp_rn(add_rn(s.count, 1.0f)));
 }
