@@ -71,6 +71,13 @@
 // 196d420 / be1cdc5: exact in this file's, GRLN's and Wan fp32's tests at d3185fc (861 passed,
 // gpu-tests-d3185fc.json) and in the whole suite at d12a190 (3,281 passed, tests.json); the full sanitizer stage
 // clean there (sanitizer-d12a190.txt).
+// Since 26d5552: GRLN reads its gate rows as 8-byte words where they are 8-byte aligned (load_gate_words; an
+// unaligned gate takes the MODVEC = false kernel), and the staged kernels except the 32-register one push without the
+// count's add and set the count after (kCountAfter; CPU test Welford.UncountedPushesWithTheCountSetAfterwardAreTheSameBits).
+// SASS of GRLN's two-warp row: residual loop 164 -> 140 instructions, Welford loop 153 -> 138, 64 -> 56 registers
+// (still 4 blocks per SM). Exact at 26d5552 (this file's, GRLN's and Wan fp32's tests, 864 passed with the probe's,
+// gpu-tests-26d5552.json); GRLN 1x4096x3072 38.7 us (39.6 at d3185fc; predicted ~37), 2x4096x1536 40.0 (42.0),
+// layernorm_modulate_fp32 1x32760x5120 212.2 (213.7), the rest within 1 % (ops.json at 26d5552).
 #include "norm/layernorm_modulate.h"
 
 #include "modulate/gated_residual_pair.h"

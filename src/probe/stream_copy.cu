@@ -8,8 +8,9 @@
 // that does nothing but move those bytes needs at that size in this harness.
 //
 // Guards (every violation reported): non-NULL 16-byte aligned pointers, nbytes > 0 and % 16 == 0, no overlap,
-// variant in range. Verified: tests/gpu/test_stream_copy.py (every variant, sizes with partial chunks, the bytes
-// after the end untouched).
+// variant in range. Verified on the H200 at 26d5552: tests/gpu/test_stream_copy.py (every variant, sizes with partial
+// chunks, the bytes after the end untouched; gpu-tests-26d5552.json) and the native smoke test's probe case under
+// memcheck, racecheck and initcheck (sanitizer-26d5552.txt). First stream_us column: ops.json at 26d5552.
 #include "probe/stream_copy.h"
 
 #include <cuda_runtime.h>
