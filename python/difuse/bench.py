@@ -361,8 +361,8 @@ STREAM_SCREEN_REPS = 30  # calls per copy-kernel variant when stream_time_us pic
 
 
 def stream_time_us(nbytes: int, sets: int, reps: int, warmup: int = 10) -> tuple[float, str]:
-    """(µs, variant): the fastest of libdifuse's streaming copy kernels (src/probe/stream_copy.cu, 64 variants:
-    vectors per thread, block size, one-pass or resident grid, cache policy) moving `nbytes` (half read, half
+    """(µs, variant): the fastest of libdifuse's streaming copy kernels (src/probe/stream_copy.cu, 68 variants:
+    vectors per thread, block size, one-pass or resident grid, cache policy; and bulk copies of 4-32 KB chunks) moving `nbytes` (half read, half
     written), rotating over `sets` buffer pairs like the op's inputs, in this harness (time_calls). Every variant
     is timed with STREAM_SCREEN_REPS calls, then the fastest again with `reps`: the time returned is that second
     measurement, so picking one of 64 does not also pick its luckiest samples. What a kernel that only moves those

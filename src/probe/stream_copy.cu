@@ -3,9 +3,12 @@
 // What it is: dst = src in 16-byte vectors, each thread loading `U` vectors (coalesced: vector u of a block's chunk
 // at u * blockDim + threadIdx) before it stores them, over a one-pass grid (a block per chunk of U * blockDim
 // vectors) or the resident blocks striding over the chunks, with the default cache policy or evict-first
-// (ld/st.global.cs). 64 variants; `bench ops` times all of them at each record's byte count (rotating buffers like
-// the op's inputs, the same CUDA-event harness), re-times the fastest and records it as stream_us: what a kernel
-// that does nothing but move those bytes needs at that size in this harness.
+// (ld/st.global.cs): 64 variants. Four more move the bytes with the bulk copy engine instead (sm_90's TMA, non-tensor
+// form, core/bulk_copy.cuh): a one-warp block per chunk of 4, 8, 16 or 32 KB, whose lane 0 loads the chunk into shared
+// memory with one bulk copy, waits on an mbarrier and stores it with one bulk copy (variants 64-67). `bench ops` times
+// all of them at each record's byte count (rotating buffers like the op's inputs, the same CUDA-event harness),
+// re-times the fastest and records it as stream_us: what a kernel that does nothing but move those bytes needs at
+// that size in this harness.
 //
 // Guards (every violation reported): non-NULL 16-byte aligned pointers, nbytes > 0 and % 16 == 0, no overlap,
 // variant in range. Verified on the H200 at 26d5552: tests/gpu/test_stream_copy.py (every variant, sizes with partial
@@ -17,6 +20,7 @@
 
 #include <algorithm>
 
+#include "core/bulk_copy.cuh"
 #include "core/error.h"
 
 namespace difuse::probe {
@@ -25,7 +29,9 @@ namespace {
 
 constexpr int kUnrolls[] = {1, 2, 4, 8};
 constexpr int kThreads[] = {128, 256, 512, 1024};
-constexpr int kVariants = 4 * 4 * 2 * 2;
+constexpr int kVectorVariants = 4 * 4 * 2 * 2;
+constexpr int kBulkChunks[] = {4096, 8192, 16384, 32768};
+constexpr int kVariants = kVectorVariants + 4;
 
 template <int U, bool CS>
 __global__ void __launch_bounds__(1024) stream_copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
@@ -48,6 +54,37 @@ __global__ void __launch_bounds__(1024) stream_copy_kernel(const uint4* __restri
           dst[i] = v[u];
       }
     }
+  }
+}
+
+// One chunk of C bytes per one-warp block (the last chunk may be shorter, a multiple of 16): lane 0 alone issues the
+// bulk load, waits for its bytes, issues the bulk store and waits for the store's reads of shared memory.
+template <int C>
+__global__ void __launch_bounds__(32) stream_copy_bulk_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst,
+                                                              int64_t nbytes) {
+  __shared__ alignas(128) uint8_t buf[C];
+  __shared__ uint64_t bar;
+  if (threadIdx.x != 0) return;
+  const int64_t off = int64_t(blockIdx.x) * C;
+  const uint32_t bytes = static_cast<uint32_t>(nbytes - off < C ? nbytes - off : C);
+  detail::mbar_init(&bar, 1);
+  detail::fence_mbarrier_init();
+  detail::mbar_arrive_expect_tx(&bar, bytes);
+  detail::bulk_load(buf, src + off, bytes, &bar);
+  detail::mbar_wait(&bar, 0);
+  detail::bulk_store(dst + off, buf, bytes);
+  detail::bulk_commit();
+  detail::bulk_wait_reads();
+}
+
+using BulkKernel = void (*)(const uint8_t*, uint8_t*, int64_t);
+
+BulkKernel pick_bulk(int chunk) {
+  switch (chunk) {
+    case 4096: return stream_copy_bulk_kernel<4096>;
+    case 8192: return stream_copy_bulk_kernel<8192>;
+    case 16384: return stream_copy_bulk_kernel<16384>;
+    default: return stream_copy_bulk_kernel<32768>;
   }
 }
 
@@ -75,11 +112,13 @@ StreamCopyVariant stream_copy_variant(int index) {
   if (index < 0 || index >= kVariants)
     throw detail::Failure(DIFUSE_ERR_INVALID_ARGUMENT, "stream_copy: variant " + std::to_string(index) +
                                                            " outside [0, " + std::to_string(kVariants) + ")");
-  return {kUnrolls[index % 4], kThreads[(index / 4) % 4], (index / 16) % 2 == 1, index / 32 == 1};
+  if (index >= kVectorVariants) return {0, 32, false, false, kBulkChunks[index - kVectorVariants]};
+  return {kUnrolls[index % 4], kThreads[(index / 4) % 4], (index / 16) % 2 == 1, index / 32 == 1, 0};
 }
 
 std::string stream_copy_variant_name(int index) {
   const StreamCopyVariant v = stream_copy_variant(index);
+  if (v.bulk_bytes > 0) return "bulk" + std::to_string(v.bulk_bytes) + "_t32_onepass";
   return "u" + std::to_string(v.vectors_per_thread) + "_t" + std::to_string(v.threads_per_block) +
          (v.resident_grid ? "_resident" : "_onepass") + (v.evict_first ? "_evict_first" : "_default");
 }
@@ -100,6 +139,17 @@ void stream_copy(void* dst, const void* src, int64_t nbytes, int index, cudaStre
   if (!s.ok()) throw detail::Failure(DIFUSE_ERR_INVALID_ARGUMENT, s.message("stream_copy"));
 
   const StreamCopyVariant v = stream_copy_variant(index);
+  if (v.bulk_bytes > 0) {
+    const int64_t grid = (nbytes + v.bulk_bytes - 1) / v.bulk_bytes;
+    if (grid > 0x7fffffff)
+      throw detail::Failure(DIFUSE_ERR_INVALID_ARGUMENT, "stream_copy: nbytes = " + std::to_string(nbytes) +
+                                                             " needs more than 2^31 - 1 chunks of " +
+                                                             std::to_string(v.bulk_bytes) + " bytes");
+    pick_bulk(v.bulk_bytes)<<<static_cast<unsigned>(grid), 32, 0, stream>>>(static_cast<const uint8_t*>(src),
+                                                                          static_cast<uint8_t*>(dst), nbytes);
+    DIFUSE_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const Kernel kernel = pick(v);
   const int64_t n = nbytes / 16, chunk = int64_t(v.vectors_per_thread) * v.threads_per_block;
   int64_t grid = (n + chunk - 1) / chunk;

@@ -132,6 +132,18 @@ struct Params {
 // qk_norm_rope.cu's staged kernel). Row r sits at vector 32 r; then the freqs (64 complex), q weight (32
 // vectors), k weight (32).
 
+// The copies of a token's tables (its stream's freqs row at position s: 64 complex; the q and k weights: 32 vectors
+// each) into tab, by the block's first 128 threads (cp.async, 8 bytes each). The caller waits and synchronises.
+__device__ __forceinline__ void stage_tables(const Stream& st, int64_t s, uint2* tab) {
+  const int t = static_cast<int>(threadIdx.x);
+  if (t < 64) {  // one complex (8 bytes) per copy
+    if (st.freqs != nullptr) norm::cp_async(tab + t, st.freqs + s * st.freqs_rs + 2 * t, false);
+  } else if (t < 128 && st.w[(t - 64) / 32] != nullptr) {  // 8 bytes per copy
+    const int r = (t - 64) / 32, v = t % 32;
+    norm::cp_async(tab + 64 + 32 * r + v, st.w[r] + 4 * v, false);
+  }
+}
+
 // STAGED layout: issues the copies of token `token`'s 3H rows (row r at 8-byte vector 32 r), then its stream's
 // freqs row (64 complex) and q and k weights (32 vectors each) into dst. The caller commits or waits (cp.async)
 // and synchronises the block. VCOPY: only the q and k rows (2H) are staged; the v rows are copied to the output
@@ -145,14 +157,7 @@ __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uin
   stage_token_rows<16, kWarps * 32>(dst, tr, p.H, VCOPY ? 2 : 3);  // 16 copies of 16 bytes per 128-element row
   if constexpr (VCOPY)  // v out: [B, S_txt + S_img, H, D] contiguous, head stride D
     copy_v_rows<16, kWarps * 32>(tr.row(2, 0), tr.sh[2], p.out[2] + (tp.b * p.S + tp.sj) * p.H * p.D, p.D, p.H);
-  uint2* tab = reinterpret_cast<uint2*>(dst) + rows * 32;
-  const int t = static_cast<int>(threadIdx.x);
-  if (t < 64) {  // one complex (8 bytes) per copy
-    if (st.freqs != nullptr) norm::cp_async(tab + t, st.freqs + tp.s * st.freqs_rs + 2 * t, false);
-  } else if (t < 128 && st.w[(t - 64) / 32] != nullptr) {  // 8 bytes per copy
-    const int r = (t - 64) / 32, v = t % 32;
-    norm::cp_async(tab + 64 + 32 * r + v, st.w[r] + 4 * v, false);
-  }
+  stage_tables(st, tp.s, reinterpret_cast<uint2*>(dst) + rows * 32);
 }
 
 // One token's 3H rows, normalised, rotated and stored by the block's warps. STAGED: `staged` holds them
@@ -161,8 +166,12 @@ __device__ __forceinline__ void stage_token(const Params& p, unsigned token, uin
 // (one indexed constant load instead of selects), as in qk_norm_rope.cu. Index arithmetic only.
 // EVEN (R == 1, an even number of slot rows: the VCOPY kernel's 2H always, the default's 3H when H is even, as
 // Qwen-Image's 24 heads): every slot is full, so a row needs no bounds test or zero fill.
-template <int E, int R, int SPAN, bool STAGED, bool VCOPY = false, bool EVEN = false>
+// BULK (the bulk-copy kernel, DIFUSE_QK_BULK=2): all 3H rows are staged, only q and k (2H) go through the slots,
+// and each normalised, rotated row is written back in place into shared memory (the same lanes read and then write
+// the same 8-byte runs), for the block's bulk stores.
+template <int E, int R, int SPAN, bool STAGED, bool VCOPY = false, bool EVEN = false, bool BULK = false>
 __device__ __forceinline__ void run_token(const Params& p, unsigned token, const uint2* staged) {
+  static_assert(!BULK || (STAGED && EVEN && R == 1), "the bulk kernel is the staged one on full slots");
   // SPAN 16 (the default for head_dim 128, only there): half a warp per row, lane u holding runs u and
   // u + 16 (norm::head_rstd_half_warp); slots of two rows, as in qk_norm_rope.cu.
   static_assert(SPAN == 32 || (SPAN == 16 && E == 4), "half-warp rows need 128-element heads");
@@ -208,15 +217,17 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
                          (st.freqs != nullptr ? 4u : 0u);
   const int64_t out_token = (b * p.S + sj) * p.H * D;  // output row of head h: out_token + h * D
 
-  const int rows = (VCOPY ? 2 : 3) * p.H;  // VCOPY: the v rows were copied by stage_token
-  const uint2* s_tab = staged + rows * 32;  // STAGED: freqs (64 complex), q weight (32 vectors), k weight (32)
+  const int rows = (VCOPY || BULK ? 2 : 3) * p.H;  // VCOPY: the v rows were copied by stage_token; BULK: v stays
+  const uint2* s_tab = staged + (BULK ? 3 * p.H : rows) * 32;  // STAGED: freqs (64 complex), q weight (32), k (32)
   const int slots = (rows + K - 1) / K;
   for (int base = warp; base < slots; base += kWarps * R) {
     HeadRun<E> x[R][K];
     uint32_t role_of[R], head_of[R];
+    int row_of[R];
 #pragma unroll
     for (int q = 0; q < R; ++q) {
       const int r = (base + q * kWarps) * K + seg;
+      row_of[q] = r;
       role_of[q] = EVEN ? p.heads.divmod(static_cast<uint32_t>(r), head_of[q])
                         : role_and_head(p.heads, r, rows, head_of[q]);
       const uint16_t* row = STAGED ? reinterpret_cast<const uint16_t*>(staged + r * 32)
@@ -238,8 +249,9 @@ __device__ __forceinline__ void run_token(const Params& p, unsigned token, const
     for (int q = 0; q < R; ++q) {
       const uint32_t role = role_of[q];  // 0 q, 1 k, 2 v (copied as is), 3 past the end
       if (!EVEN && role > 2) continue;  // no shuffle follows: a half warp may skip alone
-      uint16_t* orow = (kD != 0 ? p.out[role] : by_role(role, p.out[0], p.out[1], p.out[2])) + out_token +
-                       static_cast<int64_t>(head_of[q]) * D;
+      uint16_t* orow = BULK ? reinterpret_cast<uint16_t*>(const_cast<uint2*>(staged) + row_of[q] * 32)
+                            : (kD != 0 ? p.out[role] : by_role(role, p.out[0], p.out[1], p.out[2])) + out_token +
+                                  static_cast<int64_t>(head_of[q]) * D;
 #pragma unroll
       for (int j = 0; j < K; ++j) {
         HeadRun<E> y = x[q][j];
@@ -280,6 +292,41 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_ker
       [&](unsigned token, const uint4* src) {
         run_token<E, R, SPAN, STAGED, VCOPY, EVEN>(p, token, reinterpret_cast<const uint2*>(src));
       });
+}
+
+// BULK (DIFUSE_QK_BULK=1|2, for measurement; the staged kernel's conditions and each role's H head rows contiguous in
+// every stream, head stride D, as in Qwen-Image's projections, separate or fused): the block's token rows are
+// staged by the bulk copy engine (core/bulk_copy.cuh), one copy of H * D * 2 bytes per role issued by thread 0 and
+// completing on an mbarrier, the tables by cp.async as in stage_token. BULK=1: then the staged kernel's run_token,
+// unchanged. BULK=2: only the q and k rows go through the slots, written back in place, and thread 0 stores the
+// token's q, k and v rows with one bulk copy per role (the joint outputs' token rows are contiguous: H * D
+// elements from (b * S + sj) * H * D). The same arithmetic per row (run_token).
+template <int BULK>
+__global__ void __launch_bounds__(kWarps * 32, 8) qk_norm_rope_qwen_bulk(const Params p) {
+  extern __shared__ uint4 staged16[];
+  __shared__ uint64_t bar;
+  const unsigned token = blockIdx.x;
+  const TokenPlace tp = token_place(token, p.seq, p.txt.S);
+  const Stream& st = tp.in_first ? p.txt : p.img;
+  const uint32_t role_bytes = static_cast<uint32_t>(p.H) * 128 * sizeof(uint16_t);
+  bulk_stage_token_rows<256>(staged16, TokenRows(st.t[0], st.t[1], st.t[2], tp.b, tp.s), p.H, 3, &bar);
+  stage_tables(st, tp.s, reinterpret_cast<uint2*>(staged16) + 3 * p.H * 32);
+  norm::cp_async_wait_all();
+  __syncthreads();  // the tables, and the barrier's initialisation, for every thread
+  detail::mbar_wait(&bar, 0);
+  run_token<4, 1, 16, true, false, true, BULK == 2>(p, token, reinterpret_cast<const uint2*>(staged16));
+  if constexpr (BULK == 2) {
+    detail::fence_proxy_async_smem();  // this thread's rows written back, before the copy engine reads them
+    __syncthreads();
+    if (threadIdx.x == 0) {
+      const int64_t out_token = (tp.b * p.S + tp.sj) * p.H * 128;
+#pragma unroll
+      for (int role = 0; role < 3; ++role)
+        detail::bulk_store(p.out[role] + out_token, staged16 + role * p.H * 16, role_bytes);
+      detail::bulk_commit();
+      detail::bulk_wait_reads();
+    }
+  }
 }
 
 // PIPELINED (DIFUSE_QK_PIPELINED=1, for measurement, slower on the H200; where STAGED applies and two tokens'
@@ -414,7 +461,16 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
       staged_bytes <= 48 * 1024 && head_rows_aligned16({&p.txt, &p.img})) {
     static const int pipelined_knob = detail::positive_env_knob("DIFUSE_QK_PIPELINED");
     static const int vcopy_knob = detail::positive_env_knob("DIFUSE_QK_VCOPY");  // (the pipelined kernel stages v)
-    if (pipelined_knob >= 1 && 2 * staged_bytes <= 48 * 1024) {
+    static const int bulk_knob = detail::positive_env_knob("DIFUSE_QK_BULK");
+    if (bulk_knob >= 1 && (bulk_knob >= 2 || 3 * p.H % 2 == 0) && staged_bytes + sizeof(uint64_t) <= 48 * 1024 &&
+        head_rows_contiguous({&p.txt, &p.img}, 128) && detail::aligned(p.out[0], 16) &&
+        detail::aligned(p.out[1], 16) && detail::aligned(p.out[2], 16)) {
+      // rows staged (and with =2 stored) by the bulk copy engine; 8 blocks of ~19 KB per SM as the default
+      if (bulk_knob >= 2)
+        norm::launch_max_shared<qk_norm_rope_qwen_bulk<2>>(p, grid, block, staged_bytes, a.q.device, stream);
+      else
+        norm::launch_max_shared<qk_norm_rope_qwen_bulk<1>>(p, grid, block, staged_bytes, a.q.device, stream);
+    } else if (pipelined_knob >= 1 && 2 * staged_bytes <= 48 * 1024) {
       // Two buffers per block (~38 KB at 24 heads): 5 blocks per SM on a grid of the resident blocks (at most N
       // with DIFUSE_QK_PIPELINED=N >= 2, for tests), each block's next token in flight while it computes.
       static std::atomic<uint64_t> carveout_set{0};

@@ -193,14 +193,21 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_sd35_kernel(c
 // warp's 2-byte stores reach L2 as 32-byte pieces of two rows per instruction (4 per 128-byte row; FLUX's
 // half-warp rows, 8 bytes per lane, write a whole 128-byte line per half warp), the copy as whole lines. Also no
 // output address per slot. The same bits (stores only).
+// BULK (DIFUSE_QK_BULK=1|2, for measurement; with VSMEM, each role's head rows of a token contiguous, as the
+// transposed views of SD3.5's projections are): the token's 3H rows staged by the bulk copy engine, one copy per
+// role issued by thread 0 and completing on an mbarrier (bulk_stage_token_rows), not 16-byte cp.async copies by every
+// thread. BULK = 2 (with OSMEM): the rows written back as OSMEM does, then each of the 3H rows stored to its output
+// row by one bulk copy (128 bytes; a thread per row) instead of the block's 16-byte vectors. Copies only.
 template <int R, int MIN_BLOCKS, bool STAGED = false, bool VCOPY = false, int WARPS = kWarps, bool VSMEM = false,
-          bool LEAN = false, bool OSMEM = false>
+          bool LEAN = false, bool OSMEM = false, int BULK = 0>
 __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp64(const Params p) {
   static_assert(!VCOPY || STAGED, "the v copy rides on the staged kernel's 16-byte aligned rows");
   static_assert(!VCOPY || R == 1, "VCOPY's rows need no bounds test only with one slot per warp and step");
   static_assert(!VSMEM || VCOPY, "VSMEM copies the v rows the VCOPY kernel keeps out of its slots");
   static_assert(!LEAN || VSMEM, "LEAN trims the VSMEM kernel's slots");
   static_assert(!OSMEM || (VSMEM && !LEAN), "OSMEM writes the VSMEM kernel's slots back to shared memory");
+  static_assert(BULK == 0 || VSMEM, "the bulk staging stages all 3H rows, as VSMEM does");
+  static_assert(BULK != 2 || OSMEM, "the bulk stores copy out the rows OSMEM writes back");
   constexpr int D = 64;
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int warp = static_cast<int>(threadIdx.x) / 32;
@@ -232,7 +239,12 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp
 
   const int rows = (VCOPY ? 2 : 3) * p.H;  // the rows that go through the slots
   extern __shared__ uint4 staged64[];  // STAGED: the token's rows, row r at 16-byte chunk 8 r
-  if constexpr (STAGED) {
+  if constexpr (BULK > 0) {
+    __shared__ uint64_t bar;
+    bulk_stage_token_rows<128>(staged64, tr, p.H, 3, &bar);
+    __syncthreads();  // the barrier's initialisation
+    detail::mbar_wait(&bar, 0);
+  } else if constexpr (STAGED) {
     // 8 copies of 16 bytes per 64-element row
     stage_token_rows<8, WARPS * 32>(staged64, tr, p.H, VCOPY && !VSMEM ? 2 : 3);
     if constexpr (VCOPY && !VSMEM)  // head h's v row to output row (b, h, sj): head stride S * D
@@ -287,6 +299,17 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp
         for (int j = 0; j < 4; ++j) o[16 * j] = static_cast<uint16_t>(raw[q][j]);
       }
     }
+  }
+  if constexpr (BULK == 2) {  // every slot's q and k rows written back: then each of the 3H rows by one bulk copy
+    detail::fence_proxy_async_smem();
+    __syncthreads();
+#pragma unroll
+    for (int role = 0; role < 3; ++role)
+      for (int h = static_cast<int>(threadIdx.x); h < p.H; h += WARPS * 32)
+        detail::bulk_store(p.out[role] + (out_token - u) + h * out_head, staged64 + 8 * (role * p.H + h), 128);
+    detail::bulk_commit();
+    detail::bulk_wait_reads();
+    return;
   }
   if constexpr (OSMEM) {  // every slot's q and k rows written back: then all 3H rows out, one role at a time
     __syncthreads();
@@ -420,7 +443,18 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
       // limit (FLUX's 2x at 89 % of its floor), unchanged if not.
       static const int osmem_knob = detail::positive_env_knob("DIFUSE_QK_SD35_OUT_SMEM");
       const size_t bytes = staged_bytes / 3 * 2;
-      if (vsmem_knob != 0 && warps_knob == 4)
+      // DIFUSE_QK_BULK=1|2 (for measurement): the staging (and with =2 the stores) by the bulk copy engine (BULK above)
+      static const int bulk_knob = detail::positive_env_knob("DIFUSE_QK_BULK");
+      const bool bulk = bulk_knob >= 1 && vsmem_knob != 0 && head_rows_contiguous({&p.img, &p.ctx}, 64) &&
+                        staged_bytes + sizeof(uint64_t) <= 48 * 1024 && detail::aligned(p.out[0], 16) &&
+                        detail::aligned(p.out[1], 16);
+      if (bulk && bulk_knob >= 2)
+        norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true, 8, true, false, true, 2>>(
+            p, grid, block, staged_bytes, a.q.device, stream);
+      else if (bulk)
+        norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true, 8, true, false, false, 1>>(
+            p, grid, block, staged_bytes, a.q.device, stream);
+      else if (vsmem_knob != 0 && warps_knob == 4)
         norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 16, true, true, 4, true>>(p, grid, dim3(4 * 32),
                                                                                        staged_bytes, a.q.device,
                                                                                        stream);

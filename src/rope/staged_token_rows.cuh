@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <initializer_list>
 
+#include "core/bulk_copy.cuh"
 #include "core/fast_div.h"
 #include "core/tensor.h"
 #include "norm/row_staging.cuh"
@@ -39,6 +40,31 @@ __device__ __forceinline__ void stage_token_rows(uint4* dst, const TokenRows& tr
     for (int head = first; head < H; head += kHeadsPerPass, src += step, d += kHeadsPerPass * CHUNKS)
       norm::cp_async(d, src, true);
   }
+}
+
+// The bulk-copy staging (the DIFUSE_QK_BULK kernels): thread 0 initialises `bar` and issues one bulk copy per role of
+// the token's H head rows, which lie contiguous in global memory (head stride = ROW_BYTES / 2 elements; 16-byte
+// aligned), to dst + role * H * ROW_BYTES: the layout stage_token_rows makes. The caller synchronises the block
+// (which also publishes the barrier's initialisation) before every thread waits on `bar` with parity 0.
+template <int ROW_BYTES>
+__device__ __forceinline__ void bulk_stage_token_rows(uint4* dst, const TokenRows& tr, int H, int roles, uint64_t* bar) {
+  if (threadIdx.x != 0) return;
+  const uint32_t bytes = static_cast<uint32_t>(H) * ROW_BYTES;
+  detail::mbar_init(bar, 1);
+  detail::fence_mbarrier_init();
+  detail::mbar_arrive_expect_tx(bar, static_cast<uint32_t>(roles) * bytes);
+#pragma unroll
+  for (int role = 0; role < 3; ++role)
+    if (role < roles) detail::bulk_load(reinterpret_cast<char*>(dst) + role * bytes, tr.at[role], bytes, bar);
+}
+
+// Host: every present q, k, v view of the streams has each token's head rows contiguous (head stride `row_elems`),
+// as bulk_stage_token_rows' one copy per role needs; absent views fail it.
+inline bool head_rows_contiguous(std::initializer_list<const StreamViews*> streams, int64_t row_elems) {
+  for (const StreamViews* st : streams)
+    for (const HeadView& v : st->t)
+      if (v.data == nullptr || v.sh != row_elems) return false;
+  return true;
 }
 
 // A token's v rows (which the eager chains only concatenate) copied global to global in 16-byte vectors by the

@@ -299,3 +299,22 @@ def test_pipelined_variant():
     assert_exact_under_prologue("qk_norm_rope_qwen", 128, specs, adversarial, 1850, DIFUSE_QK_PIPELINED="1")
     few = [((1, 16, 20, 24, 128), True), ((2, 16, 45, 17, 128), False)]
     assert_exact_under(exactness_script("qk_norm_rope_qwen", few, 1852), DIFUSE_QK_PIPELINED="3")
+
+
+@pytest.mark.parametrize("mode", ["1", "2"])
+def test_bulk_copy_variant(mode):
+    """DIFUSE_QK_BULK=1|2 (read once per process): where the staged kernel applies and each role's head rows of a
+    token are contiguous (separate and fused projections), the token's rows are staged by the bulk copy engine
+    (one copy per role completing on an mbarrier); =2 also writes the normalised q and k rows back into shared
+    memory and stores q, k and v with one bulk copy per role. Same bits: short and long prompts, batch 2, odd head
+    counts (=1 keeps the default kernel there), 38 heads, no weights, no RoPE, adversarial values (v bit for bit:
+    NaN payloads, +-0, infinities); strided heads and 8-byte-aligned rows keep the other kernels."""
+    from knob_run import assert_exact_under_prologue
+
+    specs = [((1, 512, 4096, 24, 128), True), ((2, 34, 300, 24, 128), False), ((3, 20, 61, 3, 128), True),
+             ((2, 16, 45, 17, 128), False), ((1, 40, 200, 38, 128), True), ((1, 33, 77, 3, 64), True)]
+    adversarial = [(1, 40, 300, 24, 0, True, True),
+                   (2, 16, 33, 3, 0, False, True),
+                   (1, 17, 17, 24, 0, False, False),
+                   (1, 16, 20, 2, 4, True, True)]
+    assert_exact_under_prologue("qk_norm_rope_qwen", 128, specs, adversarial, 1870, DIFUSE_QK_BULK=mode)

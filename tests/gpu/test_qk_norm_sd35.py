@@ -362,3 +362,17 @@ def test_eps_on_both_sides_of_flt_min(eps, scale):
     args = make_args(2, 300, 77, 38, 64, layout="fused", gen=g, scale=scale)
     args["eps"] = eps
     assert_exact(args)
+
+
+@pytest.mark.parametrize("mode", ["1", "2"])
+def test_bulk_copy_variant(mode):
+    """DIFUSE_QK_BULK=1|2 (read once per process): where the v-in-shared-memory kernel applies and each role's head
+    rows of a token are contiguous (the transposed views of separate or fused projections), the token's 3H rows are
+    staged by the bulk copy engine (one copy per role on an mbarrier); =2 also writes the normalised q and k rows
+    back and stores each of the 3H rows with one 128-byte bulk copy. q, k and v bit for bit at the site shapes,
+    fused and separate projections, odd head counts, one head, no weights, adversarial values; 8-byte-aligned rows
+    keep their kernel."""
+    from knob_run import assert_exact_under_prologue
+
+    specs = STAGED_SPECS + [((1, 20, 18, 13, 64), False), ((2, 33, 17, 37, 64), True)]
+    assert_exact_under_prologue("qk_norm_sd35", 64, specs, STAGED_ADVERSARIAL, 2050, bhsd=True, DIFUSE_QK_BULK=mode)
