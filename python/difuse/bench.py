@@ -284,7 +284,7 @@ def op_specs(torch):
 # set says so in its command, so the number cannot be mistaken for the default variant's.
 KERNEL_KNOBS = ("DIFUSE_QK_ROWS_PER_WARP", "DIFUSE_QK_LANES_PER_ROW", "DIFUSE_QK_UNSTAGED", "DIFUSE_QK_PIPELINED",
                 "DIFUSE_QK_VCOPY", "DIFUSE_QK_SD35_WARPS", "DIFUSE_QK_SD35_VCOPY_SMEM", "DIFUSE_QK_SD35_LEAN",
-                "DIFUSE_QK_SD35_OUT_SMEM",
+                "DIFUSE_QK_SD35_OUT_SMEM", "DIFUSE_QK_BULK",
                 "DIFUSE_RMS_ROWS_PER_WARP", "DIFUSE_RMS_LANES_PER_ROW", "DIFUSE_RMS_STAGED_ROWS",
                 "DIFUSE_RMS_STAGED_HEADS", "DIFUSE_RMS_STREAM_BATCH",
                 "DIFUSE_RMSD_ROWS_PER_WARP", "DIFUSE_RMSD_LANES_PER_ROW", "DIFUSE_RMSD_STAGED_ROWS",
@@ -365,7 +365,7 @@ def stream_time_us(nbytes: int, sets: int, reps: int, warmup: int = 10) -> tuple
     vectors per thread, block size, one-pass or resident grid, cache policy; and bulk copies of 4-32 KB chunks) moving `nbytes` (half read, half
     written), rotating over `sets` buffer pairs like the op's inputs, in this harness (time_calls). Every variant
     is timed with STREAM_SCREEN_REPS calls, then the fastest again with `reps`: the time returned is that second
-    measurement, so picking one of 64 does not also pick its luckiest samples. What a kernel that only moves those
+    measurement, so picking one of 68 does not also pick its luckiest samples. What a kernel that only moves those
     bytes needs at that size: a bound below it is below every kernel's reach here. The copy is checked."""
     import torch
 

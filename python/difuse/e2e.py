@@ -105,6 +105,12 @@ def add_arguments(p) -> None:
                    "(captured after the patched arm verified every signature) from the same latents: its step time "
                    "and md5 per step go in the record as difuse_graph_ms / graph_md5_equal_all_steps, never as "
                    "difuse_ms; with --cp every rank captures its call, collectives included")
+    p.add_argument("--null-fused", action="store_true",
+                   help="also time a bound arm after the patched one: the patched model with every difuse op's launch "
+                   "removed (each op returns its outputs allocated and unwritten, shapes from its Meta kernel), so the "
+                   "step runs only the model's own kernels (GEMMs, attention, the rest), at the same power cap: what no "
+                   "exact patch's step can beat. Its latents are not the model's: timing only, recorded as "
+                   "null_fused_ms with its clocks, never as difuse_ms. Not with --cp")
     p.add_argument("--no-step-sync", action="store_true",
                    help="time both arms without waiting for the GPU at the end of each step (the latents are copied "
                    "on the GPU and their md5, finiteness and std read after the loop): the host issues step i + 1 "
@@ -140,6 +146,7 @@ class Options:
     graph: bool = False  # --graph: a third arm, the patched model replayed as a CUDA graph
     trace: str | None = None  # --trace DIR: gzipped Chrome traces of the profiled steps
     step_sync: bool = True  # False (--no-step-sync): no wait for the GPU between steps while timing
+    null_fused: bool = False  # --null-fused: a bound arm with every difuse op's launch removed (timing only)
 
 
 def trace_path(opts: Options, arm: str, rank: int | None = None):
@@ -239,6 +246,11 @@ def resolve_options(args) -> Options:
     step_sync = not bool(_opt(args, "no_step_sync"))
     if not step_sync and (cp is not None or graph):
         raise ValueError("--no-step-sync goes with neither --cp nor --graph (their arms wait for the GPU each step)")
+    null_fused = bool(_opt(args, "null_fused"))
+    if null_fused and cp is not None:
+        raise ValueError("--null-fused is a single-GPU arm; not with --cp")
+    if null_fused and not str(args.device).startswith("cuda"):
+        raise ValueError("--null-fused times kernels on a CUDA device, not %s" % args.device)
     # --cp: the default path names the world size, known once the process group is up (e2e_cp.DEFAULT_OUT).
     out = getattr(args, "out", None) or ("" if cp else DEFAULT_OUT.format(model=model, suffix="-quick" if quick else ""))
     argv = getattr(args, "argv", None)
@@ -248,7 +260,7 @@ def resolve_options(args) -> Options:
                    command=command_line(argv if argv is not None else sys.argv[1:]),
                    overrides=dict(getattr(args, "model_overrides", None) or {}),
                    layers=layers, width=width, frames=frames, cp=cp, attn_backend=attn_backend, graph=graph,
-                   trace=_opt(args, "trace"), step_sync=step_sync)
+                   trace=_opt(args, "trace"), step_sync=step_sync, null_fused=null_fused)
 
 
 # ----------------------------------------------------------------------------------------------------------
@@ -488,6 +500,14 @@ def format_report(rec: dict, site_table: str | None = None) -> str:
                                          "DIFFER from eager, first at step %s" % rec["graph_first_diff_step"]))
     elif rec.get("graph_error"):
         lines.append("CUDA-graph arm failed: %s" % rec["graph_error"])
+    if rec.get("null_fused_ms") is not None:
+        clk = (rec.get("null_fused_clocks") or {}).get("sm_mhz_median")
+        lines.append("null-fused bound arm (every difuse launch removed, outputs unwritten; timing only, not "
+                     "difuse_ms): %.2f ms per step, host %.2f ms%s" % (
+                         rec["null_fused_ms"], rec.get("null_fused_host_ms") or float("nan"),
+                         "" if clk is None else ", SM clock median %.0f MHz" % clk))
+    elif rec.get("null_fused_error"):
+        lines.append("null-fused arm failed: %s" % rec["null_fused_error"])
     peak = rec.get("peak_memory_gb") or {}
     if peak.get("eager") is not None and peak.get("difuse") is not None:
         lines.append("peak GPU memory allocated during the timed loop (weights included): eager %.2f GB, difuse "
@@ -1598,6 +1618,78 @@ def graph_fields(eager: ArmResult, graph: ArmResult | None, error: str | None = 
                 graph_step_ms=[_r(x) for x in graph.step_ms], graph_error=error)
 
 
+class NullOps:
+    """torch.ops.difuse as the null-fused arm sees it: each op checks nothing and launches nothing; it returns its
+    outputs allocated on the inputs' device and unwritten, with the shapes, strides and dtypes its Meta kernel
+    gives for the same argument shapes (computed once per op and argument signature). Ops that write into an
+    argument (gelu_tanh_into) do nothing. For a timing bound only: the values are whatever the allocator's memory
+    held."""
+
+    def __init__(self, real, torch):
+        self._real, self._torch, self._memo = real, torch, {}
+
+    def _meta(self, a):
+        t = self._torch
+        return t.empty_strided(tuple(a.shape), tuple(a.stride()), dtype=a.dtype, device="meta") \
+            if isinstance(a, t.Tensor) else a
+
+    def _key(self, a):
+        t = self._torch
+        if isinstance(a, t.Tensor):
+            return ("T", tuple(a.shape), tuple(a.stride()), a.dtype)
+        return ("S", a) if a is None or isinstance(a, (bool, int, float, str)) else ("O", type(a).__name__)
+
+    def __getattr__(self, name):
+        t, op = self._torch, getattr(self._real, name)
+
+        def null(*args):
+            key = (name,) + tuple(self._key(a) for a in args)
+            spec = self._memo.get(key)
+            if spec is None:
+                out = op(*[self._meta(a) for a in args])
+                many = isinstance(out, (tuple, list))
+                outs = list(out) if many else ([] if out is None else [out])
+                spec = (many, type(out) if many else None,
+                        [(tuple(o.shape), tuple(o.stride()), o.dtype) for o in outs])
+                self._memo[key] = spec
+            many, kind, shapes = spec
+            dev = next((a.device for a in args if isinstance(a, t.Tensor)), None)
+            made = [t.empty_strided(sh, st, dtype=dt, device=dev) for sh, st, dt in shapes]
+            if many:
+                return kind(made)
+            return made[0] if made else None
+
+        return null
+
+
+def run_null_fused_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda") -> tuple:
+    """The null-fused arm (--null-fused): the patched model (every signature already verified by the patched arm, so
+    its sites call their fused ops directly) with difuse.ops' torch ops replaced by NullOps for the loop, timed and
+    clock-sampled like the other arms: (ArmResult, clocks summary or None). The real ops come back afterwards."""
+    import torch
+
+    from . import ops as difuse_ops
+
+    real = difuse_ops._ops()
+    null = NullOps(real, torch)
+    saved = difuse_ops._ops
+    difuse_ops._ops = lambda: null
+    try:
+        return sampled_arm(spec, model, inputs, steps, "null-fused", device)
+    finally:
+        difuse_ops._ops = saved
+
+
+def null_fused_fields(res: ArmResult | None, clocks: dict | None, error: str | None = None) -> dict:
+    """The record's null-fused fields: the bound arm's median step, host time and clocks (never difuse_ms)."""
+    if res is None:
+        return dict(null_fused_ms=None, null_fused_error=error)
+    return dict(null_fused_ms=_r(res.median_ms), null_fused_host_ms=_r(res.median_host_ms),
+                null_fused_step_ms=[_r(x) for x in res.step_ms], null_fused_clocks=clocks,
+                null_fused_note="timing bound: every difuse op's launch removed (outputs unwritten); its latents "
+                                "are not the model's", null_fused_error=error)
+
+
 def write_trace(prof, path: str) -> None:
     """prof's events as a gzipped Chrome trace at path (its folder made); a failure is printed, never raised."""
     import gzip
@@ -1859,6 +1951,13 @@ def run(opts: Options, api=None, log=print) -> dict | None:
                 print("graph arm failed: %s" % graph_rec["graph_error"], file=sys.stderr)
         full_report = report(model) or {}
         sites = full_report.get("sites", {})
+        null_rec = None
+        if opts.null_fused:  # after the report: its calls would count as fused calls
+            try:
+                null_rec = null_fused_fields(*run_null_fused_arm(spec, model, inputs, opts.steps, opts.device))
+            except Exception as e:  # noqa: BLE001 -- the bound arm is extra; its failure is recorded, not fatal
+                null_rec = null_fused_fields(None, None, "%s: %s" % (type(e).__name__, e))
+                print("null-fused arm failed: %s" % null_rec["null_fused_error"], file=sys.stderr)
     finally:
         unpatch(model)
 
@@ -1874,6 +1973,7 @@ def run(opts: Options, api=None, log=print) -> dict | None:
                                   peak_memory_gb=dict(eager=peak_eager, difuse=peak_difuse),
                                   host_profile=dict(eager=host_eager, difuse=host_difuse),
                                   **(graph_rec or {}),
+                                  **(null_rec or {}),
                                   wall_s=round(time.perf_counter() - t0, 1)))
     log(format_report(rec, _site_table(full_report, rec["sites"])))
     d = os.path.dirname(opts.out)

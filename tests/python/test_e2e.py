@@ -382,11 +382,38 @@ class OptionsTest(unittest.TestCase):
             ("flux", "--graph", "--device", "cpu"): "needs a CUDA device",
             ("flux", "--no-step-sync", "--graph"): "neither --cp nor --graph",
             ("flux", "--no-step-sync", "--cp", "ulysses"): "neither --cp nor --graph",
+            ("flux", "--null-fused", "--cp", "ulysses"): "not with --cp",
+            ("flux", "--null-fused", "--device", "cpu"): "CUDA device",
         }
         for argv, msg in cases.items():
             with self.subTest(argv=argv), self.assertRaises(ValueError) as cm:
                 e2e.resolve_options(_parser().parse_args(list(argv)))
             self.assertIn(msg, str(cm.exception))
+
+
+class NullFusedArmTest(unittest.TestCase):
+    """--null-fused's record fields: a bound arm's step time, host time and clocks, never difuse_ms."""
+
+    def test_option(self):
+        self.assertTrue(e2e.resolve_options(_parser().parse_args(["flux", "--null-fused"])).null_fused)
+        self.assertFalse(e2e.resolve_options(_parser().parse_args(["flux"])).null_fused)
+
+    def test_fields_and_report(self):
+        arm = e2e.ArmResult("null-fused", step_ms=[9.0, 4.0, 5.0], host_ms=[1.0, 2.0, 3.0], md5=["x"] * 3,
+                            finite=[True] * 3)
+        f = e2e.null_fused_fields(arm, {"sm_mhz_median": 1600.0})
+        self.assertEqual((f["null_fused_ms"], f["null_fused_host_ms"], f["null_fused_error"]), (5.0, 2.0, None))
+        self.assertEqual(f["null_fused_step_ms"], [9.0, 4.0, 5.0])
+        self.assertIn("timing bound", f["null_fused_note"])
+        rec = _record()
+        d = rec["difuse_ms"]
+        rec.update(f)
+        text = e2e.format_report(rec)
+        self.assertIn("null-fused bound arm", text)
+        self.assertIn("5.00 ms per step, host 2.00 ms, SM clock median 1600 MHz", text)
+        self.assertEqual(rec["difuse_ms"], d)
+        rec.update(e2e.null_fused_fields(None, None, "RuntimeError: x"))
+        self.assertIn("null-fused arm failed: RuntimeError: x", e2e.format_report(rec))
 
 
 class GraphArmTest(unittest.TestCase):

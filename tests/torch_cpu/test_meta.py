@@ -191,3 +191,38 @@ def test_layernorm_affine_fp32_meta_and_reference():
                                    ops.layernorm_affine_fp32_eager(xb, wb, bb, 1e-6)) == 0
     s = ops.can_use_layernorm_affine_fp32(xb, wb.to(torch.bfloat16), bb)
     assert not s.ok
+
+
+def test_null_ops_allocate_what_the_meta_kernels_give_and_launch_nothing():
+    """e2e.NullOps (bench --null-fused's bound arm): each op returns unwritten tensors of the shapes, strides and
+    dtypes its Meta kernel gives, on the arguments' device; tuples stay tuples, an op writing into an argument
+    returns None and leaves it alone; the Meta kernel runs once per argument signature."""
+    from difuse import e2e
+
+    calls = []
+
+    class Counting:
+        def __getattr__(self, name):
+            op = getattr(torch.ops.difuse, name)
+
+            def f(*a):
+                calls.append(name)
+                assert all(t.device.type == "meta" for t in a if isinstance(t, torch.Tensor))
+                return op(*a)
+            return f
+
+    null = e2e.NullOps(Counting(), torch)
+    x = torch.full((2, 5, 64), 7.0, dtype=torch.bfloat16)
+    emb = torch.zeros(2, 6 * 64, dtype=torch.bfloat16).chunk(6, dim=1)
+    out = null.layernorm_modulate(x, emb[1], emb[0], 1e-6)
+    ref = OP(*(torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device="meta") for t in (x, emb[1], emb[0])),
+             1e-6)
+    assert out.device.type == "cpu" and (out.shape, out.stride(), out.dtype) == (ref.shape, ref.stride(), ref.dtype)
+    null.layernorm_modulate(x, emb[1], emb[0], 1e-6)
+    assert calls == ["layernorm_modulate"]  # the second call of the same signature reuses the shapes
+    r, o = null.gated_residual_layernorm_modulate(x, x, emb[2], emb[4], emb[3], 1e-6)
+    assert r.shape == o.shape == x.shape and r.dtype == o.dtype == torch.bfloat16
+    mlp = torch.ones(2, 5, 64, dtype=torch.bfloat16)
+    buf = torch.zeros(2, 5, 128, dtype=torch.bfloat16)
+    assert null.gelu_tanh_into(mlp, buf[..., 64:]) is None
+    assert bool((buf == 0).all()) and bool((x == 7).all())
