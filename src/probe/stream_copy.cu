@@ -14,6 +14,10 @@
 // variant in range. Verified on the H200 at 26d5552: tests/gpu/test_stream_copy.py (every variant, sizes with partial
 // chunks, the bytes after the end untouched; gpu-tests-26d5552.json) and the native smoke test's probe case under
 // memcheck, racecheck and initcheck (sanitizer-26d5552.txt). First stream_us column: ops.json at 26d5552.
+// The bulk variants: every variant's test passed at 951f281 (gpu-tests-951f281.json), the smoke case under memcheck
+// and racecheck at 546c39e (sanitizer-bulk-546c39e.txt). They were the fastest in 3 of ops.json's 66 records at
+// 951f281, all under 40 MB and within the run-to-run spread of the vector variants; from ~50 MB up a one-pass grid of
+// one 16-byte vector per thread stays the ceiling.
 #include "probe/stream_copy.h"
 
 #include <cuda_runtime.h>

@@ -71,6 +71,12 @@
 // slots per 24-head token instead of 36). Exact on the H200 (this file's 259 tests), no faster: txt512 49.5 vs 49.4
 // us, fused 48.9 vs 48.9, batch 2 89.5 vs 89.7 (knob-sweeps/479c108/; predicted ~47). Fewer instructions do not
 // speed this kernel up any more.
+// Tried in the sixteenth session (DIFUSE_QK_BULK=1|2, kept for measurement): the token's rows staged by the bulk copy
+// engine (one copy per role on an mbarrier), and with =2 the outputs written back in place and stored by one bulk
+// copy per role. Exact on the H200 at 951f281 (this file's tests incl. test_bulk_copy_variant, gpu-tests-951f281.json;
+// memcheck and racecheck clean at 546c39e), slower: txt512 50.8 (=1) and 52.3 (=2) vs 49.4 us, fused 50.6 / 52.1 vs
+// 48.8 (knob-sweeps/951f281/). Predicted: no better than the 16-byte copies, which the probe's bulk variants
+// confirmed as plain copies (ops.json at 951f281).
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"

@@ -66,6 +66,11 @@
 // at 5d35cbc (gpu-tests-5d35cbc.json), sanitizer clean there, and no faster: 2x38x4429x64 72.7 / 73.5 us (fused)
 // against 73.1 / 73.4 for the default in the same run (knob-sweeps/5d35cbc/, ops.json of that run). Kept for
 // measurement only.
+// DIFUSE_QK_BULK=1|2 (BULK below; the rows staged by the bulk copy engine, one copy per role on an mbarrier; =2 with
+// OSMEM's write-back and one 128-byte bulk store per row; test_bulk_copy_variant; the default kernels' PTX unchanged):
+// exact on the H200 at 951f281 (gpu-tests-951f281.json), memcheck and racecheck clean at 546c39e
+// (sanitizer-bulk-546c39e.txt), slower: 2x38x4429x64 76.9 / 79.6 us vs 72.5, fused 77.5 / 80.7 vs 73.1
+// (knob-sweeps/951f281/). Kept for measurement only.
 #include "rope/qk_norm_sd35.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
