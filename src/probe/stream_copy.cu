@@ -23,8 +23,10 @@
 #include <cuda_runtime.h>
 
 #include <algorithm>
+#include <atomic>
 
 #include "core/bulk_copy.cuh"
+#include "core/device.h"
 #include "core/error.h"
 
 namespace difuse::probe {
@@ -157,12 +159,18 @@ void stream_copy(void* dst, const void* src, int64_t nbytes, int index, cudaStre
   const Kernel kernel = pick(v);
   const int64_t n = nbytes / 16, chunk = int64_t(v.vectors_per_thread) * v.threads_per_block;
   int64_t grid = (n + chunk - 1) / chunk;
-  if (v.resident_grid) {
-    int device = 0, sms = 0, per_sm = 0;
+  if (v.resident_grid) {  // the SM count and each variant's blocks per SM asked once per device
+    static std::atomic<int> blocks_per_sm[kVariants][64];  // 0: not asked yet
+    int device = 0;
     DIFUSE_CUDA_CHECK(cudaGetDevice(&device));
-    DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-    DIFUSE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, v.threads_per_block, 0));
-    grid = std::min<int64_t>(grid, int64_t(sms) * std::max(per_sm, 1));
+    std::atomic<int>& cached = blocks_per_sm[index][device & 63];
+    int per_sm = cached.load(std::memory_order_acquire);
+    if (per_sm == 0) {
+      DIFUSE_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&per_sm, kernel, v.threads_per_block, 0));
+      per_sm = std::max(per_sm, 1);
+      cached.store(per_sm, std::memory_order_release);
+    }
+    grid = std::min<int64_t>(grid, int64_t(detail::sm_count(device)) * per_sm);
   }
   grid = std::min<int64_t>(grid, 0x7fffffff);
   kernel<<<static_cast<unsigned>(grid), v.threads_per_block, 0, stream>>>(static_cast<const uint4*>(src),
