@@ -29,6 +29,10 @@
 // kernel (256 x 3072): compute-sanitizer clean at eb1307d and f1e1d95 (sanitizer.log). Since 5d35cbc the launcher
 // reads the SM count once per device (detail::sm_count), host code only; 65.8-67.6 us at 1x4608x12288 in the
 // 5d35cbc, 2cecf55 and 0385466 runs (ops.json): at the 67 us target, within run-to-run spread.
+// ncu at ad58f05 (ncu/ad58f05/): 57.5 us, DRAM 73 %, issue 0.26, MIO-queue stalls a third of the cycles between
+// issues: the table lookups, not DRAM, hold it. DIFUSE_GELU_COMPUTED_WORDS=1|2 (CW below; the default kernels' PTX
+// unchanged, 64 registers, no spills): written after that session's last device call, its GPU test
+// (test_computed_words_variant) and sweep entries ready, not yet run on the H200.
 #include "activation/gelu_tanh.h"
 
 #include <cuda_runtime.h>
@@ -113,10 +117,16 @@ __global__ void build_gelu_table(uint16_t* table) {
 // is mapped and stored, so a thread always has a batch of loads in flight, where the other kernel issues them after
 // its stores (one block of 32 warps per SM holds ~64 KB of loads in flight only between
 // a batch's issue and its use). Data movement only: the same table lookups.
-template <bool PIPE>
+// CW (DIFUSE_GELU_COMPUTED_WORDS=1|2, for measurement; 0 by default): the first CW of each vector's four words are
+// mapped by gelu2's arithmetic (the computing kernel's, so the same bits as the table) and only the other words
+// through the table. ncu at ad58f05 found the table kernel MIO-bound (10.8 of 30.5 cycles between issues waiting for
+// a full MIO queue, 8 LDS per vector) with its ALUs idle (issue 0.26): CW = 1 takes a quarter of the lookups off the
+// MIO queue for ~80 ALU instructions per vector.
+template <bool PIPE, int CW = 0>
 __global__ void __launch_bounds__(kTableThreads, 1) gelu_tanh_table_kernel(const Params p, const uint16_t* table,
                                                                            detail::FastDivU32 nvec, unsigned total,
                                                                            bool dense) {
+  static_assert(CW >= 0 && CW <= 2, "at most half of a vector's words computed");
   extern __shared__ uint4 lut_words[];
   const uint16_t* lut = reinterpret_cast<const uint16_t*>(lut_words);
   const unsigned stride = gridDim.x * kTableThreads;
@@ -143,8 +153,12 @@ __global__ void __launch_bounds__(kTableThreads, 1) gelu_tanh_table_kernel(const
   for (int i = static_cast<int>(threadIdx.x); i < kTableEntries / 8; i += kTableThreads)
     lut_words[i] = reinterpret_cast<const uint4*>(table)[i];
   __syncthreads();
-  const auto map = [&](uint32_t x) {
+  const auto lookup = [&](uint32_t x) {
     return static_cast<uint32_t>(lut[x & 0xffffu]) | (static_cast<uint32_t>(lut[x >> 16]) << 16);
+  };
+  const auto map4 = [&](uint4 v) {  // words 0 .. CW - 1 computed, the rest looked up
+    return make_uint4(CW >= 1 ? gelu2(v.x) : lookup(v.x), CW >= 2 ? gelu2(v.y) : lookup(v.y), lookup(v.z),
+                      lookup(v.w));
   };
   if constexpr (PIPE) {
     while (v0 < total) {
@@ -160,8 +174,7 @@ __global__ void __launch_bounds__(kTableThreads, 1) gelu_tanh_table_kernel(const
 #pragma unroll
       for (int u = 0; u < kTableUnroll; ++u)
         if (v0 + u * stride < total)
-          *reinterpret_cast<uint4*>(p.out + co[u]) =
-              make_uint4(map(cur[u].x), map(cur[u].y), map(cur[u].z), map(cur[u].w));
+          *reinterpret_cast<uint4*>(p.out + co[u]) = map4(cur[u]);
       v0 = next;
     }
   } else {
@@ -169,7 +182,7 @@ __global__ void __launch_bounds__(kTableThreads, 1) gelu_tanh_table_kernel(const
 #pragma unroll
       for (int u = 0; u < kTableUnroll; ++u)
         if (v0 + u * stride < total)
-          *reinterpret_cast<uint4*>(p.out + oo[u]) = make_uint4(map(w[u].x), map(w[u].y), map(w[u].z), map(w[u].w));
+          *reinterpret_cast<uint4*>(p.out + oo[u]) = map4(w[u]);
       v0 += stride * kTableUnroll;
       if (v0 < total) load_batch(v0);
     }
@@ -195,7 +208,8 @@ const uint16_t* gelu_table(int device, cudaStream_t stream) {
     build_gelu_table<<<kTableEntries / 2 / 256, 256, 0, stream>>>(t);
     DIFUSE_CUDA_CHECK(cudaGetLastError());
     DIFUSE_CUDA_CHECK(cudaStreamSynchronize(stream));
-    for (auto kernel : {gelu_tanh_table_kernel<false>, gelu_tanh_table_kernel<true>})
+    for (auto kernel : {gelu_tanh_table_kernel<false>, gelu_tanh_table_kernel<true>, gelu_tanh_table_kernel<true, 1>,
+                        gelu_tanh_table_kernel<true, 2>})
       DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
                                              kTableEntries * static_cast<int>(sizeof(uint16_t))));
     tables[device] = t;
@@ -269,7 +283,12 @@ void gelu_tanh(const difuse_tensor_view& out, const difuse_tensor_view& x, cudaS
       // The pipelined table kernel by default (H200 at 132f46f, knob-sweeps/: 1x4608x12288 67.6 us vs 68.1,
       // 1x512x12288 11.5 vs 12.2, faster at every shape); DIFUSE_GELU_PIPELINED=0 (for measurement) keeps the other.
       static const int pipelined = detail::env_knob_or("DIFUSE_GELU_PIPELINED", 1);
-      auto kernel = pipelined != 0 ? gelu_tanh_table_kernel<true> : gelu_tanh_table_kernel<false>;
+      // DIFUSE_GELU_COMPUTED_WORDS=1|2 (for measurement, with the pipelined kernel): CW above.
+      static const int computed = detail::positive_env_knob("DIFUSE_GELU_COMPUTED_WORDS");
+      auto kernel = pipelined == 0     ? gelu_tanh_table_kernel<false>
+                    : computed >= 2    ? gelu_tanh_table_kernel<true, 2>
+                    : computed == 1    ? gelu_tanh_table_kernel<true, 1>
+                                       : gelu_tanh_table_kernel<true>;
       kernel<<<static_cast<unsigned>(sms), kTableThreads, kTableEntries * sizeof(uint16_t), stream>>>(
           p, table, detail::FastDivU32(static_cast<uint32_t>(p.cols / 8)), static_cast<unsigned>(total), dense);
       DIFUSE_CUDA_CHECK(cudaGetLastError());
