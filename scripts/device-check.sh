@@ -109,8 +109,8 @@ stage_sanitizer() {
       echo "memcheck with the prologues' v copies (DIFUSE_QK_VCOPY=1), SD3.5's v staged (DIFUSE_QK_VCOPY=0):" &&
       DIFUSE_QK_VCOPY=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_VCOPY=0 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck with gelu's table kernel mapping one and two words per vector by arithmetic (DIFUSE_GELU_COMPUTED_WORDS=1, =2):" &&
-      DIFUSE_GELU_COMPUTED_WORDS=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
+      echo "memcheck with gelu's table-only kernel and its two-word one (DIFUSE_GELU_COMPUTED_WORDS=0, =2; one word is the default):" &&
+      DIFUSE_GELU_COMPUTED_WORDS=0 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_GELU_COMPUTED_WORDS=2 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       echo "memcheck and racecheck with the bulk-copy prologues and their bulk stores (DIFUSE_QK_BULK=2; =1 for memcheck: Qwen-Image's 3-head smoke case keeps the default kernel there, SD3.5's takes it):" &&
       DIFUSE_QK_BULK=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
@@ -214,7 +214,7 @@ DIFUSE_LNMOD_THREADS_PER_ROW=128:gated_residual_layernorm_modulate;DIFUSE_LNMOD_
 DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=64:layernorm_modulate;\
 DIFUSE_LNMOD_BLOCKS_PER_SM=8:gated_residual_layernorm_modulate;DIFUSE_LNMOD_BLOCKS_PER_SM=5:gated_residual_layernorm_modulate;\
 DIFUSE_LNMOD_BLOCKS_PER_SM=5:layernorm_modulate;DIFUSE_EW_GRID2D=1:gated_residual;\
-DIFUSE_GELU_PIPELINED=0:gelu_tanh;DIFUSE_GELU_COMPUTED_WORDS=1:gelu_tanh;DIFUSE_GELU_COMPUTED_WORDS=2:gelu_tanh;\
+DIFUSE_GELU_PIPELINED=0:gelu_tanh;DIFUSE_GELU_COMPUTED_WORDS=0:gelu_tanh;DIFUSE_GELU_COMPUTED_WORDS=2:gelu_tanh;\
 DIFUSE_QK_BULK=1:qk_norm_rope_qwen;DIFUSE_QK_BULK=2:qk_norm_rope_qwen;DIFUSE_QK_BULK=1:qk_norm_sd35;DIFUSE_QK_BULK=2:qk_norm_sd35"
 stage_sweep() {
   local entry vars op tag r=0

@@ -30,9 +30,13 @@
 // reads the SM count once per device (detail::sm_count), host code only; 65.8-67.6 us at 1x4608x12288 in the
 // 5d35cbc, 2cecf55 and 0385466 runs (ops.json): at the 67 us target, within run-to-run spread.
 // ncu at ad58f05 (ncu/ad58f05/): 57.5 us, DRAM 73 %, issue 0.26, MIO-queue stalls a third of the cycles between
-// issues: the table lookups, not DRAM, hold it. DIFUSE_GELU_COMPUTED_WORDS=1|2 (CW below; the default kernels' PTX
-// unchanged, 64 registers, no spills): written after that session's last device call, its GPU test
-// (test_computed_words_variant) and sweep entries ready, not yet run on the H200.
+// issues: the table lookups, not DRAM, hold it. DIFUSE_GELU_COMPUTED_WORDS=1|2 (CW below; 64 registers, no spills):
+// exact on the H200 at d823c00 (test_computed_words_variant: every bf16 pattern at every place of a vector, a column
+// slice, in place, the site shapes; gpu-tests-d823c00.json) and, with one word, faster at every shape
+// (knob-sweeps/d823c00/: 1x4608x12288 64.9 vs 66.7 us, 1x4096x12288 58.1 vs 60.1, 1x512x12288 10.9 vs 11.2, into the
+// concat slice 64.5 vs 66.4; predicted ~61-63; two words 67.8). One computed word is the default since then (dispatch
+// only: the kernel that ran exact there; as the default not yet run in this file's tests on the H200);
+// DIFUSE_GELU_COMPUTED_WORDS=0 keeps the table-only kernel.
 #include "activation/gelu_tanh.h"
 
 #include <cuda_runtime.h>
@@ -117,7 +121,7 @@ __global__ void build_gelu_table(uint16_t* table) {
 // is mapped and stored, so a thread always has a batch of loads in flight, where the other kernel issues them after
 // its stores (one block of 32 warps per SM holds ~64 KB of loads in flight only between
 // a batch's issue and its use). Data movement only: the same table lookups.
-// CW (DIFUSE_GELU_COMPUTED_WORDS=1|2, for measurement; 0 by default): the first CW of each vector's four words are
+// CW (1 by default since d823c00's measurement; DIFUSE_GELU_COMPUTED_WORDS=0|2): the first CW of each vector's four words are
 // mapped by gelu2's arithmetic (the computing kernel's, so the same bits as the table) and only the other words
 // through the table. ncu at ad58f05 found the table kernel MIO-bound (10.8 of 30.5 cycles between issues waiting for
 // a full MIO queue, 8 LDS per vector) with its ALUs idle (issue 0.26): CW = 1 takes a quarter of the lookups off the
@@ -283,8 +287,10 @@ void gelu_tanh(const difuse_tensor_view& out, const difuse_tensor_view& x, cudaS
       // The pipelined table kernel by default (H200 at 132f46f, knob-sweeps/: 1x4608x12288 67.6 us vs 68.1,
       // 1x512x12288 11.5 vs 12.2, faster at every shape); DIFUSE_GELU_PIPELINED=0 (for measurement) keeps the other.
       static const int pipelined = detail::env_knob_or("DIFUSE_GELU_PIPELINED", 1);
-      // DIFUSE_GELU_COMPUTED_WORDS=1|2 (for measurement, with the pipelined kernel): CW above.
-      static const int computed = detail::positive_env_knob("DIFUSE_GELU_COMPUTED_WORDS");
+      // One computed word per vector by default (CW above; H200 at d823c00, knob-sweeps/d823c00/: 1x4608x12288 64.9 us
+      // vs 66.7 table-only, faster at all four shapes; two words 67.8). DIFUSE_GELU_COMPUTED_WORDS=0|2 (for
+      // measurement, with the pipelined kernel) picks the table-only or the two-word kernel.
+      static const int computed = detail::env_knob_or("DIFUSE_GELU_COMPUTED_WORDS", 1);
       auto kernel = pipelined == 0     ? gelu_tanh_table_kernel<false>
                     : computed >= 2    ? gelu_tanh_table_kernel<true, 2>
                     : computed == 1    ? gelu_tanh_table_kernel<true, 1>

@@ -139,10 +139,11 @@ def test_pipelined_table_variant(pipelined):
     assert_exact_under(script, DIFUSE_GELU_PIPELINED=pipelined)
 
 
-@pytest.mark.parametrize("words", ["1", "2"])
+@pytest.mark.parametrize("words", ["0", "1", "2"])
 def test_computed_words_variant(words):
-    """DIFUSE_GELU_COMPUTED_WORDS=1|2 (read once per process): the pipelined table kernel maps the first 1 or 2 of each
-    16-byte vector's four words with the computing kernel's arithmetic and the rest through the table: the same bits
+    """DIFUSE_GELU_COMPUTED_WORDS=0|1|2 (read once per process; 1 is the default): the pipelined table kernel maps the
+    first 0, 1 or 2 of each 16-byte vector's four words with the computing kernel's arithmetic and the rest through the
+    table: the same bits
     for every bf16 pattern at every one of a vector's 8 places (the patterns rolled by 0..7 elements, so each reaches
     the computed words and the looked-up ones), shuffled, into a column slice, in place, and at the site shapes."""
     from knob_run import assert_exact_under, mismatch_script
