@@ -111,60 +111,51 @@ def test_opcheck_compile_and_graph():
     assert count_mismatches(out, ref(xs)) == 0
 
 
+def table_path_script(seed: int, patterns: str = "") -> str:
+    """A knob script for the table kernel: every bf16 pattern (tiled and shuffled, dense, into a column slice, in
+    place), the site shapes and a size that leaves the last batch partly empty; `patterns` adds script lines run
+    first with `pats` (all 65,536 patterns as int16) and `ref` defined."""
+    from knob_run import mismatch_script
+
+    return mismatch_script(
+        "import torch.nn.functional as F\n"
+        "def ref(x):\n"
+        "    return F.gelu(x, approximate='tanh')\n"
+        "g = torch.Generator(device='cuda').manual_seed(%d)\n"
+        "pats = torch.arange(65536, device='cuda', dtype=torch.int32).to(torch.int16)\n" % seed + patterns +
+        "x = pats[torch.randperm(65536 * 16, device='cuda', generator=g) % 65536].view(torch.bfloat16).view(64, 16384)\n"
+        "bad += count_mismatches(ops.gelu_tanh(x), ref(x))\n"
+        "buf = torch.zeros(64, 16384 + 3072, device='cuda', dtype=torch.bfloat16)\n"
+        "ops.gelu_tanh(x, out=buf[:, 3072:])\n"
+        "bad += count_mismatches(buf[:, 3072:], ref(x))\n"
+        "y = x.clone()\n"
+        "ops.gelu_tanh(y, out=y)\n"
+        "bad += count_mismatches(y, ref(x))\n"
+        "for shape in [(1, 4608, 12288), (2, 4096, 6144), (1, 4099, 1032)]:\n"
+        "    x = (torch.randn(*shape, device='cuda', generator=g) * 3).to(torch.bfloat16)\n"
+        "    bad += count_mismatches(ops.gelu_tanh(x), ref(x))\n")
+
+
 @pytest.mark.parametrize("pipelined", ["0", "1"])
 def test_pipelined_table_variant(pipelined):
     """DIFUSE_GELU_PIPELINED=1 (the default) / =0: the table kernel issues its next batch's loads before storing
     the current one, or (=0) after:
     the same bits for every bf16 pattern (tiled and shuffled, dense, into a column slice, in place), the site shapes
     and a size that leaves the last batch partly empty."""
-    from knob_run import assert_exact_under, mismatch_script
+    from knob_run import assert_exact_under
 
-    script = mismatch_script(
-        "import torch.nn.functional as F\n"
-        "def ref(x):\n"
-        "    return F.gelu(x, approximate='tanh')\n"
-        "g = torch.Generator(device='cuda').manual_seed(2500)\n"
-        "pats = torch.arange(65536, device='cuda', dtype=torch.int32).to(torch.int16)\n"
-        "x = pats[torch.randperm(65536 * 16, device='cuda', generator=g) % 65536].view(torch.bfloat16).view(64, 16384)\n"
-        "bad += count_mismatches(ops.gelu_tanh(x), ref(x))\n"
-        "buf = torch.zeros(64, 16384 + 3072, device='cuda', dtype=torch.bfloat16)\n"
-        "ops.gelu_tanh(x, out=buf[:, 3072:])\n"
-        "bad += count_mismatches(buf[:, 3072:], ref(x))\n"
-        "y = x.clone()\n"
-        "ops.gelu_tanh(y, out=y)\n"
-        "bad += count_mismatches(y, ref(x))\n"
-        "for shape in [(1, 4608, 12288), (2, 4096, 6144), (1, 4099, 1032)]:\n"
-        "    x = (torch.randn(*shape, device='cuda', generator=g) * 3).to(torch.bfloat16)\n"
-        "    bad += count_mismatches(ops.gelu_tanh(x), ref(x))\n")
-    assert_exact_under(script, DIFUSE_GELU_PIPELINED=pipelined)
+    assert_exact_under(table_path_script(2500), DIFUSE_GELU_PIPELINED=pipelined)
 
 
 @pytest.mark.parametrize("words", ["0", "1", "2"])
 def test_computed_words_variant(words):
     """DIFUSE_GELU_COMPUTED_WORDS=0|1|2 (read once per process; 1 is the default): the pipelined table kernel maps the
     first 0, 1 or 2 of each 16-byte vector's four words with the computing kernel's arithmetic and the rest through the
-    table: the same bits
-    for every bf16 pattern at every one of a vector's 8 places (the patterns rolled by 0..7 elements, so each reaches
-    the computed words and the looked-up ones), shuffled, into a column slice, in place, and at the site shapes."""
-    from knob_run import assert_exact_under, mismatch_script
+    table: the same bits for every bf16 pattern at every one of a vector's 8 places (the patterns rolled by 0..7
+    elements, so each reaches the computed words and the looked-up ones), shuffled, into a column slice, in place, and
+    at the site shapes."""
+    from knob_run import assert_exact_under
 
-    script = mismatch_script(
-        "import torch.nn.functional as F\n"
-        "def ref(x):\n"
-        "    return F.gelu(x, approximate='tanh')\n"
-        "g = torch.Generator(device='cuda').manual_seed(2600)\n"
-        "pats = torch.arange(65536, device='cuda', dtype=torch.int32).to(torch.int16)\n"
-        "rolled = torch.cat([torch.roll(pats, k) for k in range(8)] * 2)\n"
-        "x = rolled.view(torch.bfloat16).view(64, 16384)\n"
-        "bad += count_mismatches(ops.gelu_tanh(x), ref(x))\n"
-        "x = pats[torch.randperm(65536 * 16, device='cuda', generator=g) % 65536].view(torch.bfloat16).view(64, 16384)\n"
-        "buf = torch.zeros(64, 16384 + 3072, device='cuda', dtype=torch.bfloat16)\n"
-        "ops.gelu_tanh(x, out=buf[:, 3072:])\n"
-        "bad += count_mismatches(buf[:, 3072:], ref(x))\n"
-        "y = x.clone()\n"
-        "ops.gelu_tanh(y, out=y)\n"
-        "bad += count_mismatches(y, ref(x))\n"
-        "for shape in [(1, 4608, 12288), (2, 4096, 6144), (1, 4099, 1032)]:\n"
-        "    x = (torch.randn(*shape, device='cuda', generator=g) * 3).to(torch.bfloat16)\n"
-        "    bad += count_mismatches(ops.gelu_tanh(x), ref(x))\n")
-    assert_exact_under(script, DIFUSE_GELU_COMPUTED_WORDS=words)
+    rolled = ("rolled = torch.cat([torch.roll(pats, k) for k in range(8)] * 2).view(torch.bfloat16).view(64, 16384)\n"
+              "bad += count_mismatches(ops.gelu_tanh(rolled), ref(rolled))\n")
+    assert_exact_under(table_path_script(2600, rolled), DIFUSE_GELU_COMPUTED_WORDS=words)
