@@ -70,7 +70,7 @@ stage_gputests() {
   local files=() f
   for f in $DIFUSE_GPU_TESTS; do files+=("$ROOT/$f"); done
   DIFUSE_TEST_REPORT="$OUT/gpu-tests.json" \
-    DIFUSE_TEST_COMMAND="DIFUSE_GPU_TESTS='$DIFUSE_GPU_TESTS' scripts/device-check.sh --stage gputests" \
+    DIFUSE_TEST_COMMAND="DIFUSE_GPU_TESTS='$DIFUSE_GPU_TESTS'${DIFUSE_GPU_TESTS_K:+ DIFUSE_GPU_TESTS_K='$DIFUSE_GPU_TESTS_K'} scripts/device-check.sh --stage gputests" \
     DIFUSE_REQUIRE_GPU=1 python3 -m pytest -q -p no:cacheprovider -rfEs ${DIFUSE_GPU_TESTS_K:+-k "$DIFUSE_GPU_TESTS_K"} \
     "${files[@]}" 2>&1 | tee "$OUT/gpu-tests.log" | grep -vE '^WARNING' | tail -n 30
   return "${PIPESTATUS[0]}"
