@@ -97,6 +97,8 @@ def cmd_bench(args) -> int:
 def cmd_targets(args) -> int:
     from . import targets
 
+    if args.flux_step:
+        return targets.main_flux_step(*(args.files[:1] or []))
     return targets.main(args.files)
 
 
@@ -112,6 +114,9 @@ def main(argv=None) -> int:
 
     t = sub.add_parser("targets", help="the issues' op targets applied to bench ops records (no GPU needed)")
     t.add_argument("files", nargs="*", help="bench ops JSON files (default bench/results/h200/ops.json)")
+    t.add_argument("--flux-step", action="store_true",
+                   help="instead: what the fused sites of one FLUX.1 step move and take by an ops.json (the first file, "
+                   "default bench/results/h200/ops.json), and e2e-flux.json's null-fused bound plus that floor")
     b = sub.add_parser("bench", help="benchmark (the main job)")
     b.add_argument("what", nargs="?", default="ops", choices=["ops", *MODELS],
                    help="ops (default) or a model's whole denoising loop, eager vs patched")

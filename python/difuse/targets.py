@@ -83,6 +83,81 @@ def table(records: list) -> tuple[str, int, int]:
     return "\n".join(lines), met, judged
 
 
+# Issue 5's bound: the fused sites of one FLUX.1 step, each as the bench ops record of its site shape and the blocks
+# it runs in ("double", "single" or "once"), as difuse.patch fuses them (patching.FLUX_SITES; e2e-flux.json's
+# site counts are these times the calls per arm).
+FLUX_STEP_SITES = (
+    ("D1", "double", "layernorm_modulate", (1, 4096, 3072), "chunk6"),
+    ("D1c", "double", "layernorm_modulate", (1, 512, 3072), "chunk6"),
+    ("D2", "double", "qk_norm_rope_flux", (1, 4608, 24, 128), "double"),
+    ("D4", "double", "gated_residual_layernorm_modulate", (1, 4096, 3072), "chunk6"),
+    ("D4c", "double", "gated_residual_layernorm_modulate", (1, 512, 3072), "chunk6"),
+    ("D6", "double", "gated_residual", (1, 4096, 3072), "chunk6"),
+    ("D6c", "double", "gated_residual", (1, 512, 3072), "chunk6"),
+    ("S1", "single", "layernorm_modulate", (1, 4608, 3072), "chunk3"),
+    ("S3", "single", "qk_norm_rope_flux", (1, 4608, 24, 128), "single"),
+    ("S_concat", "single", "gelu_tanh", (1, 4608, 12288), "into_concat_slice"),
+    ("S4", "single", "gated_residual", (1, 4608, 3072), "chunk3"),
+    ("norm_out", "once", "layernorm_modulate", (1, 4096, 3072), "chunk6"),
+)
+
+
+def flux_step(records: list, double_blocks: int = 19, single_blocks: int = 38) -> dict:
+    """What the fused sites of one FLUX.1 step (FLUX_STEP_SITES) move and take by the bench's records: bytes, the
+    floor (bytes over the run's copy bandwidth), the streaming ceiling and our kernels' times, each summed over the
+    site's calls per step. A site whose record is missing raises KeyError naming it."""
+    calls = {"double": double_blocks, "single": single_blocks, "once": 1}
+    by_key = {(r["op"], tuple(r["shape"]), r.get("variant")): r for r in records}
+    rows, tot = [], dict(bytes=0.0, floor_us=0.0, stream_us=0.0, difuse_us=0.0)
+    for site, where, op, shape, variant in FLUX_STEP_SITES:
+        r = by_key.get((op, shape, variant))
+        if r is None:
+            raise KeyError("%s: no record of %s %s %s" % (site, op, "x".join(map(str, shape)), variant))
+        n = calls[where]
+        row = dict(site=site, calls=n, op=op, bytes=n * float(r["bytes"]), floor_us=n * float(r["floor_us"]),
+                   stream_us=n * float(r.get("stream_us") or 0.0), difuse_us=n * float(r["difuse_us"]))
+        rows.append(row)
+        for k in tot:
+            tot[k] += row[k]
+    return dict(sites=rows, **tot)
+
+
+def flux_step_text(step: dict) -> str:
+    lines = ["%-9s %5d calls  %-34s %8.2f GB  floor %6.2f ms  stream %6.2f ms  difuse %6.2f ms" % (
+        r["site"], r["calls"], r["op"], r["bytes"] / 1e9, r["floor_us"] / 1e3, r["stream_us"] / 1e3,
+        r["difuse_us"] / 1e3) for r in step["sites"]]
+    lines.append("per step: %.2f GB, floor %.2f ms, streaming ceiling %.2f ms, difuse's kernels %.2f ms" % (
+        step["bytes"] / 1e9, step["floor_us"] / 1e3, step["stream_us"] / 1e3, step["difuse_us"] / 1e3))
+    return "\n".join(lines)
+
+
+def main_flux_step(ops_path: str = "bench/results/h200/ops.json", e2e_path: str = "bench/results/h200/e2e-flux.json"
+                   ) -> int:
+    """`python -m difuse targets --flux-step`: the FLUX step's fused work (flux_step) from a committed ops.json, with
+    the blocks of e2e-flux.json's config and, where that record has one, its null-fused bound plus the floor: what an
+    exact step needs at least."""
+    try:
+        with open(ops_path) as f:
+            records = json.load(f)
+        with open(e2e_path) as f:
+            e2e = json.load(f)
+        cfg = e2e["config"]
+        step = flux_step(records, cfg["double_blocks"], cfg["single_blocks"])
+    except (OSError, ValueError, KeyError) as e:
+        print("flux step: %s" % e, file=sys.stderr)
+        return 2
+    print("%s (git %s) at %s's blocks (%d double, %d single):" % (
+        ops_path, ", ".join(sorted({r.get("git_sha", "?")[:12] for r in records})), e2e_path, cfg["double_blocks"],
+        cfg["single_blocks"]))
+    print(flux_step_text(step))
+    null = e2e.get("null_fused_ms")
+    if null is not None:
+        print("null-fused step %.2f ms (git %s) + the floor %.2f ms = %.2f ms: the least an exact step needs at the "
+              "null arm's clock (patched %.2f, eager %.2f)" % (null, str(e2e.get("git_sha", "?"))[:12], step["floor_us"] / 1e3,
+                                               null + step["floor_us"] / 1e3, e2e["difuse_ms"], e2e["eager_ms"]))
+    return 0
+
+
 def main(argv=None) -> int:
     """`python -m difuse targets [OPS.json ...]` (default bench/results/h200/ops.json): the judged records of each
     file; exit 0 when every judged record meets its bound, 1 when one does not, 2 when a file cannot be read."""

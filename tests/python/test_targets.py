@@ -88,3 +88,42 @@ class MainTest(unittest.TestCase):
 
 if __name__ == "__main__":
     unittest.main()
+
+
+class FluxStepTest(unittest.TestCase):
+    """targets.flux_step: the fused sites of one FLUX.1 step (issue 5's floor) summed from bench ops records."""
+
+    def keys(self):  # one record per (op, shape, variant): D1 and norm_out share one
+        return list(dict.fromkeys((op, shape, v) for _, _, op, shape, v in targets.FLUX_STEP_SITES))
+
+    def records(self):
+        return [dict(op=op, shape=list(shape), variant=v, bytes=1e6 * (i + 1), floor_us=float(i + 1),
+                     stream_us=2.0 * (i + 1), difuse_us=3.0 * (i + 1), git_sha="abc")
+                for i, (op, shape, v) in enumerate(self.keys())]
+
+    def test_sums_each_site_times_its_blocks(self):
+        step = targets.flux_step(self.records(), double_blocks=2, single_blocks=3)
+        calls = {r["site"]: r["calls"] for r in step["sites"]}
+        self.assertEqual((calls["D1"], calls["S4"], calls["norm_out"]), (2, 3, 1))
+        keys = self.keys()
+        want = sum({"double": 2, "single": 3, "once": 1}[w] * (keys.index((op, shape, v)) + 1)
+                   for _, w, op, shape, v in targets.FLUX_STEP_SITES)
+        self.assertAlmostEqual(step["floor_us"], want)
+        self.assertAlmostEqual(step["difuse_us"], 3 * want)
+        self.assertAlmostEqual(step["bytes"], 1e6 * want)
+        self.assertIn("per step: ", targets.flux_step_text(step))
+
+    def test_a_missing_site_is_named(self):
+        recs = [r for r in self.records() if r["variant"] != "into_concat_slice"]
+        with self.assertRaises(KeyError) as cm:
+            targets.flux_step(recs)
+        self.assertIn("S_concat", str(cm.exception))
+
+    def test_sites_are_the_patch_sites(self):
+        text = (ROOT / "python" / "difuse" / "patching.py").read_text()
+        for site, *_ in targets.FLUX_STEP_SITES:
+            self.assertIn('    "%s": ' % site, text, site)
+
+    def test_committed_records(self):
+        ops, e2e = ROOT / "bench/results/h200/ops.json", ROOT / "bench/results/h200/e2e-flux.json"
+        self.assertEqual(targets.main_flux_step(str(ops), str(e2e)), 0)
