@@ -117,6 +117,11 @@ stage_sanitizer() {
       DIFUSE_QK_BULK=2 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_BULK=2 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
+      echo "memcheck and racecheck with GRLN's streamed rows, 3 groups on 2 blocks (DIFUSE_LNMOD_STREAMED=3, DIFUSE_LNMOD_STREAMED_BLOCKS=2):" &&
+      DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 \
+        compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
+      DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 \
+        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       echo "memcheck and racecheck with the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate, GRLN's prefetched a, gelu's pipelined table kernel (DIFUSE_RMS_STAGED_HEADS=1, DIFUSE_RMSD_STAGED_ROWS=1, DIFUSE_RMSMOD_STAGED=1, DIFUSE_LNMOD_PREFETCH_A=1, DIFUSE_GELU_PIPELINED=1):" &&
       DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
@@ -215,7 +220,8 @@ DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=
 DIFUSE_LNMOD_BLOCKS_PER_SM=8:gated_residual_layernorm_modulate;DIFUSE_LNMOD_BLOCKS_PER_SM=5:gated_residual_layernorm_modulate;\
 DIFUSE_LNMOD_BLOCKS_PER_SM=5:layernorm_modulate;DIFUSE_EW_GRID2D=1:gated_residual;\
 DIFUSE_GELU_PIPELINED=0:gelu_tanh;DIFUSE_GELU_COMPUTED_WORDS=0:gelu_tanh;DIFUSE_GELU_COMPUTED_WORDS=2:gelu_tanh;\
-DIFUSE_QK_BULK=1:qk_norm_rope_qwen;DIFUSE_QK_BULK=2:qk_norm_rope_qwen;DIFUSE_QK_BULK=1:qk_norm_sd35;DIFUSE_QK_BULK=2:qk_norm_sd35"
+DIFUSE_QK_BULK=1:qk_norm_rope_qwen;DIFUSE_QK_BULK=2:qk_norm_rope_qwen;DIFUSE_QK_BULK=1:qk_norm_sd35;DIFUSE_QK_BULK=2:qk_norm_sd35;\
+DIFUSE_LNMOD_STREAMED=1:gated_residual_layernorm_modulate;DIFUSE_LNMOD_STREAMED=12:gated_residual_layernorm_modulate"
 stage_sweep() {
   local entry vars op tag r=0
   mkdir -p "$OUT/sweeps"

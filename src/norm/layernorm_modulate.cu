@@ -84,10 +84,12 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdlib>
 #include <string>
 
+#include "core/bulk_copy.cuh"
 #include "core/device.h"
 #include "core/env_knob.h"
 #include "core/fast_div.h"
@@ -658,6 +660,232 @@ __global__ void __launch_bounds__(128) layernorm_modulate_stream(const Params p)
   }
 }
 
+// Streamed rows (DIFUSE_LNMOD_STREAMED=G, for measurement): gated_residual_layernorm_modulate on one block per SM
+// that keeps loading while it computes. Why: the staged kernel's rows run in phase (ncu at cf12c4f and 64bd832,
+// 1x4096x3072: DRAM 44 %, issue 0.49, 1.94 waves of 4 blocks per SM): every row of a wave loads, then computes,
+// then stores at the same time, so DRAM idles while the SMs compute (a wave ~18 us against ~7 of loads and ~8.5 of
+// issue). Here one producer warp streams each row's h and a into a ring of shared-memory slots with two bulk copies
+// (sm_90's copy engine, completing on the slot's `full` mbarrier) while G consumer row groups of two warps each
+// compute the rows that have landed and free their slots (`empty`). The block's rows are row = blockIdx.x + k *
+// gridDim.x; row k takes slot k % slots and consumer group k % G. A consumer's arithmetic is the two-warp staged
+// row's (the paired map, the residual pass with a from shared memory as SA, the Welford pushes with the count set
+// after, aten's tree, the epilogue), with its own named barrier (1 + its group) where the staged kernel has a block
+// barrier. Needs h, a, out and residual 16-byte aligned and H % 8 == 0 (bulk copies of whole rows; the paired map).
+constexpr int kStreamMaxGroups = 14;  // named barriers 1..14; 32 + 64 x 14 = 928 threads
+constexpr int kStreamMaxSlots = 32;
+
+__device__ __forceinline__ void group_sync(int id) { asm volatile("bar.sync %0, 64;" ::"r"(id) : "memory"); }
+
+template <bool MODVEC>
+__global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_rows(const Params p, int slots) {
+  using Map = AtenThreadMap<64, true>;
+  constexpr int A = Map::kSlots;  // 2: one 16-byte vector per sweep and thread
+  constexpr int KB = 2;           // sweeps whose global loads are issued before their stores
+  extern __shared__ uint4 ring_smem[];  // slot s: h's row at 2 s V vectors of 4 bf16, a's row after it
+  __shared__ uint64_t full[kStreamMaxSlots], empty[kStreamMaxSlots];
+  __shared__ VecWelford roots[kStreamMaxGroups][4];
+  __shared__ RowStats stats[kStreamMaxGroups];
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int V = p.v;
+  const int sweeps = (V + kAtenThreads - 1) / kAtenThreads;
+  const uint32_t row_bytes = static_cast<uint32_t>(p.h) * 2u;
+  uint2* const ring = reinterpret_cast<uint2*>(ring_smem);
+  const int64_t stride = gridDim.x;
+  if (tid == 0) {
+    for (int s = 0; s < slots; ++s) {
+      detail::mbar_init(&full[s], 1);
+      detail::mbar_init(&empty[s], 64);
+    }
+    detail::fence_mbarrier_init();
+  }
+  __syncthreads();  // the only block barrier: from here the producer and each group run on their own
+
+  if (tid < 32) {  // the producer warp: lane 0 issues each row's two copies once its slot is free
+    if (tid != 0) return;
+    int s = 0;
+    uint32_t use = 0;  // how many times slot s has been filled before
+    for (int64_t row = blockIdx.x; row < p.rows; row += stride) {
+      if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
+      uint2* const dst = ring + 2 * static_cast<int64_t>(s) * V;
+      detail::mbar_arrive_expect_tx(&full[s], 2u * row_bytes);
+      detail::bulk_load(dst, p.x + row * p.h, row_bytes, &full[s]);
+      detail::bulk_load(dst + V, p.a + row * p.h, row_bytes, &full[s]);
+      if (++s == slots) s = 0, ++use;
+    }
+    return;
+  }
+
+  const int c = (tid - 32) >> 6;  // consumer group
+  const int i = (tid - 32) & 63;  // thread of the row
+  const int groups = (static_cast<int>(blockDim.x) - 32) >> 6;
+  int s = c % slots;
+  uint32_t use = static_cast<uint32_t>(c / slots);
+  for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
+    detail::mbar_wait(&full[s], use & 1u);
+    uint2* const sx = ring + 2 * static_cast<int64_t>(s) * V;
+    const uint2* const sa = sx + V;
+
+    // h1 = h + gate * a (gated_residual_vec4, as the staged kernel), into the slot and out to `residual`.
+    const int64_t bb = p.seq_div.div(row), ll = row - bb * p.seq;
+    const uint16_t* grow = p.gate + bb * p.gate_stride + ll * p.gate_stride_l;
+    uint2* const rr = reinterpret_cast<uint2*>(p.residual + row * p.h);
+    for (int k0 = 0; k0 < sweeps; k0 += KB) {
+      uint2 gw[KB][A];
+#pragma unroll
+      for (int kk = 0; kk < KB; ++kk) {
+#pragma unroll
+        for (int j = 0; j < A; ++j) {
+          const int vi = Map::aten_thread(i, j) + kAtenThreads * (k0 + kk);
+          const bool in = k0 + kk < sweeps && vi < V;
+          gw[kk][j] = in ? load_gate_words<MODVEC>(grow + kVecElems * vi) : make_uint2(0, 0);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < KB; ++kk) {
+        const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);  // slot 1 is vi + 1 (V is even)
+        if (k0 + kk < sweeps && vi < V) {
+          const uint4 h = *reinterpret_cast<const uint4*>(sx + vi);
+          const uint4 a = *reinterpret_cast<const uint4*>(sa + vi);
+          const uint2 h0 = modulate::gated_residual_vec4(make_uint2(h.x, h.y), make_uint2(a.x, a.y), gw[kk][0]);
+          const uint2 h1 = modulate::gated_residual_vec4(make_uint2(h.z, h.w), make_uint2(a.z, a.w), gw[kk][1]);
+          const uint4 o = make_uint4(h0.x, h0.y, h1.x, h1.y);
+          *reinterpret_cast<uint4*>(sx + vi) = o;
+          *reinterpret_cast<uint4*>(rr + vi) = o;
+        }
+      }
+    }
+
+    // The Welford pushes (the count set after them), as the staged kernel's kCountAfter loop.
+    VecWelford st[A];
+#pragma unroll 2
+    for (int k = 0; k < sweeps; ++k) {
+      const float* r = c_rcp.v + 4 * k;
+      const int vi = Map::aten_thread(i, 0) + kAtenThreads * k;
+      if (vi < V) {
+        const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vi);
+        const uint2 w[A] = {make_uint2(w4.x, w4.y), make_uint2(w4.z, w4.w)};
+#pragma unroll
+        for (int j = 0; j < A; ++j) {
+          st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_lo(w[j].x), r[1]);
+          st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_hi(w[j].x), r[2]);
+          st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_lo(w[j].y), r[3]);
+          st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_hi(w[j].y), r[4]);
+        }
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < A; ++j) {
+      const int t = Map::aten_thread(i, j);
+      const int n = t < V ? min(sweeps, (V - t + kAtenThreads - 1) / kAtenThreads) : 0;
+      st[j].count = static_cast<float>(4 * n);
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o /= 2) {
+      const int delta = Map::lane_delta(o);
+      if (delta > 0) {
+#pragma unroll
+        for (int j = 0; j < A; ++j) st[j] = num::vec_welford_combine(st[j], shfl_down_state(st[j], delta));
+      } else {
+#pragma unroll
+        for (int j = 0; j < A; ++j)
+          if (Map::receives(o, j)) st[j] = num::vec_welford_combine(st[j], st[Map::partner_slot(o, j)]);
+      }
+    }
+#pragma unroll
+    for (int j = 0; j < A; ++j) {
+      const int t = Map::aten_thread(i, j);
+      if (t % kAtenWarp == 0) roots[c][t / kAtenWarp] = st[j];
+    }
+    group_sync(1 + c);
+    if (i == 0) stats[c] = finalize_roots(roots[c], p.h, p.eps);
+    group_sync(1 + c);
+    const RowStats rs = stats[c];
+
+    // The epilogue: KB sweeps' modulation words loaded before their stores.
+    const int64_t b = bb, l = ll;
+    const uint16_t* srow = p.scale + b * p.scale_stride + l * p.scale_stride_l;
+    const uint16_t* hrow = p.shift + b * p.shift_stride + l * p.shift_stride_l;
+    uint2* const orow = reinterpret_cast<uint2*>(p.out + row * p.h);
+    for (int k0 = 0; k0 < sweeps; k0 += KB) {
+      uint4 w[KB], sc[KB], sh[KB];
+#pragma unroll
+      for (int kk = 0; kk < KB; ++kk) {
+        const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
+        if (k0 + kk < sweeps && vi < V) {
+          const int e = kVecElems * vi;
+          w[kk] = *reinterpret_cast<const uint4*>(sx + vi);
+          uint2 s0, s1, h0, h1;
+          if constexpr (MODVEC) {
+            s0 = *reinterpret_cast<const uint2*>(srow + e), s1 = *reinterpret_cast<const uint2*>(srow + e + 4);
+            h0 = *reinterpret_cast<const uint2*>(hrow + e), h1 = *reinterpret_cast<const uint2*>(hrow + e + 4);
+          } else {
+            s0 = load_mod_words(srow + e), s1 = load_mod_words(srow + e + 4);
+            h0 = load_mod_words(hrow + e), h1 = load_mod_words(hrow + e + 4);
+          }
+          sc[kk] = make_uint4(s0.x, s0.y, s1.x, s1.y);
+          sh[kk] = make_uint4(h0.x, h0.y, h1.x, h1.y);
+        } else {
+          w[kk] = sc[kk] = sh[kk] = make_uint4(0, 0, 0, 0);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < KB; ++kk) {
+        const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
+        if (k0 + kk < sweeps && vi < V)
+          *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
+              layernorm_modulate_pair(w[kk].x, rs, sc[kk].x, sh[kk].x), layernorm_modulate_pair(w[kk].y, rs, sc[kk].y, sh[kk].y),
+              layernorm_modulate_pair(w[kk].z, rs, sc[kk].z, sh[kk].z), layernorm_modulate_pair(w[kk].w, rs, sc[kk].w, sh[kk].w));
+      }
+    }
+    // Every read and write of the slot by this thread is done: order them before the copy engine refills it.
+    detail::fence_proxy_async_smem();
+    detail::mbar_arrive(&empty[s]);
+    s += groups;
+    while (s >= slots) s -= slots, ++use;
+  }
+}
+
+// DIFUSE_LNMOD_STREAMED=G (read once): the streamed kernel with G consumer groups (1: kStreamDefaultGroups; at
+// most kStreamMaxGroups, and no more than the ring's slots); DIFUSE_LNMOD_STREAMED_BLOCKS=N caps its grid at N
+// blocks (tests and the sanitizer: many rows per block, every slot refilled, at small shapes).
+constexpr int kStreamDefaultGroups = 8;
+int streamed_groups_knob() {
+  static const int v = detail::positive_env_knob("DIFUSE_LNMOD_STREAMED");
+  return v;
+}
+
+// Launches the streamed kernel where its ring holds at least two rows; false (nothing launched) otherwise.
+template <bool MODVEC>
+bool launch_streamed(const Params& p, int device, cudaStream_t stream) {
+  auto kernel = grln_streamed_rows<MODVEC>;
+  // The dynamic shared memory a block may take: the opt-in maximum per block less the kernel's static shared memory
+  // (barriers, roots, stats), read once per device.
+  static std::atomic<int> budgets[64];  // 0: not read yet
+  int budget = budgets[device & 63].load(std::memory_order_acquire);
+  if (budget == 0) {
+    int optin = 0;
+    DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attr{};
+    DIFUSE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    budget = optin - static_cast<int>(attr.sharedSizeBytes);
+    budgets[device & 63].store(budget, std::memory_order_release);
+  }
+  const int64_t slot_bytes = int64_t{4} * p.h;  // h's row and a's row, bf16
+  const int slots = static_cast<int>(std::min<int64_t>(kStreamMaxSlots, budget / slot_bytes));
+  const int knob = streamed_groups_knob();
+  const int groups = std::min(std::min(knob == 1 ? kStreamDefaultGroups : knob, kStreamMaxGroups), slots);
+  if (slots < 2 || groups < 1) return false;
+  static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
+  opt_in_shared_memory(kernel, device, budget, opted_in);
+  prefer_max_shared_carveout(kernel, device, carveout_set);
+  static const int max_blocks = detail::positive_env_knob("DIFUSE_LNMOD_STREAMED_BLOCKS");
+  int64_t blocks = std::min<int64_t>(detail::sm_count(device), p.rows);
+  if (max_blocks > 0) blocks = std::min<int64_t>(blocks, max_blocks);
+  kernel<<<static_cast<unsigned>(blocks), 32 + 64 * groups, static_cast<size_t>(slots) * slot_bytes, stream>>>(p, slots);
+  return true;
+}
+
 constexpr size_t kMaxStagedBytes = 72 * 1024;  // dynamic staging per block: (8+2) x 6 KB, (4+2) x 12 KB, 1 x 48 KB
 
 template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, int MINB = 1, int EPB = 1, bool SA = false>
@@ -1150,6 +1378,14 @@ void gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difu
   p.mod_vec = p.mod_vec && detail::aligned(gate.data, 8) && p.gate_stride % 4 == 0 && p.gate_stride_l % 4 == 0;
   static const int prefetch_a = detail::positive_env_knob("DIFUSE_LNMOD_PREFETCH_A");
   p.prefetch_a = prefetch_a == 1 && detail::aligned(a.data, 16) && p.h % 8 == 0;
+  if (streamed_groups_knob() > 0 && p.h % 8 == 0 && detail::aligned(h.data, 16) && detail::aligned(a.data, 16) &&
+      detail::aligned(out.data, 16) && detail::aligned(residual.data, 16)) {  // DIFUSE_LNMOD_STREAMED (measurement)
+    const detail::DeviceGuard device_guard(h.device);
+    if (p.mod_vec ? launch_streamed<true>(p, h.device, stream) : launch_streamed<false>(p, h.device, stream)) {
+      DIFUSE_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
   launch<true>(p, h, out, stream);
 }
 

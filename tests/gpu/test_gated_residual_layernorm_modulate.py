@@ -183,6 +183,49 @@ def test_staged_a_variant(epilogue_batch):
     assert_exact_under(script, DIFUSE_LNMOD_STAGE_A="1", DIFUSE_LNMOD_EPILOGUE_BATCH=epilogue_batch)
 
 
+# Script lines: two calls under the profiler, one with word-aligned modulation rows and one with a gate, scale and
+# shift only 2-byte aligned (the MODVEC = false kernel), both compared bit for bit; a mismatch unless both streamed
+# kernels ran (the knob test must fail if the launcher fell back to the staged kernels).
+STREAMED_KERNELS_RAN = (
+    "from torch.profiler import profile, ProfilerActivity\n"
+    "hh = place(torch.randn(2, 700, 3072, device='cuda', generator=g).to(torch.bfloat16), 0)\n"
+    "aa = torch.randn(2, 700, 3072, device='cuda', generator=g).to(torch.bfloat16)\n"
+    "ee = (torch.randn(2, 6 * 3072 + 1, device='cuda', generator=g) * 0.5).to(torch.bfloat16)\n"
+    "aligned = ee[:, :6 * 3072].chunk(6, dim=1)\n"
+    "odd = ee[:, 1:].chunk(6, dim=1)\n"
+    "with profile(activities=[ProfilerActivity.CUDA]) as prof:\n"
+    "    for m in (aligned, odd):\n"
+    "        bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(hh, aa, m[2], m[4], m[3], 1e-6)),\n"
+    "                                list(ops.gated_residual_layernorm_modulate_eager(hh, aa, m[2], m[4], m[3], 1e-6)))\n"
+    "    torch.cuda.synchronize()\n"
+    "names = set(e.name for e in prof.events())\n"
+    "for want in ('grln_streamed_rows<true>', 'grln_streamed_rows<false>'):\n"
+    "    if not any(want in n for n in names):\n"
+    "        bad += 1\n"
+    "        print(want, 'did not run:', sorted(n for n in names if 'difuse' in n))\n")
+
+
+@pytest.mark.parametrize("groups,blocks", [("1", ""), ("3", "2"), ("14", "5")], ids=str)
+def test_streamed_variant(groups, blocks):
+    """DIFUSE_LNMOD_STREAMED=G (read once per process): one block per SM (or DIFUSE_LNMOD_STREAMED_BLOCKS of them),
+    a producer warp bulk-copying each row's h and a into a ring of slots while G two-warp groups compute (1: 8
+    groups). Both outputs bit for bit at FLUX's 4096 and 512 rows at 3072, batch 2 at 1536 and 3072 with per-token
+    gates and modulation rows, 5120, 12288 (4 slots) and 24576 (2 slots, every row refilling one), adversarial
+    values; with 2 or 5 blocks every slot is refilled many times. Views it does not take (h or a 8- but not 16-byte
+    aligned, H % 8 != 0) run the default kernels. The profiler shows both streamed kernels ran (word-aligned
+    modulation rows and 2-byte aligned ones, compared bit for bit too)."""
+    from knob_run import assert_exact_under
+
+    script = _knob_script(3300, [((1, 4096, 3072), 0, 0, False, False), ((1, 512, 3072), 0, 0, False, False),
+                                 ((2, 300, 3072), 0, 0, True, True), ((2, 4096, 1536), 0, 0, False, False),
+                                 ((2, 333, 1536), 0, 0, True, False), ((1, 77, 5120), 0, 0, False, True),
+                                 ((1, 19, 12288), 0, 0, False, False), ((1, 16, 24576), 0, 0, True, False),
+                                 ((2, 37, 3072), 4, 0, False, False), ((2, 37, 3072), 0, 4, False, False),
+                                 ((2, 21, 516), 0, 0, False, False), ((1, 3, 8), 0, 0, False, False)])
+    script = script.replace("print('mismatches', bad)", STREAMED_KERNELS_RAN + "print('mismatches', bad)")
+    assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks)
+
+
 @pytest.mark.parametrize("B,L,H,off_h,off_a,per_token,per_token_mod", [
     (2, 4096, 1536, 0, 0, False, False), (1, 8192, 1536, 4, 0, True, False), (1, 8200, 1028, 0, 4, False, True),
     (3, 2731, 516, 4, 4, True, True), (1, 9000, 4, 0, 0, False, False), (1, 8192, 1540, 0, 0, False, False)],
