@@ -183,23 +183,27 @@ def test_staged_a_variant(epilogue_batch):
     assert_exact_under(script, DIFUSE_LNMOD_STAGE_A="1", DIFUSE_LNMOD_EPILOGUE_BATCH=epilogue_batch)
 
 
-# Script lines: two calls under the profiler, one with word-aligned modulation rows and one with a gate, scale and
-# shift only 2-byte aligned (the MODVEC = false kernel), both compared bit for bit; a mismatch unless both streamed
-# kernels ran (the knob test must fail if the launcher fell back to the staged kernels).
+# Script lines: three calls under the profiler, each compared bit for bit: [B, H] modulation rows 8-byte aligned (the
+# kernel that stages them in shared memory), the same with a per-token gate (8-byte aligned, read from global
+# memory), and a gate, scale and shift only 2-byte aligned (the MODVEC = false kernel); a mismatch unless all three
+# streamed kernels ran (the knob test must fail if the launcher fell back to the staged kernels).
 STREAMED_KERNELS_RAN = (
     "from torch.profiler import profile, ProfilerActivity\n"
     "hh = place(torch.randn(2, 700, 3072, device='cuda', generator=g).to(torch.bfloat16), 0)\n"
     "aa = torch.randn(2, 700, 3072, device='cuda', generator=g).to(torch.bfloat16)\n"
+    "aligned = (torch.randn(2, 6 * 3072, device='cuda', generator=g) * 0.5).to(torch.bfloat16).chunk(6, dim=1)\n"
+    "tok = (aligned[0], aligned[1], torch.randn(2, 700, 3072, device='cuda', generator=g).to(torch.bfloat16),\n"
+    "       aligned[3], aligned[4])\n"
     "ee = (torch.randn(2, 6 * 3072 + 1, device='cuda', generator=g) * 0.5).to(torch.bfloat16)\n"
-    "aligned = ee[:, :6 * 3072].chunk(6, dim=1)\n"
     "odd = ee[:, 1:].chunk(6, dim=1)\n"
     "with profile(activities=[ProfilerActivity.CUDA]) as prof:\n"
-    "    for m in (aligned, odd):\n"
+    "    for m in (aligned, tok, odd):\n"
     "        bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(hh, aa, m[2], m[4], m[3], 1e-6)),\n"
     "                                list(ops.gated_residual_layernorm_modulate_eager(hh, aa, m[2], m[4], m[3], 1e-6)))\n"
     "    torch.cuda.synchronize()\n"
     "names = set(e.name for e in prof.events())\n"
-    "for want in ('grln_streamed_rows<true>', 'grln_streamed_rows<false>'):\n"
+    "for want in ('grln_streamed_rows<true, true>', 'grln_streamed_rows<true, false>',\n"
+    "             'grln_streamed_rows<false, false>'):\n"
     "    if not any(want in n for n in names):\n"
     "        bad += 1\n"
     "        print(want, 'did not run:', sorted(n for n in names if 'difuse' in n))\n")
@@ -212,8 +216,8 @@ def test_streamed_variant(groups, blocks):
     groups). Both outputs bit for bit at FLUX's 4096 and 512 rows at 3072, batch 2 at 1536 and 3072 with per-token
     gates and modulation rows, 5120, 12288 (4 slots) and 24576 (2 slots, every row refilling one), adversarial
     values; with 2 or 5 blocks every slot is refilled many times. Views it does not take (h or a 8- but not 16-byte
-    aligned, H % 8 != 0) run the default kernels. The profiler shows both streamed kernels ran (word-aligned
-    modulation rows and 2-byte aligned ones, compared bit for bit too)."""
+    aligned, H % 8 != 0) run the default kernels. The profiler shows all three streamed kernels ran ([B, H]
+    modulation rows staged in shared memory, a per-token gate, 2-byte aligned rows; compared bit for bit too)."""
     from knob_run import assert_exact_under
 
     script = _knob_script(3300, [((1, 4096, 3072), 0, 0, False, False), ((1, 512, 3072), 0, 0, False, False),
