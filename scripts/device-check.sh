@@ -221,7 +221,7 @@ DIFUSE_LNMOD_BLOCKS_PER_SM=8:gated_residual_layernorm_modulate;DIFUSE_LNMOD_BLOC
 DIFUSE_LNMOD_BLOCKS_PER_SM=5:layernorm_modulate;DIFUSE_EW_GRID2D=1:gated_residual;\
 DIFUSE_GELU_PIPELINED=0:gelu_tanh;DIFUSE_GELU_COMPUTED_WORDS=0:gelu_tanh;DIFUSE_GELU_COMPUTED_WORDS=2:gelu_tanh;\
 DIFUSE_QK_BULK=1:qk_norm_rope_qwen;DIFUSE_QK_BULK=2:qk_norm_rope_qwen;DIFUSE_QK_BULK=1:qk_norm_sd35;DIFUSE_QK_BULK=2:qk_norm_sd35;\
-DIFUSE_LNMOD_STREAMED=1:gated_residual_layernorm_modulate;DIFUSE_LNMOD_STREAMED=12:gated_residual_layernorm_modulate"
+DIFUSE_LNMOD_STREAMED=0:gated_residual_layernorm_modulate;DIFUSE_LNMOD_STREAMED=8:gated_residual_layernorm_modulate"
 stage_sweep() {
   local entry vars op tag r=0
   mkdir -p "$OUT/sweeps"

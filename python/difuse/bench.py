@@ -229,7 +229,8 @@ def op_specs(torch):
             make=_gr_case, eager=ops.gated_residual_eager, fused=torch.ops.difuse.gated_residual,
             variant=lambda c: "per_token_gate" if c == 0 else "chunk%d" % c, peer="gated_residual"),
         "gated_residual_layernorm_modulate": dict(
-            shapes=[((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((2, 4096, 1536), 6), ((2, 300, 3072), 6)],
+            shapes=[((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((2, 4096, 1536), 6), ((2, 300, 3072), 6),
+                    ((2, 4096, 2432), 6)],  # SD3.5-large's pre-FF site (CFG batch 2)
             bytes=lambda s, c: 4 * s[0] * s[1] * s[2] * 2 + 3 * s[0] * s[2] * 2, make=_grln_case,
             eager=ops.gated_residual_layernorm_modulate_eager, fused=torch.ops.difuse.gated_residual_layernorm_modulate,
             variant=lambda c: "chunk%d" % c, peer="gated_residual_layernorm_modulate"),

@@ -78,6 +78,15 @@
 // (still 4 blocks per SM). Exact at 26d5552 (this file's, GRLN's and Wan fp32's tests, 864 passed with the probe's,
 // gpu-tests-26d5552.json); GRLN 1x4096x3072 38.7 us (39.6 at d3185fc; predicted ~37), 2x4096x1536 40.0 (42.0),
 // layernorm_modulate_fp32 1x32760x5120 212.2 (213.7), the rest within 1 % (ops.json at 26d5552).
+// Since the seventeenth session, gated_residual_layernorm_modulate's many rows (>= 4096, H <= 3584, h, a, out and the
+// residual 16-byte aligned, H % 8 == 0) take the streamed kernel (grln_streamed_rows: one block per SM, a producer
+// warp bulk-copying each row's h and a into a ring of shared-memory slots while 12 two-warp groups compute with the
+// staged row's arithmetic; the [B, H] modulation rows staged once per block; aten's tree with host-computed weights
+// where every combine has equal counts, H % 512 == 0). H200 at 0bdc6e6 (knob-sweeps/0bdc6e6/): 1x4096x3072 34.2 us
+// vs 39.2 staged, 2x4096x1536 38.0 vs 40.7 (target 30: not met); exact there under DIFUSE_LNMOD_STREAMED
+// (test_streamed_variant: 3 passed, gpu-tests-0bdc6e6.json), memcheck and racecheck clean at 82cc1bf
+// (sanitizer-streamed-82cc1bf.txt). DIFUSE_LNMOD_STREAMED=0 keeps the staged kernels.
+
 #include "norm/layernorm_modulate.h"
 
 #include "modulate/gated_residual_pair.h"
@@ -683,8 +692,18 @@ __device__ __forceinline__ void group_sync(int id) { asm volatile("bar.sync %0, 
 // consumers waited on those round trips, not on the ring.
 constexpr int kStreamMaxModBatches = 2;
 
+// Rows whose width is a multiple of 512 (V % 128 == 0): every aten thread pushes `sweeps` vectors, so the two sides
+// of each combine in aten's intra-warp tree hold equal counts (4 sweeps x 2^level) and its weights are the same in
+// every thread: the host computes them once (num::equal_combine_weights) and the tree runs
+// num::vec_welford_combine_equal without the reciprocal, the counts' arithmetic and the count's shuffle (the same
+// bits: tests/cpu/test_numerics.cpp, Welford.EqualCountCombineIsTheSameBits). `uniform` = 0: the general combine.
+struct StreamTree {
+  int uniform;
+  num::EqualCombineWeights level[5];  // offsets 16, 8, 4, 2, 1
+};
+
 template <bool MODVEC, bool SMOD>
-__global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_rows(const Params p, int slots) {
+__global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_rows(const Params p, int slots, const StreamTree tree) {
   using Map = AtenThreadMap<64, true>;
   constexpr int A = Map::kSlots;  // 2: one 16-byte vector per sweep and thread
   constexpr int KB = 2;           // sweeps whose global loads are issued before their stores
@@ -741,6 +760,14 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
       cp_async(mod + t, src + kVecElems * vi, false);
     }
     cp_async_wait_all();
+    // scale's words become bf16(1 + scale), the epilogue's a (the same add as layernorm_modulate_pair's), once per
+    // column instead of once per row: each thread its own copies, then the barrier.
+    for (int t = tid - 32; t < n; t += 64 * groups) {
+      if ((t / V) % 3 == 1) {
+        const uint2 w = mod[t];
+        mod[t] = make_uint2(num::bf16x2_add_rn(w.x, num::kBf16x2One), num::bf16x2_add_rn(w.y, num::kBf16x2One));
+      }
+    }
     asm volatile("bar.sync 15, %0;" ::"r"(64 * groups) : "memory");
   }
   int s = c % slots;
@@ -799,22 +826,46 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
         }
       }
     }
+    if (tree.uniform) {  // equal counts on both sides of every combine: the host's weights (StreamTree)
 #pragma unroll
-    for (int j = 0; j < A; ++j) {
-      const int t = Map::aten_thread(i, j);
-      const int n = t < V ? min(sweeps, (V - t + kAtenThreads - 1) / kAtenThreads) : 0;
-      st[j].count = static_cast<float>(4 * n);
-    }
+      for (int j = 0; j < A; ++j) st[j].count = tree.level[0].count;
 #pragma unroll
-    for (int o = 16; o >= 1; o /= 2) {
-      const int delta = Map::lane_delta(o);
-      if (delta > 0) {
+      for (int o = 16, lv = 0; o >= 1; o /= 2, ++lv) {
+        const int delta = Map::lane_delta(o);
+        if (delta > 0) {
 #pragma unroll
-        for (int j = 0; j < A; ++j) st[j] = num::vec_welford_combine(st[j], shfl_down_state(st[j], delta));
-      } else {
+          for (int j = 0; j < A; ++j) {
+            VecWelford in;
+            in.mean = __shfl_down_sync(0xffffffffu, st[j].mean, delta);
+            in.sigma2 = __shfl_down_sync(0xffffffffu, st[j].sigma2, delta);
+            in.count = tree.level[lv].count;
+            st[j] = num::vec_welford_combine_equal(st[j], in, tree.level[lv]);
+          }
+        } else {
 #pragma unroll
-        for (int j = 0; j < A; ++j)
-          if (Map::receives(o, j)) st[j] = num::vec_welford_combine(st[j], st[Map::partner_slot(o, j)]);
+          for (int j = 0; j < A; ++j)
+            if (Map::receives(o, j))
+              st[j] = num::vec_welford_combine_equal(st[j], st[Map::partner_slot(o, j)], tree.level[lv]);
+        }
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < A; ++j) {
+        const int t = Map::aten_thread(i, j);
+        const int n = t < V ? min(sweeps, (V - t + kAtenThreads - 1) / kAtenThreads) : 0;
+        st[j].count = static_cast<float>(4 * n);
+      }
+#pragma unroll
+      for (int o = 16; o >= 1; o /= 2) {
+        const int delta = Map::lane_delta(o);
+        if (delta > 0) {
+#pragma unroll
+          for (int j = 0; j < A; ++j) st[j] = num::vec_welford_combine(st[j], shfl_down_state(st[j], delta));
+        } else {
+#pragma unroll
+          for (int j = 0; j < A; ++j)
+            if (Map::receives(o, j)) st[j] = num::vec_welford_combine(st[j], st[Map::partner_slot(o, j)]);
+        }
       }
     }
 #pragma unroll
@@ -860,10 +911,18 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
 #pragma unroll
       for (int kk = 0; kk < KB; ++kk) {
         const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
-        if (k0 + kk < sweeps && vi < V)
-          *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
-              layernorm_modulate_pair(w[kk].x, rs, sc[kk].x, sh[kk].x), layernorm_modulate_pair(w[kk].y, rs, sc[kk].y, sh[kk].y),
-              layernorm_modulate_pair(w[kk].z, rs, sc[kk].z, sh[kk].z), layernorm_modulate_pair(w[kk].w, rs, sc[kk].w, sh[kk].w));
+        if (k0 + kk < sweeps && vi < V) {
+          if constexpr (SMOD)  // sc holds bf16(1 + scale) already (staged)
+            *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
+                layernorm_modulate_pair_a(w[kk].x, rs, sc[kk].x, sh[kk].x),
+                layernorm_modulate_pair_a(w[kk].y, rs, sc[kk].y, sh[kk].y),
+                layernorm_modulate_pair_a(w[kk].z, rs, sc[kk].z, sh[kk].z),
+                layernorm_modulate_pair_a(w[kk].w, rs, sc[kk].w, sh[kk].w));
+          else
+            *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
+                layernorm_modulate_pair(w[kk].x, rs, sc[kk].x, sh[kk].x), layernorm_modulate_pair(w[kk].y, rs, sc[kk].y, sh[kk].y),
+                layernorm_modulate_pair(w[kk].z, rs, sc[kk].z, sh[kk].z), layernorm_modulate_pair(w[kk].w, rs, sc[kk].w, sh[kk].w));
+        }
       }
     }
     // Every read and write of the slot by this thread is done: order them before the copy engine refills it.
@@ -874,12 +933,15 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
   }
 }
 
-// DIFUSE_LNMOD_STREAMED=G (read once): the streamed kernel with G consumer groups (1: kStreamDefaultGroups; at
-// most kStreamMaxGroups, and no more than the ring's slots); DIFUSE_LNMOD_STREAMED_BLOCKS=N caps its grid at N
-// blocks (tests and the sanitizer: many rows per block, every slot refilled, at small shapes).
-constexpr int kStreamDefaultGroups = 8;
+// DIFUSE_LNMOD_STREAMED=G (read once; for measurement): the streamed kernel wherever it can run, with G consumer
+// groups (1: kStreamDefaultGroups; at most kStreamMaxGroups, and no more than the ring's slots); =0: never (the
+// staged kernels); unset: the default rule in gated_residual_layernorm_modulate. DIFUSE_LNMOD_STREAMED_BLOCKS=N
+// caps the grid at N blocks (tests and the sanitizer: many rows per block, every slot refilled, at small shapes).
+// 12 groups: H200 at 0bdc6e6 (knob-sweeps/0bdc6e6/) 1x4096x3072 34.2 us on 12, 35.6 on 8, 38.6 on 6; 2x4096x1536
+// 38.0, 40.6, 45.9.
+constexpr int kStreamDefaultGroups = 12;
 int streamed_groups_knob() {
-  static const int v = detail::positive_env_knob("DIFUSE_LNMOD_STREAMED");
+  static const int v = detail::env_knob_or("DIFUSE_LNMOD_STREAMED", -1);
   return v;
 }
 
@@ -903,7 +965,7 @@ bool launch_streamed(const Params& p, int device, cudaStream_t stream) {
   const int64_t mod_bytes = SMOD ? 3 * (p.rows / p.seq) * int64_t{2} * p.h : 0;
   const int slots = static_cast<int>(std::min<int64_t>(kStreamMaxSlots, (budget - mod_bytes) / slot_bytes));
   const int knob = streamed_groups_knob();
-  const int groups = std::min(std::min(knob == 1 ? kStreamDefaultGroups : knob, kStreamMaxGroups), slots);
+  const int groups = std::min(std::min(knob <= 1 ? kStreamDefaultGroups : knob, kStreamMaxGroups), slots);
   if (slots < 2 || groups < 1) return false;
   static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
   opt_in_shared_memory(kernel, device, budget, opted_in);
@@ -911,8 +973,12 @@ bool launch_streamed(const Params& p, int device, cudaStream_t stream) {
   static const int max_blocks = detail::positive_env_knob("DIFUSE_LNMOD_STREAMED_BLOCKS");
   int64_t blocks = std::min<int64_t>(detail::sm_count(device), p.rows);
   if (max_blocks > 0) blocks = std::min<int64_t>(blocks, max_blocks);
+  StreamTree tree{};
+  tree.uniform = p.v % kAtenThreads == 0;
+  const int sweeps = (p.v + kAtenThreads - 1) / kAtenThreads;
+  for (int lv = 0; lv < 5; ++lv) tree.level[lv] = num::equal_combine_weights(static_cast<float>((4 * sweeps) << lv));
   kernel<<<static_cast<unsigned>(blocks), 32 + 64 * groups, static_cast<size_t>(slots * slot_bytes + mod_bytes),
-           stream>>>(p, slots);
+           stream>>>(p, slots, tree);
   return true;
 }
 
@@ -1390,6 +1456,27 @@ detail::Support can_use_gated_residual_layernorm_modulate(const difuse_tensor_vi
   return s;
 }
 
+namespace {
+// The streamed kernel (grln_streamed_rows) by default for at least kStreamMinRows rows where the staged schedule
+// would take two warps per row (H <= 3584, incl. the many-narrow-rows kernel), no measurement knob forcing a staged
+// variant; DIFUSE_LNMOD_STREAMED=G everywhere it can run, =0 nowhere. The launcher also needs h, a, out and the
+// residual 16-byte aligned and H % 8 == 0, and falls back to the staged kernels where the ring would hold fewer than
+// two rows. H200 at 0bdc6e6 (knob-sweeps/0bdc6e6/, 12 groups against DIFUSE_LNMOD_STREAMED=0 in the same run):
+// 1x4096x3072 34.2 us vs 39.2, 2x4096x1536 38.0 vs 40.7; few rows lose (1x512x3072 10.6 vs 9.5, 2x300x3072 11.8 vs
+// 10.2: one row or none per group, nothing to overlap), so they keep the staged kernels.
+constexpr int64_t kStreamMinRows = 4096;
+bool streamed_by_default_or_knob(const Params& p, const void* h_data) {
+  const int knob = streamed_groups_knob();
+  if (knob >= 0) return knob > 0;
+  static const bool staged_knob = forced_threads_per_row() != 0 ||
+                                  detail::positive_env_knob("DIFUSE_LNMOD_BLOCKS_PER_SM") != 0 ||
+                                  detail::positive_env_knob("DIFUSE_LNMOD_STAGE_A") != 0 ||
+                                  detail::positive_env_knob("DIFUSE_LNMOD_PREFETCH_A") != 0;
+  if (staged_knob || p.rows < kStreamMinRows) return false;
+  return gated_residual_layernorm_modulate_config(p.h, detail::aligned(h_data, 16), p.rows).threads_per_row == 64;
+}
+}  // namespace
+
 void gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view& residual,
                                        const difuse_tensor_view& h, const difuse_tensor_view& a,
                                        const difuse_tensor_view& gate, const difuse_tensor_view& scale,
@@ -1408,8 +1495,8 @@ void gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difu
   p.mod_vec = p.mod_vec && detail::aligned(gate.data, 8) && p.gate_stride % 4 == 0 && p.gate_stride_l % 4 == 0;
   static const int prefetch_a = detail::positive_env_knob("DIFUSE_LNMOD_PREFETCH_A");
   p.prefetch_a = prefetch_a == 1 && detail::aligned(a.data, 16) && p.h % 8 == 0;
-  if (streamed_groups_knob() > 0 && p.h % 8 == 0 && detail::aligned(h.data, 16) && detail::aligned(a.data, 16) &&
-      detail::aligned(out.data, 16) && detail::aligned(residual.data, 16)) {  // DIFUSE_LNMOD_STREAMED (measurement)
+  if (streamed_by_default_or_knob(p, h.data) && p.h % 8 == 0 && detail::aligned(h.data, 16) &&
+      detail::aligned(a.data, 16) && detail::aligned(out.data, 16) && detail::aligned(residual.data, 16)) {
     const detail::DeviceGuard device_guard(h.device);
     const bool smod = p.mod_vec && p.gate_stride_l == 0 && p.scale_stride_l == 0 && p.shift_stride_l == 0 &&
                       p.rows / p.seq <= kStreamMaxModBatches;

@@ -101,6 +101,14 @@ DIFUSE_HD uint32_t layernorm_modulate_pair(uint32_t x2, RowStats st, uint32_t sc
   return num::bf16x2_add_rn(num::bf16x2_mul_rn(n2, a2), shift2);
 }
 
+// layernorm_modulate_pair with a2 = bf16(RN(1 + scale)) already formed (num::bf16x2_add_rn(scale2, kBf16x2One)),
+// as a block that stages its scale rows forms it once per column: the same operations on the same values.
+DIFUSE_HD uint32_t layernorm_modulate_pair_a(uint32_t x2, RowStats st, uint32_t a2, uint32_t shift2) {
+  const float t0 = num::mul_rn(st.rstd, num::sub_rn(num::bf16_lo(x2), st.mean));
+  const float t1 = num::mul_rn(st.rstd, num::sub_rn(num::bf16_hi(x2), st.mean));
+  return num::bf16x2_add_rn(num::bf16x2_mul_rn(num::pack_bf16x2(t0, t1), a2), shift2);
+}
+
 // ---- the same kernel with rms_norm = true (F.rms_norm / torch.nn.RMSNorm, aten's fused RMS path) ----------
 // Per thread s = fma(v, v, s) over the same elements in the same order; tree steps s = RN(s + s_in) with the
 // same offsets and warp pairs; ms = div(s, (float)N); rstd = rsqrtf(RN(ms + eps)).

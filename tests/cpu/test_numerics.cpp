@@ -155,6 +155,34 @@ TEST(Welford, UncountedPushesWithTheCountSetAfterwardAreTheSameBits) {
   }
 }
 
+TEST(Welford, EqualCountCombineIsTheSameBits) {
+  // GRLN's streamed rows combine equal-count states with weights computed once per tree level (widths that are
+  // multiples of 512): the same bits as the general combine, for every leaf count a row up to 24576 gives (4 x its
+  // sweeps, 1..48) at every level of aten's tree (x 1..32), with spread, huge and tiny states and NaN.
+  std::mt19937 rng(23);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_int_distribution<int> ex(-60, 60);
+  int checked = 0;
+  for (int sweeps = 1; sweeps <= 48; ++sweeps) {
+    for (int level = 0; level <= 5; ++level) {
+      const float c = static_cast<float>(4 * sweeps << level);
+      const EqualCombineWeights w = equal_combine_weights(c);
+      for (int t = 0; t < 200; ++t) {
+        const float s = std::ldexp(1.f, ex(rng));
+        VecWelford a{nd(rng) * s, std::fabs(nd(rng)) * s * s, c}, b{nd(rng) * s, std::fabs(nd(rng)) * s * s, c};
+        if (t == 0) b.mean = std::numeric_limits<float>::quiet_NaN();
+        if (t == 1) a.mean = b.mean;
+        const VecWelford r = vec_welford_combine(a, b), e = vec_welford_combine_equal(a, b, w);
+        ASSERT_EQ(float_bits(r.count), float_bits(e.count)) << c;
+        ASSERT_EQ(float_bits(r.mean), float_bits(e.mean)) << c << " " << t;
+        ASSERT_EQ(float_bits(r.sigma2), float_bits(e.sigma2)) << c << " " << t;
+        ++checked;
+      }
+    }
+  }
+  EXPECT_EQ(checked, 48 * 6 * 200);
+}
+
 TEST(Welford, CombineWithEmptySideIsNotAShortcut) {
   // k * rcp(k) is not always exactly 1 in fp32, so combining with an empty state can change the mean:
   // aten does not special-case it and neither may we.

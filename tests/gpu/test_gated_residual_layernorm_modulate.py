@@ -35,7 +35,8 @@ def assert_exact(h, a, gate, scale, shift, eps=1e-6):
 
 
 @pytest.mark.parametrize("shape,chunks", [((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((2, 300, 3072), 6),
-                                          ((2, 4096, 1536), 6), ((2, 333, 1536), 6), ((1, 4096, 5120), 6)], ids=str)
+                                          ((2, 4096, 1536), 6), ((2, 333, 1536), 6), ((1, 4096, 5120), 6),
+                                          ((2, 4096, 2432), 6)], ids=str)
 def test_site_shapes(shape, chunks):
     g = torch.Generator(device=DEV).manual_seed(SEED)
     assert_exact(*make(*shape, chunks=chunks, gen=g))
@@ -196,11 +197,13 @@ STREAMED_KERNELS_RAN = (
     "       aligned[3], aligned[4])\n"
     "ee = (torch.randn(2, 6 * 3072 + 1, device='cuda', generator=g) * 0.5).to(torch.bfloat16)\n"
     "odd = ee[:, 1:].chunk(6, dim=1)\n"
-    "with profile(activities=[ProfilerActivity.CUDA]) as prof:\n"
+    "acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])\n"
+    "with profile(activities=acts) as prof:\n"
     "    for m in (aligned, tok, odd):\n"
     "        bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(hh, aa, m[2], m[4], m[3], 1e-6)),\n"
     "                                list(ops.gated_residual_layernorm_modulate_eager(hh, aa, m[2], m[4], m[3], 1e-6)))\n"
-    "    torch.cuda.synchronize()\n"
+    "    if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
+    "        torch.cuda.synchronize()\n"
     "names = set(e.name for e in prof.events())\n"
     "for want in ('grln_streamed_rows<true, true>', 'grln_streamed_rows<true, false>',\n"
     "             'grln_streamed_rows<false, false>'):\n"
@@ -230,13 +233,55 @@ def test_streamed_variant(groups, blocks):
     assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks)
 
 
+def test_streamed_default_first_launched_in_a_cuda_graph():
+    """The streamed kernel (the default at 1x4096x3072) launched for the first time in the process inside a CUDA graph
+    capture (its shared-memory opt-in and attribute queries happen there), then replayed on new inputs: both outputs bit
+    for bit against eager, and torch.compile(fullgraph=True) on the same shape."""
+    from knob_run import mismatch_script, run_with_env
+
+    script = mismatch_script(
+        "g = torch.Generator(device='cuda').manual_seed(3600)\n"
+        "def inputs():\n"
+        "    h, a = (torch.randn(1, 4096, 3072, device='cuda', generator=g).to(torch.bfloat16) for _ in range(2))\n"
+        "    e = (torch.randn(1, 6 * 3072, device='cuda', generator=g) * 0.5).to(torch.bfloat16).chunk(6, dim=1)\n"
+        "    return [h, a, e[2], e[4], e[3]]\n"
+        "st = inputs()\n"
+        "torch.cuda.synchronize()\n"
+        "graph = torch.cuda.CUDAGraph()\n"
+        "with torch.cuda.graph(graph):\n"
+        "    r, o = torch.ops.difuse.gated_residual_layernorm_modulate(*st, 1e-6)\n"
+        "for t, n in zip(st, inputs()):\n"
+        "    t.copy_(n)\n"
+        "graph.replay()\n"
+        "torch.cuda.synchronize()\n"
+        "bad += count_mismatches([r, o], list(ops.gated_residual_layernorm_modulate_eager(*st, 1e-6)))\n"
+        "f = torch.compile(lambda *t: torch.ops.difuse.gated_residual_layernorm_modulate(*t, 1e-6), fullgraph=True)\n"
+        "x = inputs()\n"
+        "bad += count_mismatches(list(f(*x)), list(ops.gated_residual_layernorm_modulate_eager(*x, 1e-6)))\n")
+    r = run_with_env(script)  # a fresh process: the kernel's first launch is the captured one
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
+def test_staged_kernels_where_streamed_by_default():
+    """DIFUSE_LNMOD_STREAMED=0 (read once per process): the staged kernels at the shapes that take the streamed kernel
+    by default (>= 4096 rows on two warps per row, aligned): the two-warp kernel at 3072 and 2432 (6 and 5 sweeps),
+    the many-narrow-rows one at 1536 (8192 rows), per-token gates and modulation rows, adversarial values."""
+    from knob_run import assert_exact_under
+
+    script = _knob_script(3500, [((1, 4096, 3072), 0, 0, False, False), ((2, 4096, 2432), 0, 0, True, False),
+                                 ((2, 4096, 1536), 0, 0, False, True), ((1, 8192, 1536), 0, 0, True, True)])
+    assert_exact_under(script, DIFUSE_LNMOD_STREAMED="0")
+
+
 @pytest.mark.parametrize("B,L,H,off_h,off_a,per_token,per_token_mod", [
     (2, 4096, 1536, 0, 0, False, False), (1, 8192, 1536, 4, 0, True, False), (1, 8200, 1028, 0, 4, False, True),
     (3, 2731, 516, 4, 4, True, True), (1, 9000, 4, 0, 0, False, False), (1, 8192, 1540, 0, 0, False, False)],
     ids=str)
 def test_many_narrow_rows_on_the_dense_kernel(B, L, H, off_h, off_a, per_token, per_token_mod):
-    """The default for >= 8192 rows at H <= 1536 (gated_residual_layernorm_modulate_config's `dense`): two warps per
-    row on the 32-register kernel, modulation rows and a from global memory. Both outputs bit for bit with h and a
+    """The staged default for >= 8192 rows at H <= 1536 (gated_residual_layernorm_modulate_config's `dense`): two
+    warps per row on the 32-register kernel, modulation rows and a from global memory (where h or a is not 16-byte
+    aligned; aligned ones take the streamed kernel by default, and this kernel under DIFUSE_LNMOD_STREAMED=0 in
+    test_staged_kernels_where_streamed_by_default). Both outputs bit for bit with h and a
     16- or 8- but not 16-byte aligned, [B, H] or per-token gates and modulation rows, 1-3 sweeps incl. a partial last
     one (1028), a part last block (3 x 2731 = 8193 rows), adversarial values in h; 1540 (4 sweeps) keeps the default
     two-warp kernel."""

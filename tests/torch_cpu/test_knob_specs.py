@@ -37,9 +37,11 @@ def _knob_tests():
             if "assert_exact_under" not in inspect.getsource(fn):
                 continue
             marks = [m for m in getattr(fn, "pytestmark", []) if m.name == "parametrize"]
-            values = [(v,) for v in marks[0].args[1]] if marks else [()]
+            several = bool(marks) and "," in marks[0].args[0]  # "groups,blocks": each value is a tuple of arguments
+            values = [tuple(v) if several else (v,) for v in marks[0].args[1]] if marks else [()]
             for args in values:
-                yield pytest.param(fn, args, id="%s::%s%s" % (path.stem, name, "[%s]" % args[0] if args else ""))
+                yield pytest.param(fn, args, id="%s::%s%s" % (path.stem, name,
+                                                                "[%s]" % "-".join(map(str, args)) if args else ""))
 
 
 def _dry_run(script: str, refused: list) -> None:

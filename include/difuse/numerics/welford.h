@@ -74,6 +74,27 @@ DIFUSE_HD VecWelford vec_welford_combine(VecWelford own, VecWelford in) {
   return r;
 }
 
+// cuWelfordCombine of two states that both hold `count` elements (> 0), as aten's intra-warp tree combines them
+// when every thread pushed the same number of elements (a row width that is a multiple of 512: every level's two
+// sides are equal). `w` comes from equal_combine_weights(count), computed once per level (by the host or at compile
+// time): the same operations on the same values as vec_welford_combine, so the same bits, without the reciprocal
+// and the count's arithmetic in each thread. tests/cpu/test_numerics.cpp compares the two.
+struct EqualCombineWeights {
+  float count;  // each side's count
+  float n;      // RN(count * rcp(RN(count + count))): vec_welford_combine's n_in and n_own
+};
+DIFUSE_HD EqualCombineWeights equal_combine_weights(float count) {
+  return EqualCombineWeights{count, mul_rn(count, rcp_rn(add_rn(count, count)))};
+}
+DIFUSE_HD VecWelford vec_welford_combine_equal(VecWelford own, VecWelford in, EqualCombineWeights w) {
+  const float delta = sub_rn(own.mean, in.mean);
+  VecWelford r;
+  r.count = add_rn(w.count, w.count);
+  r.mean = fma_rn(w.n, in.mean, mul_rn(w.n, own.mean));
+  r.sigma2 = fma_rn(w.n, mul_rn(mul_rn(delta, delta), w.count), add_rn(in.sigma2, own.sigma2));
+  return r;
+}
+
 // ---- flavour 2: WelfordOps<float, float, int64_t, pair> (correction 0) --------------------------------
 struct OpsWelford {
   float mean = 0.f;
