@@ -246,6 +246,7 @@ def test_streamed_default_first_launched_in_a_cuda_graph():
         "    e = (torch.randn(1, 6 * 3072, device='cuda', generator=g) * 0.5).to(torch.bfloat16).chunk(6, dim=1)\n"
         "    return [h, a, e[2], e[4], e[3]]\n"
         "st = inputs()\n"
+        "assert ops.can_use_gated_residual_layernorm_modulate(*st).ok  # loads the extension; launches nothing\n"
         "torch.cuda.synchronize()\n"
         "graph = torch.cuda.CUDAGraph()\n"
         "with torch.cuda.graph(graph):\n"
