@@ -117,7 +117,7 @@ stage_sanitizer() {
       DIFUSE_QK_BULK=2 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_BULK=2 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with GRLN's streamed rows, 3 groups on 2 blocks (DIFUSE_LNMOD_STREAMED=3, DIFUSE_LNMOD_STREAMED_BLOCKS=2):" &&
+      echo "memcheck and racecheck with the streamed rows of GRLN, layernorm_modulate and Wan's fp32 LayerNorm, 3 groups on 2 blocks (DIFUSE_LNMOD_STREAMED=3, DIFUSE_LNMOD_STREAMED_BLOCKS=2):" &&
       DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 \
@@ -221,7 +221,9 @@ DIFUSE_LNMOD_BLOCKS_PER_SM=8:gated_residual_layernorm_modulate;DIFUSE_LNMOD_BLOC
 DIFUSE_LNMOD_BLOCKS_PER_SM=5:layernorm_modulate;DIFUSE_EW_GRID2D=1:gated_residual;\
 DIFUSE_GELU_PIPELINED=0:gelu_tanh;DIFUSE_GELU_COMPUTED_WORDS=0:gelu_tanh;DIFUSE_GELU_COMPUTED_WORDS=2:gelu_tanh;\
 DIFUSE_QK_BULK=1:qk_norm_rope_qwen;DIFUSE_QK_BULK=2:qk_norm_rope_qwen;DIFUSE_QK_BULK=1:qk_norm_sd35;DIFUSE_QK_BULK=2:qk_norm_sd35;\
-DIFUSE_LNMOD_STREAMED=0:gated_residual_layernorm_modulate;DIFUSE_LNMOD_STREAMED=8:gated_residual_layernorm_modulate"
+DIFUSE_LNMOD_STREAMED=0:gated_residual_layernorm_modulate;DIFUSE_LNMOD_STREAMED=8:gated_residual_layernorm_modulate;\
+DIFUSE_LNMOD_STREAMED=1:layernorm_modulate_fp32;DIFUSE_LNMOD_STREAMED=8:layernorm_modulate_fp32;\
+DIFUSE_LNMOD_STREAMED=1:layernorm_modulate;DIFUSE_LNMOD_STREAMED=8:layernorm_modulate"
 stage_sweep() {
   local entry vars op tag r=0
   mkdir -p "$OUT/sweeps"

@@ -197,6 +197,32 @@ inline void gated_residual_layernorm_modulate(const TensorView& out, const Tenso
   check(difuse_gated_residual_layernorm_modulate(&out, &residual, &h, &a, &gate, &scale, &shift, eps, stream));
 }
 
+// Wan's fp32 chains: fp32 modulation rows (or the affine norm's fp32 weight and bias), one bf16 rounding at the end.
+inline Support can_use_layernorm_modulate_fp32(const TensorView& out, const TensorView& x, const TensorView& scale,
+                                               const TensorView& shift, double eps) {
+  return support_from(difuse_can_use_layernorm_modulate_fp32(&out, &x, &scale, &shift, eps));
+}
+inline void layernorm_modulate_fp32(const TensorView& out, const TensorView& x, const TensorView& scale,
+                                    const TensorView& shift, double eps, void* stream = nullptr) {
+  check(difuse_layernorm_modulate_fp32(&out, &x, &scale, &shift, eps, stream));
+}
+inline Support can_use_layernorm_affine_fp32(const TensorView& out, const TensorView& x, const TensorView& weight,
+                                             const TensorView& bias, double eps) {
+  return support_from(difuse_can_use_layernorm_affine_fp32(&out, &x, &weight, &bias, eps));
+}
+inline void layernorm_affine_fp32(const TensorView& out, const TensorView& x, const TensorView& weight,
+                                  const TensorView& bias, double eps, void* stream = nullptr) {
+  check(difuse_layernorm_affine_fp32(&out, &x, &weight, &bias, eps, stream));
+}
+inline Support can_use_gated_residual_fp32(const TensorView& out, const TensorView& h, const TensorView& a,
+                                           const TensorView& gate) {
+  return support_from(difuse_can_use_gated_residual_fp32(&out, &h, &a, &gate));
+}
+inline void gated_residual_fp32(const TensorView& out, const TensorView& h, const TensorView& a, const TensorView& gate,
+                                void* stream = nullptr) {
+  check(difuse_gated_residual_fp32(&out, &h, &a, &gate, stream));
+}
+
 // FLUX.1's attention prologue; absent tensors are NULL pointers in args (see difuse_qk_norm_rope_args).
 inline Support can_use_qk_norm_rope(const difuse_qk_norm_rope_args& args) {
   return support_from(difuse_can_use_qk_norm_rope(&args));

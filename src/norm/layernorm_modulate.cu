@@ -933,6 +933,275 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
   }
 }
 
+// Streamed rows for the plain LayerNorms (layernorm_modulate in bf16, Wan's layernorm_modulate_fp32 and
+// layernorm_affine_fp32; DIFUSE_LNMOD_STREAMED=G, for measurement, written after the seventeenth session's device
+// time ran out: not yet run on the H200). The schedule of grln_streamed_rows for a row without the residual: the
+// producer bulk-copies each row's x into a ring slot, G two-warp groups run the staged row's statistics (the paired
+// map) and the epilogue (GRLN's bf16 one, or Wan's fp32 f32_chain4); with SMOD the [B, H] modulation rows (B <=
+// kStreamMaxModBatches, or the affine weight and bias: one row each) are staged in shared memory once per block (bf16
+// scale words as bf16(1 + scale)). Why: at 1x32760x5120 the fp32 four-warp staged rows run 211 us against a streaming
+// ceiling of 160 (ops.json at faab412; target 198), at 1x32760x1536 the one-warp rows 88.8 against 50.5, and FLUX's
+// single-stream layernorm_modulate (1x4608x3072, 38 calls a step) 26 us against ~17.6, where GRLN's streamed kernel
+// went from 1.41x to 1.22x the ceiling. Predicted ~190-195, ~60-65 and ~21 us. stream_produce and stream_row_stats
+// are grln_streamed_rows' producer loop and statistics, which that kernel still has inline: its PTX is the one
+// verified at faab412 (folding it onto these changed its PTX by a few instructions); fold it when it is next
+// re-verified on the H200.
+template <class Issue>
+__device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t* full, uint64_t* empty, Issue issue) {
+  const int64_t stride = gridDim.x;
+  int s = 0;
+  uint32_t use = 0;  // how many times slot s has been filled before
+  for (int64_t row = blockIdx.x; row < rows; row += stride) {
+    if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
+    issue(row, s, &full[s]);
+    if (++s == slots) s = 0, ++use;
+  }
+}
+
+// A streamed consumer group's row statistics from its slot sx (V vectors of 4 bf16; two warps, the paired map):
+// grln_streamed_rows' Welford pushes, tree, roots and finalize, between the group's named barriers `bar_id`.
+__device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int V, int sweeps, const StreamTree tree,
+                                                     VecWelford (&roots)[4], RowStats& stats, int bar_id, int h,
+                                                     float eps) {
+  using Map = AtenThreadMap<64, true>;
+  constexpr int A = Map::kSlots;
+  VecWelford st[A];
+#pragma unroll 2
+  for (int k = 0; k < sweeps; ++k) {
+    const float* r = c_rcp.v + 4 * k;
+    const int vi = Map::aten_thread(i, 0) + kAtenThreads * k;
+    if (vi < V) {
+      const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vi);
+      const uint2 w[A] = {make_uint2(w4.x, w4.y), make_uint2(w4.z, w4.w)};
+#pragma unroll
+      for (int j = 0; j < A; ++j) {
+        st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_lo(w[j].x), r[1]);
+        st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_hi(w[j].x), r[2]);
+        st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_lo(w[j].y), r[3]);
+        st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_hi(w[j].y), r[4]);
+      }
+    }
+  }
+  if (tree.uniform) {
+#pragma unroll
+    for (int j = 0; j < A; ++j) st[j].count = tree.level[0].count;
+#pragma unroll
+    for (int o = 16, lv = 0; o >= 1; o /= 2, ++lv) {
+      const int delta = Map::lane_delta(o);
+      if (delta > 0) {
+#pragma unroll
+        for (int j = 0; j < A; ++j) {
+          VecWelford in;
+          in.mean = __shfl_down_sync(0xffffffffu, st[j].mean, delta);
+          in.sigma2 = __shfl_down_sync(0xffffffffu, st[j].sigma2, delta);
+          in.count = tree.level[lv].count;
+          st[j] = num::vec_welford_combine_equal(st[j], in, tree.level[lv]);
+        }
+      } else {
+#pragma unroll
+        for (int j = 0; j < A; ++j)
+          if (Map::receives(o, j))
+            st[j] = num::vec_welford_combine_equal(st[j], st[Map::partner_slot(o, j)], tree.level[lv]);
+      }
+    }
+  } else {
+#pragma unroll
+    for (int j = 0; j < A; ++j) {
+      const int t = Map::aten_thread(i, j);
+      const int n = t < V ? min(sweeps, (V - t + kAtenThreads - 1) / kAtenThreads) : 0;
+      st[j].count = static_cast<float>(4 * n);
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o /= 2) {
+      const int delta = Map::lane_delta(o);
+      if (delta > 0) {
+#pragma unroll
+        for (int j = 0; j < A; ++j) st[j] = num::vec_welford_combine(st[j], shfl_down_state(st[j], delta));
+      } else {
+#pragma unroll
+        for (int j = 0; j < A; ++j)
+          if (Map::receives(o, j)) st[j] = num::vec_welford_combine(st[j], st[Map::partner_slot(o, j)]);
+      }
+    }
+  }
+#pragma unroll
+  for (int j = 0; j < A; ++j) {
+    const int t = Map::aten_thread(i, j);
+    if (t % kAtenWarp == 0) roots[t / kAtenWarp] = st[j];
+  }
+  group_sync(bar_id);
+  if (i == 0) stats = finalize_roots(roots, h, eps);
+  group_sync(bar_id);
+  return stats;
+}
+
+// The number of scale / shift row pairs the streamed LayerNorm kernel stages (SMOD): one where they have no batch
+// stride (the affine weight and bias, or one batch), else one per batch.
+__host__ __device__ inline int64_t staged_mod_batches(const Params& p) {
+  return p.scale_stride == 0 && p.shift_stride == 0 ? 1 : p.rows / p.seq;
+}
+
+constexpr int kStreamLnMaxGroups = 12;  // 800 threads: 80 registers (at 14 groups' 64 the fp32 epilogue spilled)
+
+// F32: Wan's fp32 chains (VEC: the fp32 rows are 16-byte aligned, float4 loads); else layernorm_modulate in bf16
+// (VEC: the modulation rows are 8-byte aligned words, MODVEC), whose staged scale words hold bf16(1 + scale).
+template <bool F32, bool VEC, bool SMOD>
+__global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
+    layernorm_streamed_rows(const Params p, int slots, const StreamTree tree) {
+  using Map = AtenThreadMap<64, true>;
+  constexpr int KB = SMOD || !F32 ? 2 : 1;  // sweeps whose rows are read before their stores (2 spilled: fp32, global)
+  // SMOD: staged batch b's scale row, then its shift row (F32: H floats each; bf16: V words of 4); then the ring.
+  extern __shared__ uint4 ring_smem[];
+  __shared__ uint64_t full[kStreamMaxSlots], empty[kStreamMaxSlots];
+  __shared__ VecWelford roots[kStreamMaxGroups][4];
+  __shared__ RowStats stats[kStreamMaxGroups];
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int V = p.v;
+  const int sweeps = (V + kAtenThreads - 1) / kAtenThreads;
+  const uint32_t row_bytes = static_cast<uint32_t>(p.h) * 2u;
+  float* const mod32 = reinterpret_cast<float*>(ring_smem);
+  uint2* const mod16 = reinterpret_cast<uint2*>(ring_smem);
+  const int64_t nb = SMOD ? staged_mod_batches(p) : 0;
+  uint2* const ring = F32 ? reinterpret_cast<uint2*>(mod32 + 2 * nb * p.h) : mod16 + 2 * nb * V;
+  const int64_t stride = gridDim.x;
+  if (tid == 0) {
+    for (int s = 0; s < slots; ++s) {
+      detail::mbar_init(&full[s], 1);
+      detail::mbar_init(&empty[s], 64);
+    }
+    detail::fence_mbarrier_init();
+  }
+  __syncthreads();  // the only block barrier
+
+  if (tid < 32) {  // the producer warp: lane 0 copies each row's x once its slot is free
+    if (tid == 0)
+      stream_produce(p.rows, slots, full, empty, [&](int64_t row, int s, uint64_t* bar) {
+        detail::mbar_arrive_expect_tx(bar, row_bytes);
+        detail::bulk_load(ring + static_cast<int64_t>(s) * V, p.x + row * p.h, row_bytes, bar);
+      });
+    return;
+  }
+
+  const int c = (tid - 32) >> 6;
+  const int i = (tid - 32) & 63;
+  const int groups = (static_cast<int>(blockDim.x) - 32) >> 6;
+  if constexpr (SMOD && F32) {  // the consumers copy the fp32 rows (16-byte pieces: VEC), then wait for each other
+    const int q = p.h / 4;  // float4 pieces per row
+    const int n = static_cast<int>(2 * nb * q);
+    for (int t = tid - 32; t < n; t += 64 * groups) {
+      const int rowi = t / q, e = 4 * (t - rowi * q), b = rowi / 2;
+      const float* src = (rowi % 2 == 0 ? p.scale32 + b * p.scale_stride : p.shift32 + b * p.shift_stride) + e;
+      cp_async(mod32 + 4 * static_cast<int64_t>(t), src, true);
+    }
+    cp_async_wait_all();
+    asm volatile("bar.sync 15, %0;" ::"r"(64 * groups) : "memory");
+  } else if constexpr (SMOD) {  // bf16 rows as 8-byte words (VEC); scale's become bf16(1 + scale), as in GRLN's
+    const int n = static_cast<int>(2 * nb * V);
+    for (int t = tid - 32; t < n; t += 64 * groups) {
+      const int rowi = t / V, vi = t - rowi * V, b = rowi / 2;
+      const uint16_t* src = rowi % 2 == 0 ? p.scale + b * p.scale_stride : p.shift + b * p.shift_stride;
+      cp_async(mod16 + t, src + kVecElems * vi, false);
+    }
+    cp_async_wait_all();
+    for (int t = tid - 32; t < n; t += 64 * groups) {
+      if ((t / V) % 2 == 0) {
+        const uint2 w = mod16[t];
+        mod16[t] = make_uint2(num::bf16x2_add_rn(w.x, num::kBf16x2One), num::bf16x2_add_rn(w.y, num::kBf16x2One));
+      }
+    }
+    asm volatile("bar.sync 15, %0;" ::"r"(64 * groups) : "memory");
+  }
+  int s = c % slots;
+  uint32_t use = static_cast<uint32_t>(c / slots);
+  for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
+    detail::mbar_wait(&full[s], use & 1u);
+    const uint2* const sx = ring + static_cast<int64_t>(s) * V;
+    const RowStats rs = stream_row_stats(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
+    const int64_t b = p.seq_div.div(row), l = row - b * p.seq;
+    uint2* const orow = reinterpret_cast<uint2*>(p.out + row * p.h);
+    if constexpr (!F32) {  // bf16: GRLN's epilogue
+      const uint2* const sa = mod16 + 2 * (nb == 1 ? 0 : b) * V;  // SMOD: bf16(1 + scale)'s row, shift's after it
+      const uint16_t* srow = p.scale + b * p.scale_stride + l * p.scale_stride_l;
+      const uint16_t* hrow = p.shift + b * p.shift_stride + l * p.shift_stride_l;
+      for (int k0 = 0; k0 < sweeps; k0 += KB) {
+        uint4 w[KB], sc[KB], sh[KB];
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk) {
+          const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
+          if (k0 + kk < sweeps && vi < V) {
+            const int e = kVecElems * vi;
+            w[kk] = *reinterpret_cast<const uint4*>(sx + vi);
+            uint2 s0, s1, h0, h1;
+            if constexpr (SMOD) {
+              s0 = sa[vi], s1 = sa[vi + 1], h0 = sa[V + vi], h1 = sa[V + vi + 1];
+            } else if constexpr (VEC) {
+              s0 = *reinterpret_cast<const uint2*>(srow + e), s1 = *reinterpret_cast<const uint2*>(srow + e + 4);
+              h0 = *reinterpret_cast<const uint2*>(hrow + e), h1 = *reinterpret_cast<const uint2*>(hrow + e + 4);
+            } else {
+              s0 = load_mod_words(srow + e), s1 = load_mod_words(srow + e + 4);
+              h0 = load_mod_words(hrow + e), h1 = load_mod_words(hrow + e + 4);
+            }
+            sc[kk] = make_uint4(s0.x, s0.y, s1.x, s1.y);
+            sh[kk] = make_uint4(h0.x, h0.y, h1.x, h1.y);
+          } else {
+            w[kk] = sc[kk] = sh[kk] = make_uint4(0, 0, 0, 0);
+          }
+        }
+#pragma unroll
+        for (int kk = 0; kk < KB; ++kk) {
+          const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
+          if (k0 + kk < sweeps && vi < V) {
+            if constexpr (SMOD)
+              *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
+                  layernorm_modulate_pair_a(w[kk].x, rs, sc[kk].x, sh[kk].x),
+                  layernorm_modulate_pair_a(w[kk].y, rs, sc[kk].y, sh[kk].y),
+                  layernorm_modulate_pair_a(w[kk].z, rs, sc[kk].z, sh[kk].z),
+                  layernorm_modulate_pair_a(w[kk].w, rs, sc[kk].w, sh[kk].w));
+            else
+              *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
+                  layernorm_modulate_pair(w[kk].x, rs, sc[kk].x, sh[kk].x),
+                  layernorm_modulate_pair(w[kk].y, rs, sc[kk].y, sh[kk].y),
+                  layernorm_modulate_pair(w[kk].z, rs, sc[kk].z, sh[kk].z),
+                  layernorm_modulate_pair(w[kk].w, rs, sc[kk].w, sh[kk].w));
+          }
+        }
+      }
+    }
+    if constexpr (F32) {  // Wan's fp32 epilogue
+      const float* const s32 = SMOD ? mod32 + 2 * (nb == 1 ? 0 : b) * p.h
+                                    : p.scale32 + b * p.scale_stride + l * p.scale_stride_l;
+      const float* const h32 = SMOD ? s32 + p.h : p.shift32 + b * p.shift_stride + l * p.shift_stride_l;
+      for (int k0 = 0; k0 < sweeps; k0 += KB) {
+        uint4 w[KB];
+        float sc[KB][2][4], sh[KB][2][4];
+  #pragma unroll
+        for (int kk = 0; kk < KB; ++kk) {
+          const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);  // and vi + 1 (V is even)
+          if (k0 + kk < sweeps && vi < V) {
+            w[kk] = *reinterpret_cast<const uint4*>(sx + vi);
+            load_f32_rows4<VEC || SMOD>(s32, h32, kVecElems * vi, sc[kk][0], sh[kk][0]);
+            load_f32_rows4<VEC || SMOD>(s32, h32, kVecElems * (vi + 1), sc[kk][1], sh[kk][1]);
+          }
+        }
+  #pragma unroll
+        for (int kk = 0; kk < KB; ++kk) {
+          const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
+          if (k0 + kk < sweeps && vi < V) {
+            const uint2 o0 = f32_chain4(make_uint2(w[kk].x, w[kk].y), rs, sc[kk][0], sh[kk][0], p.affine32);
+            const uint2 o1 = f32_chain4(make_uint2(w[kk].z, w[kk].w), rs, sc[kk][1], sh[kk][1], p.affine32);
+            *reinterpret_cast<uint4*>(orow + vi) = make_uint4(o0.x, o0.y, o1.x, o1.y);
+          }
+        }
+      }
+    }
+    detail::fence_proxy_async_smem();
+    detail::mbar_arrive(&empty[s]);
+    s += groups;
+    while (s >= slots) s -= slots, ++use;
+  }
+}
+
 // DIFUSE_LNMOD_STREAMED=G (read once; for measurement): the streamed kernel wherever it can run, with G consumer
 // groups (1: kStreamDefaultGroups; at most kStreamMaxGroups, and no more than the ring's slots); =0: never (the
 // staged kernels); unset: the default rule in gated_residual_layernorm_modulate. DIFUSE_LNMOD_STREAMED_BLOCKS=N
@@ -963,6 +1232,49 @@ bool launch_streamed(const Params& p, int device, cudaStream_t stream) {
   }
   const int64_t slot_bytes = int64_t{4} * p.h;  // h's row and a's row, bf16
   const int64_t mod_bytes = SMOD ? 3 * (p.rows / p.seq) * int64_t{2} * p.h : 0;
+  const int slots = static_cast<int>(std::min<int64_t>(kStreamMaxSlots, (budget - mod_bytes) / slot_bytes));
+  const int knob = streamed_groups_knob();
+  const int groups = std::min(std::min(knob <= 1 ? kStreamDefaultGroups : knob, kStreamLnMaxGroups), slots);
+  if (slots < 2 || groups < 1) return false;
+  static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
+  opt_in_shared_memory(kernel, device, budget, opted_in);
+  prefer_max_shared_carveout(kernel, device, carveout_set);
+  static const int max_blocks = detail::positive_env_knob("DIFUSE_LNMOD_STREAMED_BLOCKS");
+  int64_t blocks = std::min<int64_t>(detail::sm_count(device), p.rows);
+  if (max_blocks > 0) blocks = std::min<int64_t>(blocks, max_blocks);
+  StreamTree tree{};
+  tree.uniform = p.v % kAtenThreads == 0;
+  const int sweeps = (p.v + kAtenThreads - 1) / kAtenThreads;
+  for (int lv = 0; lv < 5; ++lv) tree.level[lv] = num::equal_combine_weights(static_cast<float>((4 * sweeps) << lv));
+  kernel<<<static_cast<unsigned>(blocks), 32 + 64 * groups, static_cast<size_t>(slots * slot_bytes + mod_bytes),
+           stream>>>(p, slots, tree);
+  return true;
+}
+
+// The dynamic shared memory a streamed block may take on `device`: the opt-in maximum per block less the kernel's
+// static shared memory, read once per device and kernel (each launcher instantiation keeps its own).
+template <class Kernel>
+int stream_smem_budget(Kernel kernel, int device, std::atomic<int> (&budgets)[64]) {
+  int budget = budgets[device & 63].load(std::memory_order_acquire);
+  if (budget == 0) {
+    int optin = 0;
+    DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attr{};
+    DIFUSE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    budget = optin - static_cast<int>(attr.sharedSizeBytes);
+    budgets[device & 63].store(budget, std::memory_order_release);
+  }
+  return budget;
+}
+
+// The streamed LayerNorm kernel where its ring holds at least two rows; false (nothing launched) otherwise.
+template <bool F32, bool VEC, bool SMOD>
+bool launch_streamed_ln(const Params& p, int device, cudaStream_t stream) {
+  auto kernel = layernorm_streamed_rows<F32, VEC, SMOD>;
+  static std::atomic<int> budgets[64];
+  const int budget = stream_smem_budget(kernel, device, budgets);
+  const int64_t slot_bytes = int64_t{2} * p.h;  // x's row, bf16
+  const int64_t mod_bytes = SMOD ? 2 * staged_mod_batches(p) * int64_t{F32 ? 4 : 2} * p.h : 0;
   const int slots = static_cast<int>(std::min<int64_t>(kStreamMaxSlots, (budget - mod_bytes) / slot_bytes));
   const int knob = streamed_groups_knob();
   const int groups = std::min(std::min(knob <= 1 ? kStreamDefaultGroups : knob, kStreamMaxGroups), slots);
@@ -1297,7 +1609,20 @@ void layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view&
   const detail::Support s = can_use_layernorm_modulate(out, x, scale, shift, eps);
   if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("layernorm_modulate"));
   if (detail::numel(x) == 0) return;
-  launch<false>(make_params(out, x, scale, shift, eps), x, out, stream);
+  const Params p = make_params(out, x, scale, shift, eps);
+  if (streamed_groups_knob() > 0 && p.h % 8 == 0 && detail::aligned(x.data, 16) &&
+      detail::aligned(out.data, 16)) {  // DIFUSE_LNMOD_STREAMED=G (measurement)
+    const detail::DeviceGuard device_guard(x.device);
+    const bool smod = p.mod_vec && p.scale_stride_l == 0 && p.shift_stride_l == 0 &&
+                      staged_mod_batches(p) <= kStreamMaxModBatches;
+    if (smod ? launch_streamed_ln<false, true, true>(p, x.device, stream)
+             : p.mod_vec ? launch_streamed_ln<false, true, false>(p, x.device, stream)
+                         : launch_streamed_ln<false, false, false>(p, x.device, stream)) {
+      DIFUSE_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
+  launch<false>(p, x, out, stream);
 }
 
 namespace {
@@ -1370,6 +1695,17 @@ void layernorm_modulate_fp32_impl(const difuse_tensor_view& out, const difuse_te
   p.f32_block_epilogue = row_epilogue != 1 && p.scale_stride_l == 0 && p.shift_stride_l == 0;
   const detail::DeviceGuard device_guard(x.device);
   const bool aligned16 = detail::aligned(x.data, 16) && detail::aligned(out.data, 16);
+  if (streamed_groups_knob() > 0 && aligned16 && p.h % 8 == 0) {  // DIFUSE_LNMOD_STREAMED=G (measurement)
+    const bool vec4 = layernorm_fp32_rows_vec4(scale, shift);
+    const bool smod = vec4 && p.scale_stride_l == 0 && p.shift_stride_l == 0 &&
+                      staged_mod_batches(p) <= kStreamMaxModBatches;
+    if (smod ? launch_streamed_ln<true, true, true>(p, x.device, stream)
+             : vec4 ? launch_streamed_ln<true, true, false>(p, x.device, stream)
+                    : launch_streamed_ln<true, false, false>(p, x.device, stream)) {
+      DIFUSE_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
   const LayernormModulateConfig cfg = layernorm_fp32_rows_config(p.h, aligned16, p.rows);
   if (layernorm_fp32_rows_vec4(scale, shift))
     dispatch_rows_f32<true>(cfg, p, x.device, stream);

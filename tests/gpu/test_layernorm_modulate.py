@@ -333,6 +333,49 @@ def test_two_warp_schedule_for_few_rows():
     assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="64")
 
 
+@pytest.mark.parametrize("groups,blocks", [("1", ""), ("3", "2")], ids=str)
+def test_streamed_variant(groups, blocks):
+    """DIFUSE_LNMOD_STREAMED=G (read once per process): layernorm_modulate on the streamed rows (one block per SM, or
+    DIFUSE_LNMOD_STREAMED_BLOCKS of them: a producer warp bulk-copying each row's x into a ring of slots, G two-warp
+    groups computing; 1: 12 groups). Same bits at FLUX's single-stream 4608 rows, Wan's 32,760 at 1536 and 5120,
+    batch 2 and 3 (a block's rows in several batches), partial last sweeps (1000, 2240), 12288 and 24576, with [B, H]
+    chunks 8-byte aligned (staged in shared memory as bf16(1 + scale) and shift), 2-byte aligned and per-token rows
+    (from global memory), x 8- but not 16-byte aligned (the staged kernels), adversarial values; the profiler shows
+    the three streamed kernels ran."""
+    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "for i, (B, L, H, off) in enumerate([(1, 4608, 3072, 0), (1, 32760, 1536, 0), (1, 4096, 5120, 0),\n"
+        "                                    (2, 333, 1536, 0), (3, 41, 1000, 0), (2, 37, 2240, 0), (1, 19, 12288, 0),\n"
+        "                                    (1, 5, 24576, 0), (2, 300, 3072, 4)]):\n"
+        "    g = torch.Generator(device='cuda').manual_seed(3400 + i)\n"
+        "    def rnd(*s):\n"
+        "        return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "    x = place(rnd(B, L, H), off)\n"
+        "    emb = (rnd(B, 6 * H + 1) * 0.5)[:, 1:].chunk(6, dim=1)  # 2-byte aligned chunks\n"
+        "    emb8 = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
+        "    for sc, sh in ((emb8[1], emb8[0]), (emb[1], emb[0]), (rnd(B, L, H), rnd(B, L, H))):\n"
+        "        bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n"
+        "from torch.profiler import profile, ProfilerActivity\n"
+        "acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])\n"
+        "x = rnd(1, 4096, 3072)\n"
+        "emb = (rnd(1, 6 * 3072 + 1) * 0.5)[:, 1:].chunk(6, dim=1)\n"
+        "emb8 = (rnd(1, 6 * 3072) * 0.5).chunk(6, dim=1)\n"
+        "with profile(activities=acts) as prof:\n"
+        "    for sc, sh in ((emb8[1], emb8[0]), (rnd(1, 4096, 3072), rnd(1, 4096, 3072)), (emb[1], emb[0])):\n"
+        "        bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n"
+        "    if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
+        "        torch.cuda.synchronize()\n"
+        "names = set(e.name for e in prof.events())\n"
+        "for want in ('layernorm_streamed_rows<false, true, true>', 'layernorm_streamed_rows<false, true, false>',\n"
+        "             'layernorm_streamed_rows<false, false, false>'):\n"
+        "    if not any(want in n for n in names):\n"
+        "        bad += 1\n"
+        "        print(want, 'did not run:', sorted(n for n in names if 'difuse' in n))\n")
+    assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks)
+
+
 @pytest.mark.parametrize("B,L,H,offset", [(2, 4096, 1536, 0), (1, 8192, 1536, 4), (1, 8200, 1028, 0),
                                           (3, 2731, 516, 4), (1, 9000, 4, 0), (1, 8192, 1540, 0)], ids=str)
 def test_many_narrow_rows_on_one_warp(B, L, H, offset):

@@ -168,3 +168,43 @@ def test_row_epilogue_variant():
         "    g = torch.Generator(device='cuda').manual_seed(1000 + i)\n"
         "    x = torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16)\n" + WAN_FP32_NORM_LINES)
     assert_exact_under(script, DIFUSE_LNMOD_F32_ROW_EPILOGUE="1")
+
+
+@pytest.mark.parametrize("groups,blocks", [("1", ""), ("3", "2")], ids=str)
+def test_streamed_variant(groups, blocks):
+    """DIFUSE_LNMOD_STREAMED=G (read once per process): layernorm_modulate_fp32 and layernorm_affine_fp32 on the
+    streamed rows (one block per SM, or DIFUSE_LNMOD_STREAMED_BLOCKS of them: a producer warp bulk-copying each row's
+    x into a ring of slots, G two-warp groups computing; 1: 12 groups). Same bits at Wan 14B's and 1.3B's 32,760 rows,
+    batch 2 and 3 (a block's rows in several batches), partial last sweeps (2240), 12288 and 24576 (the ring too
+    small there: the staged kernels), with [B, 1, H] fp32 rows 16-byte aligned (staged in shared memory), misaligned
+    and per-token (from global memory), and the affine norm's weight and bias (staged); the profiler shows the three
+    streamed kernels ran."""
+    from knob_run import WAN_FP32_NORM_LINES, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        "for i, (B, L, H) in enumerate([(1, 32760, 5120), (2, 37, 5120), (3, 301, 1536), (2, 7, 2240),\n"
+        "                               (1, 32760, 1536), (2, 300, 3072), (1, 19, 12288), (1, 5, 24576)]):\n"
+        "    g = torch.Generator(device='cuda').manual_seed(1100 + i)\n"
+        "    x = torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "    t6 = torch.randn(B, 6, H, device='cuda', generator=g)  # Wan's chunks: [B, 1, H] rows, 16-byte aligned\n"
+        "    bad += count_mismatches(ops.layernorm_modulate_fp32(x, t6[:, 1:2], t6[:, 0:1]),\n"
+        "                            ops.layernorm_modulate_fp32_eager(x, t6[:, 1:2], t6[:, 0:1]))\n"
+        + WAN_FP32_NORM_LINES +
+        "from torch.profiler import profile, ProfilerActivity\n"
+        "acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])\n"
+        "x = torch.randn(1, 4096, 5120, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "t6 = torch.randn(1, 6, 5120, device='cuda', generator=g)\n"
+        "t7 = torch.randn(1, 6, 5121, device='cuda', generator=g)\n"
+        "tok = torch.randn(1, 4096, 5120, device='cuda', generator=g)\n"
+        "with profile(activities=acts) as prof:\n"
+        "    for sc, sh in ((t6[:, 1:2], t6[:, 0:1]), (tok, tok), (t7[:, 1:2, 1:], t7[:, 0:1, 1:])):\n"
+        "        bad += count_mismatches(ops.layernorm_modulate_fp32(x, sc, sh), ops.layernorm_modulate_fp32_eager(x, sc, sh))\n"
+        "    if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
+        "        torch.cuda.synchronize()\n"
+        "names = set(e.name for e in prof.events())\n"
+        "for want in ('layernorm_streamed_rows<true, true, true>', 'layernorm_streamed_rows<true, true, false>',\n"
+        "             'layernorm_streamed_rows<true, false, false>'):\n"
+        "    if not any(want in n for n in names):\n"
+        "        bad += 1\n"
+        "        print(want, 'did not run:', sorted(n for n in names if 'difuse' in n))\n")
+    assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks)

@@ -1,5 +1,5 @@
 // Native GPU smoke test for libdifuse's C ABI (no torch): runs layernorm_modulate on every default schedule
-// (two, four warps per row; one under DIFUSE_LNMOD_THREADS_PER_ROW=32, 8- and 16-byte accesses, the two-pass kernel), its gated-residual form, the other
+// (two, four warps per row; one under DIFUSE_LNMOD_THREADS_PER_ROW=32, 8- and 16-byte accesses, the two-pass kernel), its gated-residual form, Wan's fp32 form, the other
 // row ops and the
 // attention prologues (FLUX, Qwen-Image, SD3.5) and the benchmarks' streaming probe, checks that every output
 // element is written, that two launches give identical bits, and that the result is within a few bf16
@@ -146,6 +146,61 @@ int run_grln_case(int64_t B, int64_t L, int64_t H) {
               (long long)unwritten, (long long)nondet, (long long)far);
   return ok ? 0 : 1;
 }
+// layernorm_modulate_fp32 (Wan): out = bf16(LN32(x) * (1 + scale) + shift), fp32 [B, 1, H] rows of a [B, 6, H]
+// fp32 buffer (16-byte aligned, one per batch: the streamed kernel stages them under DIFUSE_LNMOD_STREAMED). Every
+// element written, deterministic, within a bf16 rounding or two of the host's double LayerNorm.
+int run_f32_case(int64_t B, int64_t L, int64_t H) {
+  std::mt19937 rng(static_cast<unsigned>(B * 29 + L * 3 + H));
+  std::normal_distribution<float> nd(-0.4f, 1.7f), sd(0.f, 0.5f);
+  const int64_t n = B * L * H, rows6 = B * 6 * H;
+  std::vector<uint16_t> hx(n);
+  std::vector<float> h6(rows6);
+  for (auto& v : hx) v = num::float_to_bf16_rne(nd(rng));
+  for (auto& v : h6) v = sd(rng);
+  uint16_t *dx, *dout;
+  float* d6;
+  CHECK_CUDA(cudaMalloc(&dx, n * 2));
+  CHECK_CUDA(cudaMalloc(&dout, n * 2));
+  CHECK_CUDA(cudaMalloc(&d6, rows6 * 4));
+  CHECK_CUDA(cudaMemcpy(dx, hx.data(), n * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(d6, h6.data(), rows6 * 4, cudaMemcpyHostToDevice));
+  const auto x = TensorView::contiguous(dx, DType::BF16, {B, L, H}, 0);
+  const auto out = TensorView::contiguous(dout, DType::BF16, {B, L, H}, 0);
+  const TensorView shift(d6, DType::F32, {B, 1, H}, {6 * H, H, 1}, 0);
+  const TensorView scale(d6 + H, DType::F32, {B, 1, H}, {6 * H, H, 1}, 0);
+  std::vector<uint16_t> o1(n), o2(n);
+  for (int run = 0; run < 2; ++run) {
+    CHECK_CUDA(cudaMemset(dout, 0xFF, n * 2));
+    layernorm_modulate_fp32(out, x, scale, shift, 1e-6, nullptr);
+    CHECK_CUDA(cudaDeviceSynchronize());
+    CHECK_CUDA(cudaMemcpy((run ? o2 : o1).data(), dout, n * 2, cudaMemcpyDeviceToHost));
+  }
+  int64_t unwritten = 0, nondet = 0, far = 0;
+  for (int64_t r = 0; r < B * L; ++r) {
+    const float* sh = h6.data() + (r / L) * 6 * H;
+    double mean = 0, var = 0;
+    for (int64_t c = 0; c < H; ++c) mean += num::bf16_to_float(hx[r * H + c]);
+    mean /= H;
+    for (int64_t c = 0; c < H; ++c) var += std::pow(num::bf16_to_float(hx[r * H + c]) - mean, 2);
+    const double rstd = 1.0 / std::sqrt(var / H + 1e-6);
+    for (int64_t c = 0; c < H; ++c) {
+      const int64_t i = r * H + c;
+      unwritten += o1[i] == 0xFFFF;
+      nondet += o1[i] != o2[i];
+      const double want = (num::bf16_to_float(hx[i]) - mean) * rstd * (1.0 + sh[H + c]) + sh[c];
+      far += std::fabs(num::bf16_to_float(o1[i]) - want) > std::ldexp(std::fabs(want), -7) + 1e-5;
+    }
+  }
+  for (void* p : {static_cast<void*>(dx), static_cast<void*>(dout), static_cast<void*>(d6)}) CHECK_CUDA(cudaFree(p));
+  const bool ok = unwritten == 0 && nondet == 0 && far == 0;
+  std::printf("%-4s layernorm_modulate_fp32 B=%lld L=%lld H=%lld: unwritten %lld, nondeterministic %lld, out of "
+              "tolerance %lld\n", ok ? "ok" : "FAIL", (long long)B, (long long)L, (long long)H, (long long)unwritten,
+              (long long)nondet, (long long)far);
+  return ok ? 0 : 1;
+}
+constexpr int kF32Cases = 2;
+int run_f32_cases() { return run_f32_case(2, 37, 5120) + run_f32_case(1, 19, 1536); }
+
 constexpr int kGrlnCases = 2;
 int run_grln_cases() { return run_grln_case(2, 37, 3072) + run_grln_case(1, 19, 1536); }
 
@@ -618,13 +673,14 @@ int main(int argc, char** argv) {
     fails += run_rms_norm_modulate_cases();
     fails += run_prologues();
     fails += run_grln_cases();
+    fails += run_f32_cases();
     fails += run_stream_copy_probe();
     if (!quick) fails += run_case(1, 4096, 3072, 6, false);
   } catch (const std::exception& e) {
     std::fprintf(stderr, "exception: %s\n", e.what());
     return 2;
   }
-  const int total = (quick ? 8 : 9) + 13 + kRmsModulateCases + kPrologueCases + kGrlnCases + 1;
+  const int total = (quick ? 8 : 9) + 13 + kRmsModulateCases + kPrologueCases + kGrlnCases + kF32Cases + 1;
   std::printf("%d passed, %d failed\n", total - fails, fails);
   return fails ? 1 : 0;
 }
