@@ -82,10 +82,12 @@
 // residual 16-byte aligned, H % 8 == 0) take the streamed kernel (grln_streamed_rows: one block per SM, a producer
 // warp bulk-copying each row's h and a into a ring of shared-memory slots while 12 two-warp groups compute with the
 // staged row's arithmetic; the [B, H] modulation rows staged once per block; aten's tree with host-computed weights
-// where every combine has equal counts, H % 512 == 0). H200 at 0bdc6e6 (knob-sweeps/0bdc6e6/): 1x4096x3072 34.2 us
-// vs 39.2 staged, 2x4096x1536 38.0 vs 40.7 (target 30: not met); exact there under DIFUSE_LNMOD_STREAMED
-// (test_streamed_variant: 3 passed, gpu-tests-0bdc6e6.json), memcheck and racecheck clean at 82cc1bf
-// (sanitizer-streamed-82cc1bf.txt). DIFUSE_LNMOD_STREAMED=0 keeps the staged kernels.
+// where every combine has equal counts, H % 512 == 0). H200 at ab67215 (knob-sweeps/ab67215/, against
+// DIFUSE_LNMOD_STREAMED=0 in the same run): 1x4096x3072 33.8 us vs 39.0 staged, 2x4096x1536 34.7 vs 40.5, 2x4096x2432
+// 50.4 vs 58.4 (target 30 at 3072: not met; 33.3 in ops.json at faab412). Exact as the default in the whole suite at
+// ab67215 (tests.json: GRLN's tests passed; the one failure was a test script's, fixed and passed at faab412 with the
+// knob, site-shape and CUDA-graph tests, gpu-tests-faab412.json); memcheck and racecheck clean under the knob at
+// ab67215 (sanitizer-streamed-ab67215.txt). DIFUSE_LNMOD_STREAMED=0 keeps the staged kernels.
 
 #include "norm/layernorm_modulate.h"
 
@@ -128,7 +130,7 @@ const detail::KernelRegistration kAffineRegistration{{
 const detail::KernelRegistration kResidualRegistration{{
     "gated_residual_layernorm_modulate", "cuda", "bit_exact",
     "h1 = h + gate[:, None] * a;  F.layer_norm(h1, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]  (bf16)",
-    "verified bit-exact on H200 at eb1307d (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at ab67215 / faab412 (torch 2.11.0+cu130, sm_90)", 90, 90,
     "the pre-FF site: gated residual, then adaLN LayerNorm + modulate of the new residual, one pass"}};
 
 const detail::KernelRegistration kRegistration{{
