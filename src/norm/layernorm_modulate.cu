@@ -87,7 +87,10 @@
 // 50.4 vs 58.4 (target 30 at 3072: not met; 33.3 in ops.json at faab412). Exact as the default in the whole suite at
 // ab67215 (tests.json: GRLN's tests passed; the one failure was a test script's, fixed and passed at faab412 with the
 // knob, site-shape and CUDA-graph tests, gpu-tests-faab412.json); memcheck and racecheck clean under the knob at
-// ab67215 (sanitizer-streamed-ab67215.txt). DIFUSE_LNMOD_STREAMED=0 keeps the staged kernels.
+// ab67215 (sanitizer-streamed-ab67215.txt). DIFUSE_LNMOD_STREAMED=0 keeps the staged kernels. After those runs its
+// producer loop, row statistics and epilogue moved into helpers it shares with layernorm_streamed_rows (c665113..):
+// SASS at sm_90 has the same floating-point, shuffle, barrier and memory instructions per kernel as the verified
+// code (counts per opcode; only integer index arithmetic and moves were scheduled differently): not re-run yet.
 
 #include "norm/layernorm_modulate.h"
 
@@ -704,250 +707,9 @@ struct StreamTree {
   num::EqualCombineWeights level[5];  // offsets 16, 8, 4, 2, 1
 };
 
-template <bool MODVEC, bool SMOD>
-__global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_rows(const Params p, int slots, const StreamTree tree) {
-  using Map = AtenThreadMap<64, true>;
-  constexpr int A = Map::kSlots;  // 2: one 16-byte vector per sweep and thread
-  constexpr int KB = 2;           // sweeps whose global loads are issued before their stores
-  // SMOD: batch b's gate, scale and shift rows at 3 b V vectors of 4 bf16; then the ring: slot s holds h's row at
-  // 2 s V vectors past its start, a's row after it.
-  extern __shared__ uint4 ring_smem[];
-  __shared__ uint64_t full[kStreamMaxSlots], empty[kStreamMaxSlots];
-  __shared__ VecWelford roots[kStreamMaxGroups][4];
-  __shared__ RowStats stats[kStreamMaxGroups];
-
-  const int tid = static_cast<int>(threadIdx.x);
-  const int V = p.v;
-  const int sweeps = (V + kAtenThreads - 1) / kAtenThreads;
-  const uint32_t row_bytes = static_cast<uint32_t>(p.h) * 2u;
-  uint2* const mod = reinterpret_cast<uint2*>(ring_smem);
-  const int64_t batches = SMOD ? p.rows / p.seq : 0;
-  uint2* const ring = mod + 3 * batches * V;
-  const int64_t stride = gridDim.x;
-  if (tid == 0) {
-    for (int s = 0; s < slots; ++s) {
-      detail::mbar_init(&full[s], 1);
-      detail::mbar_init(&empty[s], 64);
-    }
-    detail::fence_mbarrier_init();
-  }
-  __syncthreads();  // the only block barrier: from here the producer and the consumers run on their own
-
-  if (tid < 32) {  // the producer warp: lane 0 issues each row's two copies once its slot is free
-    if (tid != 0) return;
-    int s = 0;
-    uint32_t use = 0;  // how many times slot s has been filled before
-    for (int64_t row = blockIdx.x; row < p.rows; row += stride) {
-      if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
-      uint2* const dst = ring + 2 * static_cast<int64_t>(s) * V;
-      detail::mbar_arrive_expect_tx(&full[s], 2u * row_bytes);
-      detail::bulk_load(dst, p.x + row * p.h, row_bytes, &full[s]);
-      detail::bulk_load(dst + V, p.a + row * p.h, row_bytes, &full[s]);
-      if (++s == slots) s = 0, ++use;
-    }
-    return;
-  }
-
-  const int c = (tid - 32) >> 6;  // consumer group
-  const int i = (tid - 32) & 63;  // thread of the row
-  const int groups = (static_cast<int>(blockDim.x) - 32) >> 6;
-  if constexpr (SMOD) {  // the consumers copy the modulation rows (8-byte words: MODVEC's alignment) while the
-                         // producer's first copies are in flight, then wait for each other (named barrier 15)
-    const int n = static_cast<int>(3 * batches * V);
-    for (int t = tid - 32; t < n; t += 64 * groups) {
-      const int rowi = t / V, vi = t - rowi * V, b = rowi / 3, role = rowi - 3 * b;
-      const uint16_t* src = role == 0   ? p.gate + b * p.gate_stride
-                            : role == 1 ? p.scale + b * p.scale_stride
-                                        : p.shift + b * p.shift_stride;
-      cp_async(mod + t, src + kVecElems * vi, false);
-    }
-    cp_async_wait_all();
-    // scale's words become bf16(1 + scale), the epilogue's a (the same add as layernorm_modulate_pair's), once per
-    // column instead of once per row: each thread its own copies, then the barrier.
-    for (int t = tid - 32; t < n; t += 64 * groups) {
-      if ((t / V) % 3 == 1) {
-        const uint2 w = mod[t];
-        mod[t] = make_uint2(num::bf16x2_add_rn(w.x, num::kBf16x2One), num::bf16x2_add_rn(w.y, num::kBf16x2One));
-      }
-    }
-    asm volatile("bar.sync 15, %0;" ::"r"(64 * groups) : "memory");
-  }
-  int s = c % slots;
-  uint32_t use = static_cast<uint32_t>(c / slots);
-  for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
-    detail::mbar_wait(&full[s], use & 1u);
-    uint2* const sx = ring + 2 * static_cast<int64_t>(s) * V;
-    const uint2* const sa = sx + V;
-
-    // h1 = h + gate * a (gated_residual_vec4, as the staged kernel), into the slot and out to `residual`.
-    const int64_t bb = p.seq_div.div(row), ll = row - bb * p.seq;
-    const uint16_t* grow = p.gate + bb * p.gate_stride + ll * p.gate_stride_l;
-    const uint2* const sgate = mod + 3 * bb * V;  // SMOD: this batch's rows
-    uint2* const rr = reinterpret_cast<uint2*>(p.residual + row * p.h);
-    for (int k0 = 0; k0 < sweeps; k0 += KB) {
-      uint2 gw[KB][A];
-#pragma unroll
-      for (int kk = 0; kk < KB; ++kk) {
-#pragma unroll
-        for (int j = 0; j < A; ++j) {
-          const int vi = Map::aten_thread(i, j) + kAtenThreads * (k0 + kk);
-          const bool in = k0 + kk < sweeps && vi < V;
-          gw[kk][j] = !in ? make_uint2(0, 0) : SMOD ? sgate[vi] : load_gate_words<MODVEC>(grow + kVecElems * vi);
-        }
-      }
-#pragma unroll
-      for (int kk = 0; kk < KB; ++kk) {
-        const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);  // slot 1 is vi + 1 (V is even)
-        if (k0 + kk < sweeps && vi < V) {
-          const uint4 h = *reinterpret_cast<const uint4*>(sx + vi);
-          const uint4 a = *reinterpret_cast<const uint4*>(sa + vi);
-          const uint2 h0 = modulate::gated_residual_vec4(make_uint2(h.x, h.y), make_uint2(a.x, a.y), gw[kk][0]);
-          const uint2 h1 = modulate::gated_residual_vec4(make_uint2(h.z, h.w), make_uint2(a.z, a.w), gw[kk][1]);
-          const uint4 o = make_uint4(h0.x, h0.y, h1.x, h1.y);
-          *reinterpret_cast<uint4*>(sx + vi) = o;
-          *reinterpret_cast<uint4*>(rr + vi) = o;
-        }
-      }
-    }
-
-    // The Welford pushes (the count set after them), as the staged kernel's kCountAfter loop.
-    VecWelford st[A];
-#pragma unroll 2
-    for (int k = 0; k < sweeps; ++k) {
-      const float* r = c_rcp.v + 4 * k;
-      const int vi = Map::aten_thread(i, 0) + kAtenThreads * k;
-      if (vi < V) {
-        const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vi);
-        const uint2 w[A] = {make_uint2(w4.x, w4.y), make_uint2(w4.z, w4.w)};
-#pragma unroll
-        for (int j = 0; j < A; ++j) {
-          st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_lo(w[j].x), r[1]);
-          st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_hi(w[j].x), r[2]);
-          st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_lo(w[j].y), r[3]);
-          st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_hi(w[j].y), r[4]);
-        }
-      }
-    }
-    if (tree.uniform) {  // equal counts on both sides of every combine: the host's weights (StreamTree)
-#pragma unroll
-      for (int j = 0; j < A; ++j) st[j].count = tree.level[0].count;
-#pragma unroll
-      for (int o = 16, lv = 0; o >= 1; o /= 2, ++lv) {
-        const int delta = Map::lane_delta(o);
-        if (delta > 0) {
-#pragma unroll
-          for (int j = 0; j < A; ++j) {
-            VecWelford in;
-            in.mean = __shfl_down_sync(0xffffffffu, st[j].mean, delta);
-            in.sigma2 = __shfl_down_sync(0xffffffffu, st[j].sigma2, delta);
-            in.count = tree.level[lv].count;
-            st[j] = num::vec_welford_combine_equal(st[j], in, tree.level[lv]);
-          }
-        } else {
-#pragma unroll
-          for (int j = 0; j < A; ++j)
-            if (Map::receives(o, j))
-              st[j] = num::vec_welford_combine_equal(st[j], st[Map::partner_slot(o, j)], tree.level[lv]);
-        }
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < A; ++j) {
-        const int t = Map::aten_thread(i, j);
-        const int n = t < V ? min(sweeps, (V - t + kAtenThreads - 1) / kAtenThreads) : 0;
-        st[j].count = static_cast<float>(4 * n);
-      }
-#pragma unroll
-      for (int o = 16; o >= 1; o /= 2) {
-        const int delta = Map::lane_delta(o);
-        if (delta > 0) {
-#pragma unroll
-          for (int j = 0; j < A; ++j) st[j] = num::vec_welford_combine(st[j], shfl_down_state(st[j], delta));
-        } else {
-#pragma unroll
-          for (int j = 0; j < A; ++j)
-            if (Map::receives(o, j)) st[j] = num::vec_welford_combine(st[j], st[Map::partner_slot(o, j)]);
-        }
-      }
-    }
-#pragma unroll
-    for (int j = 0; j < A; ++j) {
-      const int t = Map::aten_thread(i, j);
-      if (t % kAtenWarp == 0) roots[c][t / kAtenWarp] = st[j];
-    }
-    group_sync(1 + c);
-    if (i == 0) stats[c] = finalize_roots(roots[c], p.h, p.eps);
-    group_sync(1 + c);
-    const RowStats rs = stats[c];
-
-    // The epilogue: KB sweeps' modulation words loaded before their stores.
-    const int64_t b = bb, l = ll;
-    const uint16_t* srow = p.scale + b * p.scale_stride + l * p.scale_stride_l;
-    const uint16_t* hrow = p.shift + b * p.shift_stride + l * p.shift_stride_l;
-    uint2* const orow = reinterpret_cast<uint2*>(p.out + row * p.h);
-    for (int k0 = 0; k0 < sweeps; k0 += KB) {
-      uint4 w[KB], sc[KB], sh[KB];
-#pragma unroll
-      for (int kk = 0; kk < KB; ++kk) {
-        const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
-        if (k0 + kk < sweeps && vi < V) {
-          const int e = kVecElems * vi;
-          w[kk] = *reinterpret_cast<const uint4*>(sx + vi);
-          uint2 s0, s1, h0, h1;
-          if constexpr (SMOD) {
-            const uint2* sm = sgate + V;  // scale's row, shift's after it
-            s0 = sm[vi], s1 = sm[vi + 1], h0 = sm[V + vi], h1 = sm[V + vi + 1];
-          } else if constexpr (MODVEC) {
-            s0 = *reinterpret_cast<const uint2*>(srow + e), s1 = *reinterpret_cast<const uint2*>(srow + e + 4);
-            h0 = *reinterpret_cast<const uint2*>(hrow + e), h1 = *reinterpret_cast<const uint2*>(hrow + e + 4);
-          } else {
-            s0 = load_mod_words(srow + e), s1 = load_mod_words(srow + e + 4);
-            h0 = load_mod_words(hrow + e), h1 = load_mod_words(hrow + e + 4);
-          }
-          sc[kk] = make_uint4(s0.x, s0.y, s1.x, s1.y);
-          sh[kk] = make_uint4(h0.x, h0.y, h1.x, h1.y);
-        } else {
-          w[kk] = sc[kk] = sh[kk] = make_uint4(0, 0, 0, 0);
-        }
-      }
-#pragma unroll
-      for (int kk = 0; kk < KB; ++kk) {
-        const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
-        if (k0 + kk < sweeps && vi < V) {
-          if constexpr (SMOD)  // sc holds bf16(1 + scale) already (staged)
-            *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
-                layernorm_modulate_pair_a(w[kk].x, rs, sc[kk].x, sh[kk].x),
-                layernorm_modulate_pair_a(w[kk].y, rs, sc[kk].y, sh[kk].y),
-                layernorm_modulate_pair_a(w[kk].z, rs, sc[kk].z, sh[kk].z),
-                layernorm_modulate_pair_a(w[kk].w, rs, sc[kk].w, sh[kk].w));
-          else
-            *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
-                layernorm_modulate_pair(w[kk].x, rs, sc[kk].x, sh[kk].x), layernorm_modulate_pair(w[kk].y, rs, sc[kk].y, sh[kk].y),
-                layernorm_modulate_pair(w[kk].z, rs, sc[kk].z, sh[kk].z), layernorm_modulate_pair(w[kk].w, rs, sc[kk].w, sh[kk].w));
-        }
-      }
-    }
-    // Every read and write of the slot by this thread is done: order them before the copy engine refills it.
-    detail::fence_proxy_async_smem();
-    detail::mbar_arrive(&empty[s]);
-    s += groups;
-    while (s >= slots) s -= slots, ++use;
-  }
-}
-
-// Streamed rows for the plain LayerNorms (layernorm_modulate in bf16, Wan's layernorm_modulate_fp32 and
-// layernorm_affine_fp32; DIFUSE_LNMOD_STREAMED=G, for measurement, written after the seventeenth session's device
-// time ran out: not yet run on the H200). The schedule of grln_streamed_rows for a row without the residual: the
-// producer bulk-copies each row's x into a ring slot, G two-warp groups run the staged row's statistics (the paired
-// map) and the epilogue (GRLN's bf16 one, or Wan's fp32 f32_chain4); with SMOD the [B, H] modulation rows (B <=
-// kStreamMaxModBatches, or the affine weight and bias: one row each) are staged in shared memory once per block (bf16
-// scale words as bf16(1 + scale)). Why: at 1x32760x5120 the fp32 four-warp staged rows run 211 us against a streaming
-// ceiling of 160 (ops.json at faab412; target 198), at 1x32760x1536 the one-warp rows 88.8 against 50.5, and FLUX's
-// single-stream layernorm_modulate (1x4608x3072, 38 calls a step) 26 us against ~17.6, where GRLN's streamed kernel
-// went from 1.41x to 1.22x the ceiling. Predicted ~190-195, ~60-65 and ~21 us. stream_produce and stream_row_stats
-// are grln_streamed_rows' producer loop and statistics, which that kernel still has inline: its PTX is the one
-// verified at faab412 (folding it onto these changed its PTX by a few instructions); fold it when it is next
-// re-verified on the H200.
+// The streamed kernels' producer: lane 0 of warp 0 fills slot k % slots with the block's k-th row (rows blockIdx.x +
+// k x gridDim.x) once the consumer of row k - slots has released it; issue(row, slot, bar) arrives on `bar` with the
+// row's byte count and starts its copies there.
 template <class Issue>
 __device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t* full, uint64_t* empty, Issue issue) {
   const int64_t stride = gridDim.x;
@@ -960,8 +722,10 @@ __device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t
   }
 }
 
-// A streamed consumer group's row statistics from its slot sx (V vectors of 4 bf16; two warps, the paired map):
-// grln_streamed_rows' Welford pushes, tree, roots and finalize, between the group's named barriers `bar_id`.
+// A streamed consumer group's row statistics from its slot sx (V vectors of 4 bf16; two warps, the paired map): the
+// Welford pushes with the count set after them (the staged kernel's kCountAfter loop), aten's tree (equal-count
+// weights from the host where tree.uniform), the warp roots in `roots` and one thread's finalize into `stats`,
+// between the group's named barriers `bar_id`.
 __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int V, int sweeps, const StreamTree tree,
                                                      VecWelford (&roots)[4], RowStats& stats, int bar_id, int h,
                                                      float eps) {
@@ -1037,6 +801,197 @@ __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int
   return stats;
 }
 
+// A streamed consumer's bf16 epilogue for its row: out = LN(x) * (1 + scale) + shift from the slot sx, KB = 2 sweeps'
+// modulation loaded before their stores. SMOD: the block's staged rows, sa = bf16(1 + scale)'s row and shift's after
+// it (layernorm_modulate_pair_a); else scale and shift from global memory at srow, hrow (MODVEC: 8-byte words).
+template <bool MODVEC, bool SMOD>
+__device__ __forceinline__ void stream_bf16_epilogue(const uint2* sx, int i, int V, int sweeps, RowStats rs,
+                                                     const uint2* sa, const uint16_t* srow, const uint16_t* hrow,
+                                                     uint2* orow) {
+  using Map = AtenThreadMap<64, true>;
+  constexpr int KB = 2;
+  for (int k0 = 0; k0 < sweeps; k0 += KB) {
+    uint4 w[KB], sc[KB], sh[KB];
+#pragma unroll
+    for (int kk = 0; kk < KB; ++kk) {
+      const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
+      if (k0 + kk < sweeps && vi < V) {
+        const int e = kVecElems * vi;
+        w[kk] = *reinterpret_cast<const uint4*>(sx + vi);
+        uint2 s0, s1, h0, h1;
+        if constexpr (SMOD) {
+          s0 = sa[vi], s1 = sa[vi + 1], h0 = sa[V + vi], h1 = sa[V + vi + 1];
+        } else if constexpr (MODVEC) {
+          s0 = *reinterpret_cast<const uint2*>(srow + e), s1 = *reinterpret_cast<const uint2*>(srow + e + 4);
+          h0 = *reinterpret_cast<const uint2*>(hrow + e), h1 = *reinterpret_cast<const uint2*>(hrow + e + 4);
+        } else {
+          s0 = load_mod_words(srow + e), s1 = load_mod_words(srow + e + 4);
+          h0 = load_mod_words(hrow + e), h1 = load_mod_words(hrow + e + 4);
+        }
+        sc[kk] = make_uint4(s0.x, s0.y, s1.x, s1.y);
+        sh[kk] = make_uint4(h0.x, h0.y, h1.x, h1.y);
+      } else {
+        w[kk] = sc[kk] = sh[kk] = make_uint4(0, 0, 0, 0);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < KB; ++kk) {
+      const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
+      if (k0 + kk < sweeps && vi < V) {
+        if constexpr (SMOD)  // sc holds bf16(1 + scale) already (staged)
+          *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
+              layernorm_modulate_pair_a(w[kk].x, rs, sc[kk].x, sh[kk].x),
+              layernorm_modulate_pair_a(w[kk].y, rs, sc[kk].y, sh[kk].y),
+              layernorm_modulate_pair_a(w[kk].z, rs, sc[kk].z, sh[kk].z),
+              layernorm_modulate_pair_a(w[kk].w, rs, sc[kk].w, sh[kk].w));
+        else
+          *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
+              layernorm_modulate_pair(w[kk].x, rs, sc[kk].x, sh[kk].x), layernorm_modulate_pair(w[kk].y, rs, sc[kk].y, sh[kk].y),
+              layernorm_modulate_pair(w[kk].z, rs, sc[kk].z, sh[kk].z), layernorm_modulate_pair(w[kk].w, rs, sc[kk].w, sh[kk].w));
+      }
+    }
+  }
+}
+
+// The streamed consumers' copy of the block's bf16 modulation rows into shared memory (SMOD): ROLES rows per staged
+// batch, row (b, role) starting at src(b, role), copied as 8-byte words (MODVEC's alignment); the words of role
+// SCALE_ROLE become bf16(1 + scale), the epilogue's a (the same add as layernorm_modulate_pair's), each by the thread
+// that copied it; then the consumers' named barrier 15 (count 64 per group).
+template <int ROLES, int SCALE_ROLE, class Src>
+__device__ __forceinline__ void stage_bf16_mod_rows(uint2* mod, int64_t batches, int V, int t0, int groups, Src src) {
+  const int n = static_cast<int>(ROLES * batches * V);
+  for (int t = t0; t < n; t += 64 * groups) {
+    const int rowi = t / V, vi = t - rowi * V, b = rowi / ROLES, role = rowi - ROLES * b;
+    cp_async(mod + t, src(b, role) + kVecElems * vi, false);
+  }
+  cp_async_wait_all();
+  for (int t = t0; t < n; t += 64 * groups) {
+    if ((t / V) % ROLES == SCALE_ROLE) {
+      const uint2 w = mod[t];
+      mod[t] = make_uint2(num::bf16x2_add_rn(w.x, num::kBf16x2One), num::bf16x2_add_rn(w.y, num::kBf16x2One));
+    }
+  }
+  asm volatile("bar.sync 15, %0;" ::"r"(64 * groups) : "memory");
+}
+
+// One thread initialises the ring's mbarriers (full: the producer's arrival and the copies' bytes; empty: a consumer
+// group's 64 arrivals) and makes them visible to the copy engine; then the block barrier.
+__device__ __forceinline__ void stream_init_barriers(uint64_t* full, uint64_t* empty, int slots) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < slots; ++s) {
+      detail::mbar_init(&full[s], 1);
+      detail::mbar_init(&empty[s], 64);
+    }
+    detail::fence_mbarrier_init();
+  }
+  __syncthreads();
+}
+
+template <bool MODVEC, bool SMOD>
+__global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_rows(const Params p, int slots, const StreamTree tree) {
+  using Map = AtenThreadMap<64, true>;
+  constexpr int A = Map::kSlots;  // 2: one 16-byte vector per sweep and thread
+  constexpr int KB = 2;           // sweeps whose global loads are issued before their stores
+  // SMOD: batch b's gate, scale and shift rows at 3 b V vectors of 4 bf16; then the ring: slot s holds h's row at
+  // 2 s V vectors past its start, a's row after it.
+  extern __shared__ uint4 ring_smem[];
+  __shared__ uint64_t full[kStreamMaxSlots], empty[kStreamMaxSlots];
+  __shared__ VecWelford roots[kStreamMaxGroups][4];
+  __shared__ RowStats stats[kStreamMaxGroups];
+
+  const int tid = static_cast<int>(threadIdx.x);
+  const int V = p.v;
+  const int sweeps = (V + kAtenThreads - 1) / kAtenThreads;
+  const uint32_t row_bytes = static_cast<uint32_t>(p.h) * 2u;
+  uint2* const mod = reinterpret_cast<uint2*>(ring_smem);
+  const int64_t batches = SMOD ? p.rows / p.seq : 0;
+  uint2* const ring = mod + 3 * batches * V;
+  const int64_t stride = gridDim.x;
+  stream_init_barriers(full, empty, slots);  // the only block barrier: then each role runs on its own
+
+  if (tid < 32) {  // the producer warp: lane 0 issues each row's two copies once its slot is free
+    if (tid == 0)
+      stream_produce(p.rows, slots, full, empty, [&](int64_t row, int s, uint64_t* bar) {
+        uint2* const dst = ring + 2 * static_cast<int64_t>(s) * V;
+        detail::mbar_arrive_expect_tx(bar, 2u * row_bytes);
+        detail::bulk_load(dst, p.x + row * p.h, row_bytes, bar);
+        detail::bulk_load(dst + V, p.a + row * p.h, row_bytes, bar);
+      });
+    return;
+  }
+
+  const int c = (tid - 32) >> 6;  // consumer group
+  const int i = (tid - 32) & 63;  // thread of the row
+  const int groups = (static_cast<int>(blockDim.x) - 32) >> 6;
+  if constexpr (SMOD) {  // the consumers copy the modulation rows (8-byte words: MODVEC's alignment) while the
+                         // producer's first copies are in flight, then wait for each other (named barrier 15)
+    stage_bf16_mod_rows<3, 1>(mod, batches, V, tid - 32, groups, [&](int64_t b, int role) {
+      return role == 0 ? p.gate + b * p.gate_stride : role == 1 ? p.scale + b * p.scale_stride : p.shift + b * p.shift_stride;
+    });
+  }
+  int s = c % slots;
+  uint32_t use = static_cast<uint32_t>(c / slots);
+  for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
+    detail::mbar_wait(&full[s], use & 1u);
+    uint2* const sx = ring + 2 * static_cast<int64_t>(s) * V;
+    const uint2* const sa = sx + V;
+
+    // h1 = h + gate * a (gated_residual_vec4, as the staged kernel), into the slot and out to `residual`.
+    const int64_t bb = p.seq_div.div(row), ll = row - bb * p.seq;
+    const uint16_t* grow = p.gate + bb * p.gate_stride + ll * p.gate_stride_l;
+    const uint2* const sgate = mod + 3 * bb * V;  // SMOD: this batch's rows
+    uint2* const rr = reinterpret_cast<uint2*>(p.residual + row * p.h);
+    for (int k0 = 0; k0 < sweeps; k0 += KB) {
+      uint2 gw[KB][A];
+#pragma unroll
+      for (int kk = 0; kk < KB; ++kk) {
+#pragma unroll
+        for (int j = 0; j < A; ++j) {
+          const int vi = Map::aten_thread(i, j) + kAtenThreads * (k0 + kk);
+          const bool in = k0 + kk < sweeps && vi < V;
+          gw[kk][j] = !in ? make_uint2(0, 0) : SMOD ? sgate[vi] : load_gate_words<MODVEC>(grow + kVecElems * vi);
+        }
+      }
+#pragma unroll
+      for (int kk = 0; kk < KB; ++kk) {
+        const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);  // slot 1 is vi + 1 (V is even)
+        if (k0 + kk < sweeps && vi < V) {
+          const uint4 h = *reinterpret_cast<const uint4*>(sx + vi);
+          const uint4 a = *reinterpret_cast<const uint4*>(sa + vi);
+          const uint2 h0 = modulate::gated_residual_vec4(make_uint2(h.x, h.y), make_uint2(a.x, a.y), gw[kk][0]);
+          const uint2 h1 = modulate::gated_residual_vec4(make_uint2(h.z, h.w), make_uint2(a.z, a.w), gw[kk][1]);
+          const uint4 o = make_uint4(h0.x, h0.y, h1.x, h1.y);
+          *reinterpret_cast<uint4*>(sx + vi) = o;
+          *reinterpret_cast<uint4*>(rr + vi) = o;
+        }
+      }
+    }
+
+    const RowStats rs = stream_row_stats(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
+
+    // The epilogue (SMOD: the staged bf16(1 + scale) and shift rows after the gate's).
+    stream_bf16_epilogue<MODVEC, SMOD>(sx, i, V, sweeps, rs, sgate + V, p.scale + bb * p.scale_stride + ll * p.scale_stride_l,
+                                       p.shift + bb * p.shift_stride + ll * p.shift_stride_l,
+                                       reinterpret_cast<uint2*>(p.out + row * p.h));
+    // Every read and write of the slot by this thread is done: order them before the copy engine refills it.
+    detail::fence_proxy_async_smem();
+    detail::mbar_arrive(&empty[s]);
+    s += groups;
+    while (s >= slots) s -= slots, ++use;
+  }
+}
+
+// Streamed rows for the plain LayerNorms (layernorm_modulate in bf16, Wan's layernorm_modulate_fp32 and
+// layernorm_affine_fp32; DIFUSE_LNMOD_STREAMED=G, for measurement, written after the seventeenth session's device
+// time ran out: not yet run on the H200). The schedule of grln_streamed_rows for a row without the residual: the
+// producer bulk-copies each row's x into a ring slot, G two-warp groups run the staged row's statistics (the paired
+// map) and the epilogue (GRLN's bf16 one, or Wan's fp32 f32_chain4); with SMOD the [B, H] modulation rows (B <=
+// kStreamMaxModBatches, or the affine weight and bias: one row each) are staged in shared memory once per block (bf16
+// scale words as bf16(1 + scale)). Why: at 1x32760x5120 the fp32 four-warp staged rows run 211 us against a streaming
+// ceiling of 160 (ops.json at faab412; target 198), at 1x32760x1536 the one-warp rows 88.8 against 50.5, and FLUX's
+// single-stream layernorm_modulate (1x4608x3072, 38 calls a step) 26 us against ~17.6, where GRLN's streamed kernel
+// went from 1.41x to 1.22x the ceiling. Predicted ~190-195, ~60-65 and ~21 us. It shares grln_streamed_rows'
+// producer loop, row statistics and bf16 epilogue (stream_produce, stream_row_stats, stream_bf16_epilogue above).
 // The number of scale / shift row pairs the streamed LayerNorm kernel stages (SMOD): one where they have no batch
 // stride (the affine weight and bias, or one batch), else one per batch.
 __host__ __device__ inline int64_t staged_mod_batches(const Params& p) {
@@ -1067,14 +1022,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
   const int64_t nb = SMOD ? staged_mod_batches(p) : 0;
   uint2* const ring = F32 ? reinterpret_cast<uint2*>(mod32 + 2 * nb * p.h) : mod16 + 2 * nb * V;
   const int64_t stride = gridDim.x;
-  if (tid == 0) {
-    for (int s = 0; s < slots; ++s) {
-      detail::mbar_init(&full[s], 1);
-      detail::mbar_init(&empty[s], 64);
-    }
-    detail::fence_mbarrier_init();
-  }
-  __syncthreads();  // the only block barrier
+  stream_init_barriers(full, empty, slots);  // the only block barrier
 
   if (tid < 32) {  // the producer warp: lane 0 copies each row's x once its slot is free
     if (tid == 0)
@@ -1099,20 +1047,9 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
     cp_async_wait_all();
     asm volatile("bar.sync 15, %0;" ::"r"(64 * groups) : "memory");
   } else if constexpr (SMOD) {  // bf16 rows as 8-byte words (VEC); scale's become bf16(1 + scale), as in GRLN's
-    const int n = static_cast<int>(2 * nb * V);
-    for (int t = tid - 32; t < n; t += 64 * groups) {
-      const int rowi = t / V, vi = t - rowi * V, b = rowi / 2;
-      const uint16_t* src = rowi % 2 == 0 ? p.scale + b * p.scale_stride : p.shift + b * p.shift_stride;
-      cp_async(mod16 + t, src + kVecElems * vi, false);
-    }
-    cp_async_wait_all();
-    for (int t = tid - 32; t < n; t += 64 * groups) {
-      if ((t / V) % 2 == 0) {
-        const uint2 w = mod16[t];
-        mod16[t] = make_uint2(num::bf16x2_add_rn(w.x, num::kBf16x2One), num::bf16x2_add_rn(w.y, num::kBf16x2One));
-      }
-    }
-    asm volatile("bar.sync 15, %0;" ::"r"(64 * groups) : "memory");
+    stage_bf16_mod_rows<2, 0>(mod16, nb, V, tid - 32, groups, [&](int64_t b, int role) {
+      return role == 0 ? p.scale + b * p.scale_stride : p.shift + b * p.shift_stride;
+    });
   }
   int s = c % slots;
   uint32_t use = static_cast<uint32_t>(c / slots);
@@ -1122,54 +1059,10 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
     const RowStats rs = stream_row_stats(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
     const int64_t b = p.seq_div.div(row), l = row - b * p.seq;
     uint2* const orow = reinterpret_cast<uint2*>(p.out + row * p.h);
-    if constexpr (!F32) {  // bf16: GRLN's epilogue
-      const uint2* const sa = mod16 + 2 * (nb == 1 ? 0 : b) * V;  // SMOD: bf16(1 + scale)'s row, shift's after it
-      const uint16_t* srow = p.scale + b * p.scale_stride + l * p.scale_stride_l;
-      const uint16_t* hrow = p.shift + b * p.shift_stride + l * p.shift_stride_l;
-      for (int k0 = 0; k0 < sweeps; k0 += KB) {
-        uint4 w[KB], sc[KB], sh[KB];
-#pragma unroll
-        for (int kk = 0; kk < KB; ++kk) {
-          const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
-          if (k0 + kk < sweeps && vi < V) {
-            const int e = kVecElems * vi;
-            w[kk] = *reinterpret_cast<const uint4*>(sx + vi);
-            uint2 s0, s1, h0, h1;
-            if constexpr (SMOD) {
-              s0 = sa[vi], s1 = sa[vi + 1], h0 = sa[V + vi], h1 = sa[V + vi + 1];
-            } else if constexpr (VEC) {
-              s0 = *reinterpret_cast<const uint2*>(srow + e), s1 = *reinterpret_cast<const uint2*>(srow + e + 4);
-              h0 = *reinterpret_cast<const uint2*>(hrow + e), h1 = *reinterpret_cast<const uint2*>(hrow + e + 4);
-            } else {
-              s0 = load_mod_words(srow + e), s1 = load_mod_words(srow + e + 4);
-              h0 = load_mod_words(hrow + e), h1 = load_mod_words(hrow + e + 4);
-            }
-            sc[kk] = make_uint4(s0.x, s0.y, s1.x, s1.y);
-            sh[kk] = make_uint4(h0.x, h0.y, h1.x, h1.y);
-          } else {
-            w[kk] = sc[kk] = sh[kk] = make_uint4(0, 0, 0, 0);
-          }
-        }
-#pragma unroll
-        for (int kk = 0; kk < KB; ++kk) {
-          const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
-          if (k0 + kk < sweeps && vi < V) {
-            if constexpr (SMOD)
-              *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
-                  layernorm_modulate_pair_a(w[kk].x, rs, sc[kk].x, sh[kk].x),
-                  layernorm_modulate_pair_a(w[kk].y, rs, sc[kk].y, sh[kk].y),
-                  layernorm_modulate_pair_a(w[kk].z, rs, sc[kk].z, sh[kk].z),
-                  layernorm_modulate_pair_a(w[kk].w, rs, sc[kk].w, sh[kk].w));
-            else
-              *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
-                  layernorm_modulate_pair(w[kk].x, rs, sc[kk].x, sh[kk].x),
-                  layernorm_modulate_pair(w[kk].y, rs, sc[kk].y, sh[kk].y),
-                  layernorm_modulate_pair(w[kk].z, rs, sc[kk].z, sh[kk].z),
-                  layernorm_modulate_pair(w[kk].w, rs, sc[kk].w, sh[kk].w));
-          }
-        }
-      }
-    }
+    if constexpr (!F32)  // bf16 (SMOD: this batch's staged bf16(1 + scale) and shift rows)
+      stream_bf16_epilogue<VEC, SMOD>(sx, i, V, sweeps, rs, mod16 + 2 * (nb == 1 ? 0 : b) * V,
+                                      p.scale + b * p.scale_stride + l * p.scale_stride_l,
+                                      p.shift + b * p.shift_stride + l * p.shift_stride_l, orow);
     if constexpr (F32) {  // Wan's fp32 epilogue
       const float* const s32 = SMOD ? mod32 + 2 * (nb == 1 ? 0 : b) * p.h
                                     : p.scale32 + b * p.scale_stride + l * p.scale_stride_l;
@@ -1205,7 +1098,8 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
 }
 
 // DIFUSE_LNMOD_STREAMED=G (read once; for measurement): the streamed kernel wherever it can run, with G consumer
-// groups (1: kStreamDefaultGroups; at most kStreamMaxGroups, and no more than the ring's slots); =0: never (the
+// groups (1: kStreamDefaultGroups; at most the kernel's launch bound, kStreamMaxGroups for GRLN and
+// kStreamLnMaxGroups for the plain LayerNorms, and no more than the ring's slots); =0: never (the
 // staged kernels); unset: the default rule in gated_residual_layernorm_modulate. DIFUSE_LNMOD_STREAMED_BLOCKS=N
 // caps the grid at N blocks (tests and the sanitizer: many rows per block, every slot refilled, at small shapes).
 // 12 groups: H200 at 0bdc6e6 (knob-sweeps/0bdc6e6/) 1x4096x3072 34.2 us on 12, 35.6 on 8, 38.6 on 6; 2x4096x1536
@@ -1216,84 +1110,61 @@ int streamed_groups_knob() {
   return v;
 }
 
-// Launches the streamed kernel where its ring holds at least two rows; false (nothing launched) otherwise.
+// What a streamed kernel's launcher sets or reads once per device: the dynamic shared memory a block may take (the
+// opt-in maximum per block less the kernel's static shared memory), the opt-in and the carveout.
+struct StreamLaunchOnce {
+  std::atomic<int> budgets[64];  // 0: not read yet
+  std::atomic<uint64_t> opted_in{0}, carveout_set{0};
+};
+
+// Launches a streamed kernel (grln_streamed_rows or layernorm_streamed_rows) with the most slots of slot_bytes that fit
+// beside mod_bytes of staged modulation rows (at most kStreamMaxSlots) and DIFUSE_LNMOD_STREAMED's groups (at most
+// max_groups, its launch bound, and the slots), where the ring holds at least two rows; false (nothing launched)
+// otherwise. One block per SM (DIFUSE_LNMOD_STREAMED_BLOCKS=N caps the grid); the tree's weights where H % 512 == 0.
+template <class Kernel>
+bool launch_stream(Kernel kernel, StreamLaunchOnce& once, int max_groups, int64_t slot_bytes, int64_t mod_bytes,
+                   const Params& p, int device, cudaStream_t stream) {
+  int budget = once.budgets[device & 63].load(std::memory_order_acquire);
+  if (budget == 0) {
+    int optin = 0;
+    DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attr{};
+    DIFUSE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    budget = optin - static_cast<int>(attr.sharedSizeBytes);
+    once.budgets[device & 63].store(budget, std::memory_order_release);
+  }
+  const int slots = static_cast<int>(std::min<int64_t>(kStreamMaxSlots, (budget - mod_bytes) / slot_bytes));
+  const int knob = streamed_groups_knob();
+  const int groups = std::min(std::min(knob <= 1 ? kStreamDefaultGroups : knob, max_groups), slots);
+  if (slots < 2 || groups < 1) return false;
+  opt_in_shared_memory(kernel, device, budget, once.opted_in);
+  prefer_max_shared_carveout(kernel, device, once.carveout_set);
+  static const int max_blocks = detail::positive_env_knob("DIFUSE_LNMOD_STREAMED_BLOCKS");
+  int64_t blocks = std::min<int64_t>(detail::sm_count(device), p.rows);
+  if (max_blocks > 0) blocks = std::min<int64_t>(blocks, max_blocks);
+  StreamTree tree{};
+  tree.uniform = p.v % kAtenThreads == 0;
+  const int sweeps = (p.v + kAtenThreads - 1) / kAtenThreads;
+  for (int lv = 0; lv < 5; ++lv) tree.level[lv] = num::equal_combine_weights(static_cast<float>((4 * sweeps) << lv));
+  kernel<<<static_cast<unsigned>(blocks), 32 + 64 * groups, static_cast<size_t>(slots * slot_bytes + mod_bytes),
+           stream>>>(p, slots, tree);
+  return true;
+}
+
+// GRLN's streamed kernel: slots of h's and a's rows; SMOD: 3 bf16 rows per batch.
 template <bool MODVEC, bool SMOD>
 bool launch_streamed(const Params& p, int device, cudaStream_t stream) {
-  auto kernel = grln_streamed_rows<MODVEC, SMOD>;
-  // The dynamic shared memory a block may take: the opt-in maximum per block less the kernel's static shared memory
-  // (barriers, roots, stats), read once per device.
-  static std::atomic<int> budgets[64];  // 0: not read yet
-  int budget = budgets[device & 63].load(std::memory_order_acquire);
-  if (budget == 0) {
-    int optin = 0;
-    DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    cudaFuncAttributes attr{};
-    DIFUSE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    budget = optin - static_cast<int>(attr.sharedSizeBytes);
-    budgets[device & 63].store(budget, std::memory_order_release);
-  }
-  const int64_t slot_bytes = int64_t{4} * p.h;  // h's row and a's row, bf16
-  const int64_t mod_bytes = SMOD ? 3 * (p.rows / p.seq) * int64_t{2} * p.h : 0;
-  const int slots = static_cast<int>(std::min<int64_t>(kStreamMaxSlots, (budget - mod_bytes) / slot_bytes));
-  const int knob = streamed_groups_knob();
-  const int groups = std::min(std::min(knob <= 1 ? kStreamDefaultGroups : knob, kStreamLnMaxGroups), slots);
-  if (slots < 2 || groups < 1) return false;
-  static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
-  opt_in_shared_memory(kernel, device, budget, opted_in);
-  prefer_max_shared_carveout(kernel, device, carveout_set);
-  static const int max_blocks = detail::positive_env_knob("DIFUSE_LNMOD_STREAMED_BLOCKS");
-  int64_t blocks = std::min<int64_t>(detail::sm_count(device), p.rows);
-  if (max_blocks > 0) blocks = std::min<int64_t>(blocks, max_blocks);
-  StreamTree tree{};
-  tree.uniform = p.v % kAtenThreads == 0;
-  const int sweeps = (p.v + kAtenThreads - 1) / kAtenThreads;
-  for (int lv = 0; lv < 5; ++lv) tree.level[lv] = num::equal_combine_weights(static_cast<float>((4 * sweeps) << lv));
-  kernel<<<static_cast<unsigned>(blocks), 32 + 64 * groups, static_cast<size_t>(slots * slot_bytes + mod_bytes),
-           stream>>>(p, slots, tree);
-  return true;
+  static StreamLaunchOnce once;
+  return launch_stream(grln_streamed_rows<MODVEC, SMOD>, once, kStreamMaxGroups, int64_t{4} * p.h,
+                       SMOD ? 3 * (p.rows / p.seq) * int64_t{2} * p.h : 0, p, device, stream);
 }
 
-// The dynamic shared memory a streamed block may take on `device`: the opt-in maximum per block less the kernel's
-// static shared memory, read once per device and kernel (each launcher instantiation keeps its own).
-template <class Kernel>
-int stream_smem_budget(Kernel kernel, int device, std::atomic<int> (&budgets)[64]) {
-  int budget = budgets[device & 63].load(std::memory_order_acquire);
-  if (budget == 0) {
-    int optin = 0;
-    DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    cudaFuncAttributes attr{};
-    DIFUSE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    budget = optin - static_cast<int>(attr.sharedSizeBytes);
-    budgets[device & 63].store(budget, std::memory_order_release);
-  }
-  return budget;
-}
-
-// The streamed LayerNorm kernel where its ring holds at least two rows; false (nothing launched) otherwise.
+// The plain LayerNorms' streamed kernel: slots of x's rows; SMOD: 2 rows per staged batch (fp32 or bf16).
 template <bool F32, bool VEC, bool SMOD>
 bool launch_streamed_ln(const Params& p, int device, cudaStream_t stream) {
-  auto kernel = layernorm_streamed_rows<F32, VEC, SMOD>;
-  static std::atomic<int> budgets[64];
-  const int budget = stream_smem_budget(kernel, device, budgets);
-  const int64_t slot_bytes = int64_t{2} * p.h;  // x's row, bf16
-  const int64_t mod_bytes = SMOD ? 2 * staged_mod_batches(p) * int64_t{F32 ? 4 : 2} * p.h : 0;
-  const int slots = static_cast<int>(std::min<int64_t>(kStreamMaxSlots, (budget - mod_bytes) / slot_bytes));
-  const int knob = streamed_groups_knob();
-  const int groups = std::min(std::min(knob <= 1 ? kStreamDefaultGroups : knob, kStreamMaxGroups), slots);
-  if (slots < 2 || groups < 1) return false;
-  static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
-  opt_in_shared_memory(kernel, device, budget, opted_in);
-  prefer_max_shared_carveout(kernel, device, carveout_set);
-  static const int max_blocks = detail::positive_env_knob("DIFUSE_LNMOD_STREAMED_BLOCKS");
-  int64_t blocks = std::min<int64_t>(detail::sm_count(device), p.rows);
-  if (max_blocks > 0) blocks = std::min<int64_t>(blocks, max_blocks);
-  StreamTree tree{};
-  tree.uniform = p.v % kAtenThreads == 0;
-  const int sweeps = (p.v + kAtenThreads - 1) / kAtenThreads;
-  for (int lv = 0; lv < 5; ++lv) tree.level[lv] = num::equal_combine_weights(static_cast<float>((4 * sweeps) << lv));
-  kernel<<<static_cast<unsigned>(blocks), 32 + 64 * groups, static_cast<size_t>(slots * slot_bytes + mod_bytes),
-           stream>>>(p, slots, tree);
-  return true;
+  static StreamLaunchOnce once;
+  return launch_stream(layernorm_streamed_rows<F32, VEC, SMOD>, once, kStreamLnMaxGroups, int64_t{2} * p.h,
+                       SMOD ? 2 * staged_mod_batches(p) * int64_t{F32 ? 4 : 2} * p.h : 0, p, device, stream);
 }
 
 constexpr size_t kMaxStagedBytes = 72 * 1024;  // dynamic staging per block: (8+2) x 6 KB, (4+2) x 12 KB, 1 x 48 KB
