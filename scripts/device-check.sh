@@ -117,10 +117,10 @@ stage_sanitizer() {
       DIFUSE_QK_BULK=2 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_BULK=2 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with the streamed rows of GRLN, layernorm_modulate and Wan's fp32 LayerNorm, 3 groups on 2 blocks (DIFUSE_LNMOD_STREAMED=3, DIFUSE_LNMOD_STREAMED_BLOCKS=2):" &&
-      DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 \
+      echo "memcheck and racecheck with the streamed rows of GRLN, layernorm_modulate, Wan's fp32 LayerNorm (3 groups) and rms_norm_modulate (5 warps), on 2 blocks (DIFUSE_LNMOD_STREAMED=3, DIFUSE_LNMOD_STREAMED_BLOCKS=2, DIFUSE_RMSMOD_STREAMED=5, DIFUSE_RMSMOD_STREAMED_BLOCKS=2):" &&
+      DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 \
+      DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       echo "memcheck and racecheck with the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate, GRLN's prefetched a, gelu's pipelined table kernel (DIFUSE_RMS_STAGED_HEADS=1, DIFUSE_RMSD_STAGED_ROWS=1, DIFUSE_RMSMOD_STAGED=1, DIFUSE_LNMOD_PREFETCH_A=1, DIFUSE_GELU_PIPELINED=1):" &&
       DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1 \
@@ -223,7 +223,9 @@ DIFUSE_GELU_PIPELINED=0:gelu_tanh;DIFUSE_GELU_COMPUTED_WORDS=0:gelu_tanh;DIFUSE_
 DIFUSE_QK_BULK=1:qk_norm_rope_qwen;DIFUSE_QK_BULK=2:qk_norm_rope_qwen;DIFUSE_QK_BULK=1:qk_norm_sd35;DIFUSE_QK_BULK=2:qk_norm_sd35;\
 DIFUSE_LNMOD_STREAMED=0:gated_residual_layernorm_modulate;DIFUSE_LNMOD_STREAMED=8:gated_residual_layernorm_modulate;\
 DIFUSE_LNMOD_STREAMED=1:layernorm_modulate_fp32;DIFUSE_LNMOD_STREAMED=8:layernorm_modulate_fp32;\
-DIFUSE_LNMOD_STREAMED=1:layernorm_modulate;DIFUSE_LNMOD_STREAMED=8:layernorm_modulate"
+DIFUSE_LNMOD_STREAMED=1:layernorm_modulate;DIFUSE_LNMOD_STREAMED=8:layernorm_modulate;\
+DIFUSE_RMSMOD_STREAMED=1:rms_norm_modulate;DIFUSE_RMSMOD_STREAMED=24:rms_norm_modulate;DIFUSE_RMSMOD_STREAMED=8:rms_norm_modulate;\
+DIFUSE_RMSMOD_STREAMED=1:gated_residual_rms_norm_modulate"
 stage_sweep() {
   local entry vars op tag r=0
   mkdir -p "$OUT/sweeps"

@@ -111,6 +111,7 @@
 #include "core/tensor.h"
 #include "norm/layernorm_schedule.h"
 #include "norm/row_staging.cuh"
+#include "norm/stream_rows.cuh"
 
 namespace difuse::norm {
 
@@ -707,21 +708,6 @@ struct StreamTree {
   num::EqualCombineWeights level[5];  // offsets 16, 8, 4, 2, 1
 };
 
-// The streamed kernels' producer: lane 0 of warp 0 fills slot k % slots with the block's k-th row (rows blockIdx.x +
-// k x gridDim.x) once the consumer of row k - slots has released it; issue(row, slot, bar) arrives on `bar` with the
-// row's byte count and starts its copies there.
-template <class Issue>
-__device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t* full, uint64_t* empty, Issue issue) {
-  const int64_t stride = gridDim.x;
-  int s = 0;
-  uint32_t use = 0;  // how many times slot s has been filled before
-  for (int64_t row = blockIdx.x; row < rows; row += stride) {
-    if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
-    issue(row, s, &full[s]);
-    if (++s == slots) s = 0, ++use;
-  }
-}
-
 // A streamed consumer group's row statistics from its slot sx (V vectors of 4 bf16; two warps, the paired map): the
 // Welford pushes with the count set after them (the staged kernel's kCountAfter loop), aten's tree (equal-count
 // weights from the host where tree.uniform), the warp roots in `roots` and one thread's finalize into `stats`,
@@ -874,19 +860,6 @@ __device__ __forceinline__ void stage_bf16_mod_rows(uint2* mod, int64_t batches,
   asm volatile("bar.sync 15, %0;" ::"r"(64 * groups) : "memory");
 }
 
-// One thread initialises the ring's mbarriers (full: the producer's arrival and the copies' bytes; empty: a consumer
-// group's 64 arrivals) and makes them visible to the copy engine; then the block barrier.
-__device__ __forceinline__ void stream_init_barriers(uint64_t* full, uint64_t* empty, int slots) {
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < slots; ++s) {
-      detail::mbar_init(&full[s], 1);
-      detail::mbar_init(&empty[s], 64);
-    }
-    detail::fence_mbarrier_init();
-  }
-  __syncthreads();
-}
-
 template <bool MODVEC, bool SMOD>
 __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_rows(const Params p, int slots, const StreamTree tree) {
   using Map = AtenThreadMap<64, true>;
@@ -907,7 +880,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
   const int64_t batches = SMOD ? p.rows / p.seq : 0;
   uint2* const ring = mod + 3 * batches * V;
   const int64_t stride = gridDim.x;
-  stream_init_barriers(full, empty, slots);  // the only block barrier: then each role runs on its own
+  stream_init_barriers(full, empty, slots, 64);  // the only block barrier: then each role runs on its own
 
   if (tid < 32) {  // the producer warp: lane 0 issues each row's two copies once its slot is free
     if (tid == 0)
@@ -973,11 +946,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
     stream_bf16_epilogue<MODVEC, SMOD>(sx, i, V, sweeps, rs, sgate + V, p.scale + bb * p.scale_stride + ll * p.scale_stride_l,
                                        p.shift + bb * p.shift_stride + ll * p.shift_stride_l,
                                        reinterpret_cast<uint2*>(p.out + row * p.h));
-    // Every read and write of the slot by this thread is done: order them before the copy engine refills it.
-    detail::fence_proxy_async_smem();
-    detail::mbar_arrive(&empty[s]);
-    s += groups;
-    while (s >= slots) s -= slots, ++use;
+    stream_release(empty, s, use, groups, slots);  // every read and write of the slot by this thread is done
   }
 }
 
@@ -1022,7 +991,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
   const int64_t nb = SMOD ? staged_mod_batches(p) : 0;
   uint2* const ring = F32 ? reinterpret_cast<uint2*>(mod32 + 2 * nb * p.h) : mod16 + 2 * nb * V;
   const int64_t stride = gridDim.x;
-  stream_init_barriers(full, empty, slots);  // the only block barrier
+  stream_init_barriers(full, empty, slots, 64);  // the only block barrier
 
   if (tid < 32) {  // the producer warp: lane 0 copies each row's x once its slot is free
     if (tid == 0)
@@ -1090,10 +1059,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
         }
       }
     }
-    detail::fence_proxy_async_smem();
-    detail::mbar_arrive(&empty[s]);
-    s += groups;
-    while (s >= slots) s -= slots, ++use;
+    stream_release(empty, s, use, groups, slots);
   }
 }
 
@@ -1124,15 +1090,7 @@ struct StreamLaunchOnce {
 template <class Kernel>
 bool launch_stream(Kernel kernel, StreamLaunchOnce& once, int max_groups, int64_t slot_bytes, int64_t mod_bytes,
                    const Params& p, int device, cudaStream_t stream) {
-  int budget = once.budgets[device & 63].load(std::memory_order_acquire);
-  if (budget == 0) {
-    int optin = 0;
-    DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-    cudaFuncAttributes attr{};
-    DIFUSE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-    budget = optin - static_cast<int>(attr.sharedSizeBytes);
-    once.budgets[device & 63].store(budget, std::memory_order_release);
-  }
+  const int budget = stream_smem_budget(kernel, device, once.budgets);
   const int slots = static_cast<int>(std::min<int64_t>(kStreamMaxSlots, (budget - mod_bytes) / slot_bytes));
   const int knob = streamed_groups_knob();
   const int groups = std::min(std::min(knob <= 1 ? kStreamDefaultGroups : knob, max_groups), slots);

@@ -56,7 +56,9 @@
 // 4352x2x3072 47.1 vs 53.6 (bench-partial-eb1307d.log, knob-sweeps/eb1307d/; target 15: not met; 23.1 at f1e1d95);
 // DIFUSE_RMSMOD_PIPELINED=1 runs the staged rows on a grid of the resident blocks with two buffers per warp, the
 // next row's copies in flight during the current row's passes: exact at 5d35cbc and slower (1x4096x3072 29.3 vs
-// 22.4 us, knob-sweeps/5d35cbc/); kept for measurement only.
+// 22.4 us, knob-sweeps/5d35cbc/); kept for measurement only. DIFUSE_RMSMOD_STREAMED=G (seventeenth session, not yet
+// run on the H200): the same rows on the streamed schedule (norm/stream_rows.cuh: a producer warp bulk-copies each
+// row into a ring of slots, G consumer warps compute; rms_norm_modulate_streamed).
 // Batched loads (0385466): the epilogue issues 4 vectors' x, weight, scale and shift loads before their stores, and
 // the residual pass half a batch's a and gate loads before theirs. Before, SASS showed each vector's loads waiting
 // on the previous vector's store (24 L2 round trips in turn per 3072-element row). H200 at 0385466 (ops.json
@@ -100,6 +102,7 @@
 #include "norm/rms_modulate_schedule.h"
 #include "norm/rms_norm_diffusers.h"
 #include "norm/row_staging.cuh"
+#include "norm/stream_rows.cuh"
 
 namespace difuse::norm {
 
@@ -435,6 +438,72 @@ void launch_staged_pipelined(const Params& p, int max_blocks, int device, cudaSt
   kernel<<<static_cast<unsigned>(blocks), kThreads, bytes, stream>>>(p);
 }
 
+// STREAMED rows (DIFUSE_RMSMOD_STREAMED=G, for measurement; written after the seventeenth session's device time ran
+// out: not yet run on the H200): GRLN's streamed schedule (norm/stream_rows.cuh) for these rows. One block per SM;
+// warp 0's lane 0 bulk-copies each row's x (h for the residual form) into a ring slot; G consumer warps run
+// two_pass_row's staged arithmetic from the slot, one row at a time, unchanged (the residual form's a and gate, and
+// the epilogue's weight and modulation, from global memory as in the staged kernel). Why: the staged kernel's rows
+// are in phase like GRLN's were (at 4096 rows one wave: every row loads, then computes, then stores) and GRLN's
+// streamed kernel went from 1.41x to 1.22x the streaming ceiling; rms_norm_modulate 2x6144x4096 runs 74.6 us
+// against 50.5 (ops.json at faab412; site bound 59.0), 4352x2x3072 41.3 against 29.0 (31.4), the residual form
+// 2x6144x4096 123.3 against 96.6 (118.1). Predicted ~60-65, ~34-36 and ~110-115 us if the consumers keep up (their
+// modulation loads come from L1/L2 per row: GRLN's first version lost for that reason; the sweep tries 8, 16 and 24
+// consumer warps).
+constexpr int kRmsStreamMaxWarps = 28;  // consumers; 32 + 32 x 28 = 928 threads
+constexpr int kRmsStreamMaxSlots = 48;
+constexpr int kRmsStreamDefaultWarps = 16;
+
+template <bool VEC, bool RESIDUAL>
+__global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1) rms_norm_modulate_streamed(const Params p, int slots) {
+  extern __shared__ uint4 staged_rows[];  // slot s: V 8-byte vectors at s V
+  __shared__ uint64_t full[kRmsStreamMaxSlots], empty[kRmsStreamMaxSlots];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int V = p.v;
+  const uint32_t row_bytes = static_cast<uint32_t>(p.n) * 2u;
+  uint2* const ring = reinterpret_cast<uint2*>(staged_rows);
+  stream_init_barriers(full, empty, slots, 32);  // the only block barrier
+  if (tid < 32) {  // the producer warp
+    if (tid == 0)
+      stream_produce(p.rows, slots, full, empty, [&](int64_t row, int s, uint64_t* bar) {
+        detail::mbar_arrive_expect_tx(bar, row_bytes);
+        detail::bulk_load(ring + static_cast<int64_t>(s) * V, p.x + row * p.n, row_bytes, bar);
+      });
+    return;
+  }
+  const int c = tid / 32 - 1, lane = tid % 32;
+  const int groups = static_cast<int>(blockDim.x) / 32 - 1;
+  const int64_t stride = gridDim.x;
+  int s = c % slots;
+  uint32_t use = static_cast<uint32_t>(c / slots);
+  for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
+    detail::mbar_wait(&full[s], use & 1u);
+    two_pass_row<VEC, RESIDUAL, true>(p, row, lane, ring + static_cast<int64_t>(s) * V);
+    stream_release(empty, s, use, groups, slots);
+  }
+}
+
+// DIFUSE_RMSMOD_STREAMED=G (read once): G consumer warps (1: kRmsStreamDefaultWarps; at most kRmsStreamMaxWarps and
+// the ring's slots); DIFUSE_RMSMOD_STREAMED_BLOCKS=N caps the grid (tests: many rows per block). False (nothing
+// launched) where the ring would hold fewer than two rows.
+template <bool VEC, bool RESIDUAL>
+bool launch_streamed(const Params& p, int knob, int device, cudaStream_t stream) {
+  auto kernel = rms_norm_modulate_streamed<VEC, RESIDUAL>;
+  static std::atomic<int> budgets[64];
+  static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
+  const int budget = stream_smem_budget(kernel, device, budgets);
+  const int64_t slot_bytes = int64_t{2} * p.n;
+  const int slots = static_cast<int>(std::min<int64_t>(kRmsStreamMaxSlots, budget / slot_bytes));
+  const int warps = std::min(std::min(knob <= 1 ? kRmsStreamDefaultWarps : knob, kRmsStreamMaxWarps), slots);
+  if (slots < 2 || warps < 1) return false;
+  opt_in_shared_memory(kernel, device, budget, opted_in);
+  prefer_max_shared_carveout(kernel, device, carveout_set);
+  static const int max_blocks = detail::positive_env_knob("DIFUSE_RMSMOD_STREAMED_BLOCKS");
+  int64_t blocks = std::min<int64_t>(detail::sm_count(device), p.rows);
+  if (max_blocks > 0) blocks = std::min<int64_t>(blocks, max_blocks);
+  kernel<<<static_cast<unsigned>(blocks), 32 + 32 * warps, static_cast<size_t>(slots * slot_bytes), stream>>>(p, slots);
+  return true;
+}
+
 // The staged kernel, its shared-memory opt-in and carveout set (once per device), and its dynamic shared memory
 // for this row width: what a launch and an occupancy query of it both need.
 template <bool VEC, bool RESIDUAL, int HALF>
@@ -509,6 +578,15 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
     const int64_t quarter = v ? staged_resident<true, 2>(p, device) : staged_resident<false, 2>(p, device);
     return residual_quarter_batches(true, blocks, quarter, full);
   };
+  static const int streamed = detail::positive_env_knob("DIFUSE_RMSMOD_STREAMED");
+  if (streamed > 0 && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
+      p.n % 8 == 0 && detail::aligned(p.x, 16)) {  // DIFUSE_RMSMOD_STREAMED (measurement): whole rows bulk-copied
+    if (vec ? launch_streamed<true, RESIDUAL>(p, streamed, device, stream)
+            : launch_streamed<false, RESIDUAL>(p, streamed, device, stream)) {
+      DIFUSE_CUDA_CHECK(cudaGetLastError());
+      return;
+    }
+  }
   if (stage_rows && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
       p.n % 8 == 0 && detail::aligned(p.x, 16)) {  // N >= 128, rows copied in 16-byte pieces
     if (pipelined >= 1 && vec)

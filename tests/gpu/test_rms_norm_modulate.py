@@ -475,6 +475,42 @@ def test_residual_quarter_batch_variant(half):
                        DIFUSE_RMSMOD_STAGED="1")
 
 
+@pytest.mark.parametrize("warps,blocks", [("1", ""), ("5", "2")], ids=str)
+def test_streamed_rows_variant(warps, blocks):
+    """DIFUSE_RMSMOD_STREAMED=G (read once per process): one block per SM (or DIFUSE_RMSMOD_STREAMED_BLOCKS of them),
+    a producer warp bulk-copying each row's x (h) into a ring of slots while G consumer warps run the staged rows'
+    arithmetic from them (1: 16 warps; 5 warps on 2 blocks refill every slot many times): same bits at every site
+    layout, both modulate chains, with and without weight, and the gated-residual form (h1 written back into the
+    slot); the widest row (8160), 136; widths not a multiple of 8 and rows of N < 128 keep their kernels. The
+    profiler shows a plain and a residual streamed kernel ran."""
+    from knob_run import assert_exact_under
+
+    layouts = [((1, 4096, 3072), 'ltx2'), ((4352, 2, 3072), 'ernie'), ((4352, 1, 3072), 'ernie_tokens'),
+               ((2, 126, 2048), 'ltx2_tokens'), ((2, 301, 4096), 'ltx2'), ((1, 17, 8160), 'ltx2'),
+               ((3, 23, 136), 'ltx2'), ((3, 23, 132), 'ltx2'), ((1, 19, 96), 'ltx2')]
+    script = _site_layouts_script(1340, layouts).replace(
+        "print('mismatches', bad)",
+        "from torch.profiler import profile, ProfilerActivity\n"
+        "acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])\n"
+        "with profile(activities=acts) as prof:\n"
+        "    x, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs((1, 4096, 3072), 'ltx2', 'cuda', g)\n"
+        "    bad += count_mismatches(ops.rms_norm_modulate(x, w, scale, shift, eps, fp32),\n"
+        "                            ops.rms_norm_modulate_eager(x, w, scale, shift, eps, fp32))\n"
+        "    h, a, gate, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs((1, 4096, 3072), 'ltx2', 'cuda', g,\n"
+        "                                                                          residual=True)\n"
+        "    bad += count_mismatches(list(ops.gated_residual_rms_norm_modulate(h, a, gate, w, scale, shift, eps, fp32)),\n"
+        "                            list(ops.gated_residual_rms_norm_modulate_eager(h, a, gate, w, scale, shift, eps, fp32)))\n"
+        "    if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
+        "        torch.cuda.synchronize()\n"
+        "names = set(e.name for e in prof.events())\n"
+        "for want in (', false>(', ', true>('):\n"
+        "    if not any('rms_norm_modulate_streamed<' in n and want in n for n in names):\n"
+        "        bad += 1\n"
+        "        print('no streamed kernel with RESIDUAL' + want, sorted(n for n in names if 'difuse' in n))\n"
+        "print('mismatches', bad)")
+    assert_exact_under(script, DIFUSE_RMSMOD_STREAMED=warps, DIFUSE_RMSMOD_STREAMED_BLOCKS=blocks)
+
+
 @pytest.mark.parametrize("grid", ["1", "2"])
 def test_pipelined_staged_rows_variant(grid):
     """DIFUSE_RMSMOD_PIPELINED=1 (a grid of the resident blocks) or =2 (two blocks: every warp loops over many rows,

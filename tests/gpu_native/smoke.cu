@@ -31,6 +31,18 @@ using namespace difuse;
 
 namespace {
 
+// The host's LayerNorm statistics of one bf16 row of H elements in double: {mean, 1 / sqrt(var + 1e-6)}.
+struct HostStats {
+  double mean, rstd;
+};
+HostStats host_layernorm_stats(const uint16_t* row, int64_t H) {
+  double mean = 0, var = 0;
+  for (int64_t c = 0; c < H; ++c) mean += num::bf16_to_float(row[c]);
+  mean /= H;
+  for (int64_t c = 0; c < H; ++c) var += std::pow(num::bf16_to_float(row[c]) - mean, 2);
+  return {mean, 1.0 / std::sqrt(var / H + 1e-6)};
+}
+
 int run_case(int64_t B, int64_t L, int64_t H, int64_t chunks, bool misalign16) {
   std::mt19937 rng(static_cast<unsigned>(B * 131 + L * 7 + H));
   std::normal_distribution<float> nd(0.3f, 1.5f), sd(0.f, 0.5f);
@@ -62,11 +74,7 @@ int run_case(int64_t B, int64_t L, int64_t H, int64_t chunks, bool misalign16) {
   int64_t unwritten = 0, nondet = 0, far = 0;
   for (int64_t r = 0; r < B * L; ++r) {
     const int64_t b = r / L;
-    double mean = 0, var = 0;
-    for (int64_t c = 0; c < H; ++c) mean += num::bf16_to_float(hx[r * H + c]);
-    mean /= H;
-    for (int64_t c = 0; c < H; ++c) var += std::pow(num::bf16_to_float(hx[r * H + c]) - mean, 2);
-    const double rstd = 1.0 / std::sqrt(var / H + 1e-6);
+    const auto [mean, rstd] = host_layernorm_stats(hx.data() + r * H, H);
     for (int64_t c = 0; c < H; ++c) {
       const int64_t i = r * H + c;
       unwritten += o1[i] == 0xFFFF;
@@ -121,11 +129,7 @@ int run_grln_case(int64_t B, int64_t L, int64_t H) {
   for (int64_t r = 0; r < B * L; ++r) {
     const int64_t b = r / L;
     const uint16_t* e = hemb.data() + b * chunks * H;
-    double mean = 0, var = 0;
-    for (int64_t c = 0; c < H; ++c) mean += num::bf16_to_float(r1[r * H + c]);
-    mean /= H;
-    for (int64_t c = 0; c < H; ++c) var += std::pow(num::bf16_to_float(r1[r * H + c]) - mean, 2);
-    const double rstd = 1.0 / std::sqrt(var / H + 1e-6);
+    const auto [mean, rstd] = host_layernorm_stats(r1.data() + r * H, H);
     for (int64_t c = 0; c < H; ++c) {
       const int64_t i = r * H + c;
       unwritten += (r1[i] == 0xFFFF) + (o1[i] == 0xFFFF);
@@ -178,11 +182,7 @@ int run_f32_case(int64_t B, int64_t L, int64_t H) {
   int64_t unwritten = 0, nondet = 0, far = 0;
   for (int64_t r = 0; r < B * L; ++r) {
     const float* sh = h6.data() + (r / L) * 6 * H;
-    double mean = 0, var = 0;
-    for (int64_t c = 0; c < H; ++c) mean += num::bf16_to_float(hx[r * H + c]);
-    mean /= H;
-    for (int64_t c = 0; c < H; ++c) var += std::pow(num::bf16_to_float(hx[r * H + c]) - mean, 2);
-    const double rstd = 1.0 / std::sqrt(var / H + 1e-6);
+    const auto [mean, rstd] = host_layernorm_stats(hx.data() + r * H, H);
     for (int64_t c = 0; c < H; ++c) {
       const int64_t i = r * H + c;
       unwritten += o1[i] == 0xFFFF;

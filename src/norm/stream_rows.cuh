@@ -1,0 +1,71 @@
+// The streamed row schedule's shared pieces (norm/layernorm_modulate.cu's grln_streamed_rows and
+// layernorm_streamed_rows, norm/rms_norm_modulate.cu's rms_norm_modulate_streamed): one block per SM, warp 0's lane 0
+// the producer that bulk-copies the block's rows (blockIdx.x + k x gridDim.x) into slot k % slots of a ring in shared
+// memory (the copy engine completes the slot's `full` mbarrier), consumer groups that take rows k = c, c + groups, ...
+// and release their slot on its `empty` mbarrier after a proxy fence. Copy and synchronisation code only: the
+// kernels keep their own arithmetic.
+#pragma once
+
+#include <cuda_runtime.h>
+
+#include <atomic>
+#include <cstdint>
+
+#include "core/bulk_copy.cuh"
+#include "core/error.h"
+
+namespace difuse::norm {
+
+// One thread initialises the ring's mbarriers (full: the producer's arrival and the copies' bytes; empty: the
+// `consumer_threads` arrivals of a consumer group) and makes them visible to the copy engine; then the block barrier.
+__device__ __forceinline__ void stream_init_barriers(uint64_t* full, uint64_t* empty, int slots, int consumer_threads) {
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < slots; ++s) {
+      detail::mbar_init(&full[s], 1);
+      detail::mbar_init(&empty[s], static_cast<uint32_t>(consumer_threads));
+    }
+    detail::fence_mbarrier_init();
+  }
+  __syncthreads();
+}
+
+// The producer: fills slot k % slots with the block's k-th row once the consumer of row k - slots has released it;
+// issue(row, slot, bar) arrives on `bar` with the row's byte count and starts its copies there.
+template <class Issue>
+__device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t* full, uint64_t* empty, Issue issue) {
+  const int64_t stride = gridDim.x;
+  int s = 0;
+  uint32_t use = 0;  // how many times slot s has been filled before
+  for (int64_t row = blockIdx.x; row < rows; row += stride) {
+    if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
+    issue(row, s, &full[s]);
+    if (++s == slots) s = 0, ++use;
+  }
+}
+
+// A consumer is done with slot s (every read and write of it by this thread): order them before the copy engine
+// refills it, arrive on its `empty` barrier, and step to the group's next row's slot.
+__device__ __forceinline__ void stream_release(uint64_t* empty, int& s, uint32_t& use, int groups, int slots) {
+  detail::fence_proxy_async_smem();
+  detail::mbar_arrive(&empty[s]);
+  s += groups;
+  while (s >= slots) s -= slots, ++use;
+}
+
+// The dynamic shared memory a streamed block of `kernel` may take on `device`: the opt-in maximum per block less the
+// kernel's static shared memory, read once per device into `budgets` (one array per kernel).
+template <class Kernel>
+int stream_smem_budget(Kernel kernel, int device, std::atomic<int> (&budgets)[64]) {
+  int budget = budgets[device & 63].load(std::memory_order_acquire);
+  if (budget == 0) {
+    int optin = 0;
+    DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    cudaFuncAttributes attr{};
+    DIFUSE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+    budget = optin - static_cast<int>(attr.sharedSizeBytes);
+    budgets[device & 63].store(budget, std::memory_order_release);
+  }
+  return budget;
+}
+
+}  // namespace difuse::norm
