@@ -79,7 +79,8 @@
 // gpu-tests-26d5552.json); GRLN 1x4096x3072 38.7 us (39.6 at d3185fc; predicted ~37), 2x4096x1536 40.0 (42.0),
 // layernorm_modulate_fp32 1x32760x5120 212.2 (213.7), the rest within 1 % (ops.json at 26d5552).
 // Since the seventeenth session, gated_residual_layernorm_modulate's many rows (>= 4096, H <= 3584, h, a, out and the
-// residual 16-byte aligned, H % 8 == 0) take the streamed kernel (grln_streamed_rows: one block per SM, a producer
+// residual 16-byte aligned, H % 8 == 0, [B, H] gate, scale and shift rows of 8-byte words, B <= 2) take the streamed
+// kernel (grln_streamed_rows: one block per SM, a producer
 // warp bulk-copying each row's h and a into a ring of shared-memory slots while 12 two-warp groups compute with the
 // staged row's arithmetic; the [B, H] modulation rows staged once per block; aten's tree with host-computed weights
 // where every combine has equal counts, H % 512 == 0). H200 at ab67215 (knob-sweeps/ab67215/, against
@@ -1625,8 +1626,9 @@ detail::Support can_use_gated_residual_layernorm_modulate(const difuse_tensor_vi
 
 namespace {
 // The streamed kernel (grln_streamed_rows) by default for at least kStreamMinRows rows where the staged schedule
-// would take two warps per row (H <= 3584, incl. the many-narrow-rows kernel), no measurement knob forcing a staged
-// variant; DIFUSE_LNMOD_STREAMED=G everywhere it can run, =0 nowhere. The launcher also needs h, a, out and the
+// would take two warps per row (H <= 3584, incl. the many-narrow-rows kernel) and the [B, H] modulation rows are
+// staged (B <= 2, 8-byte words; since 2fbdd3e: before, per-token and B > 2 rows took it too, unmeasured there), no
+// measurement knob forcing a staged variant; DIFUSE_LNMOD_STREAMED=G everywhere it can run, =0 nowhere. The launcher also needs h, a, out and the
 // residual 16-byte aligned and H % 8 == 0, and falls back to the staged kernels where the ring would hold fewer than
 // two rows. H200 at 0bdc6e6 (knob-sweeps/0bdc6e6/, 12 groups against DIFUSE_LNMOD_STREAMED=0 in the same run):
 // 1x4096x3072 34.2 us vs 39.2, 2x4096x1536 38.0 vs 40.7; few rows lose (1x512x3072 10.6 vs 9.5, 2x300x3072 11.8 vs
@@ -1640,7 +1642,13 @@ bool streamed_by_default_or_knob(const Params& p, const void* h_data) {
                                   detail::positive_env_knob("DIFUSE_LNMOD_STAGE_A") != 0 ||
                                   detail::positive_env_knob("DIFUSE_LNMOD_PREFETCH_A") != 0;
   if (staged_knob || p.rows < kStreamMinRows) return false;
-  return gated_residual_layernorm_modulate_config(p.h, detail::aligned(h_data, 16), p.rows).threads_per_row == 64;
+  // Only where the kernel stages the modulation rows (SMOD): with a per-token gate or modulation, more than
+  // kStreamMaxModBatches batches or rows that are not 8-byte words, each row would load them from L2, as the first
+  // version did at 82cc1bf (41.7 us vs 39.0 staged on 12 groups): those keep the staged kernels.
+  const bool smod = p.mod_vec && p.gate_stride_l == 0 && p.scale_stride_l == 0 && p.shift_stride_l == 0 &&
+                    p.rows / p.seq <= kStreamMaxModBatches;
+  return smod &&
+         gated_residual_layernorm_modulate_config(p.h, detail::aligned(h_data, 16), p.rows).threads_per_row == 64;
 }
 }  // namespace
 
