@@ -89,9 +89,11 @@
 // ab67215 (tests.json: GRLN's tests passed; the one failure was a test script's, fixed and passed at faab412 with the
 // knob, site-shape and CUDA-graph tests, gpu-tests-faab412.json); memcheck and racecheck clean under the knob at
 // ab67215 (sanitizer-streamed-ab67215.txt). DIFUSE_LNMOD_STREAMED=0 keeps the staged kernels. After those runs its
-// producer loop, row statistics and epilogue moved into helpers it shares with layernorm_streamed_rows (c665113..):
-// SASS at sm_90 has the same floating-point, shuffle, barrier and memory instructions per kernel as the verified
-// code (counts per opcode; only integer index arithmetic and moves were scheduled differently): not re-run yet.
+// producer loop, row statistics and epilogue moved into helpers it shares with layernorm_streamed_rows and
+// norm/stream_rows.cuh (6ad6888, 2fbdd3e): `scripts/sass-ops-diff.sh faab412 src/norm/layernorm_modulate.cu
+// grln_streamed` finds the same floating-point, shuffle, barrier and memory instructions per kernel as the verified
+// code (two LDC of kernel parameters became one LDC.64 in <true, true>; only integer index arithmetic and moves
+// differ): not re-run on the H200 yet.
 
 #include "norm/layernorm_modulate.h"
 

@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# scripts/sass-ops-diff.sh REV SRC.cu [KERNEL_REGEX]   (nvcc and cuobjdump, no GPU)
+#
+# Whether a refactor can have changed a kernel's results: for each kernel of SRC.cu (sm_90, the build's flags) whose
+# mangled name matches KERNEL_REGEX (Python regex, default all), the counts per opcode of the instructions that
+# compute or move data (floating point and packed bf16 arithmetic, conversions, MUFU, shuffles, barriers, shared,
+# global, constant and bulk-copy memory operations) at git revision REV and in the working tree. "same" means the
+# two compile to the same such instructions, opcode for opcode; only integer index arithmetic, moves, predicates and
+# the schedule may differ (HFMA2.MMA with -RZ, RZ operands is nvcc's constant-move idiom and counts as a move).
+# Not a proof of identical bits on its own (an operand could change): a refactor's evidence beside its source diff.
+# cuobjdump and nvdisasm as scripts/sass-loops.sh finds them.
+set -euo pipefail
+[ $# -ge 2 ] || { echo "usage: $0 REV SRC.cu [KERNEL_REGEX]" >&2; exit 2; }
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+REV=$1
+SRC=${2#"$ROOT"/}
+PATTERN=${3:-.}
+CUOBJDUMP=${CUOBJDUMP:-$(command -v cuobjdump || true)}
+wheel_tool() {
+  python3 - "$1" <<'PY' 2>/dev/null || true
+import glob, os, sys
+try:
+    import nvidia
+except ImportError:
+    raise SystemExit(0)
+for base in nvidia.__path__:
+    for f in sorted(glob.glob(os.path.join(base, "*", "bin", sys.argv[1]))):
+        print(f)
+        raise SystemExit(0)
+PY
+}
+[ -n "$CUOBJDUMP" ] || CUOBJDUMP=$(wheel_tool cuobjdump)
+[ -n "$CUOBJDUMP" ] || { echo "cuobjdump not found: set CUOBJDUMP, or pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm" >&2; exit 3; }
+if ! command -v nvdisasm >/dev/null; then
+  NVDISASM=$(wheel_tool nvdisasm)
+  [ -n "$NVDISASM" ] || NVDISASM=$(dirname "$CUOBJDUMP")/nvdisasm
+  [ -e "$NVDISASM" ] || { echo "nvdisasm not found: pip install nvidia-cuda-nvdisasm" >&2; exit 3; }
+  export PATH=$(dirname "$NVDISASM"):$PATH
+fi
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+mkdir -p "$TMP/old"
+git -C "$ROOT" archive "$REV" include src | tar -x -C "$TMP/old"
+compile() {  # compile TREE OUT.sass
+  nvcc -I"$1/include" -I"$1/src" -arch=sm_90 --expt-relaxed-constexpr --expt-extended-lambda -O3 -DNDEBUG \
+    -Xcompiler=-ffp-contract=off -std=c++17 -cubin -x cu "$1/$SRC" -o "$TMP/k.cubin"
+  "$CUOBJDUMP" -sass "$TMP/k.cubin" > "$2"
+}
+compile "$TMP/old" "$TMP/old.sass"
+compile "$ROOT" "$TMP/new.sass"
+python3 - "$TMP/old.sass" "$TMP/new.sass" "$PATTERN" "$REV" <<'PY'
+import collections, re, sys
+old_path, new_path, pattern, rev = sys.argv[1], sys.argv[2], re.compile(sys.argv[3]), sys.argv[4]
+DATA = re.compile(r"(F|H|MUFU|I2F|F2I|SHFL|BAR|LDS|STS|LDG|STG|LDC|LDGSTS|SYNCS|UBLKCP|UTMA|FENCE|MEMBAR|ATOM|RED)")
+def kernels(path):
+    out, name = {}, None
+    for line in open(path):
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            name = re.sub(r"_GLOBAL__N__[0-9a-f_]+", "ANON", m.group(1))  # the file's path hash
+            out[name] = collections.Counter() if pattern.search(name) else None
+            continue
+        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
+        if name and out.get(name) is not None and m:
+            body = re.sub(r"^@!?U?P\w+\s+", "", m.group(1))
+            op = body.split()[0]
+            if op.startswith("HFMA2.MMA") and "-RZ, RZ" in body:
+                continue
+            if DATA.match(op):
+                out[name][op] += 1
+    return {k: v for k, v in out.items() if v is not None}
+old, new = kernels(old_path), kernels(new_path)
+for name in sorted(set(old) | set(new)):
+    short = name[:150]
+    if name not in old:
+        print("only now    %s" % short)
+    elif name not in new:
+        print("only at %s  %s" % (rev, short))
+    elif old[name] == new[name]:
+        print("same (%d)    %s" % (sum(new[name].values()), short))
+    else:
+        print("differs     %s: %s -> %s" % (short, dict(old[name] - new[name]), dict(new[name] - old[name])))
+PY

@@ -1,0 +1,53 @@
+"""scripts/sass-ops-diff.sh: whether a kernel compiles to the same data instructions (floating point, conversions,
+shuffles, barriers, memory) at a revision as in the working tree, the evidence a refactor of a verified kernel cites
+until it is re-run. Needs nvcc, cuobjdump and nvdisasm (CI=true's venv installs the CUDA wheels) and the git history;
+skipped without them."""
+import shutil
+import subprocess
+import unittest
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "sass-ops-diff.sh"
+
+
+def _have_rev(rev: str) -> bool:
+    return subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--verify", "-q", rev + "^{commit}"],
+                          capture_output=True).returncode == 0
+
+
+def _unchanged_since_head() -> bool:
+    return subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "HEAD", "--", "src", "include"]).returncode == 0
+
+
+@unittest.skipUnless(shutil.which("nvcc") and shutil.which("git") and (ROOT / ".git").exists(),
+                     "needs nvcc and a git checkout")
+class SassOpsDiffTest(unittest.TestCase):
+    def run_script(self, *args):
+        p = subprocess.run(["bash", str(SCRIPT)] + list(args), cwd=ROOT, capture_output=True, text=True)
+        if p.returncode == 3:
+            self.skipTest(p.stderr.strip())
+        self.assertEqual(p.returncode, 0, p.stderr)
+        return p.stdout.splitlines()
+
+    def test_the_same_source_is_the_same_everywhere(self):
+        if not _unchanged_since_head():
+            self.skipTest("src or include differ from HEAD in this checkout")
+        lines = self.run_script("HEAD", "src/modulate/gated_residual.cu")
+        self.assertTrue(lines)
+        self.assertTrue(all(l.startswith("same (") for l in lines), lines)
+
+    def test_a_change_of_loads_and_arithmetic_differs(self):
+        # 26d5552: GRLN's two-warp row reads its gate as 8-byte words (was 16 LDG.U16 per two sweeps) and sets the
+        # Welford count after its pushes (no FADD per push): both show up against the revision before it.
+        if not _have_rev("26d5552~1"):
+            self.skipTest("26d5552 is not in this clone's history")
+        lines = self.run_script("26d5552~1", "src/norm/layernorm_modulate.cu",
+                                "layernorm_modulate_rowsILi64ELb1ELb1ELb1ELb0ELi1ELi1ELb0E")
+        self.assertEqual(len(lines), 1, lines)
+        self.assertTrue(lines[0].startswith("differs"), lines)
+        self.assertIn("LDG.E.U16", lines[0])
+
+
+if __name__ == "__main__":
+    unittest.main()
