@@ -93,7 +93,13 @@
 // norm/stream_rows.cuh (6ad6888, 2fbdd3e): `scripts/sass-ops-diff.sh faab412 src/norm/layernorm_modulate.cu
 // grln_streamed` finds the same floating-point, shuffle, barrier and memory instructions per kernel as the verified
 // code (two LDC of kernel parameters became one LDC.64 in <true, true>; only integer index arithmetic and moves
-// differ): not re-run on the H200 yet.
+// differ); the refactored kernel ran exact at e831f9c (GRLN's tests, gpu-tests-e831f9c.json).
+// Since the eighteenth session the plain LayerNorms (layernorm_modulate, layernorm_modulate_fp32,
+// layernorm_affine_fp32) take the streamed schedule too (layernorm_streamed_rows) for >= 4096 rows with x and out
+// 16-byte aligned, H % 8 == 0 and staged modulation rows ([B, H], B <= 2, bf16 8-byte words or fp32 16-byte vectors;
+// the affine weight and bias): exact through DIFUSE_LNMOD_STREAMED at e831f9c (this file's and Wan fp32's tests, 1250
+// passed, gpu-tests-e831f9c.json); layernorm_modulate 1x4608x3072 23.9 us vs 26.3, 1x32760x1536 65.4 vs 80.4,
+// layernorm_modulate_fp32 1x32760x5120 181.8 vs 209.8 (knob-sweeps/e831f9c/; see plain_streamed_by_default_or_knob).
 
 #include "norm/layernorm_modulate.h"
 
@@ -954,15 +960,15 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
 }
 
 // Streamed rows for the plain LayerNorms (layernorm_modulate in bf16, Wan's layernorm_modulate_fp32 and
-// layernorm_affine_fp32; DIFUSE_LNMOD_STREAMED=G, for measurement, written after the seventeenth session's device
-// time ran out: not yet run on the H200). The schedule of grln_streamed_rows for a row without the residual: the
+// layernorm_affine_fp32; the default for many rows since the eighteenth session, plain_streamed_by_default_or_knob). The schedule of grln_streamed_rows for a row without the residual: the
 // producer bulk-copies each row's x into a ring slot, G two-warp groups run the staged row's statistics (the paired
 // map) and the epilogue (GRLN's bf16 one, or Wan's fp32 f32_chain4); with SMOD the [B, H] modulation rows (B <=
 // kStreamMaxModBatches, or the affine weight and bias: one row each) are staged in shared memory once per block (bf16
 // scale words as bf16(1 + scale)). Why: at 1x32760x5120 the fp32 four-warp staged rows run 211 us against a streaming
 // ceiling of 160 (ops.json at faab412; target 198), at 1x32760x1536 the one-warp rows 88.8 against 50.5, and FLUX's
 // single-stream layernorm_modulate (1x4608x3072, 38 calls a step) 26 us against ~17.6, where GRLN's streamed kernel
-// went from 1.41x to 1.22x the ceiling. Predicted ~190-195, ~60-65 and ~21 us. It shares grln_streamed_rows'
+// went from 1.41x to 1.22x the ceiling. Predicted ~190-195, ~60-65 and ~21 us; measured at e831f9c 181.8, 65.4 and
+// 23.9 (the fp32 epilogue kept up better than predicted; FLUX's rows have 8 rows per group per block at most). It shares grln_streamed_rows'
 // producer loop, row statistics and bf16 epilogue (stream_produce, stream_row_stats, stream_bf16_epilogue above).
 // The number of scale / shift row pairs the streamed LayerNorm kernel stages (SMOD): one where they have no batch
 // stride (the affine weight and bias, or one batch), else one per batch.
@@ -1397,6 +1403,33 @@ detail::Support can_use_layernorm_modulate(const difuse_tensor_view& out, const 
 
 namespace {
 
+// The streamed kernels' default needs at least kStreamMinRows rows: few rows lose (GRLN at 0bdc6e6: 1x512x3072 10.6 us
+// vs 9.5 staged, 2x300x3072 11.8 vs 10.2; layernorm_modulate at e831f9c: 1x512x3072 8.9 vs 8.0, 2x1024x2240 15.0 vs
+// 12.7: one row or none per group, nothing to overlap), and no measurement knob forcing a staged variant.
+constexpr int64_t kStreamMinRows = 4096;
+bool staged_variant_knob() {
+  static const bool v = forced_threads_per_row() != 0 || detail::positive_env_knob("DIFUSE_LNMOD_BLOCKS_PER_SM") != 0 ||
+                        detail::positive_env_knob("DIFUSE_LNMOD_STAGE_A") != 0 ||
+                        detail::positive_env_knob("DIFUSE_LNMOD_PREFETCH_A") != 0;
+  return v;
+}
+
+// The plain LayerNorms (layernorm_modulate in bf16, Wan's layernorm_modulate_fp32 and layernorm_affine_fp32) take the
+// streamed kernel (layernorm_streamed_rows) by default for at least kStreamMinRows rows where it stages the
+// modulation rows (smod: [B, H] rows of 8-byte bf16 words or 16-byte fp32 vectors, B <= kStreamMaxModBatches, or the
+// affine weight and bias); DIFUSE_LNMOD_STREAMED=G everywhere it can run, =0 nowhere. H200 at e831f9c
+// (knob-sweeps/e831f9c/, 12 groups against the default of the same run, then the staged kernels): layernorm_modulate
+// 1x4608x3072 23.9 us vs 26.3, 1x4096x3072 22.1 vs 23.9, 2x4096x1536 23.9 vs 27.4, 1x4096x4096 27.2 vs 28.3,
+// 2x4096x3072 36.6 vs 39.6, 1x32760x5120 182.4 vs 191.6, 1x32760x1536 65.4 vs 80.4; layernorm_modulate_fp32
+// 1x32760x5120 181.8 vs 209.8, 1x32760x1536 81.5 vs 88.6. Per-token modulation rows (each row loading its own from
+// L2, as GRLN's first version did) were not measured: they keep the staged kernels. staged_epilogue: a knob forcing a
+// staged kernel's epilogue variant (DIFUSE_LNMOD_F32_ROW_EPILOGUE for the fp32 norms).
+bool plain_streamed_by_default_or_knob(int64_t rows, bool smod, bool staged_epilogue = false) {
+  const int knob = streamed_groups_knob();
+  if (knob >= 0) return knob > 0;
+  return smod && rows >= kStreamMinRows && !staged_variant_knob() && !staged_epilogue;
+}
+
 Params make_params(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& scale,
                    const difuse_tensor_view& shift, double eps) {
   Params p{};
@@ -1444,11 +1477,11 @@ void layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view&
   if (!s.ok()) throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, s.message("layernorm_modulate"));
   if (detail::numel(x) == 0) return;
   const Params p = make_params(out, x, scale, shift, eps);
-  if (streamed_groups_knob() > 0 && p.h % 8 == 0 && detail::aligned(x.data, 16) &&
-      detail::aligned(out.data, 16)) {  // DIFUSE_LNMOD_STREAMED=G (measurement)
+  const bool smod = p.mod_vec && p.scale_stride_l == 0 && p.shift_stride_l == 0 &&
+                    staged_mod_batches(p) <= kStreamMaxModBatches;
+  if (plain_streamed_by_default_or_knob(p.rows, smod) && p.h % 8 == 0 && detail::aligned(x.data, 16) &&
+      detail::aligned(out.data, 16)) {
     const detail::DeviceGuard device_guard(x.device);
-    const bool smod = p.mod_vec && p.scale_stride_l == 0 && p.shift_stride_l == 0 &&
-                      staged_mod_batches(p) <= kStreamMaxModBatches;
     if (smod ? launch_streamed_ln<false, true, true>(p, x.device, stream)
              : p.mod_vec ? launch_streamed_ln<false, true, false>(p, x.device, stream)
                          : launch_streamed_ln<false, false, false>(p, x.device, stream)) {
@@ -1529,10 +1562,10 @@ void layernorm_modulate_fp32_impl(const difuse_tensor_view& out, const difuse_te
   p.f32_block_epilogue = row_epilogue != 1 && p.scale_stride_l == 0 && p.shift_stride_l == 0;
   const detail::DeviceGuard device_guard(x.device);
   const bool aligned16 = detail::aligned(x.data, 16) && detail::aligned(out.data, 16);
-  if (streamed_groups_knob() > 0 && aligned16 && p.h % 8 == 0) {  // DIFUSE_LNMOD_STREAMED=G (measurement)
-    const bool vec4 = layernorm_fp32_rows_vec4(scale, shift);
-    const bool smod = vec4 && p.scale_stride_l == 0 && p.shift_stride_l == 0 &&
-                      staged_mod_batches(p) <= kStreamMaxModBatches;
+  const bool vec4 = layernorm_fp32_rows_vec4(scale, shift);
+  const bool smod = vec4 && p.scale_stride_l == 0 && p.shift_stride_l == 0 &&
+                    staged_mod_batches(p) <= kStreamMaxModBatches;
+  if (plain_streamed_by_default_or_knob(p.rows, smod, row_epilogue == 1) && aligned16 && p.h % 8 == 0) {
     if (smod ? launch_streamed_ln<true, true, true>(p, x.device, stream)
              : vec4 ? launch_streamed_ln<true, true, false>(p, x.device, stream)
                     : launch_streamed_ln<true, false, false>(p, x.device, stream)) {
@@ -1635,15 +1668,10 @@ namespace {
 // two rows. H200 at 0bdc6e6 (knob-sweeps/0bdc6e6/, 12 groups against DIFUSE_LNMOD_STREAMED=0 in the same run):
 // 1x4096x3072 34.2 us vs 39.2, 2x4096x1536 38.0 vs 40.7; few rows lose (1x512x3072 10.6 vs 9.5, 2x300x3072 11.8 vs
 // 10.2: one row or none per group, nothing to overlap), so they keep the staged kernels.
-constexpr int64_t kStreamMinRows = 4096;
 bool streamed_by_default_or_knob(const Params& p, const void* h_data) {
   const int knob = streamed_groups_knob();
   if (knob >= 0) return knob > 0;
-  static const bool staged_knob = forced_threads_per_row() != 0 ||
-                                  detail::positive_env_knob("DIFUSE_LNMOD_BLOCKS_PER_SM") != 0 ||
-                                  detail::positive_env_knob("DIFUSE_LNMOD_STAGE_A") != 0 ||
-                                  detail::positive_env_knob("DIFUSE_LNMOD_PREFETCH_A") != 0;
-  if (staged_knob || p.rows < kStreamMinRows) return false;
+  if (staged_variant_knob() || p.rows < kStreamMinRows) return false;
   // Only where the kernel stages the modulation rows (SMOD): with a per-token gate or modulation, more than
   // kStreamMaxModBatches batches or rows that are not 8-byte words, each row would load them from L2, as the first
   // version did at 82cc1bf (41.7 us vs 39.0 staged on 12 groups): those keep the staged kernels.

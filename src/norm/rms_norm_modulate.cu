@@ -56,9 +56,11 @@
 // 4352x2x3072 47.1 vs 53.6 (bench-partial-eb1307d.log, knob-sweeps/eb1307d/; target 15: not met; 23.1 at f1e1d95);
 // DIFUSE_RMSMOD_PIPELINED=1 runs the staged rows on a grid of the resident blocks with two buffers per warp, the
 // next row's copies in flight during the current row's passes: exact at 5d35cbc and slower (1x4096x3072 29.3 vs
-// 22.4 us, knob-sweeps/5d35cbc/); kept for measurement only. DIFUSE_RMSMOD_STREAMED=G (seventeenth session, not yet
-// run on the H200): the same rows on the streamed schedule (norm/stream_rows.cuh: a producer warp bulk-copies each
-// row into a ring of slots, G consumer warps compute; rms_norm_modulate_streamed).
+// 22.4 us, knob-sweeps/5d35cbc/); kept for measurement only. Streamed rows (eighteenth session; the default for
+// the plain form at N > 3072 and >= 4096 rows, DIFUSE_RMSMOD_STREAMED=G everywhere, =0 never): the same rows on the
+// streamed schedule (norm/stream_rows.cuh: a producer warp bulk-copies each row into a ring of slots, G consumer
+// warps compute; rms_norm_modulate_streamed): exact through its knob at e831f9c (gpu-tests-e831f9c.json: this file's
+// tests), 2x6144x4096 69.8 us vs 75.2 two-pass, 1x6144x4096 per-token 55.8 vs 65.4 (knob-sweeps/e831f9c/).
 // Batched loads (0385466): the epilogue issues 4 vectors' x, weight, scale and shift loads before their stores, and
 // the residual pass half a batch's a and gate loads before theirs. Before, SASS showed each vector's loads waiting
 // on the previous vector's store (24 L2 round trips in turn per 3072-element row). H200 at 0385466 (ops.json
@@ -438,8 +440,8 @@ void launch_staged_pipelined(const Params& p, int max_blocks, int device, cudaSt
   kernel<<<static_cast<unsigned>(blocks), kThreads, bytes, stream>>>(p);
 }
 
-// STREAMED rows (DIFUSE_RMSMOD_STREAMED=G, for measurement; written after the seventeenth session's device time ran
-// out: not yet run on the H200): GRLN's streamed schedule (norm/stream_rows.cuh) for these rows. One block per SM;
+// STREAMED rows (the plain form's default at N > 3072 and >= 4096 rows; DIFUSE_RMSMOD_STREAMED=G, see launch):
+// GRLN's streamed schedule (norm/stream_rows.cuh) for these rows. One block per SM;
 // warp 0's lane 0 bulk-copies each row's x (h for the residual form) into a ring slot; G consumer warps run
 // two_pass_row's staged arithmetic from the slot, one row at a time, unchanged (the residual form's a and gate, and
 // the epilogue's weight and modulation, from global memory as in the staged kernel). Why: the staged kernel's rows
@@ -448,10 +450,15 @@ void launch_staged_pipelined(const Params& p, int max_blocks, int device, cudaSt
 // against 50.5 (ops.json at faab412; site bound 59.0), 4352x2x3072 41.3 against 29.0 (31.4), the residual form
 // 2x6144x4096 123.3 against 96.6 (118.1). Predicted ~60-65, ~34-36 and ~110-115 us if the consumers keep up (their
 // modulation loads come from L1/L2 per row: GRLN's first version lost for that reason; the sweep tries 8, 16 and 24
-// consumer warps).
+// consumer warps). Measured at e831f9c (knob-sweeps/e831f9c/): 69.8 us on 24 warps (75.2 two-pass), 42.8 (40.8
+// staged), the residual form 139.7 on 16 (123.6): it wins only where the staged rows do not run, and only without
+// the residual pass, whose a and gate loads each consumer still waits on.
 constexpr int kRmsStreamMaxWarps = 28;  // consumers; 32 + 32 x 28 = 928 threads
 constexpr int kRmsStreamMaxSlots = 48;
-constexpr int kRmsStreamDefaultWarps = 16;
+// 24 consumer warps: H200 at e831f9c (knob-sweeps/e831f9c/) 2x6144x4096 69.8 us on 24, 79.1 on 16, 95.7 on 8;
+// 1x6144x4096 ltx2_tokens 55.8, 57.6, 74.6.
+constexpr int kRmsStreamDefaultWarps = 24;
+constexpr int64_t kRmsStreamMinRows = 4096;
 
 template <bool VEC, bool RESIDUAL>
 __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1) rms_norm_modulate_streamed(const Params p, int slots) {
@@ -578,9 +585,20 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
     const int64_t quarter = v ? staged_resident<true, 2>(p, device) : staged_resident<false, 2>(p, device);
     return residual_quarter_batches(true, blocks, quarter, full);
   };
-  static const int streamed = detail::positive_env_knob("DIFUSE_RMSMOD_STREAMED");
+  // Streamed rows by default for the plain form where the staged rows are not the default (N > 3072) and there are
+  // at least kRmsStreamMinRows rows, no measurement knob forcing another kernel (DIFUSE_RMSMOD_STAGED,
+  // _PIPELINED, _ONE_PASS, _ROWS_PER_WARP). H200 at e831f9c
+  // (knob-sweeps/e831f9c/, against the default of the same run): 1x6144x4096 ltx2_tokens 55.8 us on 24 warps vs 65.4
+  // two-pass, 2x6144x4096 ltx2 69.8 vs 75.2; where the staged rows run (N <= 3072) it loses (1x4096x3072 22.5 vs
+  // 18.9, 4352x2x3072 42.8 vs 40.8) and so does the residual form everywhere (2x6144x4096 139.7 vs 123.6 on 16
+  // warps). DIFUSE_RMSMOD_STREAMED=G everywhere it can run (G consumer warps; 1: kRmsStreamDefaultWarps), =0 nowhere.
+  static const int streamed_knob = detail::env_knob_or("DIFUSE_RMSMOD_STREAMED", -1);
+  const int streamed = streamed_knob >= 0 ? streamed_knob
+                       : !RESIDUAL && staged < 0 && p.n > 3072 && p.rows >= kRmsStreamMinRows && pipelined == 0
+                           ? 1
+                           : 0;
   if (streamed > 0 && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
-      p.n % 8 == 0 && detail::aligned(p.x, 16)) {  // DIFUSE_RMSMOD_STREAMED (measurement): whole rows bulk-copied
+      p.n % 8 == 0 && detail::aligned(p.x, 16)) {  // whole rows bulk-copied
     if (vec ? launch_streamed<true, RESIDUAL>(p, streamed, device, stream)
             : launch_streamed<false, RESIDUAL>(p, streamed, device, stream)) {
       DIFUSE_CUDA_CHECK(cudaGetLastError());

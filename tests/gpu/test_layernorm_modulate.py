@@ -376,13 +376,78 @@ def test_streamed_variant(groups, blocks):
     assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks)
 
 
+def _streamed_ran(x, scale, shift):
+    """Whether layernorm_modulate(x, scale, shift) ran a streamed kernel (the profiler's kernel names); asserts its
+    output bit for bit against eager."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        out = ops.layernorm_modulate(x, scale, shift, 1e-6)
+        torch.cuda.synchronize()
+    m = count_mismatches(out, ops.layernorm_modulate_eager(x, scale, shift, 1e-6))
+    assert m == 0, "%d elements differ (x %s, scale stride %s)" % (m, tuple(x.shape), scale.stride())
+    return any("layernorm_streamed_rows" in e.name for e in prof.events())
+
+
+@pytest.mark.parametrize("B,L,H,rows,streamed", [
+    (1, 4096, 3072, "e8", True), (1, 4608, 3072, "e8", True), (2, 4096, 1536, "e8", True),
+    (1, 32760, 1536, "e8", True), (1, 4096, 5120, "e8", True), (1, 4095, 3072, "e8", False),
+    (2, 300, 3072, "e8", False), (3, 1366, 3072, "e8", False), (1, 4096, 3072, "e2", False),
+    (1, 4096, 3072, "token", False), (1, 4096, 3076, "e8", False)], ids=str)
+def test_streamed_by_default_for_many_rows(B, L, H, rows, streamed):
+    """The default (no knob; eighteenth session): the streamed rows for >= 4096 rows with [B, H] modulation rows of
+    8-byte words, B <= 2, x and out 16-byte aligned, H % 8 == 0; the staged kernels for fewer rows, B = 3, 2-byte
+    aligned or per-token modulation rows and H % 8 != 0. The profiler shows which ran; each output bit for bit."""
+    g = torch.Generator(device=DEV).manual_seed(SEED + 23 * L + H + B)
+    x = (torch.randn(B, L, H, device=DEV, generator=g) * 3.0).to(BF)
+    x[:, ::97] = 2.5  # constant rows
+    emb = (torch.randn(B, 6 * H + 1, device=DEV, generator=g) * 0.5).to(BF)
+    if rows == "e8":
+        scale, shift = emb[:, :6 * H].chunk(6, dim=1)[1], emb[:, :6 * H].chunk(6, dim=1)[0]
+    elif rows == "e2":
+        scale, shift = emb[:, 1:].chunk(6, dim=1)[1], emb[:, 1:].chunk(6, dim=1)[0]
+    else:
+        scale, shift = (torch.randn(B, L, H, device=DEV, generator=g).to(BF) for _ in range(2))
+    assert _streamed_ran(x, scale, shift) == streamed
+
+
+def test_staged_kernels_where_streamed_by_default():
+    """DIFUSE_LNMOD_STREAMED=0 (read once per process): the staged kernels at the shapes that take the streamed rows
+    by default: two warps per row at 3072 (FLUX's 4096 and 4608 rows), the one-warp many-narrow-rows kernel at 1536
+    (8192 and 32,760 rows), four warps at 5120, [B, H] chunks 8-byte aligned, B = 1 and 2, adversarial values; the
+    profiler shows no streamed kernel ran."""
+    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "from torch.profiler import profile, ProfilerActivity\n"
+        "acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])\n"
+        "with profile(activities=acts) as prof:\n"
+        "    for i, (B, L, H) in enumerate([(1, 4096, 3072), (1, 4608, 3072), (2, 4096, 1536), (1, 32760, 1536),\n"
+        "                                   (1, 4096, 5120)]):\n"
+        "        g = torch.Generator(device='cuda').manual_seed(3700 + i)\n"
+        "        x = place(torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16), 0)\n"
+        "        emb8 = (torch.randn(B, 6 * H, device='cuda', generator=g) * 0.5).to(torch.bfloat16).chunk(6, dim=1)\n"
+        "        bad += count_mismatches(ops.layernorm_modulate(x, emb8[1], emb8[0], 1e-6),\n"
+        "                                ops.layernorm_modulate_eager(x, emb8[1], emb8[0], 1e-6))\n"
+        "    if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
+        "        torch.cuda.synchronize()\n"
+        "ran = sorted(set(e.name for e in prof.events() if 'streamed' in e.name))\n"
+        "if ran:\n"
+        "    bad += 1\n"
+        "    print('streamed kernels ran:', ran)\n")
+    assert_exact_under(script, DIFUSE_LNMOD_STREAMED="0")
+
+
 @pytest.mark.parametrize("B,L,H,offset", [(2, 4096, 1536, 0), (1, 8192, 1536, 4), (1, 8200, 1028, 0),
                                           (3, 2731, 516, 4), (1, 9000, 4, 0), (1, 8192, 1540, 0)], ids=str)
 def test_many_narrow_rows_on_one_warp(B, L, H, offset):
-    """The default for >= 8192 rows at H <= 1536 (layernorm_modulate_rows_config): one warp per row, 8 rows per
-    block. Same bits with [B, H] chunks 8- and 2-byte aligned and per-token rows, x 16- or 8- but not 16-byte aligned
-    (paired / unpaired maps), 1-3 sweeps incl. a partial last one (1028), a part last block (3 x 2731 = 8193 rows),
-    adversarial values; 1540 (4 sweeps) keeps two warps."""
+    """The staged default for >= 8192 rows at H <= 1536 (layernorm_modulate_rows_config): one warp per row, 8 rows
+    per block. Same bits with [B, H] chunks 8- and 2-byte aligned and per-token rows, x 16- or 8- but not 16-byte
+    aligned (paired / unpaired maps), 1-3 sweeps incl. a partial last one (1028), a part last block (3 x 2731 = 8193
+    rows), adversarial values; 1540 (4 sweeps) keeps two warps. Since the eighteenth session aligned x with 8-byte
+    [B, H] chunks (B <= 2, H % 8 == 0) takes the streamed rows instead; this kernel runs for them under
+    DIFUSE_LNMOD_STREAMED=0 in test_staged_kernels_where_streamed_by_default."""
     from row_placement import place
 
     g = torch.Generator(device=DEV).manual_seed(SEED + 17 * L + H)

@@ -479,7 +479,7 @@ def test_residual_quarter_batch_variant(half):
 def test_streamed_rows_variant(warps, blocks):
     """DIFUSE_RMSMOD_STREAMED=G (read once per process): one block per SM (or DIFUSE_RMSMOD_STREAMED_BLOCKS of them),
     a producer warp bulk-copying each row's x (h) into a ring of slots while G consumer warps run the staged rows'
-    arithmetic from them (1: 16 warps; 5 warps on 2 blocks refill every slot many times): same bits at every site
+    arithmetic from them (1: 24 warps; 5 warps on 2 blocks refill every slot many times): same bits at every site
     layout, both modulate chains, with and without weight, and the gated-residual form (h1 written back into the
     slot); the widest row (8160), 136; widths not a multiple of 8 and rows of N < 128 keep their kernels. The
     profiler shows a plain and a residual streamed kernel ran."""
@@ -509,6 +509,57 @@ def test_streamed_rows_variant(warps, blocks):
         "        print('no streamed kernel with RESIDUAL' + want, sorted(n for n in names if 'difuse' in n))\n"
         "print('mismatches', bad)")
     assert_exact_under(script, DIFUSE_RMSMOD_STREAMED=warps, DIFUSE_RMSMOD_STREAMED_BLOCKS=blocks)
+
+
+@pytest.mark.parametrize("shape,variant,residual,streamed", [
+    ((2, 6144, 4096), "ltx2", False, True), ((2, 6144, 4096), "ltx2_tokens", False, True),
+    ((1, 4096, 8160), "ltx2", False, True), ((4096, 1, 4096), "ernie", False, True),
+    ((2, 6144, 4096), "ltx2", True, False), ((1, 4095, 4096), "ltx2", False, False),
+    ((1, 4096, 3072), "ltx2", False, False), ((4352, 2, 3072), "ernie", False, False),
+    ((1, 4096, 4100), "ltx2", False, False)], ids=str)
+def test_streamed_by_default_for_many_wide_rows(shape, variant, residual, streamed):
+    """The default (no knob; eighteenth session): the plain form on the streamed rows for >= 4096 rows wider than
+    3072 (where the staged rows are not the default), N % 8 == 0, x 16-byte aligned; the residual form, fewer rows,
+    N <= 3072 and N % 8 != 0 keep their kernels. The profiler shows which ran; each output bit for bit."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g = torch.Generator(device=DEV).manual_seed(SEED + shape[0] + shape[1] + shape[2])
+    inputs = ops.rms_modulate_site_inputs(shape, variant, DEV, g, residual=residual)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        if residual:
+            assert_exact_residual(*inputs)
+        else:
+            assert_exact(*inputs)
+        torch.cuda.synchronize()
+    assert any("rms_norm_modulate_streamed" in e.name for e in prof.events()) == streamed
+
+
+def test_two_pass_rows_where_streamed_by_default():
+    """DIFUSE_RMSMOD_STREAMED=0 (read once per process): the two-pass kernel at the layouts that take the streamed
+    rows by default (LTX-2's 2x6144x4096 with [B, 1, D] and per-token rows, ERNIE's layout at 4096, the widest staged
+    row 8160), both modulate chains, with and without weight, and the gated-residual form; the profiler shows no
+    streamed kernel ran."""
+    from knob_run import assert_exact_under
+
+    layouts = [((2, 6144, 4096), 'ltx2'), ((2, 6144, 4096), 'ltx2_tokens'), ((4096, 1, 4096), 'ernie'),
+               ((1, 4096, 8160), 'ltx2')]
+    script = _site_layouts_script(1350, layouts).replace(
+        "bad = 0\n",
+        "bad = 0\n"
+        "from torch.profiler import profile, ProfilerActivity\n"
+        "acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])\n"
+        "prof = profile(activities=acts)\n"
+        "prof.__enter__()\n", 1).replace(
+        "print('mismatches', bad)",
+        "if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
+        "    torch.cuda.synchronize()\n"
+        "prof.__exit__(None, None, None)\n"
+        "ran = sorted(set(e.name for e in prof.events() if 'streamed' in e.name))\n"
+        "if ran:\n"
+        "    bad += 1\n"
+        "    print('streamed kernels ran:', ran)\n"
+        "print('mismatches', bad)")
+    assert_exact_under(script, DIFUSE_RMSMOD_STREAMED="0")
 
 
 @pytest.mark.parametrize("grid", ["1", "2"])

@@ -208,3 +208,56 @@ def test_streamed_variant(groups, blocks):
         "        bad += 1\n"
         "        print(want, 'did not run:', sorted(n for n in names if 'difuse' in n))\n")
     assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks)
+
+
+@pytest.mark.parametrize("B,L,H,kind,streamed", [
+    (1, 32760, 5120, "table", True), (1, 32760, 1536, "table", True), (2, 4096, 3072, "rows", True),
+    (1, 32760, 1536, "affine", True), (1, 4095, 5120, "table", False), (3, 1366, 3072, "table", False),
+    (1, 4096, 5120, "token", False), (1, 4096, 5120, "misaligned", False)], ids=str)
+def test_streamed_by_default_for_many_rows(B, L, H, kind, streamed):
+    """The default (no knob; eighteenth session): Wan's fp32 norms on the streamed rows for >= 4096 rows with
+    [B, 1, H] / [B, H] fp32 rows 16-byte aligned (B <= 2) or the affine norm's weight and bias; fewer rows, B = 3,
+    per-token and misaligned fp32 rows keep the staged kernels. The profiler shows which ran; each output bit for
+    bit."""
+    from torch.profiler import ProfilerActivity, profile
+
+    g = torch.Generator(device=DEV).manual_seed(SEED + 31 * L + H + B)
+    x = torch.randn(B, L, H, device=DEV, generator=g).to(BF)
+    x[:, ::97] = -1.5  # constant rows
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        if kind == "affine":
+            w, b = torch.randn(H, device=DEV, generator=g), torch.randn(H, device=DEV, generator=g)
+            m = count_mismatches(ops.layernorm_affine_fp32(x, w, b), ops.layernorm_affine_fp32_eager(x, w, b))
+            assert m == 0, "%d elements differ" % m
+        elif kind == "misaligned":
+            t = torch.randn(B, 6, H + 1, device=DEV, generator=g)
+            assert_ln(x, t[:, 1:2, 1:], t[:, 0:1, 1:])
+        else:
+            assert_ln(x, rows(B, L, H, kind, g), rows(B, L, H, kind, g))
+        torch.cuda.synchronize()
+    assert any("layernorm_streamed_rows" in e.name for e in prof.events()) == streamed
+
+
+def test_staged_kernels_where_streamed_by_default():
+    """DIFUSE_LNMOD_STREAMED=0 (read once per process): the staged kernels at the shapes that take the streamed rows
+    by default (Wan 14B's and 1.3B's 32,760 rows: four warps per row at 5120, one warp at 1536; batch 2 at 3072),
+    the modulated and the affine norm, [B, 1, H] rows aligned and not, per-token rows; the profiler shows no
+    streamed kernel ran."""
+    from knob_run import WAN_FP32_NORM_LINES, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        "from torch.profiler import profile, ProfilerActivity\n"
+        "acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])\n"
+        "prof = profile(activities=acts)\n"
+        "prof.__enter__()\n"
+        "for i, (B, L, H) in enumerate([(1, 32760, 5120), (1, 32760, 1536), (2, 4096, 3072)]):\n"
+        "    g = torch.Generator(device='cuda').manual_seed(1200 + i)\n"
+        "    x = torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16)\n" + WAN_FP32_NORM_LINES +
+        "if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
+        "    torch.cuda.synchronize()\n"
+        "prof.__exit__(None, None, None)\n"
+        "ran = sorted(set(e.name for e in prof.events() if 'streamed' in e.name))\n"
+        "if ran:\n"
+        "    bad += 1\n"
+        "    print('streamed kernels ran:', ran)\n")
+    assert_exact_under(script, DIFUSE_LNMOD_STREAMED="0")
