@@ -401,11 +401,12 @@ def test_streamed_by_default_for_many_rows(B, L, H, rows, streamed):
     g = torch.Generator(device=DEV).manual_seed(SEED + 23 * L + H + B)
     x = (torch.randn(B, L, H, device=DEV, generator=g) * 3.0).to(BF)
     x[:, ::97] = 2.5  # constant rows
-    emb = (torch.randn(B, 6 * H + 1, device=DEV, generator=g) * 0.5).to(BF)
-    if rows == "e8":
-        scale, shift = emb[:, :6 * H].chunk(6, dim=1)[1], emb[:, :6 * H].chunk(6, dim=1)[0]
-    elif rows == "e2":
-        scale, shift = emb[:, 1:].chunk(6, dim=1)[1], emb[:, 1:].chunk(6, dim=1)[0]
+    if rows == "e8":  # chunks of a [B, 6H] tensor: 8-byte aligned rows, row stride 6H
+        emb = (torch.randn(B, 6 * H, device=DEV, generator=g) * 0.5).to(BF).chunk(6, dim=1)
+        scale, shift = emb[1], emb[0]
+    elif rows == "e2":  # chunks of [B, 6H + 1][:, 1:]: 2-byte aligned rows
+        emb = (torch.randn(B, 6 * H + 1, device=DEV, generator=g) * 0.5).to(BF)[:, 1:].chunk(6, dim=1)
+        scale, shift = emb[1], emb[0]
     else:
         scale, shift = (torch.randn(B, L, H, device=DEV, generator=g).to(BF) for _ in range(2))
     assert _streamed_ran(x, scale, shift) == streamed
