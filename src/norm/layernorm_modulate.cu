@@ -98,7 +98,9 @@
 // layernorm_affine_fp32) take the streamed schedule too (layernorm_streamed_rows) for >= 4096 rows with x and out
 // 16-byte aligned, H % 8 == 0 and staged modulation rows ([B, H], B <= 2, bf16 8-byte words or fp32 16-byte vectors;
 // the affine weight and bias): exact through DIFUSE_LNMOD_STREAMED at e831f9c (this file's and Wan fp32's tests, 1250
-// passed, gpu-tests-e831f9c.json); layernorm_modulate 1x4608x3072 23.9 us vs 26.3, 1x32760x1536 65.4 vs 80.4,
+// passed, gpu-tests-e831f9c.json) and as the default at a140ba1 (gpu-tests-a140ba1.json; the default-choice and
+// knob-off tests at 83f6b5f, gpu-tests-83f6b5f.json), memcheck and racecheck clean (sanitizer-streamed-a140ba1.txt),
+// FLUX, Wan, Qwen-Image and SD3.5 md5 identical at every step (e2e-*-83f6b5f.json); layernorm_modulate 1x4608x3072 23.9 us vs 26.3, 1x32760x1536 65.4 vs 80.4,
 // layernorm_modulate_fp32 1x32760x5120 181.8 vs 209.8 (knob-sweeps/e831f9c/; see plain_streamed_by_default_or_knob).
 
 #include "norm/layernorm_modulate.h"

@@ -60,7 +60,8 @@
 // the plain form at N > 3072 and >= 4096 rows, DIFUSE_RMSMOD_STREAMED=G everywhere, =0 never): the same rows on the
 // streamed schedule (norm/stream_rows.cuh: a producer warp bulk-copies each row into a ring of slots, G consumer
 // warps compute; rms_norm_modulate_streamed): exact through its knob at e831f9c (gpu-tests-e831f9c.json: this file's
-// tests), 2x6144x4096 69.8 us vs 75.2 two-pass, 1x6144x4096 per-token 55.8 vs 65.4 (knob-sweeps/e831f9c/).
+// tests) and as the default at a140ba1 (gpu-tests-a140ba1.json; the default-choice and knob-off tests at 83f6b5f,
+// gpu-tests-83f6b5f.json), memcheck and racecheck clean (sanitizer-streamed-a140ba1.txt), 2x6144x4096 69.8 us vs 75.2 two-pass, 1x6144x4096 per-token 55.8 vs 65.4 (knob-sweeps/e831f9c/).
 // Batched loads (0385466): the epilogue issues 4 vectors' x, weight, scale and shift loads before their stores, and
 // the residual pass half a batch's a and gate loads before theirs. Before, SASS showed each vector's loads waiting
 // on the previous vector's store (24 L2 round trips in turn per 3072-element row). H200 at 0385466 (ops.json
