@@ -8,6 +8,8 @@
 # two compile to the same such instructions, opcode for opcode; only integer index arithmetic, moves, predicates and
 # the schedule may differ (HFMA2.MMA with -RZ, RZ operands is nvcc's constant-move idiom and counts as a move).
 # Not a proof of identical bits on its own (an operand could change): a refactor's evidence beside its source diff.
+# SASS_OPS_PAIRS="OLD_RE=NEW_RE;..." also compares, for each pair, the one kernel at REV whose name matches OLD_RE
+# with the one now matching NEW_RE (a kernel renamed by a new template parameter or argument).
 # cuobjdump and nvdisasm as scripts/sass-loops.sh finds them.
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 REV SRC.cu [KERNEL_REGEX]" >&2; exit 2; }
@@ -48,9 +50,10 @@ compile() {  # compile TREE OUT.sass
 }
 compile "$TMP/old" "$TMP/old.sass"
 compile "$ROOT" "$TMP/new.sass"
-python3 - "$TMP/old.sass" "$TMP/new.sass" "$PATTERN" "$REV" <<'PY'
+python3 - "$TMP/old.sass" "$TMP/new.sass" "$PATTERN" "$REV" "${SASS_OPS_PAIRS:-}" <<'PY'
 import collections, re, sys
 old_path, new_path, pattern, rev = sys.argv[1], sys.argv[2], re.compile(sys.argv[3]), sys.argv[4]
+pairs = [p.split("=", 1) for p in sys.argv[5].split(";") if p.strip()]
 DATA = re.compile(r"(F|H|MUFU|I2F|F2I|SHFL|BAR|LDS|STS|LDG|STG|LDC|LDGSTS|SYNCS|UBLKCP|UTMA|FENCE|MEMBAR|ATOM|RED)")
 def kernels(path):
     out, name = {}, None
@@ -58,7 +61,7 @@ def kernels(path):
         m = re.search(r"Function : (\S+)", line)
         if m:
             name = re.sub(r"_GLOBAL__N__[0-9a-f_]+", "ANON", m.group(1))  # the file's path hash
-            out[name] = collections.Counter() if pattern.search(name) else None
+            out[name] = collections.Counter()
             continue
         m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
         if name and out.get(name) is not None and m:
@@ -70,7 +73,7 @@ def kernels(path):
                 out[name][op] += 1
     return {k: v for k, v in out.items() if v is not None}
 old, new = kernels(old_path), kernels(new_path)
-for name in sorted(set(old) | set(new)):
+for name in sorted(n for n in set(old) | set(new) if pattern.search(n)):
     short = name[:150]
     if name not in old:
         print("only now    %s" % short)
@@ -80,4 +83,16 @@ for name in sorted(set(old) | set(new)):
         print("same (%d)    %s" % (sum(new[name].values()), short))
     else:
         print("differs     %s: %s -> %s" % (short, dict(old[name] - new[name]), dict(new[name] - old[name])))
+status = 0
+for old_re, new_re in pairs:
+    o = [k for k in old if re.search(old_re, k)]
+    n = [k for k in new if re.search(new_re, k)]
+    if len(o) != 1 or len(n) != 1:
+        print("pair %s = %s: %d kernels at %s, %d now (need one each)" % (old_re, new_re, len(o), rev, len(n)))
+        status = 1
+        continue
+    a, b = old[o[0]], new[n[0]]
+    verdict = "same (%d)" % sum(b.values()) if a == b else "differs %s -> %s" % (dict(a - b), dict(b - a))
+    print("pair        %s at %s vs %s now: %s" % (o[0][:90], rev, n[0][:90], verdict))
+sys.exit(status)
 PY

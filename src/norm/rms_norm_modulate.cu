@@ -266,14 +266,26 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_narrow(const Param
 // STAGED: the row (h for the residual form) is already in shared memory at sx, copied by its warp; pass 1 reads it
 // from there, the residual form writes h1 back over it (as well as out to global), and pass 2 reads it from there
 // (each lane reads back only the vectors it wrote: no barrier).
-template <bool VEC, bool RESIDUAL, bool STAGED = false, int HALF = 4>
-__device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int lane, uint2* sx = nullptr) {
+// SMEM_A / SMEM_MOD (the streamed kernel's slots and staged rows): the residual form's a row, and the weight, scale,
+// shift and gate rows, read from shared memory at sm's pointers (V 8-byte words each) instead of global memory; the
+// same words, the same arithmetic.
+struct SmemRows {
+  const uint2* a = nullptr;
+  const uint2* w = nullptr;
+  const uint2* scale = nullptr;
+  const uint2* shift = nullptr;
+  const uint2* gate = nullptr;
+};
+
+template <bool VEC, bool RESIDUAL, bool STAGED = false, int HALF = 4, bool SMEM_A = false, bool SMEM_MOD = false>
+__device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int lane, uint2* sx = nullptr,
+                                             const SmemRows& sm = SmemRows{}) {
   constexpr int kBatch = 8;
   const int V = p.v;
   const uint2* xr = STAGED ? sx : reinterpret_cast<const uint2*>(p.x + row * p.n);
   uint2* rr = RESIDUAL ? reinterpret_cast<uint2*>(p.residual + row * p.n) : nullptr;
-  const uint16_t* grow = RESIDUAL ? p.gate + p.gate_rows.offset(row) : nullptr;
-  const uint2* ar = RESIDUAL ? reinterpret_cast<const uint2*>(p.a + row * p.n) : nullptr;
+  const uint16_t* grow = RESIDUAL && !SMEM_MOD ? p.gate + p.gate_rows.offset(row) : nullptr;
+  const uint2* ar = !RESIDUAL ? nullptr : SMEM_A ? sm.a : reinterpret_cast<const uint2*>(p.a + row * p.n);
   MeanLane acc;
   for (int kb = 0; 32 * kb < V; kb += kBatch) {
     uint2 xv[kBatch];
@@ -298,7 +310,10 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
         for (int j = 0; j < kHalf; ++j) {
           const int vi = lane + 32 * (kb + j0 + j);
           aw[j] = vi < V ? ar[vi] : make_uint2(0, 0);
-          gw[j] = vi < V ? load4<VEC>(grow + 4 * vi) : make_uint2(0, 0);
+          if constexpr (SMEM_MOD)
+            gw[j] = vi < V ? sm.gate[vi] : make_uint2(0, 0);
+          else
+            gw[j] = vi < V ? load4<VEC>(grow + 4 * vi) : make_uint2(0, 0);
         }
 #pragma unroll
         for (int j = 0; j < kHalf; ++j) {
@@ -323,8 +338,8 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
   const float rstd = diffusers_rstd(__shfl_sync(0xffffffffu, s, 0), p.factor, p.eps);
 
   const uint2* src = STAGED ? sx : RESIDUAL ? rr : xr;  // this lane's own vectors: its writes are visible to its reads
-  const uint16_t* srow = p.scale + p.scale_rows.offset(row);
-  const uint16_t* hrow = p.shift + p.shift_rows.offset(row);
+  const uint16_t* srow = SMEM_MOD ? nullptr : p.scale + p.scale_rows.offset(row);
+  const uint16_t* hrow = SMEM_MOD ? nullptr : p.shift + p.shift_rows.offset(row);
   uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.n);
   // The epilogue in batches of kOutBatch vectors per lane: every load of a batch (x, the weight, scale and shift)
   // before any of its stores. Before (a loop unrolled by 4 with each vector's loads, math and store in turn), the
@@ -339,9 +354,15 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
       const int vi = vb + 32 * j;
       const bool in = vi < V;
       xw[j] = in ? src[vi] : make_uint2(0, 0);
-      ww[j] = in && p.has_w ? load4<VEC>(p.w + 4 * vi) : make_uint2(0, 0);
-      sc[j] = in ? load4<VEC>(srow + 4 * vi) : make_uint2(0, 0);
-      sh[j] = in ? load4<VEC>(hrow + 4 * vi) : make_uint2(0, 0);
+      if constexpr (SMEM_MOD) {
+        ww[j] = in && p.has_w ? sm.w[vi] : make_uint2(0, 0);
+        sc[j] = in ? sm.scale[vi] : make_uint2(0, 0);
+        sh[j] = in ? sm.shift[vi] : make_uint2(0, 0);
+      } else {
+        ww[j] = in && p.has_w ? load4<VEC>(p.w + 4 * vi) : make_uint2(0, 0);
+        sc[j] = in ? load4<VEC>(srow + 4 * vi) : make_uint2(0, 0);
+        sh[j] = in ? load4<VEC>(hrow + 4 * vi) : make_uint2(0, 0);
+      }
     }
 #pragma unroll
     for (int j = 0; j < kOutBatch; ++j) {
@@ -461,46 +482,95 @@ constexpr int kRmsStreamMaxSlots = 48;
 constexpr int kRmsStreamDefaultWarps = 24;
 constexpr int64_t kRmsStreamMinRows = 4096;
 
-template <bool VEC, bool RESIDUAL>
-__global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1) rms_norm_modulate_streamed(const Params p, int slots) {
-  extern __shared__ uint4 staged_rows[];  // slot s: V 8-byte vectors at s V
+// SMOD (eighteenth session, DIFUSE_RMSMOD_STREAM_SMOD=1, for measurement; written after the device time ran out, not
+// yet run on the H200): the block's weight row and its at most two distinct scale, shift (and gate) rows are copied
+// into shared memory once, behind the ring (StreamModRows: how many of each; a row reads the second where its offset
+// is the second's), so a consumer's epilogue reads no global memory but x's slot; the residual form's a row is
+// bulk-copied into the slot beside h (always, SMOD or not: its per-row a loads from global memory were what the
+// residual form waited on at e831f9c). Why: GRLN's streamed kernel went from 44.2 to 34.2 us at 1x4096x3072 when its
+// gate and modulation rows were staged per block instead of loaded per row; here the plain form runs 2x6144x4096 in
+// 69.1 us against a 50.4 ceiling (bound 59.1), 4352x2x3072 ERNIE in 42.8 on the streamed rows (40.7 staged; ceiling
+// 28.9, bound 31.4), the residual form 2x6144x4096 in 139.7 (123.6 default; ceiling 96.8, bound 118.1). Predicted: the
+// plain form ~60 and ~34 us, the residual form with a in the slot and staged gates ~110 at 2x6144x4096.
+struct StreamModRows {
+  int nw = 0, ns = 0, nh = 0, ng = 0;  // staged rows per role: weight 0 or 1; scale, shift, gate 1 or 2
+  int64_t s1 = 0, h1 = 0, g1 = 0;      // the second staged row's offset (elements) per role, where there are two
+};
+
+template <bool VEC, bool RESIDUAL, bool SMOD = false>
+__global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
+    rms_norm_modulate_streamed(const Params p, int slots, const StreamModRows m) {
+  // slot s: V 8-byte vectors of x (h) at s SV, the residual form's a row after them; the staged rows after the ring
+  extern __shared__ uint4 staged_rows[];
   __shared__ uint64_t full[kRmsStreamMaxSlots], empty[kRmsStreamMaxSlots];
   const int tid = static_cast<int>(threadIdx.x);
   const int V = p.v;
+  const int SV = RESIDUAL ? 2 * V : V;
   const uint32_t row_bytes = static_cast<uint32_t>(p.n) * 2u;
   uint2* const ring = reinterpret_cast<uint2*>(staged_rows);
   stream_init_barriers(full, empty, slots, 32);  // the only block barrier
   if (tid < 32) {  // the producer warp
     if (tid == 0)
       stream_produce(p.rows, slots, full, empty, [&](int64_t row, int s, uint64_t* bar) {
-        detail::mbar_arrive_expect_tx(bar, row_bytes);
-        detail::bulk_load(ring + static_cast<int64_t>(s) * V, p.x + row * p.n, row_bytes, bar);
+        detail::mbar_arrive_expect_tx(bar, RESIDUAL ? 2 * row_bytes : row_bytes);
+        detail::bulk_load(ring + static_cast<int64_t>(s) * SV, p.x + row * p.n, row_bytes, bar);
+        if constexpr (RESIDUAL)
+          detail::bulk_load(ring + static_cast<int64_t>(s) * SV + V, p.a + row * p.n, row_bytes, bar);
       });
     return;
   }
   const int c = tid / 32 - 1, lane = tid % 32;
   const int groups = static_cast<int>(blockDim.x) / 32 - 1;
+  uint2* const mod = ring + static_cast<int64_t>(slots) * SV;
+  if constexpr (SMOD) {  // the consumers copy the staged rows (8-byte words) while the producer's first copies fly
+    const int ng = RESIDUAL ? m.ng : 0, n = (m.nw + m.ns + m.nh + ng) * V;
+    for (int t = tid - 32; t < n; t += 32 * groups) {
+      const int k = t / V, vi = t - k * V;
+      const uint16_t* src = k < m.nw                 ? p.w
+                            : k < m.nw + m.ns        ? p.scale + (k - m.nw) * m.s1
+                            : k < m.nw + m.ns + m.nh ? p.shift + (k - m.nw - m.ns) * m.h1
+                                                     : p.gate + (k - m.nw - m.ns - m.nh) * m.g1;
+      cp_async(mod + t, src + 4 * vi, false);
+    }
+    cp_async_wait_all();
+    asm volatile("bar.sync 15, %0;" ::"r"(32 * groups) : "memory");  // every consumer's copies have landed
+  }
   const int64_t stride = gridDim.x;
   int s = c % slots;
   uint32_t use = static_cast<uint32_t>(c / slots);
   for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
     detail::mbar_wait(&full[s], use & 1u);
-    two_pass_row<VEC, RESIDUAL, true>(p, row, lane, ring + static_cast<int64_t>(s) * V);
+    uint2* const sx = ring + static_cast<int64_t>(s) * SV;
+    SmemRows sm;
+    sm.a = RESIDUAL ? sx + V : nullptr;
+    if constexpr (SMOD) {
+      const int si = m.ns == 2 && p.scale_rows.offset(row) == m.s1 ? 1 : 0;
+      const int hi = m.nh == 2 && p.shift_rows.offset(row) == m.h1 ? 1 : 0;
+      sm.w = mod;
+      sm.scale = mod + static_cast<int64_t>(m.nw + si) * V;
+      sm.shift = mod + static_cast<int64_t>(m.nw + m.ns + hi) * V;
+      if constexpr (RESIDUAL) {
+        const int gi = m.ng == 2 && p.gate_rows.offset(row) == m.g1 ? 1 : 0;
+        sm.gate = mod + static_cast<int64_t>(m.nw + m.ns + m.nh + gi) * V;
+      }
+    }
+    two_pass_row<VEC, RESIDUAL, true, 4, RESIDUAL, SMOD>(p, row, lane, sx, sm);
     stream_release(empty, s, use, groups, slots);
   }
 }
 
 // DIFUSE_RMSMOD_STREAMED=G (read once): G consumer warps (1: kRmsStreamDefaultWarps; at most kRmsStreamMaxWarps and
-// the ring's slots); DIFUSE_RMSMOD_STREAMED_BLOCKS=N caps the grid (tests: many rows per block). False (nothing
-// launched) where the ring would hold fewer than two rows.
-template <bool VEC, bool RESIDUAL>
-bool launch_streamed(const Params& p, int knob, int device, cudaStream_t stream) {
-  auto kernel = rms_norm_modulate_streamed<VEC, RESIDUAL>;
+// the ring's slots); DIFUSE_RMSMOD_STREAMED_BLOCKS=N caps the grid (tests: many rows per block). With m's staged rows
+// (SMOD) the ring takes what they leave. False (nothing launched) where the ring would hold fewer than two rows.
+template <bool VEC, bool RESIDUAL, bool SMOD>
+bool launch_streamed(const Params& p, const StreamModRows& m, int knob, int device, cudaStream_t stream) {
+  auto kernel = rms_norm_modulate_streamed<VEC, RESIDUAL, SMOD>;
   static std::atomic<int> budgets[64];
   static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
   const int budget = stream_smem_budget(kernel, device, budgets);
-  const int64_t slot_bytes = int64_t{2} * p.n;
-  const int slots = static_cast<int>(std::min<int64_t>(kRmsStreamMaxSlots, budget / slot_bytes));
+  const int64_t slot_bytes = int64_t{RESIDUAL ? 4 : 2} * p.n;
+  const int64_t mod_bytes = SMOD ? int64_t{m.nw + m.ns + m.nh + (RESIDUAL ? m.ng : 0)} * 2 * p.n : 0;
+  const int slots = static_cast<int>(std::min<int64_t>(kRmsStreamMaxSlots, (budget - mod_bytes) / slot_bytes));
   const int warps = std::min(std::min(knob <= 1 ? kRmsStreamDefaultWarps : knob, kRmsStreamMaxWarps), slots);
   if (slots < 2 || warps < 1) return false;
   opt_in_shared_memory(kernel, device, budget, opted_in);
@@ -508,8 +578,24 @@ bool launch_streamed(const Params& p, int knob, int device, cudaStream_t stream)
   static const int max_blocks = detail::positive_env_knob("DIFUSE_RMSMOD_STREAMED_BLOCKS");
   int64_t blocks = std::min<int64_t>(detail::sm_count(device), p.rows);
   if (max_blocks > 0) blocks = std::min<int64_t>(blocks, max_blocks);
-  kernel<<<static_cast<unsigned>(blocks), 32 + 32 * warps, static_cast<size_t>(slots * slot_bytes), stream>>>(p, slots);
+  kernel<<<static_cast<unsigned>(blocks), 32 + 32 * warps, static_cast<size_t>(slots * slot_bytes + mod_bytes),
+           stream>>>(p, slots, m);
   return true;
+}
+
+// The staged rows of SMOD where every role has at most two distinct rows and the weight and modulation rows are
+// 8-byte words (vec); false (per-token rows, B > 2, unaligned rows): the streamed kernel reads them from global memory.
+bool stream_mod_rows(const Params& p, bool vec, StreamModRows& m) {
+  if (!vec) return false;
+  int64_t o[2];
+  m.nw = p.has_w ? 1 : 0;
+  m.ns = staged_row_offsets(p.scale_rows, p.rows, o);
+  m.s1 = o[1];
+  m.nh = staged_row_offsets(p.shift_rows, p.rows, o);
+  m.h1 = o[1];
+  m.ng = p.gate == nullptr ? 0 : staged_row_offsets(p.gate_rows, p.rows, o);  // the plain form has no gate
+  m.g1 = p.gate == nullptr ? 0 : o[1];
+  return m.ns > 0 && m.nh > 0 && (p.gate == nullptr || m.ng > 0);
 }
 
 // The staged kernel, its shared-memory opt-in and carveout set (once per device), and its dynamic shared memory
@@ -598,10 +684,16 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
                        : !RESIDUAL && staged < 0 && p.n > 3072 && p.rows >= kRmsStreamMinRows && pipelined == 0
                            ? 1
                            : 0;
+  // DIFUSE_RMSMOD_STREAM_SMOD=1 (for measurement): the streamed kernel stages the weight and modulation rows per block
+  // where they allow it (stream_mod_rows).
+  static const int stream_smod = detail::positive_env_knob("DIFUSE_RMSMOD_STREAM_SMOD");
+  StreamModRows m;
   if (streamed > 0 && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
-      p.n % 8 == 0 && detail::aligned(p.x, 16)) {  // whole rows bulk-copied
-    if (vec ? launch_streamed<true, RESIDUAL>(p, streamed, device, stream)
-            : launch_streamed<false, RESIDUAL>(p, streamed, device, stream)) {
+      p.n % 8 == 0 && detail::aligned(p.x, 16) && (!RESIDUAL || detail::aligned(p.a, 16))) {  // whole rows bulk-copied
+    const bool smod = stream_smod == 1 && stream_mod_rows(p, vec, m);
+    if (smod ? launch_streamed<true, RESIDUAL, true>(p, m, streamed, device, stream)
+             : vec ? launch_streamed<true, RESIDUAL, false>(p, m, streamed, device, stream)
+                   : launch_streamed<false, RESIDUAL, false>(p, m, streamed, device, stream)) {
       DIFUSE_CUDA_CHECK(cudaGetLastError());
       return;
     }
@@ -676,6 +768,22 @@ detail::RowIndexer broadcast_row_indexer(const difuse_tensor_view& m, const difu
   r.s1 = st[1];
   r.s2 = st[2];
   return r;
+}
+
+int staged_row_offsets(const detail::RowIndexer& r, int64_t rows, int64_t offsets[2]) {
+  offsets[0] = 0;
+  offsets[1] = 0;
+  if (rows <= 0 || r.d1 <= 0 || r.d2 <= 0) return 0;
+  const int64_t sizes[3] = {(rows + r.d1 * r.d2 - 1) / (r.d1 * r.d2), r.d1, r.d2};
+  const int64_t strides[3] = {r.s0, r.s1, r.s2};
+  int count = 1;
+  for (int d = 0; d < 3; ++d) {
+    if (sizes[d] <= 1 || strides[d] == 0) continue;  // a dim that does not move the row
+    if (count > 1 || sizes[d] > 2) return 0;
+    count = 2;
+    offsets[1] = strides[d];
+  }
+  return count;
 }
 
 namespace {

@@ -47,4 +47,11 @@ bool residual_quarter_batches(bool per_token_gate, int64_t blocks, int64_t resid
 // strides where m has that dim and 0 where it broadcasts (torch's rules; the predicate has checked the shapes).
 detail::RowIndexer broadcast_row_indexer(const difuse_tensor_view& m, const difuse_tensor_view& x);
 
+// The distinct modulation rows of rows [0, rows) under r, where there are at most two (the streamed kernel's staged
+// rows): 1 (every row reads offset 0: [H] or [1, H] rows, or B = 1), or 2 with offsets[1] the row the second index
+// of the one leading dim of size 2 that moves (ERNIE's [B, H] chunks against [S, B, H], LTX-2's [B, 1, D] against
+// [B, L, D], B = 2) starts at; 0 where more rows are distinct (per-token rows, B > 2: loaded from global memory).
+// offsets[0] is 0 whenever the result is nonzero.
+int staged_row_offsets(const detail::RowIndexer& r, int64_t rows, int64_t offsets[2]);
+
 }  // namespace difuse::norm

@@ -259,6 +259,46 @@ TEST(RmsModulateSchedule, QuarterBatchesOnlyWhereTheySaveAWave) {
   EXPECT_FALSE(residual_quarter_batches(true, 1088, 0, 8 * 132));
 }
 
+// The streamed kernel stages a modulation role in shared memory only where its rows take at most two offsets.
+TEST(RmsModulateSchedule, StagedRowOffsets) {
+  using difuse::detail::RowIndexer;
+  using difuse::norm::staged_row_offsets;
+  int64_t o[2] = {-1, -1};
+  RowIndexer ernie;  // x [S = 4352, B = 2, H], chunk [B, H] of a [B, 6H] tensor: the second dim moves by 6H
+  ernie.d1 = 2;
+  ernie.s1 = 6 * 3072;
+  EXPECT_EQ(staged_row_offsets(ernie, 4352 * 2, o), 2);
+  EXPECT_EQ(o[0], 0);
+  EXPECT_EQ(o[1], 6 * 3072);
+  EXPECT_EQ(staged_row_offsets(ernie, 2, o), 2);  // one token
+  ernie.d1 = 1;  // B = 1: one row
+  EXPECT_EQ(staged_row_offsets(ernie, 4096, o), 1);
+  EXPECT_EQ(o[1], 0);
+  RowIndexer ltx2;  // x [B = 2, L = 6144, D], [B, 1, D] view of [B, 1, 6, D]: the first dim moves by 6D
+  ltx2.d2 = 6144;
+  ltx2.s0 = 6 * 4096;
+  EXPECT_EQ(staged_row_offsets(ltx2, 2 * 6144, o), 2);
+  EXPECT_EQ(o[1], 6 * 4096);
+  EXPECT_EQ(staged_row_offsets(ltx2, 3 * 6144, o), 0);  // B = 3
+  EXPECT_EQ(staged_row_offsets(ltx2, 6144, o), 1);      // B = 1
+  ltx2.s2 = 6 * 4096;  // per token: every row its own
+  ltx2.s0 = 6144 * 6 * 4096;
+  EXPECT_EQ(staged_row_offsets(ltx2, 6144, o), 0);
+  RowIndexer broadcast;  // an [H] row against every row
+  broadcast.d1 = 7;
+  broadcast.d2 = 9;
+  EXPECT_EQ(staged_row_offsets(broadcast, 5 * 7 * 9, o), 1);
+  RowIndexer two_dims;  // two moving dims of size 2: four rows
+  two_dims.d1 = 2;
+  two_dims.d2 = 1;
+  two_dims.s0 = 100;
+  two_dims.s1 = 10;
+  EXPECT_EQ(staged_row_offsets(two_dims, 4, o), 0);
+  EXPECT_EQ(staged_row_offsets(two_dims, 2, o), 2);  // the first dim has one index: only the second moves
+  EXPECT_EQ(o[1], 10);
+  EXPECT_EQ(staged_row_offsets(two_dims, 0, o), 0);
+}
+
 TEST(RmsModulateSchedule, LaneVectorsPerWidth) {
   using difuse::norm::rms_norm_modulate_lane_vectors;
   EXPECT_EQ(rms_norm_modulate_lane_vectors(127), 0);

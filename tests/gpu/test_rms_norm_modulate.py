@@ -475,14 +475,18 @@ def test_residual_quarter_batch_variant(half):
                        DIFUSE_RMSMOD_STAGED="1")
 
 
-@pytest.mark.parametrize("warps,blocks", [("1", ""), ("5", "2")], ids=str)
-def test_streamed_rows_variant(warps, blocks):
+@pytest.mark.parametrize("warps,blocks,smod", [("1", "", ""), ("5", "2", ""), ("1", "", "1"), ("5", "2", "1")],
+                         ids=str)
+def test_streamed_rows_variant(warps, blocks, smod):
     """DIFUSE_RMSMOD_STREAMED=G (read once per process): one block per SM (or DIFUSE_RMSMOD_STREAMED_BLOCKS of them),
     a producer warp bulk-copying each row's x (h) into a ring of slots while G consumer warps run the staged rows'
     arithmetic from them (1: 24 warps; 5 warps on 2 blocks refill every slot many times): same bits at every site
     layout, both modulate chains, with and without weight, and the gated-residual form (h1 written back into the
     slot); the widest row (8160), 136; widths not a multiple of 8 and rows of N < 128 keep their kernels. The
-    profiler shows a plain and a residual streamed kernel ran."""
+    profiler shows a plain and a residual streamed kernel ran. With DIFUSE_RMSMOD_STREAM_SMOD=1 the weight, scale,
+    shift and gate rows are staged in shared memory once per block where each has at most two distinct rows
+    (ERNIE's [B, H] chunks and LTX-2's [B, 1, D] views, B = 1 and 2, with and without weight; per-token rows stay in
+    global memory), and the profiler must show the staged kernels (SMOD = true) ran."""
     from knob_run import assert_exact_under
 
     layouts = [((1, 4096, 3072), 'ltx2'), ((4352, 2, 3072), 'ernie'), ((4352, 1, 3072), 'ernie_tokens'),
@@ -503,12 +507,13 @@ def test_streamed_rows_variant(warps, blocks):
         "    if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
         "        torch.cuda.synchronize()\n"
         "names = set(e.name for e in prof.events())\n"
-        "for want in (', false>(', ', true>('):\n"
+        "for want in ('<true, false, %s>(', '<true, true, %s>('):\n"
         "    if not any('rms_norm_modulate_streamed<' in n and want in n for n in names):\n"
         "        bad += 1\n"
-        "        print('no streamed kernel with RESIDUAL' + want, sorted(n for n in names if 'difuse' in n))\n"
-        "print('mismatches', bad)")
-    assert_exact_under(script, DIFUSE_RMSMOD_STREAMED=warps, DIFUSE_RMSMOD_STREAMED_BLOCKS=blocks)
+        "        print('no streamed kernel', want, sorted(n for n in names if 'difuse' in n))\n"
+        "print('mismatches', bad)" % (("true", "true") if smod else ("false", "false")))
+    assert_exact_under(script, DIFUSE_RMSMOD_STREAMED=warps, DIFUSE_RMSMOD_STREAMED_BLOCKS=blocks,
+                       DIFUSE_RMSMOD_STREAM_SMOD=smod)
 
 
 @pytest.mark.parametrize("shape,variant,residual,streamed", [

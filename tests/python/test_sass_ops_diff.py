@@ -2,6 +2,7 @@
 shuffles, barriers, memory) at a revision as in the working tree, the evidence a refactor of a verified kernel cites
 until it is re-run. Needs nvcc, cuobjdump and nvdisasm (CI=true's venv installs the CUDA wheels) and the git history;
 skipped without them."""
+import os
 import shutil
 import subprocess
 import unittest
@@ -36,6 +37,28 @@ class SassOpsDiffTest(unittest.TestCase):
         lines = self.run_script("HEAD", "src/modulate/gated_residual.cu")
         self.assertTrue(lines)
         self.assertTrue(all(l.startswith("same (") for l in lines), lines)
+
+    def test_pairs_compare_one_kernel_with_another(self):
+        # SASS_OPS_PAIRS (for kernels renamed by a new template parameter): a kernel paired with itself is the same,
+        # with another instance it differs, and a pair that does not match one kernel on each side fails.
+        if not _unchanged_since_head():
+            self.skipTest("src or include differ from HEAD in this checkout")
+        env = dict(os.environ, SASS_OPS_PAIRS="residual_kernelILi8E=residual_kernelILi8E;"
+                                              "residual_kernelILi1E=residual_kernelILi8E")
+        p = subprocess.run(["bash", str(SCRIPT), "HEAD", "src/modulate/gated_residual.cu", "^$"], cwd=ROOT,
+                           capture_output=True, text=True, env=env)
+        if p.returncode == 3:
+            self.skipTest(p.stderr.strip())
+        self.assertEqual(p.returncode, 0, p.stderr)
+        lines = p.stdout.splitlines()
+        self.assertEqual(len(lines), 2, lines)
+        self.assertIn(": same (", lines[0])
+        self.assertIn(": differs", lines[1])
+        env["SASS_OPS_PAIRS"] = "residual_kernelILi8E=no_such_kernel"
+        p = subprocess.run(["bash", str(SCRIPT), "HEAD", "src/modulate/gated_residual.cu", "^$"], cwd=ROOT,
+                           capture_output=True, text=True, env=env)
+        self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+        self.assertIn("need one each", p.stdout)
 
     def test_a_change_of_loads_and_arithmetic_differs(self):
         # 26d5552: GRLN's two-warp row reads its gate as 8-byte words (was 16 LDG.U16 per two sweeps) and sets the
