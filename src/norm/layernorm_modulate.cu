@@ -723,25 +723,42 @@ struct StreamTree {
 // Welford pushes with the count set after them (the staged kernel's kCountAfter loop), aten's tree (equal-count
 // weights from the host where tree.uniform), the warp roots in `roots` and one thread's finalize into `stats`,
 // between the group's named barriers `bar_id`.
+// G = 32 (one-warp groups, DIFUSE_LNMOD_STREAM_WARP=1): the same paired map with four slots per thread (two pairs
+// of adjacent aten threads, 64 apart), __syncwarp instead of the named barrier.
+template <int G = 64>
 __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int V, int sweeps, const StreamTree tree,
                                                      VecWelford (&roots)[4], RowStats& stats, int bar_id, int h,
                                                      float eps) {
-  using Map = AtenThreadMap<64, true>;
+  using Map = AtenThreadMap<G, true>;
   constexpr int A = Map::kSlots;
   VecWelford st[A];
 #pragma unroll 2
   for (int k = 0; k < sweeps; ++k) {
     const float* r = c_rcp.v + 4 * k;
     const int vi = Map::aten_thread(i, 0) + kAtenThreads * k;
-    if (vi < V) {
+    if (vi < V) {  // slots 0, 1: aten threads t, t + 1, vectors vi, vi + 1
       const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vi);
-      const uint2 w[A] = {make_uint2(w4.x, w4.y), make_uint2(w4.z, w4.w)};
+      const uint2 w[2] = {make_uint2(w4.x, w4.y), make_uint2(w4.z, w4.w)};
 #pragma unroll
-      for (int j = 0; j < A; ++j) {
+      for (int j = 0; j < 2; ++j) {
         st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_lo(w[j].x), r[1]);
         st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_hi(w[j].x), r[2]);
         st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_lo(w[j].y), r[3]);
         st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_hi(w[j].y), r[4]);
+      }
+    }
+    if constexpr (A == 4) {  // G = 32: slots 2, 3, aten threads t + 64, t + 65
+      const int vj = Map::aten_thread(i, 2) + kAtenThreads * k;
+      if (vj < V) {
+        const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vj);
+        const uint2 w[2] = {make_uint2(w4.x, w4.y), make_uint2(w4.z, w4.w)};
+#pragma unroll
+        for (int j = 0; j < 2; ++j) {
+          st[2 + j] = num::vec_welford_push_uncounted(st[2 + j], num::bf16_lo(w[j].x), r[1]);
+          st[2 + j] = num::vec_welford_push_uncounted(st[2 + j], num::bf16_hi(w[j].x), r[2]);
+          st[2 + j] = num::vec_welford_push_uncounted(st[2 + j], num::bf16_lo(w[j].y), r[3]);
+          st[2 + j] = num::vec_welford_push_uncounted(st[2 + j], num::bf16_hi(w[j].y), r[4]);
+        }
       }
     }
   }
@@ -792,83 +809,88 @@ __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int
     const int t = Map::aten_thread(i, j);
     if (t % kAtenWarp == 0) roots[t / kAtenWarp] = st[j];
   }
-  group_sync(bar_id);
+  if constexpr (G == 64) group_sync(bar_id); else __syncwarp();
   if (i == 0) stats = finalize_roots(roots, h, eps);
-  group_sync(bar_id);
+  if constexpr (G == 64) group_sync(bar_id); else __syncwarp();
   return stats;
 }
 
 // A streamed consumer's bf16 epilogue for its row: out = LN(x) * (1 + scale) + shift from the slot sx, KB = 2 sweeps'
 // modulation loaded before their stores. SMOD: the block's staged rows, sa = bf16(1 + scale)'s row and shift's after
 // it (layernorm_modulate_pair_a); else scale and shift from global memory at srow, hrow (MODVEC: 8-byte words).
-template <bool MODVEC, bool SMOD>
+template <bool MODVEC, bool SMOD, int G = 64>
 __device__ __forceinline__ void stream_bf16_epilogue(const uint2* sx, int i, int V, int sweeps, RowStats rs,
                                                      const uint2* sa, const uint16_t* srow, const uint16_t* hrow,
                                                      uint2* orow) {
-  using Map = AtenThreadMap<64, true>;
+  using Map = AtenThreadMap<G, true>;
   constexpr int KB = 2;
-  for (int k0 = 0; k0 < sweeps; k0 += KB) {
-    uint4 w[KB], sc[KB], sh[KB];
-#pragma unroll
-    for (int kk = 0; kk < KB; ++kk) {
-      const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
-      if (k0 + kk < sweeps && vi < V) {
-        const int e = kVecElems * vi;
-        w[kk] = *reinterpret_cast<const uint4*>(sx + vi);
-        uint2 s0, s1, h0, h1;
-        if constexpr (SMOD) {
-          s0 = sa[vi], s1 = sa[vi + 1], h0 = sa[V + vi], h1 = sa[V + vi + 1];
-        } else if constexpr (MODVEC) {
-          s0 = *reinterpret_cast<const uint2*>(srow + e), s1 = *reinterpret_cast<const uint2*>(srow + e + 4);
-          h0 = *reinterpret_cast<const uint2*>(hrow + e), h1 = *reinterpret_cast<const uint2*>(hrow + e + 4);
+  auto pair_epilogue = [&](const int jp) {  // slots jp, jp + 1 (G = 32: 0 and 2)
+    for (int k0 = 0; k0 < sweeps; k0 += KB) {
+      uint4 w[KB], sc[KB], sh[KB];
+  #pragma unroll
+      for (int kk = 0; kk < KB; ++kk) {
+        const int vi = Map::aten_thread(i, jp) + kAtenThreads * (k0 + kk);
+        if (k0 + kk < sweeps && vi < V) {
+          const int e = kVecElems * vi;
+          w[kk] = *reinterpret_cast<const uint4*>(sx + vi);
+          uint2 s0, s1, h0, h1;
+          if constexpr (SMOD) {
+            s0 = sa[vi], s1 = sa[vi + 1], h0 = sa[V + vi], h1 = sa[V + vi + 1];
+          } else if constexpr (MODVEC) {
+            s0 = *reinterpret_cast<const uint2*>(srow + e), s1 = *reinterpret_cast<const uint2*>(srow + e + 4);
+            h0 = *reinterpret_cast<const uint2*>(hrow + e), h1 = *reinterpret_cast<const uint2*>(hrow + e + 4);
+          } else {
+            s0 = load_mod_words(srow + e), s1 = load_mod_words(srow + e + 4);
+            h0 = load_mod_words(hrow + e), h1 = load_mod_words(hrow + e + 4);
+          }
+          sc[kk] = make_uint4(s0.x, s0.y, s1.x, s1.y);
+          sh[kk] = make_uint4(h0.x, h0.y, h1.x, h1.y);
         } else {
-          s0 = load_mod_words(srow + e), s1 = load_mod_words(srow + e + 4);
-          h0 = load_mod_words(hrow + e), h1 = load_mod_words(hrow + e + 4);
+          w[kk] = sc[kk] = sh[kk] = make_uint4(0, 0, 0, 0);
         }
-        sc[kk] = make_uint4(s0.x, s0.y, s1.x, s1.y);
-        sh[kk] = make_uint4(h0.x, h0.y, h1.x, h1.y);
-      } else {
-        w[kk] = sc[kk] = sh[kk] = make_uint4(0, 0, 0, 0);
+      }
+  #pragma unroll
+      for (int kk = 0; kk < KB; ++kk) {
+        const int vi = Map::aten_thread(i, jp) + kAtenThreads * (k0 + kk);
+        if (k0 + kk < sweeps && vi < V) {
+          if constexpr (SMOD)  // sc holds bf16(1 + scale) already (staged)
+            *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
+                layernorm_modulate_pair_a(w[kk].x, rs, sc[kk].x, sh[kk].x),
+                layernorm_modulate_pair_a(w[kk].y, rs, sc[kk].y, sh[kk].y),
+                layernorm_modulate_pair_a(w[kk].z, rs, sc[kk].z, sh[kk].z),
+                layernorm_modulate_pair_a(w[kk].w, rs, sc[kk].w, sh[kk].w));
+          else
+            *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
+                layernorm_modulate_pair(w[kk].x, rs, sc[kk].x, sh[kk].x), layernorm_modulate_pair(w[kk].y, rs, sc[kk].y, sh[kk].y),
+                layernorm_modulate_pair(w[kk].z, rs, sc[kk].z, sh[kk].z), layernorm_modulate_pair(w[kk].w, rs, sc[kk].w, sh[kk].w));
+        }
       }
     }
-#pragma unroll
-    for (int kk = 0; kk < KB; ++kk) {
-      const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
-      if (k0 + kk < sweeps && vi < V) {
-        if constexpr (SMOD)  // sc holds bf16(1 + scale) already (staged)
-          *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
-              layernorm_modulate_pair_a(w[kk].x, rs, sc[kk].x, sh[kk].x),
-              layernorm_modulate_pair_a(w[kk].y, rs, sc[kk].y, sh[kk].y),
-              layernorm_modulate_pair_a(w[kk].z, rs, sc[kk].z, sh[kk].z),
-              layernorm_modulate_pair_a(w[kk].w, rs, sc[kk].w, sh[kk].w));
-        else
-          *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
-              layernorm_modulate_pair(w[kk].x, rs, sc[kk].x, sh[kk].x), layernorm_modulate_pair(w[kk].y, rs, sc[kk].y, sh[kk].y),
-              layernorm_modulate_pair(w[kk].z, rs, sc[kk].z, sh[kk].z), layernorm_modulate_pair(w[kk].w, rs, sc[kk].w, sh[kk].w));
-      }
-    }
-  }
+  };
+  pair_epilogue(0);
+  if constexpr (G == 32) pair_epilogue(2);
 }
 
-// The streamed consumers' copy of the block's bf16 modulation rows into shared memory (SMOD): ROLES rows per staged
-// batch, row (b, role) starting at src(b, role), copied as 8-byte words (MODVEC's alignment); the words of role
+// The streamed consumers' (`consumers` threads) copy of the block's bf16 modulation rows into shared memory (SMOD):
+// ROLES rows per staged batch, row (b, role) starting at src(b, role), copied as 8-byte words (MODVEC's alignment); the words of role
 // SCALE_ROLE become bf16(1 + scale), the epilogue's a (the same add as layernorm_modulate_pair's), each by the thread
 // that copied it; then the consumers' named barrier 15 (count 64 per group).
 template <int ROLES, int SCALE_ROLE, class Src>
-__device__ __forceinline__ void stage_bf16_mod_rows(uint2* mod, int64_t batches, int V, int t0, int groups, Src src) {
+__device__ __forceinline__ void stage_bf16_mod_rows(uint2* mod, int64_t batches, int V, int t0, int consumers,
+                                                    Src src) {
   const int n = static_cast<int>(ROLES * batches * V);
-  for (int t = t0; t < n; t += 64 * groups) {
+  for (int t = t0; t < n; t += consumers) {
     const int rowi = t / V, vi = t - rowi * V, b = rowi / ROLES, role = rowi - ROLES * b;
     cp_async(mod + t, src(b, role) + kVecElems * vi, false);
   }
   cp_async_wait_all();
-  for (int t = t0; t < n; t += 64 * groups) {
+  for (int t = t0; t < n; t += consumers) {
     if ((t / V) % ROLES == SCALE_ROLE) {
       const uint2 w = mod[t];
       mod[t] = make_uint2(num::bf16x2_add_rn(w.x, num::kBf16x2One), num::bf16x2_add_rn(w.y, num::kBf16x2One));
     }
   }
-  asm volatile("bar.sync 15, %0;" ::"r"(64 * groups) : "memory");
+  asm volatile("bar.sync 15, %0;" ::"r"(consumers) : "memory");
 }
 
 template <bool MODVEC, bool SMOD>
@@ -909,7 +931,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
   const int groups = (static_cast<int>(blockDim.x) - 32) >> 6;
   if constexpr (SMOD) {  // the consumers copy the modulation rows (8-byte words: MODVEC's alignment) while the
                          // producer's first copies are in flight, then wait for each other (named barrier 15)
-    stage_bf16_mod_rows<3, 1>(mod, batches, V, tid - 32, groups, [&](int64_t b, int role) {
+    stage_bf16_mod_rows<3, 1>(mod, batches, V, tid - 32, 64 * groups, [&](int64_t b, int role) {
       return role == 0 ? p.gate + b * p.gate_stride : role == 1 ? p.scale + b * p.scale_stride : p.shift + b * p.shift_stride;
     });
   }
@@ -982,16 +1004,53 @@ constexpr int kStreamLnMaxGroups = 12;  // 800 threads: 80 registers (at 14 grou
 
 // F32: Wan's fp32 chains (VEC: the fp32 rows are 16-byte aligned, float4 loads); else layernorm_modulate in bf16
 // (VEC: the modulation rows are 8-byte aligned words, MODVEC), whose staged scale words hold bf16(1 + scale).
-template <bool F32, bool VEC, bool SMOD>
+// A streamed consumer's fp32 epilogue (Wan's chain, f32_chain4) for the vectors t + 128 k and t + 1 + 128 k of its
+// row (t = aten thread `t`, the first of a pair of adjacent slots), KB sweeps' fp32 rows loaded before their stores.
+template <bool VEC4, int KB>
+__device__ __forceinline__ void stream_f32_epilogue(const uint2* sx, int t, int V, int sweeps, RowStats rs,
+                                                    const float* s32, const float* h32, bool affine, uint2* orow) {
+  for (int k0 = 0; k0 < sweeps; k0 += KB) {
+    uint4 w[KB];
+    float sc[KB][2][4], sh[KB][2][4];
+#pragma unroll
+    for (int kk = 0; kk < KB; ++kk) {
+      const int vi = t + kAtenThreads * (k0 + kk);  // and vi + 1 (V is even)
+      if (k0 + kk < sweeps && vi < V) {
+        w[kk] = *reinterpret_cast<const uint4*>(sx + vi);
+        load_f32_rows4<VEC4>(s32, h32, kVecElems * vi, sc[kk][0], sh[kk][0]);
+        load_f32_rows4<VEC4>(s32, h32, kVecElems * (vi + 1), sc[kk][1], sh[kk][1]);
+      }
+    }
+#pragma unroll
+    for (int kk = 0; kk < KB; ++kk) {
+      const int vi = t + kAtenThreads * (k0 + kk);
+      if (k0 + kk < sweeps && vi < V) {
+        const uint2 o0 = f32_chain4(make_uint2(w[kk].x, w[kk].y), rs, sc[kk][0], sh[kk][0], affine);
+        const uint2 o1 = f32_chain4(make_uint2(w[kk].z, w[kk].w), rs, sc[kk][1], sh[kk][1], affine);
+        *reinterpret_cast<uint4*>(orow + vi) = make_uint4(o0.x, o0.y, o1.x, o1.y);
+      }
+    }
+  }
+}
+
+// G = 32 (DIFUSE_LNMOD_STREAM_WARP=1, for measurement; eighteenth session, not yet run on the H200): one-warp groups
+// on the same paired map (four slots per thread, stream_row_stats<32>), twice as many groups for the same threads.
+// Why: narrow rows are the two-warp groups' weak spot (1x32760x1536 65.5 us against a 50.9 ceiling, 2x4096x1536
+// 24.1 against 16.3, at 83f6b5f), where a row's fixed cost (two named-barrier waits, the finalize, the release)
+// weighs most, and the staged kernels' one-warp rows beat their two-warp rows there (80.2 vs 87.3 us at 132f46f).
+// Predicted ~58 and ~21 us.
+template <bool F32, bool VEC, bool SMOD, int G = 64>
 __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
     layernorm_streamed_rows(const Params p, int slots, const StreamTree tree) {
-  using Map = AtenThreadMap<64, true>;
-  constexpr int KB = SMOD || !F32 ? 2 : 1;  // sweeps whose rows are read before their stores (2 spilled: fp32, global)
+  using Map = AtenThreadMap<G, true>;
+  constexpr int kGroups = G == 64 ? kStreamMaxGroups : 64 * kStreamLnMaxGroups / G;  // G = 64: the verified layout
+  // sweeps whose rows are read before their stores (2 spilled: fp32 from global memory; and at G = 32, 72 bytes)
+  constexpr int KB = (SMOD || !F32) && G == 64 ? 2 : 1;
   // SMOD: staged batch b's scale row, then its shift row (F32: H floats each; bf16: V words of 4); then the ring.
   extern __shared__ uint4 ring_smem[];
   __shared__ uint64_t full[kStreamMaxSlots], empty[kStreamMaxSlots];
-  __shared__ VecWelford roots[kStreamMaxGroups][4];
-  __shared__ RowStats stats[kStreamMaxGroups];
+  __shared__ VecWelford roots[kGroups][4];
+  __shared__ RowStats stats[kGroups];
 
   const int tid = static_cast<int>(threadIdx.x);
   const int V = p.v;
@@ -1002,7 +1061,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
   const int64_t nb = SMOD ? staged_mod_batches(p) : 0;
   uint2* const ring = F32 ? reinterpret_cast<uint2*>(mod32 + 2 * nb * p.h) : mod16 + 2 * nb * V;
   const int64_t stride = gridDim.x;
-  stream_init_barriers(full, empty, slots, 64);  // the only block barrier
+  stream_init_barriers(full, empty, slots, G);  // the only block barrier
 
   if (tid < 32) {  // the producer warp: lane 0 copies each row's x once its slot is free
     if (tid == 0)
@@ -1013,21 +1072,22 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
     return;
   }
 
-  const int c = (tid - 32) >> 6;
-  const int i = (tid - 32) & 63;
-  const int groups = (static_cast<int>(blockDim.x) - 32) >> 6;
+  constexpr int kLog2G = G == 64 ? 6 : 5;
+  const int c = (tid - 32) >> kLog2G;
+  const int i = (tid - 32) & (G - 1);
+  const int groups = (static_cast<int>(blockDim.x) - 32) >> kLog2G;
   if constexpr (SMOD && F32) {  // the consumers copy the fp32 rows (16-byte pieces: VEC), then wait for each other
     const int q = p.h / 4;  // float4 pieces per row
     const int n = static_cast<int>(2 * nb * q);
-    for (int t = tid - 32; t < n; t += 64 * groups) {
+    for (int t = tid - 32; t < n; t += G * groups) {
       const int rowi = t / q, e = 4 * (t - rowi * q), b = rowi / 2;
       const float* src = (rowi % 2 == 0 ? p.scale32 + b * p.scale_stride : p.shift32 + b * p.shift_stride) + e;
       cp_async(mod32 + 4 * static_cast<int64_t>(t), src, true);
     }
     cp_async_wait_all();
-    asm volatile("bar.sync 15, %0;" ::"r"(64 * groups) : "memory");
+    asm volatile("bar.sync 15, %0;" ::"r"(G * groups) : "memory");
   } else if constexpr (SMOD) {  // bf16 rows as 8-byte words (VEC); scale's become bf16(1 + scale), as in GRLN's
-    stage_bf16_mod_rows<2, 0>(mod16, nb, V, tid - 32, groups, [&](int64_t b, int role) {
+    stage_bf16_mod_rows<2, 0>(mod16, nb, V, tid - 32, G * groups, [&](int64_t b, int role) {
       return role == 0 ? p.scale + b * p.scale_stride : p.shift + b * p.shift_stride;
     });
   }
@@ -1036,36 +1096,41 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
   for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
     detail::mbar_wait(&full[s], use & 1u);
     const uint2* const sx = ring + static_cast<int64_t>(s) * V;
-    const RowStats rs = stream_row_stats(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
+    const RowStats rs = stream_row_stats<G>(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
     const int64_t b = p.seq_div.div(row), l = row - b * p.seq;
     uint2* const orow = reinterpret_cast<uint2*>(p.out + row * p.h);
     if constexpr (!F32)  // bf16 (SMOD: this batch's staged bf16(1 + scale) and shift rows)
-      stream_bf16_epilogue<VEC, SMOD>(sx, i, V, sweeps, rs, mod16 + 2 * (nb == 1 ? 0 : b) * V,
+      stream_bf16_epilogue<VEC, SMOD, G>(sx, i, V, sweeps, rs, mod16 + 2 * (nb == 1 ? 0 : b) * V,
                                       p.scale + b * p.scale_stride + l * p.scale_stride_l,
                                       p.shift + b * p.shift_stride + l * p.shift_stride_l, orow);
     if constexpr (F32) {  // Wan's fp32 epilogue
       const float* const s32 = SMOD ? mod32 + 2 * (nb == 1 ? 0 : b) * p.h
                                     : p.scale32 + b * p.scale_stride + l * p.scale_stride_l;
       const float* const h32 = SMOD ? s32 + p.h : p.shift32 + b * p.shift_stride + l * p.shift_stride_l;
-      for (int k0 = 0; k0 < sweeps; k0 += KB) {
-        uint4 w[KB];
-        float sc[KB][2][4], sh[KB][2][4];
-  #pragma unroll
-        for (int kk = 0; kk < KB; ++kk) {
-          const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);  // and vi + 1 (V is even)
-          if (k0 + kk < sweeps && vi < V) {
-            w[kk] = *reinterpret_cast<const uint4*>(sx + vi);
-            load_f32_rows4<VEC || SMOD>(s32, h32, kVecElems * vi, sc[kk][0], sh[kk][0]);
-            load_f32_rows4<VEC || SMOD>(s32, h32, kVecElems * (vi + 1), sc[kk][1], sh[kk][1]);
+      if constexpr (G == 32) {  // two pairs of slots
+        stream_f32_epilogue<VEC || SMOD, KB>(sx, Map::aten_thread(i, 0), V, sweeps, rs, s32, h32, p.affine32, orow);
+        stream_f32_epilogue<VEC || SMOD, KB>(sx, Map::aten_thread(i, 2), V, sweeps, rs, s32, h32, p.affine32, orow);
+      } else {  // the verified two-warp kernel's loop, kept inline (as a call its SASS changed and spilled 8 bytes)
+        for (int k0 = 0; k0 < sweeps; k0 += KB) {
+          uint4 w[KB];
+          float sc[KB][2][4], sh[KB][2][4];
+#pragma unroll
+          for (int kk = 0; kk < KB; ++kk) {
+            const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);  // and vi + 1 (V is even)
+            if (k0 + kk < sweeps && vi < V) {
+              w[kk] = *reinterpret_cast<const uint4*>(sx + vi);
+              load_f32_rows4<VEC || SMOD>(s32, h32, kVecElems * vi, sc[kk][0], sh[kk][0]);
+              load_f32_rows4<VEC || SMOD>(s32, h32, kVecElems * (vi + 1), sc[kk][1], sh[kk][1]);
+            }
           }
-        }
-  #pragma unroll
-        for (int kk = 0; kk < KB; ++kk) {
-          const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
-          if (k0 + kk < sweeps && vi < V) {
-            const uint2 o0 = f32_chain4(make_uint2(w[kk].x, w[kk].y), rs, sc[kk][0], sh[kk][0], p.affine32);
-            const uint2 o1 = f32_chain4(make_uint2(w[kk].z, w[kk].w), rs, sc[kk][1], sh[kk][1], p.affine32);
-            *reinterpret_cast<uint4*>(orow + vi) = make_uint4(o0.x, o0.y, o1.x, o1.y);
+#pragma unroll
+          for (int kk = 0; kk < KB; ++kk) {
+            const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);
+            if (k0 + kk < sweeps && vi < V) {
+              const uint2 o0 = f32_chain4(make_uint2(w[kk].x, w[kk].y), rs, sc[kk][0], sh[kk][0], p.affine32);
+              const uint2 o1 = f32_chain4(make_uint2(w[kk].z, w[kk].w), rs, sc[kk][1], sh[kk][1], p.affine32);
+              *reinterpret_cast<uint4*>(orow + vi) = make_uint4(o0.x, o0.y, o1.x, o1.y);
+            }
           }
         }
       }
@@ -1100,11 +1165,12 @@ struct StreamLaunchOnce {
 // otherwise. One block per SM (DIFUSE_LNMOD_STREAMED_BLOCKS=N caps the grid); the tree's weights where H % 512 == 0.
 template <class Kernel>
 bool launch_stream(Kernel kernel, StreamLaunchOnce& once, int max_groups, int64_t slot_bytes, int64_t mod_bytes,
-                   const Params& p, int device, cudaStream_t stream) {
+                   const Params& p, int device, cudaStream_t stream, int group_threads = 64) {
   const int budget = stream_smem_budget(kernel, device, once.budgets);
   const int slots = static_cast<int>(std::min<int64_t>(kStreamMaxSlots, (budget - mod_bytes) / slot_bytes));
   const int knob = streamed_groups_knob();
-  const int groups = std::min(std::min(knob <= 1 ? kStreamDefaultGroups : knob, max_groups), slots);
+  const int default_groups = kStreamDefaultGroups * 64 / group_threads;  // the same consumer warps
+  const int groups = std::min(std::min(knob <= 1 ? default_groups : knob, max_groups), slots);
   if (slots < 2 || groups < 1) return false;
   opt_in_shared_memory(kernel, device, budget, once.opted_in);
   prefer_max_shared_carveout(kernel, device, once.carveout_set);
@@ -1115,8 +1181,8 @@ bool launch_stream(Kernel kernel, StreamLaunchOnce& once, int max_groups, int64_
   tree.uniform = p.v % kAtenThreads == 0;
   const int sweeps = (p.v + kAtenThreads - 1) / kAtenThreads;
   for (int lv = 0; lv < 5; ++lv) tree.level[lv] = num::equal_combine_weights(static_cast<float>((4 * sweeps) << lv));
-  kernel<<<static_cast<unsigned>(blocks), 32 + 64 * groups, static_cast<size_t>(slots * slot_bytes + mod_bytes),
-           stream>>>(p, slots, tree);
+  kernel<<<static_cast<unsigned>(blocks), 32 + group_threads * groups,
+           static_cast<size_t>(slots * slot_bytes + mod_bytes), stream>>>(p, slots, tree);
   return true;
 }
 
@@ -1129,11 +1195,31 @@ bool launch_streamed(const Params& p, int device, cudaStream_t stream) {
 }
 
 // The plain LayerNorms' streamed kernel: slots of x's rows; SMOD: 2 rows per staged batch (fp32 or bf16).
-template <bool F32, bool VEC, bool SMOD>
+template <bool F32, bool VEC, bool SMOD, int G = 64>
 bool launch_streamed_ln(const Params& p, int device, cudaStream_t stream) {
   static StreamLaunchOnce once;
-  return launch_stream(layernorm_streamed_rows<F32, VEC, SMOD>, once, kStreamLnMaxGroups, int64_t{2} * p.h,
-                       SMOD ? 2 * staged_mod_batches(p) * int64_t{F32 ? 4 : 2} * p.h : 0, p, device, stream);
+  return launch_stream(layernorm_streamed_rows<F32, VEC, SMOD, G>, once, 64 * kStreamLnMaxGroups / G,
+                       int64_t{2} * p.h, SMOD ? 2 * staged_mod_batches(p) * int64_t{F32 ? 4 : 2} * p.h : 0, p, device,
+                       stream, G);
+}
+
+// DIFUSE_LNMOD_STREAM_WARP=1 (read once; for measurement): the plain LayerNorms' streamed rows on one-warp groups.
+bool stream_warp_groups() {
+  static const bool v = detail::positive_env_knob("DIFUSE_LNMOD_STREAM_WARP") == 1;
+  return v;
+}
+
+// The plain LayerNorms' streamed kernel for these rows: smod (the staged rows) or vec (8-byte bf16 words / 16-byte
+// fp32 vectors) or neither, on two-warp groups or (stream_warp_groups) one-warp ones.
+template <bool F32>
+bool launch_streamed_ln_rows(const Params& p, bool smod, bool vec, int device, cudaStream_t stream) {
+  if (stream_warp_groups())
+    return smod  ? launch_streamed_ln<F32, true, true, 32>(p, device, stream)
+           : vec ? launch_streamed_ln<F32, true, false, 32>(p, device, stream)
+                 : launch_streamed_ln<F32, false, false, 32>(p, device, stream);
+  return smod  ? launch_streamed_ln<F32, true, true>(p, device, stream)
+         : vec ? launch_streamed_ln<F32, true, false>(p, device, stream)
+               : launch_streamed_ln<F32, false, false>(p, device, stream);
 }
 
 constexpr size_t kMaxStagedBytes = 72 * 1024;  // dynamic staging per block: (8+2) x 6 KB, (4+2) x 12 KB, 1 x 48 KB
@@ -1484,9 +1570,7 @@ void layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view&
   if (plain_streamed_by_default_or_knob(p.rows, smod) && p.h % 8 == 0 && detail::aligned(x.data, 16) &&
       detail::aligned(out.data, 16)) {
     const detail::DeviceGuard device_guard(x.device);
-    if (smod ? launch_streamed_ln<false, true, true>(p, x.device, stream)
-             : p.mod_vec ? launch_streamed_ln<false, true, false>(p, x.device, stream)
-                         : launch_streamed_ln<false, false, false>(p, x.device, stream)) {
+    if (launch_streamed_ln_rows<false>(p, smod, p.mod_vec, x.device, stream)) {
       DIFUSE_CUDA_CHECK(cudaGetLastError());
       return;
     }
@@ -1568,9 +1652,7 @@ void layernorm_modulate_fp32_impl(const difuse_tensor_view& out, const difuse_te
   const bool smod = vec4 && p.scale_stride_l == 0 && p.shift_stride_l == 0 &&
                     staged_mod_batches(p) <= kStreamMaxModBatches;
   if (plain_streamed_by_default_or_knob(p.rows, smod, row_epilogue == 1) && aligned16 && p.h % 8 == 0) {
-    if (smod ? launch_streamed_ln<true, true, true>(p, x.device, stream)
-             : vec4 ? launch_streamed_ln<true, true, false>(p, x.device, stream)
-                    : launch_streamed_ln<true, false, false>(p, x.device, stream)) {
+    if (launch_streamed_ln_rows<true>(p, smod, vec4, x.device, stream)) {
       DIFUSE_CUDA_CHECK(cudaGetLastError());
       return;
     }

@@ -333,15 +333,17 @@ def test_two_warp_schedule_for_few_rows():
     assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="64")
 
 
-@pytest.mark.parametrize("groups,blocks", [("1", ""), ("3", "2")], ids=str)
-def test_streamed_variant(groups, blocks):
+@pytest.mark.parametrize("groups,blocks,warp", [("1", "", ""), ("3", "2", ""), ("1", "", "1"), ("5", "2", "1")],
+                         ids=str)
+def test_streamed_variant(groups, blocks, warp):
     """DIFUSE_LNMOD_STREAMED=G (read once per process): layernorm_modulate on the streamed rows (one block per SM, or
     DIFUSE_LNMOD_STREAMED_BLOCKS of them: a producer warp bulk-copying each row's x into a ring of slots, G two-warp
     groups computing; 1: 12 groups). Same bits at FLUX's single-stream 4608 rows, Wan's 32,760 at 1536 and 5120,
     batch 2 and 3 (a block's rows in several batches), partial last sweeps (1000, 2240), 12288 and 24576, with [B, H]
     chunks 8-byte aligned (staged in shared memory as bf16(1 + scale) and shift), 2-byte aligned and per-token rows
     (from global memory), x 8- but not 16-byte aligned (the staged kernels), adversarial values; the profiler shows
-    the three streamed kernels ran."""
+    the three streamed kernels ran. With DIFUSE_LNMOD_STREAM_WARP=1 the groups are one warp each
+    (four slots per thread on the same paired map; 1: 24 groups), and the profiler must show those kernels."""
     from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
 
     script = mismatch_script(
@@ -368,12 +370,14 @@ def test_streamed_variant(groups, blocks):
         "    if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
         "        torch.cuda.synchronize()\n"
         "names = set(e.name for e in prof.events())\n"
-        "for want in ('layernorm_streamed_rows<false, true, true>', 'layernorm_streamed_rows<false, true, false>',\n"
-        "             'layernorm_streamed_rows<false, false, false>'):\n"
+        "for want in ('layernorm_streamed_rows<false, true, true, {G}>', 'layernorm_streamed_rows<false, true, false, {G}>',\n"
+        "             'layernorm_streamed_rows<false, false, false, {G}>'):\n"
         "    if not any(want in n for n in names):\n"
         "        bad += 1\n"
         "        print(want, 'did not run:', sorted(n for n in names if 'difuse' in n))\n")
-    assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks)
+    script = script.replace("{G}", "32" if warp else "64")  # the kernels' group width
+    assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks,
+                       DIFUSE_LNMOD_STREAM_WARP=warp)
 
 
 def _streamed_ran(x, scale, shift):

@@ -170,15 +170,17 @@ def test_row_epilogue_variant():
     assert_exact_under(script, DIFUSE_LNMOD_F32_ROW_EPILOGUE="1")
 
 
-@pytest.mark.parametrize("groups,blocks", [("1", ""), ("3", "2")], ids=str)
-def test_streamed_variant(groups, blocks):
+@pytest.mark.parametrize("groups,blocks,warp", [("1", "", ""), ("3", "2", ""), ("1", "", "1"), ("5", "2", "1")],
+                         ids=str)
+def test_streamed_variant(groups, blocks, warp):
     """DIFUSE_LNMOD_STREAMED=G (read once per process): layernorm_modulate_fp32 and layernorm_affine_fp32 on the
     streamed rows (one block per SM, or DIFUSE_LNMOD_STREAMED_BLOCKS of them: a producer warp bulk-copying each row's
     x into a ring of slots, G two-warp groups computing; 1: 12 groups). Same bits at Wan 14B's and 1.3B's 32,760 rows,
     batch 2 and 3 (a block's rows in several batches), partial last sweeps (2240), 12288 and 24576 (the ring too
     small there: the staged kernels), with [B, 1, H] fp32 rows 16-byte aligned (staged in shared memory), misaligned
     and per-token (from global memory), and the affine norm's weight and bias (staged); the profiler shows the three
-    streamed kernels ran."""
+    streamed kernels ran. With DIFUSE_LNMOD_STREAM_WARP=1 the groups are one warp each
+    (four slots per thread on the same paired map; 1: 24 groups), and the profiler must show those kernels."""
     from knob_run import WAN_FP32_NORM_LINES, assert_exact_under, mismatch_script
 
     script = mismatch_script(
@@ -202,12 +204,14 @@ def test_streamed_variant(groups, blocks):
         "    if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
         "        torch.cuda.synchronize()\n"
         "names = set(e.name for e in prof.events())\n"
-        "for want in ('layernorm_streamed_rows<true, true, true>', 'layernorm_streamed_rows<true, true, false>',\n"
-        "             'layernorm_streamed_rows<true, false, false>'):\n"
+        "for want in ('layernorm_streamed_rows<true, true, true, {G}>', 'layernorm_streamed_rows<true, true, false, {G}>',\n"
+        "             'layernorm_streamed_rows<true, false, false, {G}>'):\n"
         "    if not any(want in n for n in names):\n"
         "        bad += 1\n"
         "        print(want, 'did not run:', sorted(n for n in names if 'difuse' in n))\n")
-    assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks)
+    script = script.replace("{G}", "32" if warp else "64")  # the kernels' group width
+    assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks,
+                       DIFUSE_LNMOD_STREAM_WARP=warp)
 
 
 @pytest.mark.parametrize("B,L,H,kind,streamed", [
