@@ -62,6 +62,26 @@ WAN_FP32_NORM_LINES = (
     "    bad += count_mismatches(ops.layernorm_affine_fp32(x, w, b), ops.layernorm_affine_fp32_eager(x, w, b))\n")
 
 
+# Script lines (for mismatch_script bodies) that start the profiler over the lines after them: CPU activity, and CUDA
+# activity where there is a GPU (tests/torch_cpu/test_knob_specs.py runs the scripts on the CPU).
+PROFILE_START = (
+    "from torch.profiler import profile, ProfilerActivity\n"
+    "prof = profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else []))\n"
+    "prof.__enter__()\n")
+
+
+def no_kernel_ran(part: str) -> str:
+    """Script lines after PROFILE_START and the profiled calls: stop the profiler, and count a mismatch (printing
+    their names) if any kernel whose name contains `part` ran."""
+    return ("if torch.cuda.is_available():\n"
+            "    torch.cuda.synchronize()\n"
+            "prof.__exit__(None, None, None)\n"
+            "ran = sorted(set(e.name for e in prof.events() if %r in e.name))\n"
+            "if ran:\n"
+            "    bad += 1\n"
+            "    print('kernels that should not have run:', ran)\n" % part)
+
+
 def prologue_adversarial_script(op: str, head_dim: int, cases, seed: int, bhsd: bool = False) -> str:
     """A mismatch script for an attention prologue op on its ops._<op>_inputs: for each case (B, S1, S2, H,
     offset, weights, rope) every q, k, v input is re-placed with place() (offset 4: 8- but not 16-byte aligned

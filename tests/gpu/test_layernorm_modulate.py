@@ -421,26 +421,18 @@ def test_staged_kernels_where_streamed_by_default():
     by default: two warps per row at 3072 (FLUX's 4096 and 4608 rows), the one-warp many-narrow-rows kernel at 1536
     (8192 and 32,760 rows), four warps at 5120, [B, H] chunks 8-byte aligned, B = 1 and 2, adversarial values; the
     profiler shows no streamed kernel ran."""
-    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+    from knob_run import PLACE_ADVERSARIAL, PROFILE_START, assert_exact_under, mismatch_script, no_kernel_ran
 
     script = mismatch_script(
-        PLACE_ADVERSARIAL +
-        "from torch.profiler import profile, ProfilerActivity\n"
-        "acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])\n"
-        "with profile(activities=acts) as prof:\n"
-        "    for i, (B, L, H) in enumerate([(1, 4096, 3072), (1, 4608, 3072), (2, 4096, 1536), (1, 32760, 1536),\n"
-        "                                   (1, 4096, 5120)]):\n"
-        "        g = torch.Generator(device='cuda').manual_seed(3700 + i)\n"
-        "        x = place(torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16), 0)\n"
-        "        emb8 = (torch.randn(B, 6 * H, device='cuda', generator=g) * 0.5).to(torch.bfloat16).chunk(6, dim=1)\n"
-        "        bad += count_mismatches(ops.layernorm_modulate(x, emb8[1], emb8[0], 1e-6),\n"
-        "                                ops.layernorm_modulate_eager(x, emb8[1], emb8[0], 1e-6))\n"
-        "    if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
-        "        torch.cuda.synchronize()\n"
-        "ran = sorted(set(e.name for e in prof.events() if 'streamed' in e.name))\n"
-        "if ran:\n"
-        "    bad += 1\n"
-        "    print('streamed kernels ran:', ran)\n")
+        PLACE_ADVERSARIAL + PROFILE_START +
+        "for i, (B, L, H) in enumerate([(1, 4096, 3072), (1, 4608, 3072), (2, 4096, 1536), (1, 32760, 1536),\n"
+        "                               (1, 4096, 5120)]):\n"
+        "    g = torch.Generator(device='cuda').manual_seed(3700 + i)\n"
+        "    x = place(torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16), 0)\n"
+        "    emb8 = (torch.randn(B, 6 * H, device='cuda', generator=g) * 0.5).to(torch.bfloat16).chunk(6, dim=1)\n"
+        "    bad += count_mismatches(ops.layernorm_modulate(x, emb8[1], emb8[0], 1e-6),\n"
+        "                            ops.layernorm_modulate_eager(x, emb8[1], emb8[0], 1e-6))\n"
+        + no_kernel_ran("streamed"))
     assert_exact_under(script, DIFUSE_LNMOD_STREAMED="0")
 
 

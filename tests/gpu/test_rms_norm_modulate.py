@@ -544,26 +544,12 @@ def test_two_pass_rows_where_streamed_by_default():
     rows by default (LTX-2's 2x6144x4096 with [B, 1, D] and per-token rows, ERNIE's layout at 4096, the widest staged
     row 8160), both modulate chains, with and without weight, and the gated-residual form; the profiler shows no
     streamed kernel ran."""
-    from knob_run import assert_exact_under
+    from knob_run import PROFILE_START, assert_exact_under, no_kernel_ran
 
     layouts = [((2, 6144, 4096), 'ltx2'), ((2, 6144, 4096), 'ltx2_tokens'), ((4096, 1, 4096), 'ernie'),
                ((1, 4096, 8160), 'ltx2')]
-    script = _site_layouts_script(1350, layouts).replace(
-        "bad = 0\n",
-        "bad = 0\n"
-        "from torch.profiler import profile, ProfilerActivity\n"
-        "acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])\n"
-        "prof = profile(activities=acts)\n"
-        "prof.__enter__()\n", 1).replace(
-        "print('mismatches', bad)",
-        "if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
-        "    torch.cuda.synchronize()\n"
-        "prof.__exit__(None, None, None)\n"
-        "ran = sorted(set(e.name for e in prof.events() if 'streamed' in e.name))\n"
-        "if ran:\n"
-        "    bad += 1\n"
-        "    print('streamed kernels ran:', ran)\n"
-        "print('mismatches', bad)")
+    script = _site_layouts_script(1350, layouts).replace("bad = 0\n", "bad = 0\n" + PROFILE_START, 1).replace(
+        "print('mismatches', bad)", no_kernel_ran("streamed") + "print('mismatches', bad)")
     assert_exact_under(script, DIFUSE_RMSMOD_STREAMED="0")
 
 

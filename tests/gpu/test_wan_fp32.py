@@ -247,21 +247,12 @@ def test_staged_kernels_where_streamed_by_default():
     by default (Wan 14B's and 1.3B's 32,760 rows: four warps per row at 5120, one warp at 1536; batch 2 at 3072),
     the modulated and the affine norm, [B, 1, H] rows aligned and not, per-token rows; the profiler shows no
     streamed kernel ran."""
-    from knob_run import WAN_FP32_NORM_LINES, assert_exact_under, mismatch_script
+    from knob_run import PROFILE_START, WAN_FP32_NORM_LINES, assert_exact_under, mismatch_script, no_kernel_ran
 
     script = mismatch_script(
-        "from torch.profiler import profile, ProfilerActivity\n"
-        "acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])\n"
-        "prof = profile(activities=acts)\n"
-        "prof.__enter__()\n"
+        PROFILE_START +
         "for i, (B, L, H) in enumerate([(1, 32760, 5120), (1, 32760, 1536), (2, 4096, 3072)]):\n"
         "    g = torch.Generator(device='cuda').manual_seed(1200 + i)\n"
         "    x = torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16)\n" + WAN_FP32_NORM_LINES +
-        "if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
-        "    torch.cuda.synchronize()\n"
-        "prof.__exit__(None, None, None)\n"
-        "ran = sorted(set(e.name for e in prof.events() if 'streamed' in e.name))\n"
-        "if ran:\n"
-        "    bad += 1\n"
-        "    print('streamed kernels ran:', ran)\n")
+        no_kernel_ran("streamed"))
     assert_exact_under(script, DIFUSE_LNMOD_STREAMED="0")
