@@ -893,17 +893,21 @@ __device__ __forceinline__ void stage_bf16_mod_rows(uint2* mod, int64_t batches,
   asm volatile("bar.sync 15, %0;" ::"r"(consumers) : "memory");
 }
 
-template <bool MODVEC, bool SMOD>
+// G = 32 (DIFUSE_LNMOD_STREAM_WARP=1, for measurement; eighteenth session, not yet run on the H200): one-warp groups
+// (four slots per thread: two 16-byte vectors per sweep), as layernorm_streamed_rows<..., 32>; for GRLN's narrow rows
+// (2x4096x1536 33.8 us against a 27.4 ceiling at 83f6b5f, site bound 29.5).
+template <bool MODVEC, bool SMOD, int G = 64>
 __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_rows(const Params p, int slots, const StreamTree tree) {
-  using Map = AtenThreadMap<64, true>;
-  constexpr int A = Map::kSlots;  // 2: one 16-byte vector per sweep and thread
-  constexpr int KB = 2;           // sweeps whose global loads are issued before their stores
+  using Map = AtenThreadMap<G, true>;
+  constexpr int A = Map::kSlots;  // 2 (G = 64: one 16-byte vector per sweep and thread) or 4
+  constexpr int KB = G == 64 ? 2 : 1;  // sweeps whose global loads are issued before their stores
+  constexpr int kGroups = 64 * kStreamMaxGroups / G;
   // SMOD: batch b's gate, scale and shift rows at 3 b V vectors of 4 bf16; then the ring: slot s holds h's row at
   // 2 s V vectors past its start, a's row after it.
   extern __shared__ uint4 ring_smem[];
   __shared__ uint64_t full[kStreamMaxSlots], empty[kStreamMaxSlots];
-  __shared__ VecWelford roots[kStreamMaxGroups][4];
-  __shared__ RowStats stats[kStreamMaxGroups];
+  __shared__ VecWelford roots[kGroups][4];
+  __shared__ RowStats stats[kGroups];
 
   const int tid = static_cast<int>(threadIdx.x);
   const int V = p.v;
@@ -913,7 +917,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
   const int64_t batches = SMOD ? p.rows / p.seq : 0;
   uint2* const ring = mod + 3 * batches * V;
   const int64_t stride = gridDim.x;
-  stream_init_barriers(full, empty, slots, 64);  // the only block barrier: then each role runs on its own
+  stream_init_barriers(full, empty, slots, G);  // the only block barrier: then each role runs on its own
 
   if (tid < 32) {  // the producer warp: lane 0 issues each row's two copies once its slot is free
     if (tid == 0)
@@ -926,12 +930,13 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
     return;
   }
 
-  const int c = (tid - 32) >> 6;  // consumer group
-  const int i = (tid - 32) & 63;  // thread of the row
-  const int groups = (static_cast<int>(blockDim.x) - 32) >> 6;
+  constexpr int kLog2G = G == 64 ? 6 : 5;
+  const int c = (tid - 32) >> kLog2G;  // consumer group
+  const int i = (tid - 32) & (G - 1);  // thread of the row
+  const int groups = (static_cast<int>(blockDim.x) - 32) >> kLog2G;
   if constexpr (SMOD) {  // the consumers copy the modulation rows (8-byte words: MODVEC's alignment) while the
                          // producer's first copies are in flight, then wait for each other (named barrier 15)
-    stage_bf16_mod_rows<3, 1>(mod, batches, V, tid - 32, 64 * groups, [&](int64_t b, int role) {
+    stage_bf16_mod_rows<3, 1>(mod, batches, V, tid - 32, G * groups, [&](int64_t b, int role) {
       return role == 0 ? p.gate + b * p.gate_stride : role == 1 ? p.scale + b * p.scale_stride : p.shift + b * p.shift_stride;
     });
   }
@@ -960,23 +965,27 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
       }
 #pragma unroll
       for (int kk = 0; kk < KB; ++kk) {
-        const int vi = Map::aten_thread(i, 0) + kAtenThreads * (k0 + kk);  // slot 1 is vi + 1 (V is even)
-        if (k0 + kk < sweeps && vi < V) {
-          const uint4 h = *reinterpret_cast<const uint4*>(sx + vi);
-          const uint4 a = *reinterpret_cast<const uint4*>(sa + vi);
-          const uint2 h0 = modulate::gated_residual_vec4(make_uint2(h.x, h.y), make_uint2(a.x, a.y), gw[kk][0]);
-          const uint2 h1 = modulate::gated_residual_vec4(make_uint2(h.z, h.w), make_uint2(a.z, a.w), gw[kk][1]);
-          const uint4 o = make_uint4(h0.x, h0.y, h1.x, h1.y);
-          *reinterpret_cast<uint4*>(sx + vi) = o;
-          *reinterpret_cast<uint4*>(rr + vi) = o;
+#pragma unroll
+        for (int jp = 0; jp < A; jp += 2) {
+          const int vi = Map::aten_thread(i, jp) + kAtenThreads * (k0 + kk);  // slot jp + 1 is vi + 1 (V is even)
+          if (k0 + kk < sweeps && vi < V) {
+            const uint4 h = *reinterpret_cast<const uint4*>(sx + vi);
+            const uint4 a = *reinterpret_cast<const uint4*>(sa + vi);
+            const uint2 h0 = modulate::gated_residual_vec4(make_uint2(h.x, h.y), make_uint2(a.x, a.y), gw[kk][jp]);
+            const uint2 h1 =
+                modulate::gated_residual_vec4(make_uint2(h.z, h.w), make_uint2(a.z, a.w), gw[kk][jp + 1]);
+            const uint4 o = make_uint4(h0.x, h0.y, h1.x, h1.y);
+            *reinterpret_cast<uint4*>(sx + vi) = o;
+            *reinterpret_cast<uint4*>(rr + vi) = o;
+          }
         }
       }
     }
 
-    const RowStats rs = stream_row_stats(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
+    const RowStats rs = stream_row_stats<G>(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
 
     // The epilogue (SMOD: the staged bf16(1 + scale) and shift rows after the gate's).
-    stream_bf16_epilogue<MODVEC, SMOD>(sx, i, V, sweeps, rs, sgate + V, p.scale + bb * p.scale_stride + ll * p.scale_stride_l,
+    stream_bf16_epilogue<MODVEC, SMOD, G>(sx, i, V, sweeps, rs, sgate + V, p.scale + bb * p.scale_stride + ll * p.scale_stride_l,
                                        p.shift + bb * p.shift_stride + ll * p.shift_stride_l,
                                        reinterpret_cast<uint2*>(p.out + row * p.h));
     stream_release(empty, s, use, groups, slots);  // every read and write of the slot by this thread is done
@@ -1187,11 +1196,11 @@ bool launch_stream(Kernel kernel, StreamLaunchOnce& once, int max_groups, int64_
 }
 
 // GRLN's streamed kernel: slots of h's and a's rows; SMOD: 3 bf16 rows per batch.
-template <bool MODVEC, bool SMOD>
+template <bool MODVEC, bool SMOD, int G = 64>
 bool launch_streamed(const Params& p, int device, cudaStream_t stream) {
   static StreamLaunchOnce once;
-  return launch_stream(grln_streamed_rows<MODVEC, SMOD>, once, kStreamMaxGroups, int64_t{4} * p.h,
-                       SMOD ? 3 * (p.rows / p.seq) * int64_t{2} * p.h : 0, p, device, stream);
+  return launch_stream(grln_streamed_rows<MODVEC, SMOD, G>, once, 64 * kStreamMaxGroups / G, int64_t{4} * p.h,
+                       SMOD ? 3 * (p.rows / p.seq) * int64_t{2} * p.h : 0, p, device, stream, G);
 }
 
 // The plain LayerNorms' streamed kernel: slots of x's rows; SMOD: 2 rows per staged batch (fp32 or bf16).
@@ -1789,9 +1798,13 @@ void gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difu
     const detail::DeviceGuard device_guard(h.device);
     const bool smod = p.mod_vec && p.gate_stride_l == 0 && p.scale_stride_l == 0 && p.shift_stride_l == 0 &&
                       p.rows / p.seq <= kStreamMaxModBatches;
-    if (smod ? launch_streamed<true, true>(p, h.device, stream)
-             : p.mod_vec ? launch_streamed<true, false>(p, h.device, stream)
-                         : launch_streamed<false, false>(p, h.device, stream)) {
+    const bool launched = !stream_warp_groups() ? smod        ? launch_streamed<true, true>(p, h.device, stream)
+                                                  : p.mod_vec ? launch_streamed<true, false>(p, h.device, stream)
+                                                              : launch_streamed<false, false>(p, h.device, stream)
+                          : smod        ? launch_streamed<true, true, 32>(p, h.device, stream)
+                          : p.mod_vec ? launch_streamed<true, false, 32>(p, h.device, stream)
+                                      : launch_streamed<false, false, 32>(p, h.device, stream);
+    if (launched) {
       DIFUSE_CUDA_CHECK(cudaGetLastError());
       return;
     }

@@ -205,22 +205,25 @@ STREAMED_KERNELS_RAN = (
     "    if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
     "        torch.cuda.synchronize()\n"
     "names = set(e.name for e in prof.events())\n"
-    "for want in ('grln_streamed_rows<true, true>', 'grln_streamed_rows<true, false>',\n"
-    "             'grln_streamed_rows<false, false>'):\n"
+    "for want in ('grln_streamed_rows<true, true, {G}>', 'grln_streamed_rows<true, false, {G}>',\n"
+    "             'grln_streamed_rows<false, false, {G}>'):\n"
     "    if not any(want in n for n in names):\n"
     "        bad += 1\n"
     "        print(want, 'did not run:', sorted(n for n in names if 'difuse' in n))\n")
 
 
-@pytest.mark.parametrize("groups,blocks", [("1", ""), ("3", "2"), ("14", "5")], ids=str)
-def test_streamed_variant(groups, blocks):
+@pytest.mark.parametrize("groups,blocks,warp", [("1", "", ""), ("3", "2", ""), ("14", "5", ""), ("1", "", "1"),
+                                                ("5", "2", "1"), ("28", "5", "1")], ids=str)
+def test_streamed_variant(groups, blocks, warp):
     """DIFUSE_LNMOD_STREAMED=G (read once per process): one block per SM (or DIFUSE_LNMOD_STREAMED_BLOCKS of them),
-    a producer warp bulk-copying each row's h and a into a ring of slots while G two-warp groups compute (1: 8
+    a producer warp bulk-copying each row's h and a into a ring of slots while G two-warp groups compute (1: 12
     groups). Both outputs bit for bit at FLUX's 4096 and 512 rows at 3072, batch 2 at 1536 and 3072 with per-token
     gates and modulation rows, 5120, 12288 (4 slots) and 24576 (2 slots, every row refilling one), adversarial
     values; with 2 or 5 blocks every slot is refilled many times. Views it does not take (h or a 8- but not 16-byte
     aligned, H % 8 != 0) run the default kernels. The profiler shows all three streamed kernels ran ([B, H]
-    modulation rows staged in shared memory, a per-token gate, 2-byte aligned rows; compared bit for bit too)."""
+    modulation rows staged in shared memory, a per-token gate, 2-byte aligned rows; compared bit for bit too).
+    With DIFUSE_LNMOD_STREAM_WARP=1 the groups are one warp each (four slots per thread; 1: 24 groups, at most 28),
+    and the profiler must show those kernels."""
     from knob_run import assert_exact_under
 
     script = _knob_script(3300, [((1, 4096, 3072), 0, 0, False, False), ((1, 512, 3072), 0, 0, False, False),
@@ -229,8 +232,10 @@ def test_streamed_variant(groups, blocks):
                                  ((1, 19, 12288), 0, 0, False, False), ((1, 16, 24576), 0, 0, True, False),
                                  ((2, 37, 3072), 4, 0, False, False), ((2, 37, 3072), 0, 4, False, False),
                                  ((2, 21, 516), 0, 0, False, False), ((1, 3, 8), 0, 0, False, False)])
-    script = script.replace("print('mismatches', bad)", STREAMED_KERNELS_RAN + "print('mismatches', bad)")
-    assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks)
+    kernels_ran = STREAMED_KERNELS_RAN.replace("{G}", "32" if warp else "64")  # the kernels' group width
+    script = script.replace("print('mismatches', bad)", kernels_ran + "print('mismatches', bad)")
+    assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks,
+                       DIFUSE_LNMOD_STREAM_WARP=warp)
 
 
 def test_streamed_default_first_launched_in_a_cuda_graph():
