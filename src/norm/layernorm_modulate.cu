@@ -1151,7 +1151,8 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
 // DIFUSE_LNMOD_STREAMED=G (read once; for measurement): the streamed kernel wherever it can run, with G consumer
 // groups (1: kStreamDefaultGroups; at most the kernel's launch bound, kStreamMaxGroups for GRLN and
 // kStreamLnMaxGroups for the plain LayerNorms, and no more than the ring's slots); =0: never (the
-// staged kernels); unset: the default rule in gated_residual_layernorm_modulate. DIFUSE_LNMOD_STREAMED_BLOCKS=N
+// staged kernels); unset: the default rules (streamed_by_default_or_knob for GRLN,
+// plain_streamed_by_default_or_knob for the plain LayerNorms). DIFUSE_LNMOD_STREAMED_BLOCKS=N
 // caps the grid at N blocks (tests and the sanitizer: many rows per block, every slot refilled, at small shapes).
 // 12 groups: H200 at 0bdc6e6 (knob-sweeps/0bdc6e6/) 1x4096x3072 34.2 us on 12, 35.6 on 8, 38.6 on 6; 2x4096x1536
 // 38.0, 40.6, 45.9.
