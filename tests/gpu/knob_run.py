@@ -82,6 +82,20 @@ def no_kernel_ran(part: str) -> str:
             "    print('kernels that should not have run:', ran)\n" % part)
 
 
+def every_kernel_ran(wants) -> str:
+    """Script lines after PROFILE_START and the profiled calls: stop the profiler, and count a mismatch (printing the
+    names that did run) for each name part in `wants` no kernel's name contains (a knob test must fail if its
+    launcher fell back to other kernels)."""
+    return ("if torch.cuda.is_available():\n"
+            "    torch.cuda.synchronize()\n"
+            "prof.__exit__(None, None, None)\n"
+            "names = set(e.name for e in prof.events())\n"
+            "for want in %r:\n"
+            "    if not any(want in n for n in names):\n"
+            "        bad += 1\n"
+            "        print(want, 'did not run:', sorted(n for n in names if 'difuse' in n))\n" % (tuple(wants),))
+
+
 def prologue_adversarial_script(op: str, head_dim: int, cases, seed: int, bhsd: bool = False) -> str:
     """A mismatch script for an attention prologue op on its ops._<op>_inputs: for each case (B, S1, S2, H,
     offset, weights, rope) every q, k, v input is re-placed with place() (offset 4: 8- but not 16-byte aligned

@@ -184,32 +184,26 @@ def test_staged_a_variant(epilogue_batch):
     assert_exact_under(script, DIFUSE_LNMOD_STAGE_A="1", DIFUSE_LNMOD_EPILOGUE_BATCH=epilogue_batch)
 
 
-# Script lines: three calls under the profiler, each compared bit for bit: [B, H] modulation rows 8-byte aligned (the
-# kernel that stages them in shared memory), the same with a per-token gate (8-byte aligned, read from global
-# memory), and a gate, scale and shift only 2-byte aligned (the MODVEC = false kernel); a mismatch unless all three
-# streamed kernels ran (the knob test must fail if the launcher fell back to the staged kernels).
-STREAMED_KERNELS_RAN = (
-    "from torch.profiler import profile, ProfilerActivity\n"
-    "hh = place(torch.randn(2, 700, 3072, device='cuda', generator=g).to(torch.bfloat16), 0)\n"
-    "aa = torch.randn(2, 700, 3072, device='cuda', generator=g).to(torch.bfloat16)\n"
-    "aligned = (torch.randn(2, 6 * 3072, device='cuda', generator=g) * 0.5).to(torch.bfloat16).chunk(6, dim=1)\n"
-    "tok = (aligned[0], aligned[1], torch.randn(2, 700, 3072, device='cuda', generator=g).to(torch.bfloat16),\n"
-    "       aligned[3], aligned[4])\n"
-    "ee = (torch.randn(2, 6 * 3072 + 1, device='cuda', generator=g) * 0.5).to(torch.bfloat16)\n"
-    "odd = ee[:, 1:].chunk(6, dim=1)\n"
-    "acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])\n"
-    "with profile(activities=acts) as prof:\n"
-    "    for m in (aligned, tok, odd):\n"
-    "        bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(hh, aa, m[2], m[4], m[3], 1e-6)),\n"
-    "                                list(ops.gated_residual_layernorm_modulate_eager(hh, aa, m[2], m[4], m[3], 1e-6)))\n"
-    "    if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
-    "        torch.cuda.synchronize()\n"
-    "names = set(e.name for e in prof.events())\n"
-    "for want in ('grln_streamed_rows<true, true, {G}>', 'grln_streamed_rows<true, false, {G}>',\n"
-    "             'grln_streamed_rows<false, false, {G}>'):\n"
-    "    if not any(want in n for n in names):\n"
-    "        bad += 1\n"
-    "        print(want, 'did not run:', sorted(n for n in names if 'difuse' in n))\n")
+def streamed_kernels_ran(G: int) -> str:
+    """Script lines: three calls under the profiler, each compared bit for bit: [B, H] modulation rows 8-byte aligned
+    (the kernel that stages them in shared memory), the same with a per-token gate (8-byte aligned, read from global
+    memory), and a gate, scale and shift only 2-byte aligned (the MODVEC = false kernel); a mismatch unless all three
+    streamed kernels of group width G ran (the knob test must fail if the launcher fell back to the staged kernels)."""
+    from knob_run import PROFILE_START, every_kernel_ran
+
+    return ("hh = place(torch.randn(2, 700, 3072, device='cuda', generator=g).to(torch.bfloat16), 0)\n"
+            "aa = torch.randn(2, 700, 3072, device='cuda', generator=g).to(torch.bfloat16)\n"
+            "aligned = (torch.randn(2, 6 * 3072, device='cuda', generator=g) * 0.5).to(torch.bfloat16).chunk(6, dim=1)\n"
+            "tok = (aligned[0], aligned[1], torch.randn(2, 700, 3072, device='cuda', generator=g).to(torch.bfloat16),\n"
+            "       aligned[3], aligned[4])\n"
+            "ee = (torch.randn(2, 6 * 3072 + 1, device='cuda', generator=g) * 0.5).to(torch.bfloat16)\n"
+            "odd = ee[:, 1:].chunk(6, dim=1)\n"
+            + PROFILE_START +
+            "for m in (aligned, tok, odd):\n"
+            "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(hh, aa, m[2], m[4], m[3], 1e-6)),\n"
+            "                            list(ops.gated_residual_layernorm_modulate_eager(hh, aa, m[2], m[4], m[3], 1e-6)))\n"
+            + every_kernel_ran("grln_streamed_rows<%s, %s, %d>" % (v, m, G)
+                               for v, m in (("true", "true"), ("true", "false"), ("false", "false"))))
 
 
 @pytest.mark.parametrize("groups,blocks,warp", [("1", "", ""), ("3", "2", ""), ("14", "5", ""), ("1", "", "1"),
@@ -232,8 +226,7 @@ def test_streamed_variant(groups, blocks, warp):
                                  ((1, 19, 12288), 0, 0, False, False), ((1, 16, 24576), 0, 0, True, False),
                                  ((2, 37, 3072), 4, 0, False, False), ((2, 37, 3072), 0, 4, False, False),
                                  ((2, 21, 516), 0, 0, False, False), ((1, 3, 8), 0, 0, False, False)])
-    kernels_ran = STREAMED_KERNELS_RAN.replace("{G}", "32" if warp else "64")  # the kernels' group width
-    script = script.replace("print('mismatches', bad)", kernels_ran + "print('mismatches', bad)")
+    script = script.replace("print('mismatches', bad)", streamed_kernels_ran(32 if warp else 64) + "print('mismatches', bad)")
     assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks,
                        DIFUSE_LNMOD_STREAM_WARP=warp)
 

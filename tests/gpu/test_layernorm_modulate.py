@@ -344,7 +344,7 @@ def test_streamed_variant(groups, blocks, warp):
     (from global memory), x 8- but not 16-byte aligned (the staged kernels), adversarial values; the profiler shows
     the three streamed kernels ran. With DIFUSE_LNMOD_STREAM_WARP=1 the groups are one warp each
     (four slots per thread on the same paired map; 1: 24 groups), and the profiler must show those kernels."""
-    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+    from knob_run import PLACE_ADVERSARIAL, PROFILE_START, assert_exact_under, every_kernel_ran, mismatch_script
 
     script = mismatch_script(
         PLACE_ADVERSARIAL +
@@ -359,23 +359,14 @@ def test_streamed_variant(groups, blocks, warp):
         "    emb8 = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
         "    for sc, sh in ((emb8[1], emb8[0]), (emb[1], emb[0]), (rnd(B, L, H), rnd(B, L, H))):\n"
         "        bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n"
-        "from torch.profiler import profile, ProfilerActivity\n"
-        "acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])\n"
         "x = rnd(1, 4096, 3072)\n"
         "emb = (rnd(1, 6 * 3072 + 1) * 0.5)[:, 1:].chunk(6, dim=1)\n"
         "emb8 = (rnd(1, 6 * 3072) * 0.5).chunk(6, dim=1)\n"
-        "with profile(activities=acts) as prof:\n"
-        "    for sc, sh in ((emb8[1], emb8[0]), (rnd(1, 4096, 3072), rnd(1, 4096, 3072)), (emb[1], emb[0])):\n"
-        "        bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n"
-        "    if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
-        "        torch.cuda.synchronize()\n"
-        "names = set(e.name for e in prof.events())\n"
-        "for want in ('layernorm_streamed_rows<false, true, true, {G}>', 'layernorm_streamed_rows<false, true, false, {G}>',\n"
-        "             'layernorm_streamed_rows<false, false, false, {G}>'):\n"
-        "    if not any(want in n for n in names):\n"
-        "        bad += 1\n"
-        "        print(want, 'did not run:', sorted(n for n in names if 'difuse' in n))\n")
-    script = script.replace("{G}", "32" if warp else "64")  # the kernels' group width
+        + PROFILE_START +
+        "for sc, sh in ((emb8[1], emb8[0]), (rnd(1, 4096, 3072), rnd(1, 4096, 3072)), (emb[1], emb[0])):\n"
+        "    bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n"
+        + every_kernel_ran("layernorm_streamed_rows<false, %s, %s, %d>" % (v, m, 32 if warp else 64)
+                           for v, m in (("true", "true"), ("true", "false"), ("false", "false"))))
     assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks,
                        DIFUSE_LNMOD_STREAM_WARP=warp)
 

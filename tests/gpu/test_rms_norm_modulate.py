@@ -487,31 +487,24 @@ def test_streamed_rows_variant(warps, blocks, smod):
     shift and gate rows are staged in shared memory once per block where each has at most two distinct rows
     (ERNIE's [B, H] chunks and LTX-2's [B, 1, D] views, B = 1 and 2, with and without weight; per-token rows stay in
     global memory), and the profiler must show the staged kernels (SMOD = true) ran."""
-    from knob_run import assert_exact_under
+    from knob_run import PROFILE_START, assert_exact_under, every_kernel_ran
 
     layouts = [((1, 4096, 3072), 'ltx2'), ((4352, 2, 3072), 'ernie'), ((4352, 1, 3072), 'ernie_tokens'),
                ((2, 126, 2048), 'ltx2_tokens'), ((2, 301, 4096), 'ltx2'), ((1, 17, 8160), 'ltx2'),
                ((3, 23, 136), 'ltx2'), ((3, 23, 132), 'ltx2'), ((1, 19, 96), 'ltx2')]
     script = _site_layouts_script(1340, layouts).replace(
         "print('mismatches', bad)",
-        "from torch.profiler import profile, ProfilerActivity\n"
-        "acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])\n"
-        "with profile(activities=acts) as prof:\n"
-        "    x, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs((1, 4096, 3072), 'ltx2', 'cuda', g)\n"
-        "    bad += count_mismatches(ops.rms_norm_modulate(x, w, scale, shift, eps, fp32),\n"
-        "                            ops.rms_norm_modulate_eager(x, w, scale, shift, eps, fp32))\n"
-        "    h, a, gate, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs((1, 4096, 3072), 'ltx2', 'cuda', g,\n"
-        "                                                                          residual=True)\n"
-        "    bad += count_mismatches(list(ops.gated_residual_rms_norm_modulate(h, a, gate, w, scale, shift, eps, fp32)),\n"
-        "                            list(ops.gated_residual_rms_norm_modulate_eager(h, a, gate, w, scale, shift, eps, fp32)))\n"
-        "    if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
-        "        torch.cuda.synchronize()\n"
-        "names = set(e.name for e in prof.events())\n"
-        "for want in ('<true, false, %s>(', '<true, true, %s>('):\n"
-        "    if not any('rms_norm_modulate_streamed<' in n and want in n for n in names):\n"
-        "        bad += 1\n"
-        "        print('no streamed kernel', want, sorted(n for n in names if 'difuse' in n))\n"
-        "print('mismatches', bad)" % (("true", "true") if smod else ("false", "false")))
+        PROFILE_START +
+        "x, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs((1, 4096, 3072), 'ltx2', 'cuda', g)\n"
+        "bad += count_mismatches(ops.rms_norm_modulate(x, w, scale, shift, eps, fp32),\n"
+        "                        ops.rms_norm_modulate_eager(x, w, scale, shift, eps, fp32))\n"
+        "h, a, gate, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs((1, 4096, 3072), 'ltx2', 'cuda', g,\n"
+        "                                                                      residual=True)\n"
+        "bad += count_mismatches(list(ops.gated_residual_rms_norm_modulate(h, a, gate, w, scale, shift, eps, fp32)),\n"
+        "                        list(ops.gated_residual_rms_norm_modulate_eager(h, a, gate, w, scale, shift, eps, fp32)))\n"
+        + every_kernel_ran("rms_norm_modulate_streamed<true, %s, %s>(" % (r, "true" if smod else "false")
+                           for r in ("false", "true")) +
+        "print('mismatches', bad)")
     assert_exact_under(script, DIFUSE_RMSMOD_STREAMED=warps, DIFUSE_RMSMOD_STREAMED_BLOCKS=blocks,
                        DIFUSE_RMSMOD_STREAM_SMOD=smod)
 

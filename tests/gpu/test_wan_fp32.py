@@ -181,7 +181,7 @@ def test_streamed_variant(groups, blocks, warp):
     and per-token (from global memory), and the affine norm's weight and bias (staged); the profiler shows the three
     streamed kernels ran. With DIFUSE_LNMOD_STREAM_WARP=1 the groups are one warp each
     (four slots per thread on the same paired map; 1: 24 groups), and the profiler must show those kernels."""
-    from knob_run import WAN_FP32_NORM_LINES, assert_exact_under, mismatch_script
+    from knob_run import PROFILE_START, WAN_FP32_NORM_LINES, assert_exact_under, every_kernel_ran, mismatch_script
 
     script = mismatch_script(
         "for i, (B, L, H) in enumerate([(1, 32760, 5120), (2, 37, 5120), (3, 301, 1536), (2, 7, 2240),\n"
@@ -192,24 +192,15 @@ def test_streamed_variant(groups, blocks, warp):
         "    bad += count_mismatches(ops.layernorm_modulate_fp32(x, t6[:, 1:2], t6[:, 0:1]),\n"
         "                            ops.layernorm_modulate_fp32_eager(x, t6[:, 1:2], t6[:, 0:1]))\n"
         + WAN_FP32_NORM_LINES +
-        "from torch.profiler import profile, ProfilerActivity\n"
-        "acts = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])\n"
         "x = torch.randn(1, 4096, 5120, device='cuda', generator=g).to(torch.bfloat16)\n"
         "t6 = torch.randn(1, 6, 5120, device='cuda', generator=g)\n"
         "t7 = torch.randn(1, 6, 5121, device='cuda', generator=g)\n"
         "tok = torch.randn(1, 4096, 5120, device='cuda', generator=g)\n"
-        "with profile(activities=acts) as prof:\n"
-        "    for sc, sh in ((t6[:, 1:2], t6[:, 0:1]), (tok, tok), (t7[:, 1:2, 1:], t7[:, 0:1, 1:])):\n"
-        "        bad += count_mismatches(ops.layernorm_modulate_fp32(x, sc, sh), ops.layernorm_modulate_fp32_eager(x, sc, sh))\n"
-        "    if torch.cuda.is_available():  # (tests/torch_cpu/test_knob_specs.py runs this script on the CPU)\n"
-        "        torch.cuda.synchronize()\n"
-        "names = set(e.name for e in prof.events())\n"
-        "for want in ('layernorm_streamed_rows<true, true, true, {G}>', 'layernorm_streamed_rows<true, true, false, {G}>',\n"
-        "             'layernorm_streamed_rows<true, false, false, {G}>'):\n"
-        "    if not any(want in n for n in names):\n"
-        "        bad += 1\n"
-        "        print(want, 'did not run:', sorted(n for n in names if 'difuse' in n))\n")
-    script = script.replace("{G}", "32" if warp else "64")  # the kernels' group width
+        + PROFILE_START +
+        "for sc, sh in ((t6[:, 1:2], t6[:, 0:1]), (tok, tok), (t7[:, 1:2, 1:], t7[:, 0:1, 1:])):\n"
+        "    bad += count_mismatches(ops.layernorm_modulate_fp32(x, sc, sh), ops.layernorm_modulate_fp32_eager(x, sc, sh))\n"
+        + every_kernel_ran("layernorm_streamed_rows<true, %s, %s, %d>" % (v, m, 32 if warp else 64)
+                           for v, m in (("true", "true"), ("true", "false"), ("false", "false"))))
     assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks,
                        DIFUSE_LNMOD_STREAM_WARP=warp)
 
