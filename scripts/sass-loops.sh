@@ -16,38 +16,13 @@ ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 SRC=${1#"$ROOT"/}
 PATTERN=${2:-.}
 REV=${3:-}
-CUOBJDUMP=${CUOBJDUMP:-$(command -v cuobjdump || true)}
-wheel_tool() {  # wheel_tool NAME: the NAME binary of an nvidia-* wheel in python3's path, or nothing
-  python3 - "$1" <<'PY' 2>/dev/null || true
-import glob, os, sys
-try:
-    import nvidia
-except ImportError:
-    raise SystemExit(0)
-for base in nvidia.__path__:
-    for f in sorted(glob.glob(os.path.join(base, "*", "bin", sys.argv[1]))):
-        print(f)
-        raise SystemExit(0)
-PY
-}
-[ -n "$CUOBJDUMP" ] || CUOBJDUMP=$(wheel_tool cuobjdump)
-[ -n "$CUOBJDUMP" ] || {
-  echo "cuobjdump not found: set CUOBJDUMP, or pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm" >&2
-  exit 3
-}
-if ! command -v nvdisasm >/dev/null; then
-  NVDISASM=$(wheel_tool nvdisasm)
-  [ -n "$NVDISASM" ] || NVDISASM=$(dirname "$CUOBJDUMP")/nvdisasm
-  [ -e "$NVDISASM" ] || { echo "nvdisasm not found (cuobjdump -sass runs it): pip install nvidia-cuda-nvdisasm" >&2; exit 3; }
-  export PATH=$(dirname "$NVDISASM"):$PATH
-fi
+# shellcheck source=scripts/sass-tools.sh
+. "$ROOT/scripts/sass-tools.sh"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 TREE=$ROOT
 if [ -n "$REV" ]; then git -C "$ROOT" archive "$REV" include src | tar -x -C "$TMP"; TREE=$TMP; fi
-nvcc -I"$TREE/include" -I"$TREE/src" -arch=sm_90 --expt-relaxed-constexpr --expt-extended-lambda -O3 -DNDEBUG \
-  -Xcompiler=-ffp-contract=off -std=c++17 -cubin -x cu "$TREE/$SRC" -o "$TMP/k.cubin"
-"$CUOBJDUMP" -sass "$TMP/k.cubin" > "$TMP/k.sass"
+sass_of "$TREE" "$SRC" "$TMP/k.sass"
 python3 - "$TMP/k.sass" "$PATTERN" <<'PY' | { if command -v c++filt >/dev/null; then c++filt; else cat; fi; }
 import re, sys
 path, pattern = sys.argv[1], re.compile(sys.argv[2])

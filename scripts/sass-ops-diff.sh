@@ -10,46 +10,21 @@
 # Not a proof of identical bits on its own (an operand could change): a refactor's evidence beside its source diff.
 # SASS_OPS_PAIRS="OLD_RE=NEW_RE;..." also compares, for each pair, the one kernel at REV whose name matches OLD_RE
 # with the one now matching NEW_RE (a kernel renamed by a new template parameter or argument).
-# cuobjdump and nvdisasm as scripts/sass-loops.sh finds them.
+# cuobjdump and nvdisasm as scripts/sass-tools.sh finds them.
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 REV SRC.cu [KERNEL_REGEX]" >&2; exit 2; }
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 REV=$1
 SRC=${2#"$ROOT"/}
 PATTERN=${3:-.}
-CUOBJDUMP=${CUOBJDUMP:-$(command -v cuobjdump || true)}
-wheel_tool() {
-  python3 - "$1" <<'PY' 2>/dev/null || true
-import glob, os, sys
-try:
-    import nvidia
-except ImportError:
-    raise SystemExit(0)
-for base in nvidia.__path__:
-    for f in sorted(glob.glob(os.path.join(base, "*", "bin", sys.argv[1]))):
-        print(f)
-        raise SystemExit(0)
-PY
-}
-[ -n "$CUOBJDUMP" ] || CUOBJDUMP=$(wheel_tool cuobjdump)
-[ -n "$CUOBJDUMP" ] || { echo "cuobjdump not found: set CUOBJDUMP, or pip install nvidia-cuda-cuobjdump nvidia-cuda-nvdisasm" >&2; exit 3; }
-if ! command -v nvdisasm >/dev/null; then
-  NVDISASM=$(wheel_tool nvdisasm)
-  [ -n "$NVDISASM" ] || NVDISASM=$(dirname "$CUOBJDUMP")/nvdisasm
-  [ -e "$NVDISASM" ] || { echo "nvdisasm not found: pip install nvidia-cuda-nvdisasm" >&2; exit 3; }
-  export PATH=$(dirname "$NVDISASM"):$PATH
-fi
+# shellcheck source=scripts/sass-tools.sh
+. "$ROOT/scripts/sass-tools.sh"
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$TMP/old"
 git -C "$ROOT" archive "$REV" include src | tar -x -C "$TMP/old"
-compile() {  # compile TREE OUT.sass
-  nvcc -I"$1/include" -I"$1/src" -arch=sm_90 --expt-relaxed-constexpr --expt-extended-lambda -O3 -DNDEBUG \
-    -Xcompiler=-ffp-contract=off -std=c++17 -cubin -x cu "$1/$SRC" -o "$TMP/k.cubin"
-  "$CUOBJDUMP" -sass "$TMP/k.cubin" > "$2"
-}
-compile "$TMP/old" "$TMP/old.sass"
-compile "$ROOT" "$TMP/new.sass"
+sass_of "$TMP/old" "$SRC" "$TMP/old.sass"
+sass_of "$ROOT" "$SRC" "$TMP/new.sass"
 python3 - "$TMP/old.sass" "$TMP/new.sass" "$PATTERN" "$REV" "${SASS_OPS_PAIRS:-}" <<'PY'
 import collections, re, sys
 old_path, new_path, pattern, rev = sys.argv[1], sys.argv[2], re.compile(sys.argv[3]), sys.argv[4]
