@@ -117,10 +117,10 @@ stage_sanitizer() {
       DIFUSE_QK_BULK=2 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_QK_BULK=2 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with the streamed rows of GRLN, layernorm_modulate, Wan's fp32 LayerNorm (3 groups) and rms_norm_modulate (5 warps), on 2 blocks (DIFUSE_LNMOD_STREAMED=3, DIFUSE_LNMOD_STREAMED_BLOCKS=2, DIFUSE_RMSMOD_STREAMED=5, DIFUSE_RMSMOD_STREAMED_BLOCKS=2):" &&
-      DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 \
+      echo "memcheck and racecheck with the streamed rows of GRLN, layernorm_modulate, Wan's fp32 LayerNorm (3 two-warp groups) and rms_norm_modulate (5 warps, modulation rows from global memory), on 2 blocks (DIFUSE_LNMOD_STREAMED=3, DIFUSE_LNMOD_STREAMED_BLOCKS=2, DIFUSE_LNMOD_STREAM_WARP=0, DIFUSE_RMSMOD_STREAMED=5, DIFUSE_RMSMOD_STREAMED_BLOCKS=2, DIFUSE_RMSMOD_STREAM_SMOD=0):" &&
+      DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=0 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=0 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 \
+      DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=0 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=0 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       echo "memcheck and racecheck with rms_norm_modulate's streamed rows staging the weight and modulation rows, and the LayerNorms' streamed rows (GRLN's, the plain ones') on one-warp groups (DIFUSE_RMSMOD_STREAMED=5, DIFUSE_RMSMOD_STREAMED_BLOCKS=2, DIFUSE_RMSMOD_STREAM_SMOD=1, DIFUSE_LNMOD_STREAMED=5, DIFUSE_LNMOD_STREAMED_BLOCKS=2, DIFUSE_LNMOD_STREAM_WARP=1):" &&
       DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=1 DIFUSE_LNMOD_STREAMED=5 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=1 \
@@ -231,10 +231,9 @@ DIFUSE_LNMOD_STREAMED=1:layernorm_modulate_fp32;DIFUSE_LNMOD_STREAMED=8:layernor
 DIFUSE_LNMOD_STREAMED=1:layernorm_modulate;DIFUSE_LNMOD_STREAMED=8:layernorm_modulate;\
 DIFUSE_RMSMOD_STREAMED=1:rms_norm_modulate;DIFUSE_RMSMOD_STREAMED=24:rms_norm_modulate;DIFUSE_RMSMOD_STREAMED=8:rms_norm_modulate;\
 DIFUSE_RMSMOD_STREAMED=1:gated_residual_rms_norm_modulate;\
-DIFUSE_RMSMOD_STREAMED=1,DIFUSE_RMSMOD_STREAM_SMOD=1:rms_norm_modulate;\
-DIFUSE_RMSMOD_STREAMED=1,DIFUSE_RMSMOD_STREAM_SMOD=1:gated_residual_rms_norm_modulate;\
-DIFUSE_LNMOD_STREAM_WARP=1:layernorm_modulate;DIFUSE_LNMOD_STREAM_WARP=1:layernorm_modulate_fp32;\
-DIFUSE_LNMOD_STREAM_WARP=1:gated_residual_layernorm_modulate"
+DIFUSE_RMSMOD_STREAM_SMOD=0:rms_norm_modulate;DIFUSE_RMSMOD_STREAM_SMOD=0:gated_residual_rms_norm_modulate;\
+DIFUSE_LNMOD_STREAM_WARP=0:layernorm_modulate;DIFUSE_LNMOD_STREAM_WARP=0:layernorm_modulate_fp32;\
+DIFUSE_LNMOD_STREAM_WARP=0:gated_residual_layernorm_modulate;DIFUSE_LNMOD_STREAM_WARP=1:gated_residual_layernorm_modulate"
 stage_sweep() {
   local entry vars op tag r=0
   mkdir -p "$OUT/sweeps"

@@ -1213,17 +1213,28 @@ bool launch_streamed_ln(const Params& p, int device, cudaStream_t stream) {
                        stream, G);
 }
 
-// DIFUSE_LNMOD_STREAM_WARP=1 (read once; for measurement): the plain LayerNorms' streamed rows on one-warp groups.
-bool stream_warp_groups() {
-  static const bool v = detail::positive_env_knob("DIFUSE_LNMOD_STREAM_WARP") == 1;
+// One-warp consumer groups (G = 32: 24 groups, GRLN up to 28, four slots per thread on the paired map) instead of
+// 12 two-warp groups, by width (stream_one_warp_groups, the default since the nineteenth session). H200 at e7993bf
+// (knob-sweeps/e7993bf/, DIFUSE_LNMOD_STREAM_WARP=1 against the default of the same run, both streamed):
+// layernorm_modulate 1x4096x3072 19.2 us vs 22.2, 1x4608x3072 22.1 vs 24.1, 2x4096x1536 22.5 vs 24.1, 2x4096x3072
+// 36.1 vs 36.7, 1x4096x4096 27.0 vs 27.4, 1x32760x1536 64.9 vs 65.2, but 1x32760x5120 183.6 vs 181.2;
+// layernorm_modulate_fp32 1x32760x1536 70.3 vs 80.9, but 1x32760x5120 186.6 vs 181.8 (predicted ~58 and ~21 us at
+// 32760x1536 and 2x4096x1536: the per-row fixed cost halves; it did at 3072, not as much at 1536 in bf16). GRLN,
+// whose rows carry h, a and three modulation rows: 2x4096x1536 33.1 vs 34.5, but 1x4096x3072 34.5 vs 33.6 and
+// 2x4096x2432 52.4 vs 50.5. The affine fp32 LayerNorm shares the plain kernel and takes the plain rule (unmeasured
+// apart). DIFUSE_LNMOD_STREAM_WARP=1 (read once; for measurement) everywhere, =0 nowhere.
+constexpr int64_t kStreamWarpMaxWidth = 4096;
+constexpr int64_t kGrlnStreamWarpMaxWidth = 1536;
+int stream_warp_knob() {
+  static const int v = detail::env_knob_or("DIFUSE_LNMOD_STREAM_WARP", -1);
   return v;
 }
 
 // The plain LayerNorms' streamed kernel for these rows: smod (the staged rows) or vec (8-byte bf16 words / 16-byte
-// fp32 vectors) or neither, on two-warp groups or (stream_warp_groups) one-warp ones.
+// fp32 vectors) or neither, on two-warp groups or (stream_one_warp_groups) one-warp ones.
 template <bool F32>
 bool launch_streamed_ln_rows(const Params& p, bool smod, bool vec, int device, cudaStream_t stream) {
-  if (stream_warp_groups())
+  if (stream_one_warp_groups(false, p.h, stream_warp_knob()))
     return smod  ? launch_streamed_ln<F32, true, true, 32>(p, device, stream)
            : vec ? launch_streamed_ln<F32, true, false, 32>(p, device, stream)
                  : launch_streamed_ln<F32, false, false, 32>(p, device, stream);
@@ -1626,6 +1637,11 @@ bool layernorm_fp32_rows_vec4(const difuse_tensor_view& scale, const difuse_tens
   return true;
 }
 
+bool stream_one_warp_groups(bool grln, int64_t h, int knob) {
+  if (knob >= 0) return knob == 1;
+  return h <= (grln ? kGrlnStreamWarpMaxWidth : kStreamWarpMaxWidth);
+}
+
 namespace {
 void layernorm_modulate_fp32_impl(const difuse_tensor_view& out, const difuse_tensor_view& x,
                                   const difuse_tensor_view& scale, const difuse_tensor_view& shift, double eps,
@@ -1799,7 +1815,7 @@ void gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difu
     const detail::DeviceGuard device_guard(h.device);
     const bool smod = p.mod_vec && p.gate_stride_l == 0 && p.scale_stride_l == 0 && p.shift_stride_l == 0 &&
                       p.rows / p.seq <= kStreamMaxModBatches;
-    const bool launched = !stream_warp_groups() ? smod        ? launch_streamed<true, true>(p, h.device, stream)
+    const bool launched = !stream_one_warp_groups(true, p.h, stream_warp_knob()) ? smod        ? launch_streamed<true, true>(p, h.device, stream)
                                                   : p.mod_vec ? launch_streamed<true, false>(p, h.device, stream)
                                                               : launch_streamed<false, false>(p, h.device, stream)
                           : smod        ? launch_streamed<true, true, 32>(p, h.device, stream)

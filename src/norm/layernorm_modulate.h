@@ -65,5 +65,10 @@ LayernormModulateConfig layernorm_fp32_rows_config(int64_t h, bool aligned16, in
 // Whether the fp32 kernels read the fp32 modulation (or affine) rows as float4: both rows 16-byte aligned at
 // every batch / token step and contiguous in H. Otherwise four scalar loads; the arithmetic is the same.
 bool layernorm_fp32_rows_vec4(const difuse_tensor_view& scale, const difuse_tensor_view& shift);
+// Whether a LayerNorm's streamed rows run on one-warp consumer groups (24 groups, four slots per thread) instead of
+// 12 two-warp groups: knob = DIFUSE_LNMOD_STREAM_WARP (1: always, 0: never, -1 unset: the default by width). The
+// default, measured on the H200 at e7993bf (layernorm_modulate.cu, stream_warp_groups): the plain LayerNorms
+// (layernorm_modulate, layernorm_modulate_fp32, layernorm_affine_fp32) up to H = 4096, GRLN (grln) up to 1536.
+bool stream_one_warp_groups(bool grln, int64_t h, int knob);
 
 }  // namespace difuse::norm

@@ -481,17 +481,23 @@ constexpr int kRmsStreamMaxSlots = 48;
 // 1x6144x4096 ltx2_tokens 55.8, 57.6, 74.6.
 constexpr int kRmsStreamDefaultWarps = 24;
 constexpr int64_t kRmsStreamMinRows = 4096;
+// With staged weight and modulation rows (SMOD) the streamed rows win from 8192 rows at any width, the residual form
+// too: H200 at e7993bf (knob-sweeps/e7993bf/, DIFUSE_RMSMOD_STREAMED=1 with DIFUSE_RMSMOD_STREAM_SMOD=1 against the
+// default of the same run) 4352x2x3072 ernie 37.0 us vs 40.6 staged, 2x6144x4096 ltx2 63.9 vs 69.0 streamed without
+// them; the residual form 4352x2x3072 66.6 vs 69.5, 2x6144x4096 116.9 vs 122.9. At 4096 rows they lose (1x4096x3072
+// 19.4 vs 18.9 staged, the residual form 33.6 vs 32.4): the threshold lies between 4096 and 8704 measured rows.
+constexpr int64_t kRmsStreamSmodMinRows = 8192;
 
-// SMOD (eighteenth session, DIFUSE_RMSMOD_STREAM_SMOD=1, for measurement; written after the device time ran out, not
-// yet run on the H200): the block's weight row and its at most two distinct scale, shift (and gate) rows are copied
-// into shared memory once, behind the ring (StreamModRows: how many of each; a row reads the second where its offset
-// is the second's), so a consumer's epilogue reads no global memory but x's slot; the residual form's a row is
-// bulk-copied into the slot beside h (always, SMOD or not: its per-row a loads from global memory were what the
-// residual form waited on at e831f9c). Why: GRLN's streamed kernel went from 44.2 to 34.2 us at 1x4096x3072 when its
-// gate and modulation rows were staged per block instead of loaded per row; here the plain form runs 2x6144x4096 in
-// 69.1 us against a 50.4 ceiling (bound 59.1), 4352x2x3072 ERNIE in 42.8 on the streamed rows (40.7 staged; ceiling
-// 28.9, bound 31.4), the residual form 2x6144x4096 in 139.7 (123.6 default; ceiling 96.8, bound 118.1). Predicted: the
-// plain form ~60 and ~34 us, the residual form with a in the slot and staged gates ~110 at 2x6144x4096.
+// SMOD (eighteenth session; the default since the nineteenth wherever stream_mod_rows allows it): the block's weight
+// row and its at most two distinct scale, shift (and gate) rows are copied into shared memory once, behind the ring
+// (StreamModRows: how many of each; a row reads the second where its offset is the second's), so a consumer's
+// epilogue reads no global memory but x's slot; the residual form's a row is bulk-copied into the slot beside h
+// (always, SMOD or not: its per-row a loads from global memory were what the residual form waited on at e831f9c).
+// Why: GRLN's streamed kernel went from 44.2 to 34.2 us at 1x4096x3072 when its gate and modulation rows were staged
+// per block instead of loaded per row. Predicted the plain form 69.1 -> ~60 us at 2x6144x4096 and 42.8 -> ~34 at
+// 4352x2x3072, the residual form 139.7 -> ~110 at 2x6144x4096; measured at e7993bf (knob-sweeps/e7993bf/) 63.9, 37.0
+// and 116.9: the consumers no longer wait on L2 for modulation rows, but a 50.5 us ceiling at 2x6144x4096 is still
+// 13 us away. DIFUSE_RMSMOD_STREAM_SMOD=0 (read once; for measurement) keeps them in global memory, =1 is the default.
 struct StreamModRows {
   int nw = 0, ns = 0, nh = 0, ng = 0;  // staged rows per role: weight 0 or 1; scale, shift, gate 1 or 2
   int64_t s1 = 0, h1 = 0, g1 = 0;      // the second staged row's offset (elements) per role, where there are two
@@ -672,25 +678,25 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
     const int64_t quarter = v ? staged_resident<true, 2>(p, device) : staged_resident<false, 2>(p, device);
     return residual_quarter_batches(true, blocks, quarter, full);
   };
-  // Streamed rows by default for the plain form where the staged rows are not the default (N > 3072) and there are
-  // at least kRmsStreamMinRows rows, no measurement knob forcing another kernel (DIFUSE_RMSMOD_STAGED,
-  // _PIPELINED, _ONE_PASS, _ROWS_PER_WARP). H200 at e831f9c
-  // (knob-sweeps/e831f9c/, against the default of the same run): 1x6144x4096 ltx2_tokens 55.8 us on 24 warps vs 65.4
-  // two-pass, 2x6144x4096 ltx2 69.8 vs 75.2; where the staged rows run (N <= 3072) it loses (1x4096x3072 22.5 vs
-  // 18.9, 4352x2x3072 42.8 vs 40.8) and so does the residual form everywhere (2x6144x4096 139.7 vs 123.6 on 16
-  // warps). DIFUSE_RMSMOD_STREAMED=G everywhere it can run (G consumer warps; 1: kRmsStreamDefaultWarps), =0 nowhere.
+  // Streamed rows by default (rms_streamed_by_default) where no measurement knob forces another kernel
+  // (DIFUSE_RMSMOD_STAGED, _PIPELINED, _ONE_PASS, _ROWS_PER_WARP, _RESIDUAL_HALF): the plain form for at least
+  // kRmsStreamMinRows rows wider than 3072, since the eighteenth session (H200 at e831f9c, knob-sweeps/e831f9c/, against
+  // the default of the same run: 1x6144x4096 ltx2_tokens 55.8 us on 24 warps vs 65.4 two-pass, 2x6144x4096 ltx2 69.8
+  // vs 75.2; without staged modulation rows it lost where the staged rows run, 1x4096x3072 22.5 vs 18.9, 4352x2x3072
+  // 42.8 vs 40.8, and so did the residual form everywhere, 2x6144x4096 139.7 vs 123.6 on 16 warps), and both forms for
+  // at least kRmsStreamSmodMinRows rows with staged modulation rows (SMOD), since the nineteenth. DIFUSE_RMSMOD_STREAMED=G
+  // everywhere it can run (G consumer warps; 1: kRmsStreamDefaultWarps), =0 nowhere.
   static const int streamed_knob = detail::env_knob_or("DIFUSE_RMSMOD_STREAMED", -1);
-  const int streamed = streamed_knob >= 0 ? streamed_knob
-                       : !RESIDUAL && staged < 0 && p.n > 3072 && p.rows >= kRmsStreamMinRows && pipelined == 0
-                           ? 1
-                           : 0;
-  // DIFUSE_RMSMOD_STREAM_SMOD=1 (for measurement): the streamed kernel stages the weight and modulation rows per block
-  // where they allow it (stream_mod_rows).
-  static const int stream_smod = detail::positive_env_knob("DIFUSE_RMSMOD_STREAM_SMOD");
+  static const int stream_smod = detail::env_knob_or("DIFUSE_RMSMOD_STREAM_SMOD", -1);
   StreamModRows m;
+  const bool smod = stream_smod != 0 && stream_mod_rows(p, vec, m);
+  const bool other_kernel_knob = staged >= 0 || pipelined != 0 || one_pass == 1 || rows_per_warp >= 2 ||
+                                 (RESIDUAL && residual_half >= 0);
+  const int streamed = streamed_knob >= 0                                                       ? streamed_knob
+                       : !other_kernel_knob && rms_streamed_by_default(RESIDUAL, p.n, p.rows, smod) ? 1
+                                                                                                  : 0;
   if (streamed > 0 && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
       p.n % 8 == 0 && detail::aligned(p.x, 16) && (!RESIDUAL || detail::aligned(p.a, 16))) {  // whole rows bulk-copied
-    const bool smod = stream_smod == 1 && stream_mod_rows(p, vec, m);
     if (smod ? launch_streamed<true, RESIDUAL, true>(p, m, streamed, device, stream)
              : vec ? launch_streamed<true, RESIDUAL, false>(p, m, streamed, device, stream)
                    : launch_streamed<false, RESIDUAL, false>(p, m, streamed, device, stream)) {
@@ -746,6 +752,11 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
 }
 
 }  // namespace
+
+bool rms_streamed_by_default(bool residual, int64_t n, int64_t rows, bool staged_mod_rows) {
+  if (staged_mod_rows && rows >= kRmsStreamSmodMinRows) return true;
+  return !residual && n > 3072 && rows >= kRmsStreamMinRows;
+}
 
 bool residual_quarter_batches(bool per_token_gate, int64_t blocks, int64_t resident_quarter, int64_t resident_default) {
   if (!per_token_gate || blocks <= 0 || resident_quarter <= 0 || resident_default <= 0) return false;

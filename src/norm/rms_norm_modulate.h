@@ -54,4 +54,10 @@ detail::RowIndexer broadcast_row_indexer(const difuse_tensor_view& m, const difu
 // offsets[0] is 0 whenever the result is nonzero.
 int staged_row_offsets(const detail::RowIndexer& r, int64_t rows, int64_t offsets[2]);
 
+// Whether rms_norm_modulate (residual: gated_residual_rms_norm_modulate) takes its streamed rows by default, where no
+// measurement knob forces another kernel: at least 8192 rows whose weight and modulation rows the block stages
+// (staged_mod_rows: at most two distinct rows per role, 8-byte words), or the plain form at least 4096 rows wider
+// than 3072 (where the staged rows are not the default). Measured on the H200 (rms_norm_modulate.cu, launch).
+bool rms_streamed_by_default(bool residual, int64_t n, int64_t rows, bool staged_mod_rows);
+
 }  // namespace difuse::norm

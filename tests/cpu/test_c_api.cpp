@@ -198,6 +198,20 @@ TEST(LayernormModulateConfig, FewRowsTakeFourWarpsFrom1024To3584) {
   EXPECT_EQ(layernorm_modulate_rows_config(24580, true, 16).threads_per_row, 0);     // the two-pass kernel
 }
 
+// The streamed LayerNorms' consumer groups: one warp each up to the measured widths (plain 4096, GRLN 1536), two
+// warps above; DIFUSE_LNMOD_STREAM_WARP's 1 and 0 override the width.
+TEST(LayernormModulateConfig, StreamedRowsTakeOneWarpGroupsUpToTheMeasuredWidths) {
+  using difuse::norm::stream_one_warp_groups;
+  for (int64_t h : {512, 1536, 2432, 3072, 4096}) EXPECT_TRUE(stream_one_warp_groups(false, h, -1)) << h;
+  for (int64_t h : {4104, 5120, 24576}) EXPECT_FALSE(stream_one_warp_groups(false, h, -1)) << h;
+  for (int64_t h : {512, 1536}) EXPECT_TRUE(stream_one_warp_groups(true, h, -1)) << h;
+  for (int64_t h : {1544, 2432, 3072, 5120}) EXPECT_FALSE(stream_one_warp_groups(true, h, -1)) << h;
+  for (bool grln : {false, true}) {
+    EXPECT_TRUE(stream_one_warp_groups(grln, 5120, 1));
+    EXPECT_FALSE(stream_one_warp_groups(grln, 1536, 0));
+  }
+}
+
 // Many rows at <= 3 sweeps: one warp per row (layernorm_modulate and the fp32 norms), the width's schedule otherwise.
 TEST(LayernormModulateConfig, ManyNarrowRowsTakeOneWarp) {
   using difuse::norm::layernorm_fp32_rows_config;

@@ -206,7 +206,7 @@ def streamed_kernels_ran(G: int) -> str:
                                for v, m in (("true", "true"), ("true", "false"), ("false", "false"))))
 
 
-@pytest.mark.parametrize("groups,blocks,warp", [("1", "", ""), ("3", "2", ""), ("14", "5", ""), ("1", "", "1"),
+@pytest.mark.parametrize("groups,blocks,warp", [("1", "", "0"), ("3", "2", "0"), ("14", "5", "0"), ("1", "", "1"),
                                                 ("5", "2", "1"), ("28", "5", "1")], ids=str)
 def test_streamed_variant(groups, blocks, warp):
     """DIFUSE_LNMOD_STREAMED=G (read once per process): one block per SM (or DIFUSE_LNMOD_STREAMED_BLOCKS of them),
@@ -216,8 +216,8 @@ def test_streamed_variant(groups, blocks, warp):
     values; with 2 or 5 blocks every slot is refilled many times. Views it does not take (h or a 8- but not 16-byte
     aligned, H % 8 != 0) run the default kernels. The profiler shows all three streamed kernels ran ([B, H]
     modulation rows staged in shared memory, a per-token gate, 2-byte aligned rows; compared bit for bit too).
-    With DIFUSE_LNMOD_STREAM_WARP=1 the groups are one warp each (four slots per thread; 1: 24 groups, at most 28),
-    and the profiler must show those kernels."""
+    DIFUSE_LNMOD_STREAM_WARP=0 keeps two-warp groups; with =1 the groups are one warp each (four slots per thread; 1:
+    24 groups, at most 28), and the profiler must show those kernels."""
     from knob_run import assert_exact_under
 
     script = _knob_script(3300, [((1, 4096, 3072), 0, 0, False, False), ((1, 512, 3072), 0, 0, False, False),
@@ -226,7 +226,8 @@ def test_streamed_variant(groups, blocks, warp):
                                  ((1, 19, 12288), 0, 0, False, False), ((1, 16, 24576), 0, 0, True, False),
                                  ((2, 37, 3072), 4, 0, False, False), ((2, 37, 3072), 0, 4, False, False),
                                  ((2, 21, 516), 0, 0, False, False), ((1, 3, 8), 0, 0, False, False)])
-    script = script.replace("print('mismatches', bad)", streamed_kernels_ran(32 if warp else 64) + "print('mismatches', bad)")
+    script = script.replace("print('mismatches', bad)",
+                            streamed_kernels_ran(32 if warp == "1" else 64) + "print('mismatches', bad)")
     assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks,
                        DIFUSE_LNMOD_STREAM_WARP=warp)
 
@@ -259,6 +260,25 @@ def test_streamed_default_first_launched_in_a_cuda_graph():
         "bad += count_mismatches(list(f(*x)), list(ops.gated_residual_layernorm_modulate_eager(*x, 1e-6)))\n")
     r = run_with_env(script)  # a fresh process: the kernel's first launch is the captured one
     assert r.returncode == 0, r.stdout + r.stderr
+
+
+@pytest.mark.parametrize("B,L,H,group", [(2, 4096, 1536, 32), (1, 8192, 1536, 32), (1, 4096, 3072, 64),
+                                         (2, 4096, 2432, 64), (1, 4096, 5120, 0)], ids=str)
+def test_streamed_group_width_by_default(B, L, H, group):
+    """The default (no knob): GRLN's streamed rows on one-warp groups up to H = 1536 (nineteenth session), two-warp
+    groups above; 5120 (four warps per row) keeps the staged kernel. [B, H] modulation and gate rows 8-byte aligned,
+    h and a 16-byte aligned; the profiler shows the group width (0: no streamed kernel); both outputs bit for bit."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from streamed_kernels import streamed_group_width
+
+    g = torch.Generator(device=DEV).manual_seed(SEED + 29 * L + H + B)
+    h, a, gate, scale, shift = make(B, L, H, gen=g)
+    h[:, ::97] = 2.5
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        assert_exact(h, a, gate, scale, shift)
+        torch.cuda.synchronize()
+    assert streamed_group_width(prof, "grln_streamed_rows") == group
 
 
 def test_staged_kernels_where_streamed_by_default():

@@ -12,6 +12,7 @@ import torch
 import difuse
 from difuse import ops
 from difuse.gate import count_mismatches
+from streamed_kernels import streamed_group_width
 
 DEV = "cuda"
 BF = torch.bfloat16
@@ -333,7 +334,7 @@ def test_two_warp_schedule_for_few_rows():
     assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="64")
 
 
-@pytest.mark.parametrize("groups,blocks,warp", [("1", "", ""), ("3", "2", ""), ("1", "", "1"), ("5", "2", "1")],
+@pytest.mark.parametrize("groups,blocks,warp", [("1", "", "0"), ("3", "2", "0"), ("1", "", "1"), ("5", "2", "1")],
                          ids=str)
 def test_streamed_variant(groups, blocks, warp):
     """DIFUSE_LNMOD_STREAMED=G (read once per process): layernorm_modulate on the streamed rows (one block per SM, or
@@ -342,8 +343,8 @@ def test_streamed_variant(groups, blocks, warp):
     batch 2 and 3 (a block's rows in several batches), partial last sweeps (1000, 2240), 12288 and 24576, with [B, H]
     chunks 8-byte aligned (staged in shared memory as bf16(1 + scale) and shift), 2-byte aligned and per-token rows
     (from global memory), x 8- but not 16-byte aligned (the staged kernels), adversarial values; the profiler shows
-    the three streamed kernels ran. With DIFUSE_LNMOD_STREAM_WARP=1 the groups are one warp each
-    (four slots per thread on the same paired map; 1: 24 groups), and the profiler must show those kernels."""
+    the three streamed kernels ran. DIFUSE_LNMOD_STREAM_WARP=0 keeps two-warp groups; with =1 the groups are one warp
+    each (four slots per thread on the same paired map; 1: 24 groups), and the profiler must show those kernels."""
     from knob_run import PLACE_ADVERSARIAL, PROFILE_START, assert_exact_under, every_kernel_ran, mismatch_script
 
     script = mismatch_script(
@@ -365,15 +366,15 @@ def test_streamed_variant(groups, blocks, warp):
         + PROFILE_START +
         "for sc, sh in ((emb8[1], emb8[0]), (rnd(1, 4096, 3072), rnd(1, 4096, 3072)), (emb[1], emb[0])):\n"
         "    bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n"
-        + every_kernel_ran("layernorm_streamed_rows<false, %s, %s, %d>" % (v, m, 32 if warp else 64)
+        + every_kernel_ran("layernorm_streamed_rows<false, %s, %s, %d>" % (v, m, 32 if warp == "1" else 64)
                            for v, m in (("true", "true"), ("true", "false"), ("false", "false"))))
     assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks,
                        DIFUSE_LNMOD_STREAM_WARP=warp)
 
 
 def _streamed_ran(x, scale, shift):
-    """Whether layernorm_modulate(x, scale, shift) ran a streamed kernel (the profiler's kernel names); asserts its
-    output bit for bit against eager."""
+    """The group width (32 or 64 threads) of the streamed kernel layernorm_modulate(x, scale, shift) ran, 0 if none
+    (the profiler's kernel names); asserts its output bit for bit against eager."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -381,18 +382,19 @@ def _streamed_ran(x, scale, shift):
         torch.cuda.synchronize()
     m = count_mismatches(out, ops.layernorm_modulate_eager(x, scale, shift, 1e-6))
     assert m == 0, "%d elements differ (x %s, scale stride %s)" % (m, tuple(x.shape), scale.stride())
-    return any("layernorm_streamed_rows" in e.name for e in prof.events())
+    return streamed_group_width(prof, "layernorm_streamed_rows")
 
 
-@pytest.mark.parametrize("B,L,H,rows,streamed", [
-    (1, 4096, 3072, "e8", True), (1, 4608, 3072, "e8", True), (2, 4096, 1536, "e8", True),
-    (1, 32760, 1536, "e8", True), (1, 4096, 5120, "e8", True), (1, 4095, 3072, "e8", False),
-    (2, 300, 3072, "e8", False), (3, 1366, 3072, "e8", False), (1, 4096, 3072, "e2", False),
-    (1, 4096, 3072, "token", False), (1, 4096, 3076, "e8", False)], ids=str)
-def test_streamed_by_default_for_many_rows(B, L, H, rows, streamed):
+@pytest.mark.parametrize("B,L,H,rows,group", [
+    (1, 4096, 3072, "e8", 32), (1, 4608, 3072, "e8", 32), (2, 4096, 1536, "e8", 32), (1, 32760, 1536, "e8", 32),
+    (1, 4096, 4096, "e8", 32), (1, 4096, 5120, "e8", 64), (1, 4095, 3072, "e8", 0), (2, 300, 3072, "e8", 0),
+    (3, 1366, 3072, "e8", 0), (1, 4096, 3072, "e2", 0), (1, 4096, 3072, "token", 0), (1, 4096, 3076, "e8", 0)],
+    ids=str)
+def test_streamed_by_default_for_many_rows(B, L, H, rows, group):
     """The default (no knob; eighteenth session): the streamed rows for >= 4096 rows with [B, H] modulation rows of
-    8-byte words, B <= 2, x and out 16-byte aligned, H % 8 == 0; the staged kernels for fewer rows, B = 3, 2-byte
-    aligned or per-token modulation rows and H % 8 != 0. The profiler shows which ran; each output bit for bit."""
+    8-byte words, B <= 2, x and out 16-byte aligned, H % 8 == 0, on one-warp groups up to H = 4096 and two-warp
+    groups above (nineteenth session); the staged kernels for fewer rows, B = 3, 2-byte aligned or per-token
+    modulation rows and H % 8 != 0. The profiler shows which ran; each output bit for bit."""
     g = torch.Generator(device=DEV).manual_seed(SEED + 23 * L + H + B)
     x = (torch.randn(B, L, H, device=DEV, generator=g) * 3.0).to(BF)
     x[:, ::97] = 2.5  # constant rows
@@ -404,7 +406,7 @@ def test_streamed_by_default_for_many_rows(B, L, H, rows, streamed):
         scale, shift = emb[1], emb[0]
     else:
         scale, shift = (torch.randn(B, L, H, device=DEV, generator=g).to(BF) for _ in range(2))
-    assert _streamed_ran(x, scale, shift) == streamed
+    assert _streamed_ran(x, scale, shift) == group
 
 
 def test_staged_kernels_where_streamed_by_default():

@@ -475,7 +475,7 @@ def test_residual_quarter_batch_variant(half):
                        DIFUSE_RMSMOD_STAGED="1")
 
 
-@pytest.mark.parametrize("warps,blocks,smod", [("1", "", ""), ("5", "2", ""), ("1", "", "1"), ("5", "2", "1")],
+@pytest.mark.parametrize("warps,blocks,smod", [("1", "", "0"), ("5", "2", "0"), ("1", "", "1"), ("5", "2", "1")],
                          ids=str)
 def test_streamed_rows_variant(warps, blocks, smod):
     """DIFUSE_RMSMOD_STREAMED=G (read once per process): one block per SM (or DIFUSE_RMSMOD_STREAMED_BLOCKS of them),
@@ -483,7 +483,8 @@ def test_streamed_rows_variant(warps, blocks, smod):
     arithmetic from them (1: 24 warps; 5 warps on 2 blocks refill every slot many times): same bits at every site
     layout, both modulate chains, with and without weight, and the gated-residual form (h1 written back into the
     slot); the widest row (8160), 136; widths not a multiple of 8 and rows of N < 128 keep their kernels. The
-    profiler shows a plain and a residual streamed kernel ran. With DIFUSE_RMSMOD_STREAM_SMOD=1 the weight, scale,
+    profiler shows a plain and a residual streamed kernel ran. With DIFUSE_RMSMOD_STREAM_SMOD=0 every row reads them
+    from global memory; with =1 (the default) the weight, scale,
     shift and gate rows are staged in shared memory once per block where each has at most two distinct rows
     (ERNIE's [B, H] chunks and LTX-2's [B, 1, D] views, B = 1 and 2, with and without weight; per-token rows stay in
     global memory), and the profiler must show the staged kernels (SMOD = true) ran."""
@@ -502,24 +503,31 @@ def test_streamed_rows_variant(warps, blocks, smod):
         "                                                                      residual=True)\n"
         "bad += count_mismatches(list(ops.gated_residual_rms_norm_modulate(h, a, gate, w, scale, shift, eps, fp32)),\n"
         "                        list(ops.gated_residual_rms_norm_modulate_eager(h, a, gate, w, scale, shift, eps, fp32)))\n"
-        + every_kernel_ran("rms_norm_modulate_streamed<true, %s, %s>(" % (r, "true" if smod else "false")
+        + every_kernel_ran("rms_norm_modulate_streamed<true, %s, %s>(" % (r, "true" if smod == "1" else "false")
                            for r in ("false", "true")) +
         "print('mismatches', bad)")
     assert_exact_under(script, DIFUSE_RMSMOD_STREAMED=warps, DIFUSE_RMSMOD_STREAMED_BLOCKS=blocks,
                        DIFUSE_RMSMOD_STREAM_SMOD=smod)
 
 
-@pytest.mark.parametrize("shape,variant,residual,streamed", [
-    ((2, 6144, 4096), "ltx2", False, True), ((2, 6144, 4096), "ltx2_tokens", False, True),
-    ((1, 4096, 8160), "ltx2", False, True), ((4096, 1, 4096), "ernie", False, True),
-    ((2, 6144, 4096), "ltx2", True, False), ((1, 4095, 4096), "ltx2", False, False),
-    ((1, 4096, 3072), "ltx2", False, False), ((4352, 2, 3072), "ernie", False, False),
-    ((1, 4096, 4100), "ltx2", False, False)], ids=str)
-def test_streamed_by_default_for_many_wide_rows(shape, variant, residual, streamed):
-    """The default (no knob; eighteenth session): the plain form on the streamed rows for >= 4096 rows wider than
-    3072 (where the staged rows are not the default), N % 8 == 0, x 16-byte aligned; the residual form, fewer rows,
-    N <= 3072 and N % 8 != 0 keep their kernels. The profiler shows which ran; each output bit for bit."""
+@pytest.mark.parametrize("shape,variant,residual,smod", [
+    ((2, 6144, 4096), "ltx2", False, "true"), ((2, 6144, 4096), "ltx2_tokens", False, "false"),
+    ((1, 4096, 8160), "ltx2", False, "true"), ((4096, 1, 4096), "ernie", False, "false"),
+    ((4352, 2, 3072), "ernie", False, "true"), ((2, 6144, 4096), "ltx2", True, "true"),
+    ((4352, 2, 3072), "ernie", True, "true"), ((1, 4095, 4096), "ltx2", False, None),
+    ((1, 4096, 3072), "ltx2", False, None), ((1, 4096, 3072), "ltx2", True, None),
+    ((4352, 1, 3072), "ernie_tokens", False, None), ((4352, 1, 3072), "ernie_tokens", True, None),
+    ((1, 4096, 4100), "ltx2", False, None)], ids=str)
+def test_streamed_by_default(shape, variant, residual, smod):
+    """The default (no knob): the streamed rows for >= 8192 rows whose weight and modulation rows the block stages
+    (SMOD: at most two distinct rows per role; nineteenth session), both forms, and the plain form's >= 4096 rows
+    wider than 3072 (eighteenth session; SMOD where the rows allow it), N % 8 == 0, x 16-byte aligned; fewer rows,
+    per-token rows at N <= 3072, the residual form's per-token rows and N % 8 != 0 keep their kernels. The profiler
+    shows which ran (RESIDUAL and SMOD of rms_norm_modulate_streamed; None: no streamed kernel); each output bit for
+    bit."""
     from torch.profiler import ProfilerActivity, profile
+
+    from streamed_kernels import kernel_template_args
 
     g = torch.Generator(device=DEV).manual_seed(SEED + shape[0] + shape[1] + shape[2])
     inputs = ops.rms_modulate_site_inputs(shape, variant, DEV, g, residual=residual)
@@ -529,18 +537,19 @@ def test_streamed_by_default_for_many_wide_rows(shape, variant, residual, stream
         else:
             assert_exact(*inputs)
         torch.cuda.synchronize()
-    assert any("rms_norm_modulate_streamed" in e.name for e in prof.events()) == streamed
+    ran = {args[1:] for args in kernel_template_args(prof, "rms_norm_modulate_streamed")}
+    assert ran == ({("true" if residual else "false", smod)} if smod else set())
 
 
 def test_two_pass_rows_where_streamed_by_default():
-    """DIFUSE_RMSMOD_STREAMED=0 (read once per process): the two-pass kernel at the layouts that take the streamed
-    rows by default (LTX-2's 2x6144x4096 with [B, 1, D] and per-token rows, ERNIE's layout at 4096, the widest staged
-    row 8160), both modulate chains, with and without weight, and the gated-residual form; the profiler shows no
-    streamed kernel ran."""
+    """DIFUSE_RMSMOD_STREAMED=0 (read once per process): the two-pass or staged kernels at the layouts that take the
+    streamed rows by default (LTX-2's 2x6144x4096 with [B, 1, D] and per-token rows, ERNIE's layout at 4096 and at
+    4352x2x3072, the widest staged row 8160), both modulate chains, with and without weight, and the gated-residual
+    form; the profiler shows no streamed kernel ran."""
     from knob_run import PROFILE_START, assert_exact_under, no_kernel_ran
 
     layouts = [((2, 6144, 4096), 'ltx2'), ((2, 6144, 4096), 'ltx2_tokens'), ((4096, 1, 4096), 'ernie'),
-               ((1, 4096, 8160), 'ltx2')]
+               ((1, 4096, 8160), 'ltx2'), ((4352, 2, 3072), 'ernie')]
     script = _site_layouts_script(1350, layouts).replace("bad = 0\n", "bad = 0\n" + PROFILE_START, 1).replace(
         "print('mismatches', bad)", no_kernel_ran("streamed") + "print('mismatches', bad)")
     assert_exact_under(script, DIFUSE_RMSMOD_STREAMED="0")

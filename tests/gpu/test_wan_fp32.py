@@ -12,6 +12,7 @@ import torch
 import difuse
 from difuse import ops
 from difuse.gate import count_mismatches
+from streamed_kernels import streamed_group_width
 
 DEV = "cuda"
 BF = torch.bfloat16
@@ -170,7 +171,7 @@ def test_row_epilogue_variant():
     assert_exact_under(script, DIFUSE_LNMOD_F32_ROW_EPILOGUE="1")
 
 
-@pytest.mark.parametrize("groups,blocks,warp", [("1", "", ""), ("3", "2", ""), ("1", "", "1"), ("5", "2", "1")],
+@pytest.mark.parametrize("groups,blocks,warp", [("1", "", "0"), ("3", "2", "0"), ("1", "", "1"), ("5", "2", "1")],
                          ids=str)
 def test_streamed_variant(groups, blocks, warp):
     """DIFUSE_LNMOD_STREAMED=G (read once per process): layernorm_modulate_fp32 and layernorm_affine_fp32 on the
@@ -179,8 +180,8 @@ def test_streamed_variant(groups, blocks, warp):
     batch 2 and 3 (a block's rows in several batches), partial last sweeps (2240), 12288 and 24576 (the ring too
     small there: the staged kernels), with [B, 1, H] fp32 rows 16-byte aligned (staged in shared memory), misaligned
     and per-token (from global memory), and the affine norm's weight and bias (staged); the profiler shows the three
-    streamed kernels ran. With DIFUSE_LNMOD_STREAM_WARP=1 the groups are one warp each
-    (four slots per thread on the same paired map; 1: 24 groups), and the profiler must show those kernels."""
+    streamed kernels ran. DIFUSE_LNMOD_STREAM_WARP=0 keeps two-warp groups; with =1 the groups are one warp each (four
+    slots per thread on the same paired map; 1: 24 groups), and the profiler must show those kernels."""
     from knob_run import PROFILE_START, WAN_FP32_NORM_LINES, assert_exact_under, every_kernel_ran, mismatch_script
 
     script = mismatch_script(
@@ -199,21 +200,21 @@ def test_streamed_variant(groups, blocks, warp):
         + PROFILE_START +
         "for sc, sh in ((t6[:, 1:2], t6[:, 0:1]), (tok, tok), (t7[:, 1:2, 1:], t7[:, 0:1, 1:])):\n"
         "    bad += count_mismatches(ops.layernorm_modulate_fp32(x, sc, sh), ops.layernorm_modulate_fp32_eager(x, sc, sh))\n"
-        + every_kernel_ran("layernorm_streamed_rows<true, %s, %s, %d>" % (v, m, 32 if warp else 64)
+        + every_kernel_ran("layernorm_streamed_rows<true, %s, %s, %d>" % (v, m, 32 if warp == "1" else 64)
                            for v, m in (("true", "true"), ("true", "false"), ("false", "false"))))
     assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks,
                        DIFUSE_LNMOD_STREAM_WARP=warp)
 
 
-@pytest.mark.parametrize("B,L,H,kind,streamed", [
-    (1, 32760, 5120, "table", True), (1, 32760, 1536, "table", True), (2, 4096, 3072, "rows", True),
-    (1, 32760, 1536, "affine", True), (1, 4095, 5120, "table", False), (3, 1366, 3072, "table", False),
-    (1, 4096, 5120, "token", False), (1, 4096, 5120, "misaligned", False)], ids=str)
-def test_streamed_by_default_for_many_rows(B, L, H, kind, streamed):
+@pytest.mark.parametrize("B,L,H,kind,group", [
+    (1, 32760, 5120, "table", 64), (1, 32760, 1536, "table", 32), (2, 4096, 3072, "rows", 32),
+    (1, 32760, 1536, "affine", 32), (1, 32760, 5120, "affine", 64), (1, 4095, 5120, "table", 0),
+    (3, 1366, 3072, "table", 0), (1, 4096, 5120, "token", 0), (1, 4096, 5120, "misaligned", 0)], ids=str)
+def test_streamed_by_default_for_many_rows(B, L, H, kind, group):
     """The default (no knob; eighteenth session): Wan's fp32 norms on the streamed rows for >= 4096 rows with
-    [B, 1, H] / [B, H] fp32 rows 16-byte aligned (B <= 2) or the affine norm's weight and bias; fewer rows, B = 3,
-    per-token and misaligned fp32 rows keep the staged kernels. The profiler shows which ran; each output bit for
-    bit."""
+    [B, 1, H] / [B, H] fp32 rows 16-byte aligned (B <= 2) or the affine norm's weight and bias, on one-warp groups up
+    to H = 4096 and two-warp groups above (nineteenth session); fewer rows, B = 3, per-token and misaligned fp32 rows
+    keep the staged kernels. The profiler shows which ran (the group width; 0: none); each output bit for bit."""
     from torch.profiler import ProfilerActivity, profile
 
     g = torch.Generator(device=DEV).manual_seed(SEED + 31 * L + H + B)
@@ -230,7 +231,7 @@ def test_streamed_by_default_for_many_rows(B, L, H, kind, streamed):
         else:
             assert_ln(x, rows(B, L, H, kind, g), rows(B, L, H, kind, g))
         torch.cuda.synchronize()
-    assert any("layernorm_streamed_rows" in e.name for e in prof.events()) == streamed
+    assert streamed_group_width(prof, "layernorm_streamed_rows") == group
 
 
 def test_staged_kernels_where_streamed_by_default():
