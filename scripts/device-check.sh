@@ -127,6 +127,11 @@ stage_sanitizer() {
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=1 DIFUSE_LNMOD_STREAMED=5 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=1 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
+      echo "memcheck and racecheck with rms_norm's streamed rows, 5 warps on 2 blocks (DIFUSE_RMS_STREAMED=5, DIFUSE_RMS_STREAMED_BLOCKS=2):" &&
+      DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2 \
+        compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
+      DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2 \
+        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       echo "memcheck and racecheck with the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate, GRLN's prefetched a, gelu's pipelined table kernel (DIFUSE_RMS_STAGED_HEADS=1, DIFUSE_RMSD_STAGED_ROWS=1, DIFUSE_RMSMOD_STAGED=1, DIFUSE_LNMOD_PREFETCH_A=1, DIFUSE_GELU_PIPELINED=1):" &&
       DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
@@ -233,7 +238,8 @@ DIFUSE_RMSMOD_STREAMED=1:rms_norm_modulate;DIFUSE_RMSMOD_STREAMED=24:rms_norm_mo
 DIFUSE_RMSMOD_STREAMED=1:gated_residual_rms_norm_modulate;\
 DIFUSE_RMSMOD_STREAM_SMOD=0:rms_norm_modulate;DIFUSE_RMSMOD_STREAM_SMOD=0:gated_residual_rms_norm_modulate;\
 DIFUSE_LNMOD_STREAM_WARP=0:layernorm_modulate;DIFUSE_LNMOD_STREAM_WARP=0:layernorm_modulate_fp32;\
-DIFUSE_LNMOD_STREAM_WARP=0:gated_residual_layernorm_modulate;DIFUSE_LNMOD_STREAM_WARP=1:gated_residual_layernorm_modulate"
+DIFUSE_LNMOD_STREAM_WARP=0:gated_residual_layernorm_modulate;DIFUSE_LNMOD_STREAM_WARP=1:gated_residual_layernorm_modulate;\
+DIFUSE_RMS_STREAMED=1:rms_norm;DIFUSE_RMS_STREAMED=16:rms_norm;DIFUSE_RMS_STREAMED=28:rms_norm"
 stage_sweep() {
   local entry vars op tag r=0
   mkdir -p "$OUT/sweeps"

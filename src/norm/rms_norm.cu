@@ -13,7 +13,9 @@
 // staged in shared memory) behind DIFUSE_RMS_STAGED_ROWS=1 for rows of at most 48 sweeps. Per-head rows of 64 or
 // 128 elements with 16-byte aligned rows: the block's 64 rows first copied into shared memory behind
 // DIFUSE_RMS_STAGED_HEADS=1 (test_staged_heads_variant: exact on the H200 at 132f46f; no faster there, knob-sweeps/:
-// 1x4608x24x128 19.1 vs 19.0 us, without weight 18.7 vs 17.4).
+// 1x4608x24x128 19.1 vs 19.0 us, without weight 18.7 vs 17.4). Rows wider than 128 with N % 8 == 0 and 16-byte
+// aligned rows: the streamed rows (one block per SM, a ring of bulk-copied rows, one warp per row on aten's paired
+// map) behind DIFUSE_RMS_STREAMED=G (nineteenth session; rms_norm_streamed).
 //
 // Guards (can_use_rms_norm; every violation is reported): x bf16 on a CUDA device, rank 1-4, last dim
 // contiguous, N % 4 == 0, N <= 2^24; a contiguous x must be 8-byte aligned (otherwise aten runs its
@@ -29,6 +31,7 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <string>
 
@@ -40,6 +43,7 @@
 #include "norm/head_rms_span.cuh"
 #include "norm/layernorm_schedule.h"
 #include "norm/row_staging.cuh"
+#include "norm/stream_rows.cuh"
 
 namespace difuse::norm {
 
@@ -311,6 +315,129 @@ __global__ void __launch_bounds__(128) rms_norm_stream(const Params p) {
   }
 }
 
+// STREAMED (DIFUSE_RMS_STREAMED=G, for measurement; nineteenth session): the streamed row schedule of the LayerNorms
+// and rms_norm_modulate (norm/stream_rows.cuh) for rows wider than 128, N % 8 == 0, x's rows and out 16-byte
+// aligned: one block per SM, a producer lane bulk-copying each row into a ring of shared-memory slots, G consumer
+// warps each computing whole rows from their slot on aten's paired thread map at one warp per row
+// (AtenThreadMap<32, true>: a lane holds aten threads 2i, 2i + 1, 2i + 64, 2i + 65, one 16-byte vector per pair and
+// sweep), the weight row copied into shared memory once per block. Per aten thread the same pushes in the same order
+// (s = fma(v, v, s)), aten's shuffle tree through the map (rms_norm_rows' loop), the four warp roots (aten threads 0,
+// 32, 64, 96: lanes 0 and 16, slots 0 and 2) read by every lane with a shuffle and combined as rms_finalize_roots
+// does, then the output pass from the slot: the same bits as rms_norm_stream, whatever the grid. Why: the default
+// (aten's one 128-thread block per row, two passes over global memory) runs 1x32760x1536 in 62.3 us against a 50.4
+// streaming ceiling (ops.json at 79a9492; site bound 59.1), 1x32760x5120 in 173.2 against 159.6; the LayerNorms'
+// streamed rows beat their per-row kernels at these shapes (layernorm_modulate 1x32760x1536 65.2 vs 80.4).
+// Predicted ~55 and ~166 us. DIFUSE_RMS_STREAMED_BLOCKS=N caps the grid (tests: many rows per block).
+constexpr int kRmsStreamMaxWarps = 28;  // 32 + 32 x 28 = 928 threads
+constexpr int kRmsStreamDefaultWarps = 24;
+constexpr int kRmsStreamMaxSlots = 48;
+
+__global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1) rms_norm_streamed(const Params p, int slots) {
+  using Map = AtenThreadMap<32, true>;
+  constexpr int A = Map::kSlots;  // 4
+  extern __shared__ uint4 stream_smem[];  // the weight row (V 8-byte words, where there is one), then the ring
+  __shared__ uint64_t full[kRmsStreamMaxSlots], empty[kRmsStreamMaxSlots];
+  const int tid = static_cast<int>(threadIdx.x);
+  const int V = p.v;
+  const int sweeps = (V + kAtenThreads - 1) / kAtenThreads;
+  const uint32_t row_bytes = static_cast<uint32_t>(p.n) * 2u;
+  uint2* const wsm = reinterpret_cast<uint2*>(stream_smem);
+  uint2* const ring = wsm + (p.has_w ? V : 0);  // V is even: the ring stays 16-byte aligned
+  stream_init_barriers(full, empty, slots, 32);   // the only block barrier
+  if (tid < 32) {                                 // the producer warp
+    if (tid == 0)
+      stream_produce(p.rows, slots, full, empty, [&](int64_t row, int s, uint64_t* bar) {
+        detail::mbar_arrive_expect_tx(bar, row_bytes);
+        detail::bulk_load(ring + static_cast<int64_t>(s) * V, row_ptr(p, row), row_bytes, bar);
+      });
+    return;
+  }
+  const int c = tid / 32 - 1, i = tid % 32;
+  const int groups = static_cast<int>(blockDim.x) / 32 - 1;
+  if (p.has_w) {  // the consumers copy the weight row while the producer's first copies fly
+    for (int t = tid - 32; t < V; t += 32 * groups) cp_async(wsm + t, p.w + 4 * t, false);
+    cp_async_wait_all();
+    asm volatile("bar.sync 15, %0;" ::"r"(32 * groups) : "memory");
+  }
+  const int64_t stride = gridDim.x;
+  int s = c % slots;
+  uint32_t use = static_cast<uint32_t>(c / slots);
+  for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
+    detail::mbar_wait(&full[s], use & 1u);
+    const uint2* const sx = ring + static_cast<int64_t>(s) * V;
+    float acc[A];
+#pragma unroll
+    for (int j = 0; j < A; ++j) acc[j] = 0.f;
+    for (int k = 0; k < sweeps; ++k) {
+#pragma unroll
+      for (int jp = 0; jp < A; jp += 2) {  // slots jp, jp + 1: aten threads t, t + 1, vectors vi, vi + 1
+        const int vi = Map::aten_thread(i, jp) + kAtenThreads * k;
+        if (vi < V) {
+          const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vi);
+          acc[jp] = rms_push_vec4(acc[jp], num::bf16_lo(w4.x), num::bf16_hi(w4.x), num::bf16_lo(w4.y),
+                                  num::bf16_hi(w4.y));
+          acc[jp + 1] = rms_push_vec4(acc[jp + 1], num::bf16_lo(w4.z), num::bf16_hi(w4.z), num::bf16_lo(w4.w),
+                                      num::bf16_hi(w4.w));
+        }
+      }
+    }
+#pragma unroll
+    for (int o = 16; o >= 1; o /= 2) {
+      const int delta = Map::lane_delta(o);
+      if (delta > 0) {
+#pragma unroll
+        for (int j = 0; j < A; ++j) acc[j] = rms_combine(acc[j], __shfl_down_sync(0xffffffffu, acc[j], delta));
+      } else {
+#pragma unroll
+        for (int j = 0; j < A; ++j)
+          if (Map::receives(o, j)) acc[j] = rms_combine(acc[j], acc[Map::partner_slot(o, j)]);
+      }
+    }
+    float roots[4];  // aten threads 0, 32, 64, 96
+    roots[0] = __shfl_sync(0xffffffffu, acc[0], 0);
+    roots[1] = __shfl_sync(0xffffffffu, acc[0], 16);
+    roots[2] = __shfl_sync(0xffffffffu, acc[2], 0);
+    roots[3] = __shfl_sync(0xffffffffu, acc[2], 16);
+    const float rstd = rms_finalize_roots(roots, p.n, p.eps, p.inv_n_pow2);
+    uint4* const orow = reinterpret_cast<uint4*>(p.out + row * p.n);
+    for (int k = 0; k < sweeps; ++k) {
+#pragma unroll
+      for (int jp = 0; jp < A; jp += 2) {
+        const int vi = Map::aten_thread(i, jp) + kAtenThreads * k;
+        if (vi < V) {
+          const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vi);
+          const uint4 ww = p.has_w ? *reinterpret_cast<const uint4*>(wsm + vi) : make_uint4(0, 0, 0, 0);
+          orow[vi / 2] = make_uint4(rms_norm_pair(w4.x, rstd, p.has_w, ww.x), rms_norm_pair(w4.y, rstd, p.has_w, ww.y),
+                                    rms_norm_pair(w4.z, rstd, p.has_w, ww.z), rms_norm_pair(w4.w, rstd, p.has_w, ww.w));
+        }
+      }
+    }
+    stream_release(empty, s, use, groups, slots);
+  }
+}
+
+// Launches rms_norm_streamed with `knob` consumer warps (1: kRmsStreamDefaultWarps; at most kRmsStreamMaxWarps and
+// the ring's slots); false (nothing launched) where the ring would hold fewer than two rows.
+bool launch_streamed(const Params& p, int knob, int device, cudaStream_t stream) {
+  auto kernel = rms_norm_streamed;
+  static std::atomic<int> budgets[64];
+  static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
+  const int budget = stream_smem_budget(kernel, device, budgets);
+  const int64_t slot_bytes = int64_t{2} * p.n;
+  const int64_t w_bytes = p.has_w ? slot_bytes : 0;
+  const int slots = static_cast<int>(std::min<int64_t>(kRmsStreamMaxSlots, (budget - w_bytes) / slot_bytes));
+  const int warps = std::min(std::min(knob <= 1 ? kRmsStreamDefaultWarps : knob, kRmsStreamMaxWarps), slots);
+  if (slots < 2 || warps < 1) return false;
+  opt_in_shared_memory(kernel, device, budget, opted_in);
+  prefer_max_shared_carveout(kernel, device, carveout_set);
+  static const int max_blocks = detail::positive_env_knob("DIFUSE_RMS_STREAMED_BLOCKS");
+  int64_t blocks = std::min<int64_t>(detail::sm_count(device), p.rows);
+  if (max_blocks > 0) blocks = std::min<int64_t>(blocks, max_blocks);
+  kernel<<<static_cast<unsigned>(blocks), 32 + 32 * warps, static_cast<size_t>(slots * slot_bytes + w_bytes),
+           stream>>>(p, slots);
+  return true;
+}
+
 template <int G, bool PAIRED>
 void launch_rows(const Params& p, int device, cudaStream_t stream) {
   constexpr int ROWS = rows_per_block(G);
@@ -369,6 +496,10 @@ int staged_rows_knob() {
   static const int v = detail::positive_env_knob("DIFUSE_RMS_STAGED_ROWS");
   return v;
 }
+int streamed_knob() {
+  static const int v = detail::positive_env_knob("DIFUSE_RMS_STREAMED");
+  return v;
+}
 }  // namespace
 
 void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& weight, double eps,
@@ -401,6 +532,9 @@ void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const 
       launch_small_rows<32, 2, 1>(p, stream);
     else
       launch_small_rows<32, 4, 1>(p, stream);
+  } else if (streamed_knob() > 0 && p.n % 8 == 0 && rows_aligned(x, 16) && detail::aligned(out.data, 16) &&
+             launch_streamed(p, streamed_knob(), x.device, stream)) {
+    // DIFUSE_RMS_STREAMED=G (for measurement): the streamed rows (rms_norm_streamed) where they can run
   } else if (staged_rows_knob() != 1 || sweeps > 48) {
     // aten's own two-pass layout at every width above 128 (the default). H200 at 5fa0c2a (knob-sweeps/):
     // 1x32760x5120 177.8 us vs 259.6 for the staged kernels (eager 204.5), 1x32760x1536 62.5 vs 80.3 (eager 64.1).

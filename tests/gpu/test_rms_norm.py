@@ -209,6 +209,34 @@ def test_batched_stream_variant(batched):
     assert_exact_under(strided, DIFUSE_RMS_STREAM_BATCH=batched)
 
 
+@pytest.mark.parametrize("warps,blocks", [("1", ""), ("5", "2")], ids=str)
+def test_streamed_variant(warps, blocks):
+    """DIFUSE_RMS_STREAMED=G (read once per process): rows wider than 128 with N % 8 == 0 and 16-byte aligned rows on
+    the streamed rows (one block per SM, or DIFUSE_RMS_STREAMED_BLOCKS of them: a producer lane bulk-copying each row
+    into a ring of shared-memory slots, G consumer warps, one row each on aten's paired map; 1: 24 warps; 5 warps on
+    2 blocks refill every slot many times): same bits at Wan's 32,760 rows of 1536, 5120 (2048 rows), 136 (one
+    vector for most aten threads, many idle), 1000 (a partial last sweep), 3072, 24576 (3 slots) and 30000 (2 slots:
+    every row refills one), with and without weight, the q, k, v chunks of a fused projection (strided rows),
+    adversarial values; widths with N % 8 != 0 (2052, 4100) and 8- but not 16-byte aligned rows keep the default
+    kernel. The profiler shows the streamed kernel ran."""
+    from knob_run import PROFILE_START, assert_exact_under, every_kernel_ran, exactness_script
+
+    specs = [((1, 32760, 1536), True), ((1, 2048, 5120), True), ((1, 2048, 5120), False), ((5, 9, 136), True),
+             ((3, 41, 1000), False), ((3, 77, 3072), True), ((1, 5, 24576), True), ((1, 3, 30000), True),
+             ((1, 40, 2052), False), ((2, 19, 4100), True)]
+    script = exactness_script("rms_norm", specs, 1300).replace(
+        "print('mismatches', bad)",
+        "g = torch.Generator(device='cuda').manual_seed(1399)\n" + PROFILE_START +
+        "x = torch.randn(1, 4096, 1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "w = torch.randn(1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
+        + every_kernel_ran(["rms_norm_streamed"]) + "print('mismatches', bad)")
+    env = dict(DIFUSE_RMS_STREAMED=warps, DIFUSE_RMS_STREAMED_BLOCKS=blocks)
+    assert_exact_under(script, **env)
+    for seed, row_shape in ((1350, (1536,)), (1360, (5120,))):
+        assert_exact_under(_strided_rows_script(seed, row_shape), **env)
+
+
 def test_staged_heads_variant():
     """DIFUSE_RMS_STAGED_HEADS=1: per-head rows of 64 or 128 elements with 16-byte aligned rows are first copied
     into shared memory, 64 rows per block, then normalised on half warps as by the default kernel: same bits
