@@ -893,9 +893,10 @@ __device__ __forceinline__ void stage_bf16_mod_rows(uint2* mod, int64_t batches,
   asm volatile("bar.sync 15, %0;" ::"r"(consumers) : "memory");
 }
 
-// G = 32 (DIFUSE_LNMOD_STREAM_WARP=1, for measurement; eighteenth session, not yet run on the H200): one-warp groups
-// (four slots per thread: two 16-byte vectors per sweep), as layernorm_streamed_rows<..., 32>; for GRLN's narrow rows
-// (2x4096x1536 33.8 us against a 27.4 ceiling at 83f6b5f, site bound 29.5).
+// G = 32 (eighteenth session; GRLN's default up to H = 1536 since the nineteenth, stream_one_warp_groups): one-warp
+// groups (four slots per thread: two 16-byte vectors per sweep), as layernorm_streamed_rows<..., 32>; for GRLN's
+// narrow rows (2x4096x1536 33.8 us against a 27.4 ceiling at 83f6b5f, site bound 29.5; 33.1 vs 34.5 at e7993bf, 32.4
+// as the default in ops.json at 79a9492). Exact on the H200 at e7993bf (test_streamed_variant, its =1 cases).
 template <bool MODVEC, bool SMOD, int G = 64>
 __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_rows(const Params p, int slots, const StreamTree tree) {
   using Map = AtenThreadMap<G, true>;
@@ -1042,8 +1043,9 @@ __device__ __forceinline__ void stream_f32_epilogue(const uint2* sx, int t, int 
   }
 }
 
-// G = 32 (DIFUSE_LNMOD_STREAM_WARP=1, for measurement; eighteenth session, not yet run on the H200): one-warp groups
-// on the same paired map (four slots per thread, stream_row_stats<32>), twice as many groups for the same threads.
+// G = 32 (eighteenth session; the plain LayerNorms' default up to H = 4096 since the nineteenth,
+// stream_one_warp_groups; exact on the H200 at e7993bf and, as the default, in the whole suite at 79a9492): one-warp
+// groups on the same paired map (four slots per thread, stream_row_stats<32>), twice as many groups for the same threads.
 // Why: narrow rows are the two-warp groups' weak spot (1x32760x1536 65.5 us against a 50.9 ceiling, 2x4096x1536
 // 24.1 against 16.3, at 83f6b5f), where a row's fixed cost (two named-barrier waits, the finalize, the release)
 // weighs most, and the staged kernels' one-warp rows beat their two-warp rows there (80.2 vs 87.3 us at 132f46f).

@@ -15,7 +15,7 @@
 // DIFUSE_RMS_STAGED_HEADS=1 (test_staged_heads_variant: exact on the H200 at 132f46f; no faster there, knob-sweeps/:
 // 1x4608x24x128 19.1 vs 19.0 us, without weight 18.7 vs 17.4). Rows wider than 128 with N % 8 == 0 and 16-byte
 // aligned rows: the streamed rows (one block per SM, a ring of bulk-copied rows, one warp per row on aten's paired
-// map) behind DIFUSE_RMS_STREAMED=G (nineteenth session; rms_norm_streamed).
+// map) behind DIFUSE_RMS_STREAMED=G (nineteenth session; rms_norm_streamed; exact at f8154c5, no faster).
 //
 // Guards (can_use_rms_norm; every violation is reported): x bf16 on a CUDA device, rank 1-4, last dim
 // contiguous, N % 4 == 0, N <= 2^24; a contiguous x must be 8-byte aligned (otherwise aten runs its
@@ -327,7 +327,12 @@ __global__ void __launch_bounds__(128) rms_norm_stream(const Params p) {
 // (aten's one 128-thread block per row, two passes over global memory) runs 1x32760x1536 in 62.3 us against a 50.4
 // streaming ceiling (ops.json at 79a9492; site bound 59.1), 1x32760x5120 in 173.2 against 159.6; the LayerNorms'
 // streamed rows beat their per-row kernels at these shapes (layernorm_modulate 1x32760x1536 65.2 vs 80.4).
-// Predicted ~55 and ~166 us. DIFUSE_RMS_STREAMED_BLOCKS=N caps the grid (tests: many rows per block).
+// Predicted ~55 and ~166 us. Measured at f8154c5 (knob-sweeps/f8154c5/, against the default of the same run): no
+// faster, 62.3 vs 62.4 us at 1x32760x1536 and 174.9 vs 174.0 at 1x32760x5120, with 16 or 28 warps alike (62.4,
+// 62.2); the prediction assumed the ring would run these rows at the LayerNorms' streamed rate, and their own
+// narrow rows are no nearer the ceiling (layernorm_modulate 1x32760x1536 65.2 us). Exact on the H200 at f8154c5
+// (test_streamed_variant, gpu-tests-f8154c5.json), memcheck and racecheck clean (sanitizer-rms-streamed-f8154c5.txt).
+// Kept for measurement, not the default. DIFUSE_RMS_STREAMED_BLOCKS=N caps the grid (tests: many rows per block).
 constexpr int kRmsStreamMaxWarps = 28;  // 32 + 32 x 28 = 928 threads
 constexpr int kRmsStreamDefaultWarps = 24;
 constexpr int kRmsStreamMaxSlots = 48;
