@@ -63,6 +63,24 @@ __device__ __forceinline__ const uint16_t* row_ptr(const Params& p, int64_t r) {
 
 constexpr int rows_per_block(int g) { return g == 128 ? 1 : 256 / g; }
 
+// aten's intra-warp tree (offsets 16, 8, 4, 2, 1; s = RN(s + s_in)) on a thread map's slots: a shuffle where the
+// partner aten thread is in another lane, an in-thread combine where the map holds both (the paired map's offset 1).
+template <class Map>
+__device__ __forceinline__ void rms_map_tree(float (&s)[Map::kSlots]) {
+#pragma unroll
+  for (int o = 16; o >= 1; o /= 2) {
+    const int delta = Map::lane_delta(o);
+    if (delta > 0) {
+#pragma unroll
+      for (int j = 0; j < Map::kSlots; ++j) s[j] = rms_combine(s[j], __shfl_down_sync(0xffffffffu, s[j], delta));
+    } else {
+#pragma unroll
+      for (int j = 0; j < Map::kSlots; ++j)
+        if (Map::receives(o, j)) s[j] = rms_combine(s[j], s[Map::partner_slot(o, j)]);
+    }
+  }
+}
+
 template <int G, bool PAIRED>
 __global__ void __launch_bounds__(256) rms_norm_rows(const Params p) {
   using Map = AtenThreadMap<G, PAIRED>;
@@ -110,18 +128,7 @@ __global__ void __launch_bounds__(256) rms_norm_rows(const Params p) {
       }
     }
   }
-#pragma unroll
-  for (int o = 16; o >= 1; o /= 2) {
-    const int delta = Map::lane_delta(o);
-    if (delta > 0) {
-#pragma unroll
-      for (int j = 0; j < A; ++j) s[j] = rms_combine(s[j], __shfl_down_sync(0xffffffffu, s[j], delta));
-    } else {
-#pragma unroll
-      for (int j = 0; j < A; ++j)
-        if (Map::receives(o, j)) s[j] = rms_combine(s[j], s[Map::partner_slot(o, j)]);
-    }
-  }
+  rms_map_tree<Map>(s);
 #pragma unroll
   for (int j = 0; j < A; ++j) {
     const int t = Map::aten_thread(i, j);
@@ -386,18 +393,7 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1) rms_norm_stre
         }
       }
     }
-#pragma unroll
-    for (int o = 16; o >= 1; o /= 2) {
-      const int delta = Map::lane_delta(o);
-      if (delta > 0) {
-#pragma unroll
-        for (int j = 0; j < A; ++j) acc[j] = rms_combine(acc[j], __shfl_down_sync(0xffffffffu, acc[j], delta));
-      } else {
-#pragma unroll
-        for (int j = 0; j < A; ++j)
-          if (Map::receives(o, j)) acc[j] = rms_combine(acc[j], acc[Map::partner_slot(o, j)]);
-      }
-    }
+    rms_map_tree<Map>(acc);
     float roots[4];  // aten threads 0, 32, 64, 96
     roots[0] = __shfl_sync(0xffffffffu, acc[0], 0);
     roots[1] = __shfl_sync(0xffffffffu, acc[0], 16);
@@ -430,16 +426,14 @@ bool launch_streamed(const Params& p, int knob, int device, cudaStream_t stream)
   const int budget = stream_smem_budget(kernel, device, budgets);
   const int64_t slot_bytes = int64_t{2} * p.n;
   const int64_t w_bytes = p.has_w ? slot_bytes : 0;
-  const int slots = static_cast<int>(std::min<int64_t>(kRmsStreamMaxSlots, (budget - w_bytes) / slot_bytes));
-  const int warps = std::min(std::min(knob <= 1 ? kRmsStreamDefaultWarps : knob, kRmsStreamMaxWarps), slots);
-  if (slots < 2 || warps < 1) return false;
+  static const int max_blocks = detail::positive_env_knob("DIFUSE_RMS_STREAMED_BLOCKS");
+  const StreamWarpLaunch l = stream_warp_launch(budget, w_bytes, slot_bytes, kRmsStreamMaxSlots, knob,
+                                                kRmsStreamDefaultWarps, kRmsStreamMaxWarps, p.rows, device, max_blocks);
+  if (!l.ok()) return false;
   opt_in_shared_memory(kernel, device, budget, opted_in);
   prefer_max_shared_carveout(kernel, device, carveout_set);
-  static const int max_blocks = detail::positive_env_knob("DIFUSE_RMS_STREAMED_BLOCKS");
-  int64_t blocks = std::min<int64_t>(detail::sm_count(device), p.rows);
-  if (max_blocks > 0) blocks = std::min<int64_t>(blocks, max_blocks);
-  kernel<<<static_cast<unsigned>(blocks), 32 + 32 * warps, static_cast<size_t>(slots * slot_bytes + w_bytes),
-           stream>>>(p, slots);
+  kernel<<<static_cast<unsigned>(l.blocks), l.threads(), static_cast<size_t>(l.slots * slot_bytes + w_bytes), stream>>>(
+      p, l.slots);
   return true;
 }
 

@@ -576,16 +576,14 @@ bool launch_streamed(const Params& p, const StreamModRows& m, int knob, int devi
   const int budget = stream_smem_budget(kernel, device, budgets);
   const int64_t slot_bytes = int64_t{RESIDUAL ? 4 : 2} * p.n;
   const int64_t mod_bytes = SMOD ? int64_t{m.nw + m.ns + m.nh + (RESIDUAL ? m.ng : 0)} * 2 * p.n : 0;
-  const int slots = static_cast<int>(std::min<int64_t>(kRmsStreamMaxSlots, (budget - mod_bytes) / slot_bytes));
-  const int warps = std::min(std::min(knob <= 1 ? kRmsStreamDefaultWarps : knob, kRmsStreamMaxWarps), slots);
-  if (slots < 2 || warps < 1) return false;
+  static const int max_blocks = detail::positive_env_knob("DIFUSE_RMSMOD_STREAMED_BLOCKS");
+  const StreamWarpLaunch l = stream_warp_launch(budget, mod_bytes, slot_bytes, kRmsStreamMaxSlots, knob,
+                                                kRmsStreamDefaultWarps, kRmsStreamMaxWarps, p.rows, device, max_blocks);
+  if (!l.ok()) return false;
   opt_in_shared_memory(kernel, device, budget, opted_in);
   prefer_max_shared_carveout(kernel, device, carveout_set);
-  static const int max_blocks = detail::positive_env_knob("DIFUSE_RMSMOD_STREAMED_BLOCKS");
-  int64_t blocks = std::min<int64_t>(detail::sm_count(device), p.rows);
-  if (max_blocks > 0) blocks = std::min<int64_t>(blocks, max_blocks);
-  kernel<<<static_cast<unsigned>(blocks), 32 + 32 * warps, static_cast<size_t>(slots * slot_bytes + mod_bytes),
-           stream>>>(p, slots, m);
+  kernel<<<static_cast<unsigned>(l.blocks), l.threads(), static_cast<size_t>(l.slots * slot_bytes + mod_bytes),
+           stream>>>(p, l.slots, m);
   return true;
 }
 

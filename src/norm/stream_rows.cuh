@@ -8,10 +8,12 @@
 
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cstdint>
 
 #include "core/bulk_copy.cuh"
+#include "core/device.h"
 #include "core/error.h"
 
 namespace difuse::norm {
@@ -66,6 +68,27 @@ int stream_smem_budget(Kernel kernel, int device, std::atomic<int> (&budgets)[64
     budgets[device & 63].store(budget, std::memory_order_release);
   }
   return budget;
+}
+
+// The shape of a launch whose consumers are single warps (rms_norm_streamed, rms_norm_modulate_streamed): `slots`
+// ring slots of slot_bytes beside fixed_bytes of staged rows within `budget` (at most max_slots), `warps` consumer
+// warps (knob <= 1: default_warps; at most max_warps and the slots), one block per SM and no more than `rows`,
+// capped at max_blocks where that is > 0 (the tests' knob). ok(): the ring holds at least two rows.
+struct StreamWarpLaunch {
+  int slots = 0, warps = 0;
+  int64_t blocks = 0;
+  bool ok() const { return slots >= 2 && warps >= 1; }
+  int threads() const { return 32 + 32 * warps; }  // the producer warp, then the consumers
+};
+inline StreamWarpLaunch stream_warp_launch(int budget, int64_t fixed_bytes, int64_t slot_bytes, int max_slots, int knob,
+                                           int default_warps, int max_warps, int64_t rows, int device,
+                                           int max_blocks) {
+  StreamWarpLaunch l;
+  l.slots = static_cast<int>(std::min<int64_t>(max_slots, (budget - fixed_bytes) / slot_bytes));
+  l.warps = std::min(std::min(knob <= 1 ? default_warps : knob, max_warps), l.slots);
+  l.blocks = std::min<int64_t>(detail::sm_count(device), rows);
+  if (max_blocks > 0) l.blocks = std::min<int64_t>(l.blocks, max_blocks);
+  return l;
 }
 
 }  // namespace difuse::norm
