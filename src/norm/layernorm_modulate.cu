@@ -102,6 +102,14 @@
 // knob-off tests at 83f6b5f, gpu-tests-83f6b5f.json), memcheck and racecheck clean (sanitizer-streamed-a140ba1.txt),
 // FLUX, Wan, Qwen-Image and SD3.5 md5 identical at every step (e2e-*-83f6b5f.json); layernorm_modulate 1x4608x3072 23.9 us vs 26.3, 1x32760x1536 65.4 vs 80.4,
 // layernorm_modulate_fp32 1x32760x5120 181.8 vs 209.8 (knob-sweeps/e831f9c/; see plain_streamed_by_default_or_knob).
+// Since the nineteenth session the streamed rows run on one-warp consumer groups (G = 32: 24 groups, four slots per
+// thread on the same paired map) up to H = 4096 for the plain LayerNorms and up to 1536 for GRLN
+// (stream_one_warp_groups; DIFUSE_LNMOD_STREAM_WARP=1|0 everywhere or nowhere): exact through the knob at e7993bf
+// (gpu-tests-e7993bf.json, 51 passed; memcheck and racecheck clean, sanitizer-streamed-knobs-e7993bf.txt) and as the
+// default in the whole suite at 79a9492 (tests-79a9492.json, 3,355 passed; the one failure was an rms_norm_modulate
+// test's expectation, fixed at 5fc3ade) with all four models md5 identical (e2e-*-5fc3ade.json); layernorm_modulate
+// 1x4096x3072 19.2 us vs 22.2, layernorm_modulate_fp32 1x32760x1536 70.3 vs 80.9, GRLN 2x4096x1536 33.1 vs 34.5
+// (knob-sweeps/e7993bf/).
 
 #include "norm/layernorm_modulate.h"
 

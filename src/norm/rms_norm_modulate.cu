@@ -62,6 +62,14 @@
 // warps compute; rms_norm_modulate_streamed): exact through its knob at e831f9c (gpu-tests-e831f9c.json: this file's
 // tests) and as the default at a140ba1 (gpu-tests-a140ba1.json; the default-choice and knob-off tests at 83f6b5f,
 // gpu-tests-83f6b5f.json), memcheck and racecheck clean (sanitizer-streamed-a140ba1.txt), 2x6144x4096 69.8 us vs 75.2 two-pass, 1x6144x4096 per-token 55.8 vs 65.4 (knob-sweeps/e831f9c/).
+// Since the nineteenth session the streamed rows stage the block's weight and its at most two distinct scale, shift
+// and gate rows in shared memory (SMOD, wherever stream_mod_rows allows it; DIFUSE_RMSMOD_STREAM_SMOD=0 keeps them in
+// global memory), the residual form's slots hold a beside h, and both forms take the streamed rows by default from
+// 8192 rows with staged modulation rows (rms_streamed_by_default): exact through the knobs at e7993bf
+// (gpu-tests-e7993bf.json; memcheck and racecheck clean, sanitizer-streamed-knobs-e7993bf.txt) and as the default in
+// the whole suite at 79a9492 (tests-79a9492.json) and this file's default-choice tests at 5fc3ade
+// (gpu-tests-5fc3ade.json); 4352x2x3072 37.0 us vs 40.6 staged, 2x6144x4096 63.9 vs 69.0, the residual form 66.6 vs
+// 69.5 and 116.9 vs 122.9 (knob-sweeps/e7993bf/).
 // Batched loads (0385466): the epilogue issues 4 vectors' x, weight, scale and shift loads before their stores, and
 // the residual pass half a batch's a and gate loads before theirs. Before, SASS showed each vector's loads waiting
 // on the previous vector's store (24 L2 round trips in turn per 3072-element row). H200 at 0385466 (ops.json
