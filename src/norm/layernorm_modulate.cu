@@ -106,7 +106,7 @@
 // thread on the same paired map) up to H = 4096 for the plain LayerNorms and up to 1536 for GRLN
 // (stream_one_warp_groups; DIFUSE_LNMOD_STREAM_WARP=1|0 everywhere or nowhere): exact through the knob at e7993bf
 // (gpu-tests-e7993bf.json, 51 passed; memcheck and racecheck clean, sanitizer-streamed-knobs-e7993bf.txt) and as the
-// default in the whole suite at 79a9492 (tests-79a9492.json, 3,355 passed; the one failure was an rms_norm_modulate
+// default in the whole suite at 79a9492 (tests.json at 79a9492, 3,355 passed; the one failure was an rms_norm_modulate
 // test's expectation, fixed at 5fc3ade) with all four models md5 identical (e2e-*-5fc3ade.json); layernorm_modulate
 // 1x4096x3072 19.2 us vs 22.2, layernorm_modulate_fp32 1x32760x1536 70.3 vs 80.9, GRLN 2x4096x1536 33.1 vs 34.5
 // (knob-sweeps/e7993bf/).

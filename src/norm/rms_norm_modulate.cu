@@ -67,7 +67,7 @@
 // global memory), the residual form's slots hold a beside h, and both forms take the streamed rows by default from
 // 8192 rows with staged modulation rows (rms_streamed_by_default): exact through the knobs at e7993bf
 // (gpu-tests-e7993bf.json; memcheck and racecheck clean, sanitizer-streamed-knobs-e7993bf.txt) and as the default in
-// the whole suite at 79a9492 (tests-79a9492.json) and this file's default-choice tests at 5fc3ade
+// the whole suite at 79a9492 (tests.json at 79a9492) and this file's default-choice tests at 5fc3ade
 // (gpu-tests-5fc3ade.json); 4352x2x3072 37.0 us vs 40.6 staged, 2x6144x4096 63.9 vs 69.0, the residual form 66.6 vs
 // 69.5 and 116.9 vs 122.9 (knob-sweeps/e7993bf/).
 // Batched loads (0385466): the epilogue issues 4 vectors' x, weight, scale and shift loads before their stores, and
