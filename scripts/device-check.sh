@@ -4,7 +4,7 @@
 # The H200 loop (run through the device tool; each stage fits one call). Every stage writes its logs and
 # JSON under $OUT (default: ./device-out): build.log, platform.txt, tests.log + tests.json (the GPU test
 # report; the GPU files in DIFUSE_GPU_TEST_JOBS parallel pytest processes, default 4: in one they ran past 570 s), gpu-tests.log/.json (the files of $DIFUSE_GPU_TESTS only; not part
-# of "all"), sanitizer.log (compute-sanitizer, about 4-5 minutes), bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
+# of "all"), sanitizer.log (compute-sanitizer, about 4-5 minutes; sanitizer-knobs.log with DIFUSE_SANITIZER_KNOBS), bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
 # for each of $DIFUSE_E2E_MODELS, default "flux qwen-image sd3 wan", with $DIFUSE_E2E_ARGS), ncu-<op>.txt (Nsight
 # Compute on one launch of each of $DIFUSE_NCU_OPS; not part of "all"), sweeps.tgz (bench ops under the kernel
 # knobs of $DIFUSE_SWEEPS; not part of "all"). The logs and text files are packed into logs.tgz and the e2e
@@ -77,7 +77,24 @@ stage_gputests() {
 }
 
 # compute-sanitizer on the native smoke test (the default kernels, then the knob variants it reaches).
+# DIFUSE_SANITIZER_KNOBS="VAR=V VAR=V ..." instead: memcheck and racecheck of the smoke test under those knobs only
+# (a new kernel variant's check, under a minute) -> sanitizer-knobs.log.
 stage_sanitizer() {
+  if [ -n "${DIFUSE_SANITIZER_KNOBS:-}" ]; then
+    say "compute-sanitizer memcheck + racecheck of the native smoke test under $DIFUSE_SANITIZER_KNOBS -> sanitizer-knobs.log"
+    local knobs r=0
+    read -r -a knobs <<<"$DIFUSE_SANITIZER_KNOBS"
+    {
+      echo "command: DIFUSE_SANITIZER_KNOBS='$DIFUSE_SANITIZER_KNOBS' scripts/device-check.sh --stage sanitizer; git $DIFUSE_GIT_SHA; $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+      env "${knobs[@]}" compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick || r=1
+      env "${knobs[@]}" compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 \
+        "$BUILD/difuse_gpu_smoke" --quick || r=1
+      echo "exit $r"
+    } >"$OUT/sanitizer-knobs.log" 2>&1
+    grep -E "SUMMARY|passed|^exit" "$OUT/sanitizer-knobs.log"
+    grep -q "^exit 0" "$OUT/sanitizer-knobs.log"
+    return
+  fi
   say "compute-sanitizer memcheck + racecheck + initcheck on the native smoke test -> sanitizer.log"
   {
     echo "command: scripts/device-check.sh --stage sanitizer; git $DIFUSE_GIT_SHA; $(date -u +%Y-%m-%dT%H:%M:%SZ)"
