@@ -42,6 +42,7 @@
 #include "core/tensor.h"
 #include "norm/head_rms_span.cuh"
 #include "norm/layernorm_schedule.h"
+#include "norm/rms_map_tree.cuh"
 #include "norm/row_staging.cuh"
 #include "norm/stream_rows.cuh"
 
@@ -62,24 +63,6 @@ struct Params : detail::BF16RowsIO {
 __device__ __forceinline__ const uint16_t* row_ptr(const Params& p, int64_t r) { return p.x + p.rows_of.offset(r); }
 
 constexpr int rows_per_block(int g) { return g == 128 ? 1 : 256 / g; }
-
-// aten's intra-warp tree (offsets 16, 8, 4, 2, 1; s = RN(s + s_in)) on a thread map's slots: a shuffle where the
-// partner aten thread is in another lane, an in-thread combine where the map holds both (the paired map's offset 1).
-template <class Map>
-__device__ __forceinline__ void rms_map_tree(float (&s)[Map::kSlots]) {
-#pragma unroll
-  for (int o = 16; o >= 1; o /= 2) {
-    const int delta = Map::lane_delta(o);
-    if (delta > 0) {
-#pragma unroll
-      for (int j = 0; j < Map::kSlots; ++j) s[j] = rms_combine(s[j], __shfl_down_sync(0xffffffffu, s[j], delta));
-    } else {
-#pragma unroll
-      for (int j = 0; j < Map::kSlots; ++j)
-        if (Map::receives(o, j)) s[j] = rms_combine(s[j], s[Map::partner_slot(o, j)]);
-    }
-  }
-}
 
 template <int G, bool PAIRED>
 __global__ void __launch_bounds__(256) rms_norm_rows(const Params p) {

@@ -49,6 +49,7 @@
 #include "difuse/numerics/bf16.h"
 #include "difuse/numerics/rope.h"
 #include "norm/layernorm_schedule.h"
+#include "norm/rms_map_tree.cuh"
 
 namespace difuse::rope {
 
@@ -140,18 +141,7 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_wan_kernel(const Params
                                      num::bf16_lo(x[k][j].y), num::bf16_hi(x[k][j].y));
     }
   }
-#pragma unroll
-  for (int o = 16; o >= 1; o /= 2) {
-    const int delta = Map::lane_delta(o);
-    if (delta > 0) {
-#pragma unroll
-      for (int j = 0; j < A; ++j) acc[j] = norm::rms_combine(acc[j], __shfl_down_sync(0xffffffffu, acc[j], delta));
-    } else {
-#pragma unroll
-      for (int j = 0; j < A; ++j)
-        if (Map::receives(o, j)) acc[j] = norm::rms_combine(acc[j], acc[Map::partner_slot(o, j)]);
-    }
-  }
+  norm::rms_map_tree<Map>(acc);
 #pragma unroll
   for (int j = 0; j < A; ++j) {
     const int t = Map::aten_thread(i, j);
