@@ -96,6 +96,21 @@ def every_kernel_ran(wants) -> str:
             "        print(want, 'did not run:', sorted(n for n in names if 'difuse' in n))\n" % (tuple(wants),))
 
 
+def streamed_ln_kernels_ran(f32: bool, warp: str) -> str:
+    """every_kernel_ran lines for the plain LayerNorms' three streamed kernels (layernorm_streamed_rows<F32, VEC, SMOD,
+    G>: staged modulation rows, rows of 8-byte words or 16-byte fp32 vectors, neither) on one-warp groups (G = 32)
+    where DIFUSE_LNMOD_STREAM_WARP is "1", else two-warp groups."""
+    return every_kernel_ran("layernorm_streamed_rows<%s, %s, %s, %d>" % ("true" if f32 else "false", v, m,
+                                                                         32 if warp == "1" else 64)
+                            for v, m in (("true", "true"), ("true", "false"), ("false", "false")))
+
+
+def streamed_ln_env(groups: str, blocks: str, warp: str) -> dict:
+    """The LayerNorms' streamed-row knobs of a knob test: DIFUSE_LNMOD_STREAMED (groups), _STREAMED_BLOCKS (grid cap)
+    and _STREAM_WARP (group width)."""
+    return dict(DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks, DIFUSE_LNMOD_STREAM_WARP=warp)
+
+
 def prologue_adversarial_script(op: str, head_dim: int, cases, seed: int, bhsd: bool = False) -> str:
     """A mismatch script for an attention prologue op on its ops._<op>_inputs: for each case (B, S1, S2, H,
     offset, weights, rope) every q, k, v input is re-placed with place() (offset 4: 8- but not 16-byte aligned

@@ -218,7 +218,7 @@ def test_streamed_variant(groups, blocks, warp):
     modulation rows staged in shared memory, a per-token gate, 2-byte aligned rows; compared bit for bit too).
     DIFUSE_LNMOD_STREAM_WARP=0 keeps two-warp groups; with =1 the groups are one warp each (four slots per thread; 1:
     24 groups, at most 28), and the profiler must show those kernels."""
-    from knob_run import assert_exact_under
+    from knob_run import assert_exact_under, streamed_ln_env
 
     script = _knob_script(3300, [((1, 4096, 3072), 0, 0, False, False), ((1, 512, 3072), 0, 0, False, False),
                                  ((2, 300, 3072), 0, 0, True, True), ((2, 4096, 1536), 0, 0, False, False),
@@ -228,8 +228,7 @@ def test_streamed_variant(groups, blocks, warp):
                                  ((2, 21, 516), 0, 0, False, False), ((1, 3, 8), 0, 0, False, False)])
     script = script.replace("print('mismatches', bad)",
                             streamed_kernels_ran(32 if warp == "1" else 64) + "print('mismatches', bad)")
-    assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks,
-                       DIFUSE_LNMOD_STREAM_WARP=warp)
+    assert_exact_under(script, **streamed_ln_env(groups, blocks, warp))
 
 
 def test_streamed_default_first_launched_in_a_cuda_graph():

@@ -345,7 +345,8 @@ def test_streamed_variant(groups, blocks, warp):
     (from global memory), x 8- but not 16-byte aligned (the staged kernels), adversarial values; the profiler shows
     the three streamed kernels ran. DIFUSE_LNMOD_STREAM_WARP=0 keeps two-warp groups; with =1 the groups are one warp
     each (four slots per thread on the same paired map; 1: 24 groups), and the profiler must show those kernels."""
-    from knob_run import PLACE_ADVERSARIAL, PROFILE_START, assert_exact_under, every_kernel_ran, mismatch_script
+    from knob_run import (PLACE_ADVERSARIAL, PROFILE_START, assert_exact_under, mismatch_script, streamed_ln_env,
+                          streamed_ln_kernels_ran)
 
     script = mismatch_script(
         PLACE_ADVERSARIAL +
@@ -366,10 +367,8 @@ def test_streamed_variant(groups, blocks, warp):
         + PROFILE_START +
         "for sc, sh in ((emb8[1], emb8[0]), (rnd(1, 4096, 3072), rnd(1, 4096, 3072)), (emb[1], emb[0])):\n"
         "    bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n"
-        + every_kernel_ran("layernorm_streamed_rows<false, %s, %s, %d>" % (v, m, 32 if warp == "1" else 64)
-                           for v, m in (("true", "true"), ("true", "false"), ("false", "false"))))
-    assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks,
-                       DIFUSE_LNMOD_STREAM_WARP=warp)
+        + streamed_ln_kernels_ran(False, warp))
+    assert_exact_under(script, **streamed_ln_env(groups, blocks, warp))
 
 
 def _streamed_ran(x, scale, shift):

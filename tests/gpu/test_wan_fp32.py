@@ -182,7 +182,8 @@ def test_streamed_variant(groups, blocks, warp):
     and per-token (from global memory), and the affine norm's weight and bias (staged); the profiler shows the three
     streamed kernels ran. DIFUSE_LNMOD_STREAM_WARP=0 keeps two-warp groups; with =1 the groups are one warp each (four
     slots per thread on the same paired map; 1: 24 groups), and the profiler must show those kernels."""
-    from knob_run import PROFILE_START, WAN_FP32_NORM_LINES, assert_exact_under, every_kernel_ran, mismatch_script
+    from knob_run import (PROFILE_START, WAN_FP32_NORM_LINES, assert_exact_under, mismatch_script, streamed_ln_env,
+                          streamed_ln_kernels_ran)
 
     script = mismatch_script(
         "for i, (B, L, H) in enumerate([(1, 32760, 5120), (2, 37, 5120), (3, 301, 1536), (2, 7, 2240),\n"
@@ -200,10 +201,8 @@ def test_streamed_variant(groups, blocks, warp):
         + PROFILE_START +
         "for sc, sh in ((t6[:, 1:2], t6[:, 0:1]), (tok, tok), (t7[:, 1:2, 1:], t7[:, 0:1, 1:])):\n"
         "    bad += count_mismatches(ops.layernorm_modulate_fp32(x, sc, sh), ops.layernorm_modulate_fp32_eager(x, sc, sh))\n"
-        + every_kernel_ran("layernorm_streamed_rows<true, %s, %s, %d>" % (v, m, 32 if warp == "1" else 64)
-                           for v, m in (("true", "true"), ("true", "false"), ("false", "false"))))
-    assert_exact_under(script, DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks,
-                       DIFUSE_LNMOD_STREAM_WARP=warp)
+        + streamed_ln_kernels_ran(True, warp))
+    assert_exact_under(script, **streamed_ln_env(groups, blocks, warp))
 
 
 @pytest.mark.parametrize("B,L,H,kind,group", [
