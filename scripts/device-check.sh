@@ -78,7 +78,7 @@ stage_gputests() {
 
 # compute-sanitizer on the native smoke test (the default kernels, then the knob variants it reaches).
 # DIFUSE_SANITIZER_KNOBS="VAR=V VAR=V ..." instead: memcheck and racecheck of the smoke test under those knobs only
-# (a new kernel variant's check, under a minute) -> sanitizer-knobs.log.
+# (a new kernel variant's check) -> sanitizer-knobs.log.
 stage_sanitizer() {
   if [ -n "${DIFUSE_SANITIZER_KNOBS:-}" ]; then
     say "compute-sanitizer memcheck + racecheck of the native smoke test under $DIFUSE_SANITIZER_KNOBS -> sanitizer-knobs.log"
