@@ -54,9 +54,25 @@ stage_build() {
   tail -n 2 "$OUT/build.log"
 }
 
+# The kernel knobs (python/difuse/bench.py KERNEL_KNOBS) set in this environment, space-separated.
+kernel_knobs_set() {
+  python3 - "$ROOT/python/difuse/bench.py" <<'PY'
+import ast, os, sys
+for node in ast.parse(open(sys.argv[1]).read()).body:
+    if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "KERNEL_KNOBS" for t in node.targets):
+        print(" ".join(k for k in ast.literal_eval(node.value) if os.environ.get(k)))
+PY
+}
+
+# The whole suite, the report of the defaults: any kernel knob set for another stage of the same call (ncu, sweep)
+# is unset here, with a line that says so (twentieth session: a knob meant for ncu ran the whole suite).
 stage_tests() {
   say "tests: scripts/test.sh (CPU, torch Meta, GPU exact) -> tests.json"
-  DIFUSE_TEST_REPORT="$OUT/tests.json" DIFUSE_TEST_COMMAND="scripts/device-check.sh --stage tests" \
+  local knobs unset_args=() k
+  knobs=$(kernel_knobs_set)
+  for k in $knobs; do unset_args+=(-u "$k"); done
+  [ -z "$knobs" ] || echo "tests: unsetting kernel knobs for the whole suite (tests.json reports the defaults): $knobs"
+  env "${unset_args[@]}" DIFUSE_TEST_REPORT="$OUT/tests.json" DIFUSE_TEST_COMMAND="scripts/device-check.sh --stage tests" \
     "$ROOT/scripts/test.sh" 2>&1 | tee "$OUT/tests.log" | grep -E '^(==|[0-9]+ passed|FAILED|ERROR|scripts/test.sh|shard |-- shard|GPU tests)|passed|failed' | tail -n 60
   return "${PIPESTATUS[0]}"
 }
@@ -179,19 +195,42 @@ stage_e2e() {
 
 # Nsight Compute on one launch of each op at its first site shape (after the exactness check), or at SHAPE for an
 # entry op:SHAPE (e.g. rms_norm_modulate:4096x1x3072, bench ops' --shape), hardware counters read without touching
-# the clocks (--clock-control none, as the device notes ask). ncu-<op>.txt each (ncu-<op>-<SHAPE>.txt).
+# the clocks (--clock-control none, as the device notes ask). ncu-<op>.txt each (ncu-<op>-<SHAPE>.txt). An entry
+# VAR=V[,VAR=V]@op[:SHAPE] profiles under those kernel knobs (ncu-<op>-<SHAPE>-<VAR_V>.txt). Each report ends with
+# the warps' stall reasons (cycles per issued instruction, smsp__average_warps_issue_stalled_*), largest first.
 # An entry stream:MB profiles aten's vectorized elementwise kernel (b = -a in bf16) moving MB megabytes, half read and
 # half written, as the bench's same-bytes copy does: the speed of light of a plain streaming kernel at that size
 # (DRAM and L2 throughput), against which the ops' own reports read (every op's L2 throughput tops its DRAM's).
 NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
   --section MemoryWorkloadAnalysis --section SchedulerStats"
+NCU_STALLS="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
+# Appends to an ncu report the stall reasons it holds (NCU_STALLS' metrics), largest first, as "stall <reason> <cycles>".
+ncu_stall_table() {
+  python3 - "$1" <<'PY' >>"$1.stalls" 2>/dev/null
+import re, sys
+rows = []
+for line in open(sys.argv[1], errors="replace"):
+    m = re.match(r"\s*smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio\s+\S*\s+([0-9.,]+)\s*$", line)
+    if m:
+        rows.append((float(m.group(2).replace(",", "")), m.group(1)))
+for v, name in sorted(rows, reverse=True):
+    if v >= 0.05:
+        print("stall %-24s %8.2f" % (name, v))
+PY
+  cat "$1.stalls" >>"$1" && rm -f "$1.stalls"
+}
 stage_ncu() {
   local entry op shape file r=0
   command -v ncu >/dev/null || { echo "ncu is not on PATH"; return 1; }
+  local vars tag
   for entry in ${DIFUSE_NCU_OPS:-qk_norm_rope_flux qk_norm_sd35 layernorm_modulate layernorm_modulate_fp32 gated_residual_fp32 rms_norm rms_norm_modulate gated_residual_layernorm_modulate}; do
+    vars=; tag=
+    if [ "${entry#*@}" != "$entry" ]; then
+      vars=${entry%%@*}; entry=${entry#*@}; tag=-$(echo "$vars" | tr ',=' '-_' | tr -d ' ')
+    fi
     op=${entry%%:*}
     shape=; [ "$op" = "$entry" ] || shape=${entry#*:}
-    file="$OUT/ncu-$op${shape:+-$shape}.txt"
+    file="$OUT/ncu-$op${shape:+-$shape}$tag.txt"
     if [ "$op" = stream ]; then  # stream:MB, the ceiling any streaming kernel meets at that size (below)
       say "ncu: aten's vectorized elementwise kernel (b = -a, bf16) moving ${shape:-100} MB (half read, half written)"
       # shellcheck disable=SC2086
@@ -205,15 +244,17 @@ torch.cuda.synchronize()"; } >"$file" 2>&1 || r=1
       grep -E "Duration|DRAM Throughput|L2 Cache Throughput|Memory Throughput|L2 Hit Rate|==ERROR==" "$file" | head -n 12
       continue
     fi
-    say "ncu: $op (one launch at ${shape:-the first site shape of bench ops})"
+    say "ncu: $op (one launch at ${shape:-the first site shape of bench ops})${vars:+ under $vars}"
     # shellcheck disable=SC2086
-    { echo "command: scripts/device-check.sh --stage ncu (ncu on python3 -m difuse bench ops --op $op${shape:+ --shape $shape} --reps 3 --no-stream);" \
+    { echo "command: ${vars:+$(echo "$vars" | tr ',' ' ') }scripts/device-check.sh --stage ncu (ncu on python3 -m difuse bench ops --op $op${shape:+ --shape $shape} --reps 3 --no-stream);" \
         "git $DIFUSE_GIT_SHA"
-      ncu --clock-control none --kernel-name-base demangled -k regex:difuse:: --launch-skip 1 --launch-count 1 \
-        $NCU_SECTIONS python3 -m difuse bench ops --op "$op" ${shape:+--shape "$shape"} --reps 3 --no-stream; } >"$file" 2>&1 || r=1
+      env $(echo "$vars" | tr ',' ' ') ncu --clock-control none --kernel-name-base demangled -k regex:difuse:: \
+        --launch-skip 1 --launch-count 1 $NCU_SECTIONS --metrics "$NCU_STALLS" \
+        python3 -m difuse bench ops --op "$op" ${shape:+--shape "$shape"} --reps 3 --no-stream; } >"$file" 2>&1 || r=1
+    ncu_stall_table "$file"
     grep -E "^  [a-z].*difuse::|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|\
-Registers Per Thread|Block Limit|Warp Cycles Per Issued|Issued Warp Per Scheduler|No Eligible|==ERROR==|==WARNING==" \
-      "$file" | head -n 24
+Registers Per Thread|Block Limit|Warp Cycles Per Issued|Issued Warp Per Scheduler|No Eligible|==ERROR==|==WARNING==|^stall " \
+      "$file" | head -n 32
   done
   return $r
 }

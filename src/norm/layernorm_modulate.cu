@@ -725,6 +725,7 @@ constexpr int kStreamMaxModBatches = 2;
 struct StreamTree {
   int uniform;
   num::EqualCombineWeights level[5];  // offsets 16, 8, 4, 2, 1
+  int read_fence;  // layernorm_streamed_rows' proxy fence before each release (stream_read_fence_knob; GRLN: always)
 };
 
 // A streamed consumer group's row statistics from its slot sx (V vectors of 4 bf16; two warps, the paired map): the
@@ -1154,7 +1155,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
         }
       }
     }
-    stream_release(empty, s, use, groups, slots);
+    stream_release(empty, s, use, groups, slots, tree.read_fence != 0);  // the slot was only read
   }
 }
 
@@ -1199,6 +1200,7 @@ bool launch_stream(Kernel kernel, StreamLaunchOnce& once, int max_groups, int64_
   if (max_blocks > 0) blocks = std::min<int64_t>(blocks, max_blocks);
   StreamTree tree{};
   tree.uniform = p.v % kAtenThreads == 0;
+  tree.read_fence = stream_read_fence_knob() ? 1 : 0;
   const int sweeps = (p.v + kAtenThreads - 1) / kAtenThreads;
   for (int lv = 0; lv < 5; ++lv) tree.level[lv] = num::equal_combine_weights(static_cast<float>((4 * sweeps) << lv));
   kernel<<<static_cast<unsigned>(blocks), 32 + group_threads * groups,

@@ -327,7 +327,7 @@ constexpr int kRmsStreamMaxWarps = 28;  // 32 + 32 x 28 = 928 threads
 constexpr int kRmsStreamDefaultWarps = 24;
 constexpr int kRmsStreamMaxSlots = 48;
 
-__global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1) rms_norm_streamed(const Params p, int slots) {
+__global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1) rms_norm_streamed(const Params p, int slots, bool read_fence) {
   using Map = AtenThreadMap<32, true>;
   constexpr int A = Map::kSlots;  // 4
   extern __shared__ uint4 stream_smem[];  // the weight row (V 8-byte words, where there is one), then the ring
@@ -396,7 +396,7 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1) rms_norm_stre
         }
       }
     }
-    stream_release(empty, s, use, groups, slots);
+    stream_release(empty, s, use, groups, slots, read_fence);  // the slot was only read
   }
 }
 
@@ -416,7 +416,7 @@ bool launch_streamed(const Params& p, int knob, int device, cudaStream_t stream)
   opt_in_shared_memory(kernel, device, budget, opted_in);
   prefer_max_shared_carveout(kernel, device, carveout_set);
   kernel<<<static_cast<unsigned>(l.blocks), l.threads(), static_cast<size_t>(l.slots * slot_bytes + w_bytes), stream>>>(
-      p, l.slots);
+      p, l.slots, stream_read_fence_knob());
   return true;
 }
 

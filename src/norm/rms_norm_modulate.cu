@@ -509,6 +509,7 @@ constexpr int64_t kRmsStreamSmodMinRows = 8192;
 struct StreamModRows {
   int nw = 0, ns = 0, nh = 0, ng = 0;  // staged rows per role: weight 0 or 1; scale, shift, gate 1 or 2
   int64_t s1 = 0, h1 = 0, g1 = 0;      // the second staged row's offset (elements) per role, where there are two
+  bool read_fence = true;              // the plain form's proxy fence before each release (stream_read_fence_knob)
 };
 
 template <bool VEC, bool RESIDUAL, bool SMOD = false>
@@ -569,13 +570,18 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
       }
     }
     two_pass_row<VEC, RESIDUAL, true, 4, RESIDUAL, SMOD>(p, row, lane, sx, sm);
-    stream_release(empty, s, use, groups, slots);
+    stream_release(empty, s, use, groups, slots, RESIDUAL || m.read_fence);  // the residual form wrote h1 there
   }
 }
 
 // DIFUSE_RMSMOD_STREAMED=G (read once): G consumer warps (1: kRmsStreamDefaultWarps; at most kRmsStreamMaxWarps and
 // the ring's slots); DIFUSE_RMSMOD_STREAMED_BLOCKS=N caps the grid (tests: many rows per block). With m's staged rows
 // (SMOD) the ring takes what they leave. False (nothing launched) where the ring would hold fewer than two rows.
+StreamModRows with_read_fence(StreamModRows m) {
+  m.read_fence = stream_read_fence_knob();
+  return m;
+}
+
 template <bool VEC, bool RESIDUAL, bool SMOD>
 bool launch_streamed(const Params& p, const StreamModRows& m, int knob, int device, cudaStream_t stream) {
   auto kernel = rms_norm_modulate_streamed<VEC, RESIDUAL, SMOD>;
@@ -591,7 +597,7 @@ bool launch_streamed(const Params& p, const StreamModRows& m, int knob, int devi
   opt_in_shared_memory(kernel, device, budget, opted_in);
   prefer_max_shared_carveout(kernel, device, carveout_set);
   kernel<<<static_cast<unsigned>(l.blocks), l.threads(), static_cast<size_t>(l.slots * slot_bytes + mod_bytes),
-           stream>>>(p, l.slots, m);
+           stream>>>(p, l.slots, with_read_fence(m));
   return true;
 }
 

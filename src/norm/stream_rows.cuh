@@ -14,6 +14,7 @@
 
 #include "core/bulk_copy.cuh"
 #include "core/device.h"
+#include "core/env_knob.h"
 #include "core/error.h"
 
 namespace difuse::norm {
@@ -47,11 +48,28 @@ __device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t
 
 // A consumer is done with slot s (every read and write of it by this thread): order them before the copy engine
 // refills it, arrive on its `empty` barrier, and step to the group's next row's slot.
-__device__ __forceinline__ void stream_release(uint64_t* empty, int& s, uint32_t& use, int groups, int slots) {
-  detail::fence_proxy_async_smem();
+// proxy_fence: a fence.proxy.async before the arrival (SASS: MEMBAR.ALL.CTA, FENCE.VIEW.ASYNC.S). A consumer that
+// wrote the slot (GRLN's h1, rms_norm_modulate's residual form) needs it: its generic-proxy stores must be ordered
+// before the copy engine's (async-proxy) writes of the next row. A consumer that only read the slot may arrive
+// without it, as CUTLASS's PipelineTmaAsync::consumer_release does: the arrival (release) and the producer's wait
+// (acquire) before its copy order the reads (stream_read_fence_knob).
+__device__ __forceinline__ void stream_release(uint64_t* empty, int& s, uint32_t& use, int groups, int slots,
+                                               bool proxy_fence = true) {
+  if (proxy_fence) detail::fence_proxy_async_smem();
   detail::mbar_arrive(&empty[s]);
   s += groups;
   while (s >= slots) s -= slots, ++use;
+}
+
+// DIFUSE_STREAM_READ_FENCE=0|1 (read once; for measurement; twentieth session): whether the consumers that only read
+// their slot (rms_norm_streamed, layernorm_streamed_rows, rms_norm_modulate_streamed's plain form) fence the async
+// proxy before releasing it (stream_release's proxy_fence). 1 or unset: they do (every streamed kernel verified
+// so far); 0: they do not. Why: ncu at 1ab086e (ncu/1ab086e/) shows the streamed rms_norm at 1x32760x1536 issuing
+// 0.37 instructions per scheduler per cycle with 72% of its stalls on L1TEX scoreboards, 24 consumer warps no faster
+// than 16, and the fence's MEMBAR.ALL.CTA once per row per warp after the row's stores.
+inline bool stream_read_fence_knob() {
+  static const int v = detail::env_knob_or("DIFUSE_STREAM_READ_FENCE", 1);
+  return v != 0;
 }
 
 // The dynamic shared memory a streamed block of `kernel` may take on `device`: the opt-in maximum per block less the

@@ -105,10 +105,11 @@ def streamed_ln_kernels_ran(f32: bool, warp: str) -> str:
                             for v, m in (("true", "true"), ("true", "false"), ("false", "false")))
 
 
-def streamed_ln_env(groups: str, blocks: str, warp: str) -> dict:
+def streamed_ln_env(groups: str, blocks: str, warp: str, fence: str = "") -> dict:
     """The LayerNorms' streamed-row knobs of a knob test: DIFUSE_LNMOD_STREAMED (groups), _STREAMED_BLOCKS (grid cap)
-    and _STREAM_WARP (group width)."""
-    return dict(DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks, DIFUSE_LNMOD_STREAM_WARP=warp)
+    and _STREAM_WARP (group width); DIFUSE_STREAM_READ_FENCE (fence; "" leaves the default)."""
+    return dict(DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks, DIFUSE_LNMOD_STREAM_WARP=warp,
+                DIFUSE_STREAM_READ_FENCE=fence)
 
 
 def prologue_adversarial_script(op: str, head_dim: int, cases, seed: int, bhsd: bool = False) -> str:
