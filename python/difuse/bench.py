@@ -287,7 +287,7 @@ KERNEL_KNOBS = ("DIFUSE_QK_ROWS_PER_WARP", "DIFUSE_QK_LANES_PER_ROW", "DIFUSE_QK
                 "DIFUSE_QK_VCOPY", "DIFUSE_QK_SD35_WARPS", "DIFUSE_QK_SD35_VCOPY_SMEM", "DIFUSE_QK_SD35_LEAN",
                 "DIFUSE_QK_SD35_OUT_SMEM", "DIFUSE_QK_BULK",
                 "DIFUSE_RMS_ROWS_PER_WARP", "DIFUSE_RMS_LANES_PER_ROW", "DIFUSE_RMS_STAGED_ROWS", "DIFUSE_RMS_STREAMED",
-                "DIFUSE_RMS_STREAMED_BLOCKS",
+                "DIFUSE_RMS_STREAMED_BLOCKS", "DIFUSE_RMS_STREAMED_BULK_OUT",
                 "DIFUSE_RMS_STAGED_HEADS", "DIFUSE_RMS_STREAM_BATCH",
                 "DIFUSE_RMSD_ROWS_PER_WARP", "DIFUSE_RMSD_LANES_PER_ROW", "DIFUSE_RMSD_STAGED_ROWS",
                 "DIFUSE_RMSD_OUT_SMEM", "DIFUSE_RMSD_WIDE_STAGED",
@@ -366,11 +366,12 @@ STREAM_SCREEN_REPS = 30  # calls per copy-kernel variant when stream_time_us pic
 
 
 def stream_time_us(nbytes: int, sets: int, reps: int, warmup: int = 10) -> tuple[float, str]:
-    """(µs, variant): the fastest of libdifuse's streaming copy kernels (src/probe/stream_copy.cu, 68 variants:
-    vectors per thread, block size, one-pass or resident grid, cache policy; and bulk copies of 4-32 KB chunks) moving `nbytes` (half read, half
+    """(µs, variant): the fastest of libdifuse's streaming copy kernels (src/probe/stream_copy.cu, 71 variants:
+    vectors per thread, block size, one-pass or resident grid, cache policy; bulk copies of 4-32 KB chunks; and the
+    streamed norms' ring schedule without arithmetic) moving `nbytes` (half read, half
     written), rotating over `sets` buffer pairs like the op's inputs, in this harness (time_calls). Every variant
     is timed with STREAM_SCREEN_REPS calls, then the fastest again with `reps`: the time returned is that second
-    measurement, so picking one of 68 does not also pick its luckiest samples. What a kernel that only moves those
+    measurement, so picking one of 71 does not also pick its luckiest samples. What a kernel that only moves those
     bytes needs at that size: a bound below it is below every kernel's reach here. The copy is checked."""
     import torch
 

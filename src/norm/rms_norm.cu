@@ -327,6 +327,11 @@ constexpr int kRmsStreamMaxWarps = 28;  // 32 + 32 x 28 = 928 threads
 constexpr int kRmsStreamDefaultWarps = 24;
 constexpr int kRmsStreamMaxSlots = 48;
 
+// BULK_OUT (DIFUSE_RMS_STREAMED_BULK_OUT=1, for measurement; twentieth session): each lane writes its output vectors
+// back over the ones it read in the slot, fences the async proxy, and lane 0 stores the row with one bulk copy and
+// waits for its reads of the slot before the warp releases it, instead of 16-byte stores from registers. Why: the
+// probe's ring variants (src/probe/stream_copy.cu) compare the two ways of storing a streamed row without arithmetic.
+template <bool BULK_OUT>
 __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1) rms_norm_streamed(const Params p, int slots, bool read_fence) {
   using Map = AtenThreadMap<32, true>;
   constexpr int A = Map::kSlots;  // 4
@@ -359,7 +364,7 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1) rms_norm_stre
   uint32_t use = static_cast<uint32_t>(c / slots);
   for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
     detail::mbar_wait(&full[s], use & 1u);
-    const uint2* const sx = ring + static_cast<int64_t>(s) * V;
+    uint2* const sx = ring + static_cast<int64_t>(s) * V;
     float acc[A];
 #pragma unroll
     for (int j = 0; j < A; ++j) acc[j] = 0.f;
@@ -391,19 +396,36 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1) rms_norm_stre
         if (vi < V) {
           const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vi);
           const uint4 ww = p.has_w ? *reinterpret_cast<const uint4*>(wsm + vi) : make_uint4(0, 0, 0, 0);
-          orow[vi / 2] = make_uint4(rms_norm_pair(w4.x, rstd, p.has_w, ww.x), rms_norm_pair(w4.y, rstd, p.has_w, ww.y),
-                                    rms_norm_pair(w4.z, rstd, p.has_w, ww.z), rms_norm_pair(w4.w, rstd, p.has_w, ww.w));
+          const uint4 o = make_uint4(rms_norm_pair(w4.x, rstd, p.has_w, ww.x), rms_norm_pair(w4.y, rstd, p.has_w, ww.y),
+                                     rms_norm_pair(w4.z, rstd, p.has_w, ww.z), rms_norm_pair(w4.w, rstd, p.has_w, ww.w));
+          if constexpr (BULK_OUT)
+            *reinterpret_cast<uint4*>(sx + vi) = o;  // over the vector this lane just read
+          else
+            orow[vi / 2] = o;
         }
       }
     }
-    stream_release(empty, s, use, groups, slots, read_fence);  // the slot was only read
+    if constexpr (BULK_OUT) {
+      detail::fence_proxy_async_smem();  // this lane's writes of the slot before the copy engine reads them
+      __syncwarp();
+      if (i == 0) {
+        detail::bulk_store(p.out + row * p.n, sx, row_bytes);
+        detail::bulk_commit();
+        detail::bulk_wait_reads();  // the slot read out before it is released
+      }
+      __syncwarp();
+      stream_release(empty, s, use, groups, slots, false);  // fenced above; the copy engine's reads are done
+    } else {
+      stream_release(empty, s, use, groups, slots, read_fence);  // the slot was only read
+    }
   }
 }
 
 // Launches rms_norm_streamed with `knob` consumer warps (1: kRmsStreamDefaultWarps; at most kRmsStreamMaxWarps and
 // the ring's slots); false (nothing launched) where the ring would hold fewer than two rows.
 bool launch_streamed(const Params& p, int knob, int device, cudaStream_t stream) {
-  auto kernel = rms_norm_streamed;
+  static const bool bulk_out = detail::positive_env_knob("DIFUSE_RMS_STREAMED_BULK_OUT") == 1;
+  auto kernel = bulk_out ? rms_norm_streamed<true> : rms_norm_streamed<false>;
   static std::atomic<int> budgets[64];
   static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
   const int budget = stream_smem_budget(kernel, device, budgets);

@@ -5,7 +5,13 @@
 // vectors) or the resident blocks striding over the chunks, with the default cache policy or evict-first
 // (ld/st.global.cs): 64 variants. Four more move the bytes with the bulk copy engine instead (sm_90's TMA, non-tensor
 // form, core/bulk_copy.cuh): a one-warp block per chunk of 4, 8, 16 or 32 KB, whose lane 0 loads the chunk into shared
-// memory with one bulk copy, waits on an mbarrier and stores it with one bulk copy (variants 64-67). `bench ops` times
+// memory with one bulk copy, waits on an mbarrier and stores it with one bulk copy (variants 64-67). Three more
+// (68-70, twentieth session) run the streamed norms' schedule with no arithmetic (norm/stream_rows.cuh: one block
+// per SM, a producer lane bulk-copying rows of 3072 or 6144 bytes into a ring of up to 48 slots, 24 consumer warps of
+// one row each): each warp stores its row from registers (16-byte vectors, every load of the row before its
+// stores, as the norms' epilogues) or, ring3072_w24_bulk, by one bulk copy from the slot. They say whether that
+// schedule alone reaches the ceiling at the norms' narrow rows (1536 bf16 = 3072 bytes), where every streamed norm
+// runs at ~1.23x stream_us. `bench ops` times
 // all of them at each record's byte count (rotating buffers like the op's inputs, the same CUDA-event harness),
 // re-times the fastest and records it as stream_us: what a kernel that does nothing but move those bytes needs at
 // that size in this harness.
@@ -28,6 +34,8 @@
 #include "core/bulk_copy.cuh"
 #include "core/device.h"
 #include "core/error.h"
+#include "norm/row_staging.cuh"
+#include "norm/stream_rows.cuh"
 
 namespace difuse::probe {
 
@@ -37,7 +45,13 @@ constexpr int kUnrolls[] = {1, 2, 4, 8};
 constexpr int kThreads[] = {128, 256, 512, 1024};
 constexpr int kVectorVariants = 4 * 4 * 2 * 2;
 constexpr int kBulkChunks[] = {4096, 8192, 16384, 32768};
-constexpr int kVariants = kVectorVariants + 4;
+constexpr int kRingRowBytes[] = {3072, 3072, 6144};
+constexpr bool kRingBulkStore[] = {false, true, false};
+constexpr int kRingVariants = 3;
+constexpr int kRingWarps = 24;     // the streamed norms' default consumer warps
+constexpr int kRingMaxSlots = 48;  // and their ring's most slots
+constexpr int kRingMaxVectors = 6144 / 16 / 32;  // 16-byte vectors per lane of the widest ring row
+constexpr int kVariants = kVectorVariants + 4 + kRingVariants;
 
 template <int U, bool CS>
 __global__ void __launch_bounds__(1024) stream_copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
@@ -83,6 +97,57 @@ __global__ void __launch_bounds__(32) stream_copy_bulk_kernel(const uint8_t* __r
   detail::bulk_wait_reads();
 }
 
+// The ring variants: rows of row_bytes (the last one shorter, a multiple of 16), row r in block r % gridDim.x's ring.
+template <bool BULK_STORE>
+__global__ void __launch_bounds__(32 + 32 * kRingWarps, 1)
+    stream_copy_ring_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t nbytes, int row_bytes,
+                            int slots) {
+  extern __shared__ uint4 ring_slots[];
+  __shared__ uint64_t full[kRingMaxSlots], empty[kRingMaxSlots];
+  const int64_t rows = (nbytes + row_bytes - 1) / row_bytes;
+  const int V = row_bytes / 16;
+  norm::stream_init_barriers(full, empty, slots, 32);
+  if (threadIdx.x < 32) {
+    if (threadIdx.x == 0)
+      norm::stream_produce(rows, slots, full, empty, [&](int64_t row, int s, uint64_t* bar) {
+        const int64_t left = nbytes - row * row_bytes;
+        const uint32_t bytes = static_cast<uint32_t>(left < row_bytes ? left : row_bytes);
+        detail::mbar_arrive_expect_tx(bar, bytes);
+        detail::bulk_load(ring_slots + static_cast<int64_t>(s) * V, src + row * row_bytes, bytes, bar);
+      });
+    return;
+  }
+  const int c = static_cast<int>(threadIdx.x) / 32 - 1, lane = static_cast<int>(threadIdx.x) % 32;
+  const int groups = static_cast<int>(blockDim.x) / 32 - 1;
+  int s = c % slots;
+  uint32_t use = static_cast<uint32_t>(c / slots);
+  for (int64_t row = blockIdx.x + int64_t(c) * gridDim.x; row < rows; row += int64_t(groups) * gridDim.x) {
+    detail::mbar_wait(&full[s], use & 1u);
+    const int64_t left = nbytes - row * row_bytes;
+    const int bytes = static_cast<int>(left < row_bytes ? left : row_bytes);
+    const uint4* sx = ring_slots + static_cast<int64_t>(s) * V;
+    if constexpr (BULK_STORE) {  // the slot is only read, by the copy engine: done once its reads are
+      if (lane == 0) {
+        detail::bulk_store(dst + row * row_bytes, sx, static_cast<uint32_t>(bytes));
+        detail::bulk_commit();
+        detail::bulk_wait_reads();
+      }
+      __syncwarp();
+    } else {
+      uint4* const d = reinterpret_cast<uint4*>(dst + row * row_bytes);
+      const int n = bytes / 16;
+      uint4 v[kRingMaxVectors];
+#pragma unroll
+      for (int u = 0; u < kRingMaxVectors; ++u)
+        if (lane + 32 * u < n) v[u] = sx[lane + 32 * u];
+#pragma unroll
+      for (int u = 0; u < kRingMaxVectors; ++u)
+        if (lane + 32 * u < n) d[lane + 32 * u] = v[u];
+    }
+    norm::stream_release(empty, s, use, groups, slots, false);  // the slot was only read
+  }
+}
+
 using BulkKernel = void (*)(const uint8_t*, uint8_t*, int64_t);
 
 BulkKernel pick_bulk(int chunk) {
@@ -118,12 +183,19 @@ StreamCopyVariant stream_copy_variant(int index) {
   if (index < 0 || index >= kVariants)
     throw detail::Failure(DIFUSE_ERR_INVALID_ARGUMENT, "stream_copy: variant " + std::to_string(index) +
                                                            " outside [0, " + std::to_string(kVariants) + ")");
+  if (index >= kVectorVariants + 4) {
+    const int r = index - kVectorVariants - 4;
+    return {0, 32 + 32 * kRingWarps, true, false, 0, kRingRowBytes[r], kRingBulkStore[r]};
+  }
   if (index >= kVectorVariants) return {0, 32, false, false, kBulkChunks[index - kVectorVariants]};
   return {kUnrolls[index % 4], kThreads[(index / 4) % 4], (index / 16) % 2 == 1, index / 32 == 1, 0};
 }
 
 std::string stream_copy_variant_name(int index) {
   const StreamCopyVariant v = stream_copy_variant(index);
+  if (v.ring_row_bytes > 0)
+    return "ring" + std::to_string(v.ring_row_bytes) + "_w" + std::to_string(kRingWarps) +
+           (v.ring_bulk_store ? "_bulk" : "_stg");
   if (v.bulk_bytes > 0) return "bulk" + std::to_string(v.bulk_bytes) + "_t32_onepass";
   return "u" + std::to_string(v.vectors_per_thread) + "_t" + std::to_string(v.threads_per_block) +
          (v.resident_grid ? "_resident" : "_onepass") + (v.evict_first ? "_evict_first" : "_default");
@@ -145,6 +217,25 @@ void stream_copy(void* dst, const void* src, int64_t nbytes, int index, cudaStre
   if (!s.ok()) throw detail::Failure(DIFUSE_ERR_INVALID_ARGUMENT, s.message("stream_copy"));
 
   const StreamCopyVariant v = stream_copy_variant(index);
+  if (v.ring_row_bytes > 0) {
+    auto kernel = v.ring_bulk_store ? stream_copy_ring_kernel<true> : stream_copy_ring_kernel<false>;
+    static std::atomic<int> budgets[2][64];
+    static std::atomic<uint64_t> opted_in[2], carveout_set[2];
+    const int k = v.ring_bulk_store ? 1 : 0;
+    int device = 0;
+    DIFUSE_CUDA_CHECK(cudaGetDevice(&device));
+    const int budget = norm::stream_smem_budget(kernel, device, budgets[k]);
+    const int slots = std::min(kRingMaxSlots, budget / v.ring_row_bytes);
+    const int64_t rows = (nbytes + v.ring_row_bytes - 1) / v.ring_row_bytes;
+    const int warps = std::min(kRingWarps, slots);
+    norm::opt_in_shared_memory(kernel, device, budget, opted_in[k]);
+    norm::prefer_max_shared_carveout(kernel, device, carveout_set[k]);
+    const int64_t blocks = std::min<int64_t>(detail::sm_count(device), rows);
+    kernel<<<static_cast<unsigned>(blocks), 32 + 32 * warps, static_cast<size_t>(slots) * v.ring_row_bytes, stream>>>(
+        static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), nbytes, v.ring_row_bytes, slots);
+    DIFUSE_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   if (v.bulk_bytes > 0) {
     const int64_t grid = (nbytes + v.bulk_bytes - 1) / v.bulk_bytes;
     if (grid > 0x7fffffff)

@@ -19,12 +19,15 @@ struct StreamCopyVariant {
   bool resident_grid;      // false: one pass (a block per chunk); true: the resident blocks, grid-stride
   bool evict_first;        // ld.global.cs / st.global.cs instead of the default cache policy
   int bulk_bytes;          // > 0: the bulk copy engine instead, a one-warp block per chunk of this many bytes
+  int ring_row_bytes = 0;  // > 0: the streamed norms' ring schedule instead, rows of this many bytes (ring variants)
+  bool ring_bulk_store = false;  // ring variants: the rows stored by bulk copies from their slots, not from registers
 };
 
 int stream_copy_variant_count();
 // Throws Failure(DIFUSE_ERR_INVALID_ARGUMENT) outside [0, stream_copy_variant_count()).
 StreamCopyVariant stream_copy_variant(int index);
-// "u4_t256_onepass_default" ("bulk8192_t32_onepass" for the bulk copies): the variant's parameters, for records.
+// "u4_t256_onepass_default" ("bulk8192_t32_onepass" for the bulk copies, "ring3072_w24_stg" for the ring
+// variants): the variant's parameters, for records.
 std::string stream_copy_variant_name(int index);
 
 // dst[0, nbytes) = src[0, nbytes) on `stream` with variant `index`. Every precondition is checked first and all

@@ -209,9 +209,10 @@ def test_batched_stream_variant(batched):
     assert_exact_under(strided, DIFUSE_RMS_STREAM_BATCH=batched)
 
 
-@pytest.mark.parametrize("warps,blocks,fence", [("1", "", ""), ("5", "2", ""), ("1", "", "0"), ("5", "2", "0")],
+@pytest.mark.parametrize("warps,blocks,fence,bulk", [("1", "", "", ""), ("5", "2", "", ""), ("1", "", "0", ""),
+                                                     ("5", "2", "0", ""), ("1", "", "", "1"), ("5", "2", "", "1")],
                          ids=str)
-def test_streamed_variant(warps, blocks, fence):
+def test_streamed_variant(warps, blocks, fence, bulk):
     """DIFUSE_RMS_STREAMED=G (read once per process): rows wider than 128 with N % 8 == 0 and 16-byte aligned rows on
     the streamed rows (one block per SM, or DIFUSE_RMS_STREAMED_BLOCKS of them: a producer lane bulk-copying each row
     into a ring of shared-memory slots, G consumer warps, one row each on aten's paired map; 1: 24 warps; 5 warps on
@@ -220,7 +221,8 @@ def test_streamed_variant(warps, blocks, fence):
     every row refills one), with and without weight, the q, k, v chunks of a fused projection (strided rows),
     adversarial values; widths with N % 8 != 0 (2052, 4100) and 8- but not 16-byte aligned rows keep the default
     kernel. The profiler shows the streamed kernel ran. DIFUSE_STREAM_READ_FENCE=0: the consumers release their slots
-    without the async-proxy fence (same bits)."""
+    without the async-proxy fence (same bits). DIFUSE_RMS_STREAMED_BULK_OUT=1: each output row is written back into
+    its slot and stored by one bulk copy (same bits; the profiler shows rms_norm_streamed<true>)."""
     from knob_run import PROFILE_START, assert_exact_under, every_kernel_ran, exactness_script
 
     specs = [((1, 32760, 1536), True), ((1, 2048, 5120), True), ((1, 2048, 5120), False), ((5, 9, 136), True),
@@ -232,8 +234,9 @@ def test_streamed_variant(warps, blocks, fence):
         "x = torch.randn(1, 4096, 1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
         "w = torch.randn(1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
         "bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
-        + every_kernel_ran(["rms_norm_streamed"]) + "print('mismatches', bad)")
-    env = dict(DIFUSE_RMS_STREAMED=warps, DIFUSE_RMS_STREAMED_BLOCKS=blocks, DIFUSE_STREAM_READ_FENCE=fence)
+        + every_kernel_ran(["rms_norm_streamed<%s>" % ("true" if bulk == "1" else "false")]) + "print('mismatches', bad)")
+    env = dict(DIFUSE_RMS_STREAMED=warps, DIFUSE_RMS_STREAMED_BLOCKS=blocks, DIFUSE_STREAM_READ_FENCE=fence,
+               DIFUSE_RMS_STREAMED_BULK_OUT=bulk)
     assert_exact_under(script, **env)
     for seed, row_shape in ((1350, (1536,)), (1360, (5120,))):
         assert_exact_under(_strided_rows_script(seed, row_shape), **env)
