@@ -34,16 +34,22 @@ __device__ __forceinline__ void stream_init_barriers(uint64_t* full, uint64_t* e
 
 // The producer: fills slot k % slots with the block's k-th row once the consumer of row k - slots has released it;
 // issue(row, slot, bar) arrives on `bar` with the row's byte count and starts its copies there.
+// stream_produce_rows: the rows first, first + step, ... below end (the probe's one-pass ring variants: a block's
+// contiguous rows); stream_produce: the block's rows of a resident grid (blockIdx.x + k x gridDim.x).
 template <class Issue>
-__device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t* full, uint64_t* empty, Issue issue) {
-  const int64_t stride = gridDim.x;
+__device__ __forceinline__ void stream_produce_rows(int64_t first, int64_t end, int64_t step, int slots, uint64_t* full,
+                                                    uint64_t* empty, Issue issue) {
   int s = 0;
   uint32_t use = 0;  // how many times slot s has been filled before
-  for (int64_t row = blockIdx.x; row < rows; row += stride) {
+  for (int64_t row = first; row < end; row += step) {
     if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
     issue(row, s, &full[s]);
     if (++s == slots) s = 0, ++use;
   }
+}
+template <class Issue>
+__device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t* full, uint64_t* empty, Issue issue) {
+  stream_produce_rows(blockIdx.x, rows, gridDim.x, slots, full, empty, issue);
 }
 
 // A consumer is done with slot s (every read and write of it by this thread): order them before the copy engine
