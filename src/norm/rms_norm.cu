@@ -331,6 +331,8 @@ constexpr int kRmsStreamMaxSlots = 48;
 // back over the ones it read in the slot, fences the async proxy, and lane 0 stores the row with one bulk copy and
 // waits for its reads of the slot before the warp releases it, instead of 16-byte stores from registers. Why: the
 // probe's ring variants (src/probe/stream_copy.cu) compare the two ways of storing a streamed row without arithmetic.
+// Exact at 9da6d1b (test_streamed_variant's bulk cases, gpu-tests-9da6d1b.json); no faster: 62.5 vs 62.0 us at
+// 1x32760x1536 (knob-sweeps/9da6d1b/), as the probe's ring3072_w24_bulk 58.5 vs ring3072_w24_stg 58.0.
 template <bool BULK_OUT>
 __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1) rms_norm_streamed(const Params p, int slots, bool read_fence) {
   using Map = AtenThreadMap<32, true>;

@@ -34,22 +34,16 @@ __device__ __forceinline__ void stream_init_barriers(uint64_t* full, uint64_t* e
 
 // The producer: fills slot k % slots with the block's k-th row once the consumer of row k - slots has released it;
 // issue(row, slot, bar) arrives on `bar` with the row's byte count and starts its copies there.
-// stream_produce_rows: the rows first, first + step, ... below end (the probe's one-pass ring variants: a block's
-// contiguous rows); stream_produce: the block's rows of a resident grid (blockIdx.x + k x gridDim.x).
 template <class Issue>
-__device__ __forceinline__ void stream_produce_rows(int64_t first, int64_t end, int64_t step, int slots, uint64_t* full,
-                                                    uint64_t* empty, Issue issue) {
+__device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t* full, uint64_t* empty, Issue issue) {
+  const int64_t stride = gridDim.x;
   int s = 0;
   uint32_t use = 0;  // how many times slot s has been filled before
-  for (int64_t row = first; row < end; row += step) {
+  for (int64_t row = blockIdx.x; row < rows; row += stride) {
     if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
     issue(row, s, &full[s]);
     if (++s == slots) s = 0, ++use;
   }
-}
-template <class Issue>
-__device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t* full, uint64_t* empty, Issue issue) {
-  stream_produce_rows(blockIdx.x, rows, gridDim.x, slots, full, empty, issue);
 }
 
 // A consumer is done with slot s (every read and write of it by this thread): order them before the copy engine
@@ -72,7 +66,10 @@ __device__ __forceinline__ void stream_release(uint64_t* empty, int& s, uint32_t
 // proxy before releasing it (stream_release's proxy_fence). 1 or unset: they do (every streamed kernel verified
 // so far); 0: they do not. Why: ncu at 1ab086e (ncu/1ab086e/) shows the streamed rms_norm at 1x32760x1536 issuing
 // 0.37 instructions per scheduler per cycle with 72% of its stalls on L1TEX scoreboards, 24 consumer warps no faster
-// than 16, and the fence's MEMBAR.ALL.CTA once per row per warp after the row's stores.
+// than 16, and the fence's MEMBAR.ALL.CTA once per row per warp after the row's stores. Measured at 06c367e
+// (knob-sweeps/06c367e/, ncu/06c367e/): exact, and no faster anywhere (rms_norm 62.3 vs 62.2 us, Wan fp32 70.4 vs
+// 71.2, layernorm_modulate 65.0 vs 65.0 at 1x32760x1536); ncu shows no membar stall either way (long_scoreboard
+// 11.6 cycles per instruction with and without). Kept at 1.
 inline bool stream_read_fence_knob() {
   static const int v = detail::env_knob_or("DIFUSE_STREAM_READ_FENCE", 1);
   return v != 0;

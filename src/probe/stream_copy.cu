@@ -6,13 +6,18 @@
 // (ld/st.global.cs): 64 variants. Four more move the bytes with the bulk copy engine instead (sm_90's TMA, non-tensor
 // form, core/bulk_copy.cuh): a one-warp block per chunk of 4, 8, 16 or 32 KB, whose lane 0 loads the chunk into shared
 // memory with one bulk copy, waits on an mbarrier and stores it with one bulk copy (variants 64-67). Three more
-// (68-74, twentieth session) run the streamed norms' schedule with no arithmetic (norm/stream_rows.cuh: a producer
-// lane bulk-copying rows of 3072 or 6144 bytes into a ring of up to 48 slots, consumer warps of one row each): each
-// warp stores its row from registers (16-byte vectors, every load of the row before its stores, as the norms'
-// epilogues) or, ring3072_w24_bulk, by one bulk copy from the slot; one resident block per SM with the rows strided
-// (as the norms), or one pass of blocks of R contiguous rows (_rR; 1-3 blocks per SM). They say whether that
+// (68-70, twentieth session) run the streamed norms' schedule with no arithmetic (norm/stream_rows.cuh: one block
+// per SM, a producer lane bulk-copying rows of 3072 or 6144 bytes into a ring of up to 48 slots, 24 consumer warps of
+// one row each): each warp stores its row from registers (16-byte vectors, every load of the row before its
+// stores, as the norms' epilogues) or, ring3072_w24_bulk, by one bulk copy from the slot. They say whether that
 // schedule alone reaches the ceiling at the norms' narrow rows (1536 bf16 = 3072 bytes), where every streamed norm
-// runs at ~1.23x stream_us. `bench ops` times
+// runs at ~1.23x stream_us. It does not (H200 at 9da6d1b, scripts/stream-variants.py, stream-variants-9da6d1b.json):
+// at 201.3 MB, 1x32760x1536's bytes, 58.0 us (stg), 58.5 (bulk), 56.3 (6144-byte rows) against 50.5 for the fastest
+// one-pass vector copy, whose resident-grid forms take 55.3-57.7; the streamed rms_norm took 62.0 in the same call.
+// The schedule (resident blocks, rows strided over them), not the arithmetic, costs most of the gap. At 50.3 MB:
+// 17.6 / 17.2 / 16.9 against 16.0. Exact copies at 9da6d1b (test_stream_copy.py, every variant, gpu-tests-9da6d1b.json).
+// A one-pass form (blocks of 128 contiguous rows) measured 57.5 at 201 MB at bfef2d5 (not a record: that run stopped
+// at a 2-blocks-per-SM form that did not finish, cause not found; both removed). `bench ops` times
 // all of them at each record's byte count (rotating buffers like the op's inputs, the same CUDA-event harness),
 // re-times the fastest and records it as stream_us: what a kernel that does nothing but move those bytes needs at
 // that size in this harness.
@@ -46,15 +51,11 @@ constexpr int kUnrolls[] = {1, 2, 4, 8};
 constexpr int kThreads[] = {128, 256, 512, 1024};
 constexpr int kVectorVariants = 4 * 4 * 2 * 2;
 constexpr int kBulkChunks[] = {4096, 8192, 16384, 32768};
-struct RingVariant {
-  int row_bytes, warps, min_blocks, rows_per_block;  // rows_per_block 0: one resident block per SM, rows strided
-  bool bulk_store;
-};
-constexpr RingVariant kRings[] = {
-    {3072, 24, 1, 0, false}, {3072, 24, 1, 0, true}, {6144, 24, 1, 0, false},  // the streamed norms' schedule
-    {3072, 24, 1, 128, false}, {3072, 12, 2, 64, false}, {3072, 12, 2, 32, false}, {3072, 8, 3, 32, false}};
-constexpr int kRingVariants = sizeof(kRings) / sizeof(kRings[0]);
-constexpr int kRingMaxSlots = 48;  // the streamed norms' ring's most slots
+constexpr int kRingRowBytes[] = {3072, 3072, 6144};
+constexpr bool kRingBulkStore[] = {false, true, false};
+constexpr int kRingVariants = 3;
+constexpr int kRingWarps = 24;     // the streamed norms' default consumer warps
+constexpr int kRingMaxSlots = 48;  // and their ring's most slots
 constexpr int kRingMaxVectors = 6144 / 16 / 32;  // 16-byte vectors per lane of the widest ring row
 constexpr int kVariants = kVectorVariants + 4 + kRingVariants;
 
@@ -102,24 +103,19 @@ __global__ void __launch_bounds__(32) stream_copy_bulk_kernel(const uint8_t* __r
   detail::bulk_wait_reads();
 }
 
-// The ring variants: rows of row_bytes (the last one shorter, a multiple of 16). rows_per_block 0: row r in block
-// r % gridDim.x's ring (one resident block per SM, as the streamed norms); else block b takes the contiguous rows
-// [b R, (b + 1) R) and the grid covers them all (one pass: the hardware hands out the next chunk as blocks retire).
-template <bool BULK_STORE, int MAXW, int MINB>
-__global__ void __launch_bounds__(32 + 32 * MAXW, MINB)
+// The ring variants: rows of row_bytes (the last one shorter, a multiple of 16), row r in block r % gridDim.x's ring.
+template <bool BULK_STORE>
+__global__ void __launch_bounds__(32 + 32 * kRingWarps, 1)
     stream_copy_ring_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t nbytes, int row_bytes,
-                            int slots, int64_t rows_per_block) {
+                            int slots) {
   extern __shared__ uint4 ring_slots[];
   __shared__ uint64_t full[kRingMaxSlots], empty[kRingMaxSlots];
   const int64_t rows = (nbytes + row_bytes - 1) / row_bytes;
-  const int64_t first = rows_per_block > 0 ? int64_t(blockIdx.x) * rows_per_block : blockIdx.x;
-  const int64_t step = rows_per_block > 0 ? 1 : gridDim.x;
-  const int64_t end = rows_per_block > 0 ? (first + rows_per_block < rows ? first + rows_per_block : rows) : rows;
   const int V = row_bytes / 16;
   norm::stream_init_barriers(full, empty, slots, 32);
   if (threadIdx.x < 32) {
     if (threadIdx.x == 0)
-      norm::stream_produce_rows(first, end, step, slots, full, empty, [&](int64_t row, int s, uint64_t* bar) {
+      norm::stream_produce(rows, slots, full, empty, [&](int64_t row, int s, uint64_t* bar) {
         const int64_t left = nbytes - row * row_bytes;
         const uint32_t bytes = static_cast<uint32_t>(left < row_bytes ? left : row_bytes);
         detail::mbar_arrive_expect_tx(bar, bytes);
@@ -131,7 +127,7 @@ __global__ void __launch_bounds__(32 + 32 * MAXW, MINB)
   const int groups = static_cast<int>(blockDim.x) / 32 - 1;
   int s = c % slots;
   uint32_t use = static_cast<uint32_t>(c / slots);
-  for (int64_t row = first + c * step; row < end; row += groups * step) {
+  for (int64_t row = blockIdx.x + int64_t(c) * gridDim.x; row < rows; row += int64_t(groups) * gridDim.x) {
     detail::mbar_wait(&full[s], use & 1u);
     const int64_t left = nbytes - row * row_bytes;
     const int bytes = static_cast<int>(left < row_bytes ? left : row_bytes);
@@ -156,15 +152,6 @@ __global__ void __launch_bounds__(32 + 32 * MAXW, MINB)
     }
     norm::stream_release(empty, s, use, groups, slots, false);  // the slot was only read
   }
-}
-
-using RingKernel = void (*)(const uint8_t*, uint8_t*, int64_t, int, int, int64_t);
-
-RingKernel pick_ring(const RingVariant& r) {
-  if (r.bulk_store) return stream_copy_ring_kernel<true, 24, 1>;
-  if (r.min_blocks == 3) return stream_copy_ring_kernel<false, 8, 3>;
-  if (r.min_blocks == 2) return stream_copy_ring_kernel<false, 12, 2>;
-  return stream_copy_ring_kernel<false, 24, 1>;
 }
 
 using BulkKernel = void (*)(const uint8_t*, uint8_t*, int64_t);
@@ -203,8 +190,8 @@ StreamCopyVariant stream_copy_variant(int index) {
     throw detail::Failure(DIFUSE_ERR_INVALID_ARGUMENT, "stream_copy: variant " + std::to_string(index) +
                                                            " outside [0, " + std::to_string(kVariants) + ")");
   if (index >= kVectorVariants + 4) {
-    const RingVariant& r = kRings[index - kVectorVariants - 4];
-    return {0, 32 + 32 * r.warps, r.rows_per_block == 0, false, 0, r.row_bytes, r.bulk_store};
+    const int r = index - kVectorVariants - 4;
+    return {0, 32 + 32 * kRingWarps, true, false, 0, kRingRowBytes[r], kRingBulkStore[r]};
   }
   if (index >= kVectorVariants) return {0, 32, false, false, kBulkChunks[index - kVectorVariants]};
   return {kUnrolls[index % 4], kThreads[(index / 4) % 4], (index / 16) % 2 == 1, index / 32 == 1, 0};
@@ -212,11 +199,9 @@ StreamCopyVariant stream_copy_variant(int index) {
 
 std::string stream_copy_variant_name(int index) {
   const StreamCopyVariant v = stream_copy_variant(index);
-  if (v.ring_row_bytes > 0) {
-    const RingVariant& r = kRings[index - kVectorVariants - 4];
-    return "ring" + std::to_string(r.row_bytes) + "_w" + std::to_string(r.warps) + (r.bulk_store ? "_bulk" : "_stg") +
-           (r.rows_per_block > 0 ? "_r" + std::to_string(r.rows_per_block) : std::string());
-  }
+  if (v.ring_row_bytes > 0)
+    return "ring" + std::to_string(v.ring_row_bytes) + "_w" + std::to_string(kRingWarps) +
+           (v.ring_bulk_store ? "_bulk" : "_stg");
   if (v.bulk_bytes > 0) return "bulk" + std::to_string(v.bulk_bytes) + "_t32_onepass";
   return "u" + std::to_string(v.vectors_per_thread) + "_t" + std::to_string(v.threads_per_block) +
          (v.resident_grid ? "_resident" : "_onepass") + (v.evict_first ? "_evict_first" : "_default");
@@ -239,34 +224,21 @@ void stream_copy(void* dst, const void* src, int64_t nbytes, int index, cudaStre
 
   const StreamCopyVariant v = stream_copy_variant(index);
   if (v.ring_row_bytes > 0) {
-    const int ri = index - kVectorVariants - 4;
-    const RingVariant& r = kRings[ri];
-    const RingKernel kernel = pick_ring(r);
-    static std::atomic<int> budgets[kRingVariants][64];  // 0: not read yet
-    static std::atomic<uint64_t> opted_in[kRingVariants], carveout_set[kRingVariants];
+    auto kernel = v.ring_bulk_store ? stream_copy_ring_kernel<true> : stream_copy_ring_kernel<false>;
+    static std::atomic<int> budgets[2][64];
+    static std::atomic<uint64_t> opted_in[2], carveout_set[2];
+    const int k = v.ring_bulk_store ? 1 : 0;
     int device = 0;
     DIFUSE_CUDA_CHECK(cudaGetDevice(&device));
-    int budget = budgets[ri][device & 63].load(std::memory_order_acquire);
-    if (budget == 0) {  // a block's share of the SM's shared memory (min_blocks of them), less the static part
-      int per_sm = 0, per_block = 0;
-      DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
-      DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&per_block, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
-      cudaFuncAttributes attr{};
-      DIFUSE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
-      budget = std::min(per_block, per_sm / r.min_blocks - 1024) - static_cast<int>(attr.sharedSizeBytes);
-      budgets[ri][device & 63].store(budget, std::memory_order_release);
-    }
-    const int slots = std::min(kRingMaxSlots, budget / r.row_bytes);
-    const int64_t rows = (nbytes + r.row_bytes - 1) / r.row_bytes;
-    const int warps = std::min(r.warps, slots);
-    norm::opt_in_shared_memory(kernel, device, budget, opted_in[ri]);
-    norm::prefer_max_shared_carveout(kernel, device, carveout_set[ri]);
-    const int64_t blocks = r.rows_per_block > 0 ? (rows + r.rows_per_block - 1) / r.rows_per_block
-                                                : std::min<int64_t>(detail::sm_count(device), rows);
-    kernel<<<static_cast<unsigned>(std::min<int64_t>(blocks, 0x7fffffff)), 32 + 32 * warps,
-             static_cast<size_t>(slots) * r.row_bytes, stream>>>(static_cast<const uint8_t*>(src),
-                                                                 static_cast<uint8_t*>(dst), nbytes, r.row_bytes, slots,
-                                                                 r.rows_per_block);
+    const int budget = norm::stream_smem_budget(kernel, device, budgets[k]);
+    const int slots = std::min(kRingMaxSlots, budget / v.ring_row_bytes);
+    const int64_t rows = (nbytes + v.ring_row_bytes - 1) / v.ring_row_bytes;
+    const int warps = std::min(kRingWarps, slots);
+    norm::opt_in_shared_memory(kernel, device, budget, opted_in[k]);
+    norm::prefer_max_shared_carveout(kernel, device, carveout_set[k]);
+    const int64_t blocks = std::min<int64_t>(detail::sm_count(device), rows);
+    kernel<<<static_cast<unsigned>(blocks), 32 + 32 * warps, static_cast<size_t>(slots) * v.ring_row_bytes, stream>>>(
+        static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), nbytes, v.ring_row_bytes, slots);
     DIFUSE_CUDA_CHECK(cudaGetLastError());
     return;
   }
