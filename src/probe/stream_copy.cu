@@ -13,7 +13,7 @@
 // schedule alone reaches the ceiling at the norms' narrow rows (1536 bf16 = 3072 bytes), where every streamed norm
 // runs at ~1.23x stream_us. It does not (H200 at 9da6d1b, scripts/stream-variants.py, stream-variants-9da6d1b.json):
 // at 201.3 MB, 1x32760x1536's bytes, 58.0 us (stg), 58.5 (bulk), 56.3 (6144-byte rows) against 50.5 for the fastest
-// one-pass vector copy, whose resident-grid forms take 55.3-57.7; the streamed rms_norm took 62.0 in the same call.
+// one-pass vector copy, whose resident-grid forms take 54.1-57.7; the streamed rms_norm took 62.0 in the same call.
 // The schedule (resident blocks, rows strided over them), not the arithmetic, costs most of the gap. At 50.3 MB:
 // 17.6 / 17.2 / 16.9 against 16.0. Exact copies at 9da6d1b (test_stream_copy.py, every variant, gpu-tests-9da6d1b.json).
 // A one-pass form (blocks of 128 contiguous rows) measured 57.5 at 201 MB at bfef2d5 (not a record: that run stopped
