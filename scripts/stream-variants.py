@@ -25,11 +25,9 @@ def main() -> int:
     import torch
 
     from difuse import bench
-    from difuse._capi import OK
-    from difuse._loader import core, last_error
+    from difuse._loader import core
 
     lib = core()
-    stream = torch.cuda.current_stream().cuda_stream
     names = [lib.difuse_probe_stream_copy_variant_name(v).decode() for v in range(lib.difuse_probe_stream_copy_variants())]
     chosen = [v for v, n in enumerate(names) if re.search(args.variants, n)]
     l2 = torch.cuda.get_device_properties(0).L2_cache_size
@@ -40,19 +38,10 @@ def main() -> int:
         sets = max(2, -(-3 * l2 // (2 * half)))  # the pairs together well beyond L2
         pairs = [(torch.randint(0, 256, (half,), dtype=torch.uint8, device="cuda"),
                   torch.zeros(half, dtype=torch.uint8, device="cuda")) for _ in range(sets)]
-
-        def calls(variant):
-            def one(a, b):
-                def call():
-                    if lib.difuse_probe_stream_copy(b.data_ptr(), a.data_ptr(), half, variant, stream) != OK:
-                        raise RuntimeError("difuse_probe_stream_copy: " + last_error())
-                return call
-            return [one(a, b) for a, b in pairs]
-
         for v in chosen:
             for _, b in pairs:
                 b.zero_()
-            us = bench.time_calls(calls(v), args.reps)
+            us = bench.time_calls(bench.stream_copy_calls(pairs, v), args.reps)
             torch.cuda.synchronize()
             ok = all(torch.equal(a, b) for a, b in pairs)
             rec = dict(mb=mb, bytes=2 * half, variant=names[v], us=round(us, 3), tb_per_s=round(2 * half / us / 1e6, 3),

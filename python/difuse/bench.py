@@ -365,6 +365,25 @@ def copy_time_us(nbytes: int, sets: int, reps: int, warmup: int = 10) -> float:
 STREAM_SCREEN_REPS = 30  # calls per copy-kernel variant when stream_time_us picks the fastest
 
 
+def stream_copy_calls(pairs, variant: int):
+    """One call per (src, dst) pair of uint8 CUDA tensors of equal size: the streaming probe's `variant` copying src
+    into dst on the current stream (raises with libdifuse's message if it refuses)."""
+    import torch
+
+    from ._capi import OK
+    from ._loader import core, last_error
+
+    lib = core()
+    stream = torch.cuda.current_stream().cuda_stream
+
+    def one(a, b):
+        def call():
+            if lib.difuse_probe_stream_copy(b.data_ptr(), a.data_ptr(), a.numel(), variant, stream) != OK:
+                raise RuntimeError("difuse_probe_stream_copy: " + last_error())
+        return call
+    return [one(a, b) for a, b in pairs]
+
+
 def stream_time_us(nbytes: int, sets: int, reps: int, warmup: int = 10) -> tuple[float, str]:
     """(µs, variant): the fastest of libdifuse's streaming copy kernels (src/probe/stream_copy.cu, 71 variants:
     vectors per thread, block size, one-pass or resident grid, cache policy; bulk copies of 4-32 KB chunks; and the
@@ -375,22 +394,15 @@ def stream_time_us(nbytes: int, sets: int, reps: int, warmup: int = 10) -> tuple
     bytes needs at that size: a bound below it is below every kernel's reach here. The copy is checked."""
     import torch
 
-    from ._capi import OK
-    from ._loader import core, last_error
+    from ._loader import core
 
     lib = core()
     half = max(16, (nbytes // 2) // 16 * 16)
     pairs = [(torch.randint(0, 256, (half,), dtype=torch.uint8, device="cuda"),
               torch.zeros(half, dtype=torch.uint8, device="cuda")) for _ in range(sets)]
-    stream = torch.cuda.current_stream().cuda_stream
 
     def calls(variant):
-        def one(a, b):
-            def call():
-                if lib.difuse_probe_stream_copy(b.data_ptr(), a.data_ptr(), half, variant, stream) != OK:
-                    raise RuntimeError("difuse_probe_stream_copy: " + last_error())
-            return call
-        return [one(a, b) for a, b in pairs]
+        return stream_copy_calls(pairs, variant)
 
     screened = [(time_calls(calls(v), STREAM_SCREEN_REPS, warmup=2), v)
                 for v in range(lib.difuse_probe_stream_copy_variants())]

@@ -1,0 +1,45 @@
+"""bench.stream_copy_calls, the streaming probe's timed calls (bench ops' stream_us and scripts/stream-variants.py):
+each call copies its own pair with the variant asked for, the pair's byte count, on the current stream, and a refusal
+raises with libdifuse's message. A fake library stands in for libdifuse (no GPU here)."""
+from unittest import mock
+
+import pytest
+
+torch = pytest.importorskip("torch")
+from difuse import bench  # noqa: E402
+from difuse._capi import OK  # noqa: E402
+
+
+class FakeLib:
+    def __init__(self, status=OK):
+        self.status, self.seen = status, []
+
+    def difuse_probe_stream_copy(self, dst, src, nbytes, variant, stream):
+        self.seen.append((dst, src, nbytes, variant, stream))
+        return self.status
+
+
+def _calls(lib, pairs, variant):
+    stream = mock.Mock(cuda_stream=77)
+    with mock.patch("difuse._loader.core", return_value=lib), \
+            mock.patch("difuse._loader.last_error", return_value="variant 99 outside [0, 71)"), \
+            mock.patch.object(torch.cuda, "current_stream", return_value=stream):
+        return bench.stream_copy_calls(pairs, variant)
+
+
+def test_each_call_copies_its_own_pair():
+    pairs = [(torch.zeros(48, dtype=torch.uint8), torch.zeros(48, dtype=torch.uint8)) for _ in range(3)]
+    lib = FakeLib()
+    calls = _calls(lib, pairs, 5)
+    assert len(calls) == 3
+    for c in reversed(calls):
+        c()
+    assert lib.seen == [(b.data_ptr(), a.data_ptr(), 48, 5, 77) for a, b in reversed(pairs)]
+
+
+def test_a_refusal_raises_with_the_library_message():
+    pairs = [(torch.zeros(16, dtype=torch.uint8), torch.zeros(16, dtype=torch.uint8))]
+    calls = _calls(FakeLib(status=OK + 1), pairs, 99)
+    with mock.patch("difuse._loader.last_error", return_value="variant 99 outside [0, 71)"):
+        with pytest.raises(RuntimeError, match="variant 99 outside"):
+            calls[0]()
