@@ -46,6 +46,52 @@ __device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t
   }
 }
 
+// A grid-wide row counter for stream_produce_grabbed: `next` counts the grabs taken, `done` the producers that have
+// finished. Zero before a launch; the last producer to finish sets it back to zero, so the launches that share one
+// counter must be ordered (one stream, no two at once).
+struct StreamGrabCounter {
+  unsigned long long next;
+  unsigned int done;
+};
+
+// The producer of a grid that shares its rows out dynamically (twenty-first session): it takes `grab` rows at a time
+// from the counter (asking for the next grab one grab ahead) and fills the ring's slots in the order stream_produce
+// does, writing each slot's row into slot_row[s] before the arrival that publishes the slot (the arrival releases,
+// the consumer's wait acquires). When the counter runs past `rows` it fills each of the `groups` consumers' next slot
+// with the end mark -1 (an arrival without bytes), so consumer c, which takes fills c, c + groups, ..., reads exactly
+// one end mark. Needs groups <= slots. Which block handles a row changes from launch to launch; a row's arithmetic
+// does not depend on it.
+template <class Issue>
+__device__ __forceinline__ void stream_produce_grabbed(int64_t rows, int grab, int slots, int groups, uint64_t* full,
+                                                       uint64_t* empty, int64_t* slot_row, StreamGrabCounter* counter,
+                                                       Issue issue) {
+  int s = 0;
+  uint32_t use = 0;  // how many times slot s has been filled before
+  unsigned long long g = atomicAdd(&counter->next, 1ull);
+  while (static_cast<int64_t>(g) * grab < rows) {
+    const unsigned long long after = atomicAdd(&counter->next, 1ull);  // its latency hides behind this grab's rows
+    const int64_t first = static_cast<int64_t>(g) * grab;
+    const int64_t end = first + grab < rows ? first + grab : rows;
+    for (int64_t row = first; row < end; ++row) {
+      if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
+      slot_row[s] = row;
+      issue(row, s, &full[s]);
+      if (++s == slots) s = 0, ++use;
+    }
+    g = after;
+  }
+  for (int k = 0; k < groups; ++k) {
+    if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
+    slot_row[s] = -1;
+    detail::mbar_arrive(&full[s]);
+    if (++s == slots) s = 0, ++use;
+  }
+  if (atomicAdd(&counter->done, 1u) == gridDim.x - 1) {  // every producer has taken its last grab
+    atomicExch(&counter->next, 0ull);
+    atomicExch(&counter->done, 0u);
+  }
+}
+
 // A consumer is done with slot s (every read and write of it by this thread): order them before the copy engine
 // refills it, arrive on its `empty` barrier, and step to the group's next row's slot.
 // proxy_fence: a fence.proxy.async before the arrival (SASS: MEMBAR.ALL.CTA, FENCE.VIEW.ASYNC.S). A consumer that

@@ -51,9 +51,10 @@ constexpr int kUnrolls[] = {1, 2, 4, 8};
 constexpr int kThreads[] = {128, 256, 512, 1024};
 constexpr int kVectorVariants = 4 * 4 * 2 * 2;
 constexpr int kBulkChunks[] = {4096, 8192, 16384, 32768};
-constexpr int kRingRowBytes[] = {3072, 3072, 6144};
-constexpr bool kRingBulkStore[] = {false, true, false};
-constexpr int kRingVariants = 3;
+constexpr int kRingRowBytes[] = {3072, 3072, 6144, 3072, 3072, 3072};
+constexpr bool kRingBulkStore[] = {false, true, false, false, false, false};
+constexpr int kRingGrab[] = {0, 0, 0, 1, 2, 4};  // rows per grab of the grid's row counter; 0: rows strided over blocks
+constexpr int kRingVariants = 6;
 constexpr int kRingWarps = 24;     // the streamed norms' default consumer warps
 constexpr int kRingMaxSlots = 48;  // and their ring's most slots
 constexpr int kRingMaxVectors = 6144 / 16 / 32;  // 16-byte vectors per lane of the widest ring row
@@ -103,32 +104,49 @@ __global__ void __launch_bounds__(32) stream_copy_bulk_kernel(const uint8_t* __r
   detail::bulk_wait_reads();
 }
 
-// The ring variants: rows of row_bytes (the last one shorter, a multiple of 16), row r in block r % gridDim.x's ring.
-template <bool BULK_STORE>
+// The grid's row counter of the GRAB > 0 ring variants (norm::StreamGrabCounter; probe launches are stream-ordered).
+__device__ norm::StreamGrabCounter ring_counter;
+
+// The ring variants: rows of row_bytes (the last one shorter, a multiple of 16). GRAB = 0: row r in block
+// r % gridDim.x's ring (the streamed norms' schedule); GRAB > 0: each block's producer takes the next GRAB rows from
+// the grid's counter whenever it has filled the previous ones (norm::stream_produce_grabbed), so a block that
+// streams faster takes more rows.
+template <bool BULK_STORE, int GRAB>
 __global__ void __launch_bounds__(32 + 32 * kRingWarps, 1)
     stream_copy_ring_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t nbytes, int row_bytes,
                             int slots) {
   extern __shared__ uint4 ring_slots[];
   __shared__ uint64_t full[kRingMaxSlots], empty[kRingMaxSlots];
+  __shared__ int64_t slot_row[GRAB > 0 ? kRingMaxSlots : 1];
   const int64_t rows = (nbytes + row_bytes - 1) / row_bytes;
   const int V = row_bytes / 16;
+  const int groups = static_cast<int>(blockDim.x) / 32 - 1;
   norm::stream_init_barriers(full, empty, slots, 32);
   if (threadIdx.x < 32) {
-    if (threadIdx.x == 0)
-      norm::stream_produce(rows, slots, full, empty, [&](int64_t row, int s, uint64_t* bar) {
-        const int64_t left = nbytes - row * row_bytes;
-        const uint32_t bytes = static_cast<uint32_t>(left < row_bytes ? left : row_bytes);
-        detail::mbar_arrive_expect_tx(bar, bytes);
-        detail::bulk_load(ring_slots + static_cast<int64_t>(s) * V, src + row * row_bytes, bytes, bar);
-      });
+    const auto issue = [&](int64_t row, int s, uint64_t* bar) {
+      const int64_t left = nbytes - row * row_bytes;
+      const uint32_t bytes = static_cast<uint32_t>(left < row_bytes ? left : row_bytes);
+      detail::mbar_arrive_expect_tx(bar, bytes);
+      detail::bulk_load(ring_slots + static_cast<int64_t>(s) * V, src + row * row_bytes, bytes, bar);
+    };
+    if (threadIdx.x == 0) {
+      if constexpr (GRAB > 0)
+        norm::stream_produce_grabbed(rows, GRAB, slots, groups, full, empty, slot_row, &ring_counter, issue);
+      else
+        norm::stream_produce(rows, slots, full, empty, issue);
+    }
     return;
   }
   const int c = static_cast<int>(threadIdx.x) / 32 - 1, lane = static_cast<int>(threadIdx.x) % 32;
-  const int groups = static_cast<int>(blockDim.x) / 32 - 1;
   int s = c % slots;
   uint32_t use = static_cast<uint32_t>(c / slots);
-  for (int64_t row = blockIdx.x + int64_t(c) * gridDim.x; row < rows; row += int64_t(groups) * gridDim.x) {
+  for (int64_t row = GRAB > 0 ? 0 : blockIdx.x + int64_t(c) * gridDim.x; GRAB > 0 || row < rows;
+       row += int64_t(groups) * gridDim.x) {
     detail::mbar_wait(&full[s], use & 1u);
+    if constexpr (GRAB > 0) {
+      row = slot_row[s];
+      if (row < 0) break;  // the producer's end mark: no more rows for this consumer
+    }
     const int64_t left = nbytes - row * row_bytes;
     const int bytes = static_cast<int>(left < row_bytes ? left : row_bytes);
     const uint4* sx = ring_slots + static_cast<int64_t>(s) * V;
@@ -191,7 +209,7 @@ StreamCopyVariant stream_copy_variant(int index) {
                                                            " outside [0, " + std::to_string(kVariants) + ")");
   if (index >= kVectorVariants + 4) {
     const int r = index - kVectorVariants - 4;
-    return {0, 32 + 32 * kRingWarps, true, false, 0, kRingRowBytes[r], kRingBulkStore[r]};
+    return {0, 32 + 32 * kRingWarps, true, false, 0, kRingRowBytes[r], kRingBulkStore[r], kRingGrab[r]};
   }
   if (index >= kVectorVariants) return {0, 32, false, false, kBulkChunks[index - kVectorVariants]};
   return {kUnrolls[index % 4], kThreads[(index / 4) % 4], (index / 16) % 2 == 1, index / 32 == 1, 0};
@@ -201,7 +219,7 @@ std::string stream_copy_variant_name(int index) {
   const StreamCopyVariant v = stream_copy_variant(index);
   if (v.ring_row_bytes > 0)
     return "ring" + std::to_string(v.ring_row_bytes) + "_w" + std::to_string(kRingWarps) +
-           (v.ring_bulk_store ? "_bulk" : "_stg");
+           (v.ring_bulk_store ? "_bulk" : "_stg") + (v.ring_grab > 0 ? "_grab" + std::to_string(v.ring_grab) : "");
   if (v.bulk_bytes > 0) return "bulk" + std::to_string(v.bulk_bytes) + "_t32_onepass";
   return "u" + std::to_string(v.vectors_per_thread) + "_t" + std::to_string(v.threads_per_block) +
          (v.resident_grid ? "_resident" : "_onepass") + (v.evict_first ? "_evict_first" : "_default");
@@ -224,10 +242,14 @@ void stream_copy(void* dst, const void* src, int64_t nbytes, int index, cudaStre
 
   const StreamCopyVariant v = stream_copy_variant(index);
   if (v.ring_row_bytes > 0) {
-    auto kernel = v.ring_bulk_store ? stream_copy_ring_kernel<true> : stream_copy_ring_kernel<false>;
-    static std::atomic<int> budgets[2][64];
-    static std::atomic<uint64_t> opted_in[2], carveout_set[2];
-    const int k = v.ring_bulk_store ? 1 : 0;
+    using RingKernel = void (*)(const uint8_t*, uint8_t*, int64_t, int, int);
+    const int k = v.ring_bulk_store ? 1 : v.ring_grab == 0 ? 0 : v.ring_grab == 1 ? 2 : v.ring_grab == 2 ? 3 : 4;
+    constexpr RingKernel kernels[] = {stream_copy_ring_kernel<false, 0>, stream_copy_ring_kernel<true, 0>,
+                                      stream_copy_ring_kernel<false, 1>, stream_copy_ring_kernel<false, 2>,
+                                      stream_copy_ring_kernel<false, 4>};
+    const RingKernel kernel = kernels[k];
+    static std::atomic<int> budgets[5][64];
+    static std::atomic<uint64_t> opted_in[5], carveout_set[5];
     int device = 0;
     DIFUSE_CUDA_CHECK(cudaGetDevice(&device));
     const int budget = norm::stream_smem_budget(kernel, device, budgets[k]);

@@ -32,6 +32,25 @@ def test_every_variant_copies_exactly_the_bytes(nbytes):
         assert bool((dst[nbytes:] == 0xA5).all()), name + " wrote past nbytes"
 
 
+def test_grabbed_ring_variants_repeat_exactly():
+    """The ring variants whose blocks take rows from a grid-wide counter (named *_grab*): the last producer of a
+    launch sets the counter back to zero, so launch after launch (each at a new size, fewer rows than blocks
+    included) copies every row once."""
+    lib = core()
+    stream = torch.cuda.current_stream().cuda_stream
+    grabbed = [v for v in variants() if "_grab" in lib.difuse_probe_stream_copy_variant_name(v).decode()]
+    assert len(grabbed) == 3
+    g = torch.Generator(device=DEV).manual_seed(7)
+    for nbytes in (3072, 3072 * 5 + 16, 3072 * 131, 3072 * 133 + 1024, 1 << 20, 3072 * 4096) * 2:
+        src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=DEV, generator=g)
+        for v in grabbed:
+            dst = torch.full((nbytes + 4096,), 0xA5, dtype=torch.uint8, device=DEV)
+            assert lib.difuse_probe_stream_copy(dst.data_ptr(), src.data_ptr(), nbytes, v, stream) == OK, last_error()
+            name = lib.difuse_probe_stream_copy_variant_name(v).decode()
+            assert torch.equal(dst[:nbytes], src), f"{name} at {nbytes} bytes"
+            assert bool((dst[nbytes:] == 0xA5).all()), f"{name} wrote past {nbytes} bytes"
+
+
 def test_refuses_bad_arguments():
     lib = core()
     buf = torch.zeros(1 << 12, dtype=torch.uint8, device=DEV)
