@@ -334,11 +334,17 @@ constexpr int kRmsStreamMaxSlots = 48;
 // Exact at 9da6d1b (test_streamed_variant's bulk cases, gpu-tests-9da6d1b.json); no faster: 62.5 vs 62.0 us at
 // 1x32760x1536 (knob-sweeps/9da6d1b/), as the probe's ring3072_w24_bulk 58.5 vs ring3072_w24_stg 58.0.
 template <bool BULK_OUT>
-__global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1) rms_norm_streamed(const Params p, int slots, bool read_fence) {
+//
+// GRAB (DIFUSE_STREAM_GRAB, for measurement; twenty-first session): with a counter, the producer takes its rows from
+// it (stream_produce_grabbed) and publishes each slot's row in slot_row; the consumers read their row there and stop
+// at the end mark. Without one, the strided rows as before.
+__global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
+    rms_norm_streamed(const Params p, int slots, bool read_fence, StreamGrabCounter* counter, StreamGrab grab) {
   using Map = AtenThreadMap<32, true>;
   constexpr int A = Map::kSlots;  // 4
   extern __shared__ uint4 stream_smem[];  // the weight row (V 8-byte words, where there is one), then the ring
   __shared__ uint64_t full[kRmsStreamMaxSlots], empty[kRmsStreamMaxSlots];
+  __shared__ int64_t slot_row[kRmsStreamMaxSlots];
   const int tid = static_cast<int>(threadIdx.x);
   const int V = p.v;
   const int sweeps = (V + kAtenThreads - 1) / kAtenThreads;
@@ -346,16 +352,21 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1) rms_norm_stre
   uint2* const wsm = reinterpret_cast<uint2*>(stream_smem);
   uint2* const ring = wsm + (p.has_w ? V : 0);  // V is even: the ring stays 16-byte aligned
   stream_init_barriers(full, empty, slots, 32);   // the only block barrier
+  const int groups = static_cast<int>(blockDim.x) / 32 - 1;
   if (tid < 32) {                                 // the producer warp
-    if (tid == 0)
-      stream_produce(p.rows, slots, full, empty, [&](int64_t row, int s, uint64_t* bar) {
-        detail::mbar_arrive_expect_tx(bar, row_bytes);
-        detail::bulk_load(ring + static_cast<int64_t>(s) * V, row_ptr(p, row), row_bytes, bar);
-      });
+    const auto issue = [&](int64_t row, int s, uint64_t* bar) {
+      detail::mbar_arrive_expect_tx(bar, row_bytes);
+      detail::bulk_load(ring + static_cast<int64_t>(s) * V, row_ptr(p, row), row_bytes, bar);
+    };
+    if (tid == 0) {
+      if (counter != nullptr)
+        stream_produce_grabbed(p.rows, grab, slots, groups, full, empty, slot_row, counter, issue);
+      else
+        stream_produce(p.rows, slots, full, empty, issue);
+    }
     return;
   }
   const int c = tid / 32 - 1, i = tid % 32;
-  const int groups = static_cast<int>(blockDim.x) / 32 - 1;
   if (p.has_w) {  // the consumers copy the weight row while the producer's first copies fly
     for (int t = tid - 32; t < V; t += 32 * groups) cp_async(wsm + t, p.w + 4 * t, false);
     cp_async_wait_all();
@@ -364,8 +375,9 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1) rms_norm_stre
   const int64_t stride = gridDim.x;
   int s = c % slots;
   uint32_t use = static_cast<uint32_t>(c / slots);
-  for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
+  for (int64_t row = blockIdx.x + c * stride; counter != nullptr || row < p.rows; row += groups * stride) {
     detail::mbar_wait(&full[s], use & 1u);
+    if (counter != nullptr && (row = slot_row[s]) < 0) break;  // the producer's end mark
     uint2* const sx = ring + static_cast<int64_t>(s) * V;
     float acc[A];
 #pragma unroll
@@ -439,8 +451,10 @@ bool launch_streamed(const Params& p, int knob, int device, cudaStream_t stream)
   if (!l.ok()) return false;
   opt_in_shared_memory(kernel, device, budget, opted_in);
   prefer_max_shared_carveout(kernel, device, carveout_set);
+  const StreamGrab grab = stream_grab_knob();
+  StreamGrabCounter* const counter = grab.first > 0 ? detail::grab_counter(device, stream) : nullptr;
   kernel<<<static_cast<unsigned>(l.blocks), l.threads(), static_cast<size_t>(l.slots * slot_bytes + w_bytes), stream>>>(
-      p, l.slots, stream_read_fence_knob());
+      p, l.slots, stream_read_fence_knob(), counter, grab);
   return true;
 }
 

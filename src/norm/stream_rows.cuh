@@ -11,11 +11,14 @@
 #include <algorithm>
 #include <atomic>
 #include <cstdint>
+#include <cstdio>
+#include <cstdlib>
 
 #include "core/bulk_copy.cuh"
 #include "core/device.h"
 #include "core/env_knob.h"
 #include "core/error.h"
+#include "core/grab_counter.h"
 
 namespace difuse::norm {
 
@@ -46,39 +49,51 @@ __device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t
   }
 }
 
-// A grid-wide row counter for stream_produce_grabbed: `next` counts the grabs taken, `done` the producers that have
-// finished. Zero before a launch; the last producer to finish sets it back to zero, so the launches that share one
-// counter must be ordered (one stream, no two at once).
-struct StreamGrabCounter {
-  unsigned long long next;
-  unsigned int done;
+// A grid-wide row counter for stream_produce_grabbed (core/grab_counter.h: who may use which).
+using StreamGrabCounter = detail::GrabCounter;
+
+// How stream_produce_grabbed shares the rows out: block b's first grab is rows [b * first, (b + 1) * first) without
+// the counter (so no block waits on an atomic before its first copy); after that each grab takes
+// clamp((rows - position) / (divisor * gridDim.x), least, most) rows from the counter (guided: large grabs while
+// many rows remain, small ones near the end; least == most: a fixed size).
+struct StreamGrab {
+  int first, least, most, divisor;
 };
 
-// The producer of a grid that shares its rows out dynamically (twenty-first session): it takes `grab` rows at a time
-// from the counter (asking for the next grab one grab ahead) and fills the ring's slots in the order stream_produce
-// does, writing each slot's row into slot_row[s] before the arrival that publishes the slot (the arrival releases,
-// the consumer's wait acquires). When the counter runs past `rows` it fills each of the `groups` consumers' next slot
-// with the end mark -1 (an arrival without bytes), so consumer c, which takes fills c, c + groups, ..., reads exactly
-// one end mark. Needs groups <= slots. Which block handles a row changes from launch to launch; a row's arithmetic
-// does not depend on it.
+// The producer of a grid that shares its rows out dynamically (twenty-first session): it fills the ring's slots in
+// the order stream_produce does, writing each slot's row into slot_row[s] before the arrival that publishes the slot
+// (the arrival releases, the consumer's wait acquires), and asks the counter for its next grab as soon as it knows
+// the current one (the atomic's latency hides behind the current grab's rows). When its grabs run past `rows` it
+// fills each of the `groups` consumers' next slot with the end mark -1 (an arrival without bytes), so consumer c,
+// which takes fills c, c + groups, ..., reads exactly one end mark. Needs groups <= slots. Which block handles a row
+// changes from launch to launch; a row's arithmetic does not depend on it.
 template <class Issue>
-__device__ __forceinline__ void stream_produce_grabbed(int64_t rows, int grab, int slots, int groups, uint64_t* full,
-                                                       uint64_t* empty, int64_t* slot_row, StreamGrabCounter* counter,
-                                                       Issue issue) {
+__device__ __forceinline__ void stream_produce_grabbed(int64_t rows, StreamGrab grab, int slots, int groups,
+                                                       uint64_t* full, uint64_t* empty, int64_t* slot_row,
+                                                       StreamGrabCounter* counter, Issue issue) {
+  const int64_t base = static_cast<int64_t>(gridDim.x) * grab.first;  // rows the first grabs cover
+  const auto grab_size = [&](int64_t position) {
+    const int64_t k = (rows - position) / (static_cast<int64_t>(grab.divisor) * gridDim.x);
+    return k < grab.least ? grab.least : k > grab.most ? grab.most : k;
+  };
   int s = 0;
   uint32_t use = 0;  // how many times slot s has been filled before
-  unsigned long long g = atomicAdd(&counter->next, 1ull);
-  while (static_cast<int64_t>(g) * grab < rows) {
-    const unsigned long long after = atomicAdd(&counter->next, 1ull);  // its latency hides behind this grab's rows
-    const int64_t first = static_cast<int64_t>(g) * grab;
-    const int64_t end = first + grab < rows ? first + grab : rows;
+  int64_t first = static_cast<int64_t>(blockIdx.x) * grab.first;
+  int64_t end = first + grab.first < rows ? first + grab.first : rows;
+  int64_t size = grab_size(base > end ? base : end);
+  unsigned long long taken = atomicAdd(&counter->next, static_cast<unsigned long long>(size));
+  for (;;) {
     for (int64_t row = first; row < end; ++row) {
       if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
       slot_row[s] = row;
       issue(row, s, &full[s]);
       if (++s == slots) s = 0, ++use;
     }
-    g = after;
+    first = base + static_cast<int64_t>(taken);
+    if (first >= rows) break;
+    end = first + size < rows ? first + size : rows;
+    size = grab_size(end);
+    taken = atomicAdd(&counter->next, static_cast<unsigned long long>(size));
   }
   for (int k = 0; k < groups; ++k) {
     if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
@@ -119,6 +134,25 @@ __device__ __forceinline__ void stream_release(uint64_t* empty, int& s, uint32_t
 inline bool stream_read_fence_knob() {
   static const int v = detail::env_knob_or("DIFUSE_STREAM_READ_FENCE", 1);
   return v != 0;
+}
+
+// DIFUSE_STREAM_GRAB (read once; for measurement; twenty-first session): how the streamed kernels that read it
+// (rms_norm_streamed) share their rows out. Unset or 0: row r in block r % gridDim.x (stream_produce); "F": grabs of
+// F rows from a grid-wide counter (stream_produce_grabbed, StreamGrab{F, F, F, 1}); "F,L,M,D": a first grab of F,
+// then clamp(rows left / (D x blocks), L, M). Why: at 201 MB the probe's strided ring takes 57.9 us against 50.4 for
+// a one-pass copy, 53.5 with grabs of 4 rows (stream-variants-dc1ac5a.json).
+inline StreamGrab stream_grab_knob() {
+  static const StreamGrab g = [] {
+    StreamGrab r{0, 0, 0, 1};
+    const char* e = std::getenv("DIFUSE_STREAM_GRAB");
+    if (e == nullptr || *e == 0) return r;
+    int f = 0, l = 0, m = 0, d = 0;
+    const int n = std::sscanf(e, "%d,%d,%d,%d", &f, &l, &m, &d);
+    if (n == 1 && f > 0) r = {f, f, f, 1};
+    if (n == 4 && f > 0 && l > 0 && m >= l && d > 0) r = {f, l, m, d};
+    return r;
+  }();
+  return g;
 }
 
 // The dynamic shared memory a streamed block of `kernel` may take on `device`: the opt-in maximum per block less the

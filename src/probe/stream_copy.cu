@@ -51,10 +51,15 @@ constexpr int kUnrolls[] = {1, 2, 4, 8};
 constexpr int kThreads[] = {128, 256, 512, 1024};
 constexpr int kVectorVariants = 4 * 4 * 2 * 2;
 constexpr int kBulkChunks[] = {4096, 8192, 16384, 32768};
-constexpr int kRingRowBytes[] = {3072, 3072, 6144, 3072, 3072, 3072};
-constexpr bool kRingBulkStore[] = {false, true, false, false, false, false};
-constexpr int kRingGrab[] = {0, 0, 0, 1, 2, 4};  // rows per grab of the grid's row counter; 0: rows strided over blocks
-constexpr int kRingVariants = 6;
+constexpr int kRingRowBytes[] = {3072, 3072, 6144, 3072, 3072, 3072, 3072};
+constexpr bool kRingBulkStore[] = {false, true, false, false, false, false, false};
+// rows taken from the grid's row counter (norm::StreamGrab: first, least, most, divisor); first = 0: rows strided
+// over the blocks. At dc1ac5a (stream-variants-dc1ac5a.json; every grab from the counter, none static first) fixed
+// grabs of 1, 2 and 4 rows took 78.1, 59.7 and 53.5 us at 201 MB against 57.9 strided: the producer waits on the
+// counter's round trip, so grabs must be large, and 4 was the best.
+constexpr norm::StreamGrab kRingGrab[] = {{0, 0, 0, 1}, {0, 0, 0, 1}, {0, 0, 0, 1}, {4, 4, 4, 1},
+                                          {8, 8, 8, 1}, {16, 16, 16, 1}, {8, 2, 32, 2}};
+constexpr int kRingVariants = 7;
 constexpr int kRingWarps = 24;     // the streamed norms' default consumer warps
 constexpr int kRingMaxSlots = 48;  // and their ring's most slots
 constexpr int kRingMaxVectors = 6144 / 16 / 32;  // 16-byte vectors per lane of the widest ring row
@@ -104,20 +109,20 @@ __global__ void __launch_bounds__(32) stream_copy_bulk_kernel(const uint8_t* __r
   detail::bulk_wait_reads();
 }
 
-// The grid's row counter of the GRAB > 0 ring variants (norm::StreamGrabCounter; probe launches are stream-ordered).
-__device__ norm::StreamGrabCounter ring_counter;
+// The grid's row counter of the GRAB ring variants (norm::StreamGrabCounter; probe launches are stream-ordered).
+__device__ norm::StreamGrabCounter ring_counter{0, 0, 0};
 
-// The ring variants: rows of row_bytes (the last one shorter, a multiple of 16). GRAB = 0: row r in block
-// r % gridDim.x's ring (the streamed norms' schedule); GRAB > 0: each block's producer takes the next GRAB rows from
+// The ring variants: rows of row_bytes (the last one shorter, a multiple of 16). !GRAB: row r in block
+// r % gridDim.x's ring (the streamed norms' schedule); GRAB: each block's producer takes its next rows from
 // the grid's counter whenever it has filled the previous ones (norm::stream_produce_grabbed), so a block that
 // streams faster takes more rows.
-template <bool BULK_STORE, int GRAB>
+template <bool BULK_STORE, bool GRAB>
 __global__ void __launch_bounds__(32 + 32 * kRingWarps, 1)
     stream_copy_ring_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t nbytes, int row_bytes,
-                            int slots) {
+                            int slots, norm::StreamGrab grab) {
   extern __shared__ uint4 ring_slots[];
   __shared__ uint64_t full[kRingMaxSlots], empty[kRingMaxSlots];
-  __shared__ int64_t slot_row[GRAB > 0 ? kRingMaxSlots : 1];
+  __shared__ int64_t slot_row[GRAB ? kRingMaxSlots : 1];
   const int64_t rows = (nbytes + row_bytes - 1) / row_bytes;
   const int V = row_bytes / 16;
   const int groups = static_cast<int>(blockDim.x) / 32 - 1;
@@ -130,8 +135,8 @@ __global__ void __launch_bounds__(32 + 32 * kRingWarps, 1)
       detail::bulk_load(ring_slots + static_cast<int64_t>(s) * V, src + row * row_bytes, bytes, bar);
     };
     if (threadIdx.x == 0) {
-      if constexpr (GRAB > 0)
-        norm::stream_produce_grabbed(rows, GRAB, slots, groups, full, empty, slot_row, &ring_counter, issue);
+      if constexpr (GRAB)
+        norm::stream_produce_grabbed(rows, grab, slots, groups, full, empty, slot_row, &ring_counter, issue);
       else
         norm::stream_produce(rows, slots, full, empty, issue);
     }
@@ -140,10 +145,10 @@ __global__ void __launch_bounds__(32 + 32 * kRingWarps, 1)
   const int c = static_cast<int>(threadIdx.x) / 32 - 1, lane = static_cast<int>(threadIdx.x) % 32;
   int s = c % slots;
   uint32_t use = static_cast<uint32_t>(c / slots);
-  for (int64_t row = GRAB > 0 ? 0 : blockIdx.x + int64_t(c) * gridDim.x; GRAB > 0 || row < rows;
+  for (int64_t row = GRAB ? 0 : blockIdx.x + int64_t(c) * gridDim.x; GRAB || row < rows;
        row += int64_t(groups) * gridDim.x) {
     detail::mbar_wait(&full[s], use & 1u);
-    if constexpr (GRAB > 0) {
+    if constexpr (GRAB) {
       row = slot_row[s];
       if (row < 0) break;  // the producer's end mark: no more rows for this consumer
     }
@@ -209,7 +214,8 @@ StreamCopyVariant stream_copy_variant(int index) {
                                                            " outside [0, " + std::to_string(kVariants) + ")");
   if (index >= kVectorVariants + 4) {
     const int r = index - kVectorVariants - 4;
-    return {0, 32 + 32 * kRingWarps, true, false, 0, kRingRowBytes[r], kRingBulkStore[r], kRingGrab[r]};
+    return {0, 32 + 32 * kRingWarps, true, false, 0, kRingRowBytes[r], kRingBulkStore[r], kRingGrab[r].first,
+            kRingGrab[r].least != kRingGrab[r].most};
   }
   if (index >= kVectorVariants) return {0, 32, false, false, kBulkChunks[index - kVectorVariants]};
   return {kUnrolls[index % 4], kThreads[(index / 4) % 4], (index / 16) % 2 == 1, index / 32 == 1, 0};
@@ -219,7 +225,8 @@ std::string stream_copy_variant_name(int index) {
   const StreamCopyVariant v = stream_copy_variant(index);
   if (v.ring_row_bytes > 0)
     return "ring" + std::to_string(v.ring_row_bytes) + "_w" + std::to_string(kRingWarps) +
-           (v.ring_bulk_store ? "_bulk" : "_stg") + (v.ring_grab > 0 ? "_grab" + std::to_string(v.ring_grab) : "");
+           (v.ring_bulk_store ? "_bulk" : "_stg") +
+           (v.ring_grab == 0 ? "" : v.ring_guided ? "_guided" : "_grab" + std::to_string(v.ring_grab));
   if (v.bulk_bytes > 0) return "bulk" + std::to_string(v.bulk_bytes) + "_t32_onepass";
   return "u" + std::to_string(v.vectors_per_thread) + "_t" + std::to_string(v.threads_per_block) +
          (v.resident_grid ? "_resident" : "_onepass") + (v.evict_first ? "_evict_first" : "_default");
@@ -242,14 +249,13 @@ void stream_copy(void* dst, const void* src, int64_t nbytes, int index, cudaStre
 
   const StreamCopyVariant v = stream_copy_variant(index);
   if (v.ring_row_bytes > 0) {
-    using RingKernel = void (*)(const uint8_t*, uint8_t*, int64_t, int, int);
-    const int k = v.ring_bulk_store ? 1 : v.ring_grab == 0 ? 0 : v.ring_grab == 1 ? 2 : v.ring_grab == 2 ? 3 : 4;
-    constexpr RingKernel kernels[] = {stream_copy_ring_kernel<false, 0>, stream_copy_ring_kernel<true, 0>,
-                                      stream_copy_ring_kernel<false, 1>, stream_copy_ring_kernel<false, 2>,
-                                      stream_copy_ring_kernel<false, 4>};
+    using RingKernel = void (*)(const uint8_t*, uint8_t*, int64_t, int, int, norm::StreamGrab);
+    const int k = v.ring_bulk_store ? 1 : v.ring_grab == 0 ? 0 : 2;
+    constexpr RingKernel kernels[] = {stream_copy_ring_kernel<false, false>, stream_copy_ring_kernel<true, false>,
+                                      stream_copy_ring_kernel<false, true>};
     const RingKernel kernel = kernels[k];
-    static std::atomic<int> budgets[5][64];
-    static std::atomic<uint64_t> opted_in[5], carveout_set[5];
+    static std::atomic<int> budgets[3][64];
+    static std::atomic<uint64_t> opted_in[3], carveout_set[3];
     int device = 0;
     DIFUSE_CUDA_CHECK(cudaGetDevice(&device));
     const int budget = norm::stream_smem_budget(kernel, device, budgets[k]);
@@ -260,7 +266,8 @@ void stream_copy(void* dst, const void* src, int64_t nbytes, int index, cudaStre
     norm::prefer_max_shared_carveout(kernel, device, carveout_set[k]);
     const int64_t blocks = std::min<int64_t>(detail::sm_count(device), rows);
     kernel<<<static_cast<unsigned>(blocks), 32 + 32 * warps, static_cast<size_t>(slots) * v.ring_row_bytes, stream>>>(
-        static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), nbytes, v.ring_row_bytes, slots);
+        static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), nbytes, v.ring_row_bytes, slots,
+        kRingGrab[index - kVectorVariants - 4]);
     DIFUSE_CUDA_CHECK(cudaGetLastError());
     return;
   }

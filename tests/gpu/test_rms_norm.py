@@ -209,10 +209,12 @@ def test_batched_stream_variant(batched):
     assert_exact_under(strided, DIFUSE_RMS_STREAM_BATCH=batched)
 
 
-@pytest.mark.parametrize("warps,blocks,fence,bulk", [("1", "", "", ""), ("5", "2", "", ""), ("1", "", "0", ""),
-                                                     ("5", "2", "0", ""), ("1", "", "", "1"), ("5", "2", "", "1")],
+@pytest.mark.parametrize("warps,blocks,fence,bulk,grab",
+                         [("1", "", "", "", ""), ("5", "2", "", "", ""), ("1", "", "0", "", ""), ("5", "2", "0", "", ""),
+                          ("1", "", "", "1", ""), ("5", "2", "", "1", ""), ("1", "", "", "", "8"),
+                          ("5", "2", "", "", "3,1,5,1"), ("1", "", "", "", "8,2,32,2"), ("5", "3", "", "1", "4")],
                          ids=str)
-def test_streamed_variant(warps, blocks, fence, bulk):
+def test_streamed_variant(warps, blocks, fence, bulk, grab):
     """DIFUSE_RMS_STREAMED=G (read once per process): rows wider than 128 with N % 8 == 0 and 16-byte aligned rows on
     the streamed rows (one block per SM, or DIFUSE_RMS_STREAMED_BLOCKS of them: a producer lane bulk-copying each row
     into a ring of shared-memory slots, G consumer warps, one row each on aten's paired map; 1: 24 warps; 5 warps on
@@ -222,7 +224,9 @@ def test_streamed_variant(warps, blocks, fence, bulk):
     adversarial values; widths with N % 8 != 0 (2052, 4100) and 8- but not 16-byte aligned rows keep the default
     kernel. The profiler shows the streamed kernel ran. DIFUSE_STREAM_READ_FENCE=0: the consumers release their slots
     without the async-proxy fence (same bits). DIFUSE_RMS_STREAMED_BULK_OUT=1: each output row is written back into
-    its slot and stored by one bulk copy (same bits; the profiler shows rms_norm_streamed<true>)."""
+    its slot and stored by one bulk copy (same bits; the profiler shows rms_norm_streamed<true>). DIFUSE_STREAM_GRAB:
+    the blocks take their rows from a grid-wide counter, fixed or shrinking grabs (same bits; every shape in one
+    process, so each launch finds the counter the previous one set back to zero)."""
     from knob_run import PROFILE_START, assert_exact_under, every_kernel_ran, exactness_script
 
     specs = [((1, 32760, 1536), True), ((1, 2048, 5120), True), ((1, 2048, 5120), False), ((5, 9, 136), True),
@@ -236,10 +240,55 @@ def test_streamed_variant(warps, blocks, fence, bulk):
         "bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
         + every_kernel_ran(["rms_norm_streamed<%s>" % ("true" if bulk == "1" else "false")]) + "print('mismatches', bad)")
     env = dict(DIFUSE_RMS_STREAMED=warps, DIFUSE_RMS_STREAMED_BLOCKS=blocks, DIFUSE_STREAM_READ_FENCE=fence,
-               DIFUSE_RMS_STREAMED_BULK_OUT=bulk)
+               DIFUSE_RMS_STREAMED_BULK_OUT=bulk, DIFUSE_STREAM_GRAB=grab)
     assert_exact_under(script, **env)
     for seed, row_shape in ((1350, (1536,)), (1360, (5120,))):
         assert_exact_under(_strided_rows_script(seed, row_shape), **env)
+
+
+_GRAB_GRAPH_BODY = (
+    "import torch.nn.functional as F\n"
+    "g = torch.Generator(device='cuda').manual_seed(1377)\n"
+    "def fresh():\n"
+    "    return torch.randn(1, 2000, 1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+    "w = torch.randn(1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+    "side = torch.cuda.Stream()\n"
+    "%s"
+    "xs = fresh()\n"
+    "graph = torch.cuda.CUDAGraph()\n"
+    "with torch.cuda.graph(graph):\n"
+    "    out = ops.rms_norm(xs, w, 1e-6)\n"
+    "for _ in range(3):\n"
+    "    xs.copy_(fresh())\n"
+    "    graph.replay()\n"
+    "    a = fresh()\n"
+    "    ea = ops.rms_norm(a, w, 1e-6)\n"
+    "    side.wait_stream(torch.cuda.current_stream())\n"
+    "    with torch.cuda.stream(side):\n"
+    "        b = fresh()\n"
+    "        eb = ops.rms_norm(b, w, 1e-6)\n"
+    "    torch.cuda.current_stream().wait_stream(side)\n"
+    "    torch.cuda.synchronize()\n"
+    "    bad += count_mismatches(out, F.rms_norm(xs, (1536,), w, 1e-6))\n"
+    "    bad += count_mismatches(ea, F.rms_norm(a, (1536,), w, 1e-6))\n"
+    "    bad += count_mismatches(eb, F.rms_norm(b, (1536,), w, 1e-6))\n")
+
+
+@pytest.mark.parametrize("warm", [True, False], ids=["eager_first", "captured_first"])
+def test_grabbed_rows_in_graphs_and_streams(warm):
+    """DIFUSE_STREAM_GRAB with the streamed rows: a launch captured into a CUDA graph gets a row counter of its own
+    (core/grab_counter.h), eager launches on two streams one each, so graph replays interleaved with launches on
+    both streams stay exact. When the very first launch is being captured no counters exist yet (they cannot be
+    allocated during capture): the captured launch splits its rows statically, says so once on stderr, and stays
+    exact; the later eager launches take counters."""
+    from knob_run import mismatch_script, run_with_env
+
+    warmup = "ops.rms_norm(fresh(), w, 1e-6)\ntorch.cuda.synchronize()\n"
+    script = mismatch_script(_GRAB_GRAPH_BODY % (warmup if warm else ""))
+    r = run_with_env(script, DIFUSE_RMS_STREAMED="1", DIFUSE_STREAM_GRAB="8")
+    assert r.returncode == 0, r.stdout + r.stderr
+    said = "split their rows statically" in r.stderr
+    assert said != warm, r.stderr
 
 
 def test_staged_heads_variant():

@@ -1,6 +1,8 @@
 """The streaming-ceiling probe that `bench ops` times (src/probe/stream_copy.cu; not an op): every variant copies
 exactly the bytes asked for, with partial chunks and partial resident strides, and writes nothing past them; bad
 arguments come back as errors naming each violation."""
+import re
+
 import pytest
 import torch
 
@@ -33,13 +35,13 @@ def test_every_variant_copies_exactly_the_bytes(nbytes):
 
 
 def test_grabbed_ring_variants_repeat_exactly():
-    """The ring variants whose blocks take rows from a grid-wide counter (named *_grab*): the last producer of a
+    """The ring variants whose blocks take rows from a grid-wide counter (named *_grab* and *_guided): the last producer of a
     launch sets the counter back to zero, so launch after launch (each at a new size, fewer rows than blocks
     included) copies every row once."""
     lib = core()
     stream = torch.cuda.current_stream().cuda_stream
-    grabbed = [v for v in variants() if "_grab" in lib.difuse_probe_stream_copy_variant_name(v).decode()]
-    assert len(grabbed) == 3
+    grabbed = [v for v in variants() if re.search("_grab|_guided", lib.difuse_probe_stream_copy_variant_name(v).decode())]
+    assert len(grabbed) == 4
     g = torch.Generator(device=DEV).manual_seed(7)
     for nbytes in (3072, 3072 * 5 + 16, 3072 * 131, 3072 * 133 + 1024, 1 << 20, 3072 * 4096) * 2:
         src = torch.randint(0, 256, (nbytes,), dtype=torch.uint8, device=DEV, generator=g)
