@@ -297,7 +297,7 @@ KERNEL_KNOBS = ("DIFUSE_QK_ROWS_PER_WARP", "DIFUSE_QK_LANES_PER_ROW", "DIFUSE_QK
                 "DIFUSE_LNMOD_THREADS_PER_ROW", "DIFUSE_LNMOD_BLOCKS_PER_SM", "DIFUSE_LNMOD_F32_ROW_EPILOGUE",
                 "DIFUSE_LNMOD_PREFETCH_A", "DIFUSE_LNMOD_EPILOGUE_BATCH", "DIFUSE_LNMOD_STAGE_A",
                 "DIFUSE_LNMOD_STREAMED", "DIFUSE_LNMOD_STREAMED_BLOCKS", "DIFUSE_LNMOD_STREAM_WARP",
-                "DIFUSE_STREAM_READ_FENCE", "DIFUSE_STREAM_GRAB",
+                "DIFUSE_STREAM_READ_FENCE", "DIFUSE_STREAM_GRAB", "DIFUSE_STREAM_PRODUCER_LANES",
                 "DIFUSE_EW_GRID2D", "DIFUSE_GELU_PIPELINED", "DIFUSE_GELU_COMPUTED_WORDS")
 
 
@@ -385,12 +385,12 @@ def stream_copy_calls(pairs, variant: int):
 
 
 def stream_time_us(nbytes: int, sets: int, reps: int, warmup: int = 10) -> tuple[float, str]:
-    """(µs, variant): the fastest of libdifuse's streaming copy kernels (src/probe/stream_copy.cu, 75 variants:
+    """(µs, variant): the fastest of libdifuse's streaming copy kernels (src/probe/stream_copy.cu, 79 variants:
     vectors per thread, block size, one-pass or resident grid, cache policy; bulk copies of 4-32 KB chunks; and the
     streamed norms' ring schedule without arithmetic, rows strided or taken from a grid-wide counter) moving `nbytes` (half read, half
     written), rotating over `sets` buffer pairs like the op's inputs, in this harness (time_calls). Every variant
     is timed with STREAM_SCREEN_REPS calls, then the fastest again with `reps`: the time returned is that second
-    measurement, so picking one of 75 does not also pick its luckiest samples. What a kernel that only moves those
+    measurement, so picking one of 79 does not also pick its luckiest samples. What a kernel that only moves those
     bytes needs at that size: a bound below it is below every kernel's reach here. The copy is checked."""
     import torch
 

@@ -337,9 +337,10 @@ template <bool BULK_OUT>
 //
 // GRAB (DIFUSE_STREAM_GRAB, for measurement; twenty-first session): with a counter, the producer takes its rows from
 // it (stream_produce_grabbed) and publishes each slot's row in slot_row; the consumers read their row there and stop
-// at the end mark. Without one, the strided rows as before.
+// at the end mark. Without one, the strided rows as before, issued by DIFUSE_STREAM_PRODUCER_LANES lanes (default 1).
 __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
-    rms_norm_streamed(const Params p, int slots, bool read_fence, StreamGrabCounter* counter, StreamGrab grab) {
+    rms_norm_streamed(const Params p, int slots, bool read_fence, StreamGrabCounter* counter, StreamGrab grab,
+                      int producer_lanes) {
   using Map = AtenThreadMap<32, true>;
   constexpr int A = Map::kSlots;  // 4
   extern __shared__ uint4 stream_smem[];  // the weight row (V 8-byte words, where there is one), then the ring
@@ -358,11 +359,10 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
       detail::mbar_arrive_expect_tx(bar, row_bytes);
       detail::bulk_load(ring + static_cast<int64_t>(s) * V, row_ptr(p, row), row_bytes, bar);
     };
-    if (tid == 0) {
-      if (counter != nullptr)
-        stream_produce_grabbed(p.rows, grab, slots, groups, full, empty, slot_row, counter, issue);
-      else
-        stream_produce(p.rows, slots, full, empty, issue);
+    if (counter != nullptr) {
+      if (tid == 0) stream_produce_grabbed(p.rows, grab, slots, groups, full, empty, slot_row, counter, issue);
+    } else if (tid < producer_lanes) {
+      stream_produce(p.rows, slots, full, empty, issue, producer_lanes);
     }
     return;
   }
@@ -454,7 +454,7 @@ bool launch_streamed(const Params& p, int knob, int device, cudaStream_t stream)
   const StreamGrab grab = stream_grab_knob();
   StreamGrabCounter* const counter = grab.first > 0 ? detail::grab_counter(device, stream) : nullptr;
   kernel<<<static_cast<unsigned>(l.blocks), l.threads(), static_cast<size_t>(l.slots * slot_bytes + w_bytes), stream>>>(
-      p, l.slots, stream_read_fence_knob(), counter, grab);
+      p, l.slots, stream_read_fence_knob(), counter, grab, stream_producer_lanes_knob());
   return true;
 }
 

@@ -36,16 +36,23 @@ __device__ __forceinline__ void stream_init_barriers(uint64_t* full, uint64_t* e
 }
 
 // The producer: fills slot k % slots with the block's k-th row once the consumer of row k - slots has released it;
-// issue(row, slot, bar) arrives on `bar` with the row's byte count and starts its copies there.
+// issue(row, slot, bar) arrives on `bar` with the row's byte count and starts its copies there. Called by lane 0 of
+// the producer warp (lanes = 1) or by its lanes 0 .. lanes - 1 together (twenty-first session): lane j makes fills
+// j, j + lanes, ... (slot k % slots and parity k / slots, as one lane would), so one converged instruction stream
+// issues `lanes` rows at a time. Why: at 3 KB rows one lane's loop (~50 SASS instructions of dependent scalar work
+// and mbarrier operations per row) is near the ~0.2 us per row a block must sustain at 1x32760x1536.
 template <class Issue>
-__device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t* full, uint64_t* empty, Issue issue) {
+__device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t* full, uint64_t* empty, Issue issue,
+                                               int lanes = 1) {
   const int64_t stride = gridDim.x;
-  int s = 0;
-  uint32_t use = 0;  // how many times slot s has been filled before
-  for (int64_t row = blockIdx.x; row < rows; row += stride) {
+  const int j = static_cast<int>(threadIdx.x) & 31;
+  int s = j % slots;
+  uint32_t use = static_cast<uint32_t>(j / slots);  // how many times slot s has been filled before
+  for (int64_t row = blockIdx.x + j * stride; row < rows; row += lanes * stride) {
     if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
     issue(row, s, &full[s]);
-    if (++s == slots) s = 0, ++use;
+    s += lanes;
+    while (s >= slots) s -= slots, ++use;
   }
 }
 
@@ -72,8 +79,11 @@ __device__ __forceinline__ void stream_produce_grabbed(int64_t rows, StreamGrab 
                                                        uint64_t* full, uint64_t* empty, int64_t* slot_row,
                                                        StreamGrabCounter* counter, Issue issue) {
   const int64_t base = static_cast<int64_t>(gridDim.x) * grab.first;  // rows the first grabs cover
-  const auto grab_size = [&](int64_t position) {
-    const int64_t k = (rows - position) / (static_cast<int64_t>(grab.divisor) * gridDim.x);
+  // no integer division on the producer's path (at 918066b one per grab cost more than the balance gained)
+  const float share = 1.0f / static_cast<float>(grab.divisor * static_cast<int>(gridDim.x));
+  const auto grab_size = [&](int64_t position) -> int64_t {
+    if (grab.least == grab.most) return grab.most;
+    const int k = static_cast<int>(static_cast<float>(rows - position) * share);
     return k < grab.least ? grab.least : k > grab.most ? grab.most : k;
   };
   int s = 0;
@@ -153,6 +163,17 @@ inline StreamGrab stream_grab_knob() {
     return r;
   }();
   return g;
+}
+
+// DIFUSE_STREAM_PRODUCER_LANES=K (read once; for measurement; twenty-first session): the lanes of the producer warp
+// that issue the ring's copies (stream_produce's `lanes`; 1 to 8) in the kernels that read it (rms_norm_streamed).
+// Unset: 1.
+inline int stream_producer_lanes_knob() {
+  static const int v = [] {
+    const int k = detail::positive_env_knob("DIFUSE_STREAM_PRODUCER_LANES");
+    return k < 1 ? 1 : k > 8 ? 8 : k;
+  }();
+  return v;
 }
 
 // The dynamic shared memory a streamed block of `kernel` may take on `device`: the opt-in maximum per block less the

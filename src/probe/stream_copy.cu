@@ -51,15 +51,19 @@ constexpr int kUnrolls[] = {1, 2, 4, 8};
 constexpr int kThreads[] = {128, 256, 512, 1024};
 constexpr int kVectorVariants = 4 * 4 * 2 * 2;
 constexpr int kBulkChunks[] = {4096, 8192, 16384, 32768};
-constexpr int kRingRowBytes[] = {3072, 3072, 6144, 3072, 3072, 3072, 3072};
-constexpr bool kRingBulkStore[] = {false, true, false, false, false, false, false};
-// rows taken from the grid's row counter (norm::StreamGrab: first, least, most, divisor); first = 0: rows strided
-// over the blocks. At dc1ac5a (stream-variants-dc1ac5a.json; every grab from the counter, none static first) fixed
-// grabs of 1, 2 and 4 rows took 78.1, 59.7 and 53.5 us at 201 MB against 57.9 strided: the producer waits on the
-// counter's round trip, so grabs must be large, and 4 was the best.
-constexpr norm::StreamGrab kRingGrab[] = {{0, 0, 0, 1}, {0, 0, 0, 1}, {0, 0, 0, 1}, {4, 4, 4, 1},
-                                          {8, 8, 8, 1}, {16, 16, 16, 1}, {8, 2, 32, 2}};
-constexpr int kRingVariants = 7;
+constexpr int kRingRowBytes[] = {3072, 3072, 6144, 3072, 3072, 3072, 3072, 3072, 3072, 3072, 6144};
+constexpr bool kRingBulkStore[] = {false, true, false, false, false, false, false, false, false, false, false};
+// rows taken from the grid's row counter (norm::StreamGrab: first, least, most, divisor); most = 0: rows strided over
+// the blocks. At dc1ac5a (stream-variants-dc1ac5a.json; every grab from the counter, none static first) fixed grabs
+// of 1, 2 and 4 rows took 78.1, 59.7 and 53.5 us at 201 MB against 57.9 strided: the producer waits on the counter's
+// round trip, so grabs must not be small. At 918066b (a static first grab, and an integer division per grab on the
+// producer's path) grabs of 4, 8, 16 and guided ones took 60.9, 55.4, 55.8 and 57.3.
+constexpr norm::StreamGrab kRingGrab[] = {{0, 0, 0, 1}, {0, 0, 0, 1}, {0, 0, 0, 1}, {0, 4, 4, 1},
+                                          {8, 8, 8, 1}, {16, 16, 16, 1}, {8, 2, 32, 2}, {0, 0, 0, 1},
+                                          {0, 0, 0, 1}, {0, 0, 0, 1}, {0, 0, 0, 1}};
+// lanes of the producer warp issuing the strided rows' copies together (norm::stream_produce)
+constexpr int kRingProducerLanes[] = {1, 1, 1, 1, 1, 1, 1, 2, 4, 8, 4};
+constexpr int kRingVariants = 11;
 constexpr int kRingWarps = 24;     // the streamed norms' default consumer warps
 constexpr int kRingMaxSlots = 48;  // and their ring's most slots
 constexpr int kRingMaxVectors = 6144 / 16 / 32;  // 16-byte vectors per lane of the widest ring row
@@ -119,7 +123,7 @@ __device__ norm::StreamGrabCounter ring_counter{0, 0, 0};
 template <bool BULK_STORE, bool GRAB>
 __global__ void __launch_bounds__(32 + 32 * kRingWarps, 1)
     stream_copy_ring_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t nbytes, int row_bytes,
-                            int slots, norm::StreamGrab grab) {
+                            int slots, norm::StreamGrab grab, int producer_lanes) {
   extern __shared__ uint4 ring_slots[];
   __shared__ uint64_t full[kRingMaxSlots], empty[kRingMaxSlots];
   __shared__ int64_t slot_row[GRAB ? kRingMaxSlots : 1];
@@ -134,11 +138,11 @@ __global__ void __launch_bounds__(32 + 32 * kRingWarps, 1)
       detail::mbar_arrive_expect_tx(bar, bytes);
       detail::bulk_load(ring_slots + static_cast<int64_t>(s) * V, src + row * row_bytes, bytes, bar);
     };
-    if (threadIdx.x == 0) {
-      if constexpr (GRAB)
+    if constexpr (GRAB) {
+      if (threadIdx.x == 0)
         norm::stream_produce_grabbed(rows, grab, slots, groups, full, empty, slot_row, &ring_counter, issue);
-      else
-        norm::stream_produce(rows, slots, full, empty, issue);
+    } else if (static_cast<int>(threadIdx.x) < producer_lanes) {
+      norm::stream_produce(rows, slots, full, empty, issue, producer_lanes);
     }
     return;
   }
@@ -214,8 +218,17 @@ StreamCopyVariant stream_copy_variant(int index) {
                                                            " outside [0, " + std::to_string(kVariants) + ")");
   if (index >= kVectorVariants + 4) {
     const int r = index - kVectorVariants - 4;
-    return {0, 32 + 32 * kRingWarps, true, false, 0, kRingRowBytes[r], kRingBulkStore[r], kRingGrab[r].first,
-            kRingGrab[r].least != kRingGrab[r].most};
+    return {0,
+            32 + 32 * kRingWarps,
+            true,
+            false,
+            0,
+            kRingRowBytes[r],
+            kRingBulkStore[r],
+            kRingGrab[r].most > 0 ? kRingGrab[r].most : 0,
+            kRingGrab[r].least != kRingGrab[r].most,
+            kRingGrab[r].most > 0 && kRingGrab[r].first == 0,
+            kRingProducerLanes[r]};
   }
   if (index >= kVectorVariants) return {0, 32, false, false, kBulkChunks[index - kVectorVariants]};
   return {kUnrolls[index % 4], kThreads[(index / 4) % 4], (index / 16) % 2 == 1, index / 32 == 1, 0};
@@ -226,7 +239,9 @@ std::string stream_copy_variant_name(int index) {
   if (v.ring_row_bytes > 0)
     return "ring" + std::to_string(v.ring_row_bytes) + "_w" + std::to_string(kRingWarps) +
            (v.ring_bulk_store ? "_bulk" : "_stg") +
-           (v.ring_grab == 0 ? "" : v.ring_guided ? "_guided" : "_grab" + std::to_string(v.ring_grab));
+           (v.ring_grab == 0 ? "" : v.ring_guided ? "_guided" : "_grab" + std::to_string(v.ring_grab)) +
+           (v.ring_grab_all ? "_all" : "") +
+           (v.ring_producer_lanes > 1 ? "_p" + std::to_string(v.ring_producer_lanes) : "");
   if (v.bulk_bytes > 0) return "bulk" + std::to_string(v.bulk_bytes) + "_t32_onepass";
   return "u" + std::to_string(v.vectors_per_thread) + "_t" + std::to_string(v.threads_per_block) +
          (v.resident_grid ? "_resident" : "_onepass") + (v.evict_first ? "_evict_first" : "_default");
@@ -249,7 +264,7 @@ void stream_copy(void* dst, const void* src, int64_t nbytes, int index, cudaStre
 
   const StreamCopyVariant v = stream_copy_variant(index);
   if (v.ring_row_bytes > 0) {
-    using RingKernel = void (*)(const uint8_t*, uint8_t*, int64_t, int, int, norm::StreamGrab);
+    using RingKernel = void (*)(const uint8_t*, uint8_t*, int64_t, int, int, norm::StreamGrab, int);
     const int k = v.ring_bulk_store ? 1 : v.ring_grab == 0 ? 0 : 2;
     constexpr RingKernel kernels[] = {stream_copy_ring_kernel<false, false>, stream_copy_ring_kernel<true, false>,
                                       stream_copy_ring_kernel<false, true>};
@@ -267,7 +282,7 @@ void stream_copy(void* dst, const void* src, int64_t nbytes, int index, cudaStre
     const int64_t blocks = std::min<int64_t>(detail::sm_count(device), rows);
     kernel<<<static_cast<unsigned>(blocks), 32 + 32 * warps, static_cast<size_t>(slots) * v.ring_row_bytes, stream>>>(
         static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), nbytes, v.ring_row_bytes, slots,
-        kRingGrab[index - kVectorVariants - 4]);
+        kRingGrab[index - kVectorVariants - 4], v.ring_producer_lanes);
     DIFUSE_CUDA_CHECK(cudaGetLastError());
     return;
   }

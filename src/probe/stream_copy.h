@@ -21,15 +21,17 @@ struct StreamCopyVariant {
   int bulk_bytes;          // > 0: the bulk copy engine instead, a one-warp block per chunk of this many bytes
   int ring_row_bytes = 0;  // > 0: the streamed norms' ring schedule instead, rows of this many bytes (ring variants)
   bool ring_bulk_store = false;  // ring variants: the rows stored by bulk copies from their slots, not from registers
-  int ring_grab = 0;  // ring variants: > 0, blocks take rows from a grid-wide counter (not strided), this many first
-  bool ring_guided = false;  // ring_grab > 0: later grabs shrink as the rows run out (else all of ring_grab rows)
+  int ring_grab = 0;  // ring variants: > 0, blocks take rows from a grid-wide counter (not strided), at most this many
+  bool ring_guided = false;    // ring_grab > 0: grabs shrink as the rows run out (else all of ring_grab rows)
+  bool ring_grab_all = false;  // ring_grab > 0: every grab from the counter (else each block's first grab static)
+  int ring_producer_lanes = 1;  // ring variants, strided rows: lanes of the producer warp issuing copies together
 };
 
 int stream_copy_variant_count();
 // Throws Failure(DIFUSE_ERR_INVALID_ARGUMENT) outside [0, stream_copy_variant_count()).
 StreamCopyVariant stream_copy_variant(int index);
 // "u4_t256_onepass_default" ("bulk8192_t32_onepass" for the bulk copies, "ring3072_w24_stg" or
-// "ring3072_w24_stg_grab8" for the ring variants): the variant's parameters, for records.
+// "ring3072_w24_stg_grab8", "ring3072_w24_stg_p4" for the ring variants): the variant's parameters, for records.
 std::string stream_copy_variant_name(int index);
 
 // dst[0, nbytes) = src[0, nbytes) on `stream` with variant `index`. Every precondition is checked first and all

@@ -212,7 +212,8 @@ def test_batched_stream_variant(batched):
 @pytest.mark.parametrize("warps,blocks,fence,bulk,grab",
                          [("1", "", "", "", ""), ("5", "2", "", "", ""), ("1", "", "0", "", ""), ("5", "2", "0", "", ""),
                           ("1", "", "", "1", ""), ("5", "2", "", "1", ""), ("1", "", "", "", "8"),
-                          ("5", "2", "", "", "3,1,5,1"), ("1", "", "", "", "8,2,32,2"), ("5", "3", "", "1", "4")],
+                          ("5", "2", "", "", "3,1,5,1"), ("1", "", "", "", "8,2,32,2"), ("5", "3", "", "1", "4"),
+                          ("1", "", "", "", "p4"), ("5", "2", "", "", "p3"), ("5", "3", "", "1", "p8")],
                          ids=str)
 def test_streamed_variant(warps, blocks, fence, bulk, grab):
     """DIFUSE_RMS_STREAMED=G (read once per process): rows wider than 128 with N % 8 == 0 and 16-byte aligned rows on
@@ -226,7 +227,9 @@ def test_streamed_variant(warps, blocks, fence, bulk, grab):
     without the async-proxy fence (same bits). DIFUSE_RMS_STREAMED_BULK_OUT=1: each output row is written back into
     its slot and stored by one bulk copy (same bits; the profiler shows rms_norm_streamed<true>). DIFUSE_STREAM_GRAB:
     the blocks take their rows from a grid-wide counter, fixed or shrinking grabs (same bits; every shape in one
-    process, so each launch finds the counter the previous one set back to zero)."""
+    process, so each launch finds the counter the previous one set back to zero). "pK" instead:
+    DIFUSE_STREAM_PRODUCER_LANES=K, K lanes of the producer warp issue the strided rows' copies together (K = 3 on
+    a 2-block grid with 5 warps: lanes that wrap the ring more than once per step at the small ring widths)."""
     from knob_run import PROFILE_START, assert_exact_under, every_kernel_ran, exactness_script
 
     specs = [((1, 32760, 1536), True), ((1, 2048, 5120), True), ((1, 2048, 5120), False), ((5, 9, 136), True),
@@ -239,8 +242,10 @@ def test_streamed_variant(warps, blocks, fence, bulk, grab):
         "w = torch.randn(1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
         "bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
         + every_kernel_ran(["rms_norm_streamed<%s>" % ("true" if bulk == "1" else "false")]) + "print('mismatches', bad)")
+    lanes = grab[1:] if grab.startswith("p") else ""
     env = dict(DIFUSE_RMS_STREAMED=warps, DIFUSE_RMS_STREAMED_BLOCKS=blocks, DIFUSE_STREAM_READ_FENCE=fence,
-               DIFUSE_RMS_STREAMED_BULK_OUT=bulk, DIFUSE_STREAM_GRAB=grab)
+               DIFUSE_RMS_STREAMED_BULK_OUT=bulk, DIFUSE_STREAM_GRAB="" if lanes else grab,
+               DIFUSE_STREAM_PRODUCER_LANES=lanes)
     assert_exact_under(script, **env)
     for seed, row_shape in ((1350, (1536,)), (1360, (5120,))):
         assert_exact_under(_strided_rows_script(seed, row_shape), **env)
