@@ -915,7 +915,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
   // SMOD: batch b's gate, scale and shift rows at 3 b V vectors of 4 bf16; then the ring: slot s holds h's row at
   // 2 s V vectors past its start, a's row after it.
   extern __shared__ uint4 ring_smem[];
-  __shared__ uint64_t full[kStreamMaxSlots], empty[kStreamMaxSlots];
+  __shared__ uint64_t full[2 * kStreamMaxSlots], empty[kStreamMaxSlots];
   __shared__ VecWelford roots[kGroups][4];
   __shared__ RowStats stats[kGroups];
 
@@ -953,7 +953,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
   int s = c % slots;
   uint32_t use = static_cast<uint32_t>(c / slots);
   for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
-    detail::mbar_wait(&full[s], use & 1u);
+    stream_wait_full(full, s, use);
     uint2* const sx = ring + 2 * static_cast<int64_t>(s) * V;
     const uint2* const sa = sx + V;
 
@@ -1068,7 +1068,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
   constexpr int KB = (SMOD || !F32) && G == 64 ? 2 : 1;
   // SMOD: staged batch b's scale row, then its shift row (F32: H floats each; bf16: V words of 4); then the ring.
   extern __shared__ uint4 ring_smem[];
-  __shared__ uint64_t full[kStreamMaxSlots], empty[kStreamMaxSlots];
+  __shared__ uint64_t full[2 * kStreamMaxSlots], empty[kStreamMaxSlots];
   __shared__ VecWelford roots[kGroups][4];
   __shared__ RowStats stats[kGroups];
 
@@ -1114,7 +1114,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
   int s = c % slots;
   uint32_t use = static_cast<uint32_t>(c / slots);
   for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
-    detail::mbar_wait(&full[s], use & 1u);
+    stream_wait_full(full, s, use);
     const uint2* const sx = ring + static_cast<int64_t>(s) * V;
     const RowStats rs = stream_row_stats<G>(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
     const int64_t b = p.seq_div.div(row), l = row - b * p.seq;

@@ -344,7 +344,7 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
   using Map = AtenThreadMap<32, true>;
   constexpr int A = Map::kSlots;  // 4
   extern __shared__ uint4 stream_smem[];  // the weight row (V 8-byte words, where there is one), then the ring
-  __shared__ uint64_t full[kRmsStreamMaxSlots], empty[kRmsStreamMaxSlots];
+  __shared__ uint64_t full[2 * kRmsStreamMaxSlots], empty[kRmsStreamMaxSlots];
   __shared__ int64_t slot_row[kRmsStreamMaxSlots];
   const int tid = static_cast<int>(threadIdx.x);
   const int V = p.v;
@@ -376,7 +376,7 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
   int s = c % slots;
   uint32_t use = static_cast<uint32_t>(c / slots);
   for (int64_t row = blockIdx.x + c * stride; counter != nullptr || row < p.rows; row += groups * stride) {
-    detail::mbar_wait(&full[s], use & 1u);
+    stream_wait_full(full, s, use);
     if (counter != nullptr && (row = slot_row[s]) < 0) break;  // the producer's end mark
     uint2* const sx = ring + static_cast<int64_t>(s) * V;
     float acc[A];

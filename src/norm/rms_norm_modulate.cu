@@ -517,7 +517,7 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
     rms_norm_modulate_streamed(const Params p, int slots, const StreamModRows m) {
   // slot s: V 8-byte vectors of x (h) at s SV, the residual form's a row after them; the staged rows after the ring
   extern __shared__ uint4 staged_rows[];
-  __shared__ uint64_t full[kRmsStreamMaxSlots], empty[kRmsStreamMaxSlots];
+  __shared__ uint64_t full[2 * kRmsStreamMaxSlots], empty[kRmsStreamMaxSlots];
   const int tid = static_cast<int>(threadIdx.x);
   const int V = p.v;
   const int SV = RESIDUAL ? 2 * V : V;
@@ -554,7 +554,7 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
   int s = c % slots;
   uint32_t use = static_cast<uint32_t>(c / slots);
   for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
-    detail::mbar_wait(&full[s], use & 1u);
+    stream_wait_full(full, s, use);
     uint2* const sx = ring + static_cast<int64_t>(s) * SV;
     SmemRows sm;
     sm.a = RESIDUAL ? sx + V : nullptr;

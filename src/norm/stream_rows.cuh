@@ -22,12 +22,31 @@
 
 namespace difuse::norm {
 
-// One thread initialises the ring's mbarriers (full: the producer's arrival and the copies' bytes; empty: the
-// `consumer_threads` arrivals of a consumer group) and makes them visible to the copy engine; then the block barrier.
+// Slot s's fills alternate between two `full` mbarriers, full[2s] for its even uses and full[2s + 1] for its odd ones
+// (twenty-first session). Why: a slot's consumer is the group of its fill (fill k: group k % groups), and where slots
+// is not a multiple of groups that is another group each time round the ring, which may reach its wait for the slot's
+// use u while use u - 1's bytes are still landing (copies complete out of order). With one barrier per slot, use u - 1
+// in flight and use u - 2 complete look alike to a parity wait (use u's parity is u - 2's): the consumer read the
+// slot early and released it twice, and the ring deadlocked (H200 at 47d0889: the probe's ring6144_w24_stg, 37 slots
+// for 24 warps, hung at 201 MB; at bfef2d5 a 37-slot form had hung too). On its own barrier each use u is phase u / 2,
+// whose predecessor (use u - 2) has completed before use u - 1 could be issued: the parity is unambiguous. The
+// producer's waits on `empty` never were ambiguous (it waits for use u - 1's release only after use u - 2's).
+__device__ __forceinline__ uint64_t* stream_full_bar(uint64_t* full, int s, uint32_t use) {
+  return &full[2 * s + static_cast<int>(use & 1u)];
+}
+// A consumer's wait for use `use` of slot s (all its bytes landed).
+__device__ __forceinline__ void stream_wait_full(uint64_t* full, int s, uint32_t use) {
+  detail::mbar_wait(stream_full_bar(full, s, use), (use >> 1) & 1u);
+}
+
+// One thread initialises the ring's mbarriers (full, two per slot: the producer's arrival and the copies' bytes;
+// empty: the `consumer_threads` arrivals of a consumer group) and makes them visible to the copy engine; then the
+// block barrier. `full` holds 2 x slots barriers.
 __device__ __forceinline__ void stream_init_barriers(uint64_t* full, uint64_t* empty, int slots, int consumer_threads) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < slots; ++s) {
-      detail::mbar_init(&full[s], 1);
+      detail::mbar_init(&full[2 * s], 1);
+      detail::mbar_init(&full[2 * s + 1], 1);
       detail::mbar_init(&empty[s], static_cast<uint32_t>(consumer_threads));
     }
     detail::fence_mbarrier_init();
@@ -50,7 +69,7 @@ __device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t
   uint32_t use = static_cast<uint32_t>(j / slots);  // how many times slot s has been filled before
   for (int64_t row = blockIdx.x + j * stride; row < rows; row += lanes * stride) {
     if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
-    issue(row, s, &full[s]);
+    issue(row, s, stream_full_bar(full, s, use));
     s += lanes;
     while (s >= slots) s -= slots, ++use;
   }
@@ -96,7 +115,7 @@ __device__ __forceinline__ void stream_produce_grabbed(int64_t rows, StreamGrab 
     for (int64_t row = first; row < end; ++row) {
       if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
       slot_row[s] = row;
-      issue(row, s, &full[s]);
+      issue(row, s, stream_full_bar(full, s, use));
       if (++s == slots) s = 0, ++use;
     }
     first = base + static_cast<int64_t>(taken);
@@ -108,7 +127,7 @@ __device__ __forceinline__ void stream_produce_grabbed(int64_t rows, StreamGrab 
   for (int k = 0; k < groups; ++k) {
     if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
     slot_row[s] = -1;
-    detail::mbar_arrive(&full[s]);
+    detail::mbar_arrive(stream_full_bar(full, s, use));
     if (++s == slots) s = 0, ++use;
   }
   if (atomicAdd(&counter->done, 1u) == gridDim.x - 1) {  // every producer has taken its last grab

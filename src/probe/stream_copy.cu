@@ -125,7 +125,7 @@ __global__ void __launch_bounds__(32 + 32 * kRingWarps, 1)
     stream_copy_ring_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t nbytes, int row_bytes,
                             int slots, norm::StreamGrab grab, int producer_lanes) {
   extern __shared__ uint4 ring_slots[];
-  __shared__ uint64_t full[kRingMaxSlots], empty[kRingMaxSlots];
+  __shared__ uint64_t full[2 * kRingMaxSlots], empty[kRingMaxSlots];
   __shared__ int64_t slot_row[GRAB ? kRingMaxSlots : 1];
   const int64_t rows = (nbytes + row_bytes - 1) / row_bytes;
   const int V = row_bytes / 16;
@@ -151,7 +151,7 @@ __global__ void __launch_bounds__(32 + 32 * kRingWarps, 1)
   uint32_t use = static_cast<uint32_t>(c / slots);
   for (int64_t row = GRAB ? 0 : blockIdx.x + int64_t(c) * gridDim.x; GRAB || row < rows;
        row += int64_t(groups) * gridDim.x) {
-    detail::mbar_wait(&full[s], use & 1u);
+    norm::stream_wait_full(full, s, use);
     if constexpr (GRAB) {
       row = slot_row[s];
       if (row < 0) break;  // the producer's end mark: no more rows for this consumer

@@ -54,6 +54,39 @@ def test_grabbed_ring_variants_repeat_exactly():
             assert bool((dst[nbytes:] == 0xA5).all()), f"{name} wrote past {nbytes} bytes"
 
 
+def test_ring_variants_at_201_mb_repeatedly():
+    """Every ring variant (the streamed norms' schedule) copying 201 MB (1x32760x1536's bytes) 300 times in a row,
+    in a fresh process with a time limit: before the slots' two `full` barriers (norm/stream_rows.cuh), rings whose
+    slots are not a multiple of their consumer warps (ring6144: 37 slots, 24 warps) could see a slot's use u - 1 still
+    landing as use u complete, read it early and deadlock (H200 at 47d0889: ring6144_w24_stg hung at this size)."""
+    from knob_run import run_with_env
+
+    script = (
+        "import sys, torch\n"
+        "from difuse._loader import core, last_error\n"
+        "lib = core()\n"
+        "half = 201_300_000 // 2 // 16 * 16\n"
+        "src = torch.randint(0, 256, (half,), dtype=torch.uint8, device='cuda')\n"
+        "dst = torch.empty(half, dtype=torch.uint8, device='cuda')\n"
+        "stream = torch.cuda.current_stream().cuda_stream\n"
+        "bad = []\n"
+        "for v in range(lib.difuse_probe_stream_copy_variants()):\n"
+        "    name = lib.difuse_probe_stream_copy_variant_name(v).decode()\n"
+        "    if not name.startswith('ring'):\n"
+        "        continue\n"
+        "    for _ in range(300):\n"
+        "        dst.zero_()\n"
+        "        assert lib.difuse_probe_stream_copy(dst.data_ptr(), src.data_ptr(), half, v, stream) == 0, last_error()\n"
+        "    torch.cuda.synchronize()\n"
+        "    if not torch.equal(dst, src):\n"
+        "        bad.append(name)\n"
+        "    print(name, 'done', flush=True)\n"
+        "print('wrong copies', bad)\n"
+        "sys.exit(1 if bad else 0)\n")
+    r = run_with_env(script, timeout=120)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 def test_refuses_bad_arguments():
     lib = core()
     buf = torch.zeros(1 << 12, dtype=torch.uint8, device=DEV)
