@@ -22,4 +22,10 @@ inline int env_knob_or(const char* name, int unset) {
   return e && *e ? std::atoi(e) : unset;
 }
 
+// The text of environment variable `name`, or "" when it is unset (knobs that take more than one number).
+inline const char* env_knob_text(const char* name) {
+  const char* e = std::getenv(name);
+  return e ? e : "";
+}
+
 }  // namespace difuse::detail

@@ -173,8 +173,8 @@ inline bool stream_read_fence_knob() {
 inline StreamGrab stream_grab_knob() {
   static const StreamGrab g = [] {
     StreamGrab r{0, 0, 0, 1};
-    const char* e = std::getenv("DIFUSE_STREAM_GRAB");
-    if (e == nullptr || *e == 0) return r;
+    const char* e = detail::env_knob_text("DIFUSE_STREAM_GRAB");
+    if (*e == 0) return r;
     int f = 0, l = 0, m = 0, d = 0;
     const int n = std::sscanf(e, "%d,%d,%d,%d", &f, &l, &m, &d);
     if (n == 1 && f > 0) r = {f, f, f, 1};

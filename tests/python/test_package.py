@@ -81,7 +81,7 @@ class KnobRegistryTest(unittest.TestCase):
         names = set()
         for path in (ROOT / "src").rglob("*"):
             if path.suffix in (".h", ".cu", ".cuh", ".cpp"):
-                names |= set(re.findall(r'(?:positive_env_knob|env_knob_or)\("([A-Z0-9_]+)"', path.read_text()))
+                names |= set(re.findall(r'(?:positive_env_knob|env_knob_or|env_knob_text)\("([A-Z0-9_]+)"', path.read_text()))
         self.assertGreaterEqual(len(names), 8)
         self.assertEqual(names, set(bench.KERNEL_KNOBS))
         readme = (ROOT / "README.md").read_text()
