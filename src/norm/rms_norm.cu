@@ -454,7 +454,8 @@ bool launch_streamed(const Params& p, int knob, int device, cudaStream_t stream)
   const StreamGrab grab = stream_grab_knob();
   StreamGrabCounter* const counter = grab.first > 0 ? detail::grab_counter(device, stream) : nullptr;
   kernel<<<static_cast<unsigned>(l.blocks), l.threads(), static_cast<size_t>(l.slots * slot_bytes + w_bytes), stream>>>(
-      p, l.slots, stream_read_fence_knob(), counter, grab, stream_producer_lanes_knob());
+      p, l.slots, stream_read_fence_knob(), counter, grab,
+      stream_producer_lanes(stream_producer_lanes_knob(), l.slots, l.warps));
   return true;
 }
 

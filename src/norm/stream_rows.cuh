@@ -19,6 +19,7 @@
 #include "core/env_knob.h"
 #include "core/error.h"
 #include "core/grab_counter.h"
+#include "norm/stream_ring.h"
 
 namespace difuse::norm {
 
@@ -31,12 +32,13 @@ namespace difuse::norm {
 // for 24 warps, hung at 201 MB; at bfef2d5 a 37-slot form had hung too). On its own barrier each use u is phase u / 2,
 // whose predecessor (use u - 2) has completed before use u - 1 could be issued: the parity is unambiguous. The
 // producer's waits on `empty` never were ambiguous (it waits for use u - 1's release only after use u - 2's).
+// The indices and parities are norm/stream_ring.h's (CPU-tested on a model of the protocol).
 __device__ __forceinline__ uint64_t* stream_full_bar(uint64_t* full, int s, uint32_t use) {
-  return &full[2 * s + static_cast<int>(use & 1u)];
+  return &full[stream_full_index(s, use)];
 }
 // A consumer's wait for use `use` of slot s (all its bytes landed).
 __device__ __forceinline__ void stream_wait_full(uint64_t* full, int s, uint32_t use) {
-  detail::mbar_wait(stream_full_bar(full, s, use), (use >> 1) & 1u);
+  detail::mbar_wait(stream_full_bar(full, s, use), stream_full_parity(use));
 }
 
 // One thread initialises the ring's mbarriers (full, two per slot: the producer's arrival and the copies' bytes;
@@ -56,22 +58,38 @@ __device__ __forceinline__ void stream_init_barriers(uint64_t* full, uint64_t* e
 
 // The producer: fills slot k % slots with the block's k-th row once the consumer of row k - slots has released it;
 // issue(row, slot, bar) arrives on `bar` with the row's byte count and starts its copies there. Called by lane 0 of
-// the producer warp (lanes = 1) or by its lanes 0 .. lanes - 1 together (twenty-first session): lane j makes fills
-// j, j + lanes, ... (slot k % slots and parity k / slots, as one lane would), so one converged instruction stream
-// issues `lanes` rows at a time. Why: at 3 KB rows one lane's loop (~50 SASS instructions of dependent scalar work
-// and mbarrier operations per row) is near the ~0.2 us per row a block must sustain at 1x32760x1536.
+// the producer warp (lanes = 1, the defaults) or by its lanes 0 .. lanes - 1 together (twenty-first session; lanes
+// from stream_producer_lanes): lane j makes fills j, j + lanes, ... (slot k % slots, use k / slots, as one lane
+// would), one step of `lanes` fills at a time, and the lanes wait for each other after each step (__syncwarp): in
+// the CPU model of the protocol free-running lanes race. Why: at 3 KB rows one lane's loop (~50 SASS instructions of
+// dependent scalar work and mbarrier operations per row) is near the ~0.2 us per row a block must sustain at
+// 1x32760x1536 (the probe's ring at 201 MB: 58.4 us with one lane, 56.6 with 4, 56.3 with 8; stream-variants-846df26.json).
 template <class Issue>
 __device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t* full, uint64_t* empty, Issue issue,
                                                int lanes = 1) {
   const int64_t stride = gridDim.x;
+  if (lanes == 1) {
+    int s = 0;
+    uint32_t use = 0;  // how many times slot s has been filled before
+    for (int64_t row = blockIdx.x; row < rows; row += stride) {
+      if (use > 0) detail::mbar_wait(&empty[s], stream_empty_parity(use));
+      issue(row, s, stream_full_bar(full, s, use));
+      stream_advance(s, use, 1, slots);
+    }
+    return;
+  }
   const int j = static_cast<int>(threadIdx.x) & 31;
+  const unsigned mask = lanes >= 32 ? 0xffffffffu : (1u << lanes) - 1u;
   int s = j % slots;
-  uint32_t use = static_cast<uint32_t>(j / slots);  // how many times slot s has been filled before
-  for (int64_t row = blockIdx.x + j * stride; row < rows; row += lanes * stride) {
-    if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
-    issue(row, s, stream_full_bar(full, s, use));
-    s += lanes;
-    while (s >= slots) s -= slots, ++use;
+  uint32_t use = static_cast<uint32_t>(j / slots);
+  for (int64_t first = blockIdx.x; first < rows; first += lanes * stride) {  // the same steps for every lane
+    const int64_t row = first + j * stride;
+    if (row < rows) {
+      if (use > 0) detail::mbar_wait(&empty[s], stream_empty_parity(use));
+      issue(row, s, stream_full_bar(full, s, use));
+    }
+    stream_advance(s, use, lanes, slots);
+    __syncwarp(mask);
   }
 }
 
@@ -113,7 +131,7 @@ __device__ __forceinline__ void stream_produce_grabbed(int64_t rows, StreamGrab 
   unsigned long long taken = atomicAdd(&counter->next, static_cast<unsigned long long>(size));
   for (;;) {
     for (int64_t row = first; row < end; ++row) {
-      if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
+      if (use > 0) detail::mbar_wait(&empty[s], stream_empty_parity(use));
       slot_row[s] = row;
       issue(row, s, stream_full_bar(full, s, use));
       if (++s == slots) s = 0, ++use;
@@ -125,7 +143,7 @@ __device__ __forceinline__ void stream_produce_grabbed(int64_t rows, StreamGrab 
     taken = atomicAdd(&counter->next, static_cast<unsigned long long>(size));
   }
   for (int k = 0; k < groups; ++k) {
-    if (use > 0) detail::mbar_wait(&empty[s], (use - 1) & 1u);
+    if (use > 0) detail::mbar_wait(&empty[s], stream_empty_parity(use));
     slot_row[s] = -1;
     detail::mbar_arrive(stream_full_bar(full, s, use));
     if (++s == slots) s = 0, ++use;
@@ -147,8 +165,7 @@ __device__ __forceinline__ void stream_release(uint64_t* empty, int& s, uint32_t
                                                bool proxy_fence = true) {
   if (proxy_fence) detail::fence_proxy_async_smem();
   detail::mbar_arrive(&empty[s]);
-  s += groups;
-  while (s >= slots) s -= slots, ++use;
+  stream_advance(s, use, groups, slots);
 }
 
 // DIFUSE_STREAM_READ_FENCE=0|1 (read once; for measurement; twentieth session): whether the consumers that only read
@@ -185,8 +202,8 @@ inline StreamGrab stream_grab_knob() {
 }
 
 // DIFUSE_STREAM_PRODUCER_LANES=K (read once; for measurement; twenty-first session): the lanes of the producer warp
-// that issue the ring's copies (stream_produce's `lanes`; 1 to 8) in the kernels that read it (rms_norm_streamed).
-// Unset: 1.
+// that issue the ring's copies (stream_produce's `lanes`; 1 to 8, then at most stream_producer_lanes allows for the
+// ring) in the kernels that read it (rms_norm_streamed). Unset: 1.
 inline int stream_producer_lanes_knob() {
   static const int v = [] {
     const int k = detail::positive_env_knob("DIFUSE_STREAM_PRODUCER_LANES");

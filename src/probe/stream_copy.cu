@@ -282,7 +282,7 @@ void stream_copy(void* dst, const void* src, int64_t nbytes, int index, cudaStre
     const int64_t blocks = std::min<int64_t>(detail::sm_count(device), rows);
     kernel<<<static_cast<unsigned>(blocks), 32 + 32 * warps, static_cast<size_t>(slots) * v.ring_row_bytes, stream>>>(
         static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), nbytes, v.ring_row_bytes, slots,
-        kRingGrab[index - kVectorVariants - 4], v.ring_producer_lanes);
+        kRingGrab[index - kVectorVariants - 4], norm::stream_producer_lanes(v.ring_producer_lanes, slots, warps));
     DIFUSE_CUDA_CHECK(cudaGetLastError());
     return;
   }

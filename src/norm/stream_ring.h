@@ -1,0 +1,45 @@
+// The streamed row schedule's ring bookkeeping (norm/stream_rows.cuh), as __host__ __device__ functions so that the
+// CPU test of the protocol (tests/cpu/test_stream_ring.cpp: a model of the mbarriers with copies landing out of
+// order) runs the kernels' own arithmetic.
+//
+// Fill k of a block's ring goes to slot k % slots as that slot's use k / slots, and is consumed by consumer group
+// k % groups. Each slot has two `full` mbarriers: use u waits on full[2 * slot + (u & 1)] for that barrier's phase
+// u / 2. Each slot has one `empty` mbarrier: the producer's fill of use u >= 1 waits for its phase u - 1 (the release
+// of use u - 1).
+#pragma once
+
+#include <cstdint>
+
+#include "difuse/numerics/fp32.h"  // DIFUSE_HD
+
+namespace difuse::norm {
+
+// Index into `full` (2 x slots barriers) of slot s's use `use`.
+DIFUSE_HD int stream_full_index(int s, uint32_t use) { return 2 * s + static_cast<int>(use & 1u); }
+
+// The parity a consumer waits for on that barrier: use u is its phase u / 2.
+DIFUSE_HD uint32_t stream_full_parity(uint32_t use) { return (use >> 1) & 1u; }
+
+// The parity the producer waits for on slot s's `empty` barrier before the slot's use `use` >= 1.
+DIFUSE_HD uint32_t stream_empty_parity(uint32_t use) { return (use - 1) & 1u; }
+
+// Steps (s, use) from fill k to fill k + step (step > 0; e.g. groups for a consumer, lanes for a producer lane).
+DIFUSE_HD void stream_advance(int& s, uint32_t& use, int step, int slots) {
+  s += step;
+  while (s >= slots) s -= slots, ++use;
+}
+
+// The producer lanes a ring of `slots` slots and `groups` consumer groups may run in step (stream_produce), at most
+// `wanted`. With lanes in step, fill k waits only on fills of earlier steps when lanes <= slots (the producer's
+// `empty` wait for use u then finds use u - 2 released), and a consumer that reached fill k has every fill of the
+// step before k - groups issued, which covers k - slots when lanes <= slots - groups (its `full` wait then finds use
+// u - 2 landed); where slots is a multiple of groups each group owns its slots and that second bound is not needed.
+// tests/cpu/test_stream_ring.cpp runs the protocol at these lane counts (and shows more racing in the model).
+DIFUSE_HD int stream_producer_lanes(int wanted, int slots, int groups) {
+  int k = wanted < 1 ? 1 : wanted;
+  if (k > slots) k = slots;
+  if (slots % groups != 0 && k > slots - groups) k = slots - groups;
+  return k < 1 ? 1 : k;
+}
+
+}  // namespace difuse::norm

@@ -1,0 +1,189 @@
+// The streamed ring's protocol (norm/stream_rows.cuh) on a model of its mbarriers, with the kernels' own
+// bookkeeping (norm/stream_ring.h): producer lanes fill slots, the copies land in any order, consumer groups wait on
+// `full`, read their slot and release it on `empty`; a random scheduler interleaves every step. Checked: every
+// consumer reads exactly the fill it expects, fully landed, and no slot changes under it; nothing deadlocks; every
+// fill is read once. The same model with one `full` barrier per slot (before the twenty-first session) finds the
+// race that hung the probe's 37-slot ring on the H200 at 47d0889, and only where the slots are not a multiple of
+// the groups.
+#include <gtest/gtest.h>
+
+#include <cstdint>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "norm/stream_ring.h"
+
+namespace {
+
+using difuse::norm::stream_advance;
+using difuse::norm::stream_empty_parity;
+using difuse::norm::stream_full_index;
+using difuse::norm::stream_full_parity;
+
+// An mbarrier: phases completed, arrivals still pending in the current phase, bytes still to land.
+struct Bar {
+  uint32_t done = 0;
+  int pending = 0, expected = 0;
+  int64_t tx = 0;
+  explicit Bar(int count) : pending(count), expected(count) {}
+  void complete_if_ready() {
+    if (pending == 0 && tx == 0) ++done, pending = expected;
+  }
+  void arrive() { --pending, complete_if_ready(); }
+  void arrive_expect_tx(int64_t bytes) { tx += bytes, --pending, complete_if_ready(); }
+  void complete_tx(int64_t bytes) { tx -= bytes, complete_if_ready(); }
+  // mbarrier.try_wait.parity: true unless the current (incomplete) phase has this parity.
+  bool try_wait(uint32_t parity) const { return (done & 1u) != parity; }
+};
+
+struct Scheme {
+  int bars_per_slot;
+  int (*index)(int s, uint32_t use);
+  uint32_t (*parity)(uint32_t use);
+};
+int single_index(int s, uint32_t) { return s; }
+uint32_t single_parity(uint32_t use) { return use & 1u; }
+const Scheme kKernels{2, stream_full_index, stream_full_parity};
+const Scheme kOneBarrierPerSlot{1, single_index, single_parity};
+
+struct Cursor {  // a producer lane's or consumer group's next fill, as the kernels step it
+  int s = 0;
+  uint32_t use = 0;
+  int64_t fill = 0;
+  bool holding = false;  // consumers: read the slot, not released yet
+};
+
+// Runs one random schedule; returns "" or what went wrong. lockstep: a producer lane starts its step n + 1 only
+// once every lane has finished step n (stream_produce's __syncwarp); else the lanes run freely.
+std::string run(const Scheme& scheme, int slots, int groups, int lanes, int64_t fills, uint64_t seed,
+                bool lockstep = true) {
+  std::mt19937_64 rng(seed);
+  std::vector<Bar> full(static_cast<size_t>(scheme.bars_per_slot * slots), Bar(1)), empty(slots, Bar(1));
+  std::vector<int64_t> content(slots, -2);  // the fill whose bytes the slot holds; -1: bytes landing
+  struct Copy {
+    int s, bar;
+    int64_t fill;
+  };
+  std::vector<Copy> flying;
+  std::vector<int64_t> reads(static_cast<size_t>(fills), 0);
+  std::vector<Cursor> producers(lanes), consumers(groups);
+  for (int j = 0; j < lanes; ++j) {  // lane j: fills j, j + lanes, ... (stream_produce)
+    producers[j].fill = j;
+    producers[j].s = j % slots;
+    producers[j].use = static_cast<uint32_t>(j / slots);
+  }
+  for (int c = 0; c < groups; ++c) {  // group c: fills c, c + groups, ...
+    consumers[c].fill = c;
+    consumers[c].s = c % slots;
+    consumers[c].use = static_cast<uint32_t>(c / slots);
+  }
+  for (;;) {
+    // every step that can happen now: 0..lanes-1 producers, then consumers, then landing copies
+    std::vector<int> ready;
+    for (int j = 0; j < lanes; ++j) {
+      const Cursor& p = producers[j];
+      bool behind = false;  // another lane has not finished this lane's previous step
+      for (int i = 0; lockstep && i < lanes; ++i)
+        behind |= producers[i].fill < fills && producers[i].fill < p.fill - j + i;
+      if (p.fill < fills && !behind && (p.use == 0 || empty[p.s].try_wait(stream_empty_parity(p.use))))
+        ready.push_back(j);
+    }
+    for (int c = 0; c < groups; ++c) {
+      const Cursor& k = consumers[c];
+      if (k.fill >= fills) continue;
+      if (k.holding || full[scheme.index(k.s, k.use)].try_wait(scheme.parity(k.use))) ready.push_back(lanes + c);
+    }
+    for (size_t i = 0; i < flying.size(); ++i) ready.push_back(lanes + groups + static_cast<int>(i));
+    if (ready.empty()) break;
+    const int a = ready[std::uniform_int_distribution<size_t>(0, ready.size() - 1)(rng)];
+    if (a < lanes) {  // issue the copy of this lane's fill
+      Cursor& p = producers[a];
+      const int bar = scheme.index(p.s, p.use);
+      full[bar].arrive_expect_tx(1);
+      content[p.s] = -1;
+      flying.push_back({p.s, bar, p.fill});
+      stream_advance(p.s, p.use, lanes, slots);
+      p.fill += lanes;
+    } else if (a < lanes + groups) {
+      Cursor& k = consumers[a - lanes];
+      if (!k.holding) {  // its wait passed: read the slot
+        if (content[k.s] != k.fill)
+          return "group " + std::to_string(a - lanes) + " read slot " + std::to_string(k.s) + " for fill " +
+                 std::to_string(k.fill) + " holding " + std::to_string(content[k.s]);
+        ++reads[static_cast<size_t>(k.fill)];
+        k.holding = true;
+      } else {  // release it
+        if (content[k.s] != k.fill) return "slot " + std::to_string(k.s) + " changed under its reader";
+        empty[k.s].arrive();
+        k.holding = false;
+        stream_advance(k.s, k.use, groups, slots);
+        k.fill += groups;
+      }
+    } else {  // a copy lands (any of those in flight)
+      const size_t i = static_cast<size_t>(a - lanes - groups);
+      const Copy c = flying[i];
+      flying.erase(flying.begin() + static_cast<std::ptrdiff_t>(i));
+      content[c.s] = c.fill;
+      full[c.bar].complete_tx(1);
+    }
+  }
+  for (int64_t f = 0; f < fills; ++f)
+    if (reads[static_cast<size_t>(f)] != 1)
+      return "deadlock or lost fill: fill " + std::to_string(f) + " read " + std::to_string(reads[f]) + " times";
+  return "";
+}
+
+struct Shape {
+  int slots, groups;
+};
+
+TEST(StreamRing, EveryConsumerReadsItsOwnLandedFillUnderAnySchedule) {
+  // the defaults' shapes (48 or 37 slots of 24 one-warp groups, 28 at H = 4096, GRLN's 18 of 12) and small rings
+  const Shape shapes[] = {{48, 24}, {37, 24}, {28, 24}, {18, 12}, {21, 16}, {2, 1}, {2, 2}, {3, 2}, {5, 3}, {7, 7}};
+  for (const Shape& sh : shapes)
+    for (int wanted : {1, 2, 3, 4, 8})
+      for (int64_t fills : {int64_t{1}, int64_t{sh.slots + 1}, int64_t{6 * sh.slots + 5}})
+        for (uint64_t seed = 0; seed < 40; ++seed) {
+          const int lanes = difuse::norm::stream_producer_lanes(wanted, sh.slots, sh.groups);
+          const std::string e = run(kKernels, sh.slots, sh.groups, lanes, fills, seed);
+          ASSERT_EQ(e, "") << sh.slots << " slots, " << sh.groups << " groups, " << lanes << " lanes, " << fills
+                           << " fills, seed " << seed;
+        }
+}
+
+TEST(StreamRing, OneFullBarrierPerSlotRacesWhereSlotsAreNotAMultipleOfGroups) {
+  // a consumer reaches its wait for a slot's use u while use u - 1 is still landing: on one barrier that passes
+  for (const Shape& sh : {Shape{37, 24}, Shape{7, 4}, Shape{3, 2}}) {
+    int races = 0;
+    for (uint64_t seed = 0; seed < 1000; ++seed) races += run(kOneBarrierPerSlot, sh.slots, sh.groups, 1, 20 * sh.slots, seed) != "";
+    EXPECT_GT(races, 0) << sh.slots << " slots, " << sh.groups << " groups: the model should find the race";
+  }
+  for (const Shape& sh : {Shape{48, 24}, Shape{36, 12}, Shape{7, 7}})
+    for (uint64_t seed = 0; seed < 100; ++seed)
+      ASSERT_EQ(run(kOneBarrierPerSlot, sh.slots, sh.groups, 1, 8 * sh.slots, seed), "")
+          << sh.slots << " slots, " << sh.groups << " groups, seed " << seed;
+}
+
+TEST(StreamRing, ProducerLanesMustStayInStepAndWithinTheirBound) {
+  // lanes that run freely can leave a slot's use u - 1 unissued after a consumer has passed use u - 1 + groups
+  int races = 0;
+  for (uint64_t seed = 0; seed < 200; ++seed) races += run(kKernels, 37, 24, 3, 227, seed, false) != "";
+  EXPECT_GT(races, 0) << "free-running producer lanes should race in the model";
+  // in step, but more lanes than stream_producer_lanes allows: more lanes than slots, or than slots - groups
+  for (const Shape& sh : {Shape{2, 1}, Shape{5, 3}}) {
+    const int lanes = sh.slots + 1 - (sh.slots % sh.groups == 0 ? 0 : 0);
+    ASSERT_LT(difuse::norm::stream_producer_lanes(lanes, sh.slots, sh.groups), lanes);
+    int r = 0;
+    for (uint64_t seed = 0; seed < 300; ++seed) r += run(kKernels, sh.slots, sh.groups, lanes, 12 * sh.slots, seed) != "";
+    EXPECT_GT(r, 0) << sh.slots << " slots, " << sh.groups << " groups, " << lanes << " lanes";
+  }
+  EXPECT_EQ(difuse::norm::stream_producer_lanes(8, 48, 24), 8);
+  EXPECT_EQ(difuse::norm::stream_producer_lanes(8, 37, 24), 8);
+  EXPECT_EQ(difuse::norm::stream_producer_lanes(8, 28, 24), 4);
+  EXPECT_EQ(difuse::norm::stream_producer_lanes(4, 3, 3), 3);
+  EXPECT_EQ(difuse::norm::stream_producer_lanes(4, 3, 2), 1);
+  EXPECT_EQ(difuse::norm::stream_producer_lanes(0, 48, 24), 1);
+}
+
+}  // namespace
