@@ -726,6 +726,7 @@ struct StreamTree {
   int uniform;
   num::EqualCombineWeights level[5];  // offsets 16, 8, 4, 2, 1
   int read_fence;  // layernorm_streamed_rows' proxy fence before each release (stream_read_fence_knob; GRLN: always)
+  int producer_lanes;  // stream_produce's lanes (DIFUSE_STREAM_PRODUCER_LANES through stream_producer_lanes; 1 default)
 };
 
 // A streamed consumer group's row statistics from its slot sx (V vectors of 4 bf16; two warps, the paired map): the
@@ -929,14 +930,17 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
   const int64_t stride = gridDim.x;
   stream_init_barriers(full, empty, slots, G);  // the only block barrier: then each role runs on its own
 
-  if (tid < 32) {  // the producer warp: lane 0 issues each row's two copies once its slot is free
-    if (tid == 0)
-      stream_produce(p.rows, slots, full, empty, [&](int64_t row, int s, uint64_t* bar) {
-        uint2* const dst = ring + 2 * static_cast<int64_t>(s) * V;
-        detail::mbar_arrive_expect_tx(bar, 2u * row_bytes);
-        detail::bulk_load(dst, p.x + row * p.h, row_bytes, bar);
-        detail::bulk_load(dst + V, p.a + row * p.h, row_bytes, bar);
-      });
+  if (tid < 32) {  // the producer warp: lane 0 (or tree.producer_lanes lanes) issues each row's two copies
+    if (tid < tree.producer_lanes)
+      stream_produce(
+          p.rows, slots, full, empty,
+          [&](int64_t row, int s, uint64_t* bar) {
+            uint2* const dst = ring + 2 * static_cast<int64_t>(s) * V;
+            detail::mbar_arrive_expect_tx(bar, 2u * row_bytes);
+            detail::bulk_load(dst, p.x + row * p.h, row_bytes, bar);
+            detail::bulk_load(dst + V, p.a + row * p.h, row_bytes, bar);
+          },
+          tree.producer_lanes);
     return;
   }
 
@@ -1084,11 +1088,14 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
   stream_init_barriers(full, empty, slots, G);  // the only block barrier
 
   if (tid < 32) {  // the producer warp: lane 0 copies each row's x once its slot is free
-    if (tid == 0)
-      stream_produce(p.rows, slots, full, empty, [&](int64_t row, int s, uint64_t* bar) {
-        detail::mbar_arrive_expect_tx(bar, row_bytes);
-        detail::bulk_load(ring + static_cast<int64_t>(s) * V, p.x + row * p.h, row_bytes, bar);
-      });
+    if (tid < tree.producer_lanes)
+      stream_produce(
+          p.rows, slots, full, empty,
+          [&](int64_t row, int s, uint64_t* bar) {
+            detail::mbar_arrive_expect_tx(bar, row_bytes);
+            detail::bulk_load(ring + static_cast<int64_t>(s) * V, p.x + row * p.h, row_bytes, bar);
+          },
+          tree.producer_lanes);
     return;
   }
 
@@ -1201,6 +1208,7 @@ bool launch_stream(Kernel kernel, StreamLaunchOnce& once, int max_groups, int64_
   StreamTree tree{};
   tree.uniform = p.v % kAtenThreads == 0;
   tree.read_fence = stream_read_fence_knob() ? 1 : 0;
+  tree.producer_lanes = stream_producer_lanes(stream_producer_lanes_knob(), slots, groups);
   const int sweeps = (p.v + kAtenThreads - 1) / kAtenThreads;
   for (int lv = 0; lv < 5; ++lv) tree.level[lv] = num::equal_combine_weights(static_cast<float>((4 * sweeps) << lv));
   kernel<<<static_cast<unsigned>(blocks), 32 + group_threads * groups,

@@ -510,6 +510,7 @@ struct StreamModRows {
   int nw = 0, ns = 0, nh = 0, ng = 0;  // staged rows per role: weight 0 or 1; scale, shift, gate 1 or 2
   int64_t s1 = 0, h1 = 0, g1 = 0;      // the second staged row's offset (elements) per role, where there are two
   bool read_fence = true;              // the plain form's proxy fence before each release (stream_read_fence_knob)
+  int producer_lanes = 1;              // stream_produce's lanes (DIFUSE_STREAM_PRODUCER_LANES, stream_producer_lanes)
 };
 
 template <bool VEC, bool RESIDUAL, bool SMOD = false>
@@ -524,14 +525,17 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
   const uint32_t row_bytes = static_cast<uint32_t>(p.n) * 2u;
   uint2* const ring = reinterpret_cast<uint2*>(staged_rows);
   stream_init_barriers(full, empty, slots, 32);  // the only block barrier
-  if (tid < 32) {  // the producer warp
-    if (tid == 0)
-      stream_produce(p.rows, slots, full, empty, [&](int64_t row, int s, uint64_t* bar) {
-        detail::mbar_arrive_expect_tx(bar, RESIDUAL ? 2 * row_bytes : row_bytes);
-        detail::bulk_load(ring + static_cast<int64_t>(s) * SV, p.x + row * p.n, row_bytes, bar);
-        if constexpr (RESIDUAL)
-          detail::bulk_load(ring + static_cast<int64_t>(s) * SV + V, p.a + row * p.n, row_bytes, bar);
-      });
+  if (tid < 32) {  // the producer warp: its first m.producer_lanes lanes (1 by default)
+    if (tid < m.producer_lanes)
+      stream_produce(
+          p.rows, slots, full, empty,
+          [&](int64_t row, int s, uint64_t* bar) {
+            detail::mbar_arrive_expect_tx(bar, RESIDUAL ? 2 * row_bytes : row_bytes);
+            detail::bulk_load(ring + static_cast<int64_t>(s) * SV, p.x + row * p.n, row_bytes, bar);
+            if constexpr (RESIDUAL)
+              detail::bulk_load(ring + static_cast<int64_t>(s) * SV + V, p.a + row * p.n, row_bytes, bar);
+          },
+          m.producer_lanes);
     return;
   }
   const int c = tid / 32 - 1, lane = tid % 32;
@@ -577,8 +581,9 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
 // DIFUSE_RMSMOD_STREAMED=G (read once): G consumer warps (1: kRmsStreamDefaultWarps; at most kRmsStreamMaxWarps and
 // the ring's slots); DIFUSE_RMSMOD_STREAMED_BLOCKS=N caps the grid (tests: many rows per block). With m's staged rows
 // (SMOD) the ring takes what they leave. False (nothing launched) where the ring would hold fewer than two rows.
-StreamModRows with_read_fence(StreamModRows m) {
+StreamModRows with_knobs(StreamModRows m, int slots, int warps) {
   m.read_fence = stream_read_fence_knob();
+  m.producer_lanes = stream_producer_lanes(stream_producer_lanes_knob(), slots, warps);
   return m;
 }
 
@@ -597,7 +602,7 @@ bool launch_streamed(const Params& p, const StreamModRows& m, int knob, int devi
   opt_in_shared_memory(kernel, device, budget, opted_in);
   prefer_max_shared_carveout(kernel, device, carveout_set);
   kernel<<<static_cast<unsigned>(l.blocks), l.threads(), static_cast<size_t>(l.slots * slot_bytes + mod_bytes),
-           stream>>>(p, l.slots, with_read_fence(m));
+           stream>>>(p, l.slots, with_knobs(m, l.slots, l.warps));
   return true;
 }
 

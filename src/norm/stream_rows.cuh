@@ -203,7 +203,8 @@ inline StreamGrab stream_grab_knob() {
 
 // DIFUSE_STREAM_PRODUCER_LANES=K (read once; for measurement; twenty-first session): the lanes of the producer warp
 // that issue the ring's copies (stream_produce's `lanes`; 1 to 8, then at most stream_producer_lanes allows for the
-// ring) in the kernels that read it (rms_norm_streamed). Unset: 1.
+// ring) in every streamed kernel (rms_norm_streamed, layernorm_streamed_rows, grln_streamed_rows,
+// rms_norm_modulate_streamed). Unset: 1, lane 0 alone.
 inline int stream_producer_lanes_knob() {
   static const int v = [] {
     const int k = detail::positive_env_knob("DIFUSE_STREAM_PRODUCER_LANES");

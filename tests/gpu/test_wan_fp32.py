@@ -171,10 +171,12 @@ def test_row_epilogue_variant():
     assert_exact_under(script, DIFUSE_LNMOD_F32_ROW_EPILOGUE="1")
 
 
-@pytest.mark.parametrize("groups,blocks,warp,fence", [("1", "", "0", ""), ("3", "2", "0", ""), ("1", "", "1", ""),
-                                                     ("5", "2", "1", ""), ("1", "", "1", "0"), ("3", "2", "0", "0")],
+@pytest.mark.parametrize("groups,blocks,warp,fence,lanes",
+                         [("1", "", "0", "", ""), ("3", "2", "0", "", ""), ("1", "", "1", "", ""), ("5", "2", "1", "", ""),
+                          ("1", "", "1", "0", ""), ("3", "2", "0", "0", ""), ("1", "", "1", "", "4"),
+                          ("3", "2", "0", "", "3")],
                          ids=str)
-def test_streamed_variant(groups, blocks, warp, fence):
+def test_streamed_variant(groups, blocks, warp, fence, lanes):
     """DIFUSE_LNMOD_STREAMED=G (read once per process): layernorm_modulate_fp32 and layernorm_affine_fp32 on the
     streamed rows (one block per SM, or DIFUSE_LNMOD_STREAMED_BLOCKS of them: a producer warp bulk-copying each row's
     x into a ring of slots, G two-warp groups computing; 1: 12 groups). Same bits at Wan 14B's and 1.3B's 32,760 rows,
@@ -183,7 +185,8 @@ def test_streamed_variant(groups, blocks, warp, fence):
     and per-token (from global memory), and the affine norm's weight and bias (staged); the profiler shows the three
     streamed kernels ran. DIFUSE_LNMOD_STREAM_WARP=0 keeps two-warp groups; with =1 the groups are one warp each (four
     slots per thread on the same paired map; 1: 24 groups), and the profiler must show those kernels.
-    DIFUSE_STREAM_READ_FENCE=0: the consumers release their slots without the async-proxy fence (same bits)."""
+    DIFUSE_STREAM_READ_FENCE=0: the consumers release their slots without the async-proxy fence (same bits).
+    DIFUSE_STREAM_PRODUCER_LANES=K: K lanes of the producer warp issue the rows' copies in step (same bits)."""
     from knob_run import (PROFILE_START, WAN_FP32_NORM_LINES, assert_exact_under, mismatch_script, streamed_ln_env,
                           streamed_ln_kernels_ran)
 
@@ -204,7 +207,7 @@ def test_streamed_variant(groups, blocks, warp, fence):
         "for sc, sh in ((t6[:, 1:2], t6[:, 0:1]), (tok, tok), (t7[:, 1:2, 1:], t7[:, 0:1, 1:])):\n"
         "    bad += count_mismatches(ops.layernorm_modulate_fp32(x, sc, sh), ops.layernorm_modulate_fp32_eager(x, sc, sh))\n"
         + streamed_ln_kernels_ran(True, warp))
-    assert_exact_under(script, **streamed_ln_env(groups, blocks, warp, fence))
+    assert_exact_under(script, **streamed_ln_env(groups, blocks, warp, fence, lanes))
 
 
 @pytest.mark.parametrize("B,L,H,kind,group", [
