@@ -1,9 +1,13 @@
 // The streamed row schedule's shared pieces (norm/layernorm_modulate.cu's grln_streamed_rows and
-// layernorm_streamed_rows, norm/rms_norm_modulate.cu's rms_norm_modulate_streamed): one block per SM, warp 0's lane 0
+// layernorm_streamed_rows, norm/rms_norm_modulate.cu's rms_norm_modulate_streamed, norm/rms_norm.cu's
+// rms_norm_streamed, the probe's ring variants): one block per SM, warp 0's lane 0 (or its first lanes, in step)
 // the producer that bulk-copies the block's rows (blockIdx.x + k x gridDim.x) into slot k % slots of a ring in shared
-// memory (the copy engine completes the slot's `full` mbarrier), consumer groups that take rows k = c, c + groups, ...
-// and release their slot on its `empty` mbarrier after a proxy fence. Copy and synchronisation code only: the
-// kernels keep their own arithmetic.
+// memory (the copy engine completes one of the slot's two `full` mbarriers, by the use's parity), consumer groups
+// that take rows k = c, c + groups, ... and release their slot on its `empty` mbarrier after a proxy fence. Copy and
+// synchronisation code only: the kernels keep their own arithmetic. The ring's indices and parities are
+// norm/stream_ring.h's, run on a CPU model of the protocol in tests/cpu/test_stream_ring.cpp. Since the twenty-first
+// session (846df26) two `full` barriers per slot; the streamed kernels' exactness with them has not yet been
+// through the whole GPU suite (the probe's rings ran at 201 MB without the hang one barrier gave, 47d0889).
 #pragma once
 
 #include <cuda_runtime.h>

@@ -30,6 +30,14 @@
 // and racecheck at 546c39e (sanitizer-bulk-546c39e.txt). They were the fastest in 3 of ops.json's 66 records at
 // 951f281, all under 40 MB and within the run-to-run spread of the vector variants; from ~50 MB up a one-pass grid of
 // one 16-byte vector per thread stays the ceiling.
+// Twenty-first session: ring variants 71-74 take rows from a grid-wide counter (norm::stream_produce_grabbed; grabs
+// of 4 from the counter only, 8 and 16 with a static first grab, guided), 75-78 issue the strided rows from 2, 4 or
+// 8 producer lanes in step (6144-byte rows with 4). At 201 MB (stream-variants-846df26.json): 58.6 / 58.1 / 58.5 /
+// 61.6 grabbed, 58.2 / 56.6 / 56.3 / 56.5 with lanes, against 58.4 for the one-lane ring and 50.6 for the one-pass
+// copy. ring6144_w24_stg (37 slots, 24 warps) hung at 47d0889 (one `full` barrier per slot: norm/stream_rows.cuh);
+// with two it ran at 846df26. Every variant copies exactly at 918066b and 47d0889 (gpu-tests-*.json); memcheck and
+// racecheck of the smoke test's probe case (every variant) clean at dc1ac5a (sanitizer-knobs-dc1ac5a.txt: the
+// grabbed variants of that commit).
 #include "probe/stream_copy.h"
 
 #include <cuda_runtime.h>
