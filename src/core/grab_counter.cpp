@@ -38,7 +38,13 @@ GrabCounter* none(Pool& pool, const std::string& why) {
 
 GrabCounter* grab_counter(int device, cudaStream_t stream) {
   cudaStreamCaptureStatus status = cudaStreamCaptureStatusNone;
-  DIFUSE_CUDA_CHECK(cudaStreamIsCapturing(stream, &status));
+  const cudaError_t err = cudaStreamIsCapturing(stream, &status);
+  if (err == cudaErrorStreamCaptureImplicit || err == cudaErrorStreamCaptureUnsupported) {
+    (void)cudaGetLastError();  // the legacy stream while another stream captures in global mode: treat as capturing
+    status = cudaStreamCaptureStatusActive;
+  } else {
+    DIFUSE_CUDA_CHECK(err);
+  }
   const bool capturing = status != cudaStreamCaptureStatusNone;
   std::lock_guard<std::mutex> lock(g_mu);
   Pool& pool = g_pools[device & 63];
