@@ -60,7 +60,8 @@ __device__ __forceinline__ void stream_init_barriers(uint64_t* full, uint64_t* e
   __syncthreads();
 }
 
-// The producer: fills slot k % slots with the block's k-th row once the consumer of row k - slots has released it;
+// The producer: fills slot k % slots with the block's k-th row (begin + k x stride, below end) once the consumer of
+// row k - slots has released it;
 // issue(row, slot, bar) arrives on `bar` with the row's byte count and starts its copies there. Called by lane 0 of
 // the producer warp (lanes = 1, the defaults) or by its lanes 0 .. lanes - 1 together (twenty-first session; lanes
 // from stream_producer_lanes): lane j makes fills j, j + lanes, ... (slot k % slots, use k / slots, as one lane
@@ -69,13 +70,12 @@ __device__ __forceinline__ void stream_init_barriers(uint64_t* full, uint64_t* e
 // dependent scalar work and mbarrier operations per row) is near the ~0.2 us per row a block must sustain at
 // 1x32760x1536 (the probe's ring at 201 MB: 58.4 us with one lane, 56.6 with 4, 56.3 with 8; stream-variants-846df26.json).
 template <class Issue>
-__device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t* full, uint64_t* empty, Issue issue,
-                                               int lanes = 1) {
-  const int64_t stride = gridDim.x;
+__device__ __forceinline__ void stream_produce_rows(int64_t begin, int64_t end, int64_t stride, int slots,
+                                                    uint64_t* full, uint64_t* empty, Issue issue, int lanes = 1) {
   if (lanes == 1) {
     int s = 0;
     uint32_t use = 0;  // how many times slot s has been filled before
-    for (int64_t row = blockIdx.x; row < rows; row += stride) {
+    for (int64_t row = begin; row < end; row += stride) {
       if (use > 0) detail::mbar_wait(&empty[s], stream_empty_parity(use));
       issue(row, s, stream_full_bar(full, s, use));
       stream_advance(s, use, 1, slots);
@@ -86,15 +86,22 @@ __device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t
   const unsigned mask = lanes >= 32 ? 0xffffffffu : (1u << lanes) - 1u;
   int s = j % slots;
   uint32_t use = static_cast<uint32_t>(j / slots);
-  for (int64_t first = blockIdx.x; first < rows; first += lanes * stride) {  // the same steps for every lane
+  for (int64_t first = begin; first < end; first += lanes * stride) {  // the same steps for every lane
     const int64_t row = first + j * stride;
-    if (row < rows) {
+    if (row < end) {
       if (use > 0) detail::mbar_wait(&empty[s], stream_empty_parity(use));
       issue(row, s, stream_full_bar(full, s, use));
     }
     stream_advance(s, use, lanes, slots);
     __syncwarp(mask);
   }
+}
+
+// The streamed kernels' rows: blockIdx.x, blockIdx.x + gridDim.x, ... below `rows` (stream_produce_rows).
+template <class Issue>
+__device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t* full, uint64_t* empty, Issue issue,
+                                               int lanes = 1) {
+  stream_produce_rows(blockIdx.x, rows, gridDim.x, slots, full, empty, issue, lanes);
 }
 
 // A grid-wide row counter for stream_produce_grabbed (core/grab_counter.h: who may use which).
@@ -188,8 +195,8 @@ inline bool stream_read_fence_knob() {
 
 // DIFUSE_STREAM_GRAB (read once; for measurement; twenty-first session): how the streamed kernels that read it
 // (rms_norm_streamed) share their rows out. Unset or 0: row r in block r % gridDim.x (stream_produce); "F": grabs of
-// F rows from a grid-wide counter (stream_produce_grabbed, StreamGrab{F, F, F, 1}); "F,L,M,D": a first grab of F,
-// then clamp(rows left / (D x blocks), L, M). Why: at 201 MB the probe's strided ring takes 57.9 us against 50.4 for
+// F rows from a grid-wide counter (stream_produce_grabbed, StreamGrab{F, F, F, 1}); "F,L,M,D" (or "F/L/M/D"): a
+// first grab of F, then clamp(rows left / (D x blocks), L, M). Why: at 201 MB the probe's strided ring takes 57.9 us against 50.4 for
 // a one-pass copy, 53.5 with grabs of 4 rows (stream-variants-dc1ac5a.json).
 inline StreamGrab stream_grab_knob() {
   static const StreamGrab g = [] {
@@ -197,7 +204,7 @@ inline StreamGrab stream_grab_knob() {
     const char* e = detail::env_knob_text("DIFUSE_STREAM_GRAB");
     if (*e == 0) return r;
     int f = 0, l = 0, m = 0, d = 0;
-    const int n = std::sscanf(e, "%d,%d,%d,%d", &f, &l, &m, &d);
+    const int n = std::sscanf(e, "%d%*[,/]%d%*[,/]%d%*[,/]%d", &f, &l, &m, &d);  // "/" for the sweep stage's entries
     if (n == 1 && f > 0) r = {f, f, f, 1};
     if (n == 4 && f > 0 && l > 0 && m >= l && d > 0) r = {f, l, m, d};
     return r;

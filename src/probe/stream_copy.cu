@@ -59,20 +59,34 @@ constexpr int kUnrolls[] = {1, 2, 4, 8};
 constexpr int kThreads[] = {128, 256, 512, 1024};
 constexpr int kVectorVariants = 4 * 4 * 2 * 2;
 constexpr int kBulkChunks[] = {4096, 8192, 16384, 32768};
-constexpr int kRingRowBytes[] = {3072, 3072, 6144, 3072, 3072, 3072, 3072, 3072, 3072, 3072, 6144};
-constexpr bool kRingBulkStore[] = {false, true, false, false, false, false, false, false, false, false, false};
-// rows taken from the grid's row counter (norm::StreamGrab: first, least, most, divisor); most = 0: rows strided over
-// the blocks. At dc1ac5a (stream-variants-dc1ac5a.json; every grab from the counter, none static first) fixed grabs
-// of 1, 2 and 4 rows took 78.1, 59.7 and 53.5 us at 201 MB against 57.9 strided: the producer waits on the counter's
-// round trip, so grabs must not be small. At 918066b (a static first grab, and an integer division per grab on the
-// producer's path) grabs of 4, 8, 16 and guided ones took 60.9, 55.4, 55.8 and 57.3.
-constexpr norm::StreamGrab kRingGrab[] = {{0, 0, 0, 1}, {0, 0, 0, 1}, {0, 0, 0, 1}, {0, 4, 4, 1},
-                                          {8, 8, 8, 1}, {16, 16, 16, 1}, {8, 2, 32, 2}, {0, 0, 0, 1},
-                                          {0, 0, 0, 1}, {0, 0, 0, 1}, {0, 0, 0, 1}};
-// lanes of the producer warp issuing the strided rows' copies together (norm::stream_produce)
-constexpr int kRingProducerLanes[] = {1, 1, 1, 1, 1, 1, 1, 2, 4, 8, 4};
-constexpr int kRingVariants = 11;
-constexpr int kRingWarps = 24;     // the streamed norms' default consumer warps
+// The ring variants (the streamed norms' schedule without arithmetic). grab: rows taken from the grid's row counter
+// (norm::StreamGrab: first, least, most, divisor; most = 0: rows strided over the blocks). At dc1ac5a
+// (stream-variants-dc1ac5a.json; every grab from the counter, none static first) fixed grabs of 1, 2 and 4 rows took
+// 78.1, 59.7 and 53.5 us at 201 MB against 57.9 strided: the producer waits on the counter's round trip, so grabs must
+// not be small. At 918066b (a static first grab, and an integer division per grab on the producer's path) grabs of 4,
+// 8, 16 and guided ones took 60.9, 55.4, 55.8 and 57.3. lanes: producer lanes in step (norm::stream_produce, bounded
+// by norm::stream_producer_lanes). rows_per_block > 0: one pass of blocks of that many contiguous rows, min_blocks
+// of them per SM (each with its share of the SM's shared memory), the hardware handing out the next block as one
+// retires; 0: one resident block per SM, rows strided (the norms). The one-pass forms were tried at bfef2d5: 57.5 us
+// with 128 rows per block, and the 2-blocks-per-SM form (37 slots for 12 warps) hung, as the one-barrier ring did.
+struct RingVariant {
+  int row_bytes;
+  bool bulk_store;
+  norm::StreamGrab grab;
+  int lanes, warps, min_blocks;
+  int64_t rows_per_block;
+};
+constexpr norm::StreamGrab kStrided{0, 0, 0, 1};
+constexpr RingVariant kRings[] = {
+    {3072, false, kStrided, 1, 24, 1, 0},         {3072, true, kStrided, 1, 24, 1, 0},
+    {6144, false, kStrided, 1, 24, 1, 0},         {3072, false, {0, 4, 4, 1}, 1, 24, 1, 0},
+    {3072, false, {8, 8, 8, 1}, 1, 24, 1, 0},     {3072, false, {16, 16, 16, 1}, 1, 24, 1, 0},
+    {3072, false, {8, 2, 32, 2}, 1, 24, 1, 0},    {3072, false, kStrided, 2, 24, 1, 0},
+    {3072, false, kStrided, 4, 24, 1, 0},         {3072, false, kStrided, 8, 24, 1, 0},
+    {6144, false, kStrided, 4, 24, 1, 0},         {3072, false, kStrided, 1, 24, 1, 128},
+    {3072, false, kStrided, 1, 12, 2, 64},        {3072, false, kStrided, 4, 12, 2, 64},
+    {3072, false, kStrided, 1, 12, 2, 32},        {3072, false, kStrided, 1, 8, 3, 32}};
+constexpr int kRingVariants = sizeof(kRings) / sizeof(kRings[0]);
 constexpr int kRingMaxSlots = 48;  // and their ring's most slots
 constexpr int kRingMaxVectors = 6144 / 16 / 32;  // 16-byte vectors per lane of the widest ring row
 constexpr int kVariants = kVectorVariants + 4 + kRingVariants;
@@ -124,20 +138,24 @@ __global__ void __launch_bounds__(32) stream_copy_bulk_kernel(const uint8_t* __r
 // The grid's row counter of the GRAB ring variants (norm::StreamGrabCounter; probe launches are stream-ordered).
 __device__ norm::StreamGrabCounter ring_counter{0, 0, 0};
 
-// The ring variants: rows of row_bytes (the last one shorter, a multiple of 16). !GRAB: row r in block
-// r % gridDim.x's ring (the streamed norms' schedule); GRAB: each block's producer takes its next rows from
-// the grid's counter whenever it has filled the previous ones (norm::stream_produce_grabbed), so a block that
-// streams faster takes more rows.
-template <bool BULK_STORE, bool GRAB>
-__global__ void __launch_bounds__(32 + 32 * kRingWarps, 1)
+// The ring variants: rows of row_bytes (the last one shorter, a multiple of 16). !GRAB: rows_per_block 0, row r in
+// block r % gridDim.x's ring (the streamed norms' schedule); rows_per_block R > 0, block b's rows [b R, (b + 1) R).
+// GRAB: each block's producer takes its next rows from the grid's counter whenever it has filled the previous ones
+// (norm::stream_produce_grabbed), so a block that streams faster takes more rows.
+template <bool BULK_STORE, bool GRAB, int MAXW, int MINB>
+__global__ void __launch_bounds__(32 + 32 * MAXW, MINB)
     stream_copy_ring_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t nbytes, int row_bytes,
-                            int slots, norm::StreamGrab grab, int producer_lanes) {
+                            int slots, norm::StreamGrab grab, int producer_lanes, int64_t rows_per_block) {
   extern __shared__ uint4 ring_slots[];
   __shared__ uint64_t full[2 * kRingMaxSlots], empty[kRingMaxSlots];
   __shared__ int64_t slot_row[GRAB ? kRingMaxSlots : 1];
   const int64_t rows = (nbytes + row_bytes - 1) / row_bytes;
   const int V = row_bytes / 16;
   const int groups = static_cast<int>(blockDim.x) / 32 - 1;
+  const bool one_pass = rows_per_block > 0;
+  const int64_t begin = one_pass ? int64_t(blockIdx.x) * rows_per_block : blockIdx.x;
+  const int64_t end = one_pass ? (begin + rows_per_block < rows ? begin + rows_per_block : rows) : rows;
+  const int64_t stride = one_pass ? 1 : gridDim.x;
   norm::stream_init_barriers(full, empty, slots, 32);
   if (threadIdx.x < 32) {
     const auto issue = [&](int64_t row, int s, uint64_t* bar) {
@@ -150,15 +168,14 @@ __global__ void __launch_bounds__(32 + 32 * kRingWarps, 1)
       if (threadIdx.x == 0)
         norm::stream_produce_grabbed(rows, grab, slots, groups, full, empty, slot_row, &ring_counter, issue);
     } else if (static_cast<int>(threadIdx.x) < producer_lanes) {
-      norm::stream_produce(rows, slots, full, empty, issue, producer_lanes);
+      norm::stream_produce_rows(begin, end, stride, slots, full, empty, issue, producer_lanes);
     }
     return;
   }
   const int c = static_cast<int>(threadIdx.x) / 32 - 1, lane = static_cast<int>(threadIdx.x) % 32;
   int s = c % slots;
   uint32_t use = static_cast<uint32_t>(c / slots);
-  for (int64_t row = GRAB ? 0 : blockIdx.x + int64_t(c) * gridDim.x; GRAB || row < rows;
-       row += int64_t(groups) * gridDim.x) {
+  for (int64_t row = GRAB ? 0 : begin + c * stride; GRAB || row < end; row += groups * stride) {
     norm::stream_wait_full(full, s, use);
     if constexpr (GRAB) {
       row = slot_row[s];
@@ -187,6 +204,16 @@ __global__ void __launch_bounds__(32 + 32 * kRingWarps, 1)
     }
     norm::stream_release(empty, s, use, groups, slots, false);  // the slot was only read
   }
+}
+
+using RingKernel = void (*)(const uint8_t*, uint8_t*, int64_t, int, int, norm::StreamGrab, int, int64_t);
+
+RingKernel pick_ring(const RingVariant& r) {
+  if (r.bulk_store) return stream_copy_ring_kernel<true, false, 24, 1>;
+  if (r.grab.most > 0) return stream_copy_ring_kernel<false, true, 24, 1>;
+  if (r.min_blocks == 3) return stream_copy_ring_kernel<false, false, 8, 3>;
+  if (r.min_blocks == 2) return stream_copy_ring_kernel<false, false, 12, 2>;
+  return stream_copy_ring_kernel<false, false, 24, 1>;
 }
 
 using BulkKernel = void (*)(const uint8_t*, uint8_t*, int64_t);
@@ -225,18 +252,14 @@ StreamCopyVariant stream_copy_variant(int index) {
     throw detail::Failure(DIFUSE_ERR_INVALID_ARGUMENT, "stream_copy: variant " + std::to_string(index) +
                                                            " outside [0, " + std::to_string(kVariants) + ")");
   if (index >= kVectorVariants + 4) {
-    const int r = index - kVectorVariants - 4;
-    return {0,
-            32 + 32 * kRingWarps,
-            true,
-            false,
-            0,
-            kRingRowBytes[r],
-            kRingBulkStore[r],
-            kRingGrab[r].most > 0 ? kRingGrab[r].most : 0,
-            kRingGrab[r].least != kRingGrab[r].most,
-            kRingGrab[r].most > 0 && kRingGrab[r].first == 0,
-            kRingProducerLanes[r]};
+    const RingVariant& r = kRings[index - kVectorVariants - 4];
+    StreamCopyVariant v{0, 32 + 32 * r.warps, r.rows_per_block == 0, false, 0, r.row_bytes, r.bulk_store};
+    v.ring_grab = r.grab.most;
+    v.ring_guided = r.grab.least != r.grab.most;
+    v.ring_grab_all = r.grab.most > 0 && r.grab.first == 0;
+    v.ring_producer_lanes = r.lanes;
+    v.ring_rows_per_block = r.rows_per_block;
+    return v;
   }
   if (index >= kVectorVariants) return {0, 32, false, false, kBulkChunks[index - kVectorVariants]};
   return {kUnrolls[index % 4], kThreads[(index / 4) % 4], (index / 16) % 2 == 1, index / 32 == 1, 0};
@@ -245,11 +268,12 @@ StreamCopyVariant stream_copy_variant(int index) {
 std::string stream_copy_variant_name(int index) {
   const StreamCopyVariant v = stream_copy_variant(index);
   if (v.ring_row_bytes > 0)
-    return "ring" + std::to_string(v.ring_row_bytes) + "_w" + std::to_string(kRingWarps) +
+    return "ring" + std::to_string(v.ring_row_bytes) + "_w" + std::to_string((v.threads_per_block - 32) / 32) +
            (v.ring_bulk_store ? "_bulk" : "_stg") +
            (v.ring_grab == 0 ? "" : v.ring_guided ? "_guided" : "_grab" + std::to_string(v.ring_grab)) +
            (v.ring_grab_all ? "_all" : "") +
-           (v.ring_producer_lanes > 1 ? "_p" + std::to_string(v.ring_producer_lanes) : "");
+           (v.ring_producer_lanes > 1 ? "_p" + std::to_string(v.ring_producer_lanes) : "") +
+           (v.ring_rows_per_block > 0 ? "_r" + std::to_string(v.ring_rows_per_block) : "");
   if (v.bulk_bytes > 0) return "bulk" + std::to_string(v.bulk_bytes) + "_t32_onepass";
   return "u" + std::to_string(v.vectors_per_thread) + "_t" + std::to_string(v.threads_per_block) +
          (v.resident_grid ? "_resident" : "_onepass") + (v.evict_first ? "_evict_first" : "_default");
@@ -272,25 +296,31 @@ void stream_copy(void* dst, const void* src, int64_t nbytes, int index, cudaStre
 
   const StreamCopyVariant v = stream_copy_variant(index);
   if (v.ring_row_bytes > 0) {
-    using RingKernel = void (*)(const uint8_t*, uint8_t*, int64_t, int, int, norm::StreamGrab, int);
-    const int k = v.ring_bulk_store ? 1 : v.ring_grab == 0 ? 0 : 2;
-    constexpr RingKernel kernels[] = {stream_copy_ring_kernel<false, false>, stream_copy_ring_kernel<true, false>,
-                                      stream_copy_ring_kernel<false, true>};
-    const RingKernel kernel = kernels[k];
-    static std::atomic<int> budgets[3][64];
-    static std::atomic<uint64_t> opted_in[3], carveout_set[3];
+    const int ri = index - kVectorVariants - 4;
+    const RingVariant& r = kRings[ri];
+    const RingKernel kernel = pick_ring(r);
+    static std::atomic<int> budgets[kRingVariants][64];  // 0: not read yet
+    static std::atomic<uint64_t> opted_in[kRingVariants], carveout_set[kRingVariants];
     int device = 0;
     DIFUSE_CUDA_CHECK(cudaGetDevice(&device));
-    const int budget = norm::stream_smem_budget(kernel, device, budgets[k]);
-    const int slots = std::min(kRingMaxSlots, budget / v.ring_row_bytes);
-    const int64_t rows = (nbytes + v.ring_row_bytes - 1) / v.ring_row_bytes;
-    const int warps = std::min(kRingWarps, slots);
-    norm::opt_in_shared_memory(kernel, device, budget, opted_in[k]);
-    norm::prefer_max_shared_carveout(kernel, device, carveout_set[k]);
-    const int64_t blocks = std::min<int64_t>(detail::sm_count(device), rows);
-    kernel<<<static_cast<unsigned>(blocks), 32 + 32 * warps, static_cast<size_t>(slots) * v.ring_row_bytes, stream>>>(
-        static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), nbytes, v.ring_row_bytes, slots,
-        kRingGrab[index - kVectorVariants - 4], norm::stream_producer_lanes(v.ring_producer_lanes, slots, warps));
+    int budget = norm::stream_smem_budget(kernel, device, budgets[ri]);
+    if (r.min_blocks > 1) {  // a share of the SM's shared memory (each block also keeps 1 KB reserved, and its static)
+      int per_sm = 0;
+      DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&per_sm, cudaDevAttrMaxSharedMemoryPerMultiprocessor, device));
+      cudaFuncAttributes attr{};
+      DIFUSE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
+      budget = std::min(budget, per_sm / r.min_blocks - 1024 - static_cast<int>(attr.sharedSizeBytes));
+    }
+    const int slots = std::min(kRingMaxSlots, budget / r.row_bytes);
+    const int64_t rows = (nbytes + r.row_bytes - 1) / r.row_bytes;
+    const int warps = std::min(r.warps, slots);
+    norm::opt_in_shared_memory(kernel, device, budget, opted_in[ri]);
+    norm::prefer_max_shared_carveout(kernel, device, carveout_set[ri]);
+    const int64_t blocks = r.rows_per_block > 0 ? (rows + r.rows_per_block - 1) / r.rows_per_block
+                                                : std::min<int64_t>(detail::sm_count(device), rows);
+    kernel<<<static_cast<unsigned>(blocks), 32 + 32 * warps, static_cast<size_t>(slots) * r.row_bytes, stream>>>(
+        static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), nbytes, r.row_bytes, slots, r.grab,
+        norm::stream_producer_lanes(r.lanes, slots, warps), r.rows_per_block);
     DIFUSE_CUDA_CHECK(cudaGetLastError());
     return;
   }

@@ -25,6 +25,7 @@ struct StreamCopyVariant {
   bool ring_guided = false;    // ring_grab > 0: grabs shrink as the rows run out (else all of ring_grab rows)
   bool ring_grab_all = false;  // ring_grab > 0: every grab from the counter (else each block's first grab static)
   int ring_producer_lanes = 1;  // ring variants, strided rows: lanes of the producer warp issuing copies together
+  int64_t ring_rows_per_block = 0;  // ring variants: > 0, one pass of blocks of this many rows (else resident blocks)
 };
 
 int stream_copy_variant_count();

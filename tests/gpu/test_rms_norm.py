@@ -212,7 +212,7 @@ def test_batched_stream_variant(batched):
 @pytest.mark.parametrize("warps,blocks,fence,bulk,grab",
                          [("1", "", "", "", ""), ("5", "2", "", "", ""), ("1", "", "0", "", ""), ("5", "2", "0", "", ""),
                           ("1", "", "", "1", ""), ("5", "2", "", "1", ""), ("1", "", "", "", "8,2,32,2"),
-                          ("5", "2", "", "", "3,1,5,1"), ("1", "", "", "", "p4"), ("5", "2", "", "1", "p3")],
+                          ("5", "2", "", "", "3/1/5/1"), ("1", "", "", "", "p4"), ("5", "2", "", "1", "p3")],
                          ids=str)
 def test_streamed_variant(warps, blocks, fence, bulk, grab):
     """DIFUSE_RMS_STREAMED=G (read once per process): rows wider than 128 with N % 8 == 0 and 16-byte aligned rows on
