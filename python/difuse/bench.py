@@ -385,13 +385,13 @@ def stream_copy_calls(pairs, variant: int):
 
 
 def stream_time_us(nbytes: int, sets: int, reps: int, warmup: int = 10) -> tuple[float, str]:
-    """(µs, variant): the fastest of libdifuse's streaming copy kernels (src/probe/stream_copy.cu, 84 variants:
+    """(µs, variant): the fastest of libdifuse's streaming copy kernels (src/probe/stream_copy.cu, 88 variants:
     vectors per thread, block size, one-pass or resident grid, cache policy; bulk copies of 4-32 KB chunks; and the
     streamed norms' ring schedule without arithmetic, rows strided, taken from a grid-wide counter or in one pass of
-    blocks of contiguous rows) moving `nbytes` (half read, half
+    blocks of contiguous rows; warps each with its own slots and rows) moving `nbytes` (half read, half
     written), rotating over `sets` buffer pairs like the op's inputs, in this harness (time_calls). Every variant
     is timed with STREAM_SCREEN_REPS calls, then the fastest again with `reps`: the time returned is that second
-    measurement, so picking one of 84 does not also pick its luckiest samples. What a kernel that only moves those
+    measurement, so picking one of 88 does not also pick its luckiest samples. What a kernel that only moves those
     bytes needs at that size: a bound below it is below every kernel's reach here. The copy is checked."""
     import torch
 

@@ -89,7 +89,20 @@ constexpr RingVariant kRings[] = {
 constexpr int kRingVariants = sizeof(kRings) / sizeof(kRings[0]);
 constexpr int kRingMaxSlots = 48;  // and their ring's most slots
 constexpr int kRingMaxVectors = 6144 / 16 / 32;  // 16-byte vectors per lane of the widest ring row
-constexpr int kVariants = kVectorVariants + 4 + kRingVariants;
+// Warp rings (twenty-first session, after the last H200 call; CPU-built only): no producer warp and no shared ring.
+// Each warp owns kWarpSlots slots of its own and a run of `rows_per_warp` contiguous rows; its lane 0 keeps up to
+// kWarpSlots row copies in flight (a bulk copy per row into the warp's next slot, completing on that slot's
+// mbarrier) while the warp reads the oldest landed row into registers and stores it. 8 warps per block, one pass
+// (the hardware hands out blocks as others retire; 48 KB of slots per block at 3 KB rows and 2 slots: 4 blocks per SM).
+// The question: is a schedule without the resident ring's single producer nearer the one-pass copy's 50.6 us at 201 MB?
+struct WarpRingVariant {
+  int row_bytes, slots, rows_per_warp;  // row_bytes <= 3072 (kWarpRingMaxVectors)
+};
+constexpr WarpRingVariant kWarpRings[] = {{3072, 2, 4}, {3072, 2, 8}, {3072, 2, 16}, {3072, 3, 8}};
+constexpr int kWarpRingVariants = sizeof(kWarpRings) / sizeof(kWarpRings[0]);
+constexpr int kWarpRingWarps = 8;
+constexpr int kWarpRingMaxSlots = 3;
+constexpr int kVariants = kVectorVariants + 4 + kRingVariants + kWarpRingVariants;
 
 template <int U, bool CS>
 __global__ void __launch_bounds__(1024) stream_copy_kernel(const uint4* __restrict__ src, uint4* __restrict__ dst,
@@ -206,6 +219,56 @@ __global__ void __launch_bounds__(32 + 32 * MAXW, MINB)
   }
 }
 
+// Warp w of block b copies rows [(b W + w) R, (b W + w + 1) R) through its `slots` slots (see kWarpRings). Each slot's
+// uses are all this warp's, in order, so one mbarrier per slot and the use's parity are unambiguous.
+constexpr int kWarpRingMaxVectors = 3072 / 16 / 32;  // 16-byte vectors per lane of a warp ring's rows (<= 3072 B)
+__global__ void __launch_bounds__(32 * kWarpRingWarps)
+    stream_copy_warp_ring_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t nbytes,
+                                 int row_bytes, int slots, int rows_per_warp) {
+  extern __shared__ uint4 warp_slots[];
+  __shared__ uint64_t full[kWarpRingWarps * kWarpRingMaxSlots];
+  const int w = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
+  const int V = row_bytes / 16;
+  const int64_t rows = (nbytes + row_bytes - 1) / row_bytes;
+  const int64_t begin = (int64_t(blockIdx.x) * kWarpRingWarps + w) * rows_per_warp;
+  const int64_t end = begin + rows_per_warp < rows ? begin + rows_per_warp : rows;
+  uint4* const mine = warp_slots + static_cast<int64_t>(w) * slots * V;
+  uint64_t* const bars = full + w * kWarpRingMaxSlots;
+  if (lane == 0) {
+    for (int k = 0; k < slots; ++k) detail::mbar_init(&bars[k], 1);
+    detail::fence_mbarrier_init();
+  }
+  __syncwarp();
+  const auto issue = [&](int64_t row, int k) {
+    const int64_t left = nbytes - row * row_bytes;
+    const uint32_t bytes = static_cast<uint32_t>(left < row_bytes ? left : row_bytes);
+    detail::mbar_arrive_expect_tx(&bars[k], bytes);
+    detail::bulk_load(mine + static_cast<int64_t>(k) * V, src + row * row_bytes, bytes, &bars[k]);
+  };
+  if (lane == 0)
+    for (int k = 0; k < slots && begin + k < end; ++k) issue(begin + k, k);
+  int k = 0;
+  uint32_t use = 0;
+  for (int64_t row = begin; row < end; ++row) {
+    detail::mbar_wait(&bars[k], use & 1u);
+    const int64_t left = nbytes - row * row_bytes;
+    const int n = static_cast<int>(left < row_bytes ? left : row_bytes) / 16;
+    const uint4* sx = mine + static_cast<int64_t>(k) * V;
+    uint4* const d = reinterpret_cast<uint4*>(dst + row * row_bytes);
+    uint4 v[kWarpRingMaxVectors];
+#pragma unroll
+    for (int u = 0; u < kWarpRingMaxVectors; ++u)
+      if (lane + 32 * u < n) v[u] = sx[lane + 32 * u];
+    detail::fence_proxy_async_smem();  // this warp's reads of the slot before the copy engine refills it
+    __syncwarp();
+    if (lane == 0 && row + slots < end) issue(row + slots, k);
+#pragma unroll
+    for (int u = 0; u < kWarpRingMaxVectors; ++u)
+      if (lane + 32 * u < n) d[lane + 32 * u] = v[u];
+    if (++k == slots) k = 0, ++use;
+  }
+}
+
 using RingKernel = void (*)(const uint8_t*, uint8_t*, int64_t, int, int, norm::StreamGrab, int, int64_t);
 
 RingKernel pick_ring(const RingVariant& r) {
@@ -251,6 +314,14 @@ StreamCopyVariant stream_copy_variant(int index) {
   if (index < 0 || index >= kVariants)
     throw detail::Failure(DIFUSE_ERR_INVALID_ARGUMENT, "stream_copy: variant " + std::to_string(index) +
                                                            " outside [0, " + std::to_string(kVariants) + ")");
+  if (index >= kVectorVariants + 4 + kRingVariants) {
+    const WarpRingVariant& r = kWarpRings[index - kVectorVariants - 4 - kRingVariants];
+    StreamCopyVariant v{0, 32 * kWarpRingWarps, false, false, 0};
+    v.warp_ring_row_bytes = r.row_bytes;
+    v.warp_ring_slots = r.slots;
+    v.warp_ring_rows = r.rows_per_warp;
+    return v;
+  }
   if (index >= kVectorVariants + 4) {
     const RingVariant& r = kRings[index - kVectorVariants - 4];
     StreamCopyVariant v{0, 32 + 32 * r.warps, r.rows_per_block == 0, false, 0, r.row_bytes, r.bulk_store};
@@ -274,6 +345,9 @@ std::string stream_copy_variant_name(int index) {
            (v.ring_grab_all ? "_all" : "") +
            (v.ring_producer_lanes > 1 ? "_p" + std::to_string(v.ring_producer_lanes) : "") +
            (v.ring_rows_per_block > 0 ? "_r" + std::to_string(v.ring_rows_per_block) : "");
+  if (v.warp_ring_row_bytes > 0)
+    return "wring" + std::to_string(v.warp_ring_row_bytes) + "_s" + std::to_string(v.warp_ring_slots) + "_r" +
+           std::to_string(v.warp_ring_rows);
   if (v.bulk_bytes > 0) return "bulk" + std::to_string(v.bulk_bytes) + "_t32_onepass";
   return "u" + std::to_string(v.vectors_per_thread) + "_t" + std::to_string(v.threads_per_block) +
          (v.resident_grid ? "_resident" : "_onepass") + (v.evict_first ? "_evict_first" : "_default");
@@ -295,6 +369,24 @@ void stream_copy(void* dst, const void* src, int64_t nbytes, int index, cudaStre
   if (!s.ok()) throw detail::Failure(DIFUSE_ERR_INVALID_ARGUMENT, s.message("stream_copy"));
 
   const StreamCopyVariant v = stream_copy_variant(index);
+  if (v.warp_ring_row_bytes > 0) {
+    static std::atomic<uint64_t> opted_in, carveout_set;
+    int device = 0;
+    DIFUSE_CUDA_CHECK(cudaGetDevice(&device));
+    const int smem = kWarpRingWarps * v.warp_ring_slots * v.warp_ring_row_bytes;
+    norm::opt_in_shared_memory(stream_copy_warp_ring_kernel, device, kWarpRingWarps * kWarpRingMaxSlots * 6144,
+                               opted_in);
+    norm::prefer_max_shared_carveout(stream_copy_warp_ring_kernel, device, carveout_set);
+    const int64_t rows = (nbytes + v.warp_ring_row_bytes - 1) / v.warp_ring_row_bytes;
+    const int64_t per_block = int64_t{kWarpRingWarps} * v.warp_ring_rows;
+    stream_copy_warp_ring_kernel<<<static_cast<unsigned>((rows + per_block - 1) / per_block), 32 * kWarpRingWarps,
+                                   static_cast<size_t>(smem), stream>>>(static_cast<const uint8_t*>(src),
+                                                                        static_cast<uint8_t*>(dst), nbytes,
+                                                                        v.warp_ring_row_bytes, v.warp_ring_slots,
+                                                                        v.warp_ring_rows);
+    DIFUSE_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   if (v.ring_row_bytes > 0) {
     const int ri = index - kVectorVariants - 4;
     const RingVariant& r = kRings[ri];

@@ -26,6 +26,8 @@ struct StreamCopyVariant {
   bool ring_grab_all = false;  // ring_grab > 0: every grab from the counter (else each block's first grab static)
   int ring_producer_lanes = 1;  // ring variants, strided rows: lanes of the producer warp issuing copies together
   int64_t ring_rows_per_block = 0;  // ring variants: > 0, one pass of blocks of this many rows (else resident blocks)
+  int warp_ring_row_bytes = 0;  // > 0: a warp ring instead (each warp its own slots and contiguous rows, no producer)
+  int warp_ring_slots = 0, warp_ring_rows = 0;  // warp rings: slots per warp, rows per warp
 };
 
 int stream_copy_variant_count();

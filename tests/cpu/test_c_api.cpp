@@ -567,13 +567,13 @@ TEST(QkNormRope, RefusesWideHeadsMisalignedRowsAndMissingOutputs) {
 // The streaming-ceiling probe (bench only): its arguments are checked before anything reaches the GPU, every
 // violation listed; its variants have stable names the bench records carry.
 TEST(StreamCopyProbe, ListsEveryViolationWithoutLaunching) {
-  const difuse_status s = difuse_probe_stream_copy(fake(0x1000000008ull), nullptr, 24, 84, nullptr);
+  const difuse_status s = difuse_probe_stream_copy(fake(0x1000000008ull), nullptr, 24, 88, nullptr);
   ASSERT_EQ(s, DIFUSE_ERR_INVALID_ARGUMENT);
   const std::string e = difuse_last_error();
   EXPECT_NE(e.find("src is NULL"), std::string::npos) << e;
   EXPECT_NE(e.find("dst is not 16-byte aligned"), std::string::npos) << e;
   EXPECT_NE(e.find("nbytes = 24 is not a positive multiple of 16"), std::string::npos) << e;
-  EXPECT_NE(e.find("variant 84 outside [0, 84)"), std::string::npos) << e;
+  EXPECT_NE(e.find("variant 88 outside [0, 88)"), std::string::npos) << e;
   EXPECT_EQ(e.find("overlap"), std::string::npos) << e;
   EXPECT_EQ(difuse_probe_stream_copy(fake(0x1000000010ull), fake(0x1000000000ull), 32, 0, nullptr),
             DIFUSE_ERR_INVALID_ARGUMENT);
@@ -584,7 +584,7 @@ TEST(StreamCopyProbe, ListsEveryViolationWithoutLaunching) {
 }
 
 TEST(StreamCopyProbe, VariantNames) {
-  ASSERT_EQ(difuse_probe_stream_copy_variants(), 84);
+  ASSERT_EQ(difuse_probe_stream_copy_variants(), 88);
   EXPECT_STREQ(difuse_probe_stream_copy_variant_name(0), "u1_t128_onepass_default");
   EXPECT_STREQ(difuse_probe_stream_copy_variant_name(6), "u4_t256_onepass_default");
   EXPECT_STREQ(difuse_probe_stream_copy_variant_name(63), "u8_t1024_resident_evict_first");
@@ -606,6 +606,8 @@ TEST(StreamCopyProbe, VariantNames) {
   EXPECT_STREQ(difuse_probe_stream_copy_variant_name(81), "ring3072_w12_stg_p4_r64");
   EXPECT_STREQ(difuse_probe_stream_copy_variant_name(82), "ring3072_w12_stg_r32");
   EXPECT_STREQ(difuse_probe_stream_copy_variant_name(83), "ring3072_w8_stg_r32");
-  EXPECT_EQ(difuse_probe_stream_copy_variant_name(84), nullptr);
+  EXPECT_STREQ(difuse_probe_stream_copy_variant_name(84), "wring3072_s2_r4");
+  EXPECT_STREQ(difuse_probe_stream_copy_variant_name(87), "wring3072_s3_r8");
+  EXPECT_EQ(difuse_probe_stream_copy_variant_name(88), nullptr);
   EXPECT_EQ(difuse_probe_stream_copy_variant_name(-1), nullptr);
 }
