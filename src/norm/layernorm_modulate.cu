@@ -79,8 +79,8 @@
 // gpu-tests-26d5552.json); GRLN 1x4096x3072 38.7 us (39.6 at d3185fc; predicted ~37), 2x4096x1536 40.0 (42.0),
 // layernorm_modulate_fp32 1x32760x5120 212.2 (213.7), the rest within 1 % (ops.json at 26d5552).
 // Twenty-first session (846df26): the streamed kernels' ring has two `full` mbarriers per slot (norm/stream_rows.cuh:
-// one let a consumer read a slot early where the slots are not a multiple of the groups, e.g. 37 slots for 24
-// one-warp groups at H = 3072, and the probe's ring of that shape hung); their arithmetic is unchanged, and their
+// one let a consumer read a slot early where the slots are not a multiple of the groups, e.g. about 36 slots for 24
+// one-warp groups at H = 3072, and the probe's 37-slot ring hung); their arithmetic is unchanged, and their
 // exactness with it has not yet been through the whole GPU suite. DIFUSE_STREAM_PRODUCER_LANES (knob) since fc63727.
 // Since the seventeenth session, gated_residual_layernorm_modulate's many rows (>= 4096, H <= 3584, h, a, out and the
 // residual 16-byte aligned, H % 8 == 0, [B, H] gate, scale and shift rows of 8-byte words, B <= 2) take the streamed

@@ -37,7 +37,11 @@
 // copy. ring6144_w24_stg (37 slots, 24 warps) hung at 47d0889 (one `full` barrier per slot: norm/stream_rows.cuh);
 // with two it ran at 846df26. Every variant copies exactly at 918066b and 47d0889 (gpu-tests-*.json); memcheck and
 // racecheck of the smoke test's probe case (every variant) clean at dc1ac5a (sanitizer-knobs-dc1ac5a.txt: the
-// grabbed variants of that commit).
+// grabbed variants of that commit). Written after the last H200 call of that session, CPU-built only, not yet run:
+// variants 79-83, one pass of blocks of 128, 64 or 32 contiguous rows at 1-3 blocks per SM (bfef2d5's forms on the
+// fixed protocol), and 84-87, warp rings (stream_copy_warp_ring_kernel: each warp its own slots and rows). The
+// grabbed variants take their counter from core/grab_counter.h like the streamed norms (until then a __device__
+// global of this file).
 #include "probe/stream_copy.h"
 
 #include <cuda_runtime.h>
@@ -48,6 +52,7 @@
 #include "core/bulk_copy.cuh"
 #include "core/device.h"
 #include "core/error.h"
+#include "core/grab_counter.h"
 #include "norm/row_staging.cuh"
 #include "norm/stream_rows.cuh"
 
@@ -148,9 +153,6 @@ __global__ void __launch_bounds__(32) stream_copy_bulk_kernel(const uint8_t* __r
   detail::bulk_wait_reads();
 }
 
-// The grid's row counter of the GRAB ring variants (norm::StreamGrabCounter; probe launches are stream-ordered).
-__device__ norm::StreamGrabCounter ring_counter{0, 0, 0};
-
 // The ring variants: rows of row_bytes (the last one shorter, a multiple of 16). !GRAB: rows_per_block 0, row r in
 // block r % gridDim.x's ring (the streamed norms' schedule); rows_per_block R > 0, block b's rows [b R, (b + 1) R).
 // GRAB: each block's producer takes its next rows from the grid's counter whenever it has filled the previous ones
@@ -158,7 +160,8 @@ __device__ norm::StreamGrabCounter ring_counter{0, 0, 0};
 template <bool BULK_STORE, bool GRAB, int MAXW, int MINB>
 __global__ void __launch_bounds__(32 + 32 * MAXW, MINB)
     stream_copy_ring_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t nbytes, int row_bytes,
-                            int slots, norm::StreamGrab grab, int producer_lanes, int64_t rows_per_block) {
+                            int slots, norm::StreamGrab grab, norm::StreamGrabCounter* counter, int producer_lanes,
+                            int64_t rows_per_block) {
   extern __shared__ uint4 ring_slots[];
   __shared__ uint64_t full[2 * kRingMaxSlots], empty[kRingMaxSlots];
   __shared__ int64_t slot_row[GRAB ? kRingMaxSlots : 1];
@@ -179,7 +182,7 @@ __global__ void __launch_bounds__(32 + 32 * MAXW, MINB)
     };
     if constexpr (GRAB) {
       if (threadIdx.x == 0)
-        norm::stream_produce_grabbed(rows, grab, slots, groups, full, empty, slot_row, &ring_counter, issue);
+        norm::stream_produce_grabbed(rows, grab, slots, groups, full, empty, slot_row, counter, issue);
     } else if (static_cast<int>(threadIdx.x) < producer_lanes) {
       norm::stream_produce_rows(begin, end, stride, slots, full, empty, issue, producer_lanes);
     }
@@ -269,7 +272,8 @@ __global__ void __launch_bounds__(32 * kWarpRingWarps)
   }
 }
 
-using RingKernel = void (*)(const uint8_t*, uint8_t*, int64_t, int, int, norm::StreamGrab, int, int64_t);
+using RingKernel = void (*)(const uint8_t*, uint8_t*, int64_t, int, int, norm::StreamGrab, norm::StreamGrabCounter*,
+                            int, int64_t);
 
 RingKernel pick_ring(const RingVariant& r) {
   if (r.bulk_store) return stream_copy_ring_kernel<true, false, 24, 1>;
@@ -410,8 +414,12 @@ void stream_copy(void* dst, const void* src, int64_t nbytes, int index, cudaStre
     norm::prefer_max_shared_carveout(kernel, device, carveout_set[ri]);
     const int64_t blocks = r.rows_per_block > 0 ? (rows + r.rows_per_block - 1) / r.rows_per_block
                                                 : std::min<int64_t>(detail::sm_count(device), rows);
+    norm::StreamGrabCounter* counter = nullptr;  // the grabbed variants': the streamed norms' counters (grab_counter.h)
+    if (r.grab.most > 0 && (counter = detail::grab_counter(device, stream)) == nullptr)
+      throw detail::Failure(DIFUSE_ERR_UNSUPPORTED, "stream_copy: variant " + stream_copy_variant_name(index) +
+                                                        " needs a row counter and none is free (see the log)");
     kernel<<<static_cast<unsigned>(blocks), 32 + 32 * warps, static_cast<size_t>(slots) * r.row_bytes, stream>>>(
-        static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), nbytes, r.row_bytes, slots, r.grab,
+        static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), nbytes, r.row_bytes, slots, r.grab, counter,
         norm::stream_producer_lanes(r.lanes, slots, warps), r.rows_per_block);
     DIFUSE_CUDA_CHECK(cudaGetLastError());
     return;
