@@ -53,10 +53,13 @@ struct Cursor {  // a producer lane's or consumer group's next fill, as the kern
   uint32_t use = 0;
   int64_t fill = 0;
   bool holding = false;  // consumers: read the slot, not released yet
+  bool waited = false;   // producer lanes in step: its `empty` wait passed, its copy not issued yet
 };
 
-// Runs one random schedule; returns "" or what went wrong. lockstep: a producer lane starts its step n + 1 only
-// once every lane has finished step n (stream_produce's __syncwarp); else the lanes run freely.
+// Runs one random schedule; returns "" or what went wrong. lockstep: as stream_produce_rows runs its lanes, a lane
+// starts step n + 1 only once every lane has finished step n, and within a step it issues its copy only once every
+// lane has passed its `empty` wait (the two __syncwarps; one lane waits and issues as one step); else the lanes run
+// freely (wait and issue as one step).
 std::string run(const Scheme& scheme, int slots, int groups, int lanes, int64_t fills, uint64_t seed,
                 bool lockstep = true) {
   std::mt19937_64 rng(seed);
@@ -69,6 +72,7 @@ std::string run(const Scheme& scheme, int slots, int groups, int lanes, int64_t 
   std::vector<Copy> flying;
   std::vector<int64_t> reads(static_cast<size_t>(fills), 0);
   std::vector<Cursor> producers(lanes), consumers(groups);
+  const bool split = lockstep && lanes > 1;  // one lane waits and issues as one step (stream_produce_rows' lanes == 1)
   for (int j = 0; j < lanes; ++j) {  // lane j: fills j, j + lanes, ... (stream_produce)
     producers[j].fill = j;
     producers[j].s = j % slots;
@@ -87,8 +91,17 @@ std::string run(const Scheme& scheme, int slots, int groups, int lanes, int64_t 
       bool behind = false;  // another lane has not finished this lane's previous step
       for (int i = 0; lockstep && i < lanes; ++i)
         behind |= producers[i].fill < fills && producers[i].fill < p.fill - j + i;
-      if (p.fill < fills && !behind && (p.use == 0 || empty[p.s].try_wait(stream_empty_parity(p.use))))
+      if (p.fill >= fills || behind) continue;
+      if (split && p.waited) {  // its copy, once every lane of the step has waited (or has no fill in it)
+        bool all_waited = true;
+        for (int i = 0; i < lanes; ++i) {
+          const int64_t fi = p.fill - j + i;
+          all_waited &= fi >= fills || producers[i].fill > fi || producers[i].waited;
+        }
+        if (all_waited) ready.push_back(j);
+      } else if (p.use == 0 || empty[p.s].try_wait(stream_empty_parity(p.use))) {
         ready.push_back(j);
+      }
     }
     for (int c = 0; c < groups; ++c) {
       const Cursor& k = consumers[c];
@@ -98,8 +111,11 @@ std::string run(const Scheme& scheme, int slots, int groups, int lanes, int64_t 
     for (size_t i = 0; i < flying.size(); ++i) ready.push_back(lanes + groups + static_cast<int>(i));
     if (ready.empty()) break;
     const int a = ready[std::uniform_int_distribution<size_t>(0, ready.size() - 1)(rng)];
-    if (a < lanes) {  // issue the copy of this lane's fill
+    if (a < lanes && split && !producers[a].waited) {  // this lane's `empty` wait passed
+      producers[a].waited = true;
+    } else if (a < lanes) {  // issue the copy of this lane's fill
       Cursor& p = producers[a];
+      p.waited = false;
       const int bar = scheme.index(p.s, p.use);
       full[bar].arrive_expect_tx(1);
       content[p.s] = -1;

@@ -659,6 +659,17 @@ int run_prologues() { return run_joint_prologue(false) + run_joint_prologue(true
 
 int main(int argc, char** argv) {
   const bool quick = argc > 1 && std::string(argv[1]) == "--quick";
+  // --probe-only: the streaming probe's variants alone (a sanitizer check of its rings without the ops' cases)
+  if (argc > 1 && std::string(argv[1]) == "--probe-only") {
+    try {
+      const int f = run_stream_copy_probe();
+      std::printf("%d passed, %d failed\n", 1 - f, f);
+      return f ? 1 : 0;
+    } catch (const std::exception& e) {
+      std::fprintf(stderr, "exception: %s\n", e.what());
+      return 2;
+    }
+  }
   int fails = 0;
   try {
     fails += run_case(2, 37, 3072, 6, false);  // few rows: four warps per row, the batched epilogue, 16-byte
