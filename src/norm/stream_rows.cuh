@@ -66,13 +66,17 @@ __device__ __forceinline__ void stream_init_barriers(uint64_t* full, uint64_t* e
 // the producer warp (lanes = 1, the defaults) or by its lanes 0 .. lanes - 1 together (twenty-first session; lanes
 // from stream_producer_lanes): lane j makes fills j, j + lanes, ... (slot k % slots, use k / slots, as one lane
 // would), one step of `lanes` fills at a time, and the lanes wait for each other after each step (__syncwarp): in
-// the CPU model of the protocol free-running lanes race. Within a step every lane passes its `empty` wait before any
-// lane issues its copy (a second __syncwarp; twenty-second session): ptxas issues the lanes' bulk copies as one
-// uniform UBLKCP per lane in an ELECT loop that the whole warp runs (SASS: ELECT, R2UR, UBLKCP, BRA.U.ANY), and
-// compute-sanitizer's racecheck attributes each of them to lane 0, whose own wait was on another slot: with lanes = 4
-// it reported lane 0's copies as racing the consumers' reads and writes of the slot (H200 at 97817d7: WAW in
-// grln_streamed_rows, WAR in the probe's ring; sanitizer-knobs-97817d7.log). With the barrier every lane's acquire
-// is ordered before every copy of the step, whichever lane the copy is counted to. Why: at 3 KB rows one lane's loop (~50 SASS instructions of
+// the CPU model of the protocol free-running lanes race. Within a step every lane waits on the `empty` barriers of
+// all the step's fills, not only its own, before it issues its copy (twenty-second session): ptxas issues the lanes'
+// bulk copies as one uniform UBLKCP per lane in an ELECT loop that the whole warp runs (SASS: ELECT, R2UR, UBLKCP,
+// BRA.U.ANY), and compute-sanitizer's racecheck counts each of them to lane 0, whose own wait was on another slot:
+// with lanes = 4 it reported lane 0's copies as racing the consumers' reads and writes of the slot (H200 at 97817d7:
+// WAW in grln_streamed_rows, WAR in the probe's ring; racecheck-97817d7.log). A __syncwarp between the waits and
+// the copies alone did not help (9a34777: racecheck does not order lanes through it). With every lane's own acquire
+// of every slot of the step, a copy is ordered after its slot's release whichever lane it is counted to; the waits
+// of the slots already released cost a few instructions per fill. The __syncwarp between the waits and the copies
+// stays: without it a lane still waiting on a slot whose copy another lane already issued could find that slot's
+// `empty` barrier a phase further on and wait forever (the CPU model deadlocks so). Why: at 3 KB rows one lane's loop (~50 SASS instructions of
 // dependent scalar work and mbarrier operations per row) is near the ~0.2 us per row a block must sustain at
 // 1x32760x1536 (the probe's ring at 201 MB: 58.4 us with one lane, 56.6 with 4, 56.3 with 8; stream-variants-846df26.json).
 template <class Issue>
@@ -90,14 +94,20 @@ __device__ __forceinline__ void stream_produce_rows(int64_t begin, int64_t end, 
   }
   const int j = static_cast<int>(threadIdx.x) & 31;
   const unsigned mask = lanes >= 32 ? 0xffffffffu : (1u << lanes) - 1u;
-  int s = j % slots;
-  uint32_t use = static_cast<uint32_t>(j / slots);
+  int s0 = 0;         // the step's first fill: slot s0,
+  uint32_t use0 = 0;  // use use0
   for (int64_t first = begin; first < end; first += lanes * stride) {  // the same steps for every lane
+    int s = s0, mine_s = s0;
+    uint32_t use = use0, mine_use = use0;
+    for (int i = 0; i < lanes; ++i) {  // every lane waits for every fill of the step (see above)
+      if (first + i * stride < end && use > 0) detail::mbar_wait(&empty[s], stream_empty_parity(use));
+      if (i == j) mine_s = s, mine_use = use;
+      stream_advance(s, use, 1, slots);
+    }
+    __syncwarp(mask);  // every lane's waits before any lane's copy (see above)
     const int64_t row = first + j * stride;
-    if (row < end && use > 0) detail::mbar_wait(&empty[s], stream_empty_parity(use));
-    __syncwarp(mask);  // every lane's wait before any lane's copy (see above)
-    if (row < end) issue(row, s, stream_full_bar(full, s, use));
-    stream_advance(s, use, lanes, slots);
+    if (row < end) issue(row, mine_s, stream_full_bar(full, mine_s, mine_use));
+    s0 = s, use0 = use;
     __syncwarp(mask);
   }
 }
