@@ -165,6 +165,11 @@ stage_sanitizer() {
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2 \
         compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
+      echo "memcheck and racecheck with 4 producer lanes on every streamed kernel (DIFUSE_STREAM_PRODUCER_LANES=4, DIFUSE_LNMOD_STREAMED=3, DIFUSE_LNMOD_STREAMED_BLOCKS=2, DIFUSE_RMSMOD_STREAMED=5, DIFUSE_RMSMOD_STREAMED_BLOCKS=2, DIFUSE_RMS_STREAMED=5, DIFUSE_RMS_STREAMED_BLOCKS=2):" &&
+      DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2 \
+        compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
+      DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2 \
+        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
       echo "memcheck and racecheck with the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate, GRLN's prefetched a, gelu's pipelined table kernel (DIFUSE_RMS_STAGED_HEADS=1, DIFUSE_RMSD_STAGED_ROWS=1, DIFUSE_RMSMOD_STAGED=1, DIFUSE_LNMOD_PREFETCH_A=1, DIFUSE_GELU_PIPELINED=1):" &&
       DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1 \
         compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
@@ -259,9 +264,11 @@ Registers Per Thread|Block Limit|Warp Cycles Per Issued|Issued Warp Per Schedule
   return $r
 }
 
-# Knob sweeps: each entry of $DIFUSE_SWEEPS (';'-separated) is "VAR=VALUE[,VAR=VALUE...]:op"; bench ops --op op
-# runs with those variables set (read once per process by the launchers; the records' commands name them) into
-# sweeps/<op>-<tag>.json, packed into sweeps.tgz. The default list times the alternatives to each default.
+# Knob sweeps: each entry of $DIFUSE_SWEEPS (';'-separated) is "VAR=VALUE[,VAR=VALUE...]:op[:SHAPE[+SHAPE...]]";
+# bench ops --op op (--shape SHAPE for each one given) runs with those variables set (read once per process by the
+# launchers; the records' commands name them) into sweeps/<op>-<tag>.json (-<tag>-2.json, ... when an entry repeats,
+# so alternating entries time each setting more than once in one run), packed into sweeps.tgz. DIFUSE_NOOP=1 as the
+# variable times the defaults. The default list times the alternatives to each default.
 DEFAULT_SWEEPS="DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=3:qk_norm_rope_flux;\
 DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_flux;DIFUSE_QK_UNSTAGED=1:qk_norm_rope_flux;DIFUSE_QK_PIPELINED=1:qk_norm_rope_flux;\
 DIFUSE_QK_VCOPY=1:qk_norm_rope_flux;DIFUSE_QK_VCOPY=1:qk_norm_rope_qwen;\
@@ -302,12 +309,19 @@ stage_sweep() {
   local entry vars op tag r=0
   mkdir -p "$OUT/sweeps"
   IFS=';' read -ra entries <<<"${DIFUSE_SWEEPS:-$DEFAULT_SWEEPS}"
+  local rest shapes sh out n
+  local -a shape_args
   for entry in "${entries[@]}"; do
-    vars=${entry%%:*}; op=${entry##*:}
+    vars=${entry%%:*}; rest=${entry#*:}; op=${rest%%:*}; shapes=""
+    [ "$rest" != "$op" ] && shapes=${rest#*:}
+    shape_args=()
+    for sh in ${shapes//+/ }; do shape_args+=(--shape "$sh"); done
     tag=$(echo "$vars" | tr ',=' '-_' | tr -d ' ')
-    say "sweep: $vars bench ops --op $op"
+    out="$OUT/sweeps/$op-$tag.json"; n=1
+    while [ -e "$out" ]; do n=$((n + 1)); out="$OUT/sweeps/$op-$tag-$n.json"; done
+    say "sweep: $vars bench ops --op $op ${shape_args[*]}"
     # shellcheck disable=SC2046
-    env $(echo "$vars" | tr ',' ' ') python3 -m difuse bench ops --op "$op" --out "$OUT/sweeps/$op-$tag.json" 2>&1 |
+    env $(echo "$vars" | tr ',' ' ') python3 -m difuse bench ops --op "$op" "${shape_args[@]}" --out "$out" 2>&1 |
       grep -E '^[0-9]+x|mismatch|Error' || r=1
   done
   (cd "$OUT" && tar czf sweeps.tgz sweeps && rm -rf sweeps)

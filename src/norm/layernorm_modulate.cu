@@ -80,8 +80,11 @@
 // layernorm_modulate_fp32 1x32760x5120 212.2 (213.7), the rest within 1 % (ops.json at 26d5552).
 // Twenty-first session (846df26): the streamed kernels' ring has two `full` mbarriers per slot (norm/stream_rows.cuh:
 // one let a consumer read a slot early where the slots are not a multiple of the groups, e.g. about 36 slots for 24
-// one-warp groups at H = 3072, and the probe's 37-slot ring hung); their arithmetic is unchanged, and their
-// exactness with it has not yet been through the whole GPU suite. DIFUSE_STREAM_PRODUCER_LANES (knob) since fc63727.
+// one-warp groups at H = 3072, and the probe's 37-slot ring hung); their arithmetic is unchanged, and they ran exact
+// with it in the whole suite at 97817d7 (tests.json: 3,384 passed, 0 failed, 0 skipped). DIFUSE_STREAM_PRODUCER_LANES
+// (knob) since fc63727; its lanes wait on every fill of their step since 45a2975 (racecheck clean there with lanes =
+// 4, racecheck-knobs-45a2975.log; stream_produce_rows). With 4 lanes GRLN is no faster (knob-sweeps/9a34777/: 34.2 vs
+// 33.7 us at 1x4096x3072, 32.9 vs 32.2 at 2x4096x1536, 51.2 vs 50.1 at 2x4096x2432).
 // Since the seventeenth session, gated_residual_layernorm_modulate's many rows (>= 4096, H <= 3584, h, a, out and the
 // residual 16-byte aligned, H % 8 == 0, [B, H] gate, scale and shift rows of 8-byte words, B <= 2) take the streamed
 // kernel (grln_streamed_rows: one block per SM, a producer

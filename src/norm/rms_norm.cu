@@ -323,6 +323,13 @@ __global__ void __launch_bounds__(128) rms_norm_stream(const Params p) {
 // narrow rows are no nearer the ceiling (layernorm_modulate 1x32760x1536 65.2 us). Exact on the H200 at f8154c5
 // (test_streamed_variant, gpu-tests-f8154c5.json), memcheck and racecheck clean (sanitizer-rms-streamed-f8154c5.txt).
 // Kept for measurement, not the default. DIFUSE_RMS_STREAMED_BLOCKS=N caps the grid (tests: many rows per block).
+// Twenty-second session, one run each at 9a34777 (knob-sweeps/9a34777/, the same machine and rotation; the default
+// was not in that run, 62.3 in ops.json): at 1x32760x1536 with DIFUSE_STREAM_PRODUCER_LANES=1 / 4 / 8: 70.8 / 60.4 /
+// 58.5 us (site bound 59.1). The one-lane figure is 9 us above 918066b's 61.7 for the same knob (that run's copy_us
+// 53.8 against 53.3): not explained by the code (the one-lane producer's path is unchanged but for the two `full`
+// barriers and the lanes' branch beside it) and not yet measured again. 9a34777's multi-lane producer was replaced
+// at 45a2975 (each lane waits on every fill of its step): the 4- and 8-lane figures are to be measured again there
+// before any default changes.
 constexpr int kRmsStreamMaxWarps = 28;  // 32 + 32 x 28 = 928 threads
 constexpr int kRmsStreamDefaultWarps = 24;
 constexpr int kRmsStreamMaxSlots = 48;

@@ -37,11 +37,16 @@
 // copy. ring6144_w24_stg (37 slots, 24 warps) hung at 47d0889 (one `full` barrier per slot: norm/stream_rows.cuh);
 // with two it ran at 846df26. Every variant copies exactly at 918066b and 47d0889 (gpu-tests-*.json); memcheck and
 // racecheck of the smoke test's probe case (every variant) clean at dc1ac5a (sanitizer-knobs-dc1ac5a.txt: the
-// grabbed variants of that commit). Written after the last H200 call of that session, CPU-built only, not yet run:
-// variants 79-83, one pass of blocks of 128, 64 or 32 contiguous rows at 1-3 blocks per SM (bfef2d5's forms on the
-// fixed protocol), and 84-87, warp rings (stream_copy_warp_ring_kernel: each warp its own slots and rows). The
-// grabbed variants take their counter from core/grab_counter.h like the streamed norms (until then a __device__
-// global of this file).
+// grabbed variants of that commit). Written after the last H200 call of that session: variants 79-83, one pass of
+// blocks of 128, 64 or 32 contiguous rows at 1-3 blocks per SM (bfef2d5's forms on the fixed protocol), and 84-87,
+// warp rings (stream_copy_warp_ring_kernel: each warp its own slots and rows). The grabbed variants take their
+// counter from core/grab_counter.h like the streamed norms (until then a __device__ global of this file).
+// Twenty-second session, at 201 MB (stream-variants-97817d7.json, one run, 3 reps): none of them reaches the
+// one-pass copy (50.5 us). One-pass rings 59.5 (r128) / 55.2 (w12_r64) / 56.6 (w12_p4_r64) / 54.0 (w12_r32) / 55.7
+// (w8_r32), warp rings 54.2 / 54.7 / 55.3 / 55.0, against 57.3 for the strided one-lane ring and 55.0 with 4 lanes.
+// At 50 MB the best ring (ring6144_w24_stg_p4, 16.6) and warp ring (16.7) against 15.5. Every ring and warp ring ran
+// without a hang there, and racecheck of the smoke test's probe case is clean at 45a2975 (racecheck-probe-45a2975.log,
+// after the producer lanes' waits were made per step: norm/stream_rows.cuh).
 #include "probe/stream_copy.h"
 
 #include <cuda_runtime.h>
@@ -94,7 +99,8 @@ constexpr RingVariant kRings[] = {
 constexpr int kRingVariants = sizeof(kRings) / sizeof(kRings[0]);
 constexpr int kRingMaxSlots = 48;  // and their ring's most slots
 constexpr int kRingMaxVectors = 6144 / 16 / 32;  // 16-byte vectors per lane of the widest ring row
-// Warp rings (twenty-first session, after the last H200 call; CPU-built only): no producer warp and no shared ring.
+// Warp rings (twenty-first session, after the last H200 call; first run at 97817d7: 54.2-55.3 us at 201 MB, see
+// above): no producer warp and no shared ring.
 // Each warp owns kWarpSlots slots of its own and a run of `rows_per_warp` contiguous rows; its lane 0 keeps up to
 // kWarpSlots row copies in flight (a bulk copy per row into the warp's next slot, completing on that slot's
 // mbarrier) while the warp reads the oldest landed row into registers and stores it. 8 warps per block, one pass
