@@ -38,6 +38,24 @@ struct RowIndexer {
     return (d0 <= 1 || s0 != 0) && (d1 <= 1 || s1 != 0) && (d2 <= 1 || s2 != 0);
   }
 
+  // The one stride that places rows [0, rows) (offset(r) == r * stride for every r), or -1 where there is none
+  // (0 for a single row). Host only: a kernel whose rows step by it needs no index division per row.
+  int64_t uniform_stride(int64_t rows) const {
+    const int64_t d0 = d1 * d2 > 0 ? rows / (d1 * d2) : 0;
+    const int64_t sizes[3] = {d2, d1, d0}, strides[3] = {s2, s1, s0};  // innermost first
+    int64_t stride = -1, span = 1;  // the stride found so far and the rows it spans
+    for (int k = 0; k < 3; ++k) {
+      if (sizes[k] <= 1) continue;
+      if (stride < 0) {
+        stride = strides[k];
+      } else if (strides[k] != stride * span) {
+        return -1;
+      }
+      span *= sizes[k];
+    }
+    return stride < 0 ? 0 : stride;
+  }
+
   // For indexing rows [0, rows): takes the 32-bit path when rows <= 2^31 - 1 (then d1, d2 < 2^31 too).
   RowIndexer& prepare(int64_t rows) {
     fast = rows > 0 && rows < (int64_t{1} << 31) && d1 >= 1 && d2 >= 1 && d1 < (int64_t{1} << 31) &&

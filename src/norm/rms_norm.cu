@@ -342,12 +342,22 @@ constexpr int kRmsStreamMaxSlots = 48;
 // 1x32760x1536 (knob-sweeps/9da6d1b/), as the probe's ring3072_w24_bulk 58.5 vs ring3072_w24_stg 58.0.
 template <bool BULK_OUT>
 //
+// row_stride (twenty-second session): where one stride places every row of x (RowIndexer::uniform_stride: contiguous
+// x, the chunks of a fused projection), the producer forms row r's address as x + r * row_stride instead of through
+// RowIndexer's two index divisions; -1 elsewhere. Why: the one-lane producer's loop is 188 SASS instructions at
+// 97817d7 against 163 at 918066b and ran 70.8 us against 61.7 at 1x32760x1536 (bench/results/h200/NOTES.md,
+// twenty-second session), where a block must issue a row every ~0.25 us. Written after the session's device time
+// ran out: not yet measured or run on the H200 (predicted: the one-lane figure back near 62 us if the producer's
+// chain is the limit; its uniform path is ~60 SASS instructions per row against ~85 through the divisions). The
+// same address either way, so the same bits; test_rms_norm.py's strided-rows script gains a transposed view (no
+// one stride) so the streamed knob tests still reach the RowIndexer path. CPU test of uniform_stride:
+// tests/cpu/test_fast_div.cpp.
 // GRAB (DIFUSE_STREAM_GRAB, for measurement; twenty-first session): with a counter, the producer takes its rows from
 // it (stream_produce_grabbed) and publishes each slot's row in slot_row; the consumers read their row there and stop
 // at the end mark. Without one, the strided rows as before, issued by DIFUSE_STREAM_PRODUCER_LANES lanes (default 1).
 __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
     rms_norm_streamed(const Params p, int slots, bool read_fence, StreamGrabCounter* counter, StreamGrab grab,
-                      int producer_lanes) {
+                      int producer_lanes, int64_t row_stride) {
   using Map = AtenThreadMap<32, true>;
   constexpr int A = Map::kSlots;  // 4
   extern __shared__ uint4 stream_smem[];  // the weight row (V 8-byte words, where there is one), then the ring
@@ -364,7 +374,8 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
   if (tid < 32) {                                 // the producer warp
     const auto issue = [&](int64_t row, int s, uint64_t* bar) {
       detail::mbar_arrive_expect_tx(bar, row_bytes);
-      detail::bulk_load(ring + static_cast<int64_t>(s) * V, row_ptr(p, row), row_bytes, bar);
+      const uint16_t* const src = row_stride >= 0 ? p.x + row * row_stride : row_ptr(p, row);
+      detail::bulk_load(ring + static_cast<int64_t>(s) * V, src, row_bytes, bar);
     };
     if (counter != nullptr) {
       if (tid == 0) stream_produce_grabbed(p.rows, grab, slots, groups, full, empty, slot_row, counter, issue);
@@ -462,7 +473,7 @@ bool launch_streamed(const Params& p, int knob, int device, cudaStream_t stream)
   StreamGrabCounter* const counter = grab.first > 0 ? detail::grab_counter(device, stream) : nullptr;
   kernel<<<static_cast<unsigned>(l.blocks), l.threads(), static_cast<size_t>(l.slots * slot_bytes + w_bytes), stream>>>(
       p, l.slots, stream_read_fence_knob(), counter, grab,
-      stream_producer_lanes(stream_producer_lanes_knob(), l.slots, l.warps));
+      stream_producer_lanes(stream_producer_lanes_knob(), l.slots, l.warps), p.rows_of.uniform_stride(p.rows));
   return true;
 }
 

@@ -76,6 +76,50 @@ TEST(RowIndexer, PreparedOffsetsEqualTheGeneralPath) {
   EXPECT_FALSE(RowIndexer{}.prepare(0).fast);
 }
 
+TEST(RowIndexer, UniformStrideIsFoundExactlyWhereOneStridePlacesEveryRow) {
+  // random leading dims and strides, many of them laid out so that one stride places every row (contiguous views,
+  // the chunks of a fused projection, size-1 and broadcast dims): uniform_stride(rows) >= 0 iff such a stride exists,
+  // and then offset(r) == r * stride for every r
+  std::mt19937_64 rng(20261204);
+  int uniform = 0, not_uniform = 0;
+  for (int t = 0; t < 4000; ++t) {
+    const int64_t d0 = 1 + static_cast<int64_t>(rng() % 4), d1 = 1 + static_cast<int64_t>(rng() % 5),
+                  d2 = 1 + static_cast<int64_t>(rng() % 6);
+    const int64_t w = 1 + static_cast<int64_t>(rng() % 3) * 64;
+    RowIndexer r;
+    r.d1 = d1;
+    r.d2 = d2;
+    r.s2 = rng() % 5 == 0 ? 0 : w * (1 + static_cast<int64_t>(rng() % 3));
+    r.s1 = rng() % 2 ? r.s2 * d2 : static_cast<int64_t>(rng() % 4) * w;
+    r.s0 = rng() % 2 ? r.s1 * d1 : static_cast<int64_t>(rng() % 4) * w * 7;
+    const int64_t rows = d0 * d1 * d2;
+    // the truth: does offset(r) - offset(0) == r * (offset(1) - offset(0)) for every r?
+    const int64_t step = rows > 1 ? r.offset(1) - r.offset(0) : 0;
+    bool truth = r.offset(0) == 0;
+    for (int64_t i = 0; i < rows; ++i) truth = truth && r.offset(i) == i * step;
+    const int64_t u = r.uniform_stride(rows);
+    ASSERT_EQ(u >= 0, truth) << d0 << "x" << d1 << "x" << d2 << " strides " << r.s0 << " " << r.s1 << " " << r.s2;
+    if (u >= 0) {
+      for (int64_t i = 0; i < rows; ++i) ASSERT_EQ(r.offset(i), i * u) << i;
+      ++uniform;
+    } else {
+      ++not_uniform;
+    }
+  }
+  EXPECT_GT(uniform, 500);  // both outcomes are exercised
+  EXPECT_GT(not_uniform, 500);
+  // a contiguous [2, 4096, 1536] x and a q chunk of a fused [1, 4608, 3 x 3072] projection
+  RowIndexer c;
+  c.d1 = 2, c.d2 = 4096, c.s0 = 2 * 4096 * 1536, c.s1 = 4096 * 1536, c.s2 = 1536;
+  EXPECT_EQ(c.uniform_stride(2 * 4096), 1536);
+  RowIndexer q;
+  q.d2 = 4608, q.s1 = 4608 * 9216, q.s2 = 9216;
+  EXPECT_EQ(q.uniform_stride(4608), 9216);
+  q.s1 = 9216;  // a transposed pair of dims: no one stride
+  q.d1 = 2;
+  EXPECT_EQ(q.uniform_stride(2 * 4608), -1);
+}
+
 TEST(IndexDiv, BothPathsDivideExactly) {
   using difuse::detail::IndexDiv;
   for (int64_t d : {1, 2, 3, 77, 4096, 4429, 32760}) {

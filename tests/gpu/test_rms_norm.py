@@ -167,8 +167,10 @@ def test_staged_rows_variant():
 
 def _strided_rows_script(seed, row_shape):
     """A mismatch script: rms_norm against its eager chain on the q, k, v chunks of a fused [2, 300, 3 * width]
-    projection viewed as rows of row_shape ((width,) or (heads, head_dim)), and on [3, 77, *row_shape] rows placed
-    at element offsets 0 and 4 (8- but not 16-byte aligned) with adversarial values, with and without weight."""
+    projection viewed as rows of row_shape ((width,) or (heads, head_dim)), on a [300, 2, *row_shape] tensor viewed
+    [2, 300, ...] (transposed leading dims: no one stride places its rows, so the kernels index them through
+    RowIndexer), and on [3, 77, *row_shape] rows placed at element offsets 0 and 4 (8- but not 16-byte aligned) with
+    adversarial values, with and without weight."""
     from knob_run import PLACE_ADVERSARIAL, mismatch_script
 
     width = 1
@@ -183,6 +185,8 @@ def _strided_rows_script(seed, row_shape):
         "for part in range(3):\n"
         "    x = qkv[..., part * width:(part + 1) * width].unflatten(-1, rs)\n"
         "    bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
+        "x = torch.randn(300, 2, *rs, device='cuda', dtype=torch.bfloat16, generator=g).transpose(0, 1)\n"
+        "bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
         "for offset in (0, 4):\n"
         "    x = place(torch.randn(3, 77, *rs, device='cuda', dtype=torch.bfloat16, generator=g), offset)\n"
         "    bad += count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
