@@ -1,5 +1,5 @@
-"""scripts/test.sh's GPU branch (the unit tests and torch CPU checks in the background beside the GPU tests, the GPU
-test files in parallel shards whose reports merge), run on this machine with every tool it calls replaced by a stub:
+"""scripts/test.sh's GPU branch (the unit tests and torch CPU checks in the background beside the GPU tests, the knob
+specs among them in shares of their own, the GPU test files in parallel shards whose reports merge), run on this machine with every tool it calls replaced by a stub:
 the branch's control flow and exit status, which CI (no GPU) never reaches. The stubs report a torch with a visible
 GPU, pass or fail on request, write a shard report when asked, and count what ran."""
 import os
@@ -21,7 +21,8 @@ FAKE_PY = r"""#!/usr/bin/env bash
 if [ "$1" = -c ]; then echo 2.11.0; exit 0; fi
 what=gpu
 case "$*" in *torch_cpu*) what=torch_cpu; sleep 0.3 ;; esac
-echo "$what" >>"$STUB_LOG"
+if [ -n "${DIFUSE_KNOB_SPECS_SHARD:-}" ]; then what=knob_specs; fi
+echo "$what${DIFUSE_KNOB_SPECS_SHARD:+:$DIFUSE_KNOB_SPECS_SHARD}" >>"$STUB_LOG"
 if [ $what = gpu ] && [ -n "${DIFUSE_TEST_REPORT:-}" ]; then
   last=$(basename "${@: -1}")
   printf '{"git_sha": "abc", "passed": 11, "failed": 0, "skipped": 0, "cases": [{"id": "%s::c", "outcome": "passed"}]}' \
@@ -29,7 +30,7 @@ if [ $what = gpu ] && [ -n "${DIFUSE_TEST_REPORT:-}" ]; then
 fi
 if [ "${STUB_FAIL:-}" = "$what" ]; then echo "1 failed, 6 passed in 0.1s"; exit 1; fi
 case " $* " in *"/${STUB_FAIL_FILE:-none} "*) echo "1 failed, 10 passed in 0.1s"; exit 1 ;; esac
-case $what in torch_cpu) echo "7 passed in 0.3s" ;; *) echo "11 passed in 0.1s" ;; esac
+case $what in torch_cpu) echo "7 passed in 0.3s" ;; knob_specs) echo "3 passed in 0.3s" ;; *) echo "11 passed in 0.1s" ;; esac
 """
 STUBS = {
     "cmake": "#!/usr/bin/env bash\nexit 0\n",
@@ -72,9 +73,10 @@ class TestScriptGpuBranch(unittest.TestCase):
     def test_a_passing_run_exits_0_and_counts_every_runner(self):
         p, ran, _ = self.run_script()
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-        self.assertEqual(sorted(ran), ["gpu", "gpu", "torch_cpu"])  # two GPU shards
-        # ctest 3 + unittest 2 + GPU 2 x 11 + smoke 5 + torch checks 7
-        self.assertIn("difuse: 39 passed, 0 failed", p.stdout)
+        # two GPU shards; the torch checks, and the knob specs in three interleaved shares of their own
+        self.assertEqual(sorted(ran), ["gpu", "gpu", "knob_specs:0/3", "knob_specs:1/3", "knob_specs:2/3", "torch_cpu"])
+        # ctest 3 + unittest 2 + GPU 2 x 11 + smoke 5 + torch checks 7 + knob specs 3 x 3
+        self.assertIn("difuse: 48 passed, 0 failed", p.stdout)
         self.assertIn("unittest, ran in the background", p.stdout)
         self.assertIn("Meta / fake-tensor checks (pytest, ran in the background)", p.stdout)
         # every GPU test file in exactly one shard
@@ -94,6 +96,12 @@ class TestScriptGpuBranch(unittest.TestCase):
         p, _, _ = self.run_script(fail="torch_cpu")
         self.assertNotEqual(p.returncode, 0)
         self.assertNotIn("all passed", p.stdout)
+
+    def test_a_failing_knob_spec_share_fails_the_run_and_shows_its_log(self):
+        p, _, _ = self.run_script(fail="knob_specs")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertNotIn("all passed", p.stdout)
+        self.assertIn("1 failed, 6 passed", p.stdout)
 
     def test_a_failing_gpu_test_fails_the_run(self):
         p, _, _ = self.run_script(fail="gpu")
