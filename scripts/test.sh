@@ -118,9 +118,10 @@ else
 fi
 
 # The torch checks are CPU tests: with a GPU they run beside the GPU tests, with the GPU hidden (as on CI).
-meta_tests() {
-  DIFUSE_LIB_DIR="$BUILD" CUDA_VISIBLE_DEVICES="" "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests/torch_cpu" "$@"
+torch_checks() {  # pytest on the CPU with the GPU hidden, on the paths and options given
+  DIFUSE_LIB_DIR="$BUILD" CUDA_VISIBLE_DEVICES="" "$PY" -m pytest -q -p no:cacheprovider "$@"
 }
+meta_tests() { torch_checks "$ROOT/tests/torch_cpu" "$@"; }
 # Beside the GPU tests the knob-spec checks (tests/torch_cpu/test_knob_specs.py, ~95 % of the torch checks' time) run
 # in DIFUSE_KNOB_SPEC_JOBS more processes (default 3), each an interleaved share: in one process the torch checks
 # took 410 s at 97817d7, longer than the GPU shards (298 s).
@@ -134,8 +135,8 @@ if [ $HAVE_TORCH = 1 ] && [ $HAVE_GPU = 1 ]; then
   meta_tests --ignore="$ROOT/tests/torch_cpu/test_knob_specs.py" >"$LOGDIR/meta.log" 2>&1 &
   META_PID=$!
   for ((k = 0; k < KNOB_SPEC_JOBS; k++)); do
-    DIFUSE_KNOB_SPECS_SHARD="$k/$KNOB_SPEC_JOBS" DIFUSE_LIB_DIR="$BUILD" CUDA_VISIBLE_DEVICES="" \
-      "$PY" -m pytest -q -p no:cacheprovider "$ROOT/tests/torch_cpu/test_knob_specs.py" >"$LOGDIR/knob-specs-$k.log" 2>&1 &
+    DIFUSE_KNOB_SPECS_SHARD="$k/$KNOB_SPEC_JOBS" torch_checks "$ROOT/tests/torch_cpu/test_knob_specs.py" \
+      >"$LOGDIR/knob-specs-$k.log" 2>&1 &
     KNOB_SPEC_PIDS+=($!)
   done
 elif [ $HAVE_TORCH = 1 ]; then

@@ -348,7 +348,8 @@ template <bool BULK_OUT>
 // 97817d7 against 163 at 918066b and ran 70.8 us against 61.7 at 1x32760x1536 (bench/results/h200/NOTES.md,
 // twenty-second session), where a block must issue a row every ~0.25 us. Written after the session's device time
 // ran out: not yet measured or run on the H200 (predicted: the one-lane figure back near 62 us if the producer's
-// chain is the limit; its uniform path is ~60 SASS instructions per row against ~85 through the divisions). The
+// chain is the limit; its uniform path skips the two magic-number divisions and their 64-bit multiply-adds, about 25 of
+// the loop's SASS instructions by a count by hand of scripts/sass-loops.sh's output, not a measurement). The
 // same address either way, so the same bits; test_rms_norm.py's strided-rows script gains a transposed view (no
 // one stride) so the streamed knob tests still reach the RowIndexer path. CPU test of uniform_stride:
 // tests/cpu/test_fast_div.cpp.
