@@ -15,7 +15,9 @@
 // DIFUSE_RMS_STAGED_HEADS=1 (test_staged_heads_variant: exact on the H200 at 132f46f; no faster there, knob-sweeps/:
 // 1x4608x24x128 19.1 vs 19.0 us, without weight 18.7 vs 17.4). Rows wider than 128 with N % 8 == 0 and 16-byte
 // aligned rows: the streamed rows (one block per SM, a ring of bulk-copied rows, one warp per row on aten's paired
-// map) behind DIFUSE_RMS_STREAMED=G (nineteenth session; rms_norm_streamed; exact at f8154c5, no faster).
+// map; rms_norm_streamed, nineteenth session) behind DIFUSE_RMS_STREAMED=G, and by default (twenty-third session)
+// for rows of 136..2048 elements where there are at least 8192 of them (Wan 1.3B's 1x32760x1536), with 8 producer
+// lanes (STREAMED_DEFAULT below; DIFUSE_RMS_STREAMED=0 turns it off).
 //
 // Guards (can_use_rms_norm; every violation is reported): x bf16 on a CUDA device, rank 1-4, last dim
 // contiguous, N % 4 == 0, N <= 2^24; a contiguous x must be 8-byte aligned (otherwise aten runs its
@@ -322,7 +324,7 @@ __global__ void __launch_bounds__(128) rms_norm_stream(const Params p) {
 // 62.2); the prediction assumed the ring would run these rows at the LayerNorms' streamed rate, and their own
 // narrow rows are no nearer the ceiling (layernorm_modulate 1x32760x1536 65.2 us). Exact on the H200 at f8154c5
 // (test_streamed_variant, gpu-tests-f8154c5.json), memcheck and racecheck clean (sanitizer-rms-streamed-f8154c5.txt).
-// Kept for measurement, not the default. DIFUSE_RMS_STREAMED_BLOCKS=N caps the grid (tests: many rows per block).
+// Kept for measurement, not the default then. DIFUSE_RMS_STREAMED_BLOCKS=N caps the grid (tests: many rows per block).
 // Twenty-second session, one run each at 9a34777 (knob-sweeps/9a34777/, the same machine and rotation; the default
 // was not in that run, 62.3 in ops.json): at 1x32760x1536 with DIFUSE_STREAM_PRODUCER_LANES=1 / 4 / 8: 70.8 / 60.4 /
 // 58.5 us (site bound 59.1). The one-lane figure is 9 us above 918066b's 61.7 for the same knob (that run's copy_us
@@ -330,6 +332,19 @@ __global__ void __launch_bounds__(128) rms_norm_stream(const Params p) {
 // barriers and the lanes' branch beside it) and not yet measured again. 9a34777's multi-lane producer was replaced
 // at 45a2975 (each lane waits on every fill of its step): the 4- and 8-lane figures are to be measured again there
 // before any default changes.
+//
+// STREAMED_DEFAULT (twenty-third session): the streamed rows with 8 producer lanes become the default for rows of
+// 136..2048 elements (N % 8 == 0, 16-byte aligned rows and out) where there are at least 8192 rows: Wan 1.3B's
+// across-heads QK norm, 1x32760x1536 (site bound 59.1 us; aten's two-pass layout 62.3 in ops.json at 79a9492). Why:
+// at 9a34777 the streamed rows ran it in 58.5 us with 8 lanes (70.8 with 1, 60.4 with 4): the one lane's dependent
+// chain (empty wait, arrival, the row's address, the ELECT-loop copy) has to issue a row every ~0.25 us per block
+// there, and 8 lanes issue 8 rows per step. Predicted ~58.5 us at HEAD (45a2975's lanes wait on every fill of their
+// step: 8 barrier tests per lane and step, a few instructions each). Width 5120 keeps aten's layout (173.2 us, bound
+// 196.8; the streamed rows 174.9 with one lane at f8154c5). Rows under 8192 are not measured: they keep aten's
+// layout. Measured at HEAD in this session's sweep (bench/results/h200/NOTES.md, twenty-third session).
+constexpr int kRmsStreamDefaultLanes = 8;
+constexpr int64_t kRmsStreamDefaultMaxWidth = 2048;
+constexpr int64_t kRmsStreamDefaultMinRows = 8192;
 constexpr int kRmsStreamMaxWarps = 28;  // 32 + 32 x 28 = 928 threads
 constexpr int kRmsStreamDefaultWarps = 24;
 constexpr int kRmsStreamMaxSlots = 48;
@@ -355,7 +370,8 @@ template <bool BULK_OUT>
 // tests/cpu/test_fast_div.cpp.
 // GRAB (DIFUSE_STREAM_GRAB, for measurement; twenty-first session): with a counter, the producer takes its rows from
 // it (stream_produce_grabbed) and publishes each slot's row in slot_row; the consumers read their row there and stop
-// at the end mark. Without one, the strided rows as before, issued by DIFUSE_STREAM_PRODUCER_LANES lanes (default 1).
+// at the end mark. Without one, the strided rows as before, issued by producer_lanes lanes (kRmsStreamDefaultLanes,
+// or DIFUSE_STREAM_PRODUCER_LANES).
 __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
     rms_norm_streamed(const Params p, int slots, bool read_fence, StreamGrabCounter* counter, StreamGrab grab,
                       int producer_lanes, int64_t row_stride) {
@@ -474,7 +490,8 @@ bool launch_streamed(const Params& p, int knob, int device, cudaStream_t stream)
   StreamGrabCounter* const counter = grab.first > 0 ? detail::grab_counter(device, stream) : nullptr;
   kernel<<<static_cast<unsigned>(l.blocks), l.threads(), static_cast<size_t>(l.slots * slot_bytes + w_bytes), stream>>>(
       p, l.slots, stream_read_fence_knob(), counter, grab,
-      stream_producer_lanes(stream_producer_lanes_knob(), l.slots, l.warps), p.rows_of.uniform_stride(p.rows));
+      stream_producer_lanes(stream_producer_lanes_knob(kRmsStreamDefaultLanes), l.slots, l.warps),
+      p.rows_of.uniform_stride(p.rows));
   return true;
 }
 
@@ -536,8 +553,10 @@ int staged_rows_knob() {
   static const int v = detail::positive_env_knob("DIFUSE_RMS_STAGED_ROWS");
   return v;
 }
+// DIFUSE_RMS_STREAMED: G > 0 the streamed rows with G warps wherever they can run, 0 never, unset (-1) the default
+// (STREAMED_DEFAULT).
 int streamed_knob() {
-  static const int v = detail::positive_env_knob("DIFUSE_RMS_STREAMED");
+  static const int v = detail::env_knob_or("DIFUSE_RMS_STREAMED", -1);
   return v;
 }
 }  // namespace
@@ -572,9 +591,12 @@ void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const 
       launch_small_rows<32, 2, 1>(p, stream);
     else
       launch_small_rows<32, 4, 1>(p, stream);
-  } else if (streamed_knob() > 0 && p.n % 8 == 0 && rows_aligned(x, 16) && detail::aligned(out.data, 16) &&
-             launch_streamed(p, streamed_knob(), x.device, stream)) {
-    // DIFUSE_RMS_STREAMED=G (for measurement): the streamed rows (rms_norm_streamed) where they can run
+  } else if ((streamed_knob() > 0 || (streamed_knob() < 0 && p.n <= kRmsStreamDefaultMaxWidth &&
+                                       p.rows >= kRmsStreamDefaultMinRows)) &&
+             p.n % 8 == 0 && rows_aligned(x, 16) && detail::aligned(out.data, 16) &&
+             launch_streamed(p, std::max(streamed_knob(), 1), x.device, stream)) {
+    // The streamed rows (rms_norm_streamed) by default at STREAMED_DEFAULT's shapes, or wherever they can run under
+    // DIFUSE_RMS_STREAMED=G
   } else if (staged_rows_knob() != 1 || sweeps > 48) {
     // aten's own two-pass layout at every width above 128 (the default). H200 at 5fa0c2a (knob-sweeps/):
     // 1x32760x5120 177.8 us vs 259.6 for the staged kernels (eager 204.5), 1x32760x1536 62.5 vs 80.3 (eager 64.1).

@@ -232,13 +232,14 @@ inline StreamGrab stream_grab_knob() {
 // DIFUSE_STREAM_PRODUCER_LANES=K (read once; for measurement; twenty-first session): the lanes of the producer warp
 // that issue the ring's copies (stream_produce's `lanes`; 1 to 8, then at most stream_producer_lanes allows for the
 // ring) in every streamed kernel (rms_norm_streamed, layernorm_streamed_rows, grln_streamed_rows,
-// rms_norm_modulate_streamed). Unset: 1, lane 0 alone.
-inline int stream_producer_lanes_knob() {
+// rms_norm_modulate_streamed). Unset: 0, and each launcher takes its own default (`unset`): 8 for rms_norm_streamed
+// (twenty-third session), 1 (lane 0 alone) for the others.
+inline int stream_producer_lanes_knob(int unset = 1) {
   static const int v = [] {
     const int k = detail::positive_env_knob("DIFUSE_STREAM_PRODUCER_LANES");
-    return k < 1 ? 1 : k > 8 ? 8 : k;
+    return k < 1 ? 0 : k > 8 ? 8 : k;
   }();
-  return v;
+  return v > 0 ? v : unset;
 }
 
 // The dynamic shared memory a streamed block of `kernel` may take on `device`: the opt-in maximum per block less the

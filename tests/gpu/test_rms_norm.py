@@ -216,7 +216,8 @@ def test_batched_stream_variant(batched):
 @pytest.mark.parametrize("warps,blocks,fence,bulk,grab",
                          [("1", "", "", "", ""), ("5", "2", "", "", ""), ("1", "", "0", "", ""), ("5", "2", "0", "", ""),
                           ("1", "", "", "1", ""), ("5", "2", "", "1", ""), ("1", "", "", "", "8,2,32,2"),
-                          ("5", "2", "", "", "3/1/5/1"), ("1", "", "", "", "p4"), ("5", "2", "", "1", "p3")],
+                          ("5", "2", "", "", "3/1/5/1"), ("1", "", "", "", "p4"), ("5", "2", "", "1", "p3"),
+                          ("1", "", "", "", "p1"), ("5", "2", "", "", "p1")],
                          ids=str)
 def test_streamed_variant(warps, blocks, fence, bulk, grab):
     """DIFUSE_RMS_STREAMED=G (read once per process): rows wider than 128 with N % 8 == 0 and 16-byte aligned rows on
@@ -232,7 +233,8 @@ def test_streamed_variant(warps, blocks, fence, bulk, grab):
     the blocks take their rows from a grid-wide counter, fixed or shrinking grabs (same bits; every shape in one
     process, so each launch finds the counter the previous one set back to zero). "pK" instead:
     DIFUSE_STREAM_PRODUCER_LANES=K, K lanes of the producer warp issue the strided rows' copies together (K = 3 on
-    a 2-block grid with 5 warps: lanes that wrap the ring more than once per step at the small ring widths)."""
+    a 2-block grid with 5 warps: lanes that wrap the ring more than once per step at the small ring widths; K = 1:
+    lane 0 alone, the default being 8 lanes, or as many as the ring allows)."""
     from knob_run import PROFILE_START, assert_exact_under, every_kernel_ran, exactness_script
 
     specs = [((1, 32760, 1536), True), ((1, 2048, 5120), True), ((1, 2048, 5120), False), ((5, 9, 136), True),
@@ -252,6 +254,47 @@ def test_streamed_variant(warps, blocks, fence, bulk, grab):
     assert_exact_under(script, **env)
     for seed, row_shape in ((1350, (1536,)), (1360, (5120,))):
         assert_exact_under(_strided_rows_script(seed, row_shape), **env)
+
+
+def _streamed_default_script(profiled_lines: str) -> str:
+    """A mismatch script: rms_norm against its eager chain on rows the streamed default takes (>= 8192 rows of
+    136..2048 elements): Wan 1.3B's 1x32760x1536 with and without weight, the q and k chunks of a fused
+    [1, 8192, 3 x 1536] projection (one stride places the rows), a transposed [4100, 2, 1536] view (no one stride)
+    and 8192 rows of 136 and 2048 with adversarial values; then, profiled, `profiled_lines` (the kernel checks)
+    after 1x8192x1536 (the streamed default) and 1x8191x1536 (one row short of it: aten's layout)."""
+    from knob_run import PLACE_ADVERSARIAL, PROFILE_START, mismatch_script
+
+    return mismatch_script(
+        PLACE_ADVERSARIAL +
+        "g = torch.Generator(device='cuda').manual_seed(1420)\n"
+        "def check(x, w):\n"
+        "    return count_mismatches(ops.rms_norm(x, w, 1e-6), ops.rms_norm_eager(x, w, 1e-6))\n"
+        "w = torch.randn(1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "x = torch.randn(1, 32760, 1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "bad += check(x, w) + check(x, None)\n"
+        "qkv = torch.randn(1, 8192, 3 * 1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "for part in range(2):\n"
+        "    bad += check(qkv[..., part * 1536:(part + 1) * 1536], w)\n"
+        "bad += check(torch.randn(4100, 2, 1536, device='cuda', dtype=torch.bfloat16, generator=g).transpose(0, 1), w)\n"
+        "for n in (136, 2048):\n"
+        "    wn = torch.randn(n, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "    bad += check(place(torch.randn(8192, n, device='cuda', dtype=torch.bfloat16, generator=g), 0), wn)\n"
+        + PROFILE_START +
+        "for rows in (8192, 8191):\n"
+        "    x = torch.randn(1, rows, 1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "    bad += check(x, w)\n" + profiled_lines)
+
+
+def test_streamed_default():
+    """The streamed rows with 8 producer lanes are rms_norm's default for >= 8192 rows of 136..2048 elements
+    (N % 8 == 0, 16-byte aligned rows; Wan 1.3B's 1x32760x1536): same bits on those rows (contiguous, the chunks of a
+    fused projection, a transposed view, adversarial values), and the profiler shows rms_norm_streamed ran; aten's
+    two-pass layout (rms_norm_stream) ran for the 8191 rows. DIFUSE_RMS_STREAMED=0 turns the default off: the same
+    rows then never reach rms_norm_streamed."""
+    from knob_run import assert_exact_under, every_kernel_ran, no_kernel_ran
+
+    assert_exact_under(_streamed_default_script(every_kernel_ran(["rms_norm_streamed<false>", "rms_norm_stream<"])))
+    assert_exact_under(_streamed_default_script(no_kernel_ran("rms_norm_streamed")), DIFUSE_RMS_STREAMED="0")
 
 
 _GRAB_GRAPH_BODY = (
