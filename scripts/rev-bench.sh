@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# scripts/rev-bench.sh prepare REV...   (here, with git: each REV's tracked tree into .revs/<short sha>/)
+# scripts/rev-bench.sh run OP... [--rounds N]   (on the H200, with .revs carried: `run` with carry [".revs"])
+#
+# Times ops at several git revisions on one machine, to find which commit changed a kernel's speed (the device's
+# copy of the working tree has no git history, so the trees travel as files). `run` builds the library and the
+# torch extension of every .revs/<sha>/ tree and of the working tree ("HEAD", its SHA from $DIFUSE_GIT_SHA) at
+# once, each in /tmp/rev-build-<sha> with its own share of the cores, then runs each revision's own
+# `python -m difuse bench ops --op OP` (its own python package and libraries, its SHA in the records) for every
+# OP, N rounds (default 2) alternating the revisions, into $OUT/revs/<OP>-<sha>-<round>.json, and prints the
+# table rows. Old revisions' bench has no --shape: each OP runs all its shapes.
+set -uo pipefail
+ROOT=$(cd "$(dirname "$0")/.." && pwd)
+REVS="$ROOT/.revs"
+
+case "${1:-}" in
+  prepare)
+    shift
+    [ $# -gt 0 ] || { echo "usage: $0 prepare REV..." >&2; exit 2; }
+    for rev in "$@"; do
+      sha=$(git -C "$ROOT" rev-parse --verify "$rev^{commit}") || exit 2
+      dir="$REVS/${sha:0:7}"
+      rm -rf "$dir" && mkdir -p "$dir"
+      git -C "$ROOT" archive "$sha" | tar -x -C "$dir" && echo "$sha" >"$dir/.sha" && echo "prepared $dir ($sha)"
+    done
+    ;;
+  run)
+    shift
+    rounds=2
+    ops=()
+    while [ $# -gt 0 ]; do
+      case "$1" in
+        --rounds) rounds=$2; shift 2 ;;
+        *) ops+=("$1"); shift ;;
+      esac
+    done
+    [ ${#ops[@]} -gt 0 ] || { echo "usage: $0 run OP... [--rounds N]" >&2; exit 2; }
+    : "${OUT:?OUT must name the results folder}"
+    : "${DIFUSE_GIT_SHA:?DIFUSE_GIT_SHA must name the commit of the working tree}"
+    mkdir -p "$OUT/revs"
+    declare -A src sha
+    names=()
+    for dir in "$REVS"/*/; do
+      [ -f "$dir/.sha" ] || continue
+      n=$(basename "$dir"); names+=("$n"); src[$n]=${dir%/}; sha[$n]=$(cat "$dir/.sha")
+    done
+    names+=("HEAD"); src[HEAD]=$ROOT; sha[HEAD]=$DIFUSE_GIT_SHA
+    jobs=$(( $(nproc) / ${#names[@]} )); [ "$jobs" -ge 1 ] || jobs=1
+    start=$SECONDS
+    for n in "${names[@]}"; do
+      (cmake -S "${src[$n]}" -B "/tmp/rev-build-$n" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDIFUSE_BUILD_TORCH=ON &&
+        cmake --build "/tmp/rev-build-$n" -j "$jobs" --target difuse difuse_torch) >"$OUT/revs/build-$n.log" 2>&1 &
+    done
+    fail=0
+    for j in $(jobs -p); do wait "$j" || fail=1; done
+    echo "[rev-bench $((SECONDS - start))s] built ${names[*]} ($jobs jobs each)"
+    [ $fail = 0 ] || { tail -n 30 "$OUT"/revs/build-*.log; exit 1; }
+    for r in $(seq 1 "$rounds"); do
+      for op in "${ops[@]}"; do
+        for n in "${names[@]}"; do
+          echo "[rev-bench $((SECONDS - start))s] round $r: $op at $n (${sha[$n]})"
+          DIFUSE_GIT_SHA=${sha[$n]} PYTHONPATH="${src[$n]}/python" DIFUSE_LIB_DIR="/tmp/rev-build-$n" \
+            python3 -m difuse bench ops --op "$op" --out "$OUT/revs/$op-$n-$r.json" 2>&1 | grep -E '^[0-9]+x|Error' ||
+            fail=1
+        done
+      done
+    done
+    exit $fail
+    ;;
+  *)
+    echo "usage: $0 prepare REV... | run OP... [--rounds N]" >&2
+    exit 2
+    ;;
+esac
