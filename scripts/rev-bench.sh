@@ -7,8 +7,9 @@
 # torch extension of every .revs/<sha>/ tree and of the working tree ("HEAD", its SHA from $DIFUSE_GIT_SHA) at
 # once, each in /tmp/rev-build-<sha> with its own share of the cores, then runs each revision's own
 # `python -m difuse bench ops --op OP` (its own python package and libraries, its SHA in the records) for every
-# OP, N rounds (default 2) alternating the revisions, into $OUT/revs/<OP>-<sha>-<round>.json, and prints the
-# table rows. Old revisions' bench has no --shape: each OP runs all its shapes.
+# OP, N rounds (default 2) alternating the revisions, into revs/<OP>-<sha>-<round>.json, and prints the table rows;
+# the records and build logs come back packed as $OUT/revs.tgz (the device returns only a few files per call: at
+# bf88018 eight of fourteen came back unpacked). Old revisions' bench has no --shape: each OP runs all its shapes.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 REVS="$ROOT/.revs"
@@ -54,7 +55,7 @@ case "${1:-}" in
     fail=0
     for j in $(jobs -p); do wait "$j" || fail=1; done
     echo "[rev-bench $((SECONDS - start))s] built ${names[*]} ($jobs jobs each)"
-    [ $fail = 0 ] || { tail -n 30 "$OUT"/revs/build-*.log; exit 1; }
+    [ $fail = 0 ] || { tail -n 30 "$OUT"/revs/build-*.log; (cd "$OUT" && tar czf revs.tgz revs && rm -rf revs); exit 1; }
     for r in $(seq 1 "$rounds"); do
       for op in "${ops[@]}"; do
         for n in "${names[@]}"; do
@@ -65,6 +66,7 @@ case "${1:-}" in
         done
       done
     done
+    (cd "$OUT" && tar czf revs.tgz revs && rm -rf revs)
     exit $fail
     ;;
   *)

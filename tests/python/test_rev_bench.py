@@ -1,0 +1,101 @@
+"""scripts/rev-bench.sh run (the device half: build every carried revision and time each with its own package),
+run here on a copy of the script with cmake and python3 replaced by stubs that log what they were asked: which trees
+were built where, which bench ran with which SHA, package and libraries, in what order, and what came back packed."""
+import os
+import shutil
+import stat
+import subprocess
+import tarfile
+import tempfile
+import unittest
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+# cmake: logs "-S tree" and "--build dir --target ...", fails where STUB_FAIL_TREE names the tree's last component.
+CMAKE = r"""#!/usr/bin/env bash
+echo "cmake $*" >>"$STUB_LOG"
+case " $* " in *"/${STUB_FAIL_TREE:-none} "*) echo "configure failed"; exit 1 ;; esac
+exit 0
+"""
+# python3 -m difuse bench ops --op OP --out FILE: logs its environment, writes a record and prints a table row.
+PYTHON = r"""#!/usr/bin/env bash
+op=""; out=""
+while [ $# -gt 0 ]; do case "$1" in --op) op=$2; shift 2 ;; --out) out=$2; shift 2 ;; *) shift ;; esac; done
+echo "bench $op $DIFUSE_GIT_SHA $PYTHONPATH $DIFUSE_LIB_DIR" >>"$STUB_LOG"
+echo "[{\"op\": \"$op\", \"git_sha\": \"$DIFUSE_GIT_SHA\"}]" >"$out"
+echo "1x2x3  row  $op"
+"""
+
+
+def _exe(path: Path, text: str) -> None:
+    path.write_text(text)
+    path.chmod(path.stat().st_mode | stat.S_IXUSR)
+
+
+class RevBenchRun(unittest.TestCase):
+    def run_script(self, *args, fail_tree=""):
+        tmp = Path(tempfile.mkdtemp())
+        self.addCleanup(shutil.rmtree, tmp)
+        (tmp / "scripts").mkdir()
+        shutil.copy(ROOT / "scripts" / "rev-bench.sh", tmp / "scripts" / "rev-bench.sh")
+        for short, sha in (("aaaaaaa", "a" * 40), ("bbbbbbb", "b" * 40)):
+            (tmp / ".revs" / short / "python").mkdir(parents=True)
+            (tmp / ".revs" / short / ".sha").write_text(sha + "\n")
+        bin_dir, out = tmp / "bin", tmp / "out"
+        bin_dir.mkdir()
+        out.mkdir()
+        _exe(bin_dir / "cmake", CMAKE)
+        _exe(bin_dir / "python3", PYTHON)
+        log = tmp / "log"
+        env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(out), STUB_LOG=str(log),
+                   DIFUSE_GIT_SHA="c" * 40, STUB_FAIL_TREE=fail_tree)
+        r = subprocess.run(["bash", str(tmp / "scripts" / "rev-bench.sh"), "run", *args], env=env,
+                           capture_output=True, text=True, timeout=60)
+        lines = log.read_text().splitlines() if log.exists() else []
+        names = []
+        if (out / "revs.tgz").exists():
+            with tarfile.open(out / "revs.tgz") as t:
+                names = sorted(m.name for m in t.getmembers() if m.isfile())
+        return r, lines, names, tmp, out
+
+    def test_builds_every_revision_and_times_each_with_its_own_package(self):
+        r, lines, names, tmp, out = self.run_script("op_a", "op_b", "--rounds", "2")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        builds = [l for l in lines if l.startswith("cmake --build")]
+        self.assertEqual(len(builds), 3)
+        for n in ("aaaaaaa", "bbbbbbb", "HEAD"):
+            self.assertTrue(any(f"/tmp/rev-build-{n} " in l + " " and "--target difuse difuse_torch" in l
+                                for l in builds), builds)
+        configures = [l for l in lines if l.startswith("cmake -S")]
+        self.assertTrue(any(f"-S {tmp}/.revs/aaaaaaa " in l for l in configures), configures)
+        self.assertTrue(any(f"-S {tmp} " in l for l in configures), configures)  # the working tree as HEAD
+        benches = [l.split() for l in lines if l.startswith("bench ")]
+        # rounds outermost, then ops, then the revisions alternating
+        expect = [(op, sha) for _ in range(2) for op in ("op_a", "op_b") for sha in ("a" * 40, "b" * 40, "c" * 40)]
+        self.assertEqual([(b[1], b[2]) for b in benches], expect)
+        for b in benches:
+            rev = {"a" * 40: f"{tmp}/.revs/aaaaaaa", "b" * 40: f"{tmp}/.revs/bbbbbbb", "c" * 40: str(tmp)}[b[2]]
+            self.assertEqual(b[3], rev + "/python")
+            self.assertTrue(b[4].startswith("/tmp/rev-build-"), b)
+        self.assertIn("1x2x3", r.stdout)
+        self.assertFalse((out / "revs").exists())
+        records = [n for n in names if n.endswith(".json")]
+        self.assertEqual(len(records), 12)
+        self.assertIn("revs/op_b-HEAD-2.json", records)
+        self.assertIn("revs/build-aaaaaaa.log", names)
+
+    def test_a_failed_build_fails_the_run_and_still_packs_the_logs(self):
+        r, lines, names, _, _ = self.run_script("op_a", fail_tree="bbbbbbb")
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertFalse([l for l in lines if l.startswith("bench ")])
+        self.assertIn("revs/build-bbbbbbb.log", names)
+        self.assertIn("configure failed", r.stdout)
+
+    def test_needs_an_op_and_the_sha(self):
+        r, _, _, _, _ = self.run_script()
+        self.assertEqual(r.returncode, 2)
+
+
+if __name__ == "__main__":
+    unittest.main()
