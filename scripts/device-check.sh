@@ -92,6 +92,42 @@ stage_gputests() {
   return "${PIPESTATUS[0]}"
 }
 
+# The default sanitizer stage's runs of the native smoke test, in order: "PART TOOL|VAR=V ...|what the knobs reach"
+# (racecheck with --racecheck-report all; the first failing run ends the stage). DIFUSE_SANITIZER_PART=1 or 2 runs
+# one half (~5 min each); unset, both: more than one 600 s device call since the list grew (the whole stage was
+# cut by 600 s at b9178f7 in its 30th and last run, sanitizer-b9178f7-cut.log.gz).
+SANITIZER_RUNS=(
+  "1 memcheck||the defaults"
+  "1 racecheck||the defaults"
+  "1 initcheck||the defaults"
+  "1 memcheck|DIFUSE_LNMOD_BLOCKS_PER_SM=8 DIFUSE_RMSMOD_ONE_PASS=1 DIFUSE_QK_UNSTAGED=1|the knob variants the smoke test reaches"
+  "1 racecheck|DIFUSE_QK_UNSTAGED=1|the knob variants the smoke test reaches"
+  "1 memcheck|DIFUSE_LNMOD_BLOCKS_PER_SM=5|the 48-register two-warp LayerNorm rows"
+  "1 memcheck|DIFUSE_QK_PIPELINED=2|the pipelined FLUX and Qwen-Image prologues on a grid of 2 blocks"
+  "1 racecheck|DIFUSE_QK_PIPELINED=2|the pipelined FLUX and Qwen-Image prologues on a grid of 2 blocks"
+  "1 memcheck|DIFUSE_QK_SD35_VCOPY_SMEM=0|SD3.5's v rows copied global to global"
+  "1 memcheck|DIFUSE_QK_SD35_LEAN=1|SD3.5's lean slots"
+  "1 memcheck|DIFUSE_QK_SD35_OUT_SMEM=1 DIFUSE_RMSD_OUT_SMEM=1 DIFUSE_RMSMOD_PIPELINED=2 DIFUSE_RMSD_WIDE_STAGED=0 DIFUSE_LNMOD_EPILOGUE_BATCH=1 DIFUSE_RMS_STREAM_BATCH=1 DIFUSE_LNMOD_STAGE_A=1 DIFUSE_RMSMOD_RESIDUAL_HALF=2|SD3.5's and rms_norm_diffusers' 64-element rows copied out of shared memory, rms_norm_modulate's pipelined staged rows on 2 blocks, rms_norm_diffusers' wide rows on the per-row kernel, not staged, four-warp LayerNorm rows' and rms_norm's two-pass rows' batched epilogues at every width, GRLN's a staged, the residual rms_norm_modulate's quarter batches"
+  "1 racecheck|DIFUSE_QK_SD35_OUT_SMEM=1 DIFUSE_RMSD_OUT_SMEM=1 DIFUSE_RMSMOD_PIPELINED=2 DIFUSE_RMSD_WIDE_STAGED=0 DIFUSE_LNMOD_EPILOGUE_BATCH=1 DIFUSE_RMS_STREAM_BATCH=1 DIFUSE_LNMOD_STAGE_A=1 DIFUSE_RMSMOD_RESIDUAL_HALF=2|SD3.5's and rms_norm_diffusers' 64-element rows copied out of shared memory, rms_norm_modulate's pipelined staged rows on 2 blocks, rms_norm_diffusers' wide rows on the per-row kernel, not staged, four-warp LayerNorm rows' and rms_norm's two-pass rows' batched epilogues at every width, GRLN's a staged, the residual rms_norm_modulate's quarter batches"
+  "1 racecheck|DIFUSE_QK_SD35_WARPS=4|the default SD3.5 v rows on 4 warps per token"
+  "1 memcheck|DIFUSE_QK_VCOPY=1|the prologues' v copies (DIFUSE_QK_VCOPY=1), SD3.5's v staged"
+  "1 memcheck|DIFUSE_QK_VCOPY=0|the prologues' v copies (DIFUSE_QK_VCOPY=1), SD3.5's v staged"
+  "2 memcheck|DIFUSE_GELU_COMPUTED_WORDS=0|gelu's table-only kernel and its two-word one"
+  "2 memcheck|DIFUSE_GELU_COMPUTED_WORDS=2|gelu's table-only kernel and its two-word one"
+  "2 memcheck|DIFUSE_QK_BULK=1|the bulk-copy prologues and their bulk stores"
+  "2 memcheck|DIFUSE_QK_BULK=2|the bulk-copy prologues and their bulk stores"
+  "2 racecheck|DIFUSE_QK_BULK=2|the bulk-copy prologues and their bulk stores"
+  "2 memcheck|DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=0 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=0|the streamed rows of GRLN, layernorm_modulate, Wan's fp32 LayerNorm (3 two-warp groups) and rms_norm_modulate (5 warps, modulation rows from global memory), on 2 blocks"
+  "2 racecheck|DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=0 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=0|the streamed rows of GRLN, layernorm_modulate, Wan's fp32 LayerNorm (3 two-warp groups) and rms_norm_modulate (5 warps, modulation rows from global memory), on 2 blocks"
+  "2 memcheck|DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=1 DIFUSE_LNMOD_STREAMED=5 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=1|rms_norm_modulate's streamed rows staging the weight and modulation rows, and the LayerNorms' streamed rows (GRLN's, the plain ones') on one-warp groups"
+  "2 racecheck|DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=1 DIFUSE_LNMOD_STREAMED=5 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=1|rms_norm_modulate's streamed rows staging the weight and modulation rows, and the LayerNorms' streamed rows (GRLN's, the plain ones') on one-warp groups"
+  "2 memcheck|DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2|rms_norm's streamed rows, 5 warps on 2 blocks, its default 8 producer lanes (as many as each ring allows)"
+  "2 racecheck|DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2|rms_norm's streamed rows, 5 warps on 2 blocks, its default 8 producer lanes (as many as each ring allows)"
+  "2 memcheck|DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2|4 producer lanes on every streamed kernel"
+  "2 racecheck|DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2|4 producer lanes on every streamed kernel"
+  "2 memcheck|DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1|the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate, GRLN's prefetched a, gelu's pipelined table kernel"
+  "2 racecheck|DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1|the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate, GRLN's prefetched a, gelu's pipelined table kernel"
+)
 # compute-sanitizer on the native smoke test (the default kernels, then the knob variants it reaches).
 # DIFUSE_SANITIZER_KNOBS="VAR=V VAR=V ..." instead: memcheck and racecheck of the smoke test under those knobs only
 # (a new kernel variant's check) -> sanitizer-knobs.log.
@@ -111,74 +147,25 @@ stage_sanitizer() {
     grep -q "^exit 0" "$OUT/sanitizer-knobs.log"
     return
   fi
-  say "compute-sanitizer memcheck + racecheck + initcheck on the native smoke test -> sanitizer.log"
+  say "compute-sanitizer on the native smoke test${DIFUSE_SANITIZER_PART:+, part $DIFUSE_SANITIZER_PART} -> sanitizer.log"
+  local part=${DIFUSE_SANITIZER_PART:-} entry head tool vars what r=0
+  local -a envs args
   {
-    echo "command: scripts/device-check.sh --stage sanitizer; git $DIFUSE_GIT_SHA; $(date -u +%Y-%m-%dT%H:%M:%SZ)"
-    compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      compute-sanitizer --tool initcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with the knob variants the smoke test reaches (DIFUSE_LNMOD_BLOCKS_PER_SM=8, DIFUSE_RMSMOD_ONE_PASS=1, DIFUSE_QK_UNSTAGED=1):" &&
-      DIFUSE_LNMOD_BLOCKS_PER_SM=8 DIFUSE_RMSMOD_ONE_PASS=1 DIFUSE_QK_UNSTAGED=1 \
-        compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_QK_UNSTAGED=1 \
-        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck with the 48-register two-warp LayerNorm rows (DIFUSE_LNMOD_BLOCKS_PER_SM=5):" &&
-      DIFUSE_LNMOD_BLOCKS_PER_SM=5 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with the pipelined FLUX and Qwen-Image prologues on a grid of 2 blocks (DIFUSE_QK_PIPELINED=2):" &&
-      DIFUSE_QK_PIPELINED=2 \
-        compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_QK_PIPELINED=2 \
-        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with SD3.5's v rows copied global to global (DIFUSE_QK_SD35_VCOPY_SMEM=0), the default's v rows on 4 warps per token:" &&
-      DIFUSE_QK_SD35_VCOPY_SMEM=0 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_QK_SD35_LEAN=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with SD3.5's and rms_norm_diffusers' 64-element rows copied out of shared memory, rms_norm_modulate's pipelined staged rows on 2 blocks, rms_norm_diffusers' wide rows on the per-row kernel, not staged, four-warp LayerNorm rows' and rms_norm's two-pass rows' batched epilogues at every width, GRLN's a staged, the residual rms_norm_modulate's quarter batches (DIFUSE_QK_SD35_OUT_SMEM=1, DIFUSE_RMSD_OUT_SMEM=1, DIFUSE_RMSMOD_PIPELINED=2, DIFUSE_RMSD_WIDE_STAGED=0, DIFUSE_LNMOD_EPILOGUE_BATCH=1, DIFUSE_RMS_STREAM_BATCH=1, DIFUSE_LNMOD_STAGE_A=1, DIFUSE_RMSMOD_RESIDUAL_HALF=2):" &&
-      DIFUSE_QK_SD35_OUT_SMEM=1 DIFUSE_RMSD_OUT_SMEM=1 DIFUSE_RMSMOD_PIPELINED=2 DIFUSE_RMSD_WIDE_STAGED=0 DIFUSE_LNMOD_EPILOGUE_BATCH=1 DIFUSE_RMS_STREAM_BATCH=1 DIFUSE_LNMOD_STAGE_A=1 DIFUSE_RMSMOD_RESIDUAL_HALF=2 \
-        compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_QK_SD35_OUT_SMEM=1 DIFUSE_RMSD_OUT_SMEM=1 DIFUSE_RMSMOD_PIPELINED=2 DIFUSE_RMSD_WIDE_STAGED=0 DIFUSE_LNMOD_EPILOGUE_BATCH=1 DIFUSE_RMS_STREAM_BATCH=1 DIFUSE_LNMOD_STAGE_A=1 DIFUSE_RMSMOD_RESIDUAL_HALF=2 \
-        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_QK_SD35_WARPS=4 \
-        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck with the prologues' v copies (DIFUSE_QK_VCOPY=1), SD3.5's v staged (DIFUSE_QK_VCOPY=0):" &&
-      DIFUSE_QK_VCOPY=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_QK_VCOPY=0 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck with gelu's table-only kernel and its two-word one (DIFUSE_GELU_COMPUTED_WORDS=0, =2; one word is the default):" &&
-      DIFUSE_GELU_COMPUTED_WORDS=0 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_GELU_COMPUTED_WORDS=2 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with the bulk-copy prologues and their bulk stores (DIFUSE_QK_BULK=2; =1 for memcheck: Qwen-Image's 3-head smoke case keeps the default kernel there, SD3.5's takes it):" &&
-      DIFUSE_QK_BULK=1 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_QK_BULK=2 compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_QK_BULK=2 \
-        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with the streamed rows of GRLN, layernorm_modulate, Wan's fp32 LayerNorm (3 two-warp groups) and rms_norm_modulate (5 warps, modulation rows from global memory), on 2 blocks (DIFUSE_LNMOD_STREAMED=3, DIFUSE_LNMOD_STREAMED_BLOCKS=2, DIFUSE_LNMOD_STREAM_WARP=0, DIFUSE_RMSMOD_STREAMED=5, DIFUSE_RMSMOD_STREAMED_BLOCKS=2, DIFUSE_RMSMOD_STREAM_SMOD=0):" &&
-      DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=0 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=0 \
-        compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=0 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=0 \
-        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with rms_norm_modulate's streamed rows staging the weight and modulation rows, and the LayerNorms' streamed rows (GRLN's, the plain ones') on one-warp groups (DIFUSE_RMSMOD_STREAMED=5, DIFUSE_RMSMOD_STREAMED_BLOCKS=2, DIFUSE_RMSMOD_STREAM_SMOD=1, DIFUSE_LNMOD_STREAMED=5, DIFUSE_LNMOD_STREAMED_BLOCKS=2, DIFUSE_LNMOD_STREAM_WARP=1):" &&
-      DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=1 DIFUSE_LNMOD_STREAMED=5 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=1 \
-        compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=1 DIFUSE_LNMOD_STREAMED=5 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=1 \
-        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with rms_norm's streamed rows, 5 warps on 2 blocks (DIFUSE_RMS_STREAMED=5, DIFUSE_RMS_STREAMED_BLOCKS=2):" &&
-      DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2 \
-        compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2 \
-        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with 4 producer lanes on every streamed kernel (DIFUSE_STREAM_PRODUCER_LANES=4, DIFUSE_LNMOD_STREAMED=3, DIFUSE_LNMOD_STREAMED_BLOCKS=2, DIFUSE_RMSMOD_STREAMED=5, DIFUSE_RMSMOD_STREAMED_BLOCKS=2, DIFUSE_RMS_STREAMED=5, DIFUSE_RMS_STREAMED_BLOCKS=2):" &&
-      DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2 \
-        compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2 \
-        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      echo "memcheck and racecheck with the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate, GRLN's prefetched a, gelu's pipelined table kernel (DIFUSE_RMS_STAGED_HEADS=1, DIFUSE_RMSD_STAGED_ROWS=1, DIFUSE_RMSMOD_STAGED=1, DIFUSE_LNMOD_PREFETCH_A=1, DIFUSE_GELU_PIPELINED=1):" &&
-      DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1 \
-        compute-sanitizer --tool memcheck --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick &&
-      DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1 \
-        compute-sanitizer --tool racecheck --racecheck-report all --error-exitcode 3 "$BUILD/difuse_gpu_smoke" --quick
+    echo "command: ${part:+DIFUSE_SANITIZER_PART=$part }scripts/device-check.sh --stage sanitizer; git $DIFUSE_GIT_SHA; $(date -u +%Y-%m-%dT%H:%M:%SZ)"
+    for entry in "${SANITIZER_RUNS[@]}"; do
+      IFS='|' read -r head vars what <<<"$entry"
+      [ -z "$part" ] || [ "${head%% *}" = "$part" ] || continue
+      tool=${head#* }
+      echo "$tool${vars:+ under $vars}: $what"
+      read -r -a envs <<<"$vars"
+      args=(--tool "$tool" --error-exitcode 3)
+      [ "$tool" = racecheck ] && args+=(--racecheck-report all)
+      env "${envs[@]}" compute-sanitizer "${args[@]}" "$BUILD/difuse_gpu_smoke" --quick || { r=1; break; }
+    done
+    echo "exit $r"
   } >"$OUT/sanitizer.log" 2>&1
-  local s=$?
-  grep -E "SUMMARY|passed" "$OUT/sanitizer.log"
-  return $s
+  grep -E "SUMMARY|passed|^exit" "$OUT/sanitizer.log"
+  return $r
 }
 
 stage_bench() {

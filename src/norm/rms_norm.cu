@@ -28,7 +28,12 @@
 // Verification status: bit-exact on the H200 at 66f5a3b and again at 5f8295d (torch 2.11.0+cu130, sm_90):
 // tests/gpu/test_rms_norm.py (268 cases, incl. the full-warp 2/4/8-row per-head variants, the staged kernels through
 // DIFUSE_RMS_STAGED_ROWS=1 and the defaults: half-warp per-head rows, aten's two-pass layout above 128), 0 failed,
-// 0 skipped (bench/results/h200/tests.json).
+// 0 skipped. At b9178f7, with the streamed rows (8 producer lanes) the default at >= 8192 rows of 136..2048
+// elements: 286 cases passed in the whole suite (bench/results/h200/tests.json, 3,387 passed, 0 failed, 0 skipped),
+// incl. test_streamed_default (Wan 1.3B's 1x32760x1536, fused-projection chunks, a transposed view, adversarial rows;
+// the profiler shows the streamed kernel at 8192 rows, aten's layout at 8191) and the one-lane knob cases; memcheck
+// and racecheck of the smoke test under DIFUSE_RMS_STREAMED=5 (8 lanes, as many as each ring allows) clean
+// (sanitizer-b9178f7-cut.log.gz).
 #include "norm/rms_norm.h"
 
 #include <cuda_runtime.h>
@@ -341,7 +346,10 @@ __global__ void __launch_bounds__(128) rms_norm_stream(const Params p) {
 // there, and 8 lanes issue 8 rows per step. Predicted ~58.5 us at HEAD (45a2975's lanes wait on every fill of their
 // step: 8 barrier tests per lane and step, a few instructions each). Width 5120 keeps aten's layout (173.2 us, bound
 // 196.8; the streamed rows 174.9 with one lane at f8154c5). Rows under 8192 are not measured: they keep aten's
-// layout. Measured at HEAD in this session's sweep (bench/results/h200/NOTES.md, twenty-third session).
+// layout. Measured at b9178f7 (knob-sweeps/b9178f7/, two alternating runs each on one machine): 57.2 / 57.0 us as the
+// default against 63.0 / 63.0 through DIFUSE_RMS_STREAMED=0 (aten's layout) and 64.1 / 64.2 with one lane, 61.3 with
+// 4; ops.json at b9178f7: 56.3 us (bound 59.1, met). At 1x32760x5120 the streamed rows with 8 lanes stay slower
+// (179.3 / 179.1 against 175.6 / 176.4), so 5120 keeps aten's layout.
 constexpr int kRmsStreamDefaultLanes = 8;
 constexpr int64_t kRmsStreamDefaultMaxWidth = 2048;
 constexpr int64_t kRmsStreamDefaultMinRows = 8192;

@@ -1,0 +1,105 @@
+"""scripts/device-check.sh --stage sanitizer (the H200's compute-sanitizer stage), run here with the build's tools
+and compute-sanitizer replaced by stubs that log each run's tool and knobs: the runs of each half
+(DIFUSE_SANITIZER_PART) and of the whole list, their order, racecheck's report flag, and that the first failing run
+ends the stage with a non-zero status and an "exit 1" line in sanitizer.log."""
+import os
+import re
+import shutil
+import stat
+import subprocess
+import tarfile
+import tempfile
+import unittest
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+SCRIPT = ROOT / "scripts" / "device-check.sh"
+
+# Logs "TOOL FLAGS | DIFUSE_* variables", prints a clean summary, fails where STUB_FAIL names a variable it sees.
+SANITIZER = r"""#!/usr/bin/env bash
+tool=""; report=""
+while [ $# -gt 0 ]; do
+  case "$1" in --tool) tool=$2; shift 2 ;; --racecheck-report) report=$2; shift 2 ;; *) shift ;; esac
+done
+vars=$(env | grep -E '^DIFUSE_' | grep -vE '^DIFUSE_(GIT_SHA|BUILD_DIR|LIB_DIR|SANITIZER_PART)=' | sort | tr '\n' ' ')
+echo "$tool $report| $vars" >>"$STUB_LOG"
+echo "36 passed, 0 failed"
+if [ -n "${STUB_FAIL:-}" ] && [[ " $vars" == *" $STUB_FAIL "* ]]; then echo "========= ERROR SUMMARY: 1 error"; exit 3; fi
+echo "========= ERROR SUMMARY: 0 errors"
+"""
+STUBS = {
+    "compute-sanitizer": SANITIZER,
+    "cmake": "#!/usr/bin/env bash\necho '[1/1] built'\n",
+    "nvidia-smi": "#!/usr/bin/env bash\necho 'NVIDIA H200'\n",
+    "nvcc": "#!/usr/bin/env bash\necho 'release 13.0'\n",
+    "python3": "#!/usr/bin/env bash\nexit 0\n",
+}
+
+
+def _table():
+    """The SANITIZER_RUNS entries of the script, as (part, tool, vars)."""
+    text = SCRIPT.read_text()
+    block = text[text.index("SANITIZER_RUNS=(") : text.index("\n)\n", text.index("SANITIZER_RUNS=("))]
+    return [(int(m.group(1)), m.group(2), m.group(3))
+            for m in re.finditer(r'^  "(\d) (\w+)\|([^|]*)\|[^"]*"$', block, re.M)]
+
+
+class SanitizerStage(unittest.TestCase):
+    def run_stage(self, part="", fail=""):
+        tmp = Path(tempfile.mkdtemp())
+        self.addCleanup(shutil.rmtree, tmp)
+        bin_dir, out = tmp / "bin", tmp / "out"
+        bin_dir.mkdir()
+        for name, text in STUBS.items():
+            (bin_dir / name).write_text(text)
+            (bin_dir / name).chmod(0o755)
+        log = tmp / "log"
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DIFUSE_")}
+        env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(out), STUB_LOG=str(log), STUB_FAIL=fail,
+                   DIFUSE_GIT_SHA="f" * 40, DIFUSE_BUILD_DIR=str(tmp / "build"))
+        if part:
+            env["DIFUSE_SANITIZER_PART"] = part
+        r = subprocess.run(["bash", str(SCRIPT), "--stage", "sanitizer"], env=env, capture_output=True, text=True,
+                           timeout=120)
+        runs = []
+        for line in (log.read_text().splitlines() if log.exists() else []):
+            head, vars_ = line.split("|", 1)
+            tool, _, report = head.strip().partition(" ")
+            runs.append((tool, report, " ".join(sorted(vars_.split()))))
+        with tarfile.open(out / "logs.tgz") as t:
+            sanitizer_log = t.extractfile("./sanitizer.log").read().decode()
+        return r, runs, sanitizer_log
+
+    def expected(self, part=None):
+        return [(tool, "all" if tool == "racecheck" else "", " ".join(sorted(v.split())))
+                for p, tool, v in _table() if part is None or p == part]
+
+    def test_the_table_has_both_halves(self):
+        table = _table()
+        self.assertGreaterEqual(len(table), 30)
+        self.assertEqual({p for p, _, _ in table}, {1, 2})
+        self.assertEqual(table[:3], [(1, "memcheck", ""), (1, "racecheck", ""), (1, "initcheck", "")])
+
+    def test_each_half_runs_its_entries_in_order_under_their_knobs(self):
+        for part in (1, 2):
+            r, runs, log = self.run_stage(part=str(part))
+            self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertEqual(runs, self.expected(part))
+            self.assertIn("DIFUSE_SANITIZER_PART=%d scripts/device-check.sh --stage sanitizer" % part, log)
+            self.assertTrue(log.rstrip().endswith("exit 0"), log[-200:])
+
+    def test_unset_runs_the_whole_list(self):
+        r, runs, _ = self.run_stage()
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertEqual(runs, self.expected())
+
+    def test_the_first_failing_run_ends_the_stage(self):
+        r, runs, log = self.run_stage(part="2", fail="DIFUSE_RMS_STREAMED=5")
+        self.assertNotEqual(r.returncode, 0)
+        first = next(i for i, e in enumerate(self.expected(2)) if "DIFUSE_RMS_STREAMED=5" in e[2].split())
+        self.assertEqual(runs, self.expected(2)[: first + 1])
+        self.assertIn("exit 1", log)
+
+
+if __name__ == "__main__":
+    unittest.main()
