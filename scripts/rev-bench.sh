@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# scripts/rev-bench.sh prepare REV...   (here, with git: each REV's tracked tree into .revs/<short sha>/)
+# scripts/rev-bench.sh prepare REV[:PATCH]...   (here, with git: each REV's tracked tree, less bench/ and docs/, into
+#   .revs/<short sha>/; with a patch file applied (patch -p1), into .revs/<short sha>-<patch name>/, its records'
+#   git_sha then "<sha>+<patch name>": an experiment timed beside the commits without landing it)
 # scripts/rev-bench.sh run OP... [--rounds N]   (on the H200, with .revs carried: `run` with carry [".revs"])
 #
 # Times ops at several git revisions on one machine, to find which commit changed a kernel's speed (the device's
@@ -17,12 +19,23 @@ REVS="$ROOT/.revs"
 case "${1:-}" in
   prepare)
     shift
-    [ $# -gt 0 ] || { echo "usage: $0 prepare REV..." >&2; exit 2; }
-    for rev in "$@"; do
+    [ $# -gt 0 ] || { echo "usage: $0 prepare REV[:PATCH]..." >&2; exit 2; }
+    for spec in "$@"; do
+      rev=${spec%%:*}; patch=""
+      [ "$spec" != "$rev" ] && patch=${spec#*:}
       sha=$(git -C "$ROOT" rev-parse --verify "$rev^{commit}") || exit 2
-      dir="$REVS/${sha:0:7}"
+      name=${sha:0:7}; id=$sha
+      if [ -n "$patch" ]; then
+        [ -f "$patch" ] || { echo "no patch file $patch" >&2; exit 2; }
+        tag=$(basename "$patch" .patch); name="$name-$tag"; id="$sha+$tag"
+      fi
+      dir="$REVS/$name"
       rm -rf "$dir" && mkdir -p "$dir"
-      git -C "$ROOT" archive "$sha" | tar -x -C "$dir" && echo "$sha" >"$dir/.sha" && echo "prepared $dir ($sha)"
+      git -C "$ROOT" archive "$sha" -- . ':!bench' ':!docs' | tar -x -C "$dir" || exit 1
+      if [ -n "$patch" ]; then
+        patch -p1 -s -d "$dir" <"$patch" || { echo "$patch does not apply to $rev" >&2; exit 1; }
+      fi
+      echo "$id" >"$dir/.sha" && echo "prepared $dir ($id)"
     done
     ;;
   run)

@@ -97,5 +97,40 @@ class RevBenchRun(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
 
 
+class RevBenchPrepare(unittest.TestCase):
+    def test_trees_and_patched_trees(self):
+        tmp = Path(tempfile.mkdtemp())
+        self.addCleanup(shutil.rmtree, tmp)
+        git = ["git", "-C", str(tmp), "-c", "user.name=t", "-c", "user.email=t@t"]
+        subprocess.run(["git", "init", "-q", str(tmp)], check=True)
+        (tmp / "scripts").mkdir()
+        shutil.copy(ROOT / "scripts" / "rev-bench.sh", tmp / "scripts" / "rev-bench.sh")
+        for d in ("src", "bench", "docs"):
+            (tmp / d).mkdir()
+            (tmp / d / "f.txt").write_text("one\n")
+        subprocess.run(git + ["add", "."], check=True)
+        subprocess.run(git + ["commit", "-qm", "one"], check=True)
+        sha = subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
+        (tmp / "exp.patch").write_text("--- a/src/f.txt\n+++ b/src/f.txt\n@@ -1 +1 @@\n-one\n+two\n")
+        (tmp / "bad.patch").write_text("--- a/src/f.txt\n+++ b/src/f.txt\n@@ -1 +1 @@\n-three\n+four\n")
+        script = str(tmp / "scripts" / "rev-bench.sh")
+        r = subprocess.run(["bash", script, "prepare", "HEAD", "HEAD:" + str(tmp / "exp.patch")], cwd=tmp,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        plain, patched = tmp / ".revs" / sha[:7], tmp / ".revs" / (sha[:7] + "-exp")
+        self.assertEqual((plain / ".sha").read_text().strip(), sha)
+        self.assertEqual((plain / "src" / "f.txt").read_text(), "one\n")
+        self.assertFalse((plain / "bench").exists() or (plain / "docs").exists())
+        self.assertEqual((patched / ".sha").read_text().strip(), sha + "+exp")
+        self.assertEqual((patched / "src" / "f.txt").read_text(), "two\n")
+        r = subprocess.run(["bash", script, "prepare", "HEAD:" + str(tmp / "bad.patch")], cwd=tmp,
+                           capture_output=True, text=True, timeout=60)
+        self.assertNotEqual(r.returncode, 0)
+        self.assertIn("does not apply", r.stderr)
+        r = subprocess.run(["bash", script, "prepare", "nosuchrev"], cwd=tmp, capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(r.returncode, 2)
+
+
 if __name__ == "__main__":
     unittest.main()
