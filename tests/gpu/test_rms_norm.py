@@ -297,6 +297,36 @@ def test_streamed_default():
     assert_exact_under(_streamed_default_script(no_kernel_ran("rms_norm_streamed")), DIFUSE_RMS_STREAMED="0")
 
 
+def test_streamed_default_captured_first_and_compiled():
+    """The streamed default (>= 8192 rows of 136..2048 elements) when its very first launch in a process is being
+    captured into a CUDA graph (its one-time shared-memory opt-in and budget query then run during capture): the
+    replays with fresh inputs are exact, and so is the op under torch.compile (fullgraph) at that shape; the profiler
+    (over the compiled call, after the capture) shows rms_norm_streamed ran."""
+    from knob_run import PROFILE_START, every_kernel_ran, mismatch_script, run_with_env
+
+    script = mismatch_script(
+        "import torch.nn.functional as F\n"
+        "g = torch.Generator(device='cuda').manual_seed(1440)\n"
+        "w = torch.randn(1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "xs = torch.randn(1, 8192, 1536, device='cuda', dtype=torch.bfloat16, generator=g)\n"
+        "graph = torch.cuda.CUDAGraph()\n"
+        "with torch.cuda.graph(graph):\n"
+        "    out = ops.rms_norm(xs, w, 1e-6)\n"
+        "for _ in range(3):\n"
+        "    xs.copy_(torch.randn(1, 8192, 1536, device='cuda', dtype=torch.bfloat16, generator=g))\n"
+        "    graph.replay()\n"
+        "    torch.cuda.synchronize()\n"
+        "    bad += count_mismatches(out, F.rms_norm(xs, (1536,), w, 1e-6))\n"
+        "compiled = torch.compile(lambda a, b: torch.ops.difuse.rms_norm(a, b, 1e-6) + 1, fullgraph=True)\n"
+        "expect = F.rms_norm(xs, (1536,), w, 1e-6) + 1\n"
+        "compiled(xs, w)\n"
+        + PROFILE_START +
+        "bad += count_mismatches(compiled(xs, w), expect)\n"
+        + every_kernel_ran(["rms_norm_streamed<false>"]))
+    r = run_with_env(script)
+    assert r.returncode == 0, r.stdout + r.stderr
+
+
 _GRAB_GRAPH_BODY = (
     "import torch.nn.functional as F\n"
     "g = torch.Generator(device='cuda').manual_seed(1377)\n"
