@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
-# scripts/rev-bench.sh prepare REV[:PATCH]...   (here, with git: each REV's tracked tree, less bench/ and docs/, into
-#   .revs/<short sha>/; with a patch file applied (patch -p1), into .revs/<short sha>-<patch name>/, its records'
-#   git_sha then "<sha>+<patch name>": an experiment timed beside the commits without landing it)
+# scripts/rev-bench.sh prepare REV[:PATCH[,PATCH...]]...   (here, with git: each REV's tracked tree, less bench/ and
+#   docs/, into .revs/<short sha>/; with patch files applied in turn (patch -p1), into .revs/<short sha>-<name>-.../,
+#   its records' git_sha then "<sha>+<name>+...": experiments timed beside the commits without landing them)
 # scripts/rev-bench.sh run OP... [--rounds N]   (on the H200, with .revs carried: `run` with carry [".revs"])
 #
 # Times ops at several git revisions on one machine, to find which commit changed a kernel's speed (the device's
@@ -19,22 +19,22 @@ REVS="$ROOT/.revs"
 case "${1:-}" in
   prepare)
     shift
-    [ $# -gt 0 ] || { echo "usage: $0 prepare REV[:PATCH]..." >&2; exit 2; }
+    [ $# -gt 0 ] || { echo "usage: $0 prepare REV[:PATCH[,PATCH...]]..." >&2; exit 2; }
     for spec in "$@"; do
-      rev=${spec%%:*}; patch=""
-      [ "$spec" != "$rev" ] && patch=${spec#*:}
+      rev=${spec%%:*}; patches=()
+      [ "$spec" != "$rev" ] && IFS=',' read -r -a patches <<<"${spec#*:}"
       sha=$(git -C "$ROOT" rev-parse --verify "$rev^{commit}") || exit 2
       name=${sha:0:7}; id=$sha
-      if [ -n "$patch" ]; then
+      for patch in "${patches[@]}"; do
         [ -f "$patch" ] || { echo "no patch file $patch" >&2; exit 2; }
-        tag=$(basename "$patch" .patch); name="$name-$tag"; id="$sha+$tag"
-      fi
+        tag=$(basename "$patch" .patch); name="$name-$tag"; id="$id+$tag"
+      done
       dir="$REVS/$name"
       rm -rf "$dir" && mkdir -p "$dir"
       git -C "$ROOT" archive "$sha" -- . ':!bench' ':!docs' | tar -x -C "$dir" || exit 1
-      if [ -n "$patch" ]; then
+      for patch in "${patches[@]}"; do
         patch -p1 -s -d "$dir" <"$patch" || { echo "$patch does not apply to $rev" >&2; exit 1; }
-      fi
+      done
       echo "$id" >"$dir/.sha" && echo "prepared $dir ($id)"
     done
     ;;

@@ -108,13 +108,16 @@ class RevBenchPrepare(unittest.TestCase):
         for d in ("src", "bench", "docs"):
             (tmp / d).mkdir()
             (tmp / d / "f.txt").write_text("one\n")
+        (tmp / "src" / "g.txt").write_text("one\n")
         subprocess.run(git + ["add", "."], check=True)
         subprocess.run(git + ["commit", "-qm", "one"], check=True)
         sha = subprocess.run(git + ["rev-parse", "HEAD"], check=True, capture_output=True, text=True).stdout.strip()
         (tmp / "exp.patch").write_text("--- a/src/f.txt\n+++ b/src/f.txt\n@@ -1 +1 @@\n-one\n+two\n")
+        (tmp / "exp2.patch").write_text("--- a/src/g.txt\n+++ b/src/g.txt\n@@ -1 +1 @@\n-one\n+three\n")
         (tmp / "bad.patch").write_text("--- a/src/f.txt\n+++ b/src/f.txt\n@@ -1 +1 @@\n-three\n+four\n")
         script = str(tmp / "scripts" / "rev-bench.sh")
-        r = subprocess.run(["bash", script, "prepare", "HEAD", "HEAD:" + str(tmp / "exp.patch")], cwd=tmp,
+        r = subprocess.run(["bash", script, "prepare", "HEAD", "HEAD:" + str(tmp / "exp.patch"),
+                            "HEAD:%s,%s" % (tmp / "exp.patch", tmp / "exp2.patch")], cwd=tmp,
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         plain, patched = tmp / ".revs" / sha[:7], tmp / ".revs" / (sha[:7] + "-exp")
@@ -123,6 +126,11 @@ class RevBenchPrepare(unittest.TestCase):
         self.assertFalse((plain / "bench").exists() or (plain / "docs").exists())
         self.assertEqual((patched / ".sha").read_text().strip(), sha + "+exp")
         self.assertEqual((patched / "src" / "f.txt").read_text(), "two\n")
+        self.assertEqual((patched / "src" / "g.txt").read_text(), "one\n")
+        both = tmp / ".revs" / (sha[:7] + "-exp-exp2")
+        self.assertEqual((both / ".sha").read_text().strip(), sha + "+exp+exp2")
+        self.assertEqual(((both / "src" / "f.txt").read_text(), (both / "src" / "g.txt").read_text()),
+                         ("two\n", "three\n"))
         r = subprocess.run(["bash", script, "prepare", "HEAD:" + str(tmp / "bad.patch")], cwd=tmp,
                            capture_output=True, text=True, timeout=60)
         self.assertNotEqual(r.returncode, 0)
