@@ -7,7 +7,7 @@
 # Times ops at several git revisions on one machine, to find which commit changed a kernel's speed (the device's
 # copy of the working tree has no git history, so the trees travel as files). `run` builds the library and the
 # torch extension of every .revs/<sha>/ tree and of the working tree ("HEAD", its SHA from $DIFUSE_GIT_SHA) at
-# once, each in /tmp/rev-build-<sha> with its own share of the cores, then runs each revision's own
+# once, each in /tmp/rev-build-<sha> with 2 x cores / trees jobs, then runs each revision's own
 # `python -m difuse bench ops --op OP` (its own python package and libraries, its SHA in the records) for every
 # OP, N rounds (default 2) alternating the revisions, into revs/<OP>-<sha>-<round>.json, and prints the table rows;
 # the records and build logs come back packed as $OUT/revs.tgz (the device returns only a few files per call: at
@@ -59,7 +59,7 @@ case "${1:-}" in
       n=$(basename "$dir"); names+=("$n"); src[$n]=${dir%/}; sha[$n]=$(cat "$dir/.sha")
     done
     names+=("HEAD"); src[HEAD]=$ROOT; sha[HEAD]=$DIFUSE_GIT_SHA
-    jobs=$(( $(nproc) / ${#names[@]} )); [ "$jobs" -ge 1 ] || jobs=1
+    jobs=$(( 2 * $(nproc) / ${#names[@]} )); [ "$jobs" -ge 2 ] || jobs=2  # twice the cores: each build ends serially (the largest file, the links)
     start=$SECONDS
     for n in "${names[@]}"; do
       (cmake -S "${src[$n]}" -B "/tmp/rev-build-$n" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDIFUSE_BUILD_TORCH=ON &&
