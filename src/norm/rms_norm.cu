@@ -569,6 +569,11 @@ int streamed_knob() {
 }
 }  // namespace
 
+bool rms_norm_streamed_by_default(int64_t n, int64_t rows, int knob) {
+  if (knob >= 0) return knob > 0;
+  return n > 128 && n <= kRmsStreamDefaultMaxWidth && rows >= kRmsStreamDefaultMinRows;
+}
+
 void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& weight, double eps,
               cudaStream_t stream) {
   const detail::Support s = can_use_rms_norm(out, x, weight, eps);
@@ -599,9 +604,8 @@ void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const 
       launch_small_rows<32, 2, 1>(p, stream);
     else
       launch_small_rows<32, 4, 1>(p, stream);
-  } else if ((streamed_knob() > 0 || (streamed_knob() < 0 && p.n <= kRmsStreamDefaultMaxWidth &&
-                                       p.rows >= kRmsStreamDefaultMinRows)) &&
-             p.n % 8 == 0 && rows_aligned(x, 16) && detail::aligned(out.data, 16) &&
+  } else if (rms_norm_streamed_by_default(p.n, p.rows, streamed_knob()) && p.n % 8 == 0 && rows_aligned(x, 16) &&
+             detail::aligned(out.data, 16) &&
              launch_streamed(p, std::max(streamed_knob(), 1), x.device, stream)) {
     // The streamed rows (rms_norm_streamed) by default at STREAMED_DEFAULT's shapes, or wherever they can run under
     // DIFUSE_RMS_STREAMED=G
