@@ -11,7 +11,7 @@
 # `python -m difuse bench ops --op OP` (its own python package and libraries, its SHA in the records) for every
 # OP, N rounds (default 2) alternating the revisions, into revs/<OP>-<sha>-<round>.json, and prints the table rows;
 # the records and build logs come back packed as $OUT/revs.tgz (the device returns only a few files per call: at
-# bf88018 eight of fourteen came back unpacked). Old revisions' bench has no --shape: each OP runs all its shapes.
+# bf88018 eight of fifteen came back unpacked). Old revisions' bench has no --shape: each OP runs all its shapes.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 REVS="$ROOT/.revs"
