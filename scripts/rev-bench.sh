@@ -15,6 +15,7 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 REVS="$ROOT/.revs"
+pack() { (cd "$OUT" && tar czf revs.tgz revs && rm -rf revs); }  # the records and build logs as one file
 
 case "${1:-}" in
   prepare)
@@ -68,7 +69,7 @@ case "${1:-}" in
     fail=0
     for j in $(jobs -p); do wait "$j" || fail=1; done
     echo "[rev-bench $((SECONDS - start))s] built ${names[*]} ($jobs jobs each)"
-    [ $fail = 0 ] || { tail -n 30 "$OUT"/revs/build-*.log; (cd "$OUT" && tar czf revs.tgz revs && rm -rf revs); exit 1; }
+    [ $fail = 0 ] || { tail -n 30 "$OUT"/revs/build-*.log; pack; exit 1; }
     for r in $(seq 1 "$rounds"); do
       for op in "${ops[@]}"; do
         for n in "${names[@]}"; do
@@ -79,7 +80,7 @@ case "${1:-}" in
         done
       done
     done
-    (cd "$OUT" && tar czf revs.tgz revs && rm -rf revs)
+    pack
     exit $fail
     ;;
   *)

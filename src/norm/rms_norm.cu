@@ -335,8 +335,7 @@ __global__ void __launch_bounds__(128) rms_norm_stream(const Params p) {
 // 58.5 us (site bound 59.1). The one-lane figure is 9 us above 918066b's 61.7 for the same knob (that run's copy_us
 // 53.8 against 53.3): not explained by the code (the one-lane producer's path is unchanged but for the two `full`
 // barriers and the lanes' branch beside it) and not yet measured again. 9a34777's multi-lane producer was replaced
-// at 45a2975 (each lane waits on every fill of its step): the 4- and 8-lane figures are to be measured again there
-// before any default changes.
+// at 45a2975 (each lane waits on every fill of its step); measured again at b9178f7: STREAMED_DEFAULT below.
 //
 // STREAMED_DEFAULT (twenty-third session): the streamed rows with 8 producer lanes become the default for rows of
 // 136..2048 elements (N % 8 == 0, 16-byte aligned rows and out) where there are at least 8192 rows: Wan 1.3B's
