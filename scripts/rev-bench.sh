@@ -12,6 +12,10 @@
 # OP, N rounds (default 2) alternating the revisions, into revs/<OP>-<sha>-<round>.json, and prints the table rows;
 # the records and build logs come back packed as $OUT/revs.tgz (the device returns only a few files per call: at
 # bf88018 eight of fifteen came back unpacked). Old revisions' bench has no --shape: each OP runs all its shapes.
+# Each bench run is cut after DIFUSE_REV_BENCH_TIMEOUT s (default 120: at c254364, 47d0889's bench of
+# layernorm_modulate_fp32 never finished, perhaps the probe's 37-slot ring that could hang before 02a2be4, and the
+# call lost everything at 600 s); runs starting past DIFUSE_REV_BENCH_BUDGET s of the script (default 540) are
+# skipped, so the records are packed before the call's limit.
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 REVS="$ROOT/.revs"
@@ -62,6 +66,9 @@ case "${1:-}" in
     names+=("HEAD"); src[HEAD]=$ROOT; sha[HEAD]=$DIFUSE_GIT_SHA
     jobs=$(( 2 * $(nproc) / ${#names[@]} )); [ "$jobs" -ge 2 ] || jobs=2  # twice the cores: each build ends serially (the largest file, the links)
     start=$SECONDS
+    limit=${DIFUSE_REV_BENCH_TIMEOUT:-120}  # seconds one bench run may take: a hung kernel costs this, not the call
+    budget=${DIFUSE_REV_BENCH_BUDGET:-540}  # seconds since the script began after which runs are skipped, so the
+                                            # records are packed before the device's 600 s limit cuts the call
     for n in "${names[@]}"; do
       (cmake -S "${src[$n]}" -B "/tmp/rev-build-$n" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDIFUSE_BUILD_TORCH=ON &&
         cmake --build "/tmp/rev-build-$n" -j "$jobs" --target difuse difuse_torch) >"$OUT/revs/build-$n.log" 2>&1 &
@@ -73,10 +80,20 @@ case "${1:-}" in
     for r in $(seq 1 "$rounds"); do
       for op in "${ops[@]}"; do
         for n in "${names[@]}"; do
+          if [ $SECONDS -ge "$budget" ]; then
+            echo "[rev-bench $((SECONDS - start))s] round $r: $op at $n skipped: past the call's budget (${budget} s)"
+            fail=1; continue
+          fi
           echo "[rev-bench $((SECONDS - start))s] round $r: $op at $n (${sha[$n]})"
+          log="$OUT/revs/$op-$n-$r.log"
           DIFUSE_GIT_SHA=${sha[$n]} PYTHONPATH="${src[$n]}/python" DIFUSE_LIB_DIR="/tmp/rev-build-$n" \
-            python3 -m difuse bench ops --op "$op" --out "$OUT/revs/$op-$n-$r.json" 2>&1 | grep -E '^[0-9]+x|Error' ||
-            fail=1
+            timeout -k 5 "$limit" python3 -m difuse bench ops --op "$op" --out "$OUT/revs/$op-$n-$r.json" >"$log" 2>&1
+          rc=$?
+          grep -E '^[0-9]+x|Error' "$log"
+          if [ $rc = 124 ] || [ $rc = 137 ]; then
+            echo "[rev-bench $((SECONDS - start))s] $op at $n timed out after ${limit} s (a hang?): its log is in revs.tgz"
+          fi
+          [ $rc = 0 ] || fail=1
         done
       done
     done

@@ -18,11 +18,13 @@ echo "cmake $*" >>"$STUB_LOG"
 case " $* " in *"/${STUB_FAIL_TREE:-none} "*) echo "configure failed"; exit 1 ;; esac
 exit 0
 """
-# python3 -m difuse bench ops --op OP --out FILE: logs its environment, writes a record and prints a table row.
+# python3 -m difuse bench ops --op OP --out FILE: logs its environment, writes a record and prints a table row;
+# hangs (sleeps 30 s) where STUB_HANG_TREE names the tree.
 PYTHON = r"""#!/usr/bin/env bash
 op=""; out=""
 while [ $# -gt 0 ]; do case "$1" in --op) op=$2; shift 2 ;; --out) out=$2; shift 2 ;; *) shift ;; esac; done
 echo "bench $op $DIFUSE_GIT_SHA $PYTHONPATH $DIFUSE_LIB_DIR" >>"$STUB_LOG"
+case "$DIFUSE_LIB_DIR" in */rev-build-"${STUB_HANG_TREE:-none}") exec sleep 30 ;; esac
 echo "[{\"op\": \"$op\", \"git_sha\": \"$DIFUSE_GIT_SHA\"}]" >"$out"
 echo "1x2x3  row  $op"
 """
@@ -34,7 +36,7 @@ def _exe(path: Path, text: str) -> None:
 
 
 class RevBenchRun(unittest.TestCase):
-    def run_script(self, *args, fail_tree=""):
+    def run_script(self, *args, fail_tree="", hang_tree="", env_extra=None):
         tmp = Path(tempfile.mkdtemp())
         self.addCleanup(shutil.rmtree, tmp)
         (tmp / "scripts").mkdir()
@@ -49,7 +51,8 @@ class RevBenchRun(unittest.TestCase):
         _exe(bin_dir / "python3", PYTHON)
         log = tmp / "log"
         env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(out), STUB_LOG=str(log),
-                   DIFUSE_GIT_SHA="c" * 40, STUB_FAIL_TREE=fail_tree)
+                   DIFUSE_GIT_SHA="c" * 40, STUB_FAIL_TREE=fail_tree, STUB_HANG_TREE=hang_tree,
+                   **(env_extra or {}))
         r = subprocess.run(["bash", str(tmp / "scripts" / "rev-bench.sh"), "run", *args], env=env,
                            capture_output=True, text=True, timeout=60)
         lines = log.read_text().splitlines() if log.exists() else []
@@ -91,6 +94,23 @@ class RevBenchRun(unittest.TestCase):
         self.assertFalse([l for l in lines if l.startswith("bench ")])
         self.assertIn("revs/build-bbbbbbb.log", names)
         self.assertIn("configure failed", r.stdout)
+
+    def test_a_hung_bench_is_cut_and_the_others_still_run_and_pack(self):
+        r, lines, names, _, _ = self.run_script("op_a", "--rounds", "1", hang_tree="aaaaaaa",
+                                                env_extra={"DIFUSE_REV_BENCH_TIMEOUT": "1"})
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertIn("op_a at aaaaaaa timed out after 1 s", r.stdout)
+        self.assertEqual(len([l for l in lines if l.startswith("bench ")]), 3)  # the two after it still ran
+        self.assertIn("revs/op_a-bbbbbbb-1.json", names)
+        self.assertIn("revs/op_a-HEAD-1.json", names)
+        self.assertIn("revs/op_a-aaaaaaa-1.log", names)
+
+    def test_runs_past_the_budget_are_skipped_and_the_records_packed(self):
+        r, lines, names, _, _ = self.run_script("op_a", "--rounds", "1", env_extra={"DIFUSE_REV_BENCH_BUDGET": "0"})
+        self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+        self.assertFalse([l for l in lines if l.startswith("bench ")])
+        self.assertIn("op_a at HEAD skipped: past the call's budget (0 s)", r.stdout)
+        self.assertIn("revs/build-HEAD.log", names)
 
     def test_needs_an_op_and_the_sha(self):
         r, _, _, _, _ = self.run_script()
