@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """scripts/gpu-test-shards.py: the GPU test files split into parallel pytest processes, and their reports merged.
 
-  gpu-test-shards.py split --jobs N [--weights REPORT.json]... FILE...   one line per shard: its files
+  gpu-test-shards.py split --jobs N [--weights REPORT.json]... FILE...   one line per shard: its pytest arguments
   gpu-test-shards.py merge OUT.json SHARD.json...                        one report of every shard's cases
 
 The whole GPU suite in one pytest process outgrew one 10-minute device call (9c75d86: 72 % of the files done at
@@ -10,7 +10,13 @@ runs them in N processes on the one GPU. `split` balances the shards by each fil
 (the committed tests.json and gpu-tests-*.json: the sum of its cases' durations, the largest over the reports that
 have the file, plus a few seconds of collection and imports); a file no report has weighs as much as the heaviest
 known file, so a new file never hides in a light shard. Each file
-lands in exactly one shard; an empty shard is not printed.
+lands in exactly one shard; an empty shard is not printed. A file heavier than half a shard's share (the total over
+the jobs) gives up its heaviest test functions, as their own items ("FILE::test_fn", every parametrization), until
+what is left weighs at most half a share; the rest of the file runs in one item with a --deselect of each function
+pulled out, its node id as the reports name it (tests/gpu/test_x.py::test_fn). One file outgrew a share at 9e826cd:
+test_rms_norm.py's 384 s in one process, 445 s for its shard against 332-357 for the others, and the suite ran past
+its call. Only functions the file still defines (a top-level `def test_fn(`) are pulled out; if a --deselect did not
+match, the function would run twice and `merge` refuses a repeated case, so no test can be lost or doubled silently.
 
 `merge` writes the report conftest.py writes for one process (git_sha, command, date, torch, gpu, passed, failed,
 skipped, cases) with the counts summed and the cases of every shard, plus `shards` (how many processes ran). A
@@ -18,6 +24,7 @@ missing or unreadable shard report is an error, not a smaller report: a process 
 sessionfinish must not turn into a clean run."""
 import argparse
 import json
+import re
 import sys
 from pathlib import Path
 
@@ -34,20 +41,74 @@ def file_seconds(report: dict) -> dict:
     return out
 
 
-def split(files: list, jobs: int, weights: dict) -> list:
-    """Longest-first greedy: each file (heaviest first) to the least loaded shard. [[file, ...], ...], each sorted."""
+def function_seconds(report: dict) -> dict:
+    """{(file name, test function): (seconds, node path)} from a test report's cases; the node path is the id's file
+    part ("tests/gpu/test_x.py"), the prefix pytest's --deselect matches."""
+    out = {}
+    for case in report.get("cases", []):
+        path, _, rest = case["id"].partition("::")
+        key = (Path(path).name, rest.split("[")[0])
+        seconds = out.get(key, (0.0, path))[0] + float(case.get("seconds") or 0.0)
+        out[key] = (seconds, path)
+    return out
+
+
+def _defined_tests(path: str) -> set:
+    """The top-level test functions a file defines (empty where it cannot be read)."""
+    try:
+        text = Path(path).read_text()
+    except OSError:
+        return set()
+    return set(re.findall(r"^def (test_\w+)\(", text, re.M))
+
+
+def split(files: list, jobs: int, weights: dict, functions: dict = None) -> list:
+    """Longest-first greedy: each item (heaviest first) to the least loaded shard; an item is a file, or a heavy
+    file's heaviest test functions and the rest of it (see the module's doc). [[token, ...], ...]: each shard's
+    items sorted, an item's tokens together (a file, then its --deselect options)."""
     if jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {jobs}")
+    functions = functions or {}
     known = [w for w in weights.values()]
     unknown = max(known) if known else 1.0
     weight = {f: weights.get(Path(f).name, unknown) + FILE_OVERHEAD_S for f in files}
+    half_share = sum(weight.values()) / jobs / 2
+    items = []  # (weight, [tokens])
+    for f in files:
+        rest, deselect = weight[f], []
+        if jobs > 1 and rest > half_share:  # one process runs everything anyway
+            defined = _defined_tests(f)
+            mine = sorted(((sec, fn, node) for (name, fn), (sec, node) in functions.items()
+                           if name == Path(f).name and fn in defined), reverse=True)
+            for sec, fn, node in mine[:-1]:  # never the last function: the rest of the file must hold one
+                if rest <= half_share:
+                    break
+                items.append((sec + FILE_OVERHEAD_S, [f"{f}::{fn}"]))
+                deselect.append(f"--deselect={node}::{fn}")
+                rest -= sec
+        items.append((rest, [f, *deselect]))
     shards = [[] for _ in range(jobs)]
     load = [0.0] * jobs
-    for f in sorted(files, key=lambda f: (-weight[f], f)):
+    for w, tokens in sorted(items, key=lambda it: (-it[0], it[1])):
         i = min(range(jobs), key=lambda i: (load[i], i))
-        shards[i].append(f)
-        load[i] += weight[f]
-    return [sorted(s) for s in shards if s]
+        shards[i].append(tokens)
+        load[i] += w
+    out = []
+    for s in shards:
+        if not s:
+            continue
+        # A function that landed beside the rest of its own file goes back into it: the file's --deselect would
+        # drop the explicit node id too (pytest deselects after collecting), and the function would never run.
+        whole = {tokens[0] for tokens in s if "::" not in tokens[0]}
+        back = {tokens[0] for tokens in s if "::" in tokens[0] and tokens[0].split("::")[0] in whole}
+        kept = []
+        for tokens in s:
+            if tokens[0] in back:
+                continue
+            f = tokens[0]
+            kept.append([f] + [t for t in tokens[1:] if f"{f}::{t.split('::')[-1]}" not in back])
+        out.append([t for tokens in sorted(kept) for t in tokens])
+    return out
 
 
 def merge(reports: list) -> dict:
@@ -83,16 +144,20 @@ def main(argv=None) -> int:
     mp.add_argument("shards", nargs="+")
     a = ap.parse_args(argv)
     if a.cmd == "split":
-        weights = {}
+        weights, functions = {}, {}
         for path in a.weights:
             try:
-                seconds = file_seconds(json.loads(Path(path).read_text()))
-            except (OSError, ValueError, KeyError, TypeError) as e:
+                report = json.loads(Path(path).read_text())
+                seconds, per_function = file_seconds(report), function_seconds(report)
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
                 print(f"gpu-test-shards: {path} unreadable ({e}); not used as weights", file=sys.stderr)
                 continue
             for name, sec in seconds.items():
                 weights[name] = max(sec, weights.get(name, 0.0))
-        for shard in split(a.files, a.jobs, weights):
+            for key, (sec, node) in per_function.items():
+                if sec >= functions.get(key, (-1.0, node))[0]:
+                    functions[key] = (sec, node)
+        for shard in split(a.files, a.jobs, weights, functions):
             print(" ".join(shard))
         return 0
     reports = []

@@ -166,7 +166,9 @@ if [ $HAVE_GPU = 1 ]; then
   started=$SECONDS
   for i in "${!SHARDS[@]}"; do
     read -ra files <<<"${SHARDS[$i]}"
-    echo "shard $i: $(for f in "${files[@]}"; do printf '%s ' "${f##*/}"; done)"
+    echo "shard $i: $(for f in "${files[@]}"; do
+      case "$f" in --deselect=*) printf '(less %s) ' "${f##*::}" ;; *) printf '%s ' "${f##*/}" ;; esac
+    done)"
     DIFUSE_LIB_DIR="$BUILD" DIFUSE_REQUIRE_GPU=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} \
       DIFUSE_TEST_REPORT=${DIFUSE_TEST_REPORT:+$LOGDIR/gpu-$i.json} \
       "$PY" -u -m pytest -q -p no:cacheprovider -rfEs "${files[@]}" >"$LOGDIR/gpu-$i.log" 2>&1 &

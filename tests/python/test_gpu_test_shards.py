@@ -68,6 +68,35 @@ class SplitTest(unittest.TestCase):
             # a weighs 50 (new), c 50 (unknown: the heaviest known), b 40: a | c, then b to the first of two equal loads
             self.assertEqual(p.stdout.splitlines(), ["t/test_a.py t/test_b.py", "t/test_c.py"])
 
+    def test_a_heavy_file_gives_up_its_heaviest_functions(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            big = Path(tmp) / "test_big.py"
+            big.write_text("def test_slow(x):\n    pass\n\n\ndef test_mid():\n    pass\n\n\n"
+                           "def test_fast():\n    pass\n")
+            small = [Path(tmp) / f"test_s{i}.py" for i in range(3)]
+            weights = {"test_big.py": 300.0, **{p.name: 60.0 for p in small}}
+            node = "tests/gpu/test_big.py"
+            functions = {("test_big.py", "test_slow"): (200.0, node), ("test_big.py", "test_mid"): (90.0, node),
+                         ("test_big.py", "test_fast"): (10.0, node), ("test_big.py", "test_gone"): (500.0, node)}
+            files = [str(big), *map(str, small)]
+            out = shards.split(files, 2, weights, functions)
+            # total 492 s over 2 jobs: half a share 123 s. test_gone is no longer defined (not pulled out);
+            # test_slow (203 with its overhead) comes out, leaving 100 <= 123: test_mid stays. Longest first:
+            # 203 | 100, 63 (163), 63 (226) | then the last 63 beside test_slow (266).
+            self.assertEqual(out, [[f"{big}::test_slow", str(small[2])],
+                                   [str(big), f"--deselect={node}::test_slow", str(small[0]), str(small[1])]])
+            # a function that lands beside the rest of its file goes back into it (its --deselect would drop it):
+            # big and one other file of 300 s on 2 jobs, half a share 151.5 s: test_slow (203) comes out, the rest
+            # weighs 100; longest first: other (303) | test_slow (203), the rest (100): big whole again.
+            other = Path(tmp) / "test_other.py"
+            out = shards.split([str(big), str(other)], 2, {"test_big.py": 300.0, "test_other.py": 300.0},
+                               functions)
+            self.assertEqual(out, [[str(other)], [str(big)]])
+            # a file at or under half a share stays whole; one function is never pulled out of itself
+            self.assertEqual(shards.split(files, 1, weights, functions), [[str(big), *map(str, small)]])
+            only = {("test_big.py", "test_slow"): (300.0, node)}
+            self.assertEqual(sorted(map(len, shards.split(files, 4, weights, only))), [1, 1, 1, 1])
+
 
 class MergeTest(unittest.TestCase):
     def test_counts_sum_and_cases_concatenate(self):
@@ -109,7 +138,16 @@ class MergeTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stderr)
         lines = p.stdout.splitlines()
         self.assertEqual(len(lines), 4)
-        self.assertEqual(sorted(f for line in lines for f in line.split()), files)
+        tokens = [t for line in lines for t in line.split()]
+        self.assertEqual(sorted(t for t in tokens if t.endswith(".py")), files)  # every file once, whole or in part
+        for line in lines:
+            for t in line.split():
+                if "::" in t and not t.startswith("--"):  # a function pulled out: its file deselects it, elsewhere
+                    path, fn = t.split("::")
+                    node = f"--deselect=tests/gpu/{Path(path).name}::{fn}"
+                    self.assertEqual([l for l in lines if node in l.split()],
+                                     [l for l in lines if path in l.split()], (t, lines))
+                    self.assertNotIn(path, line.split())
 
 
 if __name__ == "__main__":
