@@ -734,6 +734,7 @@ struct StreamTree {
   num::EqualCombineWeights level[5];  // offsets 16, 8, 4, 2, 1
   int read_fence;  // layernorm_streamed_rows' proxy fence before each release (stream_read_fence_knob; GRLN: always)
   int producer_lanes;  // stream_produce's lanes (DIFUSE_STREAM_PRODUCER_LANES through stream_producer_lanes; 1 default)
+  int full_barriers;   // `full` mbarriers per slot (stream_full_barriers_for: 1 where slots % groups == 0, else 2)
 };
 
 // A streamed consumer group's row statistics from its slot sx (V vectors of 4 bf16; two warps, the paired map): the
@@ -940,7 +941,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
   if (tid < 32) {  // the producer warp: lane 0 (or tree.producer_lanes lanes) issues each row's two copies
     if (tid < tree.producer_lanes)
       stream_produce(
-          p.rows, slots, full, empty,
+          p.rows, slots, full, empty, tree.full_barriers,
           [&](int64_t row, int s, uint64_t* bar) {
             uint2* const dst = ring + 2 * static_cast<int64_t>(s) * V;
             detail::mbar_arrive_expect_tx(bar, 2u * row_bytes);
@@ -964,7 +965,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
   int s = c % slots;
   uint32_t use = static_cast<uint32_t>(c / slots);
   for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
-    stream_wait_full(full, s, use);
+    stream_wait_full(full, s, use, tree.full_barriers);
     uint2* const sx = ring + 2 * static_cast<int64_t>(s) * V;
     const uint2* const sa = sx + V;
 
@@ -1030,6 +1031,11 @@ __host__ __device__ inline int64_t staged_mod_batches(const Params& p) {
   return p.scale_stride == 0 && p.shift_stride == 0 ? 1 : p.rows / p.seq;
 }
 
+// The plain LayerNorms' ring: at most 48 slots (GRLN's kStreamMaxSlots is 32), so that at Wan 1.3B's 1536 the 24
+// one-warp groups own two slots each (one `full` barrier per slot, stream_full_barriers) and 24 slots stay free for
+// copies in flight while the groups compute. H200 at c254364 (rev-bench/9e826cd/), layernorm_modulate 1x32760x1536:
+// 32 slots on two barriers 73.1 / 73.2 us, 48 on two 72.3 / 72.4, 48 on one 67.7 / 67.5 (two rounds each).
+constexpr int kStreamLnMaxSlots = 48;
 constexpr int kStreamLnMaxGroups = 12;  // 800 threads: 80 registers (at 14 groups' 64 the fp32 epilogue spilled)
 
 // F32: Wan's fp32 chains (VEC: the fp32 rows are 16-byte aligned, float4 loads); else layernorm_modulate in bf16
@@ -1079,7 +1085,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
   constexpr int KB = (SMOD || !F32) && G == 64 ? 2 : 1;
   // SMOD: staged batch b's scale row, then its shift row (F32: H floats each; bf16: V words of 4); then the ring.
   extern __shared__ uint4 ring_smem[];
-  __shared__ uint64_t full[2 * kStreamMaxSlots], empty[kStreamMaxSlots];
+  __shared__ uint64_t full[2 * kStreamLnMaxSlots], empty[kStreamLnMaxSlots];
   __shared__ VecWelford roots[kGroups][4];
   __shared__ RowStats stats[kGroups];
 
@@ -1097,7 +1103,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
   if (tid < 32) {  // the producer warp: lane 0 copies each row's x once its slot is free
     if (tid < tree.producer_lanes)
       stream_produce(
-          p.rows, slots, full, empty,
+          p.rows, slots, full, empty, tree.full_barriers,
           [&](int64_t row, int s, uint64_t* bar) {
             detail::mbar_arrive_expect_tx(bar, row_bytes);
             detail::bulk_load(ring + static_cast<int64_t>(s) * V, p.x + row * p.h, row_bytes, bar);
@@ -1128,7 +1134,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
   int s = c % slots;
   uint32_t use = static_cast<uint32_t>(c / slots);
   for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
-    stream_wait_full(full, s, use);
+    stream_wait_full(full, s, use, tree.full_barriers);
     const uint2* const sx = ring + static_cast<int64_t>(s) * V;
     const RowStats rs = stream_row_stats<G>(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
     const int64_t b = p.seq_div.div(row), l = row - b * p.seq;
@@ -1195,14 +1201,14 @@ struct StreamLaunchOnce {
 };
 
 // Launches a streamed kernel (grln_streamed_rows or layernorm_streamed_rows) with the most slots of slot_bytes that fit
-// beside mod_bytes of staged modulation rows (at most kStreamMaxSlots) and DIFUSE_LNMOD_STREAMED's groups (at most
+// beside mod_bytes of staged modulation rows (at most max_slots) and DIFUSE_LNMOD_STREAMED's groups (at most
 // max_groups, its launch bound, and the slots), where the ring holds at least two rows; false (nothing launched)
 // otherwise. One block per SM (DIFUSE_LNMOD_STREAMED_BLOCKS=N caps the grid); the tree's weights where H % 512 == 0.
 template <class Kernel>
-bool launch_stream(Kernel kernel, StreamLaunchOnce& once, int max_groups, int64_t slot_bytes, int64_t mod_bytes,
-                   const Params& p, int device, cudaStream_t stream, int group_threads = 64) {
+bool launch_stream(Kernel kernel, StreamLaunchOnce& once, int max_slots, int max_groups, int64_t slot_bytes,
+                   int64_t mod_bytes, const Params& p, int device, cudaStream_t stream, int group_threads = 64) {
   const int budget = stream_smem_budget(kernel, device, once.budgets);
-  const int slots = static_cast<int>(std::min<int64_t>(kStreamMaxSlots, (budget - mod_bytes) / slot_bytes));
+  const int slots = static_cast<int>(std::min<int64_t>(max_slots, (budget - mod_bytes) / slot_bytes));
   const int knob = streamed_groups_knob();
   const int default_groups = kStreamDefaultGroups * 64 / group_threads;  // the same consumer warps
   const int groups = std::min(std::min(knob <= 1 ? default_groups : knob, max_groups), slots);
@@ -1216,6 +1222,7 @@ bool launch_stream(Kernel kernel, StreamLaunchOnce& once, int max_groups, int64_
   tree.uniform = p.v % kAtenThreads == 0;
   tree.read_fence = stream_read_fence_knob() ? 1 : 0;
   tree.producer_lanes = stream_producer_lanes(stream_producer_lanes_knob(), slots, groups);
+  tree.full_barriers = stream_full_barriers_for(slots, groups);
   const int sweeps = (p.v + kAtenThreads - 1) / kAtenThreads;
   for (int lv = 0; lv < 5; ++lv) tree.level[lv] = num::equal_combine_weights(static_cast<float>((4 * sweeps) << lv));
   kernel<<<static_cast<unsigned>(blocks), 32 + group_threads * groups,
@@ -1227,7 +1234,8 @@ bool launch_stream(Kernel kernel, StreamLaunchOnce& once, int max_groups, int64_
 template <bool MODVEC, bool SMOD, int G = 64>
 bool launch_streamed(const Params& p, int device, cudaStream_t stream) {
   static StreamLaunchOnce once;
-  return launch_stream(grln_streamed_rows<MODVEC, SMOD, G>, once, 64 * kStreamMaxGroups / G, int64_t{4} * p.h,
+  return launch_stream(grln_streamed_rows<MODVEC, SMOD, G>, once, kStreamMaxSlots, 64 * kStreamMaxGroups / G,
+                       int64_t{4} * p.h,
                        SMOD ? 3 * (p.rows / p.seq) * int64_t{2} * p.h : 0, p, device, stream, G);
 }
 
@@ -1235,8 +1243,8 @@ bool launch_streamed(const Params& p, int device, cudaStream_t stream) {
 template <bool F32, bool VEC, bool SMOD, int G = 64>
 bool launch_streamed_ln(const Params& p, int device, cudaStream_t stream) {
   static StreamLaunchOnce once;
-  return launch_stream(layernorm_streamed_rows<F32, VEC, SMOD, G>, once, 64 * kStreamLnMaxGroups / G,
-                       int64_t{2} * p.h, SMOD ? 2 * staged_mod_batches(p) * int64_t{F32 ? 4 : 2} * p.h : 0, p, device,
+  return launch_stream(layernorm_streamed_rows<F32, VEC, SMOD, G>, once, kStreamLnMaxSlots,
+                       64 * kStreamLnMaxGroups / G, int64_t{2} * p.h, SMOD ? 2 * staged_mod_batches(p) * int64_t{F32 ? 4 : 2} * p.h : 0, p, device,
                        stream, G);
 }
 

@@ -381,7 +381,7 @@ template <bool BULK_OUT>
 // or DIFUSE_STREAM_PRODUCER_LANES).
 __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
     rms_norm_streamed(const Params p, int slots, bool read_fence, StreamGrabCounter* counter, StreamGrab grab,
-                      int producer_lanes, int64_t row_stride) {
+                      int producer_lanes, int full_barriers, int64_t row_stride) {
   using Map = AtenThreadMap<32, true>;
   constexpr int A = Map::kSlots;  // 4
   extern __shared__ uint4 stream_smem[];  // the weight row (V 8-byte words, where there is one), then the ring
@@ -402,9 +402,10 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
       detail::bulk_load(ring + static_cast<int64_t>(s) * V, src, row_bytes, bar);
     };
     if (counter != nullptr) {
-      if (tid == 0) stream_produce_grabbed(p.rows, grab, slots, groups, full, empty, slot_row, counter, issue);
+      if (tid == 0) stream_produce_grabbed(p.rows, grab, slots, groups, full, empty, full_barriers, slot_row, counter,
+                                          issue);
     } else if (tid < producer_lanes) {
-      stream_produce(p.rows, slots, full, empty, issue, producer_lanes);
+      stream_produce(p.rows, slots, full, empty, full_barriers, issue, producer_lanes);
     }
     return;
   }
@@ -418,7 +419,7 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
   int s = c % slots;
   uint32_t use = static_cast<uint32_t>(c / slots);
   for (int64_t row = blockIdx.x + c * stride; counter != nullptr || row < p.rows; row += groups * stride) {
-    stream_wait_full(full, s, use);
+    stream_wait_full(full, s, use, full_barriers);
     if (counter != nullptr && (row = slot_row[s]) < 0) break;  // the producer's end mark
     uint2* const sx = ring + static_cast<int64_t>(s) * V;
     float acc[A];
@@ -498,7 +499,7 @@ bool launch_streamed(const Params& p, int knob, int device, cudaStream_t stream)
   kernel<<<static_cast<unsigned>(l.blocks), l.threads(), static_cast<size_t>(l.slots * slot_bytes + w_bytes), stream>>>(
       p, l.slots, stream_read_fence_knob(), counter, grab,
       stream_producer_lanes(stream_producer_lanes_knob(kRmsStreamDefaultLanes), l.slots, l.warps),
-      p.rows_of.uniform_stride(p.rows));
+      stream_full_barriers_for(l.slots, l.warps), p.rows_of.uniform_stride(p.rows));
   return true;
 }
 

@@ -511,6 +511,7 @@ struct StreamModRows {
   int64_t s1 = 0, h1 = 0, g1 = 0;      // the second staged row's offset (elements) per role, where there are two
   bool read_fence = true;              // the plain form's proxy fence before each release (stream_read_fence_knob)
   int producer_lanes = 1;              // stream_produce's lanes (DIFUSE_STREAM_PRODUCER_LANES, stream_producer_lanes)
+  int full_barriers = 2;               // `full` mbarriers per slot (stream_full_barriers_for)
 };
 
 // Twenty-first session (846df26): the streamed kernels' ring has two `full` mbarriers per slot (norm/stream_rows.cuh:
@@ -533,7 +534,7 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
   if (tid < 32) {  // the producer warp: its first m.producer_lanes lanes (1 by default)
     if (tid < m.producer_lanes)
       stream_produce(
-          p.rows, slots, full, empty,
+          p.rows, slots, full, empty, m.full_barriers,
           [&](int64_t row, int s, uint64_t* bar) {
             detail::mbar_arrive_expect_tx(bar, RESIDUAL ? 2 * row_bytes : row_bytes);
             detail::bulk_load(ring + static_cast<int64_t>(s) * SV, p.x + row * p.n, row_bytes, bar);
@@ -563,7 +564,7 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
   int s = c % slots;
   uint32_t use = static_cast<uint32_t>(c / slots);
   for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
-    stream_wait_full(full, s, use);
+    stream_wait_full(full, s, use, m.full_barriers);
     uint2* const sx = ring + static_cast<int64_t>(s) * SV;
     SmemRows sm;
     sm.a = RESIDUAL ? sx + V : nullptr;
@@ -589,6 +590,7 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
 StreamModRows with_knobs(StreamModRows m, int slots, int warps) {
   m.read_fence = stream_read_fence_knob();
   m.producer_lanes = stream_producer_lanes(stream_producer_lanes_knob(), slots, warps);
+  m.full_barriers = stream_full_barriers_for(slots, warps);
   return m;
 }
 

@@ -3,9 +3,10 @@
 // order) runs the kernels' own arithmetic.
 //
 // Fill k of a block's ring goes to slot k % slots as that slot's use k / slots, and is consumed by consumer group
-// k % groups. Each slot has two `full` mbarriers: use u waits on full[2 * slot + (u & 1)] for that barrier's phase
-// u / 2. Each slot has one `empty` mbarrier: the producer's fill of use u >= 1 waits for its phase u - 1 (the release
-// of use u - 1).
+// k % groups. A slot's uses alternate between `fulls` mbarriers (stream_full_barriers: 1 where each group owns its
+// slots, 2 elsewhere): with two, use u waits on full[2 * slot + (u & 1)] for that barrier's phase u / 2; with one, on
+// full[slot] for its phase u. Each slot has one `empty` mbarrier: the producer's fill of use u >= 1 waits for its
+// phase u - 1 (the release of use u - 1).
 #pragma once
 
 #include <cstdint>
@@ -14,11 +15,27 @@
 
 namespace difuse::norm {
 
-// Index into `full` (2 x slots barriers) of slot s's use `use`.
-DIFUSE_HD int stream_full_index(int s, uint32_t use) { return 2 * s + static_cast<int>(use & 1u); }
+// How many `full` mbarriers a slot's uses alternate between. 2 (twenty-first session, 02a2be4): where the slots are
+// not a multiple of the groups, a slot's consumer is another group each time round the ring, which may reach its
+// wait for use u while use u - 1's bytes are still landing, and on one barrier a parity wait cannot tell use u - 1
+// in flight from use u - 2 complete (norm/stream_rows.cuh). 1 where slots % groups == 0 (twenty-fourth session): each
+// group then owns its slots (fill k's slot k % slots and group k % groups stay paired), so a group reaches its wait
+// for use u only after its own wait for use u - 1 passed, and one barrier's parity is unambiguous. Why not two
+// everywhere: H200 at c254364 (rev-bench/9e826cd/), layernorm_modulate 1x32760x1536 (48 slots, 24 groups) 67.7 /
+// 67.5 us on one barrier against 72.3 / 72.4 on two; the streamed rms_norm (48 slots, 24 warps) 55.9 / 55.9 against
+// 56.4 / 56.5. knob 2 (DIFUSE_STREAM_FULL_BARRIERS=2): two everywhere; any other value, the rule (one is never
+// taken where it could race). tests/cpu/test_stream_ring.cpp runs both on the model of the protocol.
+DIFUSE_HD int stream_full_barriers(int slots, int groups, int knob) {
+  return knob == 2 || groups < 1 || slots % groups != 0 ? 2 : 1;
+}
 
-// The parity a consumer waits for on that barrier: use u is its phase u / 2.
-DIFUSE_HD uint32_t stream_full_parity(uint32_t use) { return (use >> 1) & 1u; }
+// Index into `full` (2 x slots barriers, the first `slots` of them used when fulls == 1) of slot s's use `use`.
+DIFUSE_HD int stream_full_index(int s, uint32_t use, int fulls) {
+  return fulls == 1 ? s : 2 * s + static_cast<int>(use & 1u);
+}
+
+// The parity a consumer waits for on that barrier: use u is its phase u (one barrier) or u / 2 (two).
+DIFUSE_HD uint32_t stream_full_parity(uint32_t use, int fulls) { return (fulls == 1 ? use : use >> 1) & 1u; }
 
 // The parity the producer waits for on slot s's `empty` barrier before the slot's use `use` >= 1.
 DIFUSE_HD uint32_t stream_empty_parity(uint32_t use) { return (use - 1) & 1u; }

@@ -38,12 +38,14 @@ namespace difuse::norm {
 // whose predecessor (use u - 2) has completed before use u - 1 could be issued: the parity is unambiguous. The
 // producer's waits on `empty` never were ambiguous (it waits for use u - 1's release only after use u - 2's).
 // The indices and parities are norm/stream_ring.h's (CPU-tested on a model of the protocol).
-__device__ __forceinline__ uint64_t* stream_full_bar(uint64_t* full, int s, uint32_t use) {
-  return &full[stream_full_index(s, use)];
+// Since the twenty-fourth session one barrier per slot where the slots are a multiple of the groups (`fulls`, from
+// stream_full_barriers on the host: each group owns its slots there, and one barrier's parity is unambiguous).
+__device__ __forceinline__ uint64_t* stream_full_bar(uint64_t* full, int s, uint32_t use, int fulls) {
+  return &full[stream_full_index(s, use, fulls)];
 }
 // A consumer's wait for use `use` of slot s (all its bytes landed).
-__device__ __forceinline__ void stream_wait_full(uint64_t* full, int s, uint32_t use) {
-  detail::mbar_wait(stream_full_bar(full, s, use), stream_full_parity(use));
+__device__ __forceinline__ void stream_wait_full(uint64_t* full, int s, uint32_t use, int fulls) {
+  detail::mbar_wait(stream_full_bar(full, s, use, fulls), stream_full_parity(use, fulls));
 }
 
 // One thread initialises the ring's mbarriers (full, two per slot: the producer's arrival and the copies' bytes;
@@ -83,13 +85,14 @@ __device__ __forceinline__ void stream_init_barriers(uint64_t* full, uint64_t* e
 // 1x32760x1536 (the probe's ring at 201 MB: 58.4 us with one lane, 56.6 with 4, 56.3 with 8; stream-variants-846df26.json).
 template <class Issue>
 __device__ __forceinline__ void stream_produce_rows(int64_t begin, int64_t end, int64_t stride, int slots,
-                                                    uint64_t* full, uint64_t* empty, Issue issue, int lanes = 1) {
+                                                    uint64_t* full, uint64_t* empty, int fulls, Issue issue,
+                                                    int lanes = 1) {
   if (lanes == 1) {
     int s = 0;
     uint32_t use = 0;  // how many times slot s has been filled before
     for (int64_t row = begin; row < end; row += stride) {
       if (use > 0) detail::mbar_wait(&empty[s], stream_empty_parity(use));
-      issue(row, s, stream_full_bar(full, s, use));
+      issue(row, s, stream_full_bar(full, s, use, fulls));
       stream_advance(s, use, 1, slots);
     }
     return;
@@ -108,7 +111,7 @@ __device__ __forceinline__ void stream_produce_rows(int64_t begin, int64_t end, 
     }
     __syncwarp(mask);  // every lane's waits before any lane's copy (see above)
     const int64_t row = first + j * stride;
-    if (row < end) issue(row, mine_s, stream_full_bar(full, mine_s, mine_use));
+    if (row < end) issue(row, mine_s, stream_full_bar(full, mine_s, mine_use, fulls));
     s0 = s, use0 = use;
     __syncwarp(mask);
   }
@@ -116,9 +119,9 @@ __device__ __forceinline__ void stream_produce_rows(int64_t begin, int64_t end, 
 
 // The streamed kernels' rows: blockIdx.x, blockIdx.x + gridDim.x, ... below `rows` (stream_produce_rows).
 template <class Issue>
-__device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t* full, uint64_t* empty, Issue issue,
-                                               int lanes = 1) {
-  stream_produce_rows(blockIdx.x, rows, gridDim.x, slots, full, empty, issue, lanes);
+__device__ __forceinline__ void stream_produce(int64_t rows, int slots, uint64_t* full, uint64_t* empty, int fulls,
+                                               Issue issue, int lanes = 1) {
+  stream_produce_rows(blockIdx.x, rows, gridDim.x, slots, full, empty, fulls, issue, lanes);
 }
 
 // A grid-wide row counter for stream_produce_grabbed (core/grab_counter.h: who may use which).
@@ -141,7 +144,7 @@ struct StreamGrab {
 // changes from launch to launch; a row's arithmetic does not depend on it.
 template <class Issue>
 __device__ __forceinline__ void stream_produce_grabbed(int64_t rows, StreamGrab grab, int slots, int groups,
-                                                       uint64_t* full, uint64_t* empty, int64_t* slot_row,
+                                                       uint64_t* full, uint64_t* empty, int fulls, int64_t* slot_row,
                                                        StreamGrabCounter* counter, Issue issue) {
   const int64_t base = static_cast<int64_t>(gridDim.x) * grab.first;  // rows the first grabs cover
   // no integer division on the producer's path (at 918066b one per grab cost more than the balance gained)
@@ -161,7 +164,7 @@ __device__ __forceinline__ void stream_produce_grabbed(int64_t rows, StreamGrab 
     for (int64_t row = first; row < end; ++row) {
       if (use > 0) detail::mbar_wait(&empty[s], stream_empty_parity(use));
       slot_row[s] = row;
-      issue(row, s, stream_full_bar(full, s, use));
+      issue(row, s, stream_full_bar(full, s, use, fulls));
       if (++s == slots) s = 0, ++use;
     }
     first = base + static_cast<int64_t>(taken);
@@ -173,7 +176,7 @@ __device__ __forceinline__ void stream_produce_grabbed(int64_t rows, StreamGrab 
   for (int k = 0; k < groups; ++k) {
     if (use > 0) detail::mbar_wait(&empty[s], stream_empty_parity(use));
     slot_row[s] = -1;
-    detail::mbar_arrive(stream_full_bar(full, s, use));
+    detail::mbar_arrive(stream_full_bar(full, s, use, fulls));
     if (++s == slots) s = 0, ++use;
   }
   if (atomicAdd(&counter->done, 1u) == gridDim.x - 1) {  // every producer has taken its last grab
@@ -240,6 +243,15 @@ inline int stream_producer_lanes_knob(int unset = 1) {
     return k < 1 ? 0 : k > 8 ? 8 : k;
   }();
   return v > 0 ? v : unset;
+}
+
+// The `full` mbarriers per slot of a ring of `slots` slots and `groups` consumer groups (stream_full_barriers: 1
+// where the slots are a multiple of the groups, else 2), for every streamed kernel and the probe's rings.
+// DIFUSE_STREAM_FULL_BARRIERS=2 (read once; for measurement; twenty-fourth session): two everywhere (the protocol of
+// 02a2be4..9e826cd); unset or any other value: the rule.
+inline int stream_full_barriers_for(int slots, int groups) {
+  static const int knob = detail::env_knob_or("DIFUSE_STREAM_FULL_BARRIERS", 0);
+  return stream_full_barriers(slots, groups, knob);
 }
 
 // The dynamic shared memory a streamed block of `kernel` may take on `device`: the opt-in maximum per block less the

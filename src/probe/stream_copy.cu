@@ -167,7 +167,7 @@ template <bool BULK_STORE, bool GRAB, int MAXW, int MINB>
 __global__ void __launch_bounds__(32 + 32 * MAXW, MINB)
     stream_copy_ring_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t nbytes, int row_bytes,
                             int slots, norm::StreamGrab grab, norm::StreamGrabCounter* counter, int producer_lanes,
-                            int64_t rows_per_block) {
+                            int full_barriers, int64_t rows_per_block) {
   extern __shared__ uint4 ring_slots[];
   __shared__ uint64_t full[2 * kRingMaxSlots], empty[kRingMaxSlots];
   __shared__ int64_t slot_row[GRAB ? kRingMaxSlots : 1];
@@ -188,9 +188,9 @@ __global__ void __launch_bounds__(32 + 32 * MAXW, MINB)
     };
     if constexpr (GRAB) {
       if (threadIdx.x == 0)
-        norm::stream_produce_grabbed(rows, grab, slots, groups, full, empty, slot_row, counter, issue);
+        norm::stream_produce_grabbed(rows, grab, slots, groups, full, empty, full_barriers, slot_row, counter, issue);
     } else if (static_cast<int>(threadIdx.x) < producer_lanes) {
-      norm::stream_produce_rows(begin, end, stride, slots, full, empty, issue, producer_lanes);
+      norm::stream_produce_rows(begin, end, stride, slots, full, empty, full_barriers, issue, producer_lanes);
     }
     return;
   }
@@ -198,7 +198,7 @@ __global__ void __launch_bounds__(32 + 32 * MAXW, MINB)
   int s = c % slots;
   uint32_t use = static_cast<uint32_t>(c / slots);
   for (int64_t row = GRAB ? 0 : begin + c * stride; GRAB || row < end; row += groups * stride) {
-    norm::stream_wait_full(full, s, use);
+    norm::stream_wait_full(full, s, use, full_barriers);
     if constexpr (GRAB) {
       row = slot_row[s];
       if (row < 0) break;  // the producer's end mark: no more rows for this consumer
@@ -279,7 +279,7 @@ __global__ void __launch_bounds__(32 * kWarpRingWarps)
 }
 
 using RingKernel = void (*)(const uint8_t*, uint8_t*, int64_t, int, int, norm::StreamGrab, norm::StreamGrabCounter*,
-                            int, int64_t);
+                            int, int, int64_t);
 
 RingKernel pick_ring(const RingVariant& r) {
   if (r.bulk_store) return stream_copy_ring_kernel<true, false, 24, 1>;
@@ -426,7 +426,8 @@ void stream_copy(void* dst, const void* src, int64_t nbytes, int index, cudaStre
                                                         " needs a row counter and none is free (see the log)");
     kernel<<<static_cast<unsigned>(blocks), 32 + 32 * warps, static_cast<size_t>(slots) * r.row_bytes, stream>>>(
         static_cast<const uint8_t*>(src), static_cast<uint8_t*>(dst), nbytes, r.row_bytes, slots, r.grab, counter,
-        norm::stream_producer_lanes(r.lanes, slots, warps), r.rows_per_block);
+        norm::stream_producer_lanes(r.lanes, slots, warps), norm::stream_full_barriers_for(slots, warps),
+        r.rows_per_block);
     DIFUSE_CUDA_CHECK(cudaGetLastError());
     return;
   }

@@ -38,15 +38,15 @@ struct Bar {
   bool try_wait(uint32_t parity) const { return (done & 1u) != parity; }
 };
 
+// The kernels' `full` barriers per slot (stream_full_index and stream_full_parity with `fulls`): the model holds
+// 2 x slots of them, as the kernels' shared arrays do.
 struct Scheme {
-  int bars_per_slot;
-  int (*index)(int s, uint32_t use);
-  uint32_t (*parity)(uint32_t use);
+  int fulls;
+  int index(int s, uint32_t use) const { return stream_full_index(s, use, fulls); }
+  uint32_t parity(uint32_t use) const { return stream_full_parity(use, fulls); }
 };
-int single_index(int s, uint32_t) { return s; }
-uint32_t single_parity(uint32_t use) { return use & 1u; }
-const Scheme kKernels{2, stream_full_index, stream_full_parity};
-const Scheme kOneBarrierPerSlot{1, single_index, single_parity};
+const Scheme kKernels{2};
+const Scheme kOneBarrierPerSlot{1};
 
 struct Cursor {  // a producer lane's or consumer group's next fill, as the kernels step it
   int s = 0;
@@ -64,7 +64,7 @@ struct Cursor {  // a producer lane's or consumer group's next fill, as the kern
 std::string run(const Scheme& scheme, int slots, int groups, int lanes, int64_t fills, uint64_t seed,
                 bool lockstep = true, bool sync_before_copies = true) {
   std::mt19937_64 rng(seed);
-  std::vector<Bar> full(static_cast<size_t>(scheme.bars_per_slot * slots), Bar(1)), empty(slots, Bar(1));
+  std::vector<Bar> full(static_cast<size_t>(2 * slots), Bar(1)), empty(slots, Bar(1));
   std::vector<int64_t> content(slots, -2);  // the fill whose bytes the slot holds; -1: bytes landing
   struct Copy {
     int s, bar;
@@ -194,6 +194,33 @@ TEST(StreamRing, OneFullBarrierPerSlotRacesWhereSlotsAreNotAMultipleOfGroups) {
     for (uint64_t seed = 0; seed < 100; ++seed)
       ASSERT_EQ(run(kOneBarrierPerSlot, sh.slots, sh.groups, 1, 8 * sh.slots, seed), "")
           << sh.slots << " slots, " << sh.groups << " groups, seed " << seed;
+}
+
+TEST(StreamRing, TheKernelsTakeOneFullBarrierExactlyWhereEachGroupOwnsItsSlots) {
+  // stream_full_barriers: 1 where slots % groups == 0, 2 elsewhere and under DIFUSE_STREAM_FULL_BARRIERS=2
+  using difuse::norm::stream_full_barriers;
+  EXPECT_EQ(stream_full_barriers(48, 24, 0), 1);  // the plain LayerNorms at 1536, the streamed rms_norm
+  EXPECT_EQ(stream_full_barriers(32, 24, 0), 2);  // the LayerNorms' old 32-slot ring: it raced on one (see above)
+  EXPECT_EQ(stream_full_barriers(37, 24, 0), 2);
+  EXPECT_EQ(stream_full_barriers(36, 12, 0), 1);
+  EXPECT_EQ(stream_full_barriers(48, 24, 2), 2);
+  EXPECT_EQ(stream_full_barriers(48, 24, 1), 1);  // 1 cannot force one barrier where it could race
+  EXPECT_EQ(stream_full_barriers(37, 24, 1), 2);
+  EXPECT_EQ(stream_full_barriers(7, 0, 0), 2);
+  // where the rule takes one barrier, the protocol holds under any schedule with every lane count the kernels may
+  // run (stream_producer_lanes), on the rings the kernels build; where it takes two, the other test covers it
+  const Shape shapes[] = {{48, 24}, {36, 12}, {24, 24}, {32, 16}, {18, 6}, {2, 1}, {2, 2}, {6, 3}, {7, 7}, {37, 24}};
+  for (const Shape& sh : shapes) {
+    const Scheme scheme{stream_full_barriers(sh.slots, sh.groups, 0)};
+    for (int wanted : {1, 2, 3, 4, 8})
+      for (int64_t fills : {int64_t{1}, int64_t{sh.slots + 1}, int64_t{6 * sh.slots + 5}})
+        for (uint64_t seed = 0; seed < 40; ++seed) {
+          const int lanes = difuse::norm::stream_producer_lanes(wanted, sh.slots, sh.groups);
+          const std::string e = run(scheme, sh.slots, sh.groups, lanes, fills, seed);
+          ASSERT_EQ(e, "") << sh.slots << " slots, " << sh.groups << " groups, " << scheme.fulls << " full barriers, "
+                           << lanes << " lanes, " << fills << " fills, seed " << seed;
+        }
+  }
 }
 
 TEST(StreamRing, ProducerLanesMustStayInStepAndWithinTheirBound) {
