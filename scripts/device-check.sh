@@ -94,8 +94,9 @@ stage_gputests() {
 
 # The default sanitizer stage's runs of the native smoke test, in order: "PART TOOL|VAR=V ...|what the knobs reach"
 # (racecheck with --racecheck-report all; the first failing run ends the stage). DIFUSE_SANITIZER_PART=1 or 2 runs
-# one half (~5 min each); unset, both: more than one 600 s device call since the list grew (the whole stage was
-# cut by 600 s at b9178f7 in its 30th and last run, sanitizer-b9178f7-cut.log.gz).
+# one half (~5 min each), 3 the one-barrier rings (DIFUSE_STREAM_FULL_BARRIERS=1, twenty-fourth session; four runs);
+# unset, all: more than one 600 s device call since the list grew (the whole stage was cut by 600 s at b9178f7 in
+# its 30th and last run, sanitizer-b9178f7-cut.log.gz).
 SANITIZER_RUNS=(
   "1 memcheck||the defaults"
   "1 racecheck||the defaults"
@@ -127,6 +128,10 @@ SANITIZER_RUNS=(
   "2 racecheck|DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2|4 producer lanes on every streamed kernel"
   "2 memcheck|DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1|the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate, GRLN's prefetched a, gelu's pipelined table kernel"
   "2 racecheck|DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1|the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate, GRLN's prefetched a, gelu's pipelined table kernel"
+  "3 memcheck|DIFUSE_STREAM_FULL_BARRIERS=1|one full barrier per slot where the slots are a multiple of the groups, the default groups"
+  "3 racecheck|DIFUSE_STREAM_FULL_BARRIERS=1|one full barrier per slot where the slots are a multiple of the groups, the default groups"
+  "3 memcheck|DIFUSE_STREAM_FULL_BARRIERS=1 DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=4 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=1 DIFUSE_RMSMOD_STREAMED=4 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=4 DIFUSE_RMS_STREAMED_BLOCKS=2|one full barrier per slot, 4 groups on 2 blocks (every ring of 4k slots owned), 4 producer lanes"
+  "3 racecheck|DIFUSE_STREAM_FULL_BARRIERS=1 DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=4 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=1 DIFUSE_RMSMOD_STREAMED=4 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=4 DIFUSE_RMS_STREAMED_BLOCKS=2|one full barrier per slot, 4 groups on 2 blocks (every ring of 4k slots owned), 4 producer lanes"
 )
 # compute-sanitizer on the native smoke test (the default kernels, then the knob variants it reaches).
 # DIFUSE_SANITIZER_KNOBS="VAR=V VAR=V ..." instead: memcheck and racecheck of the smoke test under those knobs only

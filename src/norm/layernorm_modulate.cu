@@ -1031,10 +1031,11 @@ __host__ __device__ inline int64_t staged_mod_batches(const Params& p) {
   return p.scale_stride == 0 && p.shift_stride == 0 ? 1 : p.rows / p.seq;
 }
 
-// The plain LayerNorms' ring: at most 48 slots (GRLN's kStreamMaxSlots is 32), so that at Wan 1.3B's 1536 the 24
-// one-warp groups own two slots each (one `full` barrier per slot, stream_full_barriers) and 24 slots stay free for
-// copies in flight while the groups compute. H200 at c254364 (rev-bench/9e826cd/), layernorm_modulate 1x32760x1536:
-// 32 slots on two barriers 73.1 / 73.2 us, 48 on two 72.3 / 72.4, 48 on one 67.7 / 67.5 (two rounds each).
+// The plain LayerNorms' ring under DIFUSE_STREAM_FULL_BARRIERS=1 (owned_stream_rings): at most 48 slots instead of
+// kStreamMaxSlots' 32, so that at Wan 1.3B's 1536 the 24 one-warp groups own two slots each (one `full` barrier per
+// slot, stream_full_barriers) and 24 slots stay free for copies in flight while the groups compute. H200 at c254364
+// (rev-bench/9e826cd/, experiment patches), layernorm_modulate 1x32760x1536: 32 slots on two barriers 73.1 / 73.2
+// us, 48 on two 72.3 / 72.4, 48 on one 67.7 / 67.5 (two rounds each; 1 us less at 2x4096x1536, the same elsewhere).
 constexpr int kStreamLnMaxSlots = 48;
 constexpr int kStreamLnMaxGroups = 12;  // 800 threads: 80 registers (at 14 groups' 64 the fp32 epilogue spilled)
 
@@ -1243,7 +1244,8 @@ bool launch_streamed(const Params& p, int device, cudaStream_t stream) {
 template <bool F32, bool VEC, bool SMOD, int G = 64>
 bool launch_streamed_ln(const Params& p, int device, cudaStream_t stream) {
   static StreamLaunchOnce once;
-  return launch_stream(layernorm_streamed_rows<F32, VEC, SMOD, G>, once, kStreamLnMaxSlots,
+  return launch_stream(layernorm_streamed_rows<F32, VEC, SMOD, G>, once,
+                       owned_stream_rings() ? kStreamLnMaxSlots : kStreamMaxSlots,
                        64 * kStreamLnMaxGroups / G, int64_t{2} * p.h, SMOD ? 2 * staged_mod_batches(p) * int64_t{F32 ? 4 : 2} * p.h : 0, p, device,
                        stream, G);
 }

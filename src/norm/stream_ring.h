@@ -3,8 +3,8 @@
 // order) runs the kernels' own arithmetic.
 //
 // Fill k of a block's ring goes to slot k % slots as that slot's use k / slots, and is consumed by consumer group
-// k % groups. A slot's uses alternate between `fulls` mbarriers (stream_full_barriers: 1 where each group owns its
-// slots, 2 elsewhere): with two, use u waits on full[2 * slot + (u & 1)] for that barrier's phase u / 2; with one, on
+// k % groups. A slot's uses alternate between `fulls` mbarriers (stream_full_barriers: 2 by default, 1 under its knob
+// where each group owns its slots): with two, use u waits on full[2 * slot + (u & 1)] for that barrier's phase u / 2; with one, on
 // full[slot] for its phase u. Each slot has one `empty` mbarrier: the producer's fill of use u >= 1 waits for its
 // phase u - 1 (the release of use u - 1).
 #pragma once
@@ -18,15 +18,16 @@ namespace difuse::norm {
 // How many `full` mbarriers a slot's uses alternate between. 2 (twenty-first session, 02a2be4): where the slots are
 // not a multiple of the groups, a slot's consumer is another group each time round the ring, which may reach its
 // wait for use u while use u - 1's bytes are still landing, and on one barrier a parity wait cannot tell use u - 1
-// in flight from use u - 2 complete (norm/stream_rows.cuh). 1 where slots % groups == 0 (twenty-fourth session): each
-// group then owns its slots (fill k's slot k % slots and group k % groups stay paired), so a group reaches its wait
-// for use u only after its own wait for use u - 1 passed, and one barrier's parity is unambiguous. Why not two
-// everywhere: H200 at c254364 (rev-bench/9e826cd/), layernorm_modulate 1x32760x1536 (48 slots, 24 groups) 67.7 /
-// 67.5 us on one barrier against 72.3 / 72.4 on two; the streamed rms_norm (48 slots, 24 warps) 55.9 / 55.9 against
-// 56.4 / 56.5. knob 2 (DIFUSE_STREAM_FULL_BARRIERS=2): two everywhere; any other value, the rule (one is never
-// taken where it could race). tests/cpu/test_stream_ring.cpp runs both on the model of the protocol.
+// in flight from use u - 2 complete (norm/stream_rows.cuh). Where slots % groups == 0 each group owns its slots
+// (fill k's slot k % slots and group k % groups stay paired), so a group reaches its wait for use u only after its own
+// wait for use u - 1 passed, and one barrier's parity is unambiguous (twenty-fourth session). H200 at c254364
+// (rev-bench/9e826cd/, experiment patches): layernorm_modulate 1x32760x1536 on 48 slots for 24 groups 67.7 / 67.5 us
+// on one barrier against 72.3 / 72.4 on two; the streamed rms_norm (48 slots, 24 warps) 55.9 / 55.9 against 56.4 /
+// 56.5. knob 1 (DIFUSE_STREAM_FULL_BARRIERS=1): one barrier where the groups own their slots, two elsewhere; any other
+// value: two everywhere (the default until the rule has run in the whole GPU suite and the sanitizer on the H200:
+// written after the session's last device call). tests/cpu/test_stream_ring.cpp runs both on the model.
 DIFUSE_HD int stream_full_barriers(int slots, int groups, int knob) {
-  return knob == 2 || groups < 1 || slots % groups != 0 ? 2 : 1;
+  return knob == 1 && groups >= 1 && slots % groups == 0 ? 1 : 2;
 }
 
 // Index into `full` (2 x slots barriers, the first `slots` of them used when fulls == 1) of slot s's use `use`.

@@ -38,8 +38,8 @@ namespace difuse::norm {
 // whose predecessor (use u - 2) has completed before use u - 1 could be issued: the parity is unambiguous. The
 // producer's waits on `empty` never were ambiguous (it waits for use u - 1's release only after use u - 2's).
 // The indices and parities are norm/stream_ring.h's (CPU-tested on a model of the protocol).
-// Since the twenty-fourth session one barrier per slot where the slots are a multiple of the groups (`fulls`, from
-// stream_full_barriers on the host: each group owns its slots there, and one barrier's parity is unambiguous).
+// `fulls` (stream_full_barriers on the host): 2, or under DIFUSE_STREAM_FULL_BARRIERS=1 one barrier per slot where the
+// slots are a multiple of the groups (each group owns its slots there, and one barrier's parity is unambiguous).
 __device__ __forceinline__ uint64_t* stream_full_bar(uint64_t* full, int s, uint32_t use, int fulls) {
   return &full[stream_full_index(s, use, fulls)];
 }
@@ -245,13 +245,18 @@ inline int stream_producer_lanes_knob(int unset = 1) {
   return v > 0 ? v : unset;
 }
 
-// The `full` mbarriers per slot of a ring of `slots` slots and `groups` consumer groups (stream_full_barriers: 1
-// where the slots are a multiple of the groups, else 2), for every streamed kernel and the probe's rings.
-// DIFUSE_STREAM_FULL_BARRIERS=2 (read once; for measurement; twenty-fourth session): two everywhere (the protocol of
-// 02a2be4..9e826cd); unset or any other value: the rule.
-inline int stream_full_barriers_for(int slots, int groups) {
+// The `full` mbarriers per slot of a ring of `slots` slots and `groups` consumer groups (stream_full_barriers), for
+// every streamed kernel and the probe's rings. DIFUSE_STREAM_FULL_BARRIERS=1 (read once; twenty-fourth session; not
+// yet run on the H200 in this form): one where the slots are a multiple of the groups, and the plain LayerNorms'
+// ring up to 48 slots (owned_stream_rings); unset or any other value: two everywhere, the protocol of
+// 02a2be4..9e826cd that the whole GPU suite and the sanitizer ran.
+inline int stream_full_barriers_knob() {
   static const int knob = detail::env_knob_or("DIFUSE_STREAM_FULL_BARRIERS", 0);
-  return stream_full_barriers(slots, groups, knob);
+  return knob;
+}
+inline bool owned_stream_rings() { return stream_full_barriers_knob() == 1; }
+inline int stream_full_barriers_for(int slots, int groups) {
+  return stream_full_barriers(slots, groups, stream_full_barriers_knob());
 }
 
 // The dynamic shared memory a streamed block of `kernel` may take on `device`: the opt-in maximum per block less the

@@ -196,22 +196,21 @@ TEST(StreamRing, OneFullBarrierPerSlotRacesWhereSlotsAreNotAMultipleOfGroups) {
           << sh.slots << " slots, " << sh.groups << " groups, seed " << seed;
 }
 
-TEST(StreamRing, TheKernelsTakeOneFullBarrierExactlyWhereEachGroupOwnsItsSlots) {
-  // stream_full_barriers: 1 where slots % groups == 0, 2 elsewhere and under DIFUSE_STREAM_FULL_BARRIERS=2
+TEST(StreamRing, TheKernelsTakeOneFullBarrierOnlyUnderTheKnobAndWhereEachGroupOwnsItsSlots) {
+  // stream_full_barriers: 2 by default; under DIFUSE_STREAM_FULL_BARRIERS=1, 1 where slots % groups == 0
   using difuse::norm::stream_full_barriers;
-  EXPECT_EQ(stream_full_barriers(48, 24, 0), 1);  // the plain LayerNorms at 1536, the streamed rms_norm
-  EXPECT_EQ(stream_full_barriers(32, 24, 0), 2);  // the LayerNorms' old 32-slot ring: it raced on one (see above)
-  EXPECT_EQ(stream_full_barriers(37, 24, 0), 2);
-  EXPECT_EQ(stream_full_barriers(36, 12, 0), 1);
+  EXPECT_EQ(stream_full_barriers(48, 24, 0), 2);
   EXPECT_EQ(stream_full_barriers(48, 24, 2), 2);
-  EXPECT_EQ(stream_full_barriers(48, 24, 1), 1);  // 1 cannot force one barrier where it could race
+  EXPECT_EQ(stream_full_barriers(48, 24, 1), 1);  // the plain LayerNorms' 48-slot ring at 1536, the streamed rms_norm
+  EXPECT_EQ(stream_full_barriers(36, 12, 1), 1);
+  EXPECT_EQ(stream_full_barriers(32, 24, 1), 2);  // the LayerNorms' 32-slot ring: it raced on one (see above)
   EXPECT_EQ(stream_full_barriers(37, 24, 1), 2);
-  EXPECT_EQ(stream_full_barriers(7, 0, 0), 2);
+  EXPECT_EQ(stream_full_barriers(7, 0, 1), 2);
   // where the rule takes one barrier, the protocol holds under any schedule with every lane count the kernels may
   // run (stream_producer_lanes), on the rings the kernels build; where it takes two, the other test covers it
   const Shape shapes[] = {{48, 24}, {36, 12}, {24, 24}, {32, 16}, {18, 6}, {2, 1}, {2, 2}, {6, 3}, {7, 7}, {37, 24}};
   for (const Shape& sh : shapes) {
-    const Scheme scheme{stream_full_barriers(sh.slots, sh.groups, 0)};
+    const Scheme scheme{stream_full_barriers(sh.slots, sh.groups, 1)};
     for (int wanted : {1, 2, 3, 4, 8})
       for (int64_t fills : {int64_t{1}, int64_t{sh.slots + 1}, int64_t{6 * sh.slots + 5}})
         for (uint64_t seed = 0; seed < 40; ++seed) {

@@ -110,12 +110,12 @@ def streamed_ln_kernels_ran(f32: bool, warp: str) -> str:
                             for v, m in (("true", "true"), ("true", "false"), ("false", "false")))
 
 
-def streamed_ln_env(groups: str, blocks: str, warp: str, fence: str = "", lanes: str = "") -> dict:
+def streamed_ln_env(groups: str, blocks: str, warp: str, fence: str = "", lanes: str = "", fulls: str = "") -> dict:
     """The LayerNorms' streamed-row knobs of a knob test: DIFUSE_LNMOD_STREAMED (groups), _STREAMED_BLOCKS (grid cap)
-    and _STREAM_WARP (group width); DIFUSE_STREAM_READ_FENCE (fence) and DIFUSE_STREAM_PRODUCER_LANES (lanes; ""
-    leaves each default)."""
+    and _STREAM_WARP (group width); DIFUSE_STREAM_READ_FENCE (fence), DIFUSE_STREAM_PRODUCER_LANES (lanes) and
+    DIFUSE_STREAM_FULL_BARRIERS (fulls; "" leaves each default)."""
     return dict(DIFUSE_LNMOD_STREAMED=groups, DIFUSE_LNMOD_STREAMED_BLOCKS=blocks, DIFUSE_LNMOD_STREAM_WARP=warp,
-                DIFUSE_STREAM_READ_FENCE=fence, DIFUSE_STREAM_PRODUCER_LANES=lanes)
+                DIFUSE_STREAM_READ_FENCE=fence, DIFUSE_STREAM_PRODUCER_LANES=lanes, DIFUSE_STREAM_FULL_BARRIERS=fulls)
 
 
 def prologue_adversarial_script(op: str, head_dim: int, cases, seed: int, bhsd: bool = False) -> str:

@@ -206,10 +206,12 @@ def streamed_kernels_ran(G: int) -> str:
                                for v, m in (("true", "true"), ("true", "false"), ("false", "false"))))
 
 
-@pytest.mark.parametrize("groups,blocks,warp,lanes", [("1", "", "0", ""), ("3", "2", "0", ""), ("14", "5", "0", ""),
-                                                      ("1", "", "1", ""), ("5", "2", "1", ""), ("28", "5", "1", ""),
-                                                      ("1", "", "1", "4"), ("3", "2", "0", "3")], ids=str)
-def test_streamed_variant(groups, blocks, warp, lanes):
+@pytest.mark.parametrize("groups,blocks,warp,lanes,fulls",
+                         [("1", "", "0", "", ""), ("3", "2", "0", "", ""), ("14", "5", "0", "", ""),
+                          ("1", "", "1", "", ""), ("5", "2", "1", "", ""), ("28", "5", "1", "", ""),
+                          ("1", "", "1", "4", ""), ("3", "2", "0", "3", ""), ("1", "", "1", "", "1"),
+                          ("4", "2", "1", "8", "1"), ("8", "5", "0", "", "1")], ids=str)
+def test_streamed_variant(groups, blocks, warp, lanes, fulls):
     """DIFUSE_LNMOD_STREAMED=G (read once per process): one block per SM (or DIFUSE_LNMOD_STREAMED_BLOCKS of them),
     a producer warp bulk-copying each row's h and a into a ring of slots while G two-warp groups compute (1: 12
     groups). Both outputs bit for bit at FLUX's 4096 and 512 rows at 3072, batch 2 at 1536 and 3072 with per-token
@@ -219,7 +221,8 @@ def test_streamed_variant(groups, blocks, warp, lanes):
     modulation rows staged in shared memory, a per-token gate, 2-byte aligned rows; compared bit for bit too).
     DIFUSE_LNMOD_STREAM_WARP=0 keeps two-warp groups; with =1 the groups are one warp each (four slots per thread; 1:
     24 groups, at most 28), and the profiler must show those kernels. DIFUSE_STREAM_PRODUCER_LANES=K: K lanes of the
-    producer warp issue the rows' copies in step (same bits)."""
+    producer warp issue the rows' copies in step (same bits). DIFUSE_STREAM_FULL_BARRIERS=1: one `full` barrier per
+    slot where the ring's slots are a multiple of the groups, two elsewhere (same bits)."""
     from knob_run import assert_exact_under, streamed_ln_env
 
     script = _knob_script(3300, [((1, 4096, 3072), 0, 0, False, False), ((1, 512, 3072), 0, 0, False, False),
@@ -230,7 +233,7 @@ def test_streamed_variant(groups, blocks, warp, lanes):
                                  ((2, 21, 516), 0, 0, False, False), ((1, 3, 8), 0, 0, False, False)])
     script = script.replace("print('mismatches', bad)",
                             streamed_kernels_ran(32 if warp == "1" else 64) + "print('mismatches', bad)")
-    assert_exact_under(script, **streamed_ln_env(groups, blocks, warp, lanes=lanes))
+    assert_exact_under(script, **streamed_ln_env(groups, blocks, warp, lanes=lanes, fulls=fulls))
 
 
 def test_streamed_default_first_launched_in_a_cuda_graph():

@@ -334,12 +334,13 @@ def test_two_warp_schedule_for_few_rows():
     assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="64")
 
 
-@pytest.mark.parametrize("groups,blocks,warp,fence,lanes",
-                         [("1", "", "0", "", ""), ("3", "2", "0", "", ""), ("1", "", "1", "", ""), ("5", "2", "1", "", ""),
-                          ("1", "", "1", "0", ""), ("3", "2", "0", "0", ""), ("1", "", "1", "", "4"),
-                          ("3", "2", "0", "", "3")],
+@pytest.mark.parametrize("groups,blocks,warp,fence,lanes,fulls",
+                         [("1", "", "0", "", "", ""), ("3", "2", "0", "", "", ""), ("1", "", "1", "", "", ""),
+                          ("5", "2", "1", "", "", ""), ("1", "", "1", "0", "", ""), ("3", "2", "0", "0", "", ""),
+                          ("1", "", "1", "", "4", ""), ("3", "2", "0", "", "3", ""), ("1", "", "1", "", "", "1"),
+                          ("1", "", "1", "", "8", "1"), ("4", "2", "1", "", "", "1"), ("3", "2", "0", "", "3", "1")],
                          ids=str)
-def test_streamed_variant(groups, blocks, warp, fence, lanes):
+def test_streamed_variant(groups, blocks, warp, fence, lanes, fulls):
     """DIFUSE_LNMOD_STREAMED=G (read once per process): layernorm_modulate on the streamed rows (one block per SM, or
     DIFUSE_LNMOD_STREAMED_BLOCKS of them: a producer warp bulk-copying each row's x into a ring of slots, G two-warp
     groups computing; 1: 12 groups). Same bits at FLUX's single-stream 4608 rows, Wan's 32,760 at 1536 and 5120,
@@ -349,7 +350,9 @@ def test_streamed_variant(groups, blocks, warp, fence, lanes):
     the three streamed kernels ran. DIFUSE_LNMOD_STREAM_WARP=0 keeps two-warp groups; with =1 the groups are one warp
     each (four slots per thread on the same paired map; 1: 24 groups), and the profiler must show those kernels.
     DIFUSE_STREAM_READ_FENCE=0: the consumers release their slots without the async-proxy fence (same bits).
-    DIFUSE_STREAM_PRODUCER_LANES=K: K lanes of the producer warp issue the rows' copies in step (same bits)."""
+    DIFUSE_STREAM_PRODUCER_LANES=K: K lanes of the producer warp issue the rows' copies in step (same bits).
+    DIFUSE_STREAM_FULL_BARRIERS=1: one `full` barrier per slot where the ring's slots are a multiple of the groups
+    (the plain LayerNorms' ring up to 48 slots), two elsewhere (same bits)."""
     from knob_run import (PLACE_ADVERSARIAL, PROFILE_START, assert_exact_under, mismatch_script, streamed_ln_env,
                           streamed_ln_kernels_ran)
 
@@ -373,7 +376,7 @@ def test_streamed_variant(groups, blocks, warp, fence, lanes):
         "for sc, sh in ((emb8[1], emb8[0]), (rnd(1, 4096, 3072), rnd(1, 4096, 3072)), (emb[1], emb[0])):\n"
         "    bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n"
         + streamed_ln_kernels_ran(False, warp))
-    assert_exact_under(script, **streamed_ln_env(groups, blocks, warp, fence, lanes))
+    assert_exact_under(script, **streamed_ln_env(groups, blocks, warp, fence, lanes, fulls))
 
 
 def _streamed_ran(x, scale, shift):

@@ -213,13 +213,15 @@ def test_batched_stream_variant(batched):
     assert_exact_under(strided, DIFUSE_RMS_STREAM_BATCH=batched)
 
 
-@pytest.mark.parametrize("warps,blocks,fence,bulk,grab",
-                         [("1", "", "", "", ""), ("5", "2", "", "", ""), ("1", "", "0", "", ""), ("5", "2", "0", "", ""),
-                          ("1", "", "", "1", ""), ("5", "2", "", "1", ""), ("1", "", "", "", "8,2,32,2"),
-                          ("5", "2", "", "", "3/1/5/1"), ("1", "", "", "", "p4"), ("5", "2", "", "1", "p3"),
-                          ("1", "", "", "", "p1"), ("5", "2", "", "", "p1")],
+@pytest.mark.parametrize("warps,blocks,fence,bulk,grab,fulls",
+                         [("1", "", "", "", "", ""), ("5", "2", "", "", "", ""), ("1", "", "0", "", "", ""),
+                          ("5", "2", "0", "", "", ""), ("1", "", "", "1", "", ""), ("5", "2", "", "1", "", ""),
+                          ("1", "", "", "", "8,2,32,2", ""), ("5", "2", "", "", "3/1/5/1", ""), ("1", "", "", "", "p4", ""),
+                          ("5", "2", "", "1", "p3", ""), ("1", "", "", "", "p1", ""), ("5", "2", "", "", "p1", ""),
+                          ("1", "", "", "", "", "1"), ("6", "2", "", "", "p8", "1"), ("4", "2", "", "", "8,2,32,2", "1"),
+                          ("5", "2", "", "1", "", "1")],
                          ids=str)
-def test_streamed_variant(warps, blocks, fence, bulk, grab):
+def test_streamed_variant(warps, blocks, fence, bulk, grab, fulls):
     """DIFUSE_RMS_STREAMED=G (read once per process): rows wider than 128 with N % 8 == 0 and 16-byte aligned rows on
     the streamed rows (one block per SM, or DIFUSE_RMS_STREAMED_BLOCKS of them: a producer lane bulk-copying each row
     into a ring of shared-memory slots, G consumer warps, one row each on aten's paired map; 1: 24 warps; 5 warps on
@@ -234,7 +236,9 @@ def test_streamed_variant(warps, blocks, fence, bulk, grab):
     process, so each launch finds the counter the previous one set back to zero). "pK" instead:
     DIFUSE_STREAM_PRODUCER_LANES=K, K lanes of the producer warp issue the strided rows' copies together (K = 3 on
     a 2-block grid with 5 warps: lanes that wrap the ring more than once per step at the small ring widths; K = 1:
-    lane 0 alone, the default being 8 lanes, or as many as the ring allows)."""
+    lane 0 alone, the default being 8 lanes, or as many as the ring allows). DIFUSE_STREAM_FULL_BARRIERS=1: one `full`
+    barrier per slot where the ring's slots are a multiple of the warps (24 or 6 or 4 warps on 48 slots), two elsewhere
+    (5 warps; same bits)."""
     from knob_run import PROFILE_START, assert_exact_under, every_kernel_ran, exactness_script
 
     specs = [((1, 32760, 1536), True), ((1, 2048, 5120), True), ((1, 2048, 5120), False), ((5, 9, 136), True),
@@ -250,7 +254,7 @@ def test_streamed_variant(warps, blocks, fence, bulk, grab):
     lanes = grab[1:] if grab.startswith("p") else ""
     env = dict(DIFUSE_RMS_STREAMED=warps, DIFUSE_RMS_STREAMED_BLOCKS=blocks, DIFUSE_STREAM_READ_FENCE=fence,
                DIFUSE_RMS_STREAMED_BULK_OUT=bulk, DIFUSE_STREAM_GRAB="" if lanes else grab,
-               DIFUSE_STREAM_PRODUCER_LANES=lanes)
+               DIFUSE_STREAM_PRODUCER_LANES=lanes, DIFUSE_STREAM_FULL_BARRIERS=fulls)
     assert_exact_under(script, **env)
     for seed, row_shape in ((1350, (1536,)), (1360, (5120,))):
         assert_exact_under(_strided_rows_script(seed, row_shape), **env)

@@ -475,12 +475,13 @@ def test_residual_quarter_batch_variant(half):
                        DIFUSE_RMSMOD_STAGED="1")
 
 
-@pytest.mark.parametrize("warps,blocks,smod,fence,lanes",
-                         [("1", "", "0", "", ""), ("5", "2", "0", "", ""), ("1", "", "1", "", ""), ("5", "2", "1", "", ""),
-                          ("1", "", "1", "0", ""), ("5", "2", "0", "0", ""), ("1", "", "1", "", "4"),
-                          ("5", "2", "0", "", "3")],
+@pytest.mark.parametrize("warps,blocks,smod,fence,lanes,fulls",
+                         [("1", "", "0", "", "", ""), ("5", "2", "0", "", "", ""), ("1", "", "1", "", "", ""),
+                          ("5", "2", "1", "", "", ""), ("1", "", "1", "0", "", ""), ("5", "2", "0", "0", "", ""),
+                          ("1", "", "1", "", "4", ""), ("5", "2", "0", "", "3", ""), ("1", "", "1", "", "", "1"),
+                          ("6", "2", "0", "", "8", "1"), ("4", "2", "1", "", "", "1")],
                          ids=str)
-def test_streamed_rows_variant(warps, blocks, smod, fence, lanes):
+def test_streamed_rows_variant(warps, blocks, smod, fence, lanes, fulls):
     """DIFUSE_RMSMOD_STREAMED=G (read once per process): one block per SM (or DIFUSE_RMSMOD_STREAMED_BLOCKS of them),
     a producer warp bulk-copying each row's x (h) into a ring of slots while G consumer warps run the staged rows'
     arithmetic from them (1: 24 warps; 5 warps on 2 blocks refill every slot many times): same bits at every site
@@ -492,7 +493,9 @@ def test_streamed_rows_variant(warps, blocks, smod, fence, lanes):
     (ERNIE's [B, H] chunks and LTX-2's [B, 1, D] views, B = 1 and 2, with and without weight; per-token rows stay in
     global memory), and the profiler must show the staged kernels (SMOD = true) ran. DIFUSE_STREAM_READ_FENCE=0: the
     plain form releases its slots without the async-proxy fence (the residual form, which writes h1 there, keeps it;
-    same bits). DIFUSE_STREAM_PRODUCER_LANES=K: K lanes of the producer warp issue the copies in step (same bits)."""
+    same bits). DIFUSE_STREAM_PRODUCER_LANES=K: K lanes of the producer warp issue the copies in step (same bits).
+    DIFUSE_STREAM_FULL_BARRIERS=1: one `full` barrier per slot where the ring's slots are a multiple of the warps,
+    two elsewhere (same bits)."""
     from knob_run import PROFILE_START, assert_exact_under, every_kernel_ran
 
     layouts = [((1, 4096, 3072), 'ltx2'), ((4352, 2, 3072), 'ernie'), ((4352, 1, 3072), 'ernie_tokens'),
@@ -512,7 +515,8 @@ def test_streamed_rows_variant(warps, blocks, smod, fence, lanes):
                            for r in ("false", "true")) +
         "print('mismatches', bad)")
     assert_exact_under(script, DIFUSE_RMSMOD_STREAMED=warps, DIFUSE_RMSMOD_STREAMED_BLOCKS=blocks,
-                       DIFUSE_RMSMOD_STREAM_SMOD=smod, DIFUSE_STREAM_READ_FENCE=fence, DIFUSE_STREAM_PRODUCER_LANES=lanes)
+                       DIFUSE_RMSMOD_STREAM_SMOD=smod, DIFUSE_STREAM_READ_FENCE=fence, DIFUSE_STREAM_PRODUCER_LANES=lanes,
+                       DIFUSE_STREAM_FULL_BARRIERS=fulls)
 
 
 @pytest.mark.parametrize("shape,variant,residual,smod", [

@@ -171,12 +171,13 @@ def test_row_epilogue_variant():
     assert_exact_under(script, DIFUSE_LNMOD_F32_ROW_EPILOGUE="1")
 
 
-@pytest.mark.parametrize("groups,blocks,warp,fence,lanes",
-                         [("1", "", "0", "", ""), ("3", "2", "0", "", ""), ("1", "", "1", "", ""), ("5", "2", "1", "", ""),
-                          ("1", "", "1", "0", ""), ("3", "2", "0", "0", ""), ("1", "", "1", "", "4"),
-                          ("3", "2", "0", "", "3")],
+@pytest.mark.parametrize("groups,blocks,warp,fence,lanes,fulls",
+                         [("1", "", "0", "", "", ""), ("3", "2", "0", "", "", ""), ("1", "", "1", "", "", ""),
+                          ("5", "2", "1", "", "", ""), ("1", "", "1", "0", "", ""), ("3", "2", "0", "0", "", ""),
+                          ("1", "", "1", "", "4", ""), ("3", "2", "0", "", "3", ""), ("1", "", "1", "", "", "1"),
+                          ("1", "", "1", "", "8", "1"), ("4", "2", "1", "", "", "1"), ("3", "2", "0", "", "3", "1")],
                          ids=str)
-def test_streamed_variant(groups, blocks, warp, fence, lanes):
+def test_streamed_variant(groups, blocks, warp, fence, lanes, fulls):
     """DIFUSE_LNMOD_STREAMED=G (read once per process): layernorm_modulate_fp32 and layernorm_affine_fp32 on the
     streamed rows (one block per SM, or DIFUSE_LNMOD_STREAMED_BLOCKS of them: a producer warp bulk-copying each row's
     x into a ring of slots, G two-warp groups computing; 1: 12 groups). Same bits at Wan 14B's and 1.3B's 32,760 rows,
@@ -186,7 +187,9 @@ def test_streamed_variant(groups, blocks, warp, fence, lanes):
     streamed kernels ran. DIFUSE_LNMOD_STREAM_WARP=0 keeps two-warp groups; with =1 the groups are one warp each (four
     slots per thread on the same paired map; 1: 24 groups), and the profiler must show those kernels.
     DIFUSE_STREAM_READ_FENCE=0: the consumers release their slots without the async-proxy fence (same bits).
-    DIFUSE_STREAM_PRODUCER_LANES=K: K lanes of the producer warp issue the rows' copies in step (same bits)."""
+    DIFUSE_STREAM_PRODUCER_LANES=K: K lanes of the producer warp issue the rows' copies in step (same bits).
+    DIFUSE_STREAM_FULL_BARRIERS=1: one `full` barrier per slot where the ring's slots are a multiple of the groups
+    (the plain LayerNorms' ring up to 48 slots), two elsewhere (same bits)."""
     from knob_run import (PROFILE_START, WAN_FP32_NORM_LINES, assert_exact_under, mismatch_script, streamed_ln_env,
                           streamed_ln_kernels_ran)
 
@@ -207,7 +210,7 @@ def test_streamed_variant(groups, blocks, warp, fence, lanes):
         "for sc, sh in ((t6[:, 1:2], t6[:, 0:1]), (tok, tok), (t7[:, 1:2, 1:], t7[:, 0:1, 1:])):\n"
         "    bad += count_mismatches(ops.layernorm_modulate_fp32(x, sc, sh), ops.layernorm_modulate_fp32_eager(x, sc, sh))\n"
         + streamed_ln_kernels_ran(True, warp))
-    assert_exact_under(script, **streamed_ln_env(groups, blocks, warp, fence, lanes))
+    assert_exact_under(script, **streamed_ln_env(groups, blocks, warp, fence, lanes, fulls))
 
 
 @pytest.mark.parametrize("B,L,H,kind,group", [

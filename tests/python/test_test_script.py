@@ -79,11 +79,22 @@ class TestScriptGpuBranch(unittest.TestCase):
         self.assertIn("difuse: 48 passed, 0 failed", p.stdout)
         self.assertIn("unittest, ran in the background", p.stdout)
         self.assertIn("Meta / fake-tensor checks (pytest, ran in the background)", p.stdout)
-        # every GPU test file in exactly one shard
+        # every GPU test file whole in exactly one shard; a heavy file's test functions pulled out into another
+        # ("file.py::fn"), each named in its file's shard as "less:fn" (its --deselect)
         shards = [line.split(": ", 1)[1].split() for line in p.stdout.splitlines() if line.startswith("shard ")]
         self.assertEqual(len(shards), 2)
         files = sorted(f.name for f in (ROOT / "tests" / "gpu").glob("test_*.py"))
-        self.assertEqual(sorted(f for s in shards for f in s), files)
+        self.assertEqual(sorted(t for s in shards for t in s if t.endswith(".py")), files)
+        for s in shards:
+            for t in s:
+                if "::" in t:
+                    name, fn = t.split("::")
+                    home = [o for o in shards if name in o]
+                    self.assertEqual(len(home), 1, (t, shards))
+                    self.assertIn("less:" + fn, home[0])
+                    self.assertIsNot(home[0], s)
+                else:
+                    self.assertTrue(t.endswith(".py") or t.startswith("less:"), t)
 
     def test_the_shard_reports_merge_into_one(self):
         p, _, merged = self.run_script(report=True)
