@@ -19,7 +19,10 @@
 set -uo pipefail
 ROOT=$(cd "$(dirname "$0")/.." && pwd)
 REVS="$ROOT/.revs"
-pack() { (cd "$OUT" && tar czf revs.tgz revs && rm -rf revs); }  # the records and build logs as one file
+# The records and build logs as one file: revs.tgz, or revs-<tag>.tgz with DIFUSE_REV_BENCH_TAG=tag (several runs in
+# one call, e.g. under different knobs, each keeping its own).
+TGZ="revs${DIFUSE_REV_BENCH_TAG:+-$DIFUSE_REV_BENCH_TAG}.tgz"
+pack() { (cd "$OUT" && tar czf "$TGZ" revs && rm -rf revs); }
 
 case "${1:-}" in
   prepare)
@@ -91,7 +94,7 @@ case "${1:-}" in
           rc=$?
           grep -E '^[0-9]+x|Error' "$log"
           if [ $rc = 124 ] || [ $rc = 137 ]; then
-            echo "[rev-bench $((SECONDS - start))s] $op at $n timed out after ${limit} s (a hang?): its log is in revs.tgz"
+            echo "[rev-bench $((SECONDS - start))s] $op at $n timed out after ${limit} s (a hang?): its log is in $TGZ"
           fi
           [ $rc = 0 ] || fail=1
         done

@@ -57,8 +57,10 @@ class RevBenchRun(unittest.TestCase):
                            capture_output=True, text=True, timeout=60)
         lines = log.read_text().splitlines() if log.exists() else []
         names = []
-        if (out / "revs.tgz").exists():
-            with tarfile.open(out / "revs.tgz") as t:
+        tgz = out / ("revs-%s.tgz" % env_extra["DIFUSE_REV_BENCH_TAG"] if "DIFUSE_REV_BENCH_TAG" in (env_extra or {})
+                     else "revs.tgz")
+        if tgz.exists():
+            with tarfile.open(tgz) as t:
                 names = sorted(m.name for m in t.getmembers() if m.isfile())
         return r, lines, names, tmp, out
 
@@ -111,6 +113,12 @@ class RevBenchRun(unittest.TestCase):
         self.assertFalse([l for l in lines if l.startswith("bench ")])
         self.assertIn("op_a at HEAD skipped: past the call's budget (0 s)", r.stdout)
         self.assertIn("revs/build-HEAD.log", names)
+
+    def test_a_tag_names_the_packed_file(self):
+        r, _, names, _, out = self.run_script("op_a", "--rounds", "1", env_extra={"DIFUSE_REV_BENCH_TAG": "knob1"})
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertIn("revs/op_a-HEAD-1.json", names)
+        self.assertFalse((out / "revs.tgz").exists())
 
     def test_needs_an_op_and_the_sha(self):
         r, _, _, _, _ = self.run_script()
