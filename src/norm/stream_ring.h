@@ -4,9 +4,9 @@
 //
 // Fill k of a block's ring goes to slot k % slots as that slot's use k / slots, and is consumed by consumer group
 // k % groups. A slot's uses alternate between `fulls` mbarriers (stream_full_barriers: 2 by default, 1 under its knob
-// where each group owns its slots): with two, use u waits on full[2 * slot + (u & 1)] for that barrier's phase u / 2; with one, on
-// full[slot] for its phase u. Each slot has one `empty` mbarrier: the producer's fill of use u >= 1 waits for its
-// phase u - 1 (the release of use u - 1).
+// where each group owns its slots): with two, use u waits on full[2 * slot + (u & 1)] for that barrier's phase
+// u / 2; with one, on full[slot] for its phase u. Each slot has one `empty` mbarrier: the producer's fill of use
+// u >= 1 waits for its phase u - 1 (the release of use u - 1).
 #pragma once
 
 #include <cstdint>
