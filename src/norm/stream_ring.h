@@ -30,13 +30,16 @@ DIFUSE_HD int stream_full_barriers(int slots, int groups, int knob) {
   return knob == 1 && groups >= 1 && slots % groups == 0 ? 1 : 2;
 }
 
-// Index into `full` (2 x slots barriers, the first `slots` of them used when fulls == 1) of slot s's use `use`.
+// Index into `full` (2 x slots barriers, the first `slots` of them used when fulls == 1) of slot s's use `use`:
+// 2s + (u & 1) with two, s with one. Written with the shift fulls - 1 (0 or 1) instead of a select, so the two-barrier
+// default costs the hot loops the same shift, mask and add as the fixed form of 02a2be4..9e826cd did.
 DIFUSE_HD int stream_full_index(int s, uint32_t use, int fulls) {
-  return fulls == 1 ? s : 2 * s + static_cast<int>(use & 1u);
+  const int shift = fulls - 1;
+  return (s << shift) + static_cast<int>(use & static_cast<uint32_t>(shift));
 }
 
 // The parity a consumer waits for on that barrier: use u is its phase u (one barrier) or u / 2 (two).
-DIFUSE_HD uint32_t stream_full_parity(uint32_t use, int fulls) { return (fulls == 1 ? use : use >> 1) & 1u; }
+DIFUSE_HD uint32_t stream_full_parity(uint32_t use, int fulls) { return (use >> (fulls - 1)) & 1u; }
 
 // The parity the producer waits for on slot s's `empty` barrier before the slot's use `use` >= 1.
 DIFUSE_HD uint32_t stream_empty_parity(uint32_t use) { return (use - 1) & 1u; }
