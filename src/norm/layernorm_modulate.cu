@@ -81,7 +81,9 @@
 // Twenty-first session (846df26): the streamed kernels' ring has two `full` mbarriers per slot (norm/stream_rows.cuh:
 // one let a consumer read a slot early where the slots are not a multiple of the groups, e.g. about 36 slots for 24
 // one-warp groups at H = 3072, and the probe's 37-slot ring hung); their arithmetic is unchanged, and they ran exact
-// with it in the whole suite at 97817d7 (tests.json: 3,384 passed, 0 failed, 0 skipped). DIFUSE_STREAM_PRODUCER_LANES
+// with it in the whole suite at 97817d7 (tests.json: 3,384 passed, 0 failed, 0 skipped); one per slot where each
+// group owns its slots, with the plain LayerNorms' ring up to 48 slots, only under DIFUSE_STREAM_FULL_BARRIERS=1
+// (twenty-fourth session; not yet run on the H200; kStreamLnMaxSlots). DIFUSE_STREAM_PRODUCER_LANES
 // (knob) since fc63727; its lanes wait on every fill of their step since 45a2975 (racecheck clean there with lanes =
 // 4, racecheck-knobs-45a2975.log; stream_produce_rows). With 4 lanes GRLN is no faster (knob-sweeps/9a34777/: 34.2 vs
 // 33.7 us at 1x4096x3072, 32.9 vs 32.2 at 2x4096x1536, 51.2 vs 50.1 at 2x4096x2432).
@@ -734,7 +736,7 @@ struct StreamTree {
   num::EqualCombineWeights level[5];  // offsets 16, 8, 4, 2, 1
   int read_fence;  // layernorm_streamed_rows' proxy fence before each release (stream_read_fence_knob; GRLN: always)
   int producer_lanes;  // stream_produce's lanes (DIFUSE_STREAM_PRODUCER_LANES through stream_producer_lanes; 1 default)
-  int full_barriers;   // `full` mbarriers per slot (stream_full_barriers_for: 1 where slots % groups == 0, else 2)
+  int full_barriers;   // `full` mbarriers per slot (stream_full_barriers_for: 2; 1 under its knob where owned)
 };
 
 // A streamed consumer group's row statistics from its slot sx (V vectors of 4 bf16; two warps, the paired map): the

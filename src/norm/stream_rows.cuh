@@ -2,13 +2,15 @@
 // layernorm_streamed_rows, norm/rms_norm_modulate.cu's rms_norm_modulate_streamed, norm/rms_norm.cu's
 // rms_norm_streamed, the probe's ring variants): one block per SM, warp 0's lane 0 (or its first lanes, in step)
 // the producer that bulk-copies the block's rows (blockIdx.x + k x gridDim.x) into slot k % slots of a ring in shared
-// memory (the copy engine completes one of the slot's two `full` mbarriers, by the use's parity), consumer groups
+// memory (the copy engine completes one of the slot's two `full` mbarriers, by the use's parity; its one barrier
+// under DIFUSE_STREAM_FULL_BARRIERS=1 where the slots are a multiple of the groups), consumer groups
 // that take rows k = c, c + groups, ... and release their slot on its `empty` mbarrier after a proxy fence. Copy and
 // synchronisation code only: the kernels keep their own arithmetic. The ring's indices and parities are
 // norm/stream_ring.h's, run on a CPU model of the protocol in tests/cpu/test_stream_ring.cpp. Since the twenty-first
 // session (846df26) two `full` barriers per slot: the streamed kernels ran exact with them in the whole GPU suite at
 // 97817d7 (tests.json: 3,384 passed, 0 failed, 0 skipped), and racecheck of the smoke test is clean at 45a2975 with
-// one producer lane and with four (racecheck-default-45a2975.log, racecheck-knobs-45a2975.log).
+// one producer lane and with four (racecheck-default-45a2975.log, racecheck-knobs-45a2975.log). Twenty-fourth
+// session: the barrier count is a kernel parameter (`fulls`, stream_full_barriers_for), 2 unless the knob above.
 #pragma once
 
 #include <cuda_runtime.h>
