@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # scripts/kernel-resources.sh [SRC.cu ...]   (default: every src/*/*.cu)
 #
-# Registers and spills per kernel, as ptxas reports them for sm_90 with the build's flags (nvcc only, no GPU):
-# the numbers the kernel notes quote (e.g. "32 registers, no spills"). One line per kernel instantiation:
-#   <registers> regs  <spill stores> B spilled  <file>  <kernel, demangled when c++filt is present>
+# Registers, spills and static shared memory per kernel, as ptxas reports them for sm_90 with the build's flags (nvcc
+# only, no GPU): the numbers the kernel notes quote (e.g. "32 registers, no spills"; the streamed rings' start, NOTES
+# twenty-fourth session). One line per kernel instantiation:
+#   <registers> regs  <spill stores> B spilled  <static smem> B smem  <file>  <kernel, demangled when c++filt is present>
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 [ $# -gt 0 ] || set -- "$ROOT"/src/*/*.cu
@@ -14,7 +15,9 @@ for f in "$@"; do
     awk -v file="$(basename "$f")" '
       /Compiling entry function/ { match($0, /'"'"'[^'"'"']+'"'"'/); name = substr($0, RSTART + 1, RLENGTH - 2) }
       /bytes spill stores/ { spill = $5 }
-      /Used [0-9]+ registers/ { for (i = 1; i <= NF; ++i) if ($i == "Used") regs = $(i + 1);
-                                printf "%4d regs  %4d B spilled  %s  %s\n", regs, spill, file, name }' |
+      /Used [0-9]+ registers/ { smem = 0; for (i = 1; i <= NF; ++i) { if ($i == "Used") regs = $(i + 1);
+                                                                   if ($i == "smem") smem = $(i - 2) }
+                                printf "%4d regs  %4d B spilled  %5d B smem  %s  %s\n", regs, spill, smem, file,
+                                       name }' |
     demangle
 done
