@@ -17,6 +17,12 @@ pulled out, its node id as the reports name it (tests/gpu/test_x.py::test_fn). O
 test_rms_norm.py's 384 s in one process, 445 s for its shard against 332-357 for the others, and the suite ran past
 its call. Only functions the file still defines (a top-level `def test_fn(`) are pulled out; if a --deselect did not
 match, the function would run twice and `merge` refuses a repeated case, so no test can be lost or doubled silently.
+A pulled function heavier than half a share runs in K slices of its cases (K = its seconds over half a share, at
+most its cases and the jobs): item i is "FILE::test_fn --case-slice=FILE_NAME::test_fn=i/K" (tests/gpu/case_slices.py:
+the cases whose index in collection order is i modulo K, so new or renamed cases are covered too). At aa41dda
+test_rms_norm.py::test_streamed_variant, 16 cases of ~20 s, kept its shard busy 360+ s after the others had
+finished. Slices of one function that land in one shard join in one --case-slice; beside the rest of their file,
+they go back into it (no --deselect of the function there, the --case-slice keeps that shard's slices).
 
 `merge` writes the report conftest.py writes for one process (git_sha, command, date, torch, gpu, passed, failed,
 skipped, cases) with the counts summed and the cases of every shard, plus `shards` (how many processes ran). A
@@ -24,6 +30,7 @@ missing or unreadable shard report is an error, not a smaller report: a process 
 sessionfinish must not turn into a clean run."""
 import argparse
 import json
+import math
 import re
 import sys
 from pathlib import Path
@@ -42,14 +49,14 @@ def file_seconds(report: dict) -> dict:
 
 
 def function_seconds(report: dict) -> dict:
-    """{(file name, test function): (seconds, node path)} from a test report's cases; the node path is the id's file
-    part ("tests/gpu/test_x.py"), the prefix pytest's --deselect matches."""
+    """{(file name, test function): (seconds, node path, cases)} from a test report's cases; the node path is the id's
+    file part ("tests/gpu/test_x.py"), the prefix pytest's --deselect matches."""
     out = {}
     for case in report.get("cases", []):
         path, _, rest = case["id"].partition("::")
         key = (Path(path).name, rest.split("[")[0])
-        seconds = out.get(key, (0.0, path))[0] + float(case.get("seconds") or 0.0)
-        out[key] = (seconds, path)
+        seconds, _, cases = out.get(key, (0.0, path, 0))
+        out[key] = (seconds + float(case.get("seconds") or 0.0), path, cases + 1)
     return out
 
 
@@ -64,51 +71,78 @@ def _defined_tests(path: str) -> set:
 
 def split(files: list, jobs: int, weights: dict, functions: dict = None) -> list:
     """Longest-first greedy: each item (heaviest first) to the least loaded shard; an item is a file, or a heavy
-    file's heaviest test functions and the rest of it (see the module's doc). [[token, ...], ...]: each shard's
-    items sorted, an item's tokens together (a file, then its --deselect options)."""
+    file's heaviest test functions (or slices of one) and the rest of it (see the module's doc). [[token, ...], ...]:
+    each shard's items sorted, an item's tokens together (a file, then its --deselect options; a function, then its
+    --case-slice)."""
     if jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {jobs}")
-    functions = functions or {}
+    functions = {k: (tuple(v) + (1,))[:3] for k, v in (functions or {}).items()}  # (seconds, node[, cases])
     known = [w for w in weights.values()]
     unknown = max(known) if known else 1.0
     weight = {f: weights.get(Path(f).name, unknown) + FILE_OVERHEAD_S for f in files}
     half_share = sum(weight.values()) / jobs / 2
-    items = []  # (weight, [tokens])
+    items = []  # (weight, [tokens], slice: (file name, fn, index, slices) or None)
     for f in files:
         rest, deselect = weight[f], []
         if jobs > 1 and rest > half_share:  # one process runs everything anyway
             defined = _defined_tests(f)
-            mine = sorted(((sec, fn, node) for (name, fn), (sec, node) in functions.items()
+            mine = sorted(((sec, fn, node, cases) for (name, fn), (sec, node, cases) in functions.items()
                            if name == Path(f).name and fn in defined), reverse=True)
-            for sec, fn, node in mine[:-1]:  # never the last function: the rest of the file must hold one
+            for sec, fn, node, cases in mine[:-1]:  # never the last function: the rest of the file must hold one
                 if rest <= half_share:
                     break
-                items.append((sec + FILE_OVERHEAD_S, [f"{f}::{fn}"]))
+                # A function heavier than half a share runs in slices of its cases (--case-slice, case_slices.py).
+                slices = max(1, min(cases, math.ceil(sec / half_share), jobs))
+                for i in range(slices):
+                    items.append((sec / slices + FILE_OVERHEAD_S, [f"{f}::{fn}"],
+                                  (Path(f).name, fn, i, slices) if slices > 1 else None))
                 deselect.append(f"--deselect={node}::{fn}")
                 rest -= sec
-        items.append((rest, [f, *deselect]))
+        items.append((rest, [f, *deselect], None))
     shards = [[] for _ in range(jobs)]
     load = [0.0] * jobs
-    for w, tokens in sorted(items, key=lambda it: (-it[0], it[1])):
+    for w, tokens, piece in sorted(items, key=lambda it: (-it[0], it[1], it[2] or ())):
         i = min(range(jobs), key=lambda i: (load[i], i))
-        shards[i].append(tokens)
+        shards[i].append((tokens, piece))
         load[i] += w
-    out = []
-    for s in shards:
-        if not s:
+    return [_shard_tokens(s) for s in shards if s]
+
+
+def _shard_tokens(shard: list) -> list:
+    """One shard's pytest arguments from its items [(tokens, slice or None)]. A function (or slices of one) that
+    landed beside the rest of its own file goes back into it: the file's --deselect would drop the explicit node
+    id too (pytest deselects after collecting), and the function would never run; the file then collects the
+    function, and a --case-slice keeps this shard's slices of it. Slices of one function in one shard join in one
+    --case-slice."""
+    whole = {tokens[0] for tokens, _ in shard if "::" not in tokens[0]}
+    nodes, owned = set(), {}  # the function items' nodes; the sliced ones' (file name, fn, indices, slices)
+    for tokens, piece in shard:
+        if "::" in tokens[0]:
+            nodes.add(tokens[0])
+        if piece:
+            name, fn, i, slices = piece
+            owned.setdefault(tokens[0], (name, fn, set(), slices))[2].add(i)
+    kept, placed = [], set()
+    for tokens, _ in shard:
+        f = tokens[0]
+        if "::" in f:
+            if f.split("::")[0] not in whole and f not in placed:
+                placed.add(f)
+                kept.append([f] + ([_slice_option(*owned[f])] if f in owned else []))
             continue
-        # A function that landed beside the rest of its own file goes back into it: the file's --deselect would
-        # drop the explicit node id too (pytest deselects after collecting), and the function would never run.
-        whole = {tokens[0] for tokens in s if "::" not in tokens[0]}
-        back = {tokens[0] for tokens in s if "::" in tokens[0] and tokens[0].split("::")[0] in whole}
-        kept = []
-        for tokens in s:
-            if tokens[0] in back:
-                continue
-            f = tokens[0]
-            kept.append([f] + [t for t in tokens[1:] if f"{f}::{t.split('::')[-1]}" not in back])
-        out.append([t for tokens in sorted(kept) for t in tokens])
-    return out
+        out = [f]
+        for t in tokens[1:]:
+            node = f"{f}::{t.split('::')[-1]}"
+            if node not in nodes:
+                out.append(t)  # the function runs in another shard
+            elif node in owned:
+                out.append(_slice_option(*owned[node]))  # the file collects it; this shard keeps its slices
+        kept.append(out)
+    return [t for tokens in sorted(kept) for t in tokens]
+
+
+def _slice_option(name: str, fn: str, indices: set, slices: int) -> str:
+    return f"--case-slice={name}::{fn}={','.join(map(str, sorted(indices)))}/{slices}"
 
 
 def merge(reports: list) -> dict:
@@ -154,9 +188,9 @@ def main(argv=None) -> int:
                 continue
             for name, sec in seconds.items():
                 weights[name] = max(sec, weights.get(name, 0.0))
-            for key, (sec, node) in per_function.items():
-                if sec >= functions.get(key, (-1.0, node))[0]:
-                    functions[key] = (sec, node)
+            for key, (sec, node, cases) in per_function.items():
+                if sec >= functions.get(key, (-1.0, node, 0))[0]:
+                    functions[key] = (sec, node, cases)
         for shard in split(a.files, a.jobs, weights, functions):
             print(" ".join(shard))
         return 0

@@ -167,7 +167,11 @@ if [ $HAVE_GPU = 1 ]; then
   for i in "${!SHARDS[@]}"; do
     read -ra files <<<"${SHARDS[$i]}"
     echo "shard $i: $(for f in "${files[@]}"; do
-      case "$f" in --deselect=*) printf 'less:%s ' "${f##*::}" ;; *) printf '%s ' "${f##*/}" ;; esac
+      case "$f" in
+        --deselect=*) printf 'less:%s ' "${f##*::}" ;;
+        --case-slice=*) printf 'slice:%s ' "${f##*::}" ;;
+        *) printf '%s ' "${f##*/}" ;;
+      esac
     done)"
     DIFUSE_LIB_DIR="$BUILD" DIFUSE_REQUIRE_GPU=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} \
       DIFUSE_TEST_REPORT=${DIFUSE_TEST_REPORT:+$LOGDIR/gpu-$i.json} \

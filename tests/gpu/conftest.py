@@ -10,6 +10,9 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+import case_slices  # noqa: E402
 
 _results = []
 
@@ -19,7 +22,12 @@ def pytest_runtest_logreport(report):
         _results.append({"id": report.nodeid, "outcome": report.outcome, "seconds": round(report.duration, 3)})
 
 
+def pytest_addoption(parser):
+    case_slices.add_option(parser)
+
+
 def pytest_collection_modifyitems(config, items):
+    case_slices.deselect(config, items)  # --case-slice: this shard's part of a heavy function's cases
     if os.environ.get("DIFUSE_REQUIRE_GPU") == "1":
         for item in items:
             for mark in item.iter_markers("skip"):

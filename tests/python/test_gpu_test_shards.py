@@ -2,6 +2,7 @@
 merged into one test report."""
 import importlib.util
 import json
+import re
 import subprocess
 import sys
 import tempfile
@@ -13,6 +14,8 @@ SCRIPT = ROOT / "scripts" / "gpu-test-shards.py"
 spec = importlib.util.spec_from_file_location("gpu_test_shards", SCRIPT)
 shards = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(shards)
+sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+import case_slices  # noqa: E402  (torch-free)
 
 
 def report(sha, *cases, **counts):
@@ -139,16 +142,75 @@ class MergeTest(unittest.TestCase):
         lines = p.stdout.splitlines()
         self.assertEqual(len(lines), 4)
         tokens = [t for line in lines for t in line.split()]
-        self.assertEqual(sorted(t for t in tokens if t.endswith(".py")), files)  # every file once, whole or in part
+        self.assertEqual(sorted(set(t for t in tokens if t.endswith(".py"))), files)  # every file, whole or in part
+        self.assertEqual(sorted(t for t in tokens if t.endswith(".py")), files)  # ... once (its slices go with it)
         for line in lines:
             for t in line.split():
-                if "::" in t and not t.startswith("--"):  # a function pulled out: its file deselects it, elsewhere
+                if "::" in t and not t.startswith("--"):  # a function pulled out
                     path, fn = t.split("::")
-                    node = f"--deselect=tests/gpu/{Path(path).name}::{fn}"
-                    self.assertEqual([l for l in lines if node in l.split()],
-                                     [l for l in lines if path in l.split()], (t, lines))
                     self.assertNotIn(path, line.split())
+                    sliced = [o for l in lines for o in l.split() if o.startswith(f"--case-slice={Path(path).name}::{fn}=")]
+                    if not sliced:  # whole: its file deselects it, wherever the file runs
+                        node = f"--deselect=tests/gpu/{Path(path).name}::{fn}"
+                        self.assertEqual([l for l in lines if node in l.split()],
+                                         [l for l in lines if path in l.split()], (t, lines))
+                        continue
+                    # in slices: every index in exactly one shard, and no shard deselects the function
+                    parsed = [case_slices.parse(o.split("=", 1)[1]) for o in sliced]
+                    k = parsed[0][3]
+                    self.assertEqual(sorted(i for p in parsed for i in p[2]), list(range(k)), lines)
+                    self.assertFalse(any(f"::{fn}" in o for l in lines for o in l.split() if o.startswith("--deselect")))
 
+
+class CaseSliceTest(unittest.TestCase):
+    def test_parse_takes_indices_modulo_k_and_refuses_malformed_specs(self):
+        self.assertEqual(case_slices.parse("test_x.py::test_fn=0,2/3"), ("test_x.py", "test_fn", {0, 2}, 3))
+        self.assertEqual(case_slices.parse("test_x.py::test_fn=/2"), ("test_x.py", "test_fn", set(), 2))
+        for bad in ("test_x.py::test_fn=2/2", "test_x.py=0/2", "test_x.py::test_fn=0", "::f=0/1",
+                    "test_x.py::test_fn=a/2", "test_x.py::test_fn=0/0"):
+            with self.assertRaises(ValueError, msg=bad):
+                case_slices.parse(bad)
+
+    def test_every_case_lands_in_exactly_one_slice(self):
+        keys = [("test_a.py", "test_f")] * 7 + [("test_a.py", "test_g")] * 2 + [("test_b.py", "test_f")]
+        keys.insert(3, ("test_a.py", "test_g"))
+        masks = [case_slices.keep_mask(keys, [f"test_a.py::test_f={i}/3"]) for i in range(3)]
+        for j, key in enumerate(keys):
+            picked = sum(m[j] for m in masks)
+            self.assertEqual(picked, 3 if key != ("test_a.py", "test_f") else 1, (j, key))
+        # test_f's cases in collection order (positions 0, 1, 2, 4, 5, 6, 7): slice 1 keeps its 2nd and 5th
+        self.assertEqual([j for j, keep in enumerate(masks[1]) if keep and keys[j] == ("test_a.py", "test_f")],
+                         [1, 5])
+        with self.assertRaises(ValueError):
+            case_slices.keep_mask(keys, ["test_a.py::test_f=0/2", "test_a.py::test_f=1/2"])
+
+    def test_node_key_is_the_file_name_and_the_function(self):
+        self.assertEqual(case_slices.node_key("tests/gpu/test_x.py::test_fn[1-2--p3]"), ("test_x.py", "test_fn"))
+        self.assertEqual(case_slices.node_key("test_x.py::test_fn"), ("test_x.py", "test_fn"))
+
+    @unittest.skipUnless(importlib.util.find_spec("pytest"), "pytest is not installed here")
+    def test_pytest_runs_only_the_slice(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            (d / "conftest.py").write_text(
+                f"import sys\nsys.path.insert(0, {str(ROOT / 'tests' / 'gpu')!r})\nimport case_slices\n"
+                "def pytest_addoption(parser):\n    case_slices.add_option(parser)\n"
+                "def pytest_collection_modifyitems(config, items):\n    case_slices.deselect(config, items)\n")
+            (d / "test_s.py").write_text("import pytest\n@pytest.mark.parametrize('n', range(5))\n"
+                                         "def test_f(n):\n    pass\n\ndef test_g():\n    pass\n")
+            ran = {}
+            for owned in ("0", "1"):
+                p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v",
+                                    str(d / "test_s.py"), f"--case-slice=test_s.py::test_f={owned}/2"],
+                                   cwd=tmp, capture_output=True, text=True)
+                self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+                ran[owned] = sorted(int(m) for m in re.findall(r"test_f\[(\d)\] PASSED", p.stdout))
+                self.assertIn("test_g PASSED", p.stdout)
+            self.assertEqual(ran, {"0": [0, 2, 4], "1": [1, 3]})
+            p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(d / "test_s.py"),
+                                "--case-slice=test_s.py::test_f=2/2"], cwd=tmp, capture_output=True, text=True)
+            self.assertNotEqual(p.returncode, 0)
+            self.assertIn("expected FILE::FN=I[,J...]/K", p.stdout + p.stderr)
 
 if __name__ == "__main__":
     unittest.main()

@@ -80,7 +80,8 @@ class TestScriptGpuBranch(unittest.TestCase):
         self.assertIn("unittest, ran in the background", p.stdout)
         self.assertIn("Meta / fake-tensor checks (pytest, ran in the background)", p.stdout)
         # every GPU test file whole in exactly one shard; a heavy file's test functions pulled out into another
-        # ("file.py::fn"), each named in its file's shard as "less:fn" (its --deselect)
+        # ("file.py::fn"), each named in its file's shard as "less:fn" (its --deselect), or in slices of its cases
+        # ("slice:fn=I/K" in each shard that runs some)
         shards = [line.split(": ", 1)[1].split() for line in p.stdout.splitlines() if line.startswith("shard ")]
         self.assertEqual(len(shards), 2)
         files = sorted(f.name for f in (ROOT / "tests" / "gpu").glob("test_*.py"))
@@ -91,10 +92,15 @@ class TestScriptGpuBranch(unittest.TestCase):
                     name, fn = t.split("::")
                     home = [o for o in shards if name in o]
                     self.assertEqual(len(home), 1, (t, shards))
-                    self.assertIn("less:" + fn, home[0])
                     self.assertIsNot(home[0], s)
+                    sliced = [o for o in shards if any(x.startswith(f"slice:{fn}=") for x in o)]
+                    if sliced:  # in slices of its cases ("slice:fn=I/K"): the function's shard and the file's
+                        self.assertIn(s, sliced)
+                        self.assertIn(home[0], sliced)
+                    else:
+                        self.assertIn("less:" + fn, home[0])
                 else:
-                    self.assertTrue(t.endswith(".py") or t.startswith("less:"), t)
+                    self.assertTrue(t.endswith(".py") or t.startswith(("less:", "slice:")), t)
 
     def test_the_shard_reports_merge_into_one(self):
         p, _, merged = self.run_script(report=True)
