@@ -925,7 +925,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
   constexpr int kGroups = 64 * kStreamMaxGroups / G;
   // SMOD: batch b's gate, scale and shift rows at 3 b V vectors of 4 bf16; then the ring: slot s holds h's row at
   // 2 s V vectors past its start, a's row after it.
-  extern __shared__ uint4 ring_smem[];
+  extern __shared__ __align__(128) uint4 ring_smem[];  // 128-byte aligned: see kStreamRingAlign
   __shared__ uint64_t full[2 * kStreamMaxSlots], empty[kStreamMaxSlots];
   __shared__ VecWelford roots[kGroups][4];
   __shared__ RowStats stats[kGroups];
@@ -1038,7 +1038,22 @@ __host__ __device__ inline int64_t staged_mod_batches(const Params& p) {
 // slot, stream_full_barriers) and 24 slots stay free for copies in flight while the groups compute. H200 at c254364
 // (rev-bench/9e826cd/, experiment patches), layernorm_modulate 1x32760x1536: 32 slots on two barriers 73.1 / 73.2
 // us, 48 on two 72.3 / 72.4, 48 on one 67.7 / 67.5 (two rounds each; 1 us less at 2x4096x1536, the same elsewhere).
+// But at aa41dda (rev-bench/aa41dda/) the knob gains nothing: the defaults (32 slots, two barriers) take 69.7 / 69.6
+// us there and the knob 69.7 (fulls1/); 9e826cd's kernels 73.1 / 72.9 and aa41dda with two barriers in two arrays
+// (bench/experiments/full-barriers-split.patch, not taken by default: a compare and a select more) 73.2 / 73.0. The
+// 5-6 us of c254364's experiments were the code's form (its instruction schedule), not the barrier count.
 constexpr int kStreamLnMaxSlots = 48;
+
+// The LayerNorms' and GRLN's dynamic shared memory (the staged modulation rows, then the ring) starts on a 128-byte
+// line (`extern __shared__ __align__(128)`). With the extern array's default 16-byte alignment it followed the static
+// variables 16-64 B past a line (ptxas' static smem 1552-2496 B, scripts/kernel-resources.sh), and so did every slot
+// (slot and staged-row sizes are multiples of 128 B), so every bulk copy into a slot straddled lines; rms_norm's,
+// rms_norm_modulate's and the probe's rings (static 1152 / 1536 B) were already aligned. ptxas counts the padding
+// in the static size the budget subtracts; kStreamRingAlign more bytes are left free, as in the form measured.
+// H200, rev-bench/aa41dda/ (two rounds; aa41dda with bench/experiments/ln-ring-align-128.patch against aa41dda):
+// layernorm_modulate 1x32760x5120 184.2 / 184.6 -> 179.8 / 179.5 us, 2x4096x3072 34.3 / 34.6 -> 33.6 / 33.8,
+// 1x32760x1536 69.7 / 69.6 -> 69.9 / 69.8, 2x4096x1536 22.8 / 22.9 -> 22.8 / 22.8; 0 mismatches.
+constexpr int kStreamRingAlign = 128;
 constexpr int kStreamLnMaxGroups = 12;  // 800 threads: 80 registers (at 14 groups' 64 the fp32 epilogue spilled)
 
 // F32: Wan's fp32 chains (VEC: the fp32 rows are 16-byte aligned, float4 loads); else layernorm_modulate in bf16
@@ -1087,7 +1102,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
   // sweeps whose rows are read before their stores (2 spilled: fp32 from global memory; and at G = 32, 72 bytes)
   constexpr int KB = (SMOD || !F32) && G == 64 ? 2 : 1;
   // SMOD: staged batch b's scale row, then its shift row (F32: H floats each; bf16: V words of 4); then the ring.
-  extern __shared__ uint4 ring_smem[];
+  extern __shared__ __align__(128) uint4 ring_smem[];  // 128-byte aligned: see kStreamRingAlign
   __shared__ uint64_t full[2 * kStreamLnMaxSlots], empty[kStreamLnMaxSlots];
   __shared__ VecWelford roots[kGroups][4];
   __shared__ RowStats stats[kGroups];
@@ -1210,7 +1225,7 @@ struct StreamLaunchOnce {
 template <class Kernel>
 bool launch_stream(Kernel kernel, StreamLaunchOnce& once, int max_slots, int max_groups, int64_t slot_bytes,
                    int64_t mod_bytes, const Params& p, int device, cudaStream_t stream, int group_threads = 64) {
-  const int budget = stream_smem_budget(kernel, device, once.budgets);
+  const int budget = stream_smem_budget(kernel, device, once.budgets) - kStreamRingAlign;  // room for the alignment
   const int slots = static_cast<int>(std::min<int64_t>(max_slots, (budget - mod_bytes) / slot_bytes));
   const int knob = streamed_groups_knob();
   const int default_groups = kStreamDefaultGroups * 64 / group_threads;  // the same consumer warps
