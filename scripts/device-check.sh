@@ -3,7 +3,7 @@
 #
 # The H200 loop (run through the device tool; each stage fits one call). Every stage writes its logs and
 # JSON under $OUT (default: ./device-out): build.log, platform.txt, tests.log + tests.json (the GPU test
-# report; the GPU files in DIFUSE_GPU_TEST_JOBS parallel pytest processes, default 4: in one they ran past 570 s), gpu-tests.log/.json (the files of $DIFUSE_GPU_TESTS only; not part
+# report; the GPU files in DIFUSE_GPU_TEST_JOBS parallel pytest processes, default 6: in one they ran past 570 s, in 4 past the call at aa41dda; 349 s in 6 at 5d3eadf), gpu-tests.log/.json (the files of $DIFUSE_GPU_TESTS only; not part
 # of "all"), sanitizer.log (compute-sanitizer, SANITIZER_RUNS below: each half of DIFUSE_SANITIZER_PART=1|2 about 5 minutes, both more than one call; sanitizer-knobs.log with DIFUSE_SANITIZER_KNOBS), bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
 # for each of $DIFUSE_E2E_MODELS, default "flux qwen-image sd3 wan", with $DIFUSE_E2E_ARGS), ncu-<op>.txt (Nsight
 # Compute on one launch of each of $DIFUSE_NCU_OPS; not part of "all"), sweeps.tgz (bench ops under the kernel

@@ -147,11 +147,12 @@ elif [ $HAVE_TORCH = 1 ]; then
 fi
 
 if [ $HAVE_GPU = 1 ]; then
-  # The GPU test files in DIFUSE_GPU_TEST_JOBS pytest processes (default 4) on the one GPU, balanced by the
+  # The GPU test files in DIFUSE_GPU_TEST_JOBS pytest processes (default 6; 349 s at 5d3eadf, while 4 ran past the
+  # call at aa41dda) on the one GPU, balanced by the
   # committed reports' per-file seconds (scripts/gpu-test-shards.py): in one process the suite outgrew a 10-minute
   # device call. None of them times anything, so sharing the GPU changes no result. Each process gets its share
   # of the CPU threads; the reports merge into DIFUSE_TEST_REPORT.
-  GPU_JOBS=${DIFUSE_GPU_TEST_JOBS:-4}
+  GPU_JOBS=${DIFUSE_GPU_TEST_JOBS:-6}
   SHARDS=()
   WEIGHTS=()
   for f in "$ROOT"/bench/results/h200/tests.json "$ROOT"/bench/results/h200/gpu-tests-*.json; do
