@@ -83,7 +83,7 @@
 // one-warp groups at H = 3072, and the probe's 37-slot ring hung); their arithmetic is unchanged, and they ran exact
 // with it in the whole suite at 97817d7 (tests.json: 3,384 passed, 0 failed, 0 skipped); one per slot where each
 // group owns its slots, with the plain LayerNorms' ring up to 48 slots, only under DIFUSE_STREAM_FULL_BARRIERS=1
-// (twenty-fourth session; not yet run on the H200; kStreamLnMaxSlots). DIFUSE_STREAM_PRODUCER_LANES
+// (twenty-fourth session; GPU tests pass at 5d3eadf, no faster at aa41dda; kStreamLnMaxSlots). DIFUSE_STREAM_PRODUCER_LANES
 // (knob) since fc63727; its lanes wait on every fill of their step since 45a2975 (racecheck clean there with lanes =
 // 4, racecheck-knobs-45a2975.log; stream_produce_rows). With 4 lanes GRLN is no faster (knob-sweeps/9a34777/: 34.2 vs
 // 33.7 us at 1x4096x3072, 32.9 vs 32.2 at 2x4096x1536, 51.2 vs 50.1 at 2x4096x2432).

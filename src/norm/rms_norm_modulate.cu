@@ -518,7 +518,7 @@ struct StreamModRows {
 // one let a consumer read a slot early where the slots are not a multiple of the groups, e.g. 24 warps and a ring
 // of 37 slots, and the probe's ring of that shape hung); their arithmetic is unchanged, and they ran exact with it
 // in the whole suite at 97817d7 (tests.json: 3,384 passed, 0 failed, 0 skipped); one per slot where the slots are a
-// multiple of the warps only under DIFUSE_STREAM_FULL_BARRIERS=1 (twenty-fourth session; not yet run on the H200).
+// multiple of the warps only under DIFUSE_STREAM_FULL_BARRIERS=1 (twenty-fourth session; GPU tests pass at 5d3eadf).
 // DIFUSE_STREAM_PRODUCER_LANES (knob) since fc63727 (racecheck clean with 4 lanes at 45a2975; not timed on this op).
 template <bool VEC, bool RESIDUAL, bool SMOD = false>
 __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)

@@ -248,8 +248,8 @@ inline int stream_producer_lanes_knob(int unset = 1) {
 }
 
 // The `full` mbarriers per slot of a ring of `slots` slots and `groups` consumer groups (stream_full_barriers), for
-// every streamed kernel and the probe's rings. DIFUSE_STREAM_FULL_BARRIERS=1 (read once; twenty-fourth session; not
-// yet run on the H200 in this form): one where the slots are a multiple of the groups, and the plain LayerNorms'
+// every streamed kernel and the probe's rings. DIFUSE_STREAM_FULL_BARRIERS=1 (read once; twenty-fourth session; its
+// GPU knob cases pass at 5d3eadf, the sanitizer has not run it; no faster at aa41dda, rev-bench/aa41dda/fulls1/): one where the slots are a multiple of the groups, and the plain LayerNorms'
 // ring up to 48 slots (owned_stream_rings); unset or any other value: two everywhere, the protocol of
 // 02a2be4..9e826cd that the whole GPU suite and the sanitizer ran.
 inline int stream_full_barriers_knob() {
