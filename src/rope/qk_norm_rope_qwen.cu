@@ -309,7 +309,9 @@ __global__ void __launch_bounds__(kWarps * 32, MIN_BLOCKS) qk_norm_rope_qwen_ker
 // elements from (b * S + sj) * H * D). The same arithmetic per row (run_token).
 template <int BULK>
 __global__ void __launch_bounds__(kWarps * 32, 8) qk_norm_rope_qwen_bulk(const Params p) {
-  extern __shared__ uint4 staged16[];
+  // 128-byte aligned: with the default 16 the rows followed `bar` 16 B past a line (ptxas' static smem 16 B), every
+  // bulk copy straddling lines (timed so at 951f281); ptxas now counts 128 B of static smem. See kBulkStagingAlign.
+  extern __shared__ __align__(128) uint4 staged16[];
   __shared__ uint64_t bar;
   const unsigned token = blockIdx.x;
   const TokenPlace tp = token_place(token, p.seq, p.txt.S);
@@ -468,7 +470,7 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
     static const int pipelined_knob = detail::positive_env_knob("DIFUSE_QK_PIPELINED");
     static const int vcopy_knob = detail::positive_env_knob("DIFUSE_QK_VCOPY");  // (the pipelined kernel stages v)
     static const int bulk_knob = detail::positive_env_knob("DIFUSE_QK_BULK");
-    if (bulk_knob >= 1 && (bulk_knob >= 2 || 3 * p.H % 2 == 0) && staged_bytes + sizeof(uint64_t) <= 48 * 1024 &&
+    if (bulk_knob >= 1 && (bulk_knob >= 2 || 3 * p.H % 2 == 0) && staged_bytes + kBulkStagingAlign <= 48 * 1024 &&
         head_rows_contiguous({&p.txt, &p.img}, 128) && detail::aligned(p.out[0], 16) &&
         detail::aligned(p.out[1], 16) && detail::aligned(p.out[2], 16)) {
       // rows staged (and with =2 stored) by the bulk copy engine; 8 blocks of ~19 KB per SM as the default

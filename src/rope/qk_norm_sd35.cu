@@ -243,7 +243,9 @@ __global__ void __launch_bounds__(WARPS * 32, MIN_BLOCKS) qk_norm_sd35_half_warp
   const uint32_t out_head_bytes = static_cast<uint32_t>(out_head * sizeof(uint16_t));
 
   const int rows = (VCOPY ? 2 : 3) * p.H;  // the rows that go through the slots
-  extern __shared__ uint4 staged64[];  // STAGED: the token's rows, row r at 16-byte chunk 8 r
+  // STAGED: the token's rows, row r at 16-byte chunk 8 r. 128-byte aligned for BULK, whose `bar` it followed 16 B
+  // past a line (timed so at 951f281; kBulkStagingAlign); the other variants have no static shared memory before it.
+  extern __shared__ __align__(128) uint4 staged64[];
   if constexpr (BULK > 0) {
     __shared__ uint64_t bar;
     bulk_stage_token_rows<128>(staged64, tr, p.H, 3, &bar);
@@ -451,7 +453,7 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
       // DIFUSE_QK_BULK=1|2 (for measurement): the staging (and with =2 the stores) by the bulk copy engine (BULK above)
       static const int bulk_knob = detail::positive_env_knob("DIFUSE_QK_BULK");
       const bool bulk = bulk_knob >= 1 && vsmem_knob != 0 && head_rows_contiguous({&p.img, &p.ctx}, 64) &&
-                        staged_bytes + sizeof(uint64_t) <= 48 * 1024 && detail::aligned(p.out[0], 16) &&
+                        staged_bytes + kBulkStagingAlign <= 48 * 1024 && detail::aligned(p.out[0], 16) &&
                         detail::aligned(p.out[1], 16);
       if (bulk && bulk_knob >= 2)
         norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true, 8, true, false, true, 2>>(

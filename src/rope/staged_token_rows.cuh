@@ -42,6 +42,14 @@ __device__ __forceinline__ void stage_token_rows(uint4* dst, const TokenRows& tr
   }
 }
 
+// The DIFUSE_QK_BULK kernels' dynamic shared memory (the staged rows) is declared __align__(128) and starts on a
+// 128-byte line: at 951f281, with the default 16-byte alignment, it followed their `bar` mbarrier 16 B past a line,
+// so every bulk copy into it straddled lines (staged Qwen-Image txt512 50.8 us against the cp.async kernel's 49.4,
+// SD3.5 2x38x4429x64 76.9 against 72.5). The streamed LayerNorms' rings, aligned the same way at 5d3eadf, took
+// layernorm_modulate 1x32760x5120 from 184.4 to 179.7 us (rev-bench/aa41dda/). ptxas counts the padding in the
+// static shared memory (128 B); the host guards leave kBulkStagingAlign bytes for it under the 48 KB default.
+constexpr size_t kBulkStagingAlign = 128;
+
 // The bulk-copy staging (the DIFUSE_QK_BULK kernels): thread 0 initialises `bar` and issues one bulk copy per role of
 // the token's H head rows, which lie contiguous in global memory (head stride = ROW_BYTES / 2 elements; 16-byte
 // aligned), to dst + role * H * ROW_BYTES: the layout stage_token_rows makes. The caller synchronises the block
