@@ -234,7 +234,7 @@ constexpr int kWarpRingMaxVectors = 3072 / 16 / 32;  // 16-byte vectors per lane
 __global__ void __launch_bounds__(32 * kWarpRingWarps)
     stream_copy_warp_ring_kernel(const uint8_t* __restrict__ src, uint8_t* __restrict__ dst, int64_t nbytes,
                                  int row_bytes, int slots, int rows_per_warp) {
-  extern __shared__ uint4 warp_slots[];
+  extern __shared__ __align__(128) uint4 warp_slots[];  // on a 128-byte line (it followed `full` 64 B past one)
   __shared__ uint64_t full[kWarpRingWarps * kWarpRingMaxSlots];
   const int w = static_cast<int>(threadIdx.x) / 32, lane = static_cast<int>(threadIdx.x) % 32;
   const int V = row_bytes / 16;
