@@ -9,7 +9,9 @@
 # Compute on one launch of each of $DIFUSE_NCU_OPS; not part of "all"), sweeps.tgz (bench ops under the kernel
 # knobs of $DIFUSE_SWEEPS; not part of "all"). The logs and text files are packed into logs.tgz and the e2e
 # charts into e2e-png.tgz at the end (the device tool returns at most 8 files; the logs are moved into logs.tgz, so a
-# second tar of $OUT's *.log after this script packs nothing: one session lost its sanitizer.log that way). Set DIFUSE_GIT_SHA to the
+# second tar of $OUT's *.log after this script packs nothing: one session lost its sanitizer.log that way; the test
+# runners' own logs, each GPU shard's, go in as test-logs/; at DIFUSE_DEVICE_DEADLINE s, default 575, a watchdog packs
+# what there is, so a call cut at its limit still returns them). Set DIFUSE_GIT_SHA to the
 # commit being tested (the device copy has no .git). Exit status: non-zero when any stage fails. "all" is
 # tests,sanitizer,bench: more than one 10-minute device call holds; run tests, then sanitizer,bench.
 set -uo pipefail
@@ -38,6 +40,30 @@ fi
 rc=0
 t0=$(date +%s)
 say() { printf '\n[device-check %4ss] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
+# The logs and text files of $OUT, with the test runners' logs (test-logs/), into logs.tgz.
+pack_logs() {
+  (
+    cd "$OUT" || exit 1
+    files=()
+    for f in ./*.log ./*.txt ./test-logs; do [ -e "$f" ] && files+=("$f"); done
+    [ ${#files[@]} -gt 0 ] && tar czf logs.tgz.part "${files[@]}" && mv logs.tgz.part logs.tgz
+  )
+}
+# A call that runs out of time returns only what $OUT holds then: at DIFUSE_DEVICE_DEADLINE seconds (default 575,
+# under the device tool's 600) a watchdog packs the logs so far, so a cut run still returns each GPU shard's log
+# (twenty-fifth session: a cut `tests` returned only tests.log, which shows no test's name). The end of the script
+# packs them again, complete, and stops the watchdog.
+watchdog() {
+  local sp
+  sleep "${DIFUSE_DEVICE_DEADLINE:-575}" </dev/null >/dev/null 2>&1 &  # holds no pipe of the call's output
+  sp=$!
+  trap 'kill "$sp" 2>/dev/null; exit 0' TERM
+  wait "$sp" || exit 0
+  say "deadline: ${DIFUSE_DEVICE_DEADLINE:-575} s; the logs so far packed into logs.tgz"
+  pack_logs
+}
+watchdog &
+WATCHDOG=$!
 
 stage_build() {
   say "build ($BUILD)"
@@ -73,6 +99,7 @@ stage_tests() {
   for k in $knobs; do unset_args+=(-u "$k"); done
   [ -z "$knobs" ] || echo "tests: unsetting kernel knobs for the whole suite (tests.json reports the defaults): $knobs"
   env "${unset_args[@]}" DIFUSE_TEST_REPORT="$OUT/tests.json" DIFUSE_TEST_COMMAND="scripts/device-check.sh --stage tests" \
+    DIFUSE_TEST_LOGDIR="$OUT/test-logs" \
     "$ROOT/scripts/test.sh" 2>&1 | tee "$OUT/tests.log" | grep -E '^(==|[0-9]+ passed|FAILED|ERROR|scripts/test.sh|shard |-- shard|GPU tests)|passed|failed' | tail -n 60
   return "${PIPESTATUS[0]}"
 }
@@ -336,7 +363,8 @@ if stage_build; then
 else
   rc=1
 fi
+kill "$WATCHDOG" 2>/dev/null
 say "done: stage $STAGE, exit $rc"
-(cd "$OUT" && ls ./*.log ./*.txt >/dev/null 2>&1 && tar czf logs.tgz ./*.log ./*.txt && rm -f ./*.log ./*.txt)
+pack_logs && (cd "$OUT" && rm -rf ./*.log ./*.txt ./test-logs)
 (cd "$OUT" && ls ./*.png >/dev/null 2>&1 && tar czf e2e-png.tgz ./*.png && rm -f ./*.png)
 exit $rc

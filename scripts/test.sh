@@ -17,16 +17,25 @@ TORCH_VERSION=2.11.0
 DIFFUSERS_VERSION=0.42.1
 JOBS=${DIFUSE_JOBS:-$(nproc)}
 step() { printf '\n== %s\n' "$*"; }
-LOGDIR=$(mktemp -d)
-# On exit: stop the background torch checks if they still run, remove the logs, keep the script's exit status (a
-# failing kill of an already reaped job must not turn a passing run into exit 1, as it did at 5f8295d).
+# The runners' logs (ctest, unittest, Meta, knob specs, each GPU shard): a temporary folder removed on exit, or
+# $DIFUSE_TEST_LOGDIR, created and kept (scripts/device-check.sh packs it, so a call cut short still returns them).
+if [ -n "${DIFUSE_TEST_LOGDIR:-}" ]; then
+  LOGDIR=$DIFUSE_TEST_LOGDIR
+  mkdir -p "$LOGDIR"
+  KEEP_LOGDIR=1
+else
+  LOGDIR=$(mktemp -d)
+  KEEP_LOGDIR=0
+fi
+# On exit: stop the background torch checks if they still run, remove the logs (unless kept), keep the script's exit
+# status (a failing kill of an already reaped job must not turn a passing run into exit 1, as it did at 5f8295d).
 cleanup() {
   local rc=$?
   local pid
   for pid in ${META_PID:-} ${UNIT_PID:-} ${GPU_PIDS[@]+"${GPU_PIDS[@]}"} ${KNOB_SPEC_PIDS[@]+"${KNOB_SPEC_PIDS[@]}"}; do
     kill "$pid" 2>/dev/null || true
   done
-  rm -rf "$LOGDIR"
+  [ "$KEEP_LOGDIR" = 1 ] || rm -rf "$LOGDIR"
   exit "$rc"
 }
 trap cleanup EXIT

@@ -23,6 +23,7 @@ while [ $# -gt 0 ]; do
 done
 vars=$(env | grep -E '^DIFUSE_' | grep -vE '^DIFUSE_(GIT_SHA|BUILD_DIR|LIB_DIR|SANITIZER_PART)=' | sort | tr '\n' ' ')
 echo "$tool $report| $vars" >>"$STUB_LOG"
+[ -z "${STUB_SLEEP:-}" ] || sleep "$STUB_SLEEP"
 echo "36 passed, 0 failed"
 if [ -n "${STUB_FAIL:-}" ] && [[ " $vars" == *" $STUB_FAIL "* ]]; then echo "========= ERROR SUMMARY: 1 error"; exit 3; fi
 echo "========= ERROR SUMMARY: 0 errors"
@@ -69,6 +70,30 @@ class SanitizerStage(unittest.TestCase):
         with tarfile.open(out / "logs.tgz") as t:
             sanitizer_log = t.extractfile("./sanitizer.log").read().decode()
         return r, runs, sanitizer_log
+
+    def test_a_call_cut_at_its_limit_still_returns_the_logs(self):
+        # the device tool ends a call at its limit and returns $OUT as it is then: with DIFUSE_DEVICE_DEADLINE=1 the
+        # watchdog packs logs.tgz while the first sanitizer run sleeps, before `timeout` kills the script
+        tmp = Path(tempfile.mkdtemp())
+        self.addCleanup(shutil.rmtree, tmp)
+        bin_dir, out = tmp / "bin", tmp / "out"
+        bin_dir.mkdir()
+        for name, text in STUBS.items():
+            (bin_dir / name).write_text(text)
+            (bin_dir / name).chmod(0o755)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("DIFUSE_")}
+        env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(out), STUB_LOG=str(tmp / "log"), STUB_SLEEP="4",
+                   DIFUSE_GIT_SHA="f" * 40, DIFUSE_BUILD_DIR=str(tmp / "build"), DIFUSE_DEVICE_DEADLINE="1",
+                   DIFUSE_SANITIZER_PART="3")
+        r = subprocess.run(["timeout", "2.5", "bash", str(SCRIPT), "--stage", "sanitizer"], env=env,
+                           capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 124, r.stdout + r.stderr)  # cut, as the call would be
+        self.assertIn("deadline: 1 s; the logs so far packed into logs.tgz", r.stdout)
+        with tarfile.open(out / "logs.tgz") as t:
+            names = t.getnames()
+            self.assertIn("./platform.txt", names)
+            self.assertIn("./sanitizer.log", names)
+            self.assertIn("memcheck", t.extractfile("./sanitizer.log").read().decode())
 
     def expected(self, part=None):
         return [(tool, "all" if tool == "racecheck" else "", " ".join(sorted(v.split())))

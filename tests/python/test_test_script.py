@@ -48,7 +48,7 @@ def _exe(path: Path, text: str) -> None:
 
 
 class TestScriptGpuBranch(unittest.TestCase):
-    def run_script(self, fail: str = "", fail_file: str = "", report: bool = False):
+    def run_script(self, fail: str = "", fail_file: str = "", report: bool = False, keep_logs: bool = False):
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
             bin_dir, build = tmp / "bin", tmp / "build"
@@ -63,11 +63,17 @@ class TestScriptGpuBranch(unittest.TestCase):
                        STUB_LOG=str(tmp / "ran.log"), STUB_FAIL=fail, STUB_FAIL_FILE=fail_file,
                        DIFUSE_GPU_TEST_JOBS="2")
             env.pop("DIFUSE_TEST_REPORT", None)
+            env.pop("DIFUSE_TEST_LOGDIR", None)
+            if keep_logs:
+                env["DIFUSE_TEST_LOGDIR"] = str(tmp / "kept-logs")
             if report:
                 env["DIFUSE_TEST_REPORT"] = str(tmp / "tests.json")
             p = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60)
             ran = (tmp / "ran.log").read_text().split() if (tmp / "ran.log").exists() else []
             merged = json.loads((tmp / "tests.json").read_text()) if (tmp / "tests.json").exists() else None
+            if keep_logs:
+                self.kept_logs = sorted(f.name for f in (tmp / "kept-logs").iterdir()) \
+                    if (tmp / "kept-logs").is_dir() else None
             return p, ran, merged
 
     def test_a_passing_run_exits_0_and_counts_every_runner(self):
@@ -101,6 +107,14 @@ class TestScriptGpuBranch(unittest.TestCase):
                         self.assertIn("less:" + fn, home[0])
                 else:
                     self.assertTrue(t.endswith(".py") or t.startswith(("less:", "slice:")), t)
+
+    def test_difuse_test_logdir_keeps_every_runners_log(self):
+        p, _, _ = self.run_script(keep_logs=True)
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        # each GPU shard's log and the others' stay after the script (device-check packs them, even from a cut run)
+        self.assertIsNotNone(self.kept_logs)
+        for name in ("gpu-0.log", "gpu-1.log", "ctest.log", "unittest.log", "smoke.log"):
+            self.assertIn(name, self.kept_logs)
 
     def test_the_shard_reports_merge_into_one(self):
         p, _, merged = self.run_script(report=True)
