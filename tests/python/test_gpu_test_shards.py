@@ -136,30 +136,39 @@ class MergeTest(unittest.TestCase):
         results = ROOT / "bench" / "results" / "h200"
         weights = [a for f in [results / "tests.json", *sorted(results.glob("gpu-tests-*.json"))]
                    for a in ("--weights", str(f))]
-        p = subprocess.run([sys.executable, str(SCRIPT), "split", "--jobs", "4", *weights, *files],
-                           capture_output=True, text=True)
-        self.assertEqual(p.returncode, 0, p.stderr)
-        lines = p.stdout.splitlines()
-        self.assertEqual(len(lines), 4)
-        tokens = [t for line in lines for t in line.split()]
-        self.assertEqual(sorted(set(t for t in tokens if t.endswith(".py"))), files)  # every file, whole or in part
-        self.assertEqual(sorted(t for t in tokens if t.endswith(".py")), files)  # ... once (its slices go with it)
-        for line in lines:
-            for t in line.split():
-                if "::" in t and not t.startswith("--"):  # a function pulled out
-                    path, fn = t.split("::")
-                    self.assertNotIn(path, line.split())
-                    sliced = [o for l in lines for o in l.split() if o.startswith(f"--case-slice={Path(path).name}::{fn}=")]
-                    if not sliced:  # whole: its file deselects it, wherever the file runs
-                        node = f"--deselect=tests/gpu/{Path(path).name}::{fn}"
-                        self.assertEqual([l for l in lines if node in l.split()],
-                                         [l for l in lines if path in l.split()], (t, lines))
-                        continue
-                    # in slices: every index in exactly one shard, and no shard deselects the function
-                    parsed = [case_slices.parse(o.split("=", 1)[1]) for o in sliced]
-                    k = parsed[0][3]
-                    self.assertEqual(sorted(i for p in parsed for i in p[2]), list(range(k)), lines)
-                    self.assertFalse(any(f"::{fn}" in o for l in lines for o in l.split() if o.startswith("--deselect")))
+        for jobs in (4, 6):  # 6: test.sh's default
+            with self.subTest(jobs=jobs):
+                p = subprocess.run([sys.executable, str(SCRIPT), "split", "--jobs", str(jobs), *weights, *files],
+                                   capture_output=True, text=True)
+                self.assertEqual(p.returncode, 0, p.stderr)
+                lines = p.stdout.splitlines()
+                self.assertEqual(len(lines), jobs)
+                tokens = [t for line in lines for t in line.split()]
+                # every file, whole or in part, once (a function's slices name it as FILE::fn)
+                self.assertEqual(sorted(t for t in tokens if t.endswith(".py")), files)
+                for line in lines:
+                    for t in line.split():
+                        if "::" in t and not t.startswith("--"):  # a function pulled out
+                            path, fn = t.split("::")
+                            self.assertNotIn(path, line.split())
+                            option = f"--case-slice={Path(path).name}::{fn}="
+                            sliced = [o for l in lines for o in l.split() if o.startswith(option)]
+                            if not sliced:  # whole: its file deselects it, wherever the file runs
+                                node = f"--deselect=tests/gpu/{Path(path).name}::{fn}"
+                                self.assertEqual([l for l in lines if node in l.split()],
+                                                 [l for l in lines if path in l.split()], (t, lines))
+                                continue
+                            # in slices: every index in exactly one shard; the rest of the file deselects the function
+                            # where no slice of it runs beside it, and keeps its slices (no --deselect) where some do
+                            parsed = [case_slices.parse(o.split("=", 1)[1]) for o in sliced]
+                            k = parsed[0][3]
+                            self.assertEqual(sorted(i for p in parsed for i in p[2]), list(range(k)), lines)
+                            home = [l.split() for l in lines if path in l.split()]
+                            self.assertEqual(len(home), 1, lines)
+                            deselects = [o for o in home[0]
+                                         if o.startswith("--deselect") and o.endswith(f"/{Path(path).name}::{fn}")]
+                            slices_here = [o for o in home[0] if o in sliced]
+                            self.assertEqual(len(deselects) + len(slices_here), 1, home[0])
 
 
 class CaseSliceTest(unittest.TestCase):
