@@ -46,7 +46,8 @@ def _table():
 
 
 class SanitizerStage(unittest.TestCase):
-    def run_stage(self, part="", fail=""):
+    def stubbed(self, **extra):
+        """A temporary folder with the stubs on PATH: (its path, the environment for device-check, $OUT)."""
         tmp = Path(tempfile.mkdtemp())
         self.addCleanup(shutil.rmtree, tmp)
         bin_dir, out = tmp / "bin", tmp / "out"
@@ -54,10 +55,14 @@ class SanitizerStage(unittest.TestCase):
         for name, text in STUBS.items():
             (bin_dir / name).write_text(text)
             (bin_dir / name).chmod(0o755)
-        log = tmp / "log"
         env = {k: v for k, v in os.environ.items() if not k.startswith("DIFUSE_")}
-        env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(out), STUB_LOG=str(log), STUB_FAIL=fail,
-                   DIFUSE_GIT_SHA="f" * 40, DIFUSE_BUILD_DIR=str(tmp / "build"))
+        env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(out), STUB_LOG=str(tmp / "log"),
+                   DIFUSE_GIT_SHA="f" * 40, DIFUSE_BUILD_DIR=str(tmp / "build"), **extra)
+        return tmp, env, out
+
+    def run_stage(self, part="", fail=""):
+        tmp, env, out = self.stubbed(STUB_FAIL=fail)
+        log = tmp / "log"
         if part:
             env["DIFUSE_SANITIZER_PART"] = part
         r = subprocess.run(["bash", str(SCRIPT), "--stage", "sanitizer"], env=env, capture_output=True, text=True,
@@ -74,17 +79,7 @@ class SanitizerStage(unittest.TestCase):
     def test_a_call_cut_at_its_limit_still_returns_the_logs(self):
         # the device tool ends a call at its limit and returns $OUT as it is then: with DIFUSE_DEVICE_DEADLINE=1 the
         # watchdog packs logs.tgz while the first sanitizer run sleeps, before `timeout` kills the script
-        tmp = Path(tempfile.mkdtemp())
-        self.addCleanup(shutil.rmtree, tmp)
-        bin_dir, out = tmp / "bin", tmp / "out"
-        bin_dir.mkdir()
-        for name, text in STUBS.items():
-            (bin_dir / name).write_text(text)
-            (bin_dir / name).chmod(0o755)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("DIFUSE_")}
-        env.update(PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(out), STUB_LOG=str(tmp / "log"), STUB_SLEEP="4",
-                   DIFUSE_GIT_SHA="f" * 40, DIFUSE_BUILD_DIR=str(tmp / "build"), DIFUSE_DEVICE_DEADLINE="1",
-                   DIFUSE_SANITIZER_PART="3")
+        _, env, out = self.stubbed(STUB_SLEEP="4", DIFUSE_DEVICE_DEADLINE="1", DIFUSE_SANITIZER_PART="3")
         r = subprocess.run(["timeout", "2.5", "bash", str(SCRIPT), "--stage", "sanitizer"], env=env,
                            capture_output=True, text=True, timeout=60)
         self.assertEqual(r.returncode, 124, r.stdout + r.stderr)  # cut, as the call would be
