@@ -238,21 +238,6 @@ stage_e2e() {
 NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
   --section MemoryWorkloadAnalysis --section SchedulerStats"
 NCU_STALLS="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
-# Appends to an ncu report the stall reasons it holds (NCU_STALLS' metrics), largest first, as "stall <reason> <cycles>".
-ncu_stall_table() {
-  python3 - "$1" <<'PY' >>"$1.stalls" 2>/dev/null
-import re, sys
-rows = []
-for line in open(sys.argv[1], errors="replace"):
-    m = re.match(r"\s*smsp__average_warps_issue_stalled_(\w+?)_per_issue_active\.ratio\s+\S*\s+([0-9.,]+)\s*$", line)
-    if m:
-        rows.append((float(m.group(2).replace(",", "")), m.group(1)))
-for v, name in sorted(rows, reverse=True):
-    if v >= 0.05:
-        print("stall %-24s %8.2f" % (name, v))
-PY
-  cat "$1.stalls" >>"$1" && rm -f "$1.stalls"
-}
 stage_ncu() {
   local entry op shape file r=0
   command -v ncu >/dev/null || { echo "ncu is not on PATH"; return 1; }
@@ -279,13 +264,9 @@ torch.cuda.synchronize()"; } >"$file" 2>&1 || r=1
       continue
     fi
     say "ncu: $op (one launch at ${shape:-the first site shape of bench ops})${vars:+ under $vars}"
-    # shellcheck disable=SC2086
-    { echo "command: ${vars:+$(echo "$vars" | tr ',' ' ') }scripts/device-check.sh --stage ncu (ncu on python3 -m difuse bench ops --op $op${shape:+ --shape $shape} --reps 3 --no-stream);" \
-        "git $DIFUSE_GIT_SHA"
-      env $(echo "$vars" | tr ',' ' ') ncu --clock-control none --kernel-name-base demangled -k regex:difuse:: \
-        --launch-skip 1 --launch-count 1 $NCU_SECTIONS --metrics "$NCU_STALLS" \
-        python3 -m difuse bench ops --op "$op" ${shape:+--shape "$shape"} --reps 3 --no-stream; } >"$file" 2>&1 || r=1
-    ncu_stall_table "$file"
+    # shellcheck disable=SC2046
+    env $(echo "$vars" | tr ',' ' ') NCU_OP_COMMAND="${vars:+$(echo "$vars" | tr ',' ' ') }scripts/device-check.sh --stage ncu" \
+      "$ROOT/scripts/ncu-op.sh" "$file" "$op" $shape || r=1
     grep -E "^  [a-z].*difuse::|Duration|DRAM Throughput|Memory Throughput|Achieved Occupancy|Theoretical Occupancy|\
 Registers Per Thread|Block Limit|Warp Cycles Per Issued|Issued Warp Per Scheduler|No Eligible|==ERROR==|==WARNING==|^stall " \
       "$file" | head -n 32

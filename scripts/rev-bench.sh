@@ -2,7 +2,7 @@
 # scripts/rev-bench.sh prepare REV[:PATCH[,PATCH...]]...   (here, with git: each REV's tracked tree, less bench/ and
 #   docs/, into .revs/<short sha>/; with patch files applied in turn (patch -p1), into .revs/<short sha>-<name>-.../,
 #   its records' git_sha then "<sha>+<name>+...": experiments timed beside the commits without landing them)
-# scripts/rev-bench.sh run OP... [--rounds N]   (on the H200, with .revs carried: `run` with carry [".revs"])
+# scripts/rev-bench.sh run OP... [--rounds N] [--ncu OP:SHAPE]...   (on the H200, with .revs carried: carry [".revs"])
 #
 # Times ops at several git revisions on one machine, to find which commit changed a kernel's speed (the device's
 # copy of the working tree has no git history, so the trees travel as files). `run` builds the library and the
@@ -50,13 +50,15 @@ case "${1:-}" in
     shift
     rounds=2
     ops=()
+    ncus=()
     while [ $# -gt 0 ]; do
       case "$1" in
         --rounds) rounds=$2; shift 2 ;;
+        --ncu) ncus+=("$2"); shift 2 ;;
         *) ops+=("$1"); shift ;;
       esac
     done
-    [ ${#ops[@]} -gt 0 ] || { echo "usage: $0 run OP... [--rounds N]" >&2; exit 2; }
+    [ ${#ops[@]} -gt 0 ] || [ ${#ncus[@]} -gt 0 ] || { echo "usage: $0 run OP... [--rounds N] [--ncu OP:SHAPE]..." >&2; exit 2; }
     : "${OUT:?OUT must name the results folder}"
     : "${DIFUSE_GIT_SHA:?DIFUSE_GIT_SHA must name the commit of the working tree}"
     mkdir -p "$OUT/revs"
@@ -80,8 +82,22 @@ case "${1:-}" in
     for j in $(jobs -p); do wait "$j" || fail=1; done
     echo "[rev-bench $((SECONDS - start))s] built ${names[*]} ($jobs jobs each)"
     [ $fail = 0 ] || { tail -n 30 "$OUT"/revs/build-*.log; pack; exit 1; }
+    # --ncu OP:SHAPE: one launch of OP at SHAPE under Nsight Compute at each revision (scripts/ncu-op.sh, the working
+    # tree's copy), into revs/ncu-<OP>-<SHAPE>-<rev>.txt: where two forms of one kernel that time differently spend
+    # their cycles (twenty-fifth session: aa41dda's LayerNorm 69.7 us against 73.0 with a compare and a select more).
+    for spec in ${ncus[@]+"${ncus[@]}"}; do
+      for n in "${names[@]}"; do
+        [ $SECONDS -lt "$budget" ] || { echo "[rev-bench $((SECONDS - start))s] ncu $spec at $n skipped: past the budget"; fail=1; continue; }
+        echo "[rev-bench $((SECONDS - start))s] ncu $spec at $n (${sha[$n]})"
+        file="$OUT/revs/ncu-${spec//:/-}-$n.txt"
+        DIFUSE_GIT_SHA=${sha[$n]} PYTHONPATH="${src[$n]}/python" DIFUSE_LIB_DIR="/tmp/rev-build-$n" \
+          NCU_OP_COMMAND="scripts/rev-bench.sh run --ncu $spec" \
+          timeout -k 5 "$limit" "$ROOT/scripts/ncu-op.sh" "$file" "${spec%%:*}" "${spec#*:}" || fail=1
+        grep -E "Duration|Issued Warp Per Scheduler|DRAM Throughput|^stall " "$file" | head -n 8
+      done
+    done
     for r in $(seq 1 "$rounds"); do
-      for op in "${ops[@]}"; do
+      for op in ${ops[@]+"${ops[@]}"}; do
         for n in "${names[@]}"; do
           if [ $SECONDS -ge "$budget" ]; then
             echo "[rev-bench $((SECONDS - start))s] round $r: $op at $n skipped: past the call's budget (${budget} s)"
@@ -104,7 +120,7 @@ case "${1:-}" in
     exit $fail
     ;;
   *)
-    echo "usage: $0 prepare REV... | run OP... [--rounds N]" >&2
+    echo "usage: $0 prepare REV... | run OP... [--rounds N] [--ncu OP:SHAPE]..." >&2
     exit 2
     ;;
 esac

@@ -5,6 +5,7 @@ import os
 import shutil
 import stat
 import subprocess
+import sys
 import tarfile
 import tempfile
 import unittest
@@ -21,12 +22,24 @@ exit 0
 # python3 -m difuse bench ops --op OP --out FILE: logs its environment, writes a record and prints a table row;
 # hangs (sleeps 30 s) where STUB_HANG_TREE names the tree.
 PYTHON = r"""#!/usr/bin/env bash
+[ "${1:-}" = - ] && exec "$REAL_PYTHON" "$@"  # scripts/ncu-op.sh's stall table
 op=""; out=""
 while [ $# -gt 0 ]; do case "$1" in --op) op=$2; shift 2 ;; --out) out=$2; shift 2 ;; *) shift ;; esac; done
 echo "bench $op $DIFUSE_GIT_SHA $PYTHONPATH $DIFUSE_LIB_DIR" >>"$STUB_LOG"
 case "$DIFUSE_LIB_DIR" in */rev-build-"${STUB_HANG_TREE:-none}") exec sleep 30 ;; esac
 echo "[{\"op\": \"$op\", \"git_sha\": \"$DIFUSE_GIT_SHA\"}]" >"$out"
 echo "1x2x3  row  $op"
+"""
+
+# ncu ... python3 -m difuse bench ops --op OP --shape SHAPE ...: logs the profiled bench's op, shape and tree, prints
+# what a report holds (a duration and two stall metrics).
+NCU = r"""#!/usr/bin/env bash
+op=""; shape=""
+while [ $# -gt 0 ]; do case "$1" in --op) op=$2; shift 2 ;; --shape) shape=$2; shift 2 ;; *) shift ;; esac; done
+echo "ncu $op $shape $DIFUSE_GIT_SHA $PYTHONPATH $DIFUSE_LIB_DIR" >>"$STUB_LOG"
+echo "    Duration                         us        67.90"
+echo "    smsp__average_warps_issue_stalled_wait_per_issue_active.ratio        inst         1.19"
+echo "    smsp__average_warps_issue_stalled_long_scoreboard_per_issue_active.ratio   inst  3.10"
 """
 
 
@@ -41,6 +54,7 @@ class RevBenchRun(unittest.TestCase):
         self.addCleanup(shutil.rmtree, tmp)
         (tmp / "scripts").mkdir()
         shutil.copy(ROOT / "scripts" / "rev-bench.sh", tmp / "scripts" / "rev-bench.sh")
+        shutil.copy(ROOT / "scripts" / "ncu-op.sh", tmp / "scripts" / "ncu-op.sh")
         for short, sha in (("aaaaaaa", "a" * 40), ("bbbbbbb", "b" * 40)):
             (tmp / ".revs" / short / "python").mkdir(parents=True)
             (tmp / ".revs" / short / ".sha").write_text(sha + "\n")
@@ -49,8 +63,10 @@ class RevBenchRun(unittest.TestCase):
         out.mkdir()
         _exe(bin_dir / "cmake", CMAKE)
         _exe(bin_dir / "python3", PYTHON)
+        _exe(bin_dir / "ncu", NCU)
         log = tmp / "log"
         env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", OUT=str(out), STUB_LOG=str(log),
+                   REAL_PYTHON=sys.executable,
                    DIFUSE_GIT_SHA="c" * 40, STUB_FAIL_TREE=fail_tree, STUB_HANG_TREE=hang_tree,
                    **(env_extra or {}))
         r = subprocess.run(["bash", str(tmp / "scripts" / "rev-bench.sh"), "run", *args], env=env,
@@ -119,6 +135,26 @@ class RevBenchRun(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
         self.assertIn("revs/op_a-HEAD-1.json", names)
         self.assertFalse((out / "revs.tgz").exists())
+
+    def test_ncu_profiles_one_launch_at_each_revision_with_its_own_package(self):
+        r, lines, names, tmp, out = self.run_script("--ncu", "layernorm_modulate:1x32760x1536", "--rounds", "1")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        self.assertFalse([l for l in lines if l.startswith("bench ")])  # no op to time: only the profiles
+        ncus = [l.split() for l in lines if l.startswith("ncu ")]
+        self.assertEqual([(n[1], n[2], n[3]) for n in ncus],
+                         [("layernorm_modulate", "1x32760x1536", sha) for sha in ("a" * 40, "b" * 40, "c" * 40)])
+        self.assertEqual([n[4] for n in ncus], [f"{tmp}/.revs/aaaaaaa/python", f"{tmp}/.revs/bbbbbbb/python",
+                                                f"{tmp}/python"])
+        report = "revs/ncu-layernorm_modulate-1x32760x1536-bbbbbbb.txt"
+        self.assertIn(report, names)
+        with tarfile.open(out / "revs.tgz") as t:
+            text = t.extractfile(report).read().decode()
+        self.assertTrue(text.startswith("command: scripts/rev-bench.sh run --ncu layernorm_modulate:1x32760x1536"))
+        self.assertIn("git " + "b" * 40, text.splitlines()[0])
+        # the stall reasons, largest first, at the end
+        self.assertEqual(text.splitlines()[-2:], ["stall long_scoreboard              3.10",
+                                                  "stall wait                         1.19"])
+        self.assertIn("Duration", r.stdout)
 
     def test_needs_an_op_and_the_sha(self):
         r, _, _, _, _ = self.run_script()
