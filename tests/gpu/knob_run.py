@@ -20,15 +20,25 @@ def run_with_env(script: str, timeout: int = KNOB_SCRIPT_TIMEOUT_S, **env) -> su
     return subprocess.run([sys.executable, "-c", script], env=full, capture_output=True, text=True, timeout=timeout)
 
 
+_MISMATCH_HEAD = "import sys, torch\nfrom difuse import ops\nfrom difuse.gate import count_mismatches\nbad = 0\n"
+_MISMATCH_TAIL = "print('mismatches', bad)\nsys.exit(1 if bad else 0)\n"
+
+
 def mismatch_script(body: str) -> str:
     """A script around `body` (Python lines that add mismatching elements to `bad`, with torch, difuse.ops as ops
     and count_mismatches imported): prints the count and exits 1 if any."""
-    return ("import sys, torch\n"
-            "from difuse import ops\n"
-            "from difuse.gate import count_mismatches\n"
-            "bad = 0\n" + body +
-            "print('mismatches', bad)\n"
-            "sys.exit(1 if bad else 0)\n")
+    return _MISMATCH_HEAD + body + _MISMATCH_TAIL
+
+
+def joined(*scripts: str) -> str:
+    """One mismatch script running the bodies of several (each as mismatch_script made it, lines inserted before its
+    final print allowed) in turn, their mismatches summed: one process instead of several (each subprocess pays
+    torch's import and CUDA's start; test_rms_norm.py's test_streamed_variant ran three per case)."""
+    bodies = []
+    for s in scripts:
+        assert s.startswith(_MISMATCH_HEAD) and s.endswith(_MISMATCH_TAIL), "not a mismatch_script: " + s[:80]
+        bodies.append(s[len(_MISMATCH_HEAD):-len(_MISMATCH_TAIL)])
+    return mismatch_script("".join(bodies))
 
 
 def exactness_script(op: str, specs, seed: int) -> str:
