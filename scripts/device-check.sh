@@ -235,9 +235,6 @@ stage_e2e() {
 # An entry stream:MB profiles aten's vectorized elementwise kernel (b = -a in bf16) moving MB megabytes, half read and
 # half written, as the bench's same-bytes copy does: the speed of light of a plain streaming kernel at that size
 # (DRAM and L2 throughput), against which the ops' own reports read (every op's L2 throughput tops its DRAM's).
-NCU_SECTIONS="--section SpeedOfLight --section Occupancy --section LaunchStats --section WarpStateStats \
-  --section MemoryWorkloadAnalysis --section SchedulerStats"
-NCU_STALLS="regex:smsp__average_warps_issue_stalled_.*_per_issue_active\.ratio"
 stage_ncu() {
   local entry op shape file r=0
   command -v ncu >/dev/null || { echo "ncu is not on PATH"; return 1; }
@@ -250,16 +247,10 @@ stage_ncu() {
     op=${entry%%:*}
     shape=; [ "$op" = "$entry" ] || shape=${entry#*:}
     file="$OUT/ncu-$op${shape:+-$shape}$tag.txt"
-    if [ "$op" = stream ]; then  # stream:MB, the ceiling any streaming kernel meets at that size (below)
+    if [ "$op" = stream ]; then  # stream:MB, the ceiling any streaming kernel meets at that size (above)
       say "ncu: aten's vectorized elementwise kernel (b = -a, bf16) moving ${shape:-100} MB (half read, half written)"
-      # shellcheck disable=SC2086
-      { echo "command: scripts/device-check.sh --stage ncu (ncu on torch.neg(a, out=b), ${shape:-100} MB moved);" \
-          "git $DIFUSE_GIT_SHA"
-        ncu --clock-control none -k regex:vectorized_elementwise --launch-skip 1 --launch-count 1 $NCU_SECTIONS \
-          python3 -c "import torch; n = int(${shape:-100} * 1e6) // 4; a = torch.empty(n, dtype=torch.bfloat16, device='cuda')
-b = torch.empty_like(a)
-for _ in range(3): torch.neg(a, out=b)
-torch.cuda.synchronize()"; } >"$file" 2>&1 || r=1
+      NCU_OP_COMMAND="scripts/device-check.sh --stage ncu" "$ROOT/scripts/ncu-op.sh" "$file" stream "${shape:-100}" ||
+        r=1
       grep -E "Duration|DRAM Throughput|L2 Cache Throughput|Memory Throughput|L2 Hit Rate|==ERROR==" "$file" | head -n 12
       continue
     fi

@@ -161,6 +161,29 @@ class RevBenchRun(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
 
 
+class NcuOp(unittest.TestCase):
+    def test_stream_profiles_atens_copy_kernel_at_that_size(self):
+        # scripts/ncu-op.sh FILE stream MB (device-check's ncu entry stream:MB): torch.neg moving MB megabytes
+        tmp = Path(tempfile.mkdtemp())
+        self.addCleanup(shutil.rmtree, tmp)
+        bin_dir = tmp / "bin"
+        bin_dir.mkdir()
+        _exe(bin_dir / "ncu", "#!/usr/bin/env bash\necho \"ncu $*\"\n"
+                              "echo '    smsp__average_warps_issue_stalled_wait_per_issue_active.ratio  inst  1.19'\n")
+        _exe(bin_dir / "python3", PYTHON)
+        env = dict(os.environ, PATH=f"{bin_dir}:{os.environ['PATH']}", REAL_PYTHON=sys.executable,
+                   DIFUSE_GIT_SHA="d" * 40, STUB_LOG=str(tmp / "log"))
+        r = subprocess.run(["bash", str(ROOT / "scripts" / "ncu-op.sh"), str(tmp / "r.txt"), "stream", "56.6"],
+                           env=env, capture_output=True, text=True, timeout=60)
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        lines = (tmp / "r.txt").read_text().splitlines()
+        self.assertEqual(lines[0], "command: scripts/ncu-op.sh %s stream 56.6 (ncu on torch.neg(a, out=b), 56.6 MB "
+                                   "moved); git %s" % (tmp / "r.txt", "d" * 40))
+        self.assertIn("-k regex:vectorized_elementwise", lines[1])
+        self.assertIn("int(56.6 * 1e6) // 4", lines[1])
+        self.assertEqual(lines[-1], "stall wait                         1.19")
+
+
 class RevBenchPrepare(unittest.TestCase):
     def test_trees_and_patched_trees(self):
         tmp = Path(tempfile.mkdtemp())
