@@ -76,7 +76,7 @@ def split(files: list, jobs: int, weights: dict, functions: dict = None) -> list
     --case-slice)."""
     if jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {jobs}")
-    functions = {k: (tuple(v) + (1,))[:3] for k, v in (functions or {}).items()}  # (seconds, node[, cases])
+    functions = functions or {}  # {(file name, fn): (seconds, node, cases)}
     known = [w for w in weights.values()]
     unknown = max(known) if known else 1.0
     weight = {f: weights.get(Path(f).name, unknown) + FILE_OVERHEAD_S for f in files}

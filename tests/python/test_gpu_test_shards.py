@@ -79,8 +79,8 @@ class SplitTest(unittest.TestCase):
             small = [Path(tmp) / f"test_s{i}.py" for i in range(3)]
             weights = {"test_big.py": 300.0, **{p.name: 60.0 for p in small}}
             node = "tests/gpu/test_big.py"
-            functions = {("test_big.py", "test_slow"): (200.0, node), ("test_big.py", "test_mid"): (90.0, node),
-                         ("test_big.py", "test_fast"): (10.0, node), ("test_big.py", "test_gone"): (500.0, node)}
+            functions = {("test_big.py", "test_slow"): (200.0, node, 1), ("test_big.py", "test_mid"): (90.0, node, 1),
+                         ("test_big.py", "test_fast"): (10.0, node, 1), ("test_big.py", "test_gone"): (500.0, node, 1)}
             files = [str(big), *map(str, small)]
             out = shards.split(files, 2, weights, functions)
             # total 492 s over 2 jobs: half a share 123 s. test_gone is no longer defined (not pulled out);
@@ -97,8 +97,42 @@ class SplitTest(unittest.TestCase):
             self.assertEqual(out, [[str(other)], [str(big)]])
             # a file at or under half a share stays whole; one function is never pulled out of itself
             self.assertEqual(shards.split(files, 1, weights, functions), [[str(big), *map(str, small)]])
-            only = {("test_big.py", "test_slow"): (300.0, node)}
+            only = {("test_big.py", "test_slow"): (300.0, node, 1)}
             self.assertEqual(sorted(map(len, shards.split(files, 4, weights, only))), [1, 1, 1, 1])
+
+
+    def test_a_function_heavier_than_half_a_share_runs_in_slices_of_its_cases(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            big = Path(tmp) / "test_big.py"
+            big.write_text("def test_slow(x):\n    pass\n\n\ndef test_fast():\n    pass\n")
+            small = [Path(tmp) / f"test_s{i}.py" for i in range(3)]
+            node = "tests/gpu/test_big.py"
+            functions = {("test_big.py", "test_slow"): (300.0, node, 12), ("test_big.py", "test_fast"): (20.0, node, 1)}
+            weights = {"test_big.py": 320.0, **{p.name: 40.0 for p in small}}
+            out = shards.split([str(big), *map(str, small)], 3, weights, functions)
+            # 452 s over 3 jobs: half a share 75.3 s; test_slow (300 s, 12 cases) in min(12, ceil(300 / 75.3), 3) = 3
+            # slices of 103 s; the rest of the file (23 s) lands beside slice 0 and collects test_slow there
+            opts = [t for s in out for t in s if t.startswith("--case-slice=")]
+            self.assertEqual(sorted(opts), ["--case-slice=test_big.py::test_slow=0/3",
+                                            "--case-slice=test_big.py::test_slow=1/3",
+                                            "--case-slice=test_big.py::test_slow=2/3"])
+            home = [s for s in out if str(big) in s][0]
+            self.assertIn("--case-slice=test_big.py::test_slow=0/3", home)
+            self.assertFalse([t for t in home if t.startswith("--deselect") or "::" in t and not t.startswith("--")])
+            for s in out:
+                if s is not home:
+                    self.assertIn(f"{big}::test_slow", s)
+            # never more slices than jobs: 2 jobs, half a share 113 s, 2 slices of 150 s
+            out = shards.split([str(big), *map(str, small)], 2, weights, functions)
+            opts = sorted(t for s in out for t in s if t.startswith("--case-slice="))
+            self.assertEqual([case_slices.parse(o.split("=", 1)[1])[2:] for o in opts], [({0}, 2), ({1}, 2)])
+            # two slices in one shard join in one option: a 400 s file takes a shard alone (half a share 121 s, 3
+            # slices of 103 s): huge | slice, slice (206) | slice, the rest of test_big (126)
+            huge = Path(tmp) / "test_huge.py"
+            out = shards.split([str(big), str(huge)], 3, {"test_big.py": 320.0, "test_huge.py": 400.0}, functions)
+            self.assertEqual(out[0], [str(huge)])
+            self.assertEqual(out[1], [f"{big}::test_slow", "--case-slice=test_big.py::test_slow=0,2/3"])
+            self.assertEqual(out[2], [str(big), "--case-slice=test_big.py::test_slow=1/3"])
 
 
 class MergeTest(unittest.TestCase):
