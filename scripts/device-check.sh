@@ -4,7 +4,7 @@
 # The H200 loop (run through the device tool; each stage fits one call). Every stage writes its logs and
 # JSON under $OUT (default: ./device-out): build.log, platform.txt, tests.log + tests.json (the GPU test
 # report; the GPU files in DIFUSE_GPU_TEST_JOBS parallel pytest processes, default 6: in one they ran past 570 s, in 4 past the call at aa41dda; 349 s in 6 at 5d3eadf), gpu-tests.log/.json (the files of $DIFUSE_GPU_TESTS only; not part
-# of "all"), sanitizer.log (compute-sanitizer, SANITIZER_RUNS below: each half of DIFUSE_SANITIZER_PART=1|2 about 5 minutes, both more than one call; sanitizer-knobs.log with DIFUSE_SANITIZER_KNOBS), bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
+# of "all"), sanitizer.log (compute-sanitizer, SANITIZER_RUNS below: each quarter of DIFUSE_SANITIZER_PART=1a|1b|2a|2b about 5 minutes, 1 and 2 each ~10; sanitizer-knobs.log with DIFUSE_SANITIZER_KNOBS), bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
 # for each of $DIFUSE_E2E_MODELS, default "flux qwen-image sd3 wan", with $DIFUSE_E2E_ARGS), ncu-<op>.txt (Nsight
 # Compute on one launch of each of $DIFUSE_NCU_OPS; not part of "all"), sweeps.tgz (bench ops under the kernel
 # knobs of $DIFUSE_SWEEPS; not part of "all"). The logs and text files are packed into logs.tgz and the e2e
@@ -130,41 +130,44 @@ stage_gputests() {
 }
 
 # The default sanitizer stage's runs of the native smoke test, in order: "PART TOOL|VAR=V ...|what the knobs reach"
-# (racecheck with --racecheck-report all; the first failing run ends the stage). DIFUSE_SANITIZER_PART=1 or 2 runs
-# one half (~5 min each), 3 the one-barrier rings (DIFUSE_STREAM_FULL_BARRIERS=1, twenty-fourth session; four runs);
-# unset, all: more than one 600 s device call since the list grew (the whole stage was cut by 600 s at b9178f7 in
-# its 30th and last run, sanitizer-b9178f7-cut.log.gz).
+# (racecheck with --racecheck-report all; the first failing run ends the stage). DIFUSE_SANITIZER_PART=1a, 1b, 2a or
+# 2b runs a quarter (7 to 9 runs of ~38 s each on the H200: ~5 min), 1 or 2 both its quarters (~10 min: part 1 was
+# cut by a 500 s call after 13 of its 15 runs at 17e5cc6, sanitizer-17e5cc6-part1-cut.log.gz), 3 the one-barrier rings
+# (DIFUSE_STREAM_FULL_BARRIERS=1, twenty-fourth session; four runs, 132 s at 17e5cc6); unset, all: more than one 600 s
+# device call (the whole stage was cut by 600 s at b9178f7 in its 30th run, sanitizer-b9178f7-cut.log.gz).
 SANITIZER_RUNS=(
-  "1 memcheck||the defaults"
-  "1 racecheck||the defaults"
-  "1 initcheck||the defaults"
-  "1 memcheck|DIFUSE_LNMOD_BLOCKS_PER_SM=8 DIFUSE_RMSMOD_ONE_PASS=1 DIFUSE_QK_UNSTAGED=1|the knob variants the smoke test reaches"
-  "1 racecheck|DIFUSE_QK_UNSTAGED=1|the knob variants the smoke test reaches"
-  "1 memcheck|DIFUSE_LNMOD_BLOCKS_PER_SM=5|the 48-register two-warp LayerNorm rows"
-  "1 memcheck|DIFUSE_QK_PIPELINED=2|the pipelined FLUX and Qwen-Image prologues on a grid of 2 blocks"
-  "1 racecheck|DIFUSE_QK_PIPELINED=2|the pipelined FLUX and Qwen-Image prologues on a grid of 2 blocks"
-  "1 memcheck|DIFUSE_QK_SD35_VCOPY_SMEM=0|SD3.5's v rows copied global to global"
-  "1 memcheck|DIFUSE_QK_SD35_LEAN=1|SD3.5's lean slots"
-  "1 memcheck|DIFUSE_QK_SD35_OUT_SMEM=1 DIFUSE_RMSD_OUT_SMEM=1 DIFUSE_RMSMOD_PIPELINED=2 DIFUSE_RMSD_WIDE_STAGED=0 DIFUSE_LNMOD_EPILOGUE_BATCH=1 DIFUSE_RMS_STREAM_BATCH=1 DIFUSE_LNMOD_STAGE_A=1 DIFUSE_RMSMOD_RESIDUAL_HALF=2|SD3.5's and rms_norm_diffusers' 64-element rows copied out of shared memory, rms_norm_modulate's pipelined staged rows on 2 blocks, rms_norm_diffusers' wide rows on the per-row kernel, not staged, four-warp LayerNorm rows' and rms_norm's two-pass rows' batched epilogues at every width, GRLN's a staged, the residual rms_norm_modulate's quarter batches"
-  "1 racecheck|DIFUSE_QK_SD35_OUT_SMEM=1 DIFUSE_RMSD_OUT_SMEM=1 DIFUSE_RMSMOD_PIPELINED=2 DIFUSE_RMSD_WIDE_STAGED=0 DIFUSE_LNMOD_EPILOGUE_BATCH=1 DIFUSE_RMS_STREAM_BATCH=1 DIFUSE_LNMOD_STAGE_A=1 DIFUSE_RMSMOD_RESIDUAL_HALF=2|SD3.5's and rms_norm_diffusers' 64-element rows copied out of shared memory, rms_norm_modulate's pipelined staged rows on 2 blocks, rms_norm_diffusers' wide rows on the per-row kernel, not staged, four-warp LayerNorm rows' and rms_norm's two-pass rows' batched epilogues at every width, GRLN's a staged, the residual rms_norm_modulate's quarter batches"
-  "1 racecheck|DIFUSE_QK_SD35_WARPS=4|the default SD3.5 v rows on 4 warps per token"
-  "1 memcheck|DIFUSE_QK_VCOPY=1|the prologues' v copies (DIFUSE_QK_VCOPY=1), SD3.5's v staged"
-  "1 memcheck|DIFUSE_QK_VCOPY=0|the prologues' v copies (DIFUSE_QK_VCOPY=1), SD3.5's v staged"
-  "2 memcheck|DIFUSE_GELU_COMPUTED_WORDS=0|gelu's table-only kernel and its two-word one"
-  "2 memcheck|DIFUSE_GELU_COMPUTED_WORDS=2|gelu's table-only kernel and its two-word one"
-  "2 memcheck|DIFUSE_QK_BULK=1|the bulk-copy prologues and their bulk stores"
-  "2 memcheck|DIFUSE_QK_BULK=2|the bulk-copy prologues and their bulk stores"
-  "2 racecheck|DIFUSE_QK_BULK=2|the bulk-copy prologues and their bulk stores"
-  "2 memcheck|DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=0 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=0|the streamed rows of GRLN, layernorm_modulate, Wan's fp32 LayerNorm (3 two-warp groups) and rms_norm_modulate (5 warps, modulation rows from global memory), on 2 blocks"
-  "2 racecheck|DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=0 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=0|the streamed rows of GRLN, layernorm_modulate, Wan's fp32 LayerNorm (3 two-warp groups) and rms_norm_modulate (5 warps, modulation rows from global memory), on 2 blocks"
-  "2 memcheck|DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=1 DIFUSE_LNMOD_STREAMED=5 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=1|rms_norm_modulate's streamed rows staging the weight and modulation rows, and the LayerNorms' streamed rows (GRLN's, the plain ones') on one-warp groups"
-  "2 racecheck|DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=1 DIFUSE_LNMOD_STREAMED=5 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=1|rms_norm_modulate's streamed rows staging the weight and modulation rows, and the LayerNorms' streamed rows (GRLN's, the plain ones') on one-warp groups"
-  "2 memcheck|DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2|rms_norm's streamed rows, 5 warps on 2 blocks, its default 8 producer lanes (as many as each ring allows)"
-  "2 racecheck|DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2|rms_norm's streamed rows, 5 warps on 2 blocks, its default 8 producer lanes (as many as each ring allows)"
-  "2 memcheck|DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2|4 producer lanes on every streamed kernel"
-  "2 racecheck|DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2|4 producer lanes on every streamed kernel"
-  "2 memcheck|DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1|the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate, GRLN's prefetched a, gelu's pipelined table kernel"
-  "2 racecheck|DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1|the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate, GRLN's prefetched a, gelu's pipelined table kernel"
+  "1a memcheck||the defaults"
+  "1a racecheck||the defaults"
+  "1a initcheck||the defaults"
+  "1a memcheck|DIFUSE_LNMOD_BLOCKS_PER_SM=8 DIFUSE_RMSMOD_ONE_PASS=1 DIFUSE_QK_UNSTAGED=1|the knob variants the smoke test reaches"
+  "1a racecheck|DIFUSE_QK_UNSTAGED=1|the knob variants the smoke test reaches"
+  "1a memcheck|DIFUSE_LNMOD_BLOCKS_PER_SM=5|the 48-register two-warp LayerNorm rows"
+  "1a memcheck|DIFUSE_QK_PIPELINED=2|the pipelined FLUX and Qwen-Image prologues on a grid of 2 blocks"
+  "1a racecheck|DIFUSE_QK_PIPELINED=2|the pipelined FLUX and Qwen-Image prologues on a grid of 2 blocks"
+  "1b memcheck|DIFUSE_QK_SD35_VCOPY_SMEM=0|SD3.5's v rows copied global to global"
+  "1b memcheck|DIFUSE_QK_SD35_LEAN=1|SD3.5's lean slots"
+  "1b memcheck|DIFUSE_QK_SD35_OUT_SMEM=1 DIFUSE_RMSD_OUT_SMEM=1 DIFUSE_RMSMOD_PIPELINED=2 DIFUSE_RMSD_WIDE_STAGED=0 DIFUSE_LNMOD_EPILOGUE_BATCH=1 DIFUSE_RMS_STREAM_BATCH=1 DIFUSE_LNMOD_STAGE_A=1 DIFUSE_RMSMOD_RESIDUAL_HALF=2|SD3.5's and rms_norm_diffusers' 64-element rows copied out of shared memory, rms_norm_modulate's pipelined staged rows on 2 blocks, rms_norm_diffusers' wide rows on the per-row kernel, not staged, four-warp LayerNorm rows' and rms_norm's two-pass rows' batched epilogues at every width, GRLN's a staged, the residual rms_norm_modulate's quarter batches"
+  "1b racecheck|DIFUSE_QK_SD35_OUT_SMEM=1 DIFUSE_RMSD_OUT_SMEM=1 DIFUSE_RMSMOD_PIPELINED=2 DIFUSE_RMSD_WIDE_STAGED=0 DIFUSE_LNMOD_EPILOGUE_BATCH=1 DIFUSE_RMS_STREAM_BATCH=1 DIFUSE_LNMOD_STAGE_A=1 DIFUSE_RMSMOD_RESIDUAL_HALF=2|SD3.5's and rms_norm_diffusers' 64-element rows copied out of shared memory, rms_norm_modulate's pipelined staged rows on 2 blocks, rms_norm_diffusers' wide rows on the per-row kernel, not staged, four-warp LayerNorm rows' and rms_norm's two-pass rows' batched epilogues at every width, GRLN's a staged, the residual rms_norm_modulate's quarter batches"
+  "1b racecheck|DIFUSE_QK_SD35_WARPS=4|the default SD3.5 v rows on 4 warps per token"
+  "1b memcheck|DIFUSE_QK_VCOPY=1|the prologues' v copies (DIFUSE_QK_VCOPY=1), SD3.5's v staged"
+  "1b memcheck|DIFUSE_QK_VCOPY=0|the prologues' v copies (DIFUSE_QK_VCOPY=1), SD3.5's v staged"
+  "2a memcheck|DIFUSE_GELU_COMPUTED_WORDS=0|gelu's table-only kernel and its two-word one"
+  "2a memcheck|DIFUSE_GELU_COMPUTED_WORDS=2|gelu's table-only kernel and its two-word one"
+  "2a memcheck|DIFUSE_QK_BULK=1|the bulk-copy prologues and their bulk stores"
+  "2a memcheck|DIFUSE_QK_BULK=2|the bulk-copy prologues and their bulk stores"
+  "2a racecheck|DIFUSE_QK_BULK=2|the bulk-copy prologues and their bulk stores"
+  "2a memcheck|DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=0 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=0|the streamed rows of GRLN, layernorm_modulate, Wan's fp32 LayerNorm (3 two-warp groups) and rms_norm_modulate (5 warps, modulation rows from global memory), on 2 blocks"
+  "2a racecheck|DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=0 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=0|the streamed rows of GRLN, layernorm_modulate, Wan's fp32 LayerNorm (3 two-warp groups) and rms_norm_modulate (5 warps, modulation rows from global memory), on 2 blocks"
+  "2a memcheck|DIFUSE_QK_BULK=0|Qwen-Image's cp.async staged prologue (its default bulk kernel off)"
+  "2a racecheck|DIFUSE_QK_BULK=0|Qwen-Image's cp.async staged prologue (its default bulk kernel off)"
+  "2b memcheck|DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=1 DIFUSE_LNMOD_STREAMED=5 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=1|rms_norm_modulate's streamed rows staging the weight and modulation rows, and the LayerNorms' streamed rows (GRLN's, the plain ones') on one-warp groups"
+  "2b racecheck|DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAM_SMOD=1 DIFUSE_LNMOD_STREAMED=5 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=1|rms_norm_modulate's streamed rows staging the weight and modulation rows, and the LayerNorms' streamed rows (GRLN's, the plain ones') on one-warp groups"
+  "2b memcheck|DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2|rms_norm's streamed rows, 5 warps on 2 blocks, its default 8 producer lanes (as many as each ring allows)"
+  "2b racecheck|DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2|rms_norm's streamed rows, 5 warps on 2 blocks, its default 8 producer lanes (as many as each ring allows)"
+  "2b memcheck|DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2|4 producer lanes on every streamed kernel"
+  "2b racecheck|DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2|4 producer lanes on every streamed kernel"
+  "2b memcheck|DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1|the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate, GRLN's prefetched a, gelu's pipelined table kernel"
+  "2b racecheck|DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1|the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate, GRLN's prefetched a, gelu's pipelined table kernel"
   "3 memcheck|DIFUSE_STREAM_FULL_BARRIERS=1|one full barrier per slot where the slots are a multiple of the groups, the default groups"
   "3 racecheck|DIFUSE_STREAM_FULL_BARRIERS=1|one full barrier per slot where the slots are a multiple of the groups, the default groups"
   "3 memcheck|DIFUSE_STREAM_FULL_BARRIERS=1 DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=4 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=1 DIFUSE_RMSMOD_STREAMED=4 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=4 DIFUSE_RMS_STREAMED_BLOCKS=2|one full barrier per slot, 4 groups on 2 blocks (every ring of 4k slots owned), 4 producer lanes"
@@ -196,7 +199,7 @@ stage_sanitizer() {
     echo "command: ${part:+DIFUSE_SANITIZER_PART=$part }scripts/device-check.sh --stage sanitizer; git $DIFUSE_GIT_SHA; $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     for entry in "${SANITIZER_RUNS[@]}"; do
       IFS='|' read -r head vars what <<<"$entry"
-      [ -z "$part" ] || [ "${head%% *}" = "$part" ] || continue
+      [ -z "$part" ] || [ "${head%% *}" = "$part" ] || [[ "${head%% *}" == "$part"[ab] ]] || continue
       tool=${head#* }
       echo "$tool${vars:+ under $vars}: $what"
       read -r -a envs <<<"$vars"

@@ -77,6 +77,12 @@
 // memcheck and racecheck clean at 546c39e), slower: txt512 50.8 (=1) and 52.3 (=2) vs 49.4 us, fused 50.6 / 52.1 vs
 // 48.8 (knob-sweeps/951f281/). Predicted: no better than the 16-byte copies, which the probe's bulk variants
 // confirmed as plain copies (ops.json at 951f281).
+// Default since the twenty-sixth session (DIFUSE_QK_BULK=2 where its conditions hold; =0 keeps the staged kernel):
+// with the staged rows 128-byte aligned (9c40a0c; they followed the mbarrier 16 B past a line, so every bulk copy
+// straddled lines) the bulk kernel with bulk stores became the fastest at every site shape, H200 at 17e5cc6
+// (knob-sweeps/17e5cc6/, two runs each): txt512 47.4 / 47.6 us vs 49.5 / 49.6 staged, fused 47.5 / 47.6 vs 49.4 /
+// 49.5, txt34 42.8 / 42.9 vs 44.2 / 44.3, batch 2 88.6 / 88.8 vs 90.4 / 90.2 (=1: 48.7, 48.9, 44.5, 89.1). Same
+// arithmetic per row (run_token); bench 0 mismatches there.
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -469,11 +475,17 @@ void qk_norm_rope_qwen(const QkNormRopeQwenArgs& a, cudaStream_t stream) {
       staged_bytes <= 48 * 1024 && head_rows_aligned16({&p.txt, &p.img})) {
     static const int pipelined_knob = detail::positive_env_knob("DIFUSE_QK_PIPELINED");
     static const int vcopy_knob = detail::positive_env_knob("DIFUSE_QK_VCOPY");  // (the pipelined kernel stages v)
-    static const int bulk_knob = detail::positive_env_knob("DIFUSE_QK_BULK");
+    // The bulk-copy kernel with bulk stores (BULK=2) is the default where its conditions hold (H200 at 17e5cc6,
+    // knob-sweeps/17e5cc6/, two runs each: 1x4608x24x128 txt512 47.4 / 47.6 us vs 49.5 / 49.6 staged, fused 47.5 /
+    // 47.6 vs 49.4 / 49.5, txt34 42.8 / 42.9 vs 44.2 / 44.3, batch 2 88.6 / 88.8 vs 90.4 / 90.2; BULK=1 48.7).
+    // DIFUSE_QK_BULK=0 keeps the staged kernel; DIFUSE_QK_PIPELINED or DIFUSE_QK_VCOPY=1 (for measurement) turn
+    // the default off unless DIFUSE_QK_BULK is given too.
+    static const int bulk_knob =
+        detail::env_knob_or("DIFUSE_QK_BULK", pipelined_knob >= 1 || vcopy_knob == 1 ? 0 : 2);
     if (bulk_knob >= 1 && (bulk_knob >= 2 || 3 * p.H % 2 == 0) && staged_bytes + kBulkStagingAlign <= 48 * 1024 &&
         head_rows_contiguous({&p.txt, &p.img}, 128) && detail::aligned(p.out[0], 16) &&
         detail::aligned(p.out[1], 16) && detail::aligned(p.out[2], 16)) {
-      // rows staged (and with =2 stored) by the bulk copy engine; 8 blocks of ~19 KB per SM as the default
+      // rows staged (and with =2 stored) by the bulk copy engine; 8 blocks of ~19 KB per SM as the staged kernel
       if (bulk_knob >= 2)
         norm::launch_max_shared<qk_norm_rope_qwen_bulk<2>>(p, grid, block, staged_bytes, a.q.device, stream);
       else

@@ -301,13 +301,14 @@ def test_pipelined_variant():
     assert_exact_under(exactness_script("qk_norm_rope_qwen", few, 1852), DIFUSE_QK_PIPELINED="3")
 
 
-@pytest.mark.parametrize("mode", ["1", "2"])
+@pytest.mark.parametrize("mode", ["0", "1", "2"])
 def test_bulk_copy_variant(mode):
-    """DIFUSE_QK_BULK=1|2 (read once per process): where the staged kernel applies and each role's head rows of a
+    """DIFUSE_QK_BULK=0|1|2 (read once per process): where the staged kernel applies and each role's head rows of a
     token are contiguous (separate and fused projections), the token's rows are staged by the bulk copy engine
-    (one copy per role completing on an mbarrier); =2 also writes the normalised q and k rows back into shared
-    memory and stores q, k and v with one bulk copy per role. Same bits: short and long prompts, batch 2, odd head
-    counts (=1 keeps the default kernel there), 38 heads, no weights, no RoPE, adversarial values (v bit for bit:
+    (one copy per role completing on an mbarrier); =2 (the default there since the twenty-sixth session) also
+    writes the normalised q and k rows back into shared memory and stores q, k and v with one bulk copy per role;
+    =0 keeps the cp.async staged kernel (the default before). Same bits: short and long prompts, batch 2, odd head
+    counts (=1 keeps the staged kernel there), 38 heads, no weights, no RoPE, adversarial values (v bit for bit:
     NaN payloads, +-0, infinities); strided heads and 8-byte-aligned rows keep the other kernels."""
     from knob_run import assert_exact_under_prologue
 

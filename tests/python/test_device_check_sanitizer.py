@@ -1,6 +1,6 @@
 """scripts/device-check.sh --stage sanitizer (the H200's compute-sanitizer stage), run here with the build's tools
 and compute-sanitizer replaced by stubs that log each run's tool and knobs: the runs of each half
-(DIFUSE_SANITIZER_PART) and of the whole list, their order, racecheck's report flag, and that the first failing run
+(DIFUSE_SANITIZER_PART: a quarter 1a, 1b, 2a, 2b, a half 1 or 2 = both its quarters, or 3) and of the whole list, their order, racecheck's report flag, and that the first failing run
 ends the stage with a non-zero status and an "exit 1" line in sanitizer.log."""
 import os
 import re
@@ -38,11 +38,14 @@ STUBS = {
 
 
 def _table():
-    """The SANITIZER_RUNS entries of the script, as (part, tool, vars)."""
+    """The SANITIZER_RUNS entries of the script, as (part, tool, vars); every entry line must parse."""
     text = SCRIPT.read_text()
     block = text[text.index("SANITIZER_RUNS=(") : text.index("\n)\n", text.index("SANITIZER_RUNS=("))]
-    return [(int(m.group(1)), m.group(2), m.group(3))
-            for m in re.finditer(r'^  "(\d) (\w+)\|([^|]*)\|[^"]*"$', block, re.M)]
+    lines = block.splitlines()[1:]
+    table = [(m.group(1), m.group(2), m.group(3))
+             for m in re.finditer(r'^  "(\d[ab]?) (\w+)\|([^|]*)\|[^"]*"$', block, re.M)]
+    assert len(table) == len(lines), "an entry of SANITIZER_RUNS does not parse"
+    return table
 
 
 class SanitizerStage(unittest.TestCase):
@@ -92,20 +95,25 @@ class SanitizerStage(unittest.TestCase):
 
     def expected(self, part=None):
         return [(tool, "all" if tool == "racecheck" else "", " ".join(sorted(v.split())))
-                for p, tool, v in _table() if part is None or p == part]
+                for p, tool, v in _table() if part is None or p == part or p[:1] == part and part in "12"]
 
-    def test_the_table_has_its_three_parts(self):
+    def test_the_table_has_its_parts(self):
         table = _table()
-        self.assertGreaterEqual(len(table), 30)
-        self.assertEqual({p for p, _, _ in table}, {1, 2, 3})
-        self.assertEqual(table[:3], [(1, "memcheck", ""), (1, "racecheck", ""), (1, "initcheck", "")])
+        self.assertGreaterEqual(len(table), 36)
+        self.assertEqual([p for p, _, _ in table], sorted(p for p, _, _ in table))  # each part's runs together
+        self.assertEqual({p for p, _, _ in table}, {"1a", "1b", "2a", "2b", "3"})
+        self.assertEqual(table[:3], [("1a", "memcheck", ""), ("1a", "racecheck", ""), ("1a", "initcheck", "")])
+        # a quarter fits one call: at most 9 runs of ~38 s (17e5cc6)
+        for part in ("1a", "1b", "2a", "2b"):
+            self.assertLessEqual(sum(p == part for p, _, _ in table), 9, part)
 
-    def test_each_half_runs_its_entries_in_order_under_their_knobs(self):
-        for part in (1, 2, 3):
-            r, runs, log = self.run_stage(part=str(part))
+    def test_each_part_runs_its_entries_in_order_under_their_knobs(self):
+        for part in ("1a", "1b", "2a", "2b", "3", "1", "2"):
+            r, runs, log = self.run_stage(part=part)
             self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+            self.assertTrue(runs)
             self.assertEqual(runs, self.expected(part))
-            self.assertIn("DIFUSE_SANITIZER_PART=%d scripts/device-check.sh --stage sanitizer" % part, log)
+            self.assertIn("DIFUSE_SANITIZER_PART=%s scripts/device-check.sh --stage sanitizer" % part, log)
             self.assertTrue(log.rstrip().endswith("exit 0"), log[-200:])
 
     def test_unset_runs_the_whole_list(self):
@@ -116,8 +124,9 @@ class SanitizerStage(unittest.TestCase):
     def test_the_first_failing_run_ends_the_stage(self):
         r, runs, log = self.run_stage(part="2", fail="DIFUSE_RMS_STREAMED=5")
         self.assertNotEqual(r.returncode, 0)
-        first = next(i for i, e in enumerate(self.expected(2)) if "DIFUSE_RMS_STREAMED=5" in e[2].split())
-        self.assertEqual(runs, self.expected(2)[: first + 1])
+        first = next(i for i, e in enumerate(self.expected("2")) if "DIFUSE_RMS_STREAMED=5" in e[2].split())
+        self.assertGreater(first, 0)
+        self.assertEqual(runs, self.expected("2")[: first + 1])
         self.assertIn("exit 1", log)
 
 
