@@ -82,7 +82,10 @@
 // straddled lines) the bulk kernel with bulk stores became the fastest at every site shape, H200 at 17e5cc6
 // (knob-sweeps/17e5cc6/, two runs each): txt512 47.4 / 47.6 us vs 49.5 / 49.6 staged, fused 47.5 / 47.6 vs 49.4 /
 // 49.5, txt34 42.8 / 42.9 vs 44.2 / 44.3, batch 2 88.6 / 88.8 vs 90.4 / 90.2 (=1: 48.7, 48.9, 44.5, 89.1). Same
-// arithmetic per row (run_token); bench 0 mismatches there.
+// arithmetic per row (run_token); bench 0 mismatches there. At bb10c7e (the bulk default) this file's tests and
+// test_patch_qwen.py passed, 266, 0 failed, 0 skipped (gpu-tests-bb10c7e.json; test_bulk_copy_variant with =0, the
+// staged kernel, too), memcheck and racecheck of the smoke test clean with the defaults and with DIFUSE_QK_BULK=0
+// (sanitizer-knobs-bb10c7e-*.log), txt512 47.6 us, fused 47.1, txt34 43.3, batch 2 88.2 (ops.json; bound 48.8: met).
 #include "rope/qk_norm_rope_qwen.h"
 #include "rope/rows_per_warp_knob.h"
 #include "rope/staged_token_rows.cuh"
@@ -112,7 +115,7 @@ const detail::KernelRegistration kRegistration{{
     "qk_norm_rope_qwen", "cuda", "bit_exact",
     "Qwen-Image attention prologue: diffusers RMSNorm(q), RMSNorm(k) per head per stream, apply_rotary_emb_qwen "
     "(complex64 freqs per stream), cat([text, image]) of q, k, v",
-    "verified bit-exact on H200 at 132f46f (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at bb10c7e (torch 2.11.0+cu130, sm_90)", 90, 90,
     "per-head diffusers QK RMSNorm + complex RoPE per stream + joint concat in one launch"}};
 
 constexpr int kWarps = 8;
