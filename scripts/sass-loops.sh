@@ -23,19 +23,13 @@ trap 'rm -rf "$TMP"' EXIT
 TREE=$ROOT
 if [ -n "$REV" ]; then git -C "$ROOT" archive "$REV" include src | tar -x -C "$TMP"; TREE=$TMP; fi
 sass_of "$TREE" "$SRC" "$TMP/k.sass"
-python3 - "$TMP/k.sass" "$PATTERN" <<'PY' | { if command -v c++filt >/dev/null; then c++filt; else cat; fi; }
+demangle() { if command -v c++filt >/dev/null; then c++filt; else cat; fi; }
+export PYTHONPATH="$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}"  # scripts/sass_kernels.py
+python3 - "$TMP/k.sass" "$PATTERN" <<'PY' | demangle
 import re, sys
+from sass_kernels import sass_kernels
 path, pattern = sys.argv[1], re.compile(sys.argv[2])
-kernels, name = {}, None
-for line in open(path):
-    m = re.search(r"Function : (\S+)", line)
-    if m:
-        name = m.group(1)
-        kernels[name] = []
-        continue
-    m = re.match(r"\s+/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;", line)
-    if name and m:
-        kernels[name].append((int(m.group(1), 16), m.group(2)))
+kernels = {name: [(addr, text) for addr, text, _ in ins] for name, ins in sass_kernels(path).items()}
 for name, ins in kernels.items():
     if not pattern.search(name):
         continue

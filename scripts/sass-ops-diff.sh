@@ -25,28 +25,26 @@ mkdir -p "$TMP/old"
 git -C "$ROOT" archive "$REV" include src | tar -x -C "$TMP/old"
 sass_of "$TMP/old" "$SRC" "$TMP/old.sass"
 sass_of "$ROOT" "$SRC" "$TMP/new.sass"
-python3 - "$TMP/old.sass" "$TMP/new.sass" "$PATTERN" "$REV" "${SASS_OPS_PAIRS:-}" <<'PY'
+PYTHONPATH="$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}" \
+  python3 - "$TMP/old.sass" "$TMP/new.sass" "$PATTERN" "$REV" "${SASS_OPS_PAIRS:-}" <<'PY'
 import collections, re, sys
+from sass_kernels import sass_kernels
 old_path, new_path, pattern, rev = sys.argv[1], sys.argv[2], re.compile(sys.argv[3]), sys.argv[4]
 pairs = [p.split("=", 1) for p in sys.argv[5].split(";") if p.strip()]
 DATA = re.compile(r"(F|H|MUFU|I2F|F2I|SHFL|BAR|LDS|STS|LDG|STG|LDC|LDGSTS|SYNCS|UBLKCP|UTMA|FENCE|MEMBAR|ATOM|RED)")
 def kernels(path):
-    out, name = {}, None
-    for line in open(path):
-        m = re.search(r"Function : (\S+)", line)
-        if m:
-            name = re.sub(r"_GLOBAL__N__[0-9a-f_]+", "ANON", m.group(1))  # the file's path hash
-            out[name] = collections.Counter()
-            continue
-        m = re.match(r"\s+/\*[0-9a-f]{4,}\*/\s+(.*?)\s*;", line)
-        if name and out.get(name) is not None and m:
-            body = re.sub(r"^@!?U?P\w+\s+", "", m.group(1))
+    out = {}
+    for mangled, ins in sass_kernels(path).items():
+        name = re.sub(r"_GLOBAL__N__[0-9a-f_]+", "ANON", mangled)  # the file's path hash
+        ops = out[name] = collections.Counter()
+        for _, text, _ in ins:
+            body = re.sub(r"^@!?U?P\w+\s+", "", text)
             op = body.split()[0]
             if op.startswith("HFMA2.MMA") and "-RZ, RZ" in body:
                 continue
             if DATA.match(op):
-                out[name][op] += 1
-    return {k: v for k, v in out.items() if v is not None}
+                ops[op] += 1
+    return out
 old, new = kernels(old_path), kernels(new_path)
 for name in sorted(n for n in set(old) | set(new) if pattern.search(n)):
     short = name[:150]

@@ -24,24 +24,13 @@ while IFS= read -r rel; do
   [ -f "$B/$rel" ] || continue
   "$CUOBJDUMP" -sass "$A/$rel" >"$tmp/a" 2>/dev/null || continue
   "$CUOBJDUMP" -sass "$B/$rel" >"$tmp/b" 2>/dev/null || continue
-  line=$(python3 - "$tmp/a" "$tmp/b" "$rel" <<'PY'
-import re
+  line=$(PYTHONPATH="$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}" python3 - "$tmp/a" "$tmp/b" "$rel" <<'PY'
 import sys
+from sass_kernels import sass_kernels
 
-
-def kernels(path):
-    """kernel name -> its SASS lines (instructions with their encodings), in order."""
-    out, cur = {}, None
-    for line in open(path, errors="replace"):
-        m = re.match(r"\s*Function : (\S+)", line)
-        if m:
-            cur = out.setdefault(m.group(1), [])
-        elif cur is not None and line.strip() and "code for sm_" not in line and "Fatbin" not in line:
-            cur.append(line.strip())
-    return out
-
-
-a, b, rel = kernels(sys.argv[1]), kernels(sys.argv[2]), sys.argv[3]
+# each kernel's instructions and their encodings, without the addresses
+a, b = ({k: [(t, e) for _, t, e in v] for k, v in sass_kernels(f).items()} for f in sys.argv[1:3])
+rel = sys.argv[3]
 if not a and not b:
     print("none")
     raise SystemExit(0)
