@@ -1,7 +1,9 @@
 // The staged attention-prologue kernels' shared pieces (qk_norm_rope, qk_norm_rope_qwen, qk_norm_sd35; the default
 // where rows are 16-byte aligned): a block copies all of its token's head rows into shared memory with cp.async,
 // every copy in flight at once, before its per-row arithmetic (unchanged) reads them from there; the pipelined
-// variants overlap the next token's copies with the current token's arithmetic. Index and copy code only.
+// variants overlap the next token's copies with the current token's arithmetic; the bulk variants
+// (bulk_stage_token_rows; Qwen-Image's default since bb10c7e) stage the same layout with one bulk copy per role.
+// Index and copy code only.
 #pragma once
 
 #include <algorithm>
