@@ -227,5 +227,30 @@ class RevBenchPrepare(unittest.TestCase):
         self.assertEqual(r.returncode, 2)
 
 
+class ExperimentPatches(unittest.TestCase):
+    def test_every_experiment_patch_applies_to_this_tree(self):
+        """bench/experiments/*.patch are what NOTES' next calls time with `rev-bench.sh prepare HEAD:PATCH`: a patch
+        that no longer applies would cost a device call to find out. Each must apply (patch -p1 --dry-run) to this
+        checkout's tracked files, less bench/ and docs/ as prepare copies them."""
+        patches = sorted((ROOT / "bench" / "experiments").glob("*.patch"))
+        if not patches:
+            self.skipTest("no experiment patches")
+        if shutil.which("patch") is None:
+            self.fail("patch(1) is needed (rev-bench.sh prepare applies the experiments with it)")
+        tmp = Path(tempfile.mkdtemp())
+        self.addCleanup(shutil.rmtree, tmp)
+        files = subprocess.run(["git", "-C", str(ROOT), "ls-files", "-z"], check=True, capture_output=True).stdout
+        for rel in filter(None, files.decode().split("\0")):
+            if rel.split("/", 1)[0] in ("bench", "docs") or not (ROOT / rel).is_file():
+                continue
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy(ROOT / rel, tmp / rel)
+        for patch in patches:
+            with self.subTest(patch=patch.name):
+                r = subprocess.run(["patch", "-p1", "--dry-run", "-s", "-i", str(patch)], cwd=tmp,
+                                   capture_output=True, text=True, timeout=60)
+                self.assertEqual(r.returncode, 0, "%s does not apply: %s%s" % (patch.name, r.stdout, r.stderr))
+
+
 if __name__ == "__main__":
     unittest.main()
