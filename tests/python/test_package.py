@@ -53,10 +53,14 @@ class PackageTest(unittest.TestCase):
 
     def test_import_without_the_compiled_library(self):
         with tempfile.TemporaryDirectory() as d:
-            shutil.copytree(ROOT / "python" / "difuse", Path(d) / "difuse",
+            # The package two levels down, so the loader's checkout folder (the package's grandparent) is d itself,
+            # which holds no build*/ folder: one level down it was d's parent, /tmp, and any /tmp/build-* there
+            # (a side build) was found and loaded.
+            site = Path(d) / "site"
+            shutil.copytree(ROOT / "python" / "difuse", site / "difuse",
                             ignore=shutil.ignore_patterns("_lib", "__pycache__"))
             env = {k: v for k, v in os.environ.items() if k != "DIFUSE_LIB_DIR"}
-            env["PYTHONPATH"] = d
+            env["PYTHONPATH"] = str(site)
             code = ("import difuse\n"
                     "try:\n    difuse.kernels()\nexcept difuse.MissingExtension as e:\n    print('MISSING', e)\n")
             out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=d)
