@@ -314,8 +314,10 @@ int run_other_ops() {
 // rms_norm_modulate / gated_residual_rms_norm_modulate (rms_norm_modulate.cu): every element written, the
 // residual bit-exact (its host twin is exact), the output deterministic and within a few bf16 ulps of a double
 // reference of each term (n is rounded to bf16 twice before the modulate). One case per kernel class; a per-token
-// gate ([rows, cols], the residual form's quarter-batch kernel) where token_gate.
-int run_rms_norm_modulate(int64_t rows, int64_t cols, bool residual, bool fp32, bool token_gate = false) {
+// gate ([rows, cols], the residual form's quarter-batch kernel) where token_gate; no weight (LTX-2's norm, the chain
+// without the weight's multiply) where !weight.
+int run_rms_norm_modulate(int64_t rows, int64_t cols, bool residual, bool fp32, bool token_gate = false,
+                          bool weight = true) {
   std::mt19937 rng(static_cast<unsigned>(rows * 17 + cols * 3 + residual));
   std::normal_distribution<float> nd(0.f, 1.5f), sd(0.f, 0.5f);
   const int64_t n = rows * cols;
@@ -348,9 +350,9 @@ int run_rms_norm_modulate(int64_t rows, int64_t cols, bool residual, bool fp32, 
     CHECK_CUDA(cudaMemset(dout, 0xFF, n * 2));
     CHECK_CUDA(cudaMemset(dres, 0xFF, n * 2));
     if (residual)
-      gated_residual_rms_norm_modulate(out, res, x, a, gate, &w, scale, shift, 1e-6, fp32, nullptr);
+      gated_residual_rms_norm_modulate(out, res, x, a, gate, weight ? &w : nullptr, scale, shift, 1e-6, fp32, nullptr);
     else
-      rms_norm_modulate(out, x, &w, scale, shift, 1e-6, fp32, nullptr);
+      rms_norm_modulate(out, x, weight ? &w : nullptr, scale, shift, 1e-6, fp32, nullptr);
     CHECK_CUDA(cudaDeviceSynchronize());
     CHECK_CUDA(cudaMemcpy(o->data(), dout, n * 2, cudaMemcpyDeviceToHost));
   }
@@ -376,26 +378,28 @@ int run_rms_norm_modulate(int64_t rows, int64_t cols, bool residual, bool fp32, 
       const int64_t i = r * cols + c;
       unwritten += o1[i] == 0xFFFF;
       nondet += o1[i] != o2[i];
-      const double nm = h[c] * rstd * num::bf16_to_float(hw[c]);
+      const double nm = h[c] * rstd * (weight ? num::bf16_to_float(hw[c]) : 1.0);
       const double t = nm * (1.0 + num::bf16_to_float(hm[cols + c])), sh = num::bf16_to_float(hm[c]);
       far += std::fabs(num::bf16_to_float(o1[i]) - (t + sh)) > std::ldexp(std::fabs(t) + std::fabs(sh), -5) + 1e-5;
     }
   }
   for (auto* p : {dx, da, dw, dm, dout, dres, dg}) CHECK_CUDA(cudaFree(p));
   const bool ok = unwritten == 0 && nondet == 0 && far == 0 && residual_bits == 0;
-  std::printf("%-4s %s %lldx%lld%s%s: unwritten %lld, nondeterministic %lld, out of tolerance %lld, residual bits %lld\n",
+  std::printf("%-4s %s %lldx%lld%s%s%s: unwritten %lld, nondeterministic %lld, out of tolerance %lld, residual bits %lld\n",
               ok ? "ok" : "FAIL", residual ? "gated_residual_rms_norm_modulate" : "rms_norm_modulate", (long long)rows,
-              (long long)cols, fp32 ? " (fp32 modulate)" : "", token_gate ? " (per-token gate)" : "", (long long)unwritten, (long long)nondet, (long long)far,
+              (long long)cols, fp32 ? " (fp32 modulate)" : "", token_gate ? " (per-token gate)" : "",
+              weight ? "" : " (no weight)", (long long)unwritten, (long long)nondet, (long long)far,
               (long long)residual_bits);
   return ok ? 0 : 1;
 }
 
-constexpr int kRmsModulateCases = 7;
-int run_rms_norm_modulate_cases() {  // narrow rows, K = 8, 24, 32, 48 and 64 lane vectors
+constexpr int kRmsModulateCases = 9;
+int run_rms_norm_modulate_cases() {  // narrow rows, K = 8, 24, 32, 48 and 64 lane vectors; both forms without weight
   return run_rms_norm_modulate(19, 33, false, true) + run_rms_norm_modulate(17, 128, true, false) +
          run_rms_norm_modulate(19, 3072, true, true) + run_rms_norm_modulate(19, 4096, false, false) +
          run_rms_norm_modulate(19, 4100, true, false) + run_rms_norm_modulate(16, 8160, false, true) +
-         run_rms_norm_modulate(23, 3072, true, true, true);
+         run_rms_norm_modulate(23, 3072, true, true, true) + run_rms_norm_modulate(19, 3072, false, false, false, false) +
+         run_rms_norm_modulate(21, 3072, true, true, false, false);
 }
 
 // The attention prologues (FLUX qk_norm_rope, Qwen-Image qk_norm_rope_qwen, SD3.5 qk_norm_sd35) on small joint
