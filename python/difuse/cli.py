@@ -1,7 +1,8 @@
-"""`python -m difuse {kernels,check,bench}`.
+"""`python -m difuse {kernels,check,targets,bench}`.
 
   kernels            the kernel registry (works without torch or a GPU)
   check              every registered op against its live eager chain on this GPU, bit for bit
+  targets            the issues' op bounds applied to `bench ops` records (no GPU needed)
   bench [ops]        the main job: fused ops vs eager (and peers) with floor, % of floor and speedup
   bench flux         FLUX.1-dev's whole 50-step denoising loop, eager vs patched: md5 of the latents per
                      step, step time, launches and non-GEMM time per step (difuse/e2e.py)
@@ -41,6 +42,12 @@ def _torch_with_gpu(what: str):
     return torch
 
 
+def _verified(platform: str) -> str:
+    """A registration's platform text as the listing prints it: most say "verified bit-exact on H200 at <sha> (...)"
+    themselves, the others name only the platform ("torch 2.11.0+cu130, sm_90 (H200)")."""
+    return platform if platform.startswith("verified") else "verified on " + platform
+
+
 def cmd_kernels(_args) -> int:
     from . import kernels
 
@@ -50,7 +57,7 @@ def cmd_kernels(_args) -> int:
     for k in ks:
         print("%-*s  %-7s  %-10s  %-7s  %s" % (w, k["op"], k["backend"], k["contract"],
                                               "%d-%d" % (k["min_sm"], k["max_sm"]), k["description"]))
-        print("%-*s  reproduces %s; verified on %s" % (w, "", k["reference"], k["platform"]))
+        print("%-*s  reproduces %s; %s" % (w, "", k["reference"], _verified(k["platform"])))
     return 0
 
 

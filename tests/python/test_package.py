@@ -27,6 +27,11 @@ class PackageTest(unittest.TestCase):
                              check=True).stdout
         self.assertIn("layernorm_modulate", out)
         self.assertIn("bit_exact", out)
+        # each op's second line says once where it was verified, whichever form its registration's text takes
+        self.assertNotIn("verified on verified", out)
+        for line in out.splitlines()[1:]:
+            if "reproduces" in line:
+                self.assertEqual(line.count("verified"), 1, line)
 
     def test_gate_through_ctypes(self):
         g = difuse.BitExactGate("layernorm_modulate", "per_signature")
