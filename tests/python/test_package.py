@@ -27,11 +27,15 @@ class PackageTest(unittest.TestCase):
                              check=True).stdout
         self.assertIn("layernorm_modulate", out)
         self.assertIn("bit_exact", out)
-        # each op's second line says once where it was verified, whichever form its registration's text takes
+        # each op's second line says once where it was verified (every registration's platform text says so)
         self.assertNotIn("verified on verified", out)
         for line in out.splitlines()[1:]:
             if "reproduces" in line:
                 self.assertEqual(line.count("verified"), 1, line)
+
+    def test_every_registration_names_where_it_was_verified(self):
+        for k in difuse.kernels():
+            self.assertRegex(k["platform"], r"^verified bit-exact on H200 at [0-9a-f]{7}", k["op"])
 
     def test_gate_through_ctypes(self):
         g = difuse.BitExactGate("layernorm_modulate", "per_signature")
