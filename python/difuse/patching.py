@@ -83,7 +83,16 @@ WAN_SITES = {
     "W5": "norm3 + modulate in fp32 with c_scale_msa, c_shift_msa",
     "W6": "(h.float() + ff.float() * c_gate_msa).type_as(h)",
 }
-BLOCK_GATES = ("double_block", "single_block", "norm_out_block", "qwen_block", "joint_block", "wan_block")
+ERNIE_SITES = {
+    "E1": "adaLN_sa_ln + modulate: diffusers RMSNorm(x, w), then (n.float() * (1 + scale_msa.float()) + "
+          "shift_msa.float()).to(bf16), [S, B, H] rows",
+    "E2": "attention QK norm: torch.nn.RMSNorm per head on q and k (the rotate-half RoPE stays eager)",
+    "E3": "x + (gate_msa.float() * attn.float()).to(bf16), then adaLN_mlp_ln + modulate as E1",
+    "E4": "x + (gate_mlp.float() * mlp.float()).to(bf16)",
+    "final_norm": "final ErnieImageAdaLNContinuous: LayerNorm(x) * (1 + scale) + shift, [B, H] rows over [S, B, H]",
+}
+BLOCK_GATES = ("double_block", "single_block", "norm_out_block", "qwen_block", "joint_block", "wan_block",
+               "ernie_block")
 
 
 # ---- signatures ------------------------------------------------------------------------------------------------
@@ -192,7 +201,8 @@ class Site:
         """A call the site could not even try (e.g. a custom attention processor): counted, eager answers."""
         self.calls += 1
         self.refusals[reason] = self.refusals.get(reason, 0) + 1
-        self.gate.note_fallback(device, "unsupported")
+        if device >= 0:  # the gate counts per CUDA device; host tensors (CPU tests of the bodies) have none
+            self.gate.note_fallback(device, "unsupported")
 
     def stats(self, device: int) -> dict:
         c = self.gate.counters(device)
@@ -1008,13 +1018,176 @@ def _wan_block_body(self, st, hidden_states, encoder_hidden_states, temb, rotary
     return _wan_gated_site(S["W6"], hidden_states, ff_output, c_gate_msa)
 
 
+# ---- ERNIE-Image ----------------------------------------------------------------------------------------------------
+def _ernie_module():
+    import diffusers.models.transformers.transformer_ernie_image as te
+
+    return te
+
+
+def _diffusers_rmsnorm(norm) -> bool:
+    """diffusers' RMSNorm class over the last dim without a bias (what rms_norm_modulate replays; its predicate
+    checks the weight: none, or bf16 [N])."""
+    from diffusers.models.normalization import RMSNorm
+
+    return type(norm) is RMSNorm and len(norm.dim) == 1 and norm.bias is None
+
+
+def _ernie_norm_modulate_eager(norm, x, scale, shift):
+    """ErnieImageSharedAdaLNBlock's norm + modulate as the block writes it."""
+    n = norm(x)
+    return (n.float() * (1 + scale.float()) + shift.float()).to(n.dtype)
+
+
+def _ernie_rmsmod_site(site: Site, norm, x, scale, shift):
+    from . import ops
+
+    ok = _diffusers_rmsnorm(norm)
+    eps, w = float(norm.eps), norm.weight
+    return site.run((x, w, scale, shift, eps, ok), eager=lambda: _ernie_norm_modulate_eager(norm, x, scale, shift),
+                    fused=lambda: ops._ops().rms_norm_modulate(x, w, scale, shift, eps, True),
+                    predicate=lambda: ops.can_use_rms_norm_modulate(x, w, scale, shift, eps, True) if ok else
+                    ops.Support(False, ["the norm is not diffusers' RMSNorm without a bias"]), device=_dev(x))
+
+
+def _ernie_gated_rmsmod_site(site: Site, norm, h, a, gate, scale, shift):
+    """(h1, out): h1 = h + (gate.float() * a.float()).to(bf16), out = E1's chain on h1. a is the attention output
+    permuted to [S, B, H] (not contiguous at B > 1): the fused path copies it first (the same bits)."""
+    from . import ops
+
+    def eager():
+        h1 = h + (gate.float() * a.float()).to(h.dtype)
+        return h1, _ernie_norm_modulate_eager(norm, h1, scale, shift)
+
+    ok = _diffusers_rmsnorm(norm)
+    eps, w = float(norm.eps), norm.weight
+    ac = (lambda: a) if a.is_contiguous() else a.contiguous
+    return site.run((h, a, gate, w, scale, shift, eps, ok), eager=eager,
+                    fused=lambda: tuple(ops._ops().gated_residual_rms_norm_modulate(h, ac(), gate, w, scale, shift,
+                                                                                     eps, True)),
+                    predicate=lambda: ops.can_use_gated_residual_rms_norm_modulate(h, ac(), gate, w, scale, shift, eps,
+                                                                                   True) if ok else
+                    ops.Support(False, ["the norm is not diffusers' RMSNorm without a bias"]), device=_dev(h))
+
+
+def _ernie_gated_site(site: Site, h, a, gate):
+    """h + (gate.float() * a.float()).to(bf16): the bf16 product is one rounding of the exact fp32 product, so this
+    is gated_residual's h + gate * a (per-token [S, B, H] gate rows)."""
+    from . import ops
+
+    eager = lambda: h + (gate.float() * a.float()).to(h.dtype)  # noqa: E731
+    return site.run((h, a, gate), fused=lambda: ops._ops().gated_residual(h, a, gate), eager=eager,
+                    predicate=lambda: ops.can_use_gated_residual(h, a, gate), device=_dev(h))
+
+
+def _ernie_rotary(x, freqs):
+    """ErnieImageSingleStreamAttnProcessor's apply_rotary_emb (rotate-half, cos and sin rounded to x's dtype)."""
+    torch = _torch()
+    rot = freqs.shape[-1]
+    x, rest = x[..., :rot], x[..., rot:]
+    cos, sin = torch.cos(freqs).to(x.dtype), torch.sin(freqs).to(x.dtype)
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x * cos + torch.cat((-x2, x1), dim=-1) * sin, rest), dim=-1)
+
+
+def _ernie_attention(site: Site, attn, hidden_states, attention_mask, freqs):
+    """ErnieImageSingleStreamAttnProcessor.__call__ (diffusers 0.42.1) with the QK norms as one site."""
+    from . import ops
+
+    te = _ernie_module()
+    q = attn.to_q(hidden_states).unflatten(-1, (attn.heads, -1))
+    k = attn.to_k(hidden_states).unflatten(-1, (attn.heads, -1))
+    v = attn.to_v(hidden_states).unflatten(-1, (attn.heads, -1))
+    nq, nk = _rmsnorm_params(attn.norm_q), _rmsnorm_params(attn.norm_k)
+    if attn.norm_q is None and attn.norm_k is None:
+        site.fallback(_dev(q), "no QK norm (qk_layernorm=False)")
+    else:
+        why = ("norm_q / norm_k are not torch.nn.RMSNorm per head" if nq is None or nk is None else "")
+
+        def eager():
+            return (attn.norm_q(q) if attn.norm_q is not None else q), (attn.norm_k(k) if attn.norm_k is not None
+                                                                       else k)
+
+        def predicate():
+            if why:
+                return ops.Support(False, [why])
+            sq, sk = ops.can_use_rms_norm(q, nq[0], nq[1]), ops.can_use_rms_norm(k, nk[0], nk[1])
+            return ops.Support(sq.ok and sk.ok, ["q: " + r for r in sq.reasons] + ["k: " + r for r in sk.reasons])
+
+        wq, eq = nq if nq is not None else (None, None)
+        wk, ek = nk if nk is not None else (None, None)
+        q, k = site.run((q, k, wq, wk, eq, ek, why), eager=eager, predicate=predicate,
+                        fused=lambda: (ops._ops().rms_norm(q, wq, eq), ops._ops().rms_norm(k, wk, ek)), device=_dev(q))
+    if freqs is not None:
+        q, k = _ernie_rotary(q, freqs), _ernie_rotary(k, freqs)
+    dtype = q.dtype
+    if attention_mask is not None and attention_mask.ndim == 2:
+        attention_mask = attention_mask[:, None, None, :]
+    proc = attn.processor
+    out = te.dispatch_attention_fn(q, k, v, attn_mask=attention_mask, dropout_p=0.0, is_causal=False,
+                                   backend=proc._attention_backend, parallel_config=proc._parallel_config)
+    return attn.to_out[0](out.flatten(2, 3).to(dtype))
+
+
+def _ernie_block_forward(self, x, rotary_pos_emb, temb, attention_mask=None):
+    st: _State = self._difuse_state
+    original = lambda: type(self).forward(self, x, rotary_pos_emb, temb, attention_mask)  # noqa: E731
+    if not x.is_cuda:
+        return original()
+    key = (x, rotary_pos_emb, attention_mask) + tuple(temb)
+    return st.blocks["ernie_block"].run(
+        key, lambda: _ernie_block_body(self, st, x, rotary_pos_emb, temb, attention_mask), original, _dev(x))
+
+
+def _ernie_block_body(self, st, x, rotary_pos_emb, temb, attention_mask):
+    S = st.sites
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = temb
+    residual = x
+    x = _ernie_rmsmod_site(S["E1"], self.adaLN_sa_ln, x, scale_msa, shift_msa)
+    x_bsh = x.permute(1, 0, 2)  # [S, B, H] -> [B, S, H], as the block hands it to the attention
+    te = _ernie_module()
+    attn = self.self_attention
+    if type(attn.processor) is not te.ErnieImageSingleStreamAttnProcessor:
+        S["E2"].fallback(_dev(x), "attention processor %s is not ErnieImageSingleStreamAttnProcessor"
+                         % type(attn.processor).__name__)
+        attn_out = attn(x_bsh, attention_mask=attention_mask, image_rotary_emb=rotary_pos_emb)
+    else:
+        attn_out = _ernie_attention(S["E2"], attn, x_bsh, attention_mask, rotary_pos_emb)
+    attn_out = attn_out.permute(1, 0, 2)
+    x, n2 = _ernie_gated_rmsmod_site(S["E3"], self.adaLN_mlp_ln, residual, attn_out, gate_msa, scale_mlp, shift_mlp)
+    return _ernie_gated_site(S["E4"], x, self.mlp(n2), gate_mlp)
+
+
+def _ernie_final_norm_forward(self, x, conditioning):
+    st: _State = self._difuse_state
+    original = lambda: type(self).forward(self, x, conditioning)  # noqa: E731
+    if not x.is_cuda:
+        return original()
+    return st.blocks["norm_out_block"].run((x, conditioning), lambda: _ernie_final_norm_body(self, st, x, conditioning),
+                                           original, _dev(x))
+
+
+def _ernie_final_norm_body(self, st, x, conditioning):
+    """ErnieImageAdaLNContinuous: [B, H] scale and shift rows broadcast over the sequence of an [S, B, H] x; the fused
+    path reads them as per-token rows of stride 0 along S (the same values)."""
+    site = st.sites["final_norm"]
+    scale, shift = self.linear(conditioning).chunk(2, dim=-1)
+    eager = lambda: self.norm(x) * (1 + scale.unsqueeze(0)) + shift.unsqueeze(0)  # noqa: E731
+    if x.dim() != 3 or scale.shape != x.shape[1:]:
+        site.fallback(_dev(x), "x is not [S, B, H] with [B, 2H] conditioning")
+        return eager()
+    return _lnmod_site(site, x, scale.unsqueeze(0).expand(x.shape), shift.unsqueeze(0).expand(x.shape), self.norm,
+                       eager)
+
+
 # ---- public API -------------------------------------------------------------------------------------------------
 def _model_kind(model) -> str:
     name = type(model).__name__
     if not type(model).__module__.startswith("diffusers."):
         return ""
     return {"FluxTransformer2DModel": "flux", "QwenImageTransformer2DModel": "qwen",
-            "SD3Transformer2DModel": "sd3", "WanTransformer3DModel": "wan"}.get(name, "")
+            "SD3Transformer2DModel": "sd3", "WanTransformer3DModel": "wan",
+            "ErnieImageTransformer2DModel": "ernie"}.get(name, "")
 
 
 def patch(model) -> PatchReport:
@@ -1022,7 +1195,8 @@ def patch(model) -> PatchReport:
     kind = _model_kind(model)
     if not kind:
         raise NotImplementedError("difuse.patch: %s is not supported yet (supported: diffusers FluxTransformer2DModel, "
-                                  "QwenImageTransformer2DModel, SD3Transformer2DModel, WanTransformer3DModel)" % type(model).__name__)
+                                  "QwenImageTransformer2DModel, SD3Transformer2DModel, WanTransformer3DModel, "
+                                  "ErnieImageTransformer2DModel)" % type(model).__name__)
     if getattr(model, "_difuse_state", None) is not None:
         return model._difuse_state.report
     from diffusers.models.normalization import AdaLayerNormContinuous
@@ -1042,10 +1216,15 @@ def patch(model) -> PatchReport:
         table = {JointTransformerBlock: (_sd3_block_forward, "joint blocks")}
         dual = any(getattr(m, "use_dual_attention", False) for m in model.modules() if type(m) is JointTransformerBlock)
         st = _State("sd3", {**SD3_SITES, **SD3_DUAL_SITES} if dual else SD3_SITES)
-    else:
+    elif kind == "wan":
         tw = _wan_module()
         table = {tw.WanTransformerBlock: (_wan_block_forward, "blocks")}
         st = _State("wan", WAN_SITES)
+    else:
+        te = _ernie_module()
+        table = {te.ErnieImageSharedAdaLNBlock: (_ernie_block_forward, "blocks"),
+                 te.ErnieImageAdaLNContinuous: (_ernie_final_norm_forward, "final_norm")}
+        st = _State("ernie", ERNIE_SITES)
     known = {cls.__name__ for cls in table}
     rep = PatchReport(model=type(model).__name__, sites=dict(st.descriptions))
     for path, mod in model.named_modules():
@@ -1139,4 +1318,4 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FLUX_SITES", "QWEN_SITES", "SD3_SITES", "SD3_DUAL_SITES", "WAN_SITES", "patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]
+__all__ = ["FLUX_SITES", "QWEN_SITES", "SD3_SITES", "SD3_DUAL_SITES", "WAN_SITES", "ERNIE_SITES", "patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]

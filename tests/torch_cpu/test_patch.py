@@ -238,6 +238,86 @@ def test_wan_patch_discovers_blocks_and_its_body_composes_like_the_original(cros
     difuse.unpatch(model)
 
 
+def tiny_ernie(layers=2, qk_norms=True, dtype=torch.float32):
+    te = pytest.importorskip("diffusers.models.transformers.transformer_ernie_image")
+    torch.manual_seed(0)
+    model = te.ErnieImageTransformer2DModel(hidden_size=32, num_attention_heads=2, num_layers=layers,
+                                            ffn_hidden_size=48, in_channels=4, out_channels=4, text_in_dim=24,
+                                            rope_axes_dim=(4, 6, 6))
+    if not qk_norms:  # qk_layernorm=False raises in diffusers 0.42.1 (qk_norm=None is refused): what it means to do
+        for blk in model.layers:
+            blk.self_attention.norm_q = blk.self_attention.norm_k = None
+    g = torch.Generator().manual_seed(5)
+    with torch.no_grad():  # the class zero-initialises its modulation and output projections: every site then
+        for p in model.parameters():  # computes x + 0; random values make each chain count
+            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() == 1 else p.shape[-1] ** -0.5))
+    return model.to(dtype)
+
+
+def ernie_inputs(dtype, B=2, side=4, T=5):
+    g = torch.Generator().manual_seed(6)
+    return dict(hidden_states=torch.randn(B, 4, side, side, generator=g).to(dtype), timestep=torch.full((B,), 500.0),
+                text_bth=torch.randn(B, T, 24, generator=g).to(dtype), text_lens=torch.tensor([T, T - 2][:B]),
+                return_dict=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("qk_norms", [True, False])
+def test_ernie_patch_discovers_blocks_and_its_bodies_compose_like_the_original(qk_norms, dtype):
+    model = tiny_ernie(qk_norms=qk_norms, dtype=dtype)
+    seen = {}
+    hooks = [model.layers[0].register_forward_pre_hook(lambda m, a, k: seen.update(block=(a, k)), with_kwargs=True),
+             model.final_norm.register_forward_pre_hook(lambda m, a, k: seen.update(final=(a, k)), with_kwargs=True)]
+    with torch.no_grad():
+        before = model(**ernie_inputs(dtype))[0]
+    for h in hooks:
+        h.remove()
+    rep = difuse.patch(model)
+    assert rep.modules == {"blocks": 2, "final_norm": 1}
+    assert set(rep.sites) == set(difuse.patching.ERNIE_SITES)
+    st = model._difuse_state
+    blk = model.layers[0]
+    args, kwargs = seen["block"]
+    call = dict(zip(("x", "rotary_pos_emb", "temb", "attention_mask"), args), **kwargs)
+    assert call["attention_mask"] is not None and call["x"].shape[1] == 2  # [S, B, H], a padded text row
+    with torch.no_grad():
+        want = type(blk).forward(blk, **call)
+        got = difuse.patching._ernie_block_body(blk, st, call["x"], call["rotary_pos_emb"], call["temb"],
+                                                call["attention_mask"])
+        assert _bits(got, want)
+        fx, fc = seen["final"][0]
+        want = type(model.final_norm).forward(model.final_norm, fx, fc)
+        got = difuse.patching._ernie_final_norm_body(model.final_norm, st, fx, fc)
+        assert _bits(got, want)
+        after = model(**ernie_inputs(dtype))[0]  # CPU: the original forwards answer
+    assert _bits(after, before)
+    difuse.unpatch(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
+
+def test_ernie_custom_attention_processor_is_called_as_it_is_and_counted():
+    te = pytest.importorskip("diffusers.models.transformers.transformer_ernie_image")
+
+    class Proc(te.ErnieImageSingleStreamAttnProcessor):  # a subclass: not the processor _ernie_attention replays
+        pass
+
+    model = tiny_ernie(layers=1)
+    model.layers[0].self_attention.set_processor(Proc())
+    seen = {}
+    h = model.layers[0].register_forward_pre_hook(lambda m, a, k: seen.update(block=(a, k)), with_kwargs=True)
+    with torch.no_grad():
+        model(**ernie_inputs(torch.float32))
+    h.remove()
+    difuse.patch(model)
+    blk, (args, kwargs) = model.layers[0], seen["block"]
+    with torch.no_grad():
+        want = type(blk).forward(blk, *args, **kwargs)
+        got = difuse.patching._ernie_block_body(blk, model._difuse_state, *args, **kwargs)
+    assert _bits(got, want)
+    e2 = model._difuse_state.sites["E2"]
+    assert e2.refusals == {"attention processor Proc is not ErnieImageSingleStreamAttnProcessor": 1}
+    difuse.unpatch(model)
+
 def test_unpatch_refuses_while_a_later_hook_wraps_a_patched_forward():
     from diffusers.hooks import HookRegistry, ModelHook
 

@@ -1,0 +1,57 @@
+"""difuse.patch on diffusers' ErnieImageTransformer2DModel on the GPU: the patched model's output is bit-identical to
+the unpatched one (2 blocks at full width: hidden 3072, 24 heads x 128, ffn 8192, text_in_dim 2560), batch 1 and 2
+(CFG), with a padded text row (attention mask), at 1024^2's grid (64 x 64 latent patches + 256 text tokens: S = 4352,
+the rms_norm_modulate site shapes 4352x1x3072 and 4352x2x3072) and a smaller one; every listed site fused and none
+disabled; unpatch restores the original. (Written in the session that added the ERNIE-Image patch, without a GPU;
+first run pending.)"""
+import os
+
+import pytest
+import torch
+
+import difuse
+from patch_check import assert_patched_matches
+
+te = pytest.importorskip("diffusers.models.transformers.transformer_ernie_image")
+
+DEV = "cuda"
+SEED = int(os.environ.get("DIFUSE_TEST_SEED", "20261129"))
+
+
+def reduced_ernie(layers=2, seed=SEED):
+    torch.manual_seed(seed)
+    with torch.device(DEV):
+        model = te.ErnieImageTransformer2DModel(hidden_size=3072, num_attention_heads=24, num_layers=layers,
+                                                ffn_hidden_size=8192, in_channels=128, out_channels=128,
+                                                text_in_dim=2560)
+    model = model.to(torch.bfloat16).eval()
+    g = torch.Generator(device=DEV).manual_seed(seed)
+    with torch.no_grad():  # the class zero-initialises adaLN_modulation and final_linear: random values instead
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and "norm" in name or "_ln." in name:
+                p.copy_(1 + 0.1 * torch.randn(p.shape, device=DEV, generator=g))
+            elif p.dim() == 1:
+                p.copy_(0.02 * torch.randn(p.shape, device=DEV, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, device=DEV, generator=g) / p[0].numel() ** 0.5)
+    return model
+
+
+def ernie_inputs(B=1, side=64, text_tokens=256, pad=0, seed=SEED):
+    g = torch.Generator(device=DEV).manual_seed(seed + 1)
+    bf = dict(device=DEV, dtype=torch.bfloat16)
+    lens = torch.full((B,), text_tokens, device=DEV, dtype=torch.long)
+    lens[-1] -= pad
+    return dict(hidden_states=torch.randn(B, 128, side, side, generator=g, **bf),
+                timestep=torch.full((B,), 700.0, device=DEV),
+                text_bth=torch.randn(B, text_tokens, 2560, generator=g, **bf), text_lens=lens, return_dict=False)
+
+
+@pytest.fixture(scope="module")
+def model():
+    return reduced_ernie()
+
+
+@pytest.mark.parametrize("B,side,text_tokens,pad", [(1, 64, 256, 0), (2, 64, 256, 0), (2, 32, 77, 20)], ids=str)
+def test_patched_ernie_is_bit_identical(model, B, side, text_tokens, pad):
+    assert_patched_matches(model, ernie_inputs(B, side, text_tokens, pad), difuse.patching.ERNIE_SITES)
