@@ -5,7 +5,7 @@
 # JSON under $OUT (default: ./device-out): build.log, platform.txt, tests.log + tests.json (the GPU test
 # report; the GPU files in DIFUSE_GPU_TEST_JOBS parallel pytest processes, default 6: in one they ran past 570 s, in 4 past the call at aa41dda; 349 s in 6 at 5d3eadf), gpu-tests.log/.json (the files of $DIFUSE_GPU_TESTS only; not part
 # of "all"), sanitizer.log (compute-sanitizer, SANITIZER_RUNS below: each quarter of DIFUSE_SANITIZER_PART=1a|1b|2a|2b about 5 minutes, 1 and 2 each ~10; sanitizer-knobs.log with DIFUSE_SANITIZER_KNOBS), bench.log + ops.json, e2e-<model>.log/.json/.png (python -m difuse bench <model>
-# for each of $DIFUSE_E2E_MODELS, default "flux qwen-image sd3 wan", with $DIFUSE_E2E_ARGS), ncu-<op>.txt (Nsight
+# for each of $DIFUSE_E2E_MODELS, default "flux qwen-image sd3 wan ernie-image", with $DIFUSE_E2E_ARGS), ncu-<op>.txt (Nsight
 # Compute on one launch of each of $DIFUSE_NCU_OPS; not part of "all"), sweeps.tgz (bench ops under the kernel
 # knobs of $DIFUSE_SWEEPS; not part of "all"). The logs and text files are packed into logs.tgz and the e2e
 # charts into e2e-png.tgz at the end (the device tool returns at most 8 files; the logs are moved into logs.tgz, so a
@@ -221,7 +221,7 @@ stage_bench() {
 
 stage_e2e() {
   local m r=0
-  for m in ${DIFUSE_E2E_MODELS:-flux qwen-image sd3 wan}; do
+  for m in ${DIFUSE_E2E_MODELS:-flux qwen-image sd3 wan ernie-image}; do
     say "e2e: python -m difuse bench $m ${DIFUSE_E2E_ARGS:-} -> e2e-$m.json"
     # shellcheck disable=SC2086
     python3 -m difuse bench "$m" --out "$OUT/e2e-$m.json" ${DIFUSE_E2E_ARGS:-} 2>&1 | tee "$OUT/e2e-$m.log" | tail -n 40

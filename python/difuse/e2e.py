@@ -1,4 +1,4 @@
-"""End-to-end denoising benchmark (`python -m difuse bench flux|qwen-image|sd3|wan`).
+"""End-to-end denoising benchmark (`python -m difuse bench flux|qwen-image|sd3|wan|ernie-image`).
 
 Builds a whole diffusers transformer, runs the same denoising loop twice from the same initial latents --
 eager, then with `difuse.patch(model)` -- and compares the latents after every step bit for bit (md5 of their
@@ -30,6 +30,11 @@ Models (each a ModelSpec: build_model, make_inputs, call, config), all bf16, as 
               latents [1, 16, 21, 60, 104] -> 21*30*52 = 32,760 tokens; 512 umT5 tokens; CFG 5.0 as two calls
               per step; FlowMatch-Euler shift 3.0 in place of UniPC (flow_shift 3.0) -- a documented
               substitution, recorded in the JSON config.
+  ernie-image ERNIE-Image (36 single-stream blocks, 4096 wide, 32 x 128, ffn 12288; 8B). 1024x1024 -> latents
+              [1, 128, 64, 64] (VAE 8x, 2x2 patchify) -> 4096 tokens, sequence first [S, B, H]; 256 prompt tokens
+              of text-encoder states (3072 wide, random; prompt enhancer off) and the negative prompt "" of 1
+              token, zero-padded to 256 with text_lens [1, 256] (an attention mask); CFG 4.0 as one batch-2 call;
+              FlowMatch-Euler shift 4.0 over sigmas linspace(1, 0, steps + 1); the raw timestep in bf16.
 
 Default depth and steps (one H200 run, both arms, must stay under 8 minutes; estimates scale the measured
 FLUX step, 176 ms eager for ~125 TFLOP at 4608 tokens, by FLOPs):
@@ -40,6 +45,8 @@ FLUX step, 176 ms eager for ~125 TFLOP at 4608 tokens, by FLOPs):
               attention), ~2.5-3.5 s per call, 2 calls per step: 50 steps x 2 arms would be ~10 minutes. At 10
               layers: ~0.8 s per call, ~1.7 s per step -> ~35 s for both arms plus ~4 s of profiled steps.
               `--layers 40 --steps 10` (~2.5-3 min) or `--layers 40 --steps 50` (~10+ min) for more.
+  ernie-image 36 layers, 50 steps: ~150 TFLOP per batch-2 call (2 x 4352 tokens of ~8B parameters, plus
+              attention), ~0.25 s per step -> ~25-35 s for both arms; 16 GB of weights.
 `--quick`: 4 steps, 2 + 2 blocks (flux) or 2 layers.
 `--cp ulysses|ring` (flux): the same two arms under diffusers' context parallelism over the ranks of a torchrun
 launch (`torchrun --nproc-per-node 2 -m difuse bench flux --cp ulysses`); difuse/e2e_cp.py.
@@ -67,9 +74,9 @@ from typing import Any, Callable
 DEFAULT_STEPS = 50
 QUICK_STEPS = 4
 QUICK_BLOCKS = (2, 2)  # flux: double, single
-QUICK_LAYERS = 2  # qwen-image, sd3, wan
+QUICK_LAYERS = 2  # qwen-image, sd3, wan, ernie-image
 DEFAULT_OUT = "bench/results/h200/e2e-{model}{suffix}.json"
-MODELS = ("flux", "qwen-image", "sd3", "wan")
+MODELS = ("flux", "qwen-image", "sd3", "wan", "ernie-image")
 # Per-model defaults of the options (None: not an option of that model). Each fits one H200 run of both arms in
 # well under 8 minutes (module docstring: the estimates); wan runs 10 of Wan 2.1 14B's 40 blocks for 10 steps.
 MODEL_DEFAULTS = {
@@ -77,8 +84,9 @@ MODEL_DEFAULTS = {
     "qwen-image": dict(steps=DEFAULT_STEPS, resolution=1024, text_tokens=512, layers=60, width=None, frames=None),
     "sd3": dict(steps=DEFAULT_STEPS, resolution=1024, text_tokens=333, layers=38, width=None, frames=None),
     "wan": dict(steps=10, resolution=480, text_tokens=512, layers=10, width=832, frames=81),
+    "ernie-image": dict(steps=DEFAULT_STEPS, resolution=1024, text_tokens=256, layers=36, width=None, frames=None),
 }
-MODEL_LAYERS = {"qwen-image": 60, "sd3": 38, "wan": 40}  # the released models' depth (the record says both)
+MODEL_LAYERS = {"qwen-image": 60, "sd3": 38, "wan": 40, "ernie-image": 36}  # the released models' depth (the record says both)
 SD3_CLIP_TOKENS = 77  # SD3's prompt embeds: 77 CLIP tokens, then max_sequence_length T5 tokens (256 by default)
 
 
@@ -90,8 +98,8 @@ def add_arguments(p) -> None:
     p.add_argument("--width", type=int, help="wan: video width in pixels (default 832)")
     p.add_argument("--frames", type=int, help="wan: video frames, 4k+1 (default 81)")
     p.add_argument("--text-tokens", type=int, help="text tokens (default 512; sd3: 333 = 77 CLIP + 256 T5)")
-    p.add_argument("--layers", type=int, help="qwen-image / sd3 / wan: transformer blocks (default: qwen-image 60, "
-                   "sd3 38, wan 10 of 40; --quick: 2)")
+    p.add_argument("--layers", type=int, help="qwen-image / sd3 / wan / ernie-image: transformer blocks (default: "
+                   "qwen-image 60, sd3 38, wan 10 of 40, ernie-image 36; --quick: 2)")
     p.add_argument("--double-blocks", type=int, help="flux: double-stream blocks (default 19; --quick: 2); "
                    "qwen-image / sd3: same as --layers")
     p.add_argument("--single-blocks", type=int, help="flux: single-stream blocks (default 38; --quick: 2)")
@@ -138,7 +146,7 @@ class Options:
     quick: bool
     command: str
     overrides: dict = field(default_factory=dict)  # model config overrides (tests build tiny models with these)
-    layers: int | None = None  # qwen-image, sd3, wan: blocks
+    layers: int | None = None  # qwen-image, sd3, wan, ernie-image: blocks
     width: int | None = None  # wan: video width (resolution is its height)
     frames: int | None = None  # wan: video frames
     cp: str | None = None  # flux: "ulysses" or "ring" context parallelism (difuse/e2e_cp.py)
@@ -1331,7 +1339,114 @@ def _wan_config(model, inputs: Inputs, opts: Options) -> dict:
 
 WAN = ModelSpec(name="wan", title="Wan 2.1 T2V 14B", build_model=_wan_build, make_inputs=_wan_make_inputs,
                 call=wan_call, config=_wan_config)
-SPECS = {"flux": FLUX, "qwen-image": QWEN_IMAGE, "sd3": SD3, "wan": WAN}
+
+
+# ---- ERNIE-Image (baidu/ERNIE-Image: transformer/config.json, scheduler/scheduler_config.json)
+
+ERNIE_IMAGE_CONFIG = dict(hidden_size=4096, num_attention_heads=32, num_layers=36, ffn_hidden_size=12288,
+                          in_channels=128, out_channels=128, patch_size=1, text_in_dim=3072, rope_theta=256,
+                          rope_axes_dim=(32, 48, 48), eps=1e-6, qk_layernorm=True)
+ERNIE_IMAGE_SCHEDULER = dict(num_train_timesteps=1000, shift=4.0, use_dynamic_shifting=False, base_shift=0.5,
+                             max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096, shift_terminal=None,
+                             time_shift_type="exponential", invert_sigmas=False, stochastic_sampling=False,
+                             use_karras_sigmas=False, use_exponential_sigmas=False, use_beta_sigmas=False)
+ERNIE_IMAGE_GUIDANCE = 4.0  # ErnieImagePipeline's default guidance_scale
+ERNIE_IMAGE_VAE_SCALE = 16  # AutoencoderKLFlux2's 8x and the pipeline's 2x2 patchify: 128 latent channels
+ERNIE_IMAGE_UNCOND_TOKENS = 1  # the default negative prompt "" encodes to the tokenizer's BOS alone
+ERNIE_WRITERS = ("x_embedder.proj", "text_proj", "self_attention.to_out.0", "mlp.linear_fc2")
+
+
+def ernie_image_config(layers: int | None = None, **overrides) -> dict:
+    cfg = dict(ERNIE_IMAGE_CONFIG)
+    cfg.update(overrides)
+    if layers is not None:
+        cfg["num_layers"] = layers
+    return cfg
+
+
+def build_ernie_image(layers: int = 36, seed: int = 42, device="cuda", dtype=None, outliers: bool = True,
+                      **config_overrides):
+    import torch
+    from diffusers import ErnieImageTransformer2DModel
+
+    cfg = ernie_image_config(layers, **config_overrides)
+    return build_transformer(ErnieImageTransformer2DModel, cfg, seed, device, dtype or torch.bfloat16, outliers,
+                             ERNIE_WRITERS, width=cfg["hidden_size"])
+
+
+def ernie_image_inputs(config, resolution: int = 1024, text_tokens: int = 256, seed: int = 42, device="cuda",
+                       dtype=None, guidance: float = ERNIE_IMAGE_GUIDANCE, weights: str | None = None,
+                       scheduler_config: dict | None = None) -> Inputs:
+    """The inputs of ErnieImagePipeline(height=width=resolution, guidance_scale, generator=
+    torch.Generator("cpu").manual_seed(seed), use_pe=False) with random text-encoder states (text_in_dim wide):
+    latents [1, in_channels, H/16, W/16]; CFG as the pipeline does it with its default negative prompt "": one
+    batch-2 call per step on cat([latents] * 2), text_bth [uncond, cond] zero-padded to the longer (the uncond
+    prompt's 1 token, the prompt's text_tokens) with text_lens [1, text_tokens], the raw timestep in the latents'
+    dtype (the pipeline's torch.full of t.item(); here t.to(dtype), the same value without a host sync); sigmas
+    linspace(1, 0, steps + 1)[:-1] into FlowMatchEulerDiscreteScheduler with ERNIE-Image's config (shift 4.0)."""
+    import torch
+
+    dtype = dtype or torch.bfloat16
+    get = _cfg_dict(config)
+    side = resolution // ERNIE_IMAGE_VAE_SCALE
+    g = torch.Generator("cpu").manual_seed(seed)
+    latents = torch.randn(1, get("in_channels"), side, side, generator=g, dtype=dtype).to(device)
+    gt = torch.Generator("cpu").manual_seed(seed + 1)
+    width = get("text_in_dim")
+    cond = torch.randn(text_tokens, width, generator=gt)
+    uncond = torch.randn(ERNIE_IMAGE_UNCOND_TOKENS, width, generator=gt)
+    longest = max(text_tokens, ERNIE_IMAGE_UNCOND_TOKENS)
+    text = torch.zeros(2, longest, width, dtype=dtype)  # ErnieImagePipeline._pad_text: zeros past each length
+    text[0, :ERNIE_IMAGE_UNCOND_TOKENS] = uncond.to(dtype)
+    text[1, :text_tokens] = cond.to(dtype)
+    lens = torch.tensor([ERNIE_IMAGE_UNCOND_TOKENS, text_tokens], dtype=torch.long)
+    patch = get("patch_size")
+    image_tokens = (side // patch) ** 2
+    info = dict(image_tokens=image_tokens, text_tokens=text_tokens, resolution=resolution)
+
+    def new_scheduler(steps: int):
+        sched = _scheduler_from(weights, scheduler_config or ERNIE_IMAGE_SCHEDULER)
+        sigmas = torch.linspace(1.0, 0.0, steps + 1)  # the pipeline passes the tensor; its float32 values, as numpy
+        sched.set_timesteps(sigmas=sigmas[:-1].numpy(), device=device)
+        return sched, sched.timesteps
+
+    return Inputs(latents=latents, cond=dict(text_bth=text.to(device), text_lens=lens.to(device)), info=info,
+                  new_scheduler=new_scheduler,
+                  extra=dict(guidance=guidance, uncond_tokens=ERNIE_IMAGE_UNCOND_TOKENS, sequence=image_tokens + longest))
+
+
+def ernie_image_call(model, latents, t, inputs: Inputs):
+    """One CFG step as ErnieImagePipeline takes it: a batch-2 call on cat([latents] * 2) with the raw timestep in
+    the latents' dtype, then uncond + guidance * (cond - uncond)."""
+    import torch
+
+    x = torch.cat([latents] * 2)
+    pred = model(hidden_states=x, timestep=t.expand(x.shape[0]).to(latents.dtype), return_dict=False,
+                 **inputs.cond)[0]
+    uncond, cond = pred.chunk(2)
+    return uncond + inputs.extra["guidance"] * (cond - uncond)
+
+
+_ernie_build = _layered_build("ErnieImageTransformer2DModel", "layers", build_ernie_image)
+
+
+_ernie_make_inputs = _image_inputs(ernie_image_inputs)
+
+
+def _ernie_config(model, inputs: Inputs, opts: Options) -> dict:
+    return model_config("ernie-image", layers=len(model.layers), info=inputs.info, hidden=int(model.hidden_size),
+                        weights=_weights_text(opts), extra=dict(
+                            batch=2, calls_per_step=1, guidance=inputs.extra["guidance"],
+                            cfg="batch 2 [uncond, cond] in one call per step (ErnieImagePipeline, negative prompt "
+                                "\"\" of %d token)" % inputs.extra["uncond_tokens"],
+                            sequence=inputs.extra["sequence"], prompt_enhancer="off (use_pe=False): random states",
+                            scheduler="FlowMatchEulerDiscreteScheduler, ERNIE-Image's config (shift 4.0), sigmas "
+                                      "linspace(1, 0, steps + 1)[:-1]"))
+
+
+ERNIE_IMAGE = ModelSpec(name="ernie-image", title="ERNIE-Image", build_model=_ernie_build,
+                        make_inputs=_ernie_make_inputs, call=ernie_image_call, config=_ernie_config)
+SPECS = {"flux": FLUX, "qwen-image": QWEN_IMAGE, "sd3": SD3, "wan": WAN, "ernie-image": ERNIE_IMAGE}
 
 
 # ----------------------------------------------------------------------------------------------------------

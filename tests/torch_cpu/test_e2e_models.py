@@ -1,4 +1,4 @@
-"""The end-to-end benchmark's Qwen-Image, SD3.5-large and Wan 2.1 models on the CPU: the full-size configs (on the
+"""The end-to-end benchmark's Qwen-Image, SD3.5-large, Wan 2.1 and ERNIE-Image models on the CPU: the full-size configs (on the
 meta device), toy-width builds (seeded, fp32 where from_pretrained keeps fp32, real buffers), inputs laid out as
 each pipeline lays them out (checked at full size on the meta device too), the per-step calls (timestep
 conventions, CFG), 2 eager steps with stable md5s, and the whole run with stand-in patch functions (including a
@@ -12,7 +12,8 @@ import torch
 
 pytest.importorskip("diffusers")
 
-from diffusers import QwenImageTransformer2DModel, SD3Transformer2DModel, WanTransformer3DModel  # noqa: E402
+from diffusers import (ErnieImageTransformer2DModel, QwenImageTransformer2DModel, SD3Transformer2DModel,  # noqa: E402
+                       WanTransformer3DModel)
 
 from difuse import e2e  # noqa: E402
 
@@ -20,6 +21,7 @@ QWEN_TINY = dict(attention_head_dim=16, num_attention_heads=2, joint_attention_d
 SD3_TINY = dict(num_attention_heads=2, attention_head_dim=16, joint_attention_dim=32, caption_projection_dim=32,
                 pooled_projection_dim=16, pos_embed_max_size=16, sample_size=8)
 WAN_TINY = dict(num_attention_heads=2, attention_head_dim=16, ffn_dim=64, text_dim=32, freq_dim=32)
+ERNIE_TINY = dict(hidden_size=32, num_attention_heads=2, ffn_hidden_size=48, text_in_dim=24, rope_axes_dim=(4, 6, 6))
 
 # name -> (builder, tiny overrides, class, full config, blocks attribute)
 MODELS = {
@@ -27,6 +29,8 @@ MODELS = {
                    "transformer_blocks"),
     "sd3": (e2e.build_sd3, SD3_TINY, SD3Transformer2DModel, e2e.sd3_config, "transformer_blocks"),
     "wan": (e2e.build_wan, WAN_TINY, WanTransformer3DModel, e2e.wan_config, "blocks"),
+    "ernie-image": (e2e.build_ernie_image, ERNIE_TINY, ErnieImageTransformer2DModel, e2e.ernie_image_config,
+                    "layers"),
 }
 
 
@@ -40,6 +44,8 @@ def tiny_inputs(name, model, seed=42):
         return e2e.qwen_image_inputs(model, resolution=64, text_tokens=8, seed=seed, device="cpu")
     if name == "sd3":
         return e2e.sd3_inputs(model, resolution=64, text_tokens=85, seed=seed, device="cpu")
+    if name == "ernie-image":
+        return e2e.ernie_image_inputs(model, resolution=64, text_tokens=8, seed=seed, device="cpu")
     return e2e.wan_inputs(model, height=32, width=48, frames=5, text_tokens=8, seed=seed, device="cpu")
 
 
@@ -95,6 +101,17 @@ def test_full_size_wan21_14b():
     assert sum(p.numel() for p in m.parameters()) == 14_288_491_584  # Wan 2.1's 14B
 
 
+def test_full_size_ernie_image():
+    m = meta("ernie-image")
+    c = m.config
+    assert (len(m.layers), m.hidden_size, m.num_heads, m.head_dim) == (36, 4096, 32, 128)
+    assert (c.ffn_hidden_size, c.text_in_dim, c.in_channels, c.out_channels, c.patch_size) == (12288, 3072, 128, 128,
+                                                                                             1)
+    assert c.qk_layernorm and tuple(c.rope_axes_dim) == (32, 48, 48) and sum(c.rope_axes_dim) == m.head_dim
+    assert not list(m.buffers())
+    assert sum(p.numel() for p in m.parameters()) == 8_033_490_048  # ERNIE-Image's 8B
+
+
 # ---- builds ----------------------------------------------------------------------------------------------------
 
 
@@ -140,6 +157,8 @@ def test_buffers_carry_real_values(name):
         for k in ("freqs_cos", "freqs_sin"):
             assert getattr(m.rope, k).dtype == torch.float32
             assert torch.equal(getattr(m.rope, k), getattr(ref.rope, k))
+    elif name == "ernie-image":  # its RoPE angles are computed in each forward: nothing to carry
+        assert not list(m.buffers()) and not list(ref.buffers())
     else:
         for k in ("pos_freqs", "neg_freqs"):
             assert getattr(m.pos_embed, k).device.type == "cpu"
@@ -154,6 +173,8 @@ OUTLIER_ROWS = {
                       m.transformer_blocks[0].attn.to_out[0].weight],
     "wan": lambda m: [m.patch_embedding.weight, m.blocks[0].attn1.to_out[0].weight,
                       m.blocks[0].attn2.to_out[0].weight, m.blocks[0].ffn.net[2].weight],
+    "ernie-image": lambda m: [m.x_embedder.proj.weight, m.text_proj.weight, m.layers[0].mlp.linear_fc2.weight,
+                              m.layers[0].self_attention.to_out[0].weight],
 }
 
 
@@ -166,7 +187,8 @@ def test_outlier_channels(name):
         rest = torch.ones_like(rows, dtype=torch.bool)
         rest[chans] = False
         assert rows[chans].min() > 10 * rows[rest].max()
-    assert m.proj_out.weight.float().norm(dim=1).max() < 2  # writes latents: left alone
+    out = m.final_linear if name == "ernie-image" else m.proj_out
+    assert out.weight.float().norm(dim=1).max() < 2  # writes latents: left alone
     plain = tiny(name, outliers=False)
     assert OUTLIER_ROWS[name](plain)[0].float().flatten(1).norm(dim=1).max() < 2
     norms = [p for n, p in m.named_parameters() if p.dim() == 1 and not n.endswith("bias")]
@@ -272,6 +294,39 @@ def test_wan_inputs_and_cfg_calls():
     assert nxt.dtype == torch.float32  # the latents stay fp32, as UniPC keeps them in WanPipeline
 
 
+def test_ernie_image_inputs_and_cfg_call():
+    m = tiny("ernie-image")
+    inp = tiny_inputs("ernie-image", m)
+    # 64 px -> [1, 128, 4, 4] latents (VAE 8x, 2x2 patchify), patch 1 -> 16 tokens
+    want = torch.randn(1, 128, 4, 4, generator=torch.Generator("cpu").manual_seed(42), dtype=torch.bfloat16)
+    assert torch.equal(inp.latents, want)
+    text, lens = inp.cond["text_bth"], inp.cond["text_lens"]
+    assert text.shape == (2, 8, 24) and text.dtype == torch.bfloat16 and lens.tolist() == [1, 8]  # [uncond, cond]
+    assert torch.equal(text[0, 1:], torch.zeros(7, 24, dtype=text.dtype))  # "" is one token, zero-padded
+    assert text[0, 0].abs().sum() > 0 and text[1].abs().min(dim=-1).values.sum() >= 0 and text[1, -1].abs().sum() > 0
+    assert inp.info == dict(image_tokens=16, text_tokens=8, resolution=64)
+    assert inp.extra == dict(guidance=4.0, uncond_tokens=1, sequence=24)
+    sched, ts = inp.new_scheduler(5)
+    assert sched.config.shift == 4.0 and not sched.config.use_dynamic_shifting
+    assert len(ts) == 5 and ts[0].item() == 1000.0 and sched.sigmas[-1].item() == 0.0
+    u = 1 - 2 / 5  # the third of linspace(1, 0, 6)[:-1], shifted: 4 u / (1 + 3 u)
+    assert abs(sched.sigmas[2].item() - 4 * u / (1 + 3 * u)) < 1e-6
+    calls, h = record_calls(m)
+    try:
+        out = e2e.ernie_image_call(m, inp.latents, ts[1], inp)
+    finally:
+        h.remove()
+    assert len(calls) == 1  # one batch-2 call per step
+    c = calls[0]
+    x = c["hidden_states"]
+    assert x.shape == (2, 128, 4, 4) and torch.equal(x[0], inp.latents[0]) and torch.equal(x[1], inp.latents[0])
+    t = c["timestep"]  # the pipeline's torch.full((2,), t.item(), dtype=bf16): the raw timestep in bf16
+    assert t.dtype == torch.bfloat16 and torch.equal(t, torch.full((2,), ts[1].item(), dtype=torch.bfloat16))
+    with torch.no_grad():
+        pred = m(hidden_states=x, timestep=t, text_bth=text, text_lens=lens, return_dict=False)[0]
+    assert torch.equal(out, pred[:1] + 4.0 * (pred[1:] - pred[:1]))
+
+
 def test_full_size_inputs_on_meta():
     """The pipelines' shapes at full size, without computing anything (the model config only, tensors on meta)."""
     q = e2e.qwen_image_inputs(e2e.qwen_image_config(), device="meta")
@@ -284,6 +339,9 @@ def test_full_size_inputs_on_meta():
     assert w.latents.shape == (1, 16, 21, 60, 104) and w.latents.dtype == torch.float32
     assert w.info["image_tokens"] == 21 * 30 * 52 == 32760
     assert w.extra["prompt"].shape == (1, 512, 4096)
+    e = e2e.ernie_image_inputs(e2e.ernie_image_config(), device="meta")
+    assert e.latents.shape == (1, 128, 64, 64) and e.info["image_tokens"] == 4096
+    assert e.cond["text_bth"].shape == (2, 256, 3072) and e.extra["sequence"] == 4352  # the [S, B, H] rows: 4352 x 2
 
 
 # ---- the loop --------------------------------------------------------------------------------------------------
@@ -306,6 +364,7 @@ ARGV = {
     "qwen-image": ["--resolution", "64", "--text-tokens", "8"],
     "sd3": ["--resolution", "64", "--text-tokens", "85"],
     "wan": ["--resolution", "32", "--width", "48", "--frames", "5", "--text-tokens", "8"],
+    "ernie-image": ["--resolution", "64", "--text-tokens", "8"],
 }
 
 
@@ -357,7 +416,7 @@ def test_main_identical_arms(tmp_path, capsys, name):
     assert fake.calls == ["patch", "report", "unpatch"]
     rec = json.loads((tmp_path / "r" / "e2e.json").read_text())
     assert rec["model"] == name and rec["steps"] == 2 and rec["title"] == e2e.SPECS[name].title
-    want = dict(layers=1, image_tokens={"qwen-image": 16, "sd3": 16, "wan": 12}[name],
+    want = dict(layers=1, image_tokens={"qwen-image": 16, "sd3": 16, "wan": 12, "ernie-image": 16}[name],
                 text_tokens={"sd3": 85}.get(name, 8), resolution={"wan": 32}.get(name, 64))
     if name == "wan":
         want.update(frames=5, width=48, height=32, calls_per_step=2, guidance=5.0)
@@ -366,6 +425,8 @@ def test_main_identical_arms(tmp_path, capsys, name):
         want.update(batch=2, guidance=7.0, calls_per_step=1)
     if name == "qwen-image":
         want.update(batch=1, calls_per_step=1)
+    if name == "ernie-image":
+        want.update(batch=2, guidance=4.0, calls_per_step=1, sequence=24, hidden=32)
     assert rec["config"] == dict(rec["config"], **want)
     assert rec["config"]["model_layers"] == e2e.MODEL_LAYERS[name]
     assert "double_blocks" not in rec["config"]
