@@ -23,13 +23,13 @@ LN_SHAPES = [  # (B, L, H), chunks: FLUX.1, SD3, Sana and Wan sites, plus the an
     ((1, 4096, 4096), 6), ((2, 4096, 3072), 6), ((2, 4096, 1536), 6), ((2, 333, 1536), 6),
     ((2, 1024, 2240), 6), ((1, 32760, 5120), 6), ((1, 32760, 1536), 6),
 ]
-GR_SHAPES = [  # chunks 0: per-token gate [B, L, H]
+GR_SHAPES = [  # chunks 0: per-token gate [B, L, H]; ERNIE-Image's MLP residual: its [S, B, H] gate rows at 1024^2, CFG
     ((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 4608, 3072), 3), ((2, 300, 3072), 6),
-    ((2, 4096, 1536), 6), ((1, 32760, 5120), 6), ((1, 4096, 3072), 0),
+    ((2, 4096, 1536), 6), ((1, 32760, 5120), 6), ((1, 4096, 3072), 0), ((4352, 2, 4096), 0),
 ]
-RMS_SHAPES = [  # (shape, chunks): chunks 1 = weight, 0 = no weight
+RMS_SHAPES = [  # (shape, chunks): chunks 1 = weight, 0 = no weight; ERNIE-Image's q / k heads at 1024^2, CFG
     ((1, 4608, 24, 128), 1), ((1, 4608, 24, 128), 0), ((1, 4096, 24, 128), 1), ((1, 32760, 5120), 1),
-    ((1, 32760, 1536), 1),
+    ((1, 32760, 1536), 1), ((2, 4352, 32, 128), 1),
 ]
 RMSD_SHAPES = [((1, 4608, 24, 128), 1), ((1, 4096, 24, 128), 1), ((2, 24, 4096, 64), 1), ((1, 512, 3584), 1)]
 GELU_SHAPES = [((1, 4608, 12288), 0), ((1, 4096, 12288), 0), ((1, 512, 12288), 0), ((1, 4608, 12288), 1)]
@@ -178,14 +178,15 @@ def _qk_headnorm_bytes(shape, variant):
     return 2 * 3 * math.prod(shape) * 2 + (S * D * 4 if variant.startswith("txt") else 0)
 
 
-RMSM_SHAPES = [  # rms_norm_modulate: (shape, variant) — the 1x4096x3072 target, ERNIE-Image [S, B, 3072]
-    # (modulation as [B, H] chunks, or materialized [S, B, H] as the model's forward makes it), LTX-2 video 4096
-    # and audio 2048 ([B, 1, D] table rows, or per-token [B, L, D] views)
+RMSM_SHAPES = [  # rms_norm_modulate: (shape, variant) — the 1x4096x3072 target, ERNIE-Image [S, B, H]
+    # at the class default 3072 (modulation as [B, H] chunks, or materialized [S, B, H] as the model's forward makes
+    # it) and at the released model's 4096 as difuse.patch meets it (materialized, CFG batch 2: 4096 image + 256
+    # text tokens), LTX-2 video 4096 and audio 2048 ([B, 1, D] table rows, or per-token [B, L, D] views)
     ((1, 4096, 3072), "ltx2"), ((4096, 1, 3072), "ernie"), ((4352, 2, 3072), "ernie"), ((4352, 1, 3072), "ernie_tokens"),
-    ((2, 6144, 4096), "ltx2"), ((1, 6144, 4096), "ltx2_tokens"), ((2, 126, 2048), "ltx2"),
+    ((4352, 2, 4096), "ernie_tokens"), ((2, 6144, 4096), "ltx2"), ((1, 6144, 4096), "ltx2_tokens"), ((2, 126, 2048), "ltx2"),
 ]
 GRRMSM_SHAPES = [((1, 4096, 3072), "ltx2"), ((4352, 2, 3072), "ernie"), ((4352, 1, 3072), "ernie_tokens"),
-                 ((2, 6144, 4096), "ltx2"), ((2, 126, 2048), "ltx2_tokens")]
+                 ((4352, 2, 4096), "ernie_tokens"), ((2, 6144, 4096), "ltx2"), ((2, 126, 2048), "ltx2_tokens")]
 
 
 def _rmsm_case(torch, shape, variant, g):

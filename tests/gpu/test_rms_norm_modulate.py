@@ -44,6 +44,7 @@ def assert_exact_residual(h, a, gate, w, scale, shift, eps=1e-6, fp32=False):
 SITES = [  # (shape, variant): ops.rms_modulate_site_inputs lays the inputs out as the model does
     ((1, 4096, 3072), "ltx2"), ((4096, 1, 3072), "ernie"),        # the 1x4096x3072 rows
     ((4352, 2, 3072), "ernie"), ((4352, 2, 3072), "ernie_tokens"),  # ERNIE-Image 1024^2, CFG batch 2
+    ((4352, 2, 4096), "ernie_tokens"),  # the released ERNIE-Image (4096 wide), as difuse.patch's E1 / E3 meet it
     ((2, 6144, 4096), "ltx2"), ((2, 6144, 4096), "ltx2_tokens"),    # LTX-2 video
     ((2, 126, 2048), "ltx2"), ((2, 126, 2048), "ltx2_tokens"),      # LTX-2 audio
 ]
