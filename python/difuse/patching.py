@@ -91,8 +91,20 @@ ERNIE_SITES = {
     "E4": "x + (gate_mlp.float() * mlp.float()).to(bf16)",
     "final_norm": "final ErnieImageAdaLNContinuous: LayerNorm(x) * (1 + scale) + shift, [B, H] rows over [S, B, H]",
 }
+LTX2_SITES = {
+    "L1": "norm1 + modulate: RMSNorm(h) * (1 + scale_msa) + shift_msa in bf16 ops (video)",
+    "L1a": "audio_norm1 + modulate (audio)",
+    "L3": "h + attn1 * gate_msa (video); with video_cross_attn_adaln also norm2 * (1 + scale_text_q) + shift_text_q",
+    "L3a": "the same on the audio stream (audio_cross_attn_adaln)",
+    "L5": "audio_to_video_norm once, modulated for the a2v and the v2a attention (video rows: two launches)",
+    "L5a": "video_to_audio_norm, modulated for a2v and v2a (audio rows)",
+    "L6": "h + a2v_gate * a2v_attn (when a2v runs), then norm3 * (1 + scale_mlp) + shift_mlp (video)",
+    "L6a": "audio + v2a_gate * v2a_attn (when v2a runs), then audio_norm3 + modulate (audio)",
+    "L7": "h + ff * gate_mlp (video)",
+    "L7a": "audio + audio_ff * audio_gate_mlp (audio)",
+}
 BLOCK_GATES = ("double_block", "single_block", "norm_out_block", "qwen_block", "joint_block", "wan_block",
-               "ernie_block")
+               "ernie_block", "ltx2_block")
 
 
 # ---- signatures ------------------------------------------------------------------------------------------------
@@ -1180,6 +1192,257 @@ def _ernie_final_norm_body(self, st, x, conditioning):
                        eager)
 
 
+# ---- LTX-2 (audio + video) ------------------------------------------------------------------------------------------
+def _ltx2_module():
+    import diffusers.models.transformers.transformer_ltx2 as tl
+
+    return tl
+
+
+def _contiguous_later(t):
+    """t, or a function making its contiguous copy (the same bits) once it is asked for."""
+    return (lambda: t) if t.is_contiguous() else t.contiguous
+
+
+def _ltx2_rmsmod_site(site: Site, norm, x, scale, shift):
+    """norm(x) * (1 + scale) + shift: diffusers RMSNorm (no weight in LTX-2), then three bf16 ops."""
+    from . import ops
+
+    ok = _diffusers_rmsnorm(norm)
+    eps, w = float(norm.eps), norm.weight
+    return site.run((x, w, scale, shift, eps, ok), eager=lambda: norm(x) * (1 + scale) + shift,
+                    fused=lambda: ops._ops().rms_norm_modulate(x, w, scale, shift, eps, False),
+                    predicate=lambda: ops.can_use_rms_norm_modulate(x, w, scale, shift, eps, False) if ok else
+                    ops.Support(False, ["the norm is not diffusers' RMSNorm without a bias"]), device=_dev(x))
+
+
+def _ltx2_norm_mods_site(site: Site, norm, x, mods):
+    """One norm of x, modulated by each (scale, shift) of mods: the fused path recomputes the norm per modulation
+    (the same bits), one launch each."""
+    from . import ops
+
+    ok = _diffusers_rmsnorm(norm)
+    eps, w = float(norm.eps), norm.weight
+
+    def eager():
+        n = norm(x)
+        return tuple(n * (1 + sc) + sh for sc, sh in mods)
+
+    def predicate():
+        if not ok:
+            return ops.Support(False, ["the norm is not diffusers' RMSNorm without a bias"])
+        reasons = []
+        for sc, sh in mods:
+            reasons += ops.can_use_rms_norm_modulate(x, w, sc, sh, eps, False).reasons
+        return ops.Support(not reasons, reasons)
+
+    key = (x, w, eps, ok) + tuple(t for m in mods for t in m)
+    return site.run(key, eager=eager, predicate=predicate, device=_dev(x),
+                    fused=lambda: tuple(ops._ops().rms_norm_modulate(x, w, sc, sh, eps, False) for sc, sh in mods))
+
+
+def _ltx2_gate_rows(gate, h):
+    """gated_residual's gate: [B, H] rows for a [B, 1, H] gate over L > 1 tokens (the same values), else as it is."""
+    if gate.dim() == 3 and h.dim() == 3 and gate.shape[1] == 1 and h.shape[1] != 1:
+        return gate[:, 0]
+    return gate
+
+
+def _ltx2_gated_site(site: Site, h, a, gate):
+    """h + a * gate (one bf16 product, then the bf16 add: gated_residual's h + gate * a)."""
+    from . import ops
+
+    g = _ltx2_gate_rows(gate, h)
+    ac = _contiguous_later(a)
+    return site.run((h, a, gate), eager=lambda: h + a * gate, fused=lambda: ops._ops().gated_residual(h, ac(), g),
+                    predicate=lambda: ops.can_use_gated_residual(h, ac(), g), device=_dev(h))
+
+
+def _ltx2_gated_rmsmod_site(site: Site, norm, h, a, gate, scale, shift, gate_first: bool):
+    """(h1, out): h1 = h + a * gate (or gate * a: the same product), out = norm(h1) * (1 + scale) + shift."""
+    from . import ops
+
+    def eager():
+        h1 = h + (gate * a if gate_first else a * gate)
+        return h1, norm(h1) * (1 + scale) + shift
+
+    ok = _diffusers_rmsnorm(norm)
+    eps, w = float(norm.eps), norm.weight
+    ac = _contiguous_later(a)
+    return site.run((h, a, gate, w, scale, shift, eps, ok, gate_first), eager=eager,
+                    fused=lambda: tuple(ops._ops().gated_residual_rms_norm_modulate(h, ac(), gate, w, scale, shift,
+                                                                                     eps, False)),
+                    predicate=lambda: ops.can_use_gated_residual_rms_norm_modulate(h, ac(), gate, w, scale, shift, eps,
+                                                                                   False) if ok else
+                    ops.Support(False, ["the norm is not diffusers' RMSNorm without a bias"]), device=_dev(h))
+
+
+_LTX2_SIGNATURES: dict = {}
+
+
+def _ltx2_bound(self, args, kwargs) -> dict:
+    """The block forward's arguments by name, defaults filled in (the class's own signature, cached per class)."""
+    import inspect
+
+    cls = type(self)
+    sig = _LTX2_SIGNATURES.get(cls)
+    if sig is None:
+        sig = _LTX2_SIGNATURES[cls] = inspect.signature(cls.forward)
+    b = sig.bind(self, *args, **kwargs)
+    b.apply_defaults()
+    out = dict(b.arguments)
+    out.pop("self", None)
+    return out
+
+
+def _ltx2_block_forward(self, *args, **kwargs):
+    st: _State = self._difuse_state
+    original = lambda: type(self).forward(self, *args, **kwargs)  # noqa: E731
+    a = _ltx2_bound(self, args, kwargs)
+    hs = a["hidden_states"]
+    if not hs.is_cuda:
+        return original()
+    key = []
+    for v in a.values():
+        key.extend(v if isinstance(v, (tuple, list)) else (v,))
+    return st.blocks["ltx2_block"].run(tuple(key), lambda: _ltx2_block_body(self, st, a), original, _dev(hs))
+
+
+def _ltx2_block_body(self, st, a):
+    """LTX2VideoTransformerBlock.forward (diffusers 0.42.1) with the norm / modulate / gated-residual chains as
+    sites. A gated residual followed by the next norm is one site (L3 with the cross-attention AdaLN, L6, L6a): the
+    a2v residual is added where norm3 needs it, after the v2a attention, which reads the norm taken before it."""
+    S = st.sites
+    hidden_states, audio_hidden_states = a["hidden_states"], a["audio_hidden_states"]
+    encoder_hidden_states, audio_encoder_hidden_states = a["encoder_hidden_states"], a["audio_encoder_hidden_states"]
+    batch_size = hidden_states.size(0)
+    perturbed = {"perturbation_mask": a["perturbation_mask"], "all_perturbed": a["all_perturbed"]} \
+        if self.perturbed_attn else {}
+
+    # 1.1 video self-attention
+    video_ada_params = self.get_mod_params(self.scale_shift_table, a["temb"], batch_size)
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = video_ada_params[:6]
+    if self.video_cross_attn_adaln:
+        shift_text_q, scale_text_q, gate_text_q = video_ada_params[6:9]
+    norm_hidden_states = _ltx2_rmsmod_site(S["L1"], self.norm1, hidden_states, scale_msa, shift_msa)
+    attn_hidden_states = self.attn1(hidden_states=norm_hidden_states, encoder_hidden_states=None,
+                                    query_rotary_emb=a["video_rotary_emb"], attention_mask=a["self_attention_mask"],
+                                    **perturbed)
+    if self.video_cross_attn_adaln:
+        hidden_states, norm2_hidden_states = _ltx2_gated_rmsmod_site(
+            S["L3"], self.norm2, hidden_states, attn_hidden_states, gate_msa, scale_text_q, shift_text_q, False)
+    else:
+        hidden_states = _ltx2_gated_site(S["L3"], hidden_states, attn_hidden_states, gate_msa)
+        norm2_hidden_states = None
+
+    # 1.2 audio self-attention
+    audio_ada_params = self.get_mod_params(self.audio_scale_shift_table, a["temb_audio"], batch_size)
+    audio_shift_msa, audio_scale_msa, audio_gate_msa, audio_shift_mlp, audio_scale_mlp, audio_gate_mlp = (
+        audio_ada_params[:6])
+    if self.audio_cross_attn_adaln:
+        audio_shift_text_q, audio_scale_text_q, audio_gate_text_q = audio_ada_params[6:9]
+    norm_audio_hidden_states = _ltx2_rmsmod_site(S["L1a"], self.audio_norm1, audio_hidden_states, audio_scale_msa,
+                                                 audio_shift_msa)
+    attn_audio_hidden_states = self.audio_attn1(hidden_states=norm_audio_hidden_states, encoder_hidden_states=None,
+                                                query_rotary_emb=a["audio_rotary_emb"],
+                                                attention_mask=a["audio_self_attention_mask"], **perturbed)
+    if self.audio_cross_attn_adaln:
+        audio_hidden_states, norm2_audio_hidden_states = _ltx2_gated_rmsmod_site(
+            S["L3a"], self.audio_norm2, audio_hidden_states, attn_audio_hidden_states, audio_gate_msa,
+            audio_scale_text_q, audio_shift_text_q, False)
+    else:
+        audio_hidden_states = _ltx2_gated_site(S["L3a"], audio_hidden_states, attn_audio_hidden_states, audio_gate_msa)
+        norm2_audio_hidden_states = None
+
+    # 2. cross-attention with the text (eager: plain norms, the prompt's modulation, plain adds)
+    if self.cross_attn_adaln:
+        if a["temb_prompt"] is not None:
+            shift_text_kv, scale_text_kv = self.get_mod_params(self.prompt_scale_shift_table, a["temb_prompt"],
+                                                               batch_size)
+        else:
+            shift_text_kv, scale_text_kv = (self.prompt_scale_shift_table[None, None]
+                                            .to(device=hidden_states.device, dtype=hidden_states.dtype).unbind(dim=2))
+        if a["temb_prompt_audio"] is not None:
+            audio_shift_text_kv, audio_scale_text_kv = self.get_mod_params(
+                self.audio_prompt_scale_shift_table, a["temb_prompt_audio"], batch_size)
+        else:
+            audio_shift_text_kv, audio_scale_text_kv = (
+                self.audio_prompt_scale_shift_table[None, None]
+                .to(device=audio_hidden_states.device, dtype=audio_hidden_states.dtype).unbind(dim=2))
+    norm_hidden_states = self.norm2(hidden_states) if norm2_hidden_states is None else norm2_hidden_states
+    if self.cross_attn_adaln:
+        encoder_hidden_states = encoder_hidden_states * (1 + scale_text_kv) + shift_text_kv
+    attn_hidden_states = self.attn2(norm_hidden_states, encoder_hidden_states=encoder_hidden_states,
+                                    query_rotary_emb=None, attention_mask=a["encoder_attention_mask"])
+    if self.video_cross_attn_adaln:
+        attn_hidden_states = attn_hidden_states * gate_text_q
+    hidden_states = hidden_states + attn_hidden_states
+    norm_audio_hidden_states = (self.audio_norm2(audio_hidden_states) if norm2_audio_hidden_states is None else
+                                norm2_audio_hidden_states)
+    if self.cross_attn_adaln:
+        audio_encoder_hidden_states = audio_encoder_hidden_states * (1 + audio_scale_text_kv) + audio_shift_text_kv
+    attn_audio_hidden_states = self.audio_attn2(norm_audio_hidden_states, encoder_hidden_states=audio_encoder_hidden_states,
+                                                query_rotary_emb=None, attention_mask=a["audio_encoder_attention_mask"])
+    if self.audio_cross_attn_adaln:
+        attn_audio_hidden_states = attn_audio_hidden_states * audio_gate_text_q
+    audio_hidden_states = audio_hidden_states + attn_audio_hidden_states
+
+    # 3. a2v and v2a cross-attention
+    use_a2v, use_v2a = a["use_a2v_cross_attention"], a["use_v2a_cross_attention"]
+    a2v = v2a = None  # (gate, attention output) of a residual not yet added
+    if use_a2v or use_v2a:
+        video_ca_ada_params = self.get_mod_params(self.video_a2v_cross_attn_scale_shift_table[:4, :],
+                                                  a["temb_ca_scale_shift"], batch_size)
+        video_ca_gate_param = self.get_mod_params(self.video_a2v_cross_attn_scale_shift_table[4:, :],
+                                                  a["temb_ca_gate"], batch_size)
+        video_a2v_ca_scale, video_a2v_ca_shift, video_v2a_ca_scale, video_v2a_ca_shift = video_ca_ada_params
+        a2v_gate = video_ca_gate_param[0].squeeze(2)
+        audio_ca_ada_params = self.get_mod_params(self.audio_a2v_cross_attn_scale_shift_table[:4, :],
+                                                  a["temb_ca_audio_scale_shift"], batch_size)
+        audio_ca_gate_param = self.get_mod_params(self.audio_a2v_cross_attn_scale_shift_table[4:, :],
+                                                  a["temb_ca_audio_gate"], batch_size)
+        audio_a2v_ca_scale, audio_a2v_ca_shift, audio_v2a_ca_scale, audio_v2a_ca_shift = audio_ca_ada_params
+        v2a_gate = audio_ca_gate_param[0].squeeze(2)
+        video_mods, audio_mods = [], []
+        if use_a2v:
+            video_mods.append((video_a2v_ca_scale.squeeze(2), video_a2v_ca_shift.squeeze(2)))
+            audio_mods.append((audio_a2v_ca_scale.squeeze(2), audio_a2v_ca_shift.squeeze(2)))
+        if use_v2a:
+            video_mods.append((video_v2a_ca_scale.squeeze(2), video_v2a_ca_shift.squeeze(2)))
+            audio_mods.append((audio_v2a_ca_scale.squeeze(2), audio_v2a_ca_shift.squeeze(2)))
+        video_mod = _ltx2_norm_mods_site(S["L5"], self.audio_to_video_norm, hidden_states, video_mods)
+        audio_mod = _ltx2_norm_mods_site(S["L5a"], self.video_to_audio_norm, audio_hidden_states, audio_mods)
+        if use_a2v:
+            out = self.audio_to_video_attn(video_mod[0], encoder_hidden_states=audio_mod[0],
+                                           query_rotary_emb=a["ca_video_rotary_emb"],
+                                           key_rotary_emb=a["ca_audio_rotary_emb"],
+                                           attention_mask=a["a2v_cross_attention_mask"])
+            a2v = (a2v_gate, out)
+        if use_v2a:
+            out = self.video_to_audio_attn(audio_mod[-1], encoder_hidden_states=video_mod[-1],
+                                           query_rotary_emb=a["ca_audio_rotary_emb"],
+                                           key_rotary_emb=a["ca_video_rotary_emb"],
+                                           attention_mask=a["v2a_cross_attention_mask"])
+            v2a = (v2a_gate, out)
+
+    # 4. feed-forward, each after its stream's pending a2v / v2a residual
+    if a2v is not None:
+        hidden_states, norm_hidden_states = _ltx2_gated_rmsmod_site(
+            S["L6"], self.norm3, hidden_states, a2v[1], a2v[0], scale_mlp, shift_mlp, True)
+    else:
+        norm_hidden_states = _ltx2_rmsmod_site(S["L6"], self.norm3, hidden_states, scale_mlp, shift_mlp)
+    hidden_states = _ltx2_gated_site(S["L7"], hidden_states, self.ff(norm_hidden_states), gate_mlp)
+    if v2a is not None:
+        audio_hidden_states, norm_audio_hidden_states = _ltx2_gated_rmsmod_site(
+            S["L6a"], self.audio_norm3, audio_hidden_states, v2a[1], v2a[0], audio_scale_mlp, audio_shift_mlp, True)
+    else:
+        norm_audio_hidden_states = _ltx2_rmsmod_site(S["L6a"], self.audio_norm3, audio_hidden_states, audio_scale_mlp,
+                                                     audio_shift_mlp)
+    audio_hidden_states = _ltx2_gated_site(S["L7a"], audio_hidden_states, self.audio_ff(norm_audio_hidden_states),
+                                           audio_gate_mlp)
+    return hidden_states, audio_hidden_states
+
+
 # ---- public API -------------------------------------------------------------------------------------------------
 def _model_kind(model) -> str:
     name = type(model).__name__
@@ -1187,7 +1450,7 @@ def _model_kind(model) -> str:
         return ""
     return {"FluxTransformer2DModel": "flux", "QwenImageTransformer2DModel": "qwen",
             "SD3Transformer2DModel": "sd3", "WanTransformer3DModel": "wan",
-            "ErnieImageTransformer2DModel": "ernie"}.get(name, "")
+            "ErnieImageTransformer2DModel": "ernie", "LTX2VideoTransformer3DModel": "ltx2"}.get(name, "")
 
 
 def patch(model) -> PatchReport:
@@ -1196,7 +1459,7 @@ def patch(model) -> PatchReport:
     if not kind:
         raise NotImplementedError("difuse.patch: %s is not supported yet (supported: diffusers FluxTransformer2DModel, "
                                   "QwenImageTransformer2DModel, SD3Transformer2DModel, WanTransformer3DModel, "
-                                  "ErnieImageTransformer2DModel)" % type(model).__name__)
+                                  "ErnieImageTransformer2DModel, LTX2VideoTransformer3DModel)" % type(model).__name__)
     if getattr(model, "_difuse_state", None) is not None:
         return model._difuse_state.report
     from diffusers.models.normalization import AdaLayerNormContinuous
@@ -1220,6 +1483,10 @@ def patch(model) -> PatchReport:
         tw = _wan_module()
         table = {tw.WanTransformerBlock: (_wan_block_forward, "blocks")}
         st = _State("wan", WAN_SITES)
+    elif kind == "ltx2":
+        tl = _ltx2_module()
+        table = {tl.LTX2VideoTransformerBlock: (_ltx2_block_forward, "blocks")}
+        st = _State("ltx2", LTX2_SITES)
     else:
         te = _ernie_module()
         table = {te.ErnieImageSharedAdaLNBlock: (_ernie_block_forward, "blocks"),
@@ -1318,4 +1585,4 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FLUX_SITES", "QWEN_SITES", "SD3_SITES", "SD3_DUAL_SITES", "WAN_SITES", "ERNIE_SITES", "patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]
+__all__ = ["FLUX_SITES", "QWEN_SITES", "SD3_SITES", "SD3_DUAL_SITES", "WAN_SITES", "ERNIE_SITES", "LTX2_SITES", "patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]

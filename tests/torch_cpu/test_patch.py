@@ -318,6 +318,89 @@ def test_ernie_custom_attention_processor_is_called_as_it_is_and_counted():
     assert e2.refusals == {"attention processor Proc is not ErnieImageSingleStreamAttnProcessor": 1}
     difuse.unpatch(model)
 
+def tiny_ltx2_block(adaln=False, perturbed=False, dtype=torch.float32, seed=0):
+    tl = pytest.importorskip("diffusers.models.transformers.transformer_ltx2")
+    torch.manual_seed(seed)
+    blk = tl.LTX2VideoTransformerBlock(dim=32, num_attention_heads=2, attention_head_dim=16, cross_attention_dim=32,
+                                       audio_dim=16, audio_num_attention_heads=2, audio_attention_head_dim=8,
+                                       audio_cross_attention_dim=16, video_cross_attn_adaln=adaln,
+                                       audio_cross_attn_adaln=adaln, perturbed_attn=perturbed)
+    g = torch.Generator().manual_seed(seed + 1)
+    with torch.no_grad():
+        for p in blk.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() == 1 else p.shape[-1] ** -0.5))
+    return blk.to(dtype).eval()
+
+
+def ltx2_block_inputs(blk, dtype, per_token=False, prompt=True, B=2, L=6, La=5, seed=2):
+    g = torch.Generator().manual_seed(seed)
+    r = lambda *s: torch.randn(*s, generator=g).to(dtype)  # noqa: E731
+    D, Da = 32, 16
+    T, Ta = (L, La) if per_token else (1, 1)
+    kv, akv = blk.scale_shift_table.shape[0], blk.audio_scale_shift_table.shape[0]
+    return dict(hidden_states=r(B, L, D), audio_hidden_states=r(B, La, Da), encoder_hidden_states=r(B, 4, D),
+                audio_encoder_hidden_states=r(B, 4, Da), temb=r(B, T, kv * D), temb_audio=r(B, Ta, akv * Da),
+                temb_ca_scale_shift=r(B, T, 4 * D), temb_ca_audio_scale_shift=r(B, Ta, 4 * Da),
+                temb_ca_gate=r(B, T, D), temb_ca_audio_gate=r(B, Ta, Da),
+                temb_prompt=r(B, 1, 2 * D) if prompt and blk.cross_attn_adaln else None,
+                temb_prompt_audio=r(B, 1, 2 * Da) if prompt and blk.cross_attn_adaln else None)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("adaln,per_token,prompt", [(False, False, True), (False, True, True), (True, False, True),
+                                                    (True, True, False)])
+@pytest.mark.parametrize("a2v,v2a", [(True, True), (True, False), (False, True), (False, False)])
+def test_ltx2_block_body_composes_like_the_original(adaln, per_token, prompt, a2v, v2a, dtype):
+    blk = tiny_ltx2_block(adaln=adaln, dtype=dtype)
+    st = difuse.patching._State("ltx2", difuse.patching.LTX2_SITES)
+    kw = dict(ltx2_block_inputs(blk, dtype, per_token, prompt), use_a2v_cross_attention=a2v,
+              use_v2a_cross_attention=v2a)
+    with torch.no_grad():
+        want = type(blk).forward(blk, **kw)
+        got = difuse.patching._ltx2_block_body(blk, st, difuse.patching._ltx2_bound(blk, (), kw))
+    assert len(got) == 2 and all(_bits(x, y) for x, y in zip(got, want))
+    calls = {k: s.calls for k, s in st.sites.items()}
+    assert calls["L5"] == calls["L5a"] == int(a2v or v2a) and calls["L1"] == calls["L7a"] == 1
+
+
+def test_ltx2_perturbed_block_body_and_positional_arguments():
+    blk = tiny_ltx2_block(perturbed=True)
+    st = difuse.patching._State("ltx2", difuse.patching.LTX2_SITES)
+    kw = ltx2_block_inputs(blk, torch.float32)
+    args = tuple(kw.values())  # the order the model's gradient-checkpointing call passes them in
+    mask = torch.tensor([1.0, 0.0])[:, None, None]
+    with torch.no_grad():
+        want = type(blk).forward(blk, *args, perturbation_mask=mask, all_perturbed=False)
+        bound = difuse.patching._ltx2_bound(blk, args, dict(perturbation_mask=mask, all_perturbed=False))
+        got = difuse.patching._ltx2_block_body(blk, st, bound)
+    assert bound["use_a2v_cross_attention"] is True and bound["perturbation_mask"] is mask
+    assert all(_bits(x, y) for x, y in zip(got, want))
+
+
+def test_ltx2_patch_discovers_blocks_and_binds_the_models_call():
+    tl = pytest.importorskip("diffusers.models.transformers.transformer_ltx2")
+    torch.manual_seed(0)
+    model = tl.LTX2VideoTransformer3DModel(in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=16,
+                                           cross_attention_dim=32, audio_in_channels=8, audio_out_channels=8,
+                                           audio_num_attention_heads=2, audio_attention_head_dim=8,
+                                           audio_cross_attention_dim=16, num_layers=2, caption_channels=24)
+    B, F, H, W, Na, Te = 2, 2, 3, 4, 5, 7
+    g = torch.Generator().manual_seed(1)
+    inp = dict(hidden_states=torch.randn(B, F * H * W, 8, generator=g), audio_hidden_states=torch.randn(B, Na, 8, generator=g),
+               encoder_hidden_states=torch.randn(B, Te, 24, generator=g),
+               audio_encoder_hidden_states=torch.randn(B, Te, 24, generator=g), timestep=torch.full((B,), 0.7),
+               num_frames=F, height=H, width=W, audio_num_frames=Na, return_dict=False)
+    with torch.no_grad():
+        before = model(**inp)
+    rep = difuse.patch(model)
+    assert rep.modules == {"blocks": 2} and set(rep.sites) == set(difuse.patching.LTX2_SITES)
+    assert "forward" in model.transformer_blocks[1].__dict__
+    with torch.no_grad():
+        after = model(**inp)  # CPU: the original forwards answer, after the patched one bound the model's keywords
+    assert all(_bits(x, y) for x, y in zip(after, before))
+    difuse.unpatch(model)
+    assert all("forward" not in m.__dict__ for m in model.modules())
+
 def test_unpatch_refuses_while_a_later_hook_wraps_a_patched_forward():
     from diffusers.hooks import HookRegistry, ModelHook
 
