@@ -1,7 +1,8 @@
 """difuse.patch on diffusers' ErnieImageTransformer2DModel on the GPU: the patched model's output is bit-identical to
-the unpatched one (2 blocks at full width: hidden 3072, 24 heads x 128, ffn 8192, text_in_dim 2560), batch 1 and 2
-(CFG), with a padded text row (attention mask), at 1024^2's grid (64 x 64 latent patches + 256 text tokens: S = 4352,
-the rms_norm_modulate site shapes 4352x1x3072 and 4352x2x3072) and a smaller one; every listed site fused and none
+the unpatched one (2 blocks of the released model: hidden 4096, 32 heads x 128, ffn 12288, text_in_dim 3072; and of
+the class defaults, 3072 wide), batch 1 and 2 (CFG), with a padded text row (attention mask), at 1024^2's grid (64 x 64
+latent patches + 256 text tokens: S = 4352, the rms_norm_modulate site shapes 4352x1x4096 and 4352x2x4096) and a
+smaller one; every listed site fused and none
 disabled; unpatch restores the original. (Written in the session that added the ERNIE-Image patch, without a GPU;
 first run pending.)"""
 import os
@@ -10,6 +11,7 @@ import pytest
 import torch
 
 import difuse
+from difuse import e2e
 from patch_check import assert_patched_matches
 
 te = pytest.importorskip("diffusers.models.transformers.transformer_ernie_image")
@@ -18,12 +20,10 @@ DEV = "cuda"
 SEED = int(os.environ.get("DIFUSE_TEST_SEED", "20261129"))
 
 
-def reduced_ernie(layers=2, seed=SEED):
+def reduced_ernie(layers=2, seed=SEED, **overrides):
     torch.manual_seed(seed)
     with torch.device(DEV):
-        model = te.ErnieImageTransformer2DModel(hidden_size=3072, num_attention_heads=24, num_layers=layers,
-                                                ffn_hidden_size=8192, in_channels=128, out_channels=128,
-                                                text_in_dim=2560)
+        model = te.ErnieImageTransformer2DModel(**e2e.ernie_image_config(layers, **overrides))
     model = model.to(torch.bfloat16).eval()
     g = torch.Generator(device=DEV).manual_seed(seed)
     with torch.no_grad():  # the class zero-initialises adaLN_modulation and final_linear: random values instead
@@ -37,14 +37,14 @@ def reduced_ernie(layers=2, seed=SEED):
     return model
 
 
-def ernie_inputs(B=1, side=64, text_tokens=256, pad=0, seed=SEED):
+def ernie_inputs(B=1, side=64, text_tokens=256, pad=0, seed=SEED, text_in_dim=3072):
     g = torch.Generator(device=DEV).manual_seed(seed + 1)
     bf = dict(device=DEV, dtype=torch.bfloat16)
     lens = torch.full((B,), text_tokens, device=DEV, dtype=torch.long)
     lens[-1] -= pad
     return dict(hidden_states=torch.randn(B, 128, side, side, generator=g, **bf),
                 timestep=torch.full((B,), 700.0, device=DEV),
-                text_bth=torch.randn(B, text_tokens, 2560, generator=g, **bf), text_lens=lens, return_dict=False)
+                text_bth=torch.randn(B, text_tokens, text_in_dim, generator=g, **bf), text_lens=lens, return_dict=False)
 
 
 @pytest.fixture(scope="module")
@@ -55,3 +55,9 @@ def model():
 @pytest.mark.parametrize("B,side,text_tokens,pad", [(1, 64, 256, 0), (2, 64, 256, 0), (2, 32, 77, 20)], ids=str)
 def test_patched_ernie_is_bit_identical(model, B, side, text_tokens, pad):
     assert_patched_matches(model, ernie_inputs(B, side, text_tokens, pad), difuse.patching.ERNIE_SITES)
+
+
+def test_patched_ernie_class_defaults_is_bit_identical():
+    """The class's default width (3072, 24 heads, ffn 8192, text_in_dim 2560): the kernels' first ERNIE shapes."""
+    model = reduced_ernie(hidden_size=3072, num_attention_heads=24, ffn_hidden_size=8192, text_in_dim=2560)
+    assert_patched_matches(model, ernie_inputs(2, text_in_dim=2560), difuse.patching.ERNIE_SITES)
