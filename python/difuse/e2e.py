@@ -1193,12 +1193,18 @@ def sd3_inputs(config, resolution: int = 1024, text_tokens: int = 333, seed: int
 def sd3_call(model, latents, t, inputs: Inputs):
     """One CFG step as StableDiffusion3Pipeline takes it: a batch-2 call on cat([latents] * 2) with the raw
     timestep, then uncond + guidance * (cond - uncond)."""
+    return _cfg_batch2(model, latents, lambda n: t.expand(n), inputs)
+
+
+def _cfg_batch2(model, latents, timestep, inputs: Inputs):
+    """One batch-2 CFG call on cat([latents] * 2) with timestep(2) and inputs.cond, then uncond + guidance * (cond -
+    uncond) (the pipelines that put [uncond, cond] in one batch: SD3, ERNIE-Image)."""
     import torch
 
     x = torch.cat([latents] * 2)
-    noise = model(hidden_states=x, timestep=t.expand(x.shape[0]), return_dict=False, **inputs.cond)[0]
-    uncond, text = noise.chunk(2)
-    return uncond + inputs.extra["guidance"] * (text - uncond)
+    pred = model(hidden_states=x, timestep=timestep(x.shape[0]), return_dict=False, **inputs.cond)[0]
+    uncond, cond = pred.chunk(2)
+    return uncond + inputs.extra["guidance"] * (cond - uncond)
 
 
 _sd3_build = _layered_build("SD3Transformer2DModel", "transformer_blocks", build_sd3)
@@ -1418,13 +1424,7 @@ def ernie_image_inputs(config, resolution: int = 1024, text_tokens: int = 256, s
 def ernie_image_call(model, latents, t, inputs: Inputs):
     """One CFG step as ErnieImagePipeline takes it: a batch-2 call on cat([latents] * 2) with the raw timestep in
     the latents' dtype, then uncond + guidance * (cond - uncond)."""
-    import torch
-
-    x = torch.cat([latents] * 2)
-    pred = model(hidden_states=x, timestep=t.expand(x.shape[0]).to(latents.dtype), return_dict=False,
-                 **inputs.cond)[0]
-    uncond, cond = pred.chunk(2)
-    return uncond + inputs.extra["guidance"] * (cond - uncond)
+    return _cfg_batch2(model, latents, lambda n: t.expand(n).to(latents.dtype), inputs)
 
 
 _ernie_build = _layered_build("ErnieImageTransformer2DModel", "layers", build_ernie_image)

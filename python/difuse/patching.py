@@ -1308,6 +1308,32 @@ def _ltx2_block_forward(self, *args, **kwargs):
     return st.blocks["ltx2_block"].run(tuple(key), lambda: _ltx2_block_body(self, st, a), original, _dev(hs))
 
 
+def _ltx2_prompt_mod(self, table, temb_prompt, like, batch_size):
+    """(shift, scale) of the prompt's cross-attention modulation: from temb_prompt, or the per-layer table alone."""
+    if temb_prompt is not None:
+        return self.get_mod_params(table, temb_prompt, batch_size)
+    return table[None, None].to(device=like.device, dtype=like.dtype).unbind(dim=2)
+
+
+def _ltx2_ca_params(self, table, temb_scale_shift, temb_gate, batch_size):
+    """One stream's a2v / v2a modulation as the block forms it: (a2v scale, a2v shift, v2a scale, v2a shift, gate)
+    from the per-layer table's first four rows and its fifth (the gate)."""
+    params = self.get_mod_params(table[:4, :], temb_scale_shift, batch_size)
+    return tuple(params) + (self.get_mod_params(table[4:, :], temb_gate, batch_size)[0].squeeze(2),)
+
+
+def _ltx2_text_attention(norm, attn, h, normed, enc, kv, gate_q, mask):
+    """One stream's cross-attention with the text, as the block writes it: norm (or the one L3 formed), the prompt's
+    modulation of the text states, the attention, its gate, the plain residual add."""
+    n = norm(h) if normed is None else normed
+    if kv is not None:
+        enc = enc * (1 + kv[1]) + kv[0]
+    out = attn(n, encoder_hidden_states=enc, query_rotary_emb=None, attention_mask=mask)
+    if gate_q is not None:
+        out = out * gate_q
+    return h + out
+
+
 def _ltx2_block_body(self, st, a):
     """LTX2VideoTransformerBlock.forward (diffusers 0.42.1) with the norm / modulate / gated-residual chains as
     sites. A gated residual followed by the next norm is one site (L3 with the cross-attention AdaLN, L6, L6a): the
@@ -1355,54 +1381,29 @@ def _ltx2_block_body(self, st, a):
         norm2_audio_hidden_states = None
 
     # 2. cross-attention with the text (eager: plain norms, the prompt's modulation, plain adds)
+    video_kv = audio_kv = None  # (shift, scale) of the prompt's modulation
     if self.cross_attn_adaln:
-        if a["temb_prompt"] is not None:
-            shift_text_kv, scale_text_kv = self.get_mod_params(self.prompt_scale_shift_table, a["temb_prompt"],
-                                                               batch_size)
-        else:
-            shift_text_kv, scale_text_kv = (self.prompt_scale_shift_table[None, None]
-                                            .to(device=hidden_states.device, dtype=hidden_states.dtype).unbind(dim=2))
-        if a["temb_prompt_audio"] is not None:
-            audio_shift_text_kv, audio_scale_text_kv = self.get_mod_params(
-                self.audio_prompt_scale_shift_table, a["temb_prompt_audio"], batch_size)
-        else:
-            audio_shift_text_kv, audio_scale_text_kv = (
-                self.audio_prompt_scale_shift_table[None, None]
-                .to(device=audio_hidden_states.device, dtype=audio_hidden_states.dtype).unbind(dim=2))
-    norm_hidden_states = self.norm2(hidden_states) if norm2_hidden_states is None else norm2_hidden_states
-    if self.cross_attn_adaln:
-        encoder_hidden_states = encoder_hidden_states * (1 + scale_text_kv) + shift_text_kv
-    attn_hidden_states = self.attn2(norm_hidden_states, encoder_hidden_states=encoder_hidden_states,
-                                    query_rotary_emb=None, attention_mask=a["encoder_attention_mask"])
-    if self.video_cross_attn_adaln:
-        attn_hidden_states = attn_hidden_states * gate_text_q
-    hidden_states = hidden_states + attn_hidden_states
-    norm_audio_hidden_states = (self.audio_norm2(audio_hidden_states) if norm2_audio_hidden_states is None else
-                                norm2_audio_hidden_states)
-    if self.cross_attn_adaln:
-        audio_encoder_hidden_states = audio_encoder_hidden_states * (1 + audio_scale_text_kv) + audio_shift_text_kv
-    attn_audio_hidden_states = self.audio_attn2(norm_audio_hidden_states, encoder_hidden_states=audio_encoder_hidden_states,
-                                                query_rotary_emb=None, attention_mask=a["audio_encoder_attention_mask"])
-    if self.audio_cross_attn_adaln:
-        attn_audio_hidden_states = attn_audio_hidden_states * audio_gate_text_q
-    audio_hidden_states = audio_hidden_states + attn_audio_hidden_states
+        video_kv = _ltx2_prompt_mod(self, self.prompt_scale_shift_table, a["temb_prompt"], hidden_states, batch_size)
+        audio_kv = _ltx2_prompt_mod(self, self.audio_prompt_scale_shift_table, a["temb_prompt_audio"],
+                                    audio_hidden_states, batch_size)
+    hidden_states = _ltx2_text_attention(self.norm2, self.attn2, hidden_states, norm2_hidden_states,
+                                         encoder_hidden_states, video_kv,
+                                         gate_text_q if self.video_cross_attn_adaln else None,
+                                         a["encoder_attention_mask"])
+    audio_hidden_states = _ltx2_text_attention(self.audio_norm2, self.audio_attn2, audio_hidden_states,
+                                               norm2_audio_hidden_states, audio_encoder_hidden_states, audio_kv,
+                                               audio_gate_text_q if self.audio_cross_attn_adaln else None,
+                                               a["audio_encoder_attention_mask"])
 
     # 3. a2v and v2a cross-attention
     use_a2v, use_v2a = a["use_a2v_cross_attention"], a["use_v2a_cross_attention"]
     a2v = v2a = None  # (gate, attention output) of a residual not yet added
     if use_a2v or use_v2a:
-        video_ca_ada_params = self.get_mod_params(self.video_a2v_cross_attn_scale_shift_table[:4, :],
-                                                  a["temb_ca_scale_shift"], batch_size)
-        video_ca_gate_param = self.get_mod_params(self.video_a2v_cross_attn_scale_shift_table[4:, :],
-                                                  a["temb_ca_gate"], batch_size)
-        video_a2v_ca_scale, video_a2v_ca_shift, video_v2a_ca_scale, video_v2a_ca_shift = video_ca_ada_params
-        a2v_gate = video_ca_gate_param[0].squeeze(2)
-        audio_ca_ada_params = self.get_mod_params(self.audio_a2v_cross_attn_scale_shift_table[:4, :],
-                                                  a["temb_ca_audio_scale_shift"], batch_size)
-        audio_ca_gate_param = self.get_mod_params(self.audio_a2v_cross_attn_scale_shift_table[4:, :],
-                                                  a["temb_ca_audio_gate"], batch_size)
-        audio_a2v_ca_scale, audio_a2v_ca_shift, audio_v2a_ca_scale, audio_v2a_ca_shift = audio_ca_ada_params
-        v2a_gate = audio_ca_gate_param[0].squeeze(2)
+        video_a2v_ca_scale, video_a2v_ca_shift, video_v2a_ca_scale, video_v2a_ca_shift, a2v_gate = _ltx2_ca_params(
+            self, self.video_a2v_cross_attn_scale_shift_table, a["temb_ca_scale_shift"], a["temb_ca_gate"], batch_size)
+        audio_a2v_ca_scale, audio_a2v_ca_shift, audio_v2a_ca_scale, audio_v2a_ca_shift, v2a_gate = _ltx2_ca_params(
+            self, self.audio_a2v_cross_attn_scale_shift_table, a["temb_ca_audio_scale_shift"], a["temb_ca_audio_gate"],
+            batch_size)
         video_mods, audio_mods = [], []
         if use_a2v:
             video_mods.append((video_a2v_ca_scale.squeeze(2), video_a2v_ca_shift.squeeze(2)))

@@ -7,6 +7,22 @@ import difuse
 from difuse.gate import count_mismatches
 
 
+def randomize_weights_(model, seed, device="cuda", is_norm=lambda name: "norm" in name):
+    """Every parameter redrawn from one generator, in named_parameters order: 1-D norm weights (is_norm(name))
+    1 + 0.1 N(0, 1), other 1-D parameters 0.02 N(0, 1), the rest N(0, 1) / sqrt(fan-in) (fan-in: p[0].numel()). A
+    class's zero-initialised modulation or output projections then compute something."""
+    g = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in model.named_parameters():
+            if p.dim() == 1 and is_norm(name):
+                p.copy_(1 + 0.1 * torch.randn(p.shape, device=device, generator=g))
+            elif p.dim() == 1:
+                p.copy_(0.02 * torch.randn(p.shape, device=device, generator=g))
+            else:
+                p.copy_(torch.randn(p.shape, device=device, generator=g) / p[0].numel() ** 0.5)
+    return model
+
+
 def run(model, inputs):
     with torch.no_grad():
         return model(**inputs)[0]

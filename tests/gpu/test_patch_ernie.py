@@ -12,7 +12,7 @@ import torch
 
 import difuse
 from difuse import e2e
-from patch_check import assert_patched_matches
+from patch_check import assert_patched_matches, randomize_weights_
 
 te = pytest.importorskip("diffusers.models.transformers.transformer_ernie_image")
 
@@ -25,16 +25,8 @@ def reduced_ernie(layers=2, seed=SEED, **overrides):
     with torch.device(DEV):
         model = te.ErnieImageTransformer2DModel(**e2e.ernie_image_config(layers, **overrides))
     model = model.to(torch.bfloat16).eval()
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    with torch.no_grad():  # the class zero-initialises adaLN_modulation and final_linear: random values instead
-        for name, p in model.named_parameters():
-            if p.dim() == 1 and "norm" in name or "_ln." in name:
-                p.copy_(1 + 0.1 * torch.randn(p.shape, device=DEV, generator=g))
-            elif p.dim() == 1:
-                p.copy_(0.02 * torch.randn(p.shape, device=DEV, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, device=DEV, generator=g) / p[0].numel() ** 0.5)
-    return model
+    # the class zero-initialises adaLN_modulation and final_linear: random values instead
+    return randomize_weights_(model, seed, DEV, lambda name: "norm" in name or "_ln." in name)
 
 
 def ernie_inputs(B=1, side=64, text_tokens=256, pad=0, seed=SEED, text_in_dim=3072):

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import difuse
-from patch_check import assert_patched_matches
+from patch_check import assert_patched_matches, randomize_weights_
 
 tl = pytest.importorskip("diffusers.models.transformers.transformer_ltx2")
 
@@ -24,18 +24,7 @@ def reduced_ltx2(layers=2, seed=SEED, **kw):
     with torch.device(DEV):
         model = tl.LTX2VideoTransformer3DModel(num_layers=layers, **kw)
     model = model.to(torch.bfloat16).eval()
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1 and "norm" in name:
-                p.copy_(1 + 0.1 * torch.randn(p.shape, device=DEV, generator=g))
-            elif p.dim() == 1:
-                p.copy_(0.02 * torch.randn(p.shape, device=DEV, generator=g))
-            elif "scale_shift_table" in name:
-                p.copy_(torch.randn(p.shape, device=DEV, generator=g) / p.shape[-1] ** 0.5)
-            else:
-                p.copy_(torch.randn(p.shape, device=DEV, generator=g) / p[0].numel() ** 0.5)
-    return model
+    return randomize_weights_(model, seed, DEV)  # the scale_shift_tables as 2-D weights: N(0, 1) / sqrt(dim)
 
 
 def ltx2_inputs(B=1, frames=4, height=16, width=24, audio_frames=126, text_tokens=128, seed=SEED, **kw):

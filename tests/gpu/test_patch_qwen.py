@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import difuse
-from patch_check import assert_patched_matches
+from patch_check import assert_patched_matches, randomize_weights_
 
 tq = pytest.importorskip("diffusers.models.transformers.transformer_qwenimage")
 
@@ -23,16 +23,7 @@ def reduced_qwen(layers=2, seed=SEED, **kw):
                                                attention_head_dim=128, num_attention_heads=24,
                                                joint_attention_dim=3584, axes_dims_rope=(16, 56, 56), **kw)
     model = model.to(torch.bfloat16).eval()
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1 and "norm" in name:
-                p.copy_(1 + 0.1 * torch.randn(p.shape, device=DEV, generator=g))
-            elif p.dim() == 1:
-                p.copy_(0.02 * torch.randn(p.shape, device=DEV, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, device=DEV, generator=g) / p.shape[1] ** 0.5)
-    return model
+    return randomize_weights_(model, seed, DEV)
 
 
 def qwen_inputs(B=1, side=64, text_tokens=512, pad=0, seed=SEED):

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import difuse
-from patch_check import assert_patched_matches
+from patch_check import assert_patched_matches, randomize_weights_
 
 ts = pytest.importorskip("diffusers.models.transformers.transformer_sd3")
 
@@ -28,16 +28,7 @@ def reduced_sd35(layers=2, seed=SEED, width=LARGE):
                                          attention_head_dim=64, joint_attention_dim=4096, pooled_projection_dim=2048,
                                          out_channels=16, qk_norm="rms_norm", **width)
     model = model.to(torch.bfloat16).eval()
-    g = torch.Generator(device=DEV).manual_seed(seed)
-    with torch.no_grad():
-        for name, p in model.named_parameters():
-            if p.dim() == 1 and "norm" in name:
-                p.copy_(1 + 0.1 * torch.randn(p.shape, device=DEV, generator=g))
-            elif p.dim() == 1:
-                p.copy_(0.02 * torch.randn(p.shape, device=DEV, generator=g))
-            else:
-                p.copy_(torch.randn(p.shape, device=DEV, generator=g) / p[0].numel() ** 0.5)
-    return model
+    return randomize_weights_(model, seed, DEV)
 
 
 def sd3_inputs(B=1, context=333, seed=SEED):

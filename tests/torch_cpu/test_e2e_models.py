@@ -60,6 +60,16 @@ def record_calls(model):
     return calls, h
 
 
+def recorded_step(call, m, inp, t):
+    """call(m, inp.latents, t, inp) -> (the model calls' kwargs, the step's output)."""
+    calls, h = record_calls(m)
+    try:
+        out = call(m, inp.latents, t, inp)
+    finally:
+        h.remove()
+    return calls, out
+
+
 # ---- full-size configs -----------------------------------------------------------------------------------------
 
 
@@ -216,11 +226,7 @@ def test_qwen_image_inputs_and_call():
     assert sched.config.max_shift == 0.9 and sched.config.max_image_seq_len == 8192
     assert len(ts) == 5 and ts[0].item() == 1000.0
     assert sched.sigmas[-1].item() == 0.0 and abs(sched.sigmas[-2].item() - 0.02) < 1e-6  # shift_terminal
-    calls, h = record_calls(m)
-    try:
-        out = e2e.qwen_image_call(m, inp.latents, ts[1], inp)
-    finally:
-        h.remove()
+    calls, out = recorded_step(e2e.qwen_image_call, m, inp, ts[1])
     assert len(calls) == 1 and out.shape == inp.latents.shape
     t = calls[0]["timestep"]
     assert t.dtype == torch.bfloat16 and torch.equal(t, ts[1].expand(1).to(torch.bfloat16) / 1000)
@@ -244,11 +250,7 @@ def test_sd3_inputs_and_cfg_call():
     s = sched.sigmas[2].item()  # shift 3: sigma = 3 u / (1 + 2 u) of the unshifted u
     u = s / (3 - 2 * s)
     assert 0 < u < 1 and abs(ts[2].item() - s * 1000) < 1e-2
-    calls, h = record_calls(m)
-    try:
-        out = e2e.sd3_call(m, inp.latents, ts[1], inp)
-    finally:
-        h.remove()
+    calls, out = recorded_step(e2e.sd3_call, m, inp, ts[1])
     assert len(calls) == 1  # one batch-2 call per step
     c = calls[0]
     x = c["hidden_states"]
@@ -273,11 +275,7 @@ def test_wan_inputs_and_cfg_calls():
     assert (e["guidance"], e["flow_shift"]) == (5.0, 3.0)
     sched, ts = inp.new_scheduler(5)
     assert sched.config.shift == 3.0 and ts[0].item() == 1000.0 and len(ts) == 5
-    calls, h = record_calls(m)
-    try:
-        out = e2e.wan_call(m, inp.latents, ts[1], inp)
-    finally:
-        h.remove()
+    calls, out = recorded_step(e2e.wan_call, m, inp, ts[1])
     assert len(calls) == 2  # cond, then uncond
     assert calls[0]["encoder_hidden_states"] is e["prompt"] and calls[1]["encoder_hidden_states"] is e["negative"]
     for c in calls:
@@ -311,11 +309,7 @@ def test_ernie_image_inputs_and_cfg_call():
     assert len(ts) == 5 and ts[0].item() == 1000.0 and sched.sigmas[-1].item() == 0.0
     u = 1 - 2 / 5  # the third of linspace(1, 0, 6)[:-1], shifted: 4 u / (1 + 3 u)
     assert abs(sched.sigmas[2].item() - 4 * u / (1 + 3 * u)) < 1e-6
-    calls, h = record_calls(m)
-    try:
-        out = e2e.ernie_image_call(m, inp.latents, ts[1], inp)
-    finally:
-        h.remove()
+    calls, out = recorded_step(e2e.ernie_image_call, m, inp, ts[1])
     assert len(calls) == 1  # one batch-2 call per step
     c = calls[0]
     x = c["hidden_states"]
