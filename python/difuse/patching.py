@@ -104,7 +104,7 @@ LTX2_SITES = {
     "L7a": "audio + audio_ff * audio_gate_mlp (audio)",
 }
 BLOCK_GATES = ("double_block", "single_block", "norm_out_block", "qwen_block", "joint_block", "wan_block",
-               "ernie_block", "ltx2_block")
+               "wan_vace_block", "ernie_block", "ltx2_block")
 
 
 # ---- signatures ------------------------------------------------------------------------------------------------
@@ -941,12 +941,26 @@ def _wan_gated_site(site: Site, h, a, gate):
                     predicate=lambda: ops.can_use_gated_residual_fp32(h, a, gate), device=_dev(h))
 
 
+def _wan_attention_module(attn):
+    """The diffusers module an attention's class lives in: transformer_wan, or a model's verbatim copy of it ("Copied
+    from diffusers.models.transformers.transformer_wan", e.g. transformer_wan_animate), whose processor class and
+    projection helpers are that module's own."""
+    import sys
+
+    return sys.modules[type(attn).__module__]
+
+
+def _plain_wan_self_attention(attn) -> bool:
+    tw = _wan_attention_module(attn)
+    return type(attn.processor) is getattr(tw, "WanAttnProcessor", None) and attn.add_k_proj is None
+
+
 def _wan_self_attention(site: Site, attn, hidden_states, rotary_emb):
     """WanAttnProcessor.__call__ (diffusers 0.42.1) for self-attention (no image context) with the norm / head split /
     RoPE chain as one site."""
     from . import ops
 
-    tw = _wan_module()
+    tw = _wan_attention_module(attn)
     q, k, v = tw._get_qkv_projections(attn, hidden_states, None)
     heads = attn.heads
     cos, sin = rotary_emb if rotary_emb is not None else (None, None)
@@ -992,14 +1006,41 @@ def _wan_block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_
     original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)  # noqa: E731
     if not hidden_states.is_cuda:
         return original()
-    tw = _wan_module()
-    if type(self.attn1.processor) is not tw.WanAttnProcessor or self.attn1.add_k_proj is not None:
+    if not _plain_wan_self_attention(self.attn1):
         st.sites["W2"].fallback(_dev(hidden_states), "attn1 is not a plain WanAttnProcessor self-attention")
         return original()
     key = (hidden_states, encoder_hidden_states, temb) + (tuple(rotary_emb) if rotary_emb is not None else ())
     return st.blocks["wan_block"].run(
         key, lambda: _wan_block_body(self, st, hidden_states, encoder_hidden_states, temb, rotary_emb), original,
         _dev(hidden_states))
+
+
+def _wan_vace_block_forward(self, hidden_states, encoder_hidden_states, control_hidden_states, temb, rotary_emb):
+    st: _State = self._difuse_state
+    original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states,  # noqa: E731
+                                          control_hidden_states, temb, rotary_emb)
+    if not hidden_states.is_cuda or temb.ndim != 3:  # the VACE block has no per-token (4-D temb) branch
+        return original()
+    if not _plain_wan_self_attention(self.attn1):
+        st.sites["W2"].fallback(_dev(hidden_states), "attn1 is not a plain WanAttnProcessor self-attention")
+        return original()
+    key = (hidden_states, encoder_hidden_states, control_hidden_states, temb, self.proj_in is not None,
+           self.proj_out is not None) + (tuple(rotary_emb) if rotary_emb is not None else ())
+    return st.blocks["wan_vace_block"].run(
+        key, lambda: _wan_vace_block_body(self, st, hidden_states, encoder_hidden_states, control_hidden_states, temb,
+                                          rotary_emb), original, _dev(hidden_states))
+
+
+def _wan_vace_block_body(self, st, hidden_states, encoder_hidden_states, control_hidden_states, temb, rotary_emb):
+    """WanVACETransformerBlock.forward: its optional input projection (plus the main stream), then the chains of
+    WanTransformerBlock's [B, 6, H] path on the control stream (the same code: W1-W6), then its optional output
+    projection -> (conditioning_states, control_hidden_states)."""
+    c = control_hidden_states
+    if self.proj_in is not None:
+        c = self.proj_in(c)
+        c = c + hidden_states
+    c = _wan_block_body(self, st, c, encoder_hidden_states, temb, rotary_emb)
+    return (self.proj_out(c) if self.proj_out is not None else None), c
 
 
 def _wan_block_body(self, st, hidden_states, encoder_hidden_states, temb, rotary_emb):
@@ -1450,7 +1491,8 @@ def _model_kind(model) -> str:
     if not type(model).__module__.startswith("diffusers."):
         return ""
     return {"FluxTransformer2DModel": "flux", "QwenImageTransformer2DModel": "qwen",
-            "SD3Transformer2DModel": "sd3", "WanTransformer3DModel": "wan",
+            "SD3Transformer2DModel": "sd3", "WanTransformer3DModel": "wan", "WanVACETransformer3DModel": "wan_vace",
+            "WanAnimateTransformer3DModel": "wan_animate",
             "ErnieImageTransformer2DModel": "ernie", "LTX2VideoTransformer3DModel": "ltx2"}.get(name, "")
 
 
@@ -1460,7 +1502,8 @@ def patch(model) -> PatchReport:
     if not kind:
         raise NotImplementedError("difuse.patch: %s is not supported yet (supported: diffusers FluxTransformer2DModel, "
                                   "QwenImageTransformer2DModel, SD3Transformer2DModel, WanTransformer3DModel, "
-                                  "ErnieImageTransformer2DModel, LTX2VideoTransformer3DModel)" % type(model).__name__)
+                                  "WanVACETransformer3DModel, WanAnimateTransformer3DModel, ErnieImageTransformer2DModel, "
+                                  "LTX2VideoTransformer3DModel)" % type(model).__name__)
     if getattr(model, "_difuse_state", None) is not None:
         return model._difuse_state.report
     from diffusers.models.normalization import AdaLayerNormContinuous
@@ -1484,6 +1527,17 @@ def patch(model) -> PatchReport:
         tw = _wan_module()
         table = {tw.WanTransformerBlock: (_wan_block_forward, "blocks")}
         st = _State("wan", WAN_SITES)
+    elif kind == "wan_vace":  # Wan's own blocks, and the VACE blocks: the same chains on the control stream
+        import diffusers.models.transformers.transformer_wan_vace as tv
+
+        table = {tv.WanTransformerBlock: (_wan_block_forward, "blocks"),
+                 tv.WanVACETransformerBlock: (_wan_vace_block_forward, "vace blocks")}
+        st = _State("wan_vace", WAN_SITES)
+    elif kind == "wan_animate":  # its blocks: a verbatim copy of WanTransformerBlock (the face adapters stay eager)
+        import diffusers.models.transformers.transformer_wan_animate as ta
+
+        table = {ta.WanTransformerBlock: (_wan_block_forward, "blocks")}
+        st = _State("wan_animate", WAN_SITES)
     elif kind == "ltx2":
         tl = _ltx2_module()
         table = {tl.LTX2VideoTransformerBlock: (_ltx2_block_forward, "blocks")}

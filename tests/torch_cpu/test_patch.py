@@ -401,6 +401,71 @@ def test_ltx2_patch_discovers_blocks_and_binds_the_models_call():
     difuse.unpatch(model)
     assert all("forward" not in m.__dict__ for m in model.modules())
 
+def _randomize(model, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() == 1 else p[0].numel() ** -0.5))
+    return model
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_wan_vace_patch_covers_both_block_kinds_and_the_vace_body_composes_like_the_original(dtype):
+    tv = pytest.importorskip("diffusers.models.transformers.transformer_wan_vace")
+    torch.manual_seed(0)
+    model = _randomize(tv.WanVACETransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, text_dim=16,
+        freq_dim=16, ffn_dim=32, num_layers=3, vace_layers=[0, 2], vace_in_channels=6, rope_max_seq_len=32)).to(dtype)
+    g = torch.Generator().manual_seed(4)
+    inp = dict(hidden_states=torch.randn(1, 4, 3, 4, 4, generator=g).to(dtype), timestep=torch.tensor([500]),
+               encoder_hidden_states=torch.randn(1, 7, 16, generator=g).to(dtype),
+               control_hidden_states=torch.randn(1, 6, 3, 4, 4, generator=g).to(dtype), return_dict=False)
+    seen = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, a, k, i=i: seen.__setitem__(i, (a, k)), with_kwargs=True)
+             for i, m in enumerate([model.vace_blocks[0], model.vace_blocks[1], model.blocks[1]])]
+    with torch.no_grad():
+        before = model(**inp)[0]
+    for h in hooks:
+        h.remove()
+    rep = difuse.patch(model)
+    assert rep.modules == {"blocks": 3, "vace blocks": 2} and set(rep.sites) == set(difuse.patching.WAN_SITES)
+    assert model.vace_blocks[0].proj_in is not None and model.vace_blocks[1].proj_out is not None
+    st = model._difuse_state
+    with torch.no_grad():
+        for i, blk in enumerate(model.vace_blocks):  # with its input projection (block 0) and output projection
+            args, kwargs = seen[i]
+            want = type(blk).forward(blk, *args, **kwargs)
+            got = difuse.patching._wan_vace_block_body(blk, st, *args, **kwargs)
+            assert (got[0] is None) == (want[0] is None) and all(_bits(x, y) for x, y in zip(got, want) if x is not None)
+        args, kwargs = seen[2]
+        blk = model.blocks[1]
+        assert _bits(difuse.patching._wan_block_body(blk, st, *args, **kwargs), type(blk).forward(blk, *args, **kwargs))
+        assert _bits(model(**inp)[0], before)  # CPU: the original forwards answer
+    difuse.unpatch(model)
+
+
+def test_wan_animate_blocks_are_transformer_wan_blocks_copied_and_patched():
+    """WanAnimateTransformer3DModel's blocks are its module's verbatim copy of WanTransformerBlock (with a copy of the
+    processor): patched, and the body (resolving the processor's module from the attention) composes like them."""
+    ta = pytest.importorskip("diffusers.models.transformers.transformer_wan_animate")
+    with torch.device("meta"):
+        model = ta.WanAnimateTransformer3DModel(num_layers=2)
+    rep = difuse.patch(model)
+    assert rep.modules == {"blocks": 2} and not rep.skipped
+    difuse.unpatch(model)
+    torch.manual_seed(0)
+    blk = _randomize(ta.WanTransformerBlock(16, 32, 2, "rms_norm_across_heads", True, 1e-6))
+    assert difuse.patching._plain_wan_self_attention(blk.attn1)
+    assert difuse.patching._wan_attention_module(blk.attn1) is ta
+    g = torch.Generator().manual_seed(3)
+    h, enc, temb = torch.randn(1, 12, 16, generator=g), torch.randn(1, 5, 16, generator=g), torch.randn(1, 6, 16, generator=g)
+    freqs = torch.randn(1, 12, 1, 8, generator=g)
+    st = difuse.patching._State("wan_animate", difuse.patching.WAN_SITES)
+    with torch.no_grad():
+        want = type(blk).forward(blk, h, enc, temb, (freqs.cos(), freqs.sin()))
+        got = difuse.patching._wan_block_body(blk, st, h, enc, temb, (freqs.cos(), freqs.sin()))
+    assert _bits(got, want)
+
 def test_unpatch_refuses_while_a_later_hook_wraps_a_patched_forward():
     from diffusers.hooks import HookRegistry, ModelHook
 
