@@ -1492,7 +1492,7 @@ def _model_kind(model) -> str:
         return ""
     return {"FluxTransformer2DModel": "flux", "QwenImageTransformer2DModel": "qwen",
             "SD3Transformer2DModel": "sd3", "WanTransformer3DModel": "wan", "WanVACETransformer3DModel": "wan_vace",
-            "WanAnimateTransformer3DModel": "wan_animate",
+            "WanAnimateTransformer3DModel": "wan_copy", "ChronoEditTransformer3DModel": "wan_copy",
             "ErnieImageTransformer2DModel": "ernie", "LTX2VideoTransformer3DModel": "ltx2"}.get(name, "")
 
 
@@ -1502,7 +1502,8 @@ def patch(model) -> PatchReport:
     if not kind:
         raise NotImplementedError("difuse.patch: %s is not supported yet (supported: diffusers FluxTransformer2DModel, "
                                   "QwenImageTransformer2DModel, SD3Transformer2DModel, WanTransformer3DModel, "
-                                  "WanVACETransformer3DModel, WanAnimateTransformer3DModel, ErnieImageTransformer2DModel, "
+                                  "WanVACETransformer3DModel, WanAnimateTransformer3DModel, ChronoEditTransformer3DModel, "
+                                  "ErnieImageTransformer2DModel, "
                                   "LTX2VideoTransformer3DModel)" % type(model).__name__)
     if getattr(model, "_difuse_state", None) is not None:
         return model._difuse_state.report
@@ -1533,11 +1534,12 @@ def patch(model) -> PatchReport:
         table = {tv.WanTransformerBlock: (_wan_block_forward, "blocks"),
                  tv.WanVACETransformerBlock: (_wan_vace_block_forward, "vace blocks")}
         st = _State("wan_vace", WAN_SITES)
-    elif kind == "wan_animate":  # its blocks: a verbatim copy of WanTransformerBlock (the face adapters stay eager)
-        import diffusers.models.transformers.transformer_wan_animate as ta
+    elif kind == "wan_copy":  # Wan 2.2 Animate, ChronoEdit: their module's verbatim copy of WanTransformerBlock and
+        # of its processor ("Copied from" transformer_wan); Animate's face adapters stay eager
+        import sys
 
-        table = {ta.WanTransformerBlock: (_wan_block_forward, "blocks")}
-        st = _State("wan_animate", WAN_SITES)
+        table = {sys.modules[type(model).__module__].WanTransformerBlock: (_wan_block_forward, "blocks")}
+        st = _State({"WanAnimateTransformer3DModel": "wan_animate"}.get(type(model).__name__, "chronoedit"), WAN_SITES)
     elif kind == "ltx2":
         tl = _ltx2_module()
         table = {tl.LTX2VideoTransformerBlock: (_ltx2_block_forward, "blocks")}

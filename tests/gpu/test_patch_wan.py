@@ -73,12 +73,13 @@ def test_patched_wan_vace_is_bit_identical(B):
     assert_patched_matches(model, inputs, difuse.patching.WAN_SITES)
 
 
-def test_wan_animate_block_is_bit_identical():
-    """Wan 2.2 Animate's blocks are its module's verbatim copy of WanTransformerBlock: one such block, holding the
-    weights of a reduced Wan model's first block (norm2 in fp32 as from_pretrained keeps it), run through the patched
-    forward on that block's own inputs (captured from the Wan model) against its class's forward, twice (verifying,
-    then fused), every site fused. (Written without a GPU; first run pending.)"""
-    ta = pytest.importorskip("diffusers.models.transformers.transformer_wan_animate")
+@pytest.mark.parametrize("module", ["transformer_wan_animate", "transformer_chronoedit"])
+def test_wan_copy_block_is_bit_identical(module):
+    """Wan 2.2 Animate's and ChronoEdit's blocks are their module's verbatim copy of WanTransformerBlock: one such
+    block, holding the weights of a reduced Wan model's first block (norm2 in fp32 as from_pretrained keeps it), run
+    through the patched forward on that block's own inputs (captured from the Wan model) against its class's forward,
+    twice (verifying, then fused), every site fused. (Written without a GPU; first run pending.)"""
+    ta = pytest.importorskip("diffusers.models.transformers." + module)
     wan = reduced_wan(layers=1)
     seen = {}
     hook = wan.blocks[0].register_forward_pre_hook(lambda m, a: seen.update(args=a))
@@ -92,7 +93,7 @@ def test_wan_animate_block_is_bit_identical():
         assert name == sname
         p.data = q.data.clone()
     blk.eval()
-    st = difuse.patching._State("wan_animate", difuse.patching.WAN_SITES)
+    st = difuse.patching._State(module, difuse.patching.WAN_SITES)
     blk._difuse_state = st
     with torch.no_grad():
         want = type(blk).forward(blk, *seen["args"])

@@ -444,12 +444,15 @@ def test_wan_vace_patch_covers_both_block_kinds_and_the_vace_body_composes_like_
     difuse.unpatch(model)
 
 
-def test_wan_animate_blocks_are_transformer_wan_blocks_copied_and_patched():
-    """WanAnimateTransformer3DModel's blocks are its module's verbatim copy of WanTransformerBlock (with a copy of the
-    processor): patched, and the body (resolving the processor's module from the attention) composes like them."""
-    ta = pytest.importorskip("diffusers.models.transformers.transformer_wan_animate")
+@pytest.mark.parametrize("module,cls", [("transformer_wan_animate", "WanAnimateTransformer3DModel"),
+                                        ("transformer_chronoedit", "ChronoEditTransformer3DModel")])
+def test_wan_copies_blocks_are_patched_and_compose_like_them(module, cls):
+    """Wan 2.2 Animate's and ChronoEdit's blocks are their module's verbatim copy of WanTransformerBlock (with a copy
+    of the processor): patched, and the body (resolving the processor's module from the attention) composes like
+    them."""
+    ta = pytest.importorskip("diffusers.models.transformers." + module)
     with torch.device("meta"):
-        model = ta.WanAnimateTransformer3DModel(num_layers=2)
+        model = getattr(ta, cls)(num_layers=2)
     rep = difuse.patch(model)
     assert rep.modules == {"blocks": 2} and not rep.skipped
     difuse.unpatch(model)
@@ -460,7 +463,7 @@ def test_wan_animate_blocks_are_transformer_wan_blocks_copied_and_patched():
     g = torch.Generator().manual_seed(3)
     h, enc, temb = torch.randn(1, 12, 16, generator=g), torch.randn(1, 5, 16, generator=g), torch.randn(1, 6, 16, generator=g)
     freqs = torch.randn(1, 12, 1, 8, generator=g)
-    st = difuse.patching._State("wan_animate", difuse.patching.WAN_SITES)
+    st = difuse.patching._State(cls, difuse.patching.WAN_SITES)
     with torch.no_grad():
         want = type(blk).forward(blk, h, enc, temb, (freqs.cos(), freqs.sin()))
         got = difuse.patching._wan_block_body(blk, st, h, enc, temb, (freqs.cos(), freqs.sin()))
