@@ -103,8 +103,21 @@ LTX2_SITES = {
     "L7": "h + ff * gate_mlp (video)",
     "L7a": "audio + audio_ff * audio_gate_mlp (audio)",
 }
+FLUX2_SITES = {
+    "F1": "double block norm1: (1 + scale_msa) * LayerNorm(x) + shift_msa (image stream; shared modulation)",
+    "F1c": "double block norm1_context: the same on the text stream",
+    "F2": "double block attention prologue: QK RMSNorm per head, cat [text, image], RoPE (one launch)",
+    "F4": "double block: h + gate_msa * attn, norm2 * (1 + scale_mlp) + shift_mlp (image)",
+    "F4c": "the same on the text stream",
+    "F6": "double block FF residual: h + gate_mlp * ff (image)",
+    "F6c": "double block FF residual on the text stream",
+    "FS1": "single block norm: (1 + scale) * LayerNorm(x) + shift",
+    "FS3": "single block attention prologue: QK RMSNorm per head + RoPE on the fused projection's q, k",
+    "FS4": "single block residual: h + gate * attn",
+    "norm_out": "final AdaLayerNormContinuous: LayerNorm(x) * (1 + scale) + shift",
+}
 BLOCK_GATES = ("double_block", "single_block", "norm_out_block", "qwen_block", "joint_block", "wan_block",
-               "wan_vace_block", "ernie_block", "ltx2_block")
+               "wan_vace_block", "ernie_block", "ltx2_block", "flux2_double_block", "flux2_single_block")
 
 
 # ---- signatures ------------------------------------------------------------------------------------------------
@@ -369,17 +382,12 @@ def _rmsnorm_params(norm):
     return norm.weight, float(eps)
 
 
-def _flux_attention(st: _State, site: Site, attn, hidden_states, encoder_hidden_states, image_rotary_emb):
-    """FluxAttnProcessor.__call__ (diffusers 0.42.1) with the QK-norm / concat / RoPE chain as one site."""
+def _flux_qk_site(site: Site, attn, query, key, value, eq, ek, ev, image_rotary_emb, apply_rotary_emb):
+    """FLUX's QK chain as one site: the per-head QK norms of both streams, cat [text, image] (q, k and v) where there
+    is a text stream (eq, ek, ev not None), RoPE on the joint q and k -> [q, k, v] or, for one stream, [q, k]."""
     from . import ops
 
-    tf = _flux_module()
-    query, key, value, eq, ek, ev = tf._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
-    D = attn.head_dim
-    query, key, value = (t.unflatten(-1, (-1, D)) for t in (query, key, value))
-    two = attn.added_kv_proj_dim is not None
-    if two:
-        eq, ek, ev = (t.unflatten(-1, (-1, D)) for t in (eq, ek, ev))
+    two = eq is not None
     cos, sin = image_rotary_emb if image_rotary_emb is not None else (None, None)
 
     def eager():
@@ -390,8 +398,8 @@ def _flux_attention(st: _State, site: Site, attn, hidden_states, encoder_hidden_
             k = _torch().cat([attn.norm_added_k(ek), k], dim=1)
             v = _torch().cat([ev, value], dim=1)
         if image_rotary_emb is not None:
-            q = tf.apply_rotary_emb(q, image_rotary_emb, sequence_dim=1)
-            k = tf.apply_rotary_emb(k, image_rotary_emb, sequence_dim=1)
+            q = apply_rotary_emb(q, image_rotary_emb, sequence_dim=1)
+            k = apply_rotary_emb(k, image_rotary_emb, sequence_dim=1)
         return [q, k, v] if two else [q, k]
 
     norms = [_rmsnorm_params(attn.norm_q), _rmsnorm_params(attn.norm_k)]
@@ -418,11 +426,25 @@ def _flux_attention(st: _State, site: Site, attn, hidden_states, encoder_hidden_
         return ops.can_use_qk_norm_rope(query, key, value if two else None, w[0], w[1], eq, ek, ev, w[2], w[3], cos,
                                         sin, eps)
 
-    if query.is_cuda:
-        out = site.run((query, key, value, eq, ek, ev, cos, sin, eps, *w[:4]), fused=fused, eager=eager,
-                       predicate=predicate, device=_dev(query))
+    if not query.is_cuda:
+        return eager()
+    return site.run((query, key, value, eq, ek, ev, cos, sin, eps, *w[:4]), fused=fused, eager=eager,
+                    predicate=predicate, device=_dev(query))
+
+
+def _flux_attention(st: _State, site: Site, attn, hidden_states, encoder_hidden_states, image_rotary_emb, tf=None):
+    """FluxAttnProcessor.__call__ (diffusers 0.42.1), or Flux2AttnProcessor's (tf: transformer_flux2, whose processor
+    is the same chain), with the QK-norm / concat / RoPE chain as one site."""
+    tf = tf or _flux_module()
+    query, key, value, eq, ek, ev = tf._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
+    D = attn.head_dim
+    query, key, value = (t.unflatten(-1, (-1, D)) for t in (query, key, value))
+    two = attn.added_kv_proj_dim is not None
+    if two:
+        eq, ek, ev = (t.unflatten(-1, (-1, D)) for t in (eq, ek, ev))
     else:
-        out = eager()
+        eq = ek = ev = None
+    out = _flux_qk_site(site, attn, query, key, value, eq, ek, ev, image_rotary_emb, tf.apply_rotary_emb)
     q, k = out[0], out[1]
     v = out[2] if two else value
     proc = attn.processor
@@ -1485,12 +1507,140 @@ def _ltx2_block_body(self, st, a):
     return hidden_states, audio_hidden_states
 
 
+# ---- FLUX.2 ---------------------------------------------------------------------------------------------------------
+def _flux2_module():
+    import diffusers.models.transformers.transformer_flux2 as tf2
+
+    return tf2
+
+
+def _mod_rows(t, x):
+    """A modulation chunk as the fused LayerNorm ops take it: [B, 1, H] over L > 1 tokens as its [B, H] rows (the same
+    values), a per-token [B, L, H] as it is."""
+    return t[:, 0] if t.dim() == 3 and t.shape[1] == 1 and x.shape[1] != 1 else t
+
+
+def _flux2_double_forward(self, hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt,
+                          image_rotary_emb=None, joint_attention_kwargs=None):
+    st: _State = self._difuse_state
+    original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb_mod_img,  # noqa: E731
+                                          temb_mod_txt, image_rotary_emb, joint_attention_kwargs)
+    if not hidden_states.is_cuda:
+        return original()
+    key = (hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt) + (
+        tuple(image_rotary_emb) if image_rotary_emb is not None else ())
+    return st.blocks["flux2_double_block"].run(
+        key, lambda: _flux2_double_body(self, st, hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt,
+                                        image_rotary_emb, joint_attention_kwargs), original, _dev(hidden_states))
+
+
+def _flux2_double_body(self, st, hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt, image_rotary_emb,
+                       joint_attention_kwargs):
+    """Flux2TransformerBlock.forward (diffusers 0.42.1): FLUX.1's double block with the modulation computed once per
+    forward by the model ([B, 1, H] chunks, or per-token rows with reference images), (1 + scale) * norm + shift
+    (the same bf16 product as norm * (1 + scale)) and the gate applied before the add, as FLUX.1's gated residual."""
+    torch = _torch()
+    S = st.sites
+    tf2 = _flux2_module()
+    (shift_msa, scale_msa, gate_msa), (shift_mlp, scale_mlp, gate_mlp) = tf2.Flux2Modulation.split(temb_mod_img, 2)
+    (c_shift_msa, c_scale_msa, c_gate_msa), (c_shift_mlp, c_scale_mlp, c_gate_mlp) = tf2.Flux2Modulation.split(
+        temb_mod_txt, 2)
+    hs, ehs = hidden_states, encoder_hidden_states
+    norm_hs = _lnmod_site(S["F1"], hs, _mod_rows(scale_msa, hs), _mod_rows(shift_msa, hs), self.norm1,
+                          lambda: (1 + scale_msa) * self.norm1(hs) + shift_msa)
+    norm_ehs = _lnmod_site(S["F1c"], ehs, _mod_rows(c_scale_msa, ehs), _mod_rows(c_shift_msa, ehs), self.norm1_context,
+                           lambda: (1 + c_scale_msa) * self.norm1_context(ehs) + c_shift_msa)
+    jak = joint_attention_kwargs or {}
+    if type(self.attn.processor) is not tf2.Flux2AttnProcessor or jak:
+        S["F2"].fallback(_dev(hs), "joint_attention_kwargs given (%s)" % ", ".join(sorted(jak)) if jak else
+                         "attention processor %s is not Flux2AttnProcessor" % type(self.attn.processor).__name__)
+        attn_output, context_attn_output = self.attn(hidden_states=norm_hs, encoder_hidden_states=norm_ehs,
+                                                     image_rotary_emb=image_rotary_emb, **jak)
+    else:
+        attn_output, context_attn_output = _flux_attention(st, S["F2"], self.attn, norm_hs, norm_ehs,
+                                                           image_rotary_emb, tf2)
+    hs, norm_hs = _grln_site(S["F4"], hs, attn_output, _mod_rows(gate_msa, hs), _mod_rows(scale_mlp, hs),
+                             _mod_rows(shift_mlp, hs), self.norm2)
+    hs = _gated_residual_site(S["F6"], hs, self.ff(norm_hs), _mod_rows(gate_mlp, hs))
+    ehs, norm_ehs = _grln_site(S["F4c"], ehs, context_attn_output, _mod_rows(c_gate_msa, ehs),
+                               _mod_rows(c_scale_mlp, ehs), _mod_rows(c_shift_mlp, ehs), self.norm2_context)
+    ehs = _gated_residual_site(S["F6c"], ehs, self.ff_context(norm_ehs), _mod_rows(c_gate_mlp, ehs))
+    if ehs.dtype == torch.float16:
+        ehs = ehs.clip(-65504, 65504)
+    return ehs, hs
+
+
+def _flux2_parallel_attention(site: Site, attn, hidden_states, image_rotary_emb):
+    """Flux2ParallelSelfAttnProcessor.__call__ (diffusers 0.42.1) with the QK-norm / RoPE chain of the fused
+    projection's q and k as one site."""
+    torch = _torch()
+    tf2 = _flux2_module()
+    hidden_states = attn.to_qkv_mlp_proj(hidden_states)
+    qkv_dim = 3 * attn.inner_dim
+    mlp_dim = attn.mlp_hidden_dim * attn.mlp_mult_factor
+    local_qkv = hidden_states.shape[-1] * qkv_dim // (qkv_dim + mlp_dim)
+    qkv, mlp_hidden_states = torch.split(hidden_states, [local_qkv, hidden_states.shape[-1] - local_qkv], dim=-1)
+    query, key, value = (t.unflatten(-1, (-1, attn.head_dim)) for t in qkv.chunk(3, dim=-1))
+    query, key = _flux_qk_site(site, attn, query, key, value, None, None, None, image_rotary_emb,
+                               tf2.apply_rotary_emb)
+    proc = attn.processor
+    hidden_states = tf2.dispatch_attention_fn(query, key, value, attn_mask=None, backend=proc._attention_backend,
+                                              parallel_config=proc._parallel_config)
+    hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
+    mlp_hidden_states = attn.mlp_act_fn(mlp_hidden_states)
+    return attn.to_out(torch.cat([hidden_states, mlp_hidden_states], dim=-1))
+
+
+def _flux2_single_forward(self, hidden_states, encoder_hidden_states, temb_mod, image_rotary_emb=None,
+                          joint_attention_kwargs=None, split_hidden_states=False, text_seq_len=None):
+    st: _State = self._difuse_state
+    original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb_mod,  # noqa: E731
+                                          image_rotary_emb, joint_attention_kwargs, split_hidden_states, text_seq_len)
+    if not hidden_states.is_cuda:
+        return original()
+    key = (hidden_states, encoder_hidden_states, temb_mod, bool(split_hidden_states), text_seq_len) + (
+        tuple(image_rotary_emb) if image_rotary_emb is not None else ())
+    return st.blocks["flux2_single_block"].run(
+        key, lambda: _flux2_single_body(self, st, hidden_states, encoder_hidden_states, temb_mod, image_rotary_emb,
+                                        joint_attention_kwargs, split_hidden_states, text_seq_len),
+        original, _dev(hidden_states))
+
+
+def _flux2_single_body(self, st, hidden_states, encoder_hidden_states, temb_mod, image_rotary_emb,
+                       joint_attention_kwargs, split_hidden_states, text_seq_len):
+    """Flux2SingleTransformerBlock.forward (diffusers 0.42.1)."""
+    torch = _torch()
+    S = st.sites
+    tf2 = _flux2_module()
+    if encoder_hidden_states is not None:
+        text_seq_len = encoder_hidden_states.shape[1]
+        hidden_states = torch.cat([encoder_hidden_states, hidden_states], dim=1)
+    hs = hidden_states
+    mod_shift, mod_scale, mod_gate = tf2.Flux2Modulation.split(temb_mod, 1)[0]
+    norm_hs = _lnmod_site(S["FS1"], hs, _mod_rows(mod_scale, hs), _mod_rows(mod_shift, hs), self.norm,
+                          lambda: (1 + mod_scale) * self.norm(hs) + mod_shift)
+    jak = joint_attention_kwargs or {}
+    if type(self.attn.processor) is not tf2.Flux2ParallelSelfAttnProcessor or jak:
+        S["FS3"].fallback(_dev(hs), "joint_attention_kwargs given (%s)" % ", ".join(sorted(jak)) if jak else
+                          "attention processor %s is not Flux2ParallelSelfAttnProcessor"
+                          % type(self.attn.processor).__name__)
+        attn_output = self.attn(hidden_states=norm_hs, image_rotary_emb=image_rotary_emb, **jak)
+    else:
+        attn_output = _flux2_parallel_attention(S["FS3"], self.attn, norm_hs, image_rotary_emb)
+    hs = _gated_residual_site(S["FS4"], hs, attn_output, _mod_rows(mod_gate, hs))
+    if hs.dtype == torch.float16:
+        hs = hs.clip(-65504, 65504)
+    if split_hidden_states:
+        return hs[:, :text_seq_len], hs[:, text_seq_len:]
+    return hs
+
+
 # ---- public API -------------------------------------------------------------------------------------------------
 def _model_kind(model) -> str:
     name = type(model).__name__
     if not type(model).__module__.startswith("diffusers."):
         return ""
-    return {"FluxTransformer2DModel": "flux", "QwenImageTransformer2DModel": "qwen",
+    return {"FluxTransformer2DModel": "flux", "Flux2Transformer2DModel": "flux2", "QwenImageTransformer2DModel": "qwen",
             "SD3Transformer2DModel": "sd3", "WanTransformer3DModel": "wan", "WanVACETransformer3DModel": "wan_vace",
             "WanAnimateTransformer3DModel": "wan_copy", "ChronoEditTransformer3DModel": "wan_copy",
             "ErnieImageTransformer2DModel": "ernie", "LTX2VideoTransformer3DModel": "ltx2"}.get(name, "")
@@ -1501,6 +1651,7 @@ def patch(model) -> PatchReport:
     kind = _model_kind(model)
     if not kind:
         raise NotImplementedError("difuse.patch: %s is not supported yet (supported: diffusers FluxTransformer2DModel, "
+                                  "Flux2Transformer2DModel, "
                                   "QwenImageTransformer2DModel, SD3Transformer2DModel, WanTransformer3DModel, "
                                   "WanVACETransformer3DModel, WanAnimateTransformer3DModel, ChronoEditTransformer3DModel, "
                                   "ErnieImageTransformer2DModel, "
@@ -1514,6 +1665,11 @@ def patch(model) -> PatchReport:
         table = {tf.FluxTransformerBlock: (_flux_double_forward, "double blocks"),
                  tf.FluxSingleTransformerBlock: (_flux_single_forward, "single blocks")}
         st = _State("flux", FLUX_SITES)
+    elif kind == "flux2":
+        tf2 = _flux2_module()
+        table = {tf2.Flux2TransformerBlock: (_flux2_double_forward, "double blocks"),
+                 tf2.Flux2SingleTransformerBlock: (_flux2_single_forward, "single blocks")}
+        st = _State("flux2", FLUX2_SITES)
     elif kind == "qwen":
         tq = _qwen_module()
         table = {tq.QwenImageTransformerBlock: (_qwen_block_forward, "blocks")}
@@ -1642,4 +1798,4 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FLUX_SITES", "QWEN_SITES", "SD3_SITES", "SD3_DUAL_SITES", "WAN_SITES", "ERNIE_SITES", "LTX2_SITES", "patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]
+__all__ = ["FLUX_SITES", "QWEN_SITES", "SD3_SITES", "SD3_DUAL_SITES", "WAN_SITES", "ERNIE_SITES", "LTX2_SITES", "FLUX2_SITES", "patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]

@@ -469,6 +469,67 @@ def test_wan_copies_blocks_are_patched_and_compose_like_them(module, cls):
         got = difuse.patching._wan_block_body(blk, st, h, enc, temb, (freqs.cos(), freqs.sin()))
     assert _bits(got, want)
 
+def tiny_flux2(dtype=torch.float32):
+    tf2 = pytest.importorskip("diffusers.models.transformers.transformer_flux2")
+    torch.manual_seed(0)
+    model = tf2.Flux2Transformer2DModel(in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=16,
+                                        num_attention_heads=2, joint_attention_dim=24, timestep_guidance_channels=16,
+                                        axes_dims_rope=(4, 4, 4, 4))
+    return _randomize(model).to(dtype).eval()
+
+
+def flux2_inputs(dtype, B=2, L=6, T=5):
+    g = torch.Generator().manual_seed(1)
+    return dict(hidden_states=torch.randn(B, L, 8, generator=g).to(dtype),
+                encoder_hidden_states=torch.randn(B, T, 24, generator=g).to(dtype), timestep=torch.full((B,), 0.5),
+                img_ids=torch.randint(0, 4, (L, 4), generator=g).float(), txt_ids=torch.zeros(T, 4),
+                guidance=torch.full((B,), 3.5), return_dict=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("per_token", [False, True])
+def test_flux2_patch_and_its_bodies_compose_like_the_original(dtype, per_token):
+    """FLUX.2's double and single blocks, with the model's [B, 1, H] modulation chunks or per-token ones (what
+    reference images blend in), against their classes' forwards; the model's output unchanged on the CPU."""
+    model = tiny_flux2(dtype)
+    seen = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, a, k, n=n: seen.__setitem__(n, k), with_kwargs=True)
+             for n, m in (("double", model.transformer_blocks[0]), ("single", model.single_transformer_blocks[0]),
+                          ("norm_out", model.norm_out))]
+    with torch.no_grad():
+        before = model(**flux2_inputs(dtype))[0]
+    for h in hooks:
+        h.remove()
+    rep = difuse.patch(model)
+    assert rep.modules == {"double blocks": 1, "single blocks": 1, "norm_out": 1}
+    assert set(rep.sites) == set(difuse.patching.FLUX2_SITES)
+    st = model._difuse_state
+    d, sk = dict(seen["double"]), dict(seen["single"])
+    assert d["temb_mod_img"].dim() == 2 and sk["encoder_hidden_states"] is None  # the model's call
+    if per_token:
+        g = torch.Generator().manual_seed(9)
+        d["temb_mod_img"] = torch.randn(2, 6, 6 * 32, generator=g).to(dtype)
+        d["temb_mod_txt"] = torch.randn(2, 5, 6 * 32, generator=g).to(dtype)
+        sk["temb_mod"] = torch.randn(2, 11, 3 * 32, generator=g).to(dtype)
+    blk, sb = model.transformer_blocks[0], model.single_transformer_blocks[0]
+    with torch.no_grad():
+        want = type(blk).forward(blk, **d)
+        got = difuse.patching._flux2_double_body(blk, st, d["hidden_states"], d["encoder_hidden_states"],
+                                                 d["temb_mod_img"], d["temb_mod_txt"], d.get("image_rotary_emb"),
+                                                 d.get("joint_attention_kwargs"))
+        assert all(_bits(x, y) for x, y in zip(got, want))
+        for split in (False, True):  # the model's call, and FLUX.1-style split outputs with a separate text stream
+            kw = dict(sk, split_hidden_states=split)
+            if split:
+                kw.update(encoder_hidden_states=kw["hidden_states"][:, :5], hidden_states=kw["hidden_states"][:, 5:])
+            want = type(sb).forward(sb, **kw)
+            got = difuse.patching._flux2_single_body(sb, st, kw["hidden_states"], kw["encoder_hidden_states"],
+                                                     kw["temb_mod"], kw.get("image_rotary_emb"),
+                                                     kw.get("joint_attention_kwargs"), split, kw.get("text_seq_len"))
+            assert all(_bits(x, y) for x, y in zip(got if split else [got], want if split else [want]))
+        assert _bits(model(**flux2_inputs(dtype))[0], before)
+    difuse.unpatch(model)
+
 def test_unpatch_refuses_while_a_later_hook_wraps_a_patched_forward():
     from diffusers.hooks import HookRegistry, ModelHook
 
