@@ -131,7 +131,7 @@ def main(argv=None) -> int:
     b.add_argument("--no-stream", action="store_true",
                    help="ops: skip stream_us (the fastest plain streaming kernel of the same bytes; ~0.3 s a shape)")
     b.add_argument("--peer-dir", help="folder holding peer_ops.py, peer implementations to time alongside (see docs)")
-    add_arguments(b.add_argument_group("models (bench flux|qwen-image|sd3|wan|ernie-image)"))
+    add_arguments(b.add_argument_group("models (bench flux|qwen-image|sd3|wan|ernie-image|flux2)"))
     args = ap.parse_args(argv)
     if args.cmd is None:
         args = ap.parse_args(["bench"] + (argv or sys.argv[1:]))

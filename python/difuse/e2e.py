@@ -1,4 +1,4 @@
-"""End-to-end denoising benchmark (`python -m difuse bench flux|qwen-image|sd3|wan|ernie-image`).
+"""End-to-end denoising benchmark (`python -m difuse bench flux|qwen-image|sd3|wan|ernie-image|flux2`).
 
 Builds a whole diffusers transformer, runs the same denoising loop twice from the same initial latents --
 eager, then with `difuse.patch(model)` -- and compares the latents after every step bit for bit (md5 of their
@@ -35,6 +35,10 @@ Models (each a ModelSpec: build_model, make_inputs, call, config), all bf16, as 
               of text-encoder states (3072 wide, random; prompt enhancer off) and the negative prompt "" of 1
               token, zero-padded to 256 with text_lens [1, 256] (an attention mask); CFG 4.0 as one batch-2 call;
               FlowMatch-Euler shift 4.0 over sigmas linspace(1, 0, steps + 1); the raw timestep in bf16.
+  flux2       FLUX.2-dev (8 double + 48 single blocks, 48 x 128 = 6144 wide, SwiGLU, shared modulation; 32B).
+              1024x1024 -> latents [1, 128, 64, 64] -> 4096 tokens, 512 text tokens of Mistral states (15360
+              wide, random), guidance 4.0 (distilled: one call per step), FlowMatch-Euler with FLUX.2-dev's
+              config, sigmas linspace(1, 1/steps) and Flux2Pipeline's empirical mu, timestep / 1000.
 
 Default depth and steps (one H200 run, both arms, must stay under 8 minutes; estimates scale the measured
 FLUX step, 176 ms eager for ~125 TFLOP at 4608 tokens, by FLOPs):
@@ -47,6 +51,8 @@ FLUX step, 176 ms eager for ~125 TFLOP at 4608 tokens, by FLOPs):
               `--layers 40 --steps 10` (~2.5-3 min) or `--layers 40 --steps 50` (~10+ min) for more.
   ernie-image 36 layers, 50 steps: ~150 TFLOP per batch-2 call (2 x 4352 tokens of ~8B parameters, plus
               attention), ~0.25 s per step -> ~25-35 s for both arms; 16 GB of weights.
+  flux2       8 + 48 blocks, 50 steps: ~300 TFLOP per call (4608 tokens of 32B parameters, plus attention), ~0.5 s
+              per step -> ~50-60 s for both arms; 64 GB of weights (not in the device check's default e2e list).
 `--quick`: 4 steps, 2 + 2 blocks (flux) or 2 layers.
 `--cp ulysses|ring` (flux): the same two arms under diffusers' context parallelism over the ranks of a torchrun
 launch (`torchrun --nproc-per-node 2 -m difuse bench flux --cp ulysses`); difuse/e2e_cp.py.
@@ -76,7 +82,8 @@ QUICK_STEPS = 4
 QUICK_BLOCKS = (2, 2)  # flux: double, single
 QUICK_LAYERS = 2  # qwen-image, sd3, wan, ernie-image
 DEFAULT_OUT = "bench/results/h200/e2e-{model}{suffix}.json"
-MODELS = ("flux", "qwen-image", "sd3", "wan", "ernie-image")
+MODELS = ("flux", "qwen-image", "sd3", "wan", "ernie-image", "flux2")
+DOUBLE_SINGLE = ("flux", "flux2")  # the models with double- and single-stream blocks
 # Per-model defaults of the options (None: not an option of that model). Each fits one H200 run of both arms in
 # well under 8 minutes (module docstring: the estimates); wan runs 10 of Wan 2.1 14B's 40 blocks for 10 steps.
 MODEL_DEFAULTS = {
@@ -85,6 +92,7 @@ MODEL_DEFAULTS = {
     "sd3": dict(steps=DEFAULT_STEPS, resolution=1024, text_tokens=333, layers=38, width=None, frames=None),
     "wan": dict(steps=10, resolution=480, text_tokens=512, layers=10, width=832, frames=81),
     "ernie-image": dict(steps=DEFAULT_STEPS, resolution=1024, text_tokens=256, layers=36, width=None, frames=None),
+    "flux2": dict(steps=DEFAULT_STEPS, resolution=1024, text_tokens=512, layers=None, width=None, frames=None),
 }
 MODEL_LAYERS = {"qwen-image": 60, "sd3": 38, "wan": 40, "ernie-image": 36}  # the released models' depth (the record says both)
 SD3_CLIP_TOKENS = 77  # SD3's prompt embeds: 77 CLIP tokens, then max_sequence_length T5 tokens (256 by default)
@@ -100,9 +108,9 @@ def add_arguments(p) -> None:
     p.add_argument("--text-tokens", type=int, help="text tokens (default 512; sd3: 333 = 77 CLIP + 256 T5)")
     p.add_argument("--layers", type=int, help="qwen-image / sd3 / wan / ernie-image: transformer blocks (default: "
                    "qwen-image 60, sd3 38, wan 10 of 40, ernie-image 36; --quick: 2)")
-    p.add_argument("--double-blocks", type=int, help="flux: double-stream blocks (default 19; --quick: 2); "
+    p.add_argument("--double-blocks", type=int, help="flux / flux2: double-stream blocks (default 19 / 8; --quick: 2); "
                    "qwen-image / sd3: same as --layers")
-    p.add_argument("--single-blocks", type=int, help="flux: single-stream blocks (default 38; --quick: 2)")
+    p.add_argument("--single-blocks", type=int, help="flux / flux2: single-stream blocks (default 38 / 48; --quick: 2)")
     p.add_argument("--weights", metavar="DIR", help="a local diffusers checkpoint instead of seeded random weights")
     p.add_argument("--seed", type=int, default=42, help="latents, text inputs and random weights (default 42)")
     p.add_argument("--device", default="cuda", help="cuda (default) or cpu (no timing worth reading; for tests)")
@@ -200,10 +208,10 @@ def resolve_options(args) -> Options:
     quick = bool(getattr(args, "quick", False))
     steps = args.steps if args.steps is not None else (QUICK_STEPS if quick else d["steps"])
     layers, double, single = _opt(args, "layers"), _opt(args, "double_blocks"), _opt(args, "single_blocks")
-    if model == "flux":
+    if model in DOUBLE_SINGLE:
         if layers is not None:
-            raise ValueError("flux has double- and single-stream blocks: --double-blocks / --single-blocks, "
-                             "not --layers")
+            raise ValueError("%s has double- and single-stream blocks: --double-blocks / --single-blocks, "
+                             "not --layers" % model)
         double = double if double is not None else (QUICK_BLOCKS[0] if quick else None)
         single = single if single is not None else (QUICK_BLOCKS[1] if quick else None)
     else:
@@ -763,7 +771,10 @@ def pack_latents(x):
     return x.reshape(b, c, h // 2, 2, w // 2, 2).permute(0, 2, 4, 1, 3, 5).reshape(b, (h // 2) * (w // 2), 4 * c)
 
 
-def _flux_scheduler_factory(scheduler_config: dict | None, weights: str | None, image_seq_len: int, device):
+def _flux_scheduler_factory(scheduler_config: dict | None, weights: str | None, image_seq_len: int, device,
+                            mu_of_steps=None):
+    """FluxPipeline's scheduler set-up: sigmas linspace(1, 1/steps), mu from the image tokens (calculate_shift, or
+    mu_of_steps(steps) where the pipeline computes it otherwise, as Flux2Pipeline does)."""
     def new_scheduler(steps: int):
         import numpy as np
         from diffusers import FlowMatchEulerDiscreteScheduler
@@ -774,8 +785,9 @@ def _flux_scheduler_factory(scheduler_config: dict | None, weights: str | None, 
             sched = FlowMatchEulerDiscreteScheduler(**(scheduler_config or FLUX_DEV_SCHEDULER))
         c = sched.config
         sigmas = None if c.get("use_flow_sigmas", False) else np.linspace(1.0, 1 / steps, steps)
-        mu = calculate_shift(image_seq_len, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096),
-                             c.get("base_shift", 0.5), c.get("max_shift", 1.15))
+        mu = mu_of_steps(steps) if mu_of_steps is not None else calculate_shift(
+            image_seq_len, c.get("base_image_seq_len", 256), c.get("max_image_seq_len", 4096), c.get("base_shift", 0.5),
+            c.get("max_shift", 1.15))
         if sigmas is None:
             sched.set_timesteps(steps, device=device, mu=mu)
         else:
@@ -1446,7 +1458,119 @@ def _ernie_config(model, inputs: Inputs, opts: Options) -> dict:
 
 ERNIE_IMAGE = ModelSpec(name="ernie-image", title="ERNIE-Image", build_model=_ernie_build,
                         make_inputs=_ernie_make_inputs, call=ernie_image_call, config=_ernie_config)
-SPECS = {"flux": FLUX, "qwen-image": QWEN_IMAGE, "sd3": SD3, "wan": WAN, "ernie-image": ERNIE_IMAGE}
+
+
+# ---- FLUX.2-dev (black-forest-labs/FLUX.2-dev: transformer/config.json = the class defaults; scheduler config)
+
+FLUX2_DEV_CONFIG = dict(patch_size=1, in_channels=128, num_layers=8, num_single_layers=48, attention_head_dim=128,
+                        num_attention_heads=48, joint_attention_dim=15360, timestep_guidance_channels=256,
+                        mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, eps=1e-6,
+                        guidance_embeds=True)
+FLUX2_DEV_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_shift=0.5,
+                           max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096, shift_terminal=None,
+                           time_shift_type="exponential", invert_sigmas=False, stochastic_sampling=False,
+                           use_karras_sigmas=False, use_exponential_sigmas=False, use_beta_sigmas=False)
+FLUX2_GUIDANCE = 4.0  # Flux2Pipeline's default guidance_scale (guidance-distilled: one call per step)
+FLUX2_WRITERS = ("x_embedder", "context_embedder", "attn.to_out.0", "attn.to_add_out", "ff.linear_out",
+                 "ff_context.linear_out", "attn.to_out")
+
+
+def flux2_config(double_blocks: int | None = None, single_blocks: int | None = None, **overrides) -> dict:
+    cfg = dict(FLUX2_DEV_CONFIG)
+    cfg.update(overrides)
+    if double_blocks is not None:
+        cfg["num_layers"] = double_blocks
+    if single_blocks is not None:
+        cfg["num_single_layers"] = single_blocks
+    return cfg
+
+
+def build_flux2(double_blocks: int = 8, single_blocks: int = 48, seed: int = 42, device="cuda", dtype=None,
+                outliers: bool = True, **config_overrides):
+    import torch
+    from diffusers import Flux2Transformer2DModel
+
+    cfg = flux2_config(double_blocks, single_blocks, **config_overrides)
+    return build_transformer(Flux2Transformer2DModel, cfg, seed, device, dtype or torch.bfloat16, outliers,
+                             FLUX2_WRITERS, width=cfg["num_attention_heads"] * cfg["attention_head_dim"])
+
+
+def flux2_empirical_mu(image_seq_len: int, num_steps: int) -> float:
+    """Flux2Pipeline's time shift mu (its compute_empirical_mu): linear in the image tokens, from two fits (at 10 and
+    200 steps) interpolated in the step count up to 4300 tokens, the 200-step fit alone beyond."""
+    a1, b1 = 8.73809524e-05, 1.89833333
+    a2, b2 = 0.00016927, 0.45666666
+    if image_seq_len > 4300:
+        return float(a2 * image_seq_len + b2)
+    m_200, m_10 = a2 * image_seq_len + b2, a1 * image_seq_len + b1
+    a = (m_200 - m_10) / 190.0
+    b = m_200 - 200.0 * a  # the pipeline's association: a * steps + (m_200 - 200 a), not (a * steps + m_200) - 200 a
+    return float(a * num_steps + b)
+
+
+def flux2_inputs(config, resolution: int = 1024, text_tokens: int = 512, seed: int = 42, device="cuda", dtype=None,
+                 guidance: float = FLUX2_GUIDANCE, weights: str | None = None,
+                 scheduler_config: dict | None = None) -> Inputs:
+    """The inputs of Flux2Pipeline(height=width=resolution, guidance_scale, generator=
+    torch.Generator("cpu").manual_seed(seed)) with random Mistral states in place of the text encoder: latents drawn
+    as [1, in_channels, H/16, W/16] (prepare_latents: VAE 8x, 2x2 patches) and packed to tokens, latent ids (t, h, w,
+    l) = (0, h, w, 0), text ids (0, 0, 0, l), guidance [1] fp32 expanded, sigmas linspace(1, 1/steps) with the
+    pipeline's empirical mu, timestep / 1000, one call per step."""
+    import torch
+
+    dtype = dtype or torch.bfloat16
+    get = _cfg_dict(config)
+    side = resolution // (VAE_SCALE * 2)
+    g = torch.Generator("cpu").manual_seed(seed)
+    noise = torch.randn(1, get("in_channels"), side, side, generator=g, dtype=dtype)
+    latents = noise.reshape(1, get("in_channels"), side * side).permute(0, 2, 1).to(device)  # _pack_latents
+    hh, ww = torch.meshgrid(torch.arange(side), torch.arange(side), indexing="ij")
+    zero = torch.zeros_like(hh)
+    img_ids = torch.stack([zero, hh, ww, zero], dim=-1).reshape(1, -1, 4).to(device)  # cartesian_prod(t, h, w, l)
+    txt_ids = torch.stack([torch.zeros(text_tokens, dtype=torch.long)] * 3 + [torch.arange(text_tokens)], dim=-1)
+    gt = torch.Generator("cpu").manual_seed(seed + 1)
+    prompt = torch.randn(1, text_tokens, get("joint_attention_dim"), generator=gt).to(device=device, dtype=dtype)
+    gvec = torch.full([1], guidance, device=device, dtype=torch.float32).expand(1)
+    cond = dict(encoder_hidden_states=prompt, guidance=gvec, txt_ids=txt_ids[None].to(device), img_ids=img_ids,
+                joint_attention_kwargs=None)
+    image_tokens = latents.shape[1]
+    info = dict(image_tokens=image_tokens, text_tokens=text_tokens, resolution=resolution)
+    return Inputs(latents=latents, cond=cond, info=info, extra=dict(guidance=guidance),
+                  new_scheduler=_flux_scheduler_factory(scheduler_config or FLUX2_DEV_SCHEDULER, weights, image_tokens,
+                                                        device, lambda steps: flux2_empirical_mu(image_tokens, steps)))
+
+
+def flux2_call(model, latents, t, inputs: Inputs):
+    """One transformer call as Flux2Pipeline makes it: the latents in the transformer's dtype, timestep in the
+    latents' dtype / 1000, the prediction cut to the image tokens."""
+    timestep = t.expand(latents.shape[0]).to(latents.dtype)
+    out = model(hidden_states=latents.to(model.dtype), timestep=timestep / 1000, return_dict=False, **inputs.cond)[0]
+    return out[:, :latents.size(1)]
+
+
+def _flux2_build(opts: Options):
+    import torch
+
+    if opts.weights:
+        raise ValueError("--weights is not implemented for flux2 (seeded random weights only)")
+    return build_flux2(FLUX2_DEV_CONFIG["num_layers"] if opts.double_blocks is None else opts.double_blocks,
+                       FLUX2_DEV_CONFIG["num_single_layers"] if opts.single_blocks is None else opts.single_blocks,
+                       opts.seed, opts.device, torch.bfloat16, **opts.overrides)
+
+
+_flux2_make_inputs = _image_inputs(flux2_inputs)
+
+
+def _flux2_config(model, inputs: Inputs, opts: Options) -> dict:
+    return dict(double_blocks=len(model.transformer_blocks), single_blocks=len(model.single_transformer_blocks),
+                **inputs.info, hidden=int(model.inner_dim), guidance=inputs.extra["guidance"], batch=1,
+                calls_per_step=1, scheduler="FlowMatchEulerDiscreteScheduler, FLUX.2-dev's config (dynamic shift, "
+                "Flux2Pipeline's empirical mu)", weights=_weights_text(opts))
+
+
+FLUX2 = ModelSpec(name="flux2", title="FLUX.2-dev", build_model=_flux2_build, make_inputs=_flux2_make_inputs,
+                  call=flux2_call, config=_flux2_config)
+SPECS = {"flux": FLUX, "qwen-image": QWEN_IMAGE, "sd3": SD3, "wan": WAN, "ernie-image": ERNIE_IMAGE, "flux2": FLUX2}
 
 
 # ----------------------------------------------------------------------------------------------------------
