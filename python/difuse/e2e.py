@@ -1039,10 +1039,12 @@ def _scheduler_from(weights: str | None, default: dict):
 QWEN_IMAGE_CONFIG = dict(patch_size=2, in_channels=64, out_channels=16, num_layers=60, attention_head_dim=128,
                          num_attention_heads=24, joint_attention_dim=3584, guidance_embeds=False,
                          axes_dims_rope=(16, 56, 56))
-QWEN_IMAGE_SCHEDULER = dict(num_train_timesteps=1000, shift=1.0, use_dynamic_shifting=True, base_shift=0.5,
-                            max_shift=0.9, base_image_seq_len=256, max_image_seq_len=8192, shift_terminal=0.02,
-                            time_shift_type="exponential", invert_sigmas=False, stochastic_sampling=False,
-                            use_karras_sigmas=False, use_exponential_sigmas=False, use_beta_sigmas=False)
+# A scheduler_config.json's flags that these checkpoints all leave at FlowMatchEulerDiscreteScheduler's defaults.
+FLOW_MATCH_FLAGS = dict(num_train_timesteps=1000, time_shift_type="exponential", invert_sigmas=False,
+                        stochastic_sampling=False, use_karras_sigmas=False, use_exponential_sigmas=False,
+                        use_beta_sigmas=False)
+QWEN_IMAGE_SCHEDULER = dict(FLOW_MATCH_FLAGS, shift=1.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=0.9,
+                            base_image_seq_len=256, max_image_seq_len=8192, shift_terminal=0.02)
 QWEN_WRITERS = ("img_in", "txt_in", "attn.to_out.0", "attn.to_add_out", "img_mlp.net.2", "txt_mlp.net.2")
 QWEN_TRUE_CFG = 4.0  # QwenImagePipeline's default true_cfg_scale: inactive without a negative prompt
 
@@ -1364,10 +1366,8 @@ WAN = ModelSpec(name="wan", title="Wan 2.1 T2V 14B", build_model=_wan_build, mak
 ERNIE_IMAGE_CONFIG = dict(hidden_size=4096, num_attention_heads=32, num_layers=36, ffn_hidden_size=12288,
                           in_channels=128, out_channels=128, patch_size=1, text_in_dim=3072, rope_theta=256,
                           rope_axes_dim=(32, 48, 48), eps=1e-6, qk_layernorm=True)
-ERNIE_IMAGE_SCHEDULER = dict(num_train_timesteps=1000, shift=4.0, use_dynamic_shifting=False, base_shift=0.5,
-                             max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096, shift_terminal=None,
-                             time_shift_type="exponential", invert_sigmas=False, stochastic_sampling=False,
-                             use_karras_sigmas=False, use_exponential_sigmas=False, use_beta_sigmas=False)
+ERNIE_IMAGE_SCHEDULER = dict(FLOW_MATCH_FLAGS, shift=4.0, use_dynamic_shifting=False, base_shift=0.5, max_shift=1.15,
+                             base_image_seq_len=256, max_image_seq_len=4096, shift_terminal=None)
 ERNIE_IMAGE_GUIDANCE = 4.0  # ErnieImagePipeline's default guidance_scale
 ERNIE_IMAGE_VAE_SCALE = 16  # AutoencoderKLFlux2's 8x and the pipeline's 2x2 patchify: 128 latent channels
 ERNIE_IMAGE_UNCOND_TOKENS = 1  # the default negative prompt "" encodes to the tokenizer's BOS alone
@@ -1466,10 +1466,8 @@ FLUX2_DEV_CONFIG = dict(patch_size=1, in_channels=128, num_layers=8, num_single_
                         num_attention_heads=48, joint_attention_dim=15360, timestep_guidance_channels=256,
                         mlp_ratio=3.0, axes_dims_rope=(32, 32, 32, 32), rope_theta=2000, eps=1e-6,
                         guidance_embeds=True)
-FLUX2_DEV_SCHEDULER = dict(num_train_timesteps=1000, shift=3.0, use_dynamic_shifting=True, base_shift=0.5,
-                           max_shift=1.15, base_image_seq_len=256, max_image_seq_len=4096, shift_terminal=None,
-                           time_shift_type="exponential", invert_sigmas=False, stochastic_sampling=False,
-                           use_karras_sigmas=False, use_exponential_sigmas=False, use_beta_sigmas=False)
+FLUX2_DEV_SCHEDULER = dict(FLOW_MATCH_FLAGS, shift=3.0, use_dynamic_shifting=True, base_shift=0.5, max_shift=1.15,
+                           base_image_seq_len=256, max_image_seq_len=4096, shift_terminal=None)
 FLUX2_GUIDANCE = 4.0  # Flux2Pipeline's default guidance_scale (guidance-distilled: one call per step)
 FLUX2_WRITERS = ("x_embedder", "context_embedder", "attn.to_out.0", "attn.to_add_out", "ff.linear_out",
                  "ff_context.linear_out", "attn.to_out")
