@@ -432,9 +432,11 @@ def _flux_qk_site(site: Site, attn, query, key, value, eq, ek, ev, image_rotary_
                     predicate=predicate, device=_dev(query))
 
 
-def _flux_attention(st: _State, site: Site, attn, hidden_states, encoder_hidden_states, image_rotary_emb, tf=None):
+def _flux_attention(st: _State, site: Site, attn, hidden_states, encoder_hidden_states, image_rotary_emb, tf=None,
+                    attention_mask=None):
     """FluxAttnProcessor.__call__ (diffusers 0.42.1), or Flux2AttnProcessor's (tf: transformer_flux2, whose processor
-    is the same chain), with the QK-norm / concat / RoPE chain as one site."""
+    is the same chain), with the QK-norm / concat / RoPE chain as one site; attention_mask goes to the attention as
+    the processor passes it (Chroma's padding mask)."""
     tf = tf or _flux_module()
     query, key, value, eq, ek, ev = tf._get_qkv_projections(attn, hidden_states, encoder_hidden_states)
     D = attn.head_dim
@@ -448,7 +450,7 @@ def _flux_attention(st: _State, site: Site, attn, hidden_states, encoder_hidden_
     q, k = out[0], out[1]
     v = out[2] if two else value
     proc = attn.processor
-    hs = tf.dispatch_attention_fn(q, k, v, attn_mask=None, backend=proc._attention_backend,
+    hs = tf.dispatch_attention_fn(q, k, v, attn_mask=attention_mask, backend=proc._attention_backend,
                                   parallel_config=proc._parallel_config)
     hs = hs.flatten(2, 3)
     if hs.dtype != q.dtype:  # the processor's .to(query.dtype); the same tensor when the dtype matches (one aten
@@ -534,10 +536,36 @@ def _torch():
     return torch
 
 
-def _flux_single_body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs):
+def _gelu_concat_site(site: Site, act, mlp, attn_output):
+    """torch.cat([attn_output, act(mlp)], dim=2) with act nn.GELU(approximate='tanh'): the GELU written straight into
+    the joint buffer's MLP columns and the attention output copied beside it."""
     import torch
 
     from . import ops
+
+    gelu_ok = type(act) is torch.nn.GELU and act.approximate == "tanh"
+    dim = attn_output.shape[-1]
+
+    def concat_fused():
+        buf = torch.empty(*mlp.shape[:-1], dim + mlp.shape[-1], dtype=mlp.dtype, device=mlp.device)
+        ops._ops().gelu_tanh_into(mlp, buf[..., dim:])
+        _copy_bits(buf[..., :dim], attn_output)
+        return buf
+
+    def concat_predicate():
+        if not gelu_ok:
+            return ops.Support(False, ["act_mlp is not nn.GELU(approximate='tanh')"])
+        if attn_output.dtype != mlp.dtype or attn_output.shape[:-1] != mlp.shape[:-1]:
+            return ops.Support(False, ["the attention output and the MLP branch differ in dtype or rows"])
+        return ops.can_use_gelu_tanh(mlp)
+
+    return site.run((mlp, attn_output, gelu_ok), fused=concat_fused,
+                    eager=lambda: torch.cat([attn_output, act(mlp)], dim=2), predicate=concat_predicate,
+                    device=_dev(mlp))
+
+
+def _flux_single_body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb, joint_attention_kwargs):
+    import torch
 
     S = st.sites
     text_seq_len = encoder_hidden_states.shape[1]
@@ -557,25 +585,7 @@ def _flux_single_body(self, st, hidden_states, encoder_hidden_states, temb, imag
     else:
         attn_output = _flux_attention(st, S["S3"], self.attn, norm_hs, None, image_rotary_emb)
 
-    gelu_ok = type(self.act_mlp) is torch.nn.GELU and self.act_mlp.approximate == "tanh"
-    dim = attn_output.shape[-1]
-
-    def concat_fused():
-        buf = torch.empty(*mlp.shape[:-1], dim + mlp.shape[-1], dtype=mlp.dtype, device=mlp.device)
-        ops._ops().gelu_tanh_into(mlp, buf[..., dim:])
-        _copy_bits(buf[..., :dim], attn_output)
-        return buf
-
-    def concat_predicate():
-        if not gelu_ok:
-            return ops.Support(False, ["act_mlp is not nn.GELU(approximate='tanh')"])
-        if attn_output.dtype != mlp.dtype or attn_output.shape[:-1] != mlp.shape[:-1]:
-            return ops.Support(False, ["the attention output and the MLP branch differ in dtype or rows"])
-        return ops.can_use_gelu_tanh(mlp)
-
-    hidden_states = S["S_concat"].run((mlp, attn_output, gelu_ok), fused=concat_fused,
-                                      eager=lambda: torch.cat([attn_output, self.act_mlp(mlp)], dim=2),
-                                      predicate=concat_predicate, device=_dev(mlp))
+    hidden_states = _gelu_concat_site(S["S_concat"], self.act_mlp, mlp, attn_output)
     hidden_states = _gated_residual_site(S["S4"], residual, self.proj_out(hidden_states), gate)
     if hidden_states.dtype == torch.float16:
         hidden_states = hidden_states.clip(-65504, 65504)
@@ -1635,12 +1645,132 @@ def _flux2_single_body(self, st, hidden_states, encoder_hidden_states, temb_mod,
     return hs
 
 
+# ---- Chroma (FLUX.1's chains, its modulation from the approximator, a padding mask) --------------------------------
+def _chroma_module():
+    import diffusers.models.transformers.transformer_chroma as tc
+
+    return tc
+
+
+def _chroma_mask(attention_mask):
+    """The blocks' [B, 1, S, S] mask from the [B, S] padding mask, as they form it."""
+    return None if attention_mask is None else attention_mask[:, None, None, :] * attention_mask[:, None, :, None]
+
+
+def _chroma_double_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
+                           attention_mask=None, joint_attention_kwargs=None):
+    st: _State = self._difuse_state
+    original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb,  # noqa: E731
+                                          image_rotary_emb, attention_mask, joint_attention_kwargs)
+    if not hidden_states.is_cuda:
+        return original()
+    key = (hidden_states, encoder_hidden_states, temb, attention_mask) + (
+        tuple(image_rotary_emb) if image_rotary_emb is not None else ())
+    return st.blocks["double_block"].run(
+        key, lambda: _chroma_double_body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
+                                         attention_mask, joint_attention_kwargs), original, _dev(hidden_states))
+
+
+def _chroma_double_body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb, attention_mask,
+                        joint_attention_kwargs):
+    """ChromaTransformerBlock.forward (diffusers 0.42.1): FLUX.1's double block (sites D1-D6c) with the [B, 12, H]
+    per-block modulation the model slices from its approximator's output."""
+    S = st.sites
+    n1, n1c = self.norm1, self.norm1_context
+    if n1.emb is not None or n1c.emb is not None:
+        raise RuntimeError("difuse: norm1 with its own timestep embedding is not handled")  # block gate -> original
+    hs, ehs = hidden_states, encoder_hidden_states
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = temb[:, :6].flatten(1, 2).chunk(6, dim=1)
+    c_shift_msa, c_scale_msa, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = temb[:, 6:].flatten(1, 2).chunk(
+        6, dim=1)
+    norm_hs = _lnmod_site(S["D1"], hs, scale_msa, shift_msa, n1.norm,
+                          lambda: n1.norm(hs) * (1 + scale_msa[:, None]) + shift_msa[:, None])
+    norm_ehs = _lnmod_site(S["D1c"], ehs, c_scale_msa, c_shift_msa, n1c.norm,
+                           lambda: n1c.norm(ehs) * (1 + c_scale_msa[:, None]) + c_shift_msa[:, None])
+    jak = joint_attention_kwargs or {}
+    mask = _chroma_mask(attention_mask)
+    why = _plain_attention(self.attn, jak)
+    if why:
+        S["D2"].fallback(_dev(hs), why)
+        outs = self.attn(hidden_states=norm_hs, encoder_hidden_states=norm_ehs, image_rotary_emb=image_rotary_emb,
+                         attention_mask=mask, **jak)
+        if len(outs) != 2:
+            raise RuntimeError("difuse: the attention returned %d outputs; only 2 are handled" % len(outs))
+        attn_output, context_attn_output = outs
+    else:
+        attn_output, context_attn_output = _flux_attention(st, S["D2"], self.attn, norm_hs, norm_ehs,
+                                                           image_rotary_emb, attention_mask=mask)
+    hs, norm_hs = _grln_site(S["D4"], hs, attn_output, gate_msa, scale_mlp, shift_mlp, self.norm2)
+    hs = _gated_residual_site(S["D6"], hs, self.ff(norm_hs), gate_mlp)
+    ehs, norm_ehs = _grln_site(S["D4c"], ehs, context_attn_output, c_gate_msa, c_scale_mlp, c_shift_mlp,
+                               self.norm2_context)
+    ehs = _gated_residual_site(S["D6c"], ehs, self.ff_context(norm_ehs), c_gate_mlp)
+    if ehs.dtype == _torch().float16:
+        ehs = ehs.clip(-65504, 65504)
+    return ehs, hs
+
+
+def _chroma_single_forward(self, hidden_states, temb, image_rotary_emb=None, attention_mask=None,
+                           joint_attention_kwargs=None):
+    st: _State = self._difuse_state
+    original = lambda: type(self).forward(self, hidden_states, temb, image_rotary_emb, attention_mask,  # noqa: E731
+                                          joint_attention_kwargs)
+    if not hidden_states.is_cuda:
+        return original()
+    key = (hidden_states, temb, attention_mask) + (tuple(image_rotary_emb) if image_rotary_emb is not None else ())
+    return st.blocks["single_block"].run(
+        key, lambda: _chroma_single_body(self, st, hidden_states, temb, image_rotary_emb, attention_mask,
+                                         joint_attention_kwargs), original, _dev(hidden_states))
+
+
+def _chroma_single_body(self, st, hidden_states, temb, image_rotary_emb, attention_mask, joint_attention_kwargs):
+    """ChromaSingleTransformerBlock.forward (diffusers 0.42.1): FLUX.1's single block (S1, S3, S_concat, S4) on the
+    joint sequence the model has formed, its [B, 3, H] modulation sliced from the approximator's output."""
+    S = st.sites
+    residual = hidden_states
+    nm = self.norm
+    shift_msa, scale_msa, gate = temb.flatten(1, 2).chunk(3, dim=1)
+    norm_hs = _lnmod_site(S["S1"], hidden_states, scale_msa, shift_msa, nm.norm,
+                          lambda: nm.norm(hidden_states) * (1 + scale_msa[:, None]) + shift_msa[:, None])
+    mlp = self.proj_mlp(norm_hs)
+    jak = joint_attention_kwargs or {}
+    mask = _chroma_mask(attention_mask)
+    why = _plain_attention(self.attn, jak)
+    if why:
+        S["S3"].fallback(_dev(hidden_states), why)
+        attn_output = self.attn(hidden_states=norm_hs, image_rotary_emb=image_rotary_emb, attention_mask=mask, **jak)
+    else:
+        attn_output = _flux_attention(st, S["S3"], self.attn, norm_hs, None, image_rotary_emb, attention_mask=mask)
+    hidden_states = _gelu_concat_site(S["S_concat"], self.act_mlp, mlp, attn_output)
+    hidden_states = _gated_residual_site(S["S4"], residual, self.proj_out(hidden_states), gate)
+    if hidden_states.dtype == _torch().float16:
+        hidden_states = hidden_states.clip(-65504, 65504)
+    return hidden_states
+
+
+def _chroma_norm_out_forward(self, x, emb):
+    st: _State = self._difuse_state
+    original = lambda: type(self).forward(self, x, emb)  # noqa: E731
+    if not x.is_cuda:
+        return original()
+    return st.blocks["norm_out_block"].run((x, emb), lambda: _chroma_norm_out_body(self, st, x, emb), original,
+                                           _dev(x))
+
+
+def _chroma_norm_out_body(self, st, x, emb):
+    """ChromaAdaLayerNormContinuousPruned: shift first, then scale, from the approximator's last two rows."""
+    shift, scale = _torch().chunk(emb.flatten(1, 2).to(x.dtype), 2, dim=1)
+    return _lnmod_site(st.sites["norm_out"], x, scale, shift, self.norm,
+                       lambda: self.norm(x) * (1 + scale)[:, None, :] + shift[:, None, :])
+
+
 # ---- public API -------------------------------------------------------------------------------------------------
 def _model_kind(model) -> str:
     name = type(model).__name__
     if not type(model).__module__.startswith("diffusers."):
         return ""
-    return {"FluxTransformer2DModel": "flux", "Flux2Transformer2DModel": "flux2", "QwenImageTransformer2DModel": "qwen",
+    return {"FluxTransformer2DModel": "flux", "Flux2Transformer2DModel": "flux2", "ChromaTransformer2DModel": "chroma",
+            "QwenImageTransformer2DModel": "qwen",
             "SD3Transformer2DModel": "sd3", "WanTransformer3DModel": "wan", "WanVACETransformer3DModel": "wan_vace",
             "WanAnimateTransformer3DModel": "wan_copy", "ChronoEditTransformer3DModel": "wan_copy",
             "ErnieImageTransformer2DModel": "ernie", "LTX2VideoTransformer3DModel": "ltx2"}.get(name, "")
@@ -1651,7 +1781,7 @@ def patch(model) -> PatchReport:
     kind = _model_kind(model)
     if not kind:
         raise NotImplementedError("difuse.patch: %s is not supported yet (supported: diffusers FluxTransformer2DModel, "
-                                  "Flux2Transformer2DModel, "
+                                  "Flux2Transformer2DModel, ChromaTransformer2DModel, "
                                   "QwenImageTransformer2DModel, SD3Transformer2DModel, WanTransformer3DModel, "
                                   "WanVACETransformer3DModel, WanAnimateTransformer3DModel, ChronoEditTransformer3DModel, "
                                   "ErnieImageTransformer2DModel, "
@@ -1665,6 +1795,12 @@ def patch(model) -> PatchReport:
         table = {tf.FluxTransformerBlock: (_flux_double_forward, "double blocks"),
                  tf.FluxSingleTransformerBlock: (_flux_single_forward, "single blocks")}
         st = _State("flux", FLUX_SITES)
+    elif kind == "chroma":
+        tc = _chroma_module()
+        table = {tc.ChromaTransformerBlock: (_chroma_double_forward, "double blocks"),
+                 tc.ChromaSingleTransformerBlock: (_chroma_single_forward, "single blocks"),
+                 tc.ChromaAdaLayerNormContinuousPruned: (_chroma_norm_out_forward, "norm_out")}
+        st = _State("chroma", FLUX_SITES)
     elif kind == "flux2":
         tf2 = _flux2_module()
         table = {tf2.Flux2TransformerBlock: (_flux2_double_forward, "double blocks"),

@@ -530,6 +530,55 @@ def test_flux2_patch_and_its_bodies_compose_like_the_original(dtype, per_token):
         assert _bits(model(**flux2_inputs(dtype))[0], before)
     difuse.unpatch(model)
 
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("masked", [False, True])
+def test_chroma_patch_and_its_bodies_compose_like_the_original(dtype, masked):
+    """Chroma's double and single blocks and its pruned continuous norm, with and without the padding mask, against
+    their classes' forwards; the model's output unchanged on the CPU."""
+    tc = pytest.importorskip("diffusers.models.transformers.transformer_chroma")
+    torch.manual_seed(0)
+    model = _randomize(tc.ChromaTransformer2DModel(
+        in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
+        joint_attention_dim=24, axes_dims_rope=(4, 6, 6), approximator_num_channels=16, approximator_hidden_dim=32,
+        approximator_layers=1)).to(dtype).eval()
+    B, L, T = 2, 6, 5
+    g = torch.Generator().manual_seed(1)
+    mask = torch.ones(B, T + L)
+    mask[1, T - 2:T] = 0
+    inp = dict(hidden_states=torch.randn(B, L, 8, generator=g).to(dtype),
+               encoder_hidden_states=torch.randn(B, T, 24, generator=g).to(dtype), timestep=torch.full((B,), 0.5),
+               img_ids=torch.randint(0, 4, (L, 3), generator=g).float(), txt_ids=torch.zeros(T, 3),
+               attention_mask=mask.to(dtype) if masked else None, return_dict=False)
+    seen = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, a, k, n=n: seen.__setitem__(n, k), with_kwargs=True)
+             for n, m in (("double", model.transformer_blocks[0]), ("single", model.single_transformer_blocks[0]))]
+    hooks.append(model.norm_out.register_forward_pre_hook(lambda mod, a: seen.__setitem__("norm_out", a)))
+    with torch.no_grad():
+        before = model(**inp)[0]
+    for h in hooks:
+        h.remove()
+    rep = difuse.patch(model)
+    assert rep.modules == {"double blocks": 1, "single blocks": 1, "norm_out": 1}
+    st = model._difuse_state
+    blk, sb = model.transformer_blocks[0], model.single_transformer_blocks[0]
+    d, sk = seen["double"], seen["single"]
+    assert (d["attention_mask"] is not None) == masked
+    with torch.no_grad():
+        want = type(blk).forward(blk, **d)
+        got = difuse.patching._chroma_double_body(blk, st, d["hidden_states"], d["encoder_hidden_states"], d["temb"],
+                                                  d["image_rotary_emb"], d["attention_mask"],
+                                                  d["joint_attention_kwargs"])
+        assert all(_bits(x, y) for x, y in zip(got, want))
+        want = type(sb).forward(sb, **sk)
+        got = difuse.patching._chroma_single_body(sb, st, sk["hidden_states"], sk["temb"], sk["image_rotary_emb"],
+                                                  sk["attention_mask"], sk["joint_attention_kwargs"])
+        assert _bits(got, want)
+        x, emb = seen["norm_out"]
+        assert _bits(difuse.patching._chroma_norm_out_body(model.norm_out, st, x, emb),
+                     type(model.norm_out).forward(model.norm_out, x, emb))
+        assert _bits(model(**inp)[0], before)
+    difuse.unpatch(model)
+
 def test_unpatch_refuses_while_a_later_hook_wraps_a_patched_forward():
     from diffusers.hooks import HookRegistry, ModelHook
 
