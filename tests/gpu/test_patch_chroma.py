@@ -32,8 +32,8 @@ def chroma_inputs(B=1, side=64, text_tokens=512, pad=0, seed=SEED):
     img_ids = torch.stack([torch.zeros_like(h), h, w], dim=-1).reshape(-1, 3).float().to(DEV)
     mask = None
     if pad:
-        mask = torch.ones(B, text_tokens + side * side, **bf)
-        mask[-1, text_tokens - pad:text_tokens] = 0
+        mask = torch.ones(B, text_tokens + side * side, device=DEV, dtype=torch.bool)  # ChromaPipeline's: bool
+        mask[-1, text_tokens - pad:text_tokens] = False
     return dict(hidden_states=torch.randn(B, side * side, 64, generator=g, **bf),
                 encoder_hidden_states=torch.randn(B, text_tokens, 4096, generator=g, **bf),
                 timestep=torch.full((B,), 0.7, **bf), img_ids=img_ids, txt_ids=torch.zeros(text_tokens, 3, device=DEV),

@@ -543,12 +543,12 @@ def test_chroma_patch_and_its_bodies_compose_like_the_original(dtype, masked):
         approximator_layers=1)).to(dtype).eval()
     B, L, T = 2, 6, 5
     g = torch.Generator().manual_seed(1)
-    mask = torch.ones(B, T + L)
-    mask[1, T - 2:T] = 0
+    mask = torch.ones(B, T + L, dtype=torch.bool)  # ChromaPipeline's padding mask: bool
+    mask[1, T - 2:T] = False
     inp = dict(hidden_states=torch.randn(B, L, 8, generator=g).to(dtype),
                encoder_hidden_states=torch.randn(B, T, 24, generator=g).to(dtype), timestep=torch.full((B,), 0.5),
                img_ids=torch.randint(0, 4, (L, 3), generator=g).float(), txt_ids=torch.zeros(T, 3),
-               attention_mask=mask.to(dtype) if masked else None, return_dict=False)
+               attention_mask=mask if masked else None, return_dict=False)
     seen = {}
     hooks = [m.register_forward_pre_hook(lambda mod, a, k, n=n: seen.__setitem__(n, k), with_kwargs=True)
              for n, m in (("double", model.transformer_blocks[0]), ("single", model.single_transformer_blocks[0]))]
