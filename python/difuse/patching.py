@@ -324,8 +324,6 @@ def _lnmod_site(site: Site, x, scale, shift, norm, eager):
 
     eps = float(norm.eps)
     plain = _plain_layernorm(norm)
-    if not x.is_cuda:
-        return eager()
     # A strided x (norm_out's image slice of the joint sequence at batch > 1) is made contiguous first, as aten's
     # layer_norm does with it before its kernel: the same bits, one copy.
     xc = (lambda: x) if x.is_contiguous() else x.contiguous
@@ -343,8 +341,6 @@ def _gated_residual_site(site: Site, h, a, gate):
 
     g = gate.unsqueeze(1) if gate.dim() == 2 else gate
     eager = lambda: h + g * a  # noqa: E731
-    if not h.is_cuda:
-        return eager()
     return site.run((h, a, gate), fused=lambda: ops._ops().gated_residual(h, a, gate), eager=eager,
                     predicate=lambda: ops.can_use_gated_residual(h, a, gate), device=_dev(h))
 
@@ -362,8 +358,6 @@ def _grln_site(site: Site, h, a, gate, scale, shift, norm):
 
     plain = _plain_layernorm(norm)
     eps = float(norm.eps)
-    if not h.is_cuda:
-        return eager()
     return site.run((h, a, gate, scale, shift, eps, plain),
                     fused=lambda: tuple(ops._ops().gated_residual_layernorm_modulate(h, a, gate, scale, shift, eps)),
                     eager=eager,
@@ -426,8 +420,6 @@ def _flux_qk_site(site: Site, attn, query, key, value, eq, ek, ev, image_rotary_
         return ops.can_use_qk_norm_rope(query, key, value if two else None, w[0], w[1], eq, ek, ev, w[2], w[3], cos,
                                         sin, eps)
 
-    if not query.is_cuda:
-        return eager()
     return site.run((query, key, value, eq, ek, ev, cos, sin, eps, *w[:4]), fused=fused, eager=eager,
                     predicate=predicate, device=_dev(query))
 
@@ -615,14 +607,17 @@ def _ada_continuous_forward(self, x, conditioning_embedding):
     original = lambda: type(self).forward(self, x, conditioning_embedding)  # noqa: E731
     if not x.is_cuda:
         return original()
+    return st.blocks["norm_out_block"].run((x, conditioning_embedding),
+                                           lambda: _ada_continuous_body(self, st, x, conditioning_embedding),
+                                           original, _dev(x))
 
-    def body():
-        emb = self.linear(_silu_once(st, self.silu, conditioning_embedding).to(x.dtype))
-        scale, shift = emb.chunk(2, dim=1)
-        return _lnmod_site(st.sites["norm_out"], x, scale, shift, self.norm,
-                           lambda: self.norm(x) * (1 + scale)[:, None, :] + shift[:, None, :])
 
-    return st.blocks["norm_out_block"].run((x, conditioning_embedding), body, original, _dev(x))
+def _ada_continuous_body(self, st, x, conditioning_embedding):
+    """AdaLayerNormContinuous.forward: the final norm of FLUX.1, FLUX.2, Qwen-Image and SD3."""
+    emb = self.linear(_silu_once(st, self.silu, conditioning_embedding).to(x.dtype))
+    scale, shift = emb.chunk(2, dim=1)
+    return _lnmod_site(st.sites["norm_out"], x, scale, shift, self.norm,
+                       lambda: self.norm(x) * (1 + scale)[:, None, :] + shift[:, None, :])
 
 
 # ---- Qwen-Image ------------------------------------------------------------------------------------------------
@@ -958,9 +953,10 @@ def _wan_lnmod_site(site: Site, norm, x, scale, shift):
     eager = lambda: (norm(x.float()) * (1 + scale) + shift).type_as(x)  # noqa: E731
     ok = _fp32_layernorm(norm, affine=False)
     eps = float(norm.eps)
+    xc = _contiguous_later(x)  # Wan VACE hands its first blocks the patch embedding's transposed view
     return site.run((x, scale, shift, eps, ok), eager=eager,
-                    fused=lambda: ops._ops().layernorm_modulate_fp32(x, scale, shift, eps),
-                    predicate=lambda: ops.can_use_layernorm_modulate_fp32(x, scale, shift, eps) if ok else
+                    fused=lambda: ops._ops().layernorm_modulate_fp32(xc(), scale, shift, eps),
+                    predicate=lambda: ops.can_use_layernorm_modulate_fp32(xc(), scale, shift, eps) if ok else
                     ops.Support(False, ["the norm is not a plain FP32LayerNorm"]), device=_dev(x))
 
 
@@ -968,9 +964,10 @@ def _wan_gated_site(site: Site, h, a, gate):
     """(h.float() + a.float() * gate).type_as(h), gate fp32 rows."""
     from . import ops
 
+    hc, ac = _contiguous_later(h), _contiguous_later(a)
     return site.run((h, a, gate), eager=lambda: (h.float() + a.float() * gate).type_as(h),
-                    fused=lambda: ops._ops().gated_residual_fp32(h, a, gate),
-                    predicate=lambda: ops.can_use_gated_residual_fp32(h, a, gate), device=_dev(h))
+                    fused=lambda: ops._ops().gated_residual_fp32(hc(), ac(), gate),
+                    predicate=lambda: ops.can_use_gated_residual_fp32(hc(), ac(), gate), device=_dev(h))
 
 
 def _wan_attention_module(attn):
@@ -1091,10 +1088,11 @@ def _wan_block_body(self, st, hidden_states, encoder_hidden_states, temb, rotary
     n2 = self.norm2
     affine = _fp32_layernorm(n2, affine=True)
     x = hidden_states
+    xc = _contiguous_later(x)
     norm_hs = S["W4"].run(
         (x, affine, getattr(n2, "eps", None)), eager=lambda: n2(x.float()).type_as(x),
-        fused=lambda: ops._ops().layernorm_affine_fp32(x, n2.weight, n2.bias, float(n2.eps)),
-        predicate=lambda: ops.can_use_layernorm_affine_fp32(x, n2.weight, n2.bias, float(n2.eps)) if affine else
+        fused=lambda: ops._ops().layernorm_affine_fp32(xc(), n2.weight, n2.bias, float(n2.eps)),
+        predicate=lambda: ops.can_use_layernorm_affine_fp32(xc(), n2.weight, n2.bias, float(n2.eps)) if affine else
         ops.Support(False, ["norm2 is not an FP32LayerNorm with weight and bias (cross_attn_norm=False)"]),
         device=_dev(x))
     hidden_states = hidden_states + self.attn2(norm_hs, encoder_hidden_states, None, None)
@@ -1350,17 +1348,17 @@ def _ltx2_gated_rmsmod_site(site: Site, norm, h, a, gate, scale, shift, gate_fir
                     ops.Support(False, ["the norm is not diffusers' RMSNorm without a bias"]), device=_dev(h))
 
 
-_LTX2_SIGNATURES: dict = {}
+_FORWARD_SIGNATURES: dict = {}
 
 
-def _ltx2_bound(self, args, kwargs) -> dict:
+def _forward_arguments(self, args, kwargs) -> dict:
     """The block forward's arguments by name, defaults filled in (the class's own signature, cached per class)."""
     import inspect
 
     cls = type(self)
-    sig = _LTX2_SIGNATURES.get(cls)
+    sig = _FORWARD_SIGNATURES.get(cls)
     if sig is None:
-        sig = _LTX2_SIGNATURES[cls] = inspect.signature(cls.forward)
+        sig = _FORWARD_SIGNATURES[cls] = inspect.signature(cls.forward)
     b = sig.bind(self, *args, **kwargs)
     b.apply_defaults()
     out = dict(b.arguments)
@@ -1371,7 +1369,7 @@ def _ltx2_bound(self, args, kwargs) -> dict:
 def _ltx2_block_forward(self, *args, **kwargs):
     st: _State = self._difuse_state
     original = lambda: type(self).forward(self, *args, **kwargs)  # noqa: E731
-    a = _ltx2_bound(self, args, kwargs)
+    a = _forward_arguments(self, args, kwargs)
     hs = a["hidden_states"]
     if not hs.is_cuda:
         return original()

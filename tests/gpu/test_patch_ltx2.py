@@ -45,7 +45,8 @@ def test_patched_ltx2_is_bit_identical(B):
 
 def test_patched_ltx23_cross_attention_modulation_is_bit_identical():
     model = reduced_ltx2(cross_attn_mod=True, audio_cross_attn_mod=True, gated_attn=True, audio_gated_attn=True)
-    assert_patched_matches(model, ltx2_inputs(2), difuse.patching.LTX2_SITES)
+    sigma = torch.full((2,), 0.7, device=DEV)  # the prompt AdaLN of LTX-2.3 reads sigma (None raises in the model)
+    assert_patched_matches(model, ltx2_inputs(2, sigma=sigma), difuse.patching.LTX2_SITES)
 
 
 def test_patched_ltx2_isolated_modalities_is_bit_identical():

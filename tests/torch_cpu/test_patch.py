@@ -357,7 +357,7 @@ def test_ltx2_block_body_composes_like_the_original(adaln, per_token, prompt, a2
               use_v2a_cross_attention=v2a)
     with torch.no_grad():
         want = type(blk).forward(blk, **kw)
-        got = difuse.patching._ltx2_block_body(blk, st, difuse.patching._ltx2_bound(blk, (), kw))
+        got = difuse.patching._ltx2_block_body(blk, st, difuse.patching._forward_arguments(blk, (), kw))
     assert len(got) == 2 and all(_bits(x, y) for x, y in zip(got, want))
     calls = {k: s.calls for k, s in st.sites.items()}
     assert calls["L5"] == calls["L5a"] == int(a2v or v2a) and calls["L1"] == calls["L7a"] == 1
@@ -371,7 +371,7 @@ def test_ltx2_perturbed_block_body_and_positional_arguments():
     mask = torch.tensor([1.0, 0.0])[:, None, None]
     with torch.no_grad():
         want = type(blk).forward(blk, *args, perturbation_mask=mask, all_perturbed=False)
-        bound = difuse.patching._ltx2_bound(blk, args, dict(perturbation_mask=mask, all_perturbed=False))
+        bound = difuse.patching._forward_arguments(blk, args, dict(perturbation_mask=mask, all_perturbed=False))
         got = difuse.patching._ltx2_block_body(blk, st, bound)
     assert bound["use_a2v_cross_attention"] is True and bound["perturbation_mask"] is mask
     assert all(_bits(x, y) for x, y in zip(got, want))

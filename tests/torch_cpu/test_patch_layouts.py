@@ -1,0 +1,378 @@
+"""Before any GPU run: the tensors the new model patches hand to their fused ops, at the layouts the models really make,
+are accepted by the ops' C predicates (libdifuse's difuse_can_use_*, through ctypes).
+
+On the CPU every site answers with its eager chain, and the torch binding's predicates stop at "must be on a CUDA
+device". Here each site's predicate is still asked, with its ops.can_use_* replaced by a call of the C predicate on
+views of the same host tensors marked as device 0 (the output views fresh and contiguous, at distinct aligned
+addresses, as the binding makes them): every other precondition is checked as on the GPU. A site that would fall
+back on the GPU (layout, dtype, alignment, stride, width) fails here with its reasons. Models: small bf16 builds whose
+widths the kernels take (N >= 32, rows >= 16, head_dim 32), run through difuse.patch's bodies."""
+import ctypes as C
+
+import pytest
+import torch
+
+import difuse
+from difuse import _capi, _loader, ops, patching
+
+pytest.importorskip("diffusers")
+
+P = C.POINTER(_capi.TensorView)
+DTYPES = {torch.bfloat16: 0, torch.float16: 1, torch.float32: 2}
+
+
+class QkArgs(C.Structure):
+    _fields_ = [(n, P) for n in ("q_out", "k_out", "v_out", "q", "k", "v", "q_weight", "k_weight", "q_first",
+                                 "k_first", "v_first", "q_first_weight", "k_first_weight", "cos", "sin")] + [
+        ("eps", C.c_double)]
+
+
+class QkWanArgs(C.Structure):
+    _fields_ = [(n, P) for n in ("q_out", "k_out", "q", "k", "q_weight", "k_weight", "freqs_cos", "freqs_sin")] + [
+        ("heads", C.c_int64), ("eps", C.c_double)]
+
+
+@pytest.fixture(scope="module")
+def lib():
+    lib = _loader.core()
+    st, d = C.c_int, C.c_double
+    for name, args in {
+        "difuse_can_use_rms_norm": [P, P, P, d],
+        "difuse_can_use_gelu_tanh": [P, P],
+        "difuse_can_use_rms_norm_modulate": [P, P, P, P, P, d, C.c_int32],
+        "difuse_can_use_gated_residual_rms_norm_modulate": [P] * 8 + [d, C.c_int32],
+        "difuse_can_use_gated_residual_layernorm_modulate": [P] * 7 + [d],
+        "difuse_can_use_layernorm_modulate_fp32": [P] * 4 + [d],
+        "difuse_can_use_gated_residual_fp32": [P] * 4,
+        "difuse_can_use_layernorm_affine_fp32": [P] * 4 + [d],
+        "difuse_can_use_qk_norm_rope": [C.POINTER(QkArgs)],
+        "difuse_can_use_qk_norm_rope_wan": [C.POINTER(QkWanArgs)],
+    }.items():
+        fn = getattr(lib, name)
+        fn.restype, fn.argtypes = st, args
+    return lib
+
+
+class Views:
+    """Views of host tensors as if on device 0, kept alive for one predicate call; fresh outputs at distinct
+    16-byte aligned addresses far from any host allocation."""
+
+    def __init__(self):
+        self.keep, self.fresh_at = [], 1
+
+    def of(self, t):
+        if t is None:
+            return None
+        v = _capi.TensorView()
+        v.data = t.data_ptr() if t.numel() else None
+        v.dtype, v.rank, v.device = DTYPES[t.dtype], t.dim(), 0
+        for i in range(t.dim()):
+            v.sizes[i], v.strides[i] = t.shape[i], t.stride(i)
+        self.keep.append(v)
+        return C.pointer(v)
+
+    def fresh(self, shape, dtype=torch.bfloat16):
+        v = _capi.TensorView()
+        v.data, self.fresh_at = self.fresh_at << 44, self.fresh_at + 1
+        v.dtype, v.rank, v.device = DTYPES[dtype], len(shape), 0
+        acc = 1
+        for i in reversed(range(len(shape))):
+            v.sizes[i], v.strides[i] = shape[i], acc
+            acc *= shape[i]
+        self.keep.append(v)
+        return C.pointer(v)
+
+
+def _support(lib, status):
+    if status == _capi.OK:
+        return ops.Support(True, [])
+    msg = lib.difuse_last_error().decode()
+    return ops.Support(False, [r for r in msg.split("\n  - ")[1:]] or [msg])
+
+
+def _device_predicates(lib):
+    """ops.can_use_* with the same signatures, asking the C predicates on device-0 views of the host tensors."""
+    def lnmod(x, scale, shift, eps=1e-6):
+        v = Views()
+        return _support(lib, lib.difuse_can_use_layernorm_modulate(v.fresh(x.shape), v.of(x), v.of(scale),
+                                                                     v.of(shift), float(eps)))
+
+    def gated(h, a, gate):
+        v = Views()
+        return _support(lib, lib.difuse_can_use_gated_residual(v.fresh(h.shape), v.of(h), v.of(a), v.of(gate)))
+
+    def grln(h, a, gate, scale, shift, eps=1e-6):
+        v = Views()
+        return _support(lib, lib.difuse_can_use_gated_residual_layernorm_modulate(
+            v.fresh(h.shape), v.fresh(h.shape), v.of(h), v.of(a), v.of(gate), v.of(scale), v.of(shift), float(eps)))
+
+    def rms(x, weight=None, eps=None):
+        v = Views()
+        return _support(lib, lib.difuse_can_use_rms_norm(v.fresh(x.shape), v.of(x), v.of(weight),
+                                                         float(ops._rms_eps(eps))))
+
+    def rmsmod(x, weight, scale, shift, eps=1e-6, fp32_modulate=False):
+        v = Views()
+        return _support(lib, lib.difuse_can_use_rms_norm_modulate(v.fresh(x.shape), v.of(x), v.of(weight), v.of(scale),
+                                                                  v.of(shift), float(eps), int(fp32_modulate)))
+
+    def grrmsmod(h, a, gate, weight, scale, shift, eps=1e-6, fp32_modulate=False):
+        v = Views()
+        return _support(lib, lib.difuse_can_use_gated_residual_rms_norm_modulate(
+            v.fresh(h.shape), v.fresh(h.shape), v.of(h), v.of(a), v.of(gate), v.of(weight), v.of(scale), v.of(shift),
+            float(eps), int(fp32_modulate)))
+
+    def gelu(x):
+        v = Views()
+        return _support(lib, lib.difuse_can_use_gelu_tanh(v.fresh(x.shape), v.of(x)))
+
+    def lnmod32(x, scale, shift, eps=1e-6):
+        v = Views()
+        return _support(lib, lib.difuse_can_use_layernorm_modulate_fp32(v.fresh(x.shape), v.of(x), v.of(scale),
+                                                                        v.of(shift), float(eps)))
+
+    def gated32(h, a, gate):
+        v = Views()
+        return _support(lib, lib.difuse_can_use_gated_residual_fp32(v.fresh(h.shape), v.of(h), v.of(a), v.of(gate)))
+
+    def affine32(x, weight, bias, eps=1e-6):
+        v = Views()
+        return _support(lib, lib.difuse_can_use_layernorm_affine_fp32(v.fresh(x.shape), v.of(x), v.of(weight),
+                                                                      v.of(bias), float(eps)))
+
+    def qk(q, k, v=None, q_weight=None, k_weight=None, q_first=None, k_first=None, v_first=None, q_first_weight=None,
+           k_first_weight=None, cos=None, sin=None, eps=1e-6):
+        w = Views()
+        B, S, H, D = q.shape
+        joint = (B, S + (q_first.shape[1] if q_first is not None else 0), H, D)
+        a = QkArgs(q_out=w.fresh(joint), k_out=w.fresh(joint), v_out=w.fresh(joint) if v is not None else None,
+                   q=w.of(q), k=w.of(k), v=w.of(v), q_weight=w.of(q_weight), k_weight=w.of(k_weight),
+                   q_first=w.of(q_first), k_first=w.of(k_first), v_first=w.of(v_first),
+                   q_first_weight=w.of(q_first_weight), k_first_weight=w.of(k_first_weight), cos=w.of(cos),
+                   sin=w.of(sin), eps=float(eps))
+        return _support(lib, lib.difuse_can_use_qk_norm_rope(C.pointer(a)))
+
+    def qk_wan(q, k, q_weight, k_weight, freqs_cos, freqs_sin, heads, eps=1e-6):
+        w = Views()
+        B, S, W = q.shape
+        out = (B, S, heads, W // heads)
+        a = QkWanArgs(q_out=w.fresh(out), k_out=w.fresh(out), q=w.of(q), k=w.of(k), q_weight=w.of(q_weight),
+                      k_weight=w.of(k_weight), freqs_cos=w.of(freqs_cos), freqs_sin=w.of(freqs_sin), heads=int(heads),
+                      eps=float(eps))
+        return _support(lib, lib.difuse_can_use_qk_norm_rope_wan(C.pointer(a)))
+
+    return dict(can_use_layernorm_modulate=lnmod, can_use_gated_residual=gated,
+                can_use_gated_residual_layernorm_modulate=grln, can_use_rms_norm=rms,
+                can_use_rms_norm_modulate=rmsmod, can_use_gated_residual_rms_norm_modulate=grrmsmod,
+                can_use_gelu_tanh=gelu, can_use_layernorm_modulate_fp32=lnmod32,
+                can_use_gated_residual_fp32=gated32, can_use_layernorm_affine_fp32=affine32,
+                can_use_qk_norm_rope=qk, can_use_qk_norm_rope_wan=qk_wan)
+
+
+@pytest.fixture
+def probe(lib, monkeypatch):
+    """Patches every site to ask its predicate (on device-0 views) before answering eagerly; returns the reasons
+    per site (one list per call)."""
+    for name, fn in _device_predicates(lib).items():
+        monkeypatch.setattr(ops, name, fn)
+    seen = {}
+    real_fallback = patching.Site.fallback
+
+    def run(self, key, fused, eager, predicate, device):
+        self.calls += 1
+        seen.setdefault(self.name, []).append(list(predicate().reasons))
+        return eager()
+
+    def fallback(self, device, reason):
+        seen.setdefault(self.name, []).append(["fallback: " + reason])
+        return real_fallback(self, device, reason)
+
+    monkeypatch.setattr(patching.Site, "run", run)
+    monkeypatch.setattr(patching.Site, "fallback", fallback)
+    return seen
+
+
+def _refused(seen, sites):
+    assert set(sites) <= set(seen), "sites never called: %s" % sorted(set(sites) - set(seen))
+    return {s: [r for call in seen[s] for r in call] for s in sites if any(seen[s])}
+
+
+def _randomize(model, seed=5):
+    g = torch.Generator().manual_seed(seed)
+    with torch.no_grad():
+        for p in model.parameters():
+            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() == 1 else p[0].numel() ** -0.5))
+    return model
+
+
+def _run_patched(model, inputs):
+    difuse.patch(model)
+    try:
+        with torch.no_grad():
+            st = model._difuse_state
+            for mod in st.patched:  # call each patched body as the CUDA path would (host tensors: bodies run eagerly)
+                mod.__dict__.pop("forward")
+            return _call_bodies(model, inputs)
+    finally:
+        difuse.unpatch(model)
+
+
+def _call_bodies(model, inputs):
+    """The model's forward with each patched block's body standing in for its forward (the patched forwards hand
+    host tensors to the original; the bodies are what the CUDA path runs)."""
+    st = model._difuse_state
+    bodies = {
+        "ErnieImageSharedAdaLNBlock": lambda m, *a, **k: patching._ernie_block_body(
+            m, st, *patching._forward_arguments(m, a, k).values()),
+        "ErnieImageAdaLNContinuous": lambda m, x, c: patching._ernie_final_norm_body(m, st, x, c),
+        "LTX2VideoTransformerBlock": lambda m, *a, **k: patching._ltx2_block_body(m, st, patching._forward_arguments(m, a, k)),
+        "Flux2TransformerBlock": lambda m, *a, **k: patching._flux2_double_body(
+            m, st, *patching._forward_arguments(m, a, k).values()),
+        "Flux2SingleTransformerBlock": lambda m, *a, **k: patching._flux2_single_body(
+            m, st, *patching._forward_arguments(m, a, k).values()),
+        "ChromaTransformerBlock": lambda m, *a, **k: patching._chroma_double_body(
+            m, st, *patching._forward_arguments(m, a, k).values()),
+        "ChromaSingleTransformerBlock": lambda m, *a, **k: patching._chroma_single_body(
+            m, st, *patching._forward_arguments(m, a, k).values()),
+        "ChromaAdaLayerNormContinuousPruned": lambda m, x, e: patching._chroma_norm_out_body(m, st, x, e),
+        "AdaLayerNormContinuous": lambda m, x, c: patching._ada_continuous_body(m, st, x, c),
+        "WanTransformerBlock": lambda m, *a, **k: patching._wan_block_body(m, st, *a, **k),
+        "FluxTransformerBlock": lambda m, *a, **k: patching._flux_double_body(
+            m, st, *patching._forward_arguments(m, a, k).values()),
+        "FluxSingleTransformerBlock": lambda m, *a, **k: patching._flux_single_body(
+            m, st, *patching._forward_arguments(m, a, k).values()),
+        "WanVACETransformerBlock": lambda m, *a, **k: patching._wan_vace_block_body(m, st, *a, **k),
+    }
+    import types
+
+    for mod in st.patched:
+        body = bodies.get(type(mod).__name__)
+        if body is not None:
+            mod.forward = types.MethodType(body, mod)
+    try:
+        return model(**inputs)
+    finally:
+        for mod in st.patched:
+            mod.__dict__.pop("forward", None)
+
+
+def test_ernie_image_layouts(probe):
+    te = pytest.importorskip("diffusers.models.transformers.transformer_ernie_image")
+    torch.manual_seed(0)
+    model = _randomize(te.ErnieImageTransformer2DModel(hidden_size=64, num_attention_heads=2, num_layers=1,
+                                                       ffn_hidden_size=96, in_channels=8, out_channels=8,
+                                                       text_in_dim=24, rope_axes_dim=(8, 12, 12))).bfloat16().eval()
+    g = torch.Generator().manual_seed(1)
+    B, T = 2, 5
+    inputs = dict(hidden_states=torch.randn(B, 8, 4, 4, generator=g).bfloat16(), timestep=torch.full((B,), 500.0),
+                  text_bth=torch.randn(B, T, 24, generator=g).bfloat16(), text_lens=torch.tensor([T, T - 2]),
+                  return_dict=False)
+    _run_patched(model, inputs)
+    assert _refused(probe, patching.ERNIE_SITES) == {}
+
+
+@pytest.mark.parametrize("adaln", [False, True])
+def test_ltx2_layouts(probe, adaln):
+    tl = pytest.importorskip("diffusers.models.transformers.transformer_ltx2")
+    torch.manual_seed(0)
+    model = _randomize(tl.LTX2VideoTransformer3DModel(
+        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=32, cross_attention_dim=64,
+        audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=16,
+        audio_cross_attention_dim=32, num_layers=1, caption_channels=24, cross_attn_mod=adaln,
+        audio_cross_attn_mod=adaln)).bfloat16().eval()
+    B, F, H, W, Na, Te = 2, 2, 3, 4, 17, 7
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(B, F * H * W, 8, generator=g).bfloat16(),
+                  audio_hidden_states=torch.randn(B, Na, 8, generator=g).bfloat16(),
+                  encoder_hidden_states=torch.randn(B, Te, 24, generator=g).bfloat16(),
+                  audio_encoder_hidden_states=torch.randn(B, Te, 24, generator=g).bfloat16(),
+                  timestep=torch.full((B,), 0.7), num_frames=F, height=H, width=W, audio_num_frames=Na,
+                  sigma=torch.full((B,), 0.7) if adaln else None, return_dict=False)  # LTX-2.3 needs sigma
+    _run_patched(model, inputs)
+    assert _refused(probe, patching.LTX2_SITES) == {}
+
+
+def test_flux2_layouts(probe):
+    tf2 = pytest.importorskip("diffusers.models.transformers.transformer_flux2")
+    torch.manual_seed(0)
+    model = _randomize(tf2.Flux2Transformer2DModel(
+        in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=32, num_attention_heads=2,
+        joint_attention_dim=24, timestep_guidance_channels=16, axes_dims_rope=(8, 8, 8, 8))).bfloat16().eval()
+    B, L, T = 2, 16, 5
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(B, L, 8, generator=g).bfloat16(),
+                  encoder_hidden_states=torch.randn(B, T, 24, generator=g).bfloat16(), timestep=torch.full((B,), 0.5),
+                  img_ids=torch.randint(0, 4, (L, 4), generator=g), txt_ids=torch.zeros(T, 4, dtype=torch.long),
+                  guidance=torch.full((B,), 3.5), return_dict=False)
+    _run_patched(model, inputs)
+    assert _refused(probe, patching.FLUX2_SITES) == {}
+
+
+def test_chroma_layouts(probe):
+    tc = pytest.importorskip("diffusers.models.transformers.transformer_chroma")
+    torch.manual_seed(0)
+    model = _randomize(tc.ChromaTransformer2DModel(
+        in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=32, num_attention_heads=2,
+        joint_attention_dim=24, axes_dims_rope=(8, 12, 12), approximator_num_channels=16, approximator_hidden_dim=32,
+        approximator_layers=1)).bfloat16().eval()
+    B, L, T = 2, 16, 5
+    g = torch.Generator().manual_seed(1)
+    mask = torch.ones(B, T + L, dtype=torch.bool)
+    mask[1, T - 2:T] = False
+    inputs = dict(hidden_states=torch.randn(B, L, 8, generator=g).bfloat16(),
+                  encoder_hidden_states=torch.randn(B, T, 24, generator=g).bfloat16(), timestep=torch.full((B,), 0.5),
+                  img_ids=torch.randint(0, 4, (L, 3), generator=g).float(), txt_ids=torch.zeros(T, 3),
+                  attention_mask=mask, return_dict=False)
+    _run_patched(model, inputs)
+    assert _refused(probe, patching.FLUX_SITES) == {}
+
+
+def test_wan_vace_layouts(probe):
+    tv = pytest.importorskip("diffusers.models.transformers.transformer_wan_vace")
+    torch.manual_seed(0)
+    model = _randomize(tv.WanVACETransformer3DModel(
+        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=32, in_channels=4, out_channels=4,
+        text_dim=16, freq_dim=16, ffn_dim=96, num_layers=2, vace_layers=[0, 1], vace_in_channels=6,
+        rope_max_seq_len=32, cross_attn_norm=True))
+    model = model.bfloat16().eval()
+    keep = tuple(tv.WanVACETransformer3DModel._keep_in_fp32_modules)
+    for name, mod in model.named_modules():  # what from_pretrained keeps in fp32
+        if any(k in name.split(".") for k in keep):
+            mod.float()
+    for name, p in model.named_parameters():
+        if any(k in name.split(".") for k in keep):
+            p.data = p.data.float()
+    g = torch.Generator().manual_seed(4)
+    inputs = dict(hidden_states=torch.randn(1, 4, 2, 8, 8, generator=g).bfloat16(), timestep=torch.tensor([500]),
+                  encoder_hidden_states=torch.randn(1, 7, 16, generator=g).bfloat16(),
+                  control_hidden_states=torch.randn(1, 6, 2, 8, 8, generator=g).bfloat16(), return_dict=False)
+    _run_patched(model, inputs)
+    assert _refused(probe, patching.WAN_SITES) == {}
+
+
+def test_flux1_layouts_the_control(probe):
+    """FLUX.1, whose sites run fused on the H200 (tests.json): the probe must find nothing to refuse in it either."""
+    tf = pytest.importorskip("diffusers.models.transformers.transformer_flux")
+    torch.manual_seed(0)
+    model = _randomize(tf.FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=1, num_single_layers=1,
+                                                 attention_head_dim=32, num_attention_heads=2, joint_attention_dim=24,
+                                                 pooled_projection_dim=12, guidance_embeds=False,
+                                                 axes_dims_rope=(8, 12, 12))).bfloat16().eval()
+    B, L, T = 2, 16, 5
+    g = torch.Generator().manual_seed(1)
+    inputs = dict(hidden_states=torch.randn(B, L, 8, generator=g).bfloat16(),
+                  encoder_hidden_states=torch.randn(B, T, 24, generator=g).bfloat16(),
+                  pooled_projections=torch.randn(B, 12, generator=g).bfloat16(), timestep=torch.full((B,), 0.5),
+                  img_ids=torch.randint(0, 4, (L, 3), generator=g).float(), txt_ids=torch.zeros(T, 3),
+                  return_dict=False)
+    _run_patched(model, inputs)
+    assert _refused(probe, patching.FLUX_SITES) == {}
+
+
+def test_the_probe_reports_a_refused_layout(probe):
+    """The probe itself: a permuted x (not contiguous) is refused by the C predicate with its reason."""
+    x = torch.randn(4, 20, 64).bfloat16().transpose(0, 1)
+    s = ops.can_use_rms_norm_modulate(x, None, torch.randn(64).bfloat16(), torch.randn(64).bfloat16())
+    assert not s.ok and any("contiguous" in r for r in s.reasons)
+    ok = ops.can_use_rms_norm_modulate(x.contiguous(), None, torch.randn(64).bfloat16(), torch.randn(64).bfloat16())
+    assert ok.ok, ok.reasons
