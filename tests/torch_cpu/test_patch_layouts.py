@@ -6,7 +6,8 @@ device". Here each site's predicate is still asked, with its ops.can_use_* repla
 views of the same host tensors marked as device 0 (the output views fresh and contiguous, at distinct aligned
 addresses, as the binding makes them): every other precondition is checked as on the GPU. A site that would fall
 back on the GPU (layout, dtype, alignment, stride, width) fails here with its reasons. Models: small bf16 builds whose
-widths the kernels take (N >= 32, rows >= 16, head_dim 32), run through difuse.patch's bodies."""
+widths the kernels take through their vector paths (rows of 128, >= 16 rows, head_dim 32), run through
+difuse.patch's bodies."""
 import ctypes as C
 
 import pytest
@@ -259,7 +260,7 @@ def _call_bodies(model, inputs):
 def test_ernie_image_layouts(probe):
     te = pytest.importorskip("diffusers.models.transformers.transformer_ernie_image")
     torch.manual_seed(0)
-    model = _randomize(te.ErnieImageTransformer2DModel(hidden_size=64, num_attention_heads=2, num_layers=1,
+    model = _randomize(te.ErnieImageTransformer2DModel(hidden_size=128, num_attention_heads=4, num_layers=1,
                                                        ffn_hidden_size=96, in_channels=8, out_channels=8,
                                                        text_in_dim=24, rope_axes_dim=(8, 12, 12))).bfloat16().eval()
     g = torch.Generator().manual_seed(1)
@@ -276,9 +277,9 @@ def test_ltx2_layouts(probe, adaln):
     tl = pytest.importorskip("diffusers.models.transformers.transformer_ltx2")
     torch.manual_seed(0)
     model = _randomize(tl.LTX2VideoTransformer3DModel(
-        in_channels=8, out_channels=8, num_attention_heads=2, attention_head_dim=32, cross_attention_dim=64,
-        audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=2, audio_attention_head_dim=16,
-        audio_cross_attention_dim=32, num_layers=1, caption_channels=24, cross_attn_mod=adaln,
+        in_channels=8, out_channels=8, num_attention_heads=4, attention_head_dim=32, cross_attention_dim=128,
+        audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=4, audio_attention_head_dim=32,
+        audio_cross_attention_dim=128, num_layers=1, caption_channels=24, cross_attn_mod=adaln,
         audio_cross_attn_mod=adaln)).bfloat16().eval()
     B, F, H, W, Na, Te = 2, 2, 3, 4, 17, 7
     g = torch.Generator().manual_seed(1)
@@ -296,7 +297,7 @@ def test_flux2_layouts(probe):
     tf2 = pytest.importorskip("diffusers.models.transformers.transformer_flux2")
     torch.manual_seed(0)
     model = _randomize(tf2.Flux2Transformer2DModel(
-        in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=32, num_attention_heads=2,
+        in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=32, num_attention_heads=4,
         joint_attention_dim=24, timestep_guidance_channels=16, axes_dims_rope=(8, 8, 8, 8))).bfloat16().eval()
     B, L, T = 2, 16, 5
     g = torch.Generator().manual_seed(1)
@@ -312,7 +313,7 @@ def test_chroma_layouts(probe):
     tc = pytest.importorskip("diffusers.models.transformers.transformer_chroma")
     torch.manual_seed(0)
     model = _randomize(tc.ChromaTransformer2DModel(
-        in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=32, num_attention_heads=2,
+        in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=32, num_attention_heads=4,
         joint_attention_dim=24, axes_dims_rope=(8, 12, 12), approximator_num_channels=16, approximator_hidden_dim=32,
         approximator_layers=1)).bfloat16().eval()
     B, L, T = 2, 16, 5
@@ -331,7 +332,7 @@ def test_wan_vace_layouts(probe):
     tv = pytest.importorskip("diffusers.models.transformers.transformer_wan_vace")
     torch.manual_seed(0)
     model = _randomize(tv.WanVACETransformer3DModel(
-        patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=32, in_channels=4, out_channels=4,
+        patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=32, in_channels=4, out_channels=4,
         text_dim=16, freq_dim=16, ffn_dim=96, num_layers=2, vace_layers=[0, 1], vace_in_channels=6,
         rope_max_seq_len=32, cross_attn_norm=True))
     model = model.bfloat16().eval()
@@ -355,7 +356,7 @@ def test_flux1_layouts_the_control(probe):
     tf = pytest.importorskip("diffusers.models.transformers.transformer_flux")
     torch.manual_seed(0)
     model = _randomize(tf.FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=1, num_single_layers=1,
-                                                 attention_head_dim=32, num_attention_heads=2, joint_attention_dim=24,
+                                                 attention_head_dim=32, num_attention_heads=4, joint_attention_dim=24,
                                                  pooled_projection_dim=12, guidance_embeds=False,
                                                  axes_dims_rope=(8, 12, 12))).bfloat16().eval()
     B, L, T = 2, 16, 5
