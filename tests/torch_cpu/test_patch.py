@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import difuse
+from tiny_models import randomize_
 
 tf = pytest.importorskip("diffusers.models.transformers.transformer_flux")
 
@@ -401,19 +402,11 @@ def test_ltx2_patch_discovers_blocks_and_binds_the_models_call():
     difuse.unpatch(model)
     assert all("forward" not in m.__dict__ for m in model.modules())
 
-def _randomize(model, seed=5):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() == 1 else p[0].numel() ** -0.5))
-    return model
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_wan_vace_patch_covers_both_block_kinds_and_the_vace_body_composes_like_the_original(dtype):
     tv = pytest.importorskip("diffusers.models.transformers.transformer_wan_vace")
     torch.manual_seed(0)
-    model = _randomize(tv.WanVACETransformer3DModel(
+    model = randomize_(tv.WanVACETransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=2, attention_head_dim=8, in_channels=4, out_channels=4, text_dim=16,
         freq_dim=16, ffn_dim=32, num_layers=3, vace_layers=[0, 2], vace_in_channels=6, rope_max_seq_len=32)).to(dtype)
     g = torch.Generator().manual_seed(4)
@@ -457,7 +450,7 @@ def test_wan_copies_blocks_are_patched_and_compose_like_them(module, cls):
     assert rep.modules == {"blocks": 2} and not rep.skipped
     difuse.unpatch(model)
     torch.manual_seed(0)
-    blk = _randomize(ta.WanTransformerBlock(16, 32, 2, "rms_norm_across_heads", True, 1e-6))
+    blk = randomize_(ta.WanTransformerBlock(16, 32, 2, "rms_norm_across_heads", True, 1e-6))
     assert difuse.patching._plain_wan_self_attention(blk.attn1)
     assert difuse.patching._wan_attention_module(blk.attn1) is ta
     g = torch.Generator().manual_seed(3)
@@ -475,7 +468,7 @@ def tiny_flux2(dtype=torch.float32):
     model = tf2.Flux2Transformer2DModel(in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=16,
                                         num_attention_heads=2, joint_attention_dim=24, timestep_guidance_channels=16,
                                         axes_dims_rope=(4, 4, 4, 4))
-    return _randomize(model).to(dtype).eval()
+    return randomize_(model).to(dtype).eval()
 
 
 def flux2_inputs(dtype, B=2, L=6, T=5):
@@ -537,7 +530,7 @@ def test_chroma_patch_and_its_bodies_compose_like_the_original(dtype, masked):
     their classes' forwards; the model's output unchanged on the CPU."""
     tc = pytest.importorskip("diffusers.models.transformers.transformer_chroma")
     torch.manual_seed(0)
-    model = _randomize(tc.ChromaTransformer2DModel(
+    model = randomize_(tc.ChromaTransformer2DModel(
         in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
         joint_attention_dim=24, axes_dims_rope=(4, 6, 6), approximator_num_channels=16, approximator_hidden_dim=32,
         approximator_layers=1)).to(dtype).eval()

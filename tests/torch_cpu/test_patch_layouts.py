@@ -14,7 +14,8 @@ import pytest
 import torch
 
 import difuse
-from difuse import _capi, _loader, ops, patching
+from difuse import _capi, _loader, e2e, ops, patching
+from tiny_models import randomize_
 
 pytest.importorskip("diffusers")
 
@@ -198,14 +199,6 @@ def _refused(seen, sites):
     return {s: [r for call in seen[s] for r in call] for s in sites if any(seen[s])}
 
 
-def _randomize(model, seed=5):
-    g = torch.Generator().manual_seed(seed)
-    with torch.no_grad():
-        for p in model.parameters():
-            p.copy_(torch.randn(p.shape, generator=g) * (0.3 if p.dim() == 1 else p[0].numel() ** -0.5))
-    return model
-
-
 def _run_patched(model, inputs):
     difuse.patch(model)
     try:
@@ -260,7 +253,7 @@ def _call_bodies(model, inputs):
 def test_ernie_image_layouts(probe):
     te = pytest.importorskip("diffusers.models.transformers.transformer_ernie_image")
     torch.manual_seed(0)
-    model = _randomize(te.ErnieImageTransformer2DModel(hidden_size=128, num_attention_heads=4, num_layers=1,
+    model = randomize_(te.ErnieImageTransformer2DModel(hidden_size=128, num_attention_heads=4, num_layers=1,
                                                        ffn_hidden_size=96, in_channels=8, out_channels=8,
                                                        text_in_dim=24, rope_axes_dim=(8, 12, 12))).bfloat16().eval()
     g = torch.Generator().manual_seed(1)
@@ -276,7 +269,7 @@ def test_ernie_image_layouts(probe):
 def test_ltx2_layouts(probe, adaln):
     tl = pytest.importorskip("diffusers.models.transformers.transformer_ltx2")
     torch.manual_seed(0)
-    model = _randomize(tl.LTX2VideoTransformer3DModel(
+    model = randomize_(tl.LTX2VideoTransformer3DModel(
         in_channels=8, out_channels=8, num_attention_heads=4, attention_head_dim=32, cross_attention_dim=128,
         audio_in_channels=8, audio_out_channels=8, audio_num_attention_heads=4, audio_attention_head_dim=32,
         audio_cross_attention_dim=128, num_layers=1, caption_channels=24, cross_attn_mod=adaln,
@@ -296,7 +289,7 @@ def test_ltx2_layouts(probe, adaln):
 def test_flux2_layouts(probe):
     tf2 = pytest.importorskip("diffusers.models.transformers.transformer_flux2")
     torch.manual_seed(0)
-    model = _randomize(tf2.Flux2Transformer2DModel(
+    model = randomize_(tf2.Flux2Transformer2DModel(
         in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=32, num_attention_heads=4,
         joint_attention_dim=24, timestep_guidance_channels=16, axes_dims_rope=(8, 8, 8, 8))).bfloat16().eval()
     B, L, T = 2, 16, 5
@@ -312,7 +305,7 @@ def test_flux2_layouts(probe):
 def test_chroma_layouts(probe):
     tc = pytest.importorskip("diffusers.models.transformers.transformer_chroma")
     torch.manual_seed(0)
-    model = _randomize(tc.ChromaTransformer2DModel(
+    model = randomize_(tc.ChromaTransformer2DModel(
         in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=32, num_attention_heads=4,
         joint_attention_dim=24, axes_dims_rope=(8, 12, 12), approximator_num_channels=16, approximator_hidden_dim=32,
         approximator_layers=1)).bfloat16().eval()
@@ -331,18 +324,12 @@ def test_chroma_layouts(probe):
 def test_wan_vace_layouts(probe):
     tv = pytest.importorskip("diffusers.models.transformers.transformer_wan_vace")
     torch.manual_seed(0)
-    model = _randomize(tv.WanVACETransformer3DModel(
+    model = randomize_(tv.WanVACETransformer3DModel(
         patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=32, in_channels=4, out_channels=4,
         text_dim=16, freq_dim=16, ffn_dim=96, num_layers=2, vace_layers=[0, 1], vace_in_channels=6,
         rope_max_seq_len=32, cross_attn_norm=True))
-    model = model.bfloat16().eval()
-    keep = tuple(tv.WanVACETransformer3DModel._keep_in_fp32_modules)
-    for name, mod in model.named_modules():  # what from_pretrained keeps in fp32
-        if any(k in name.split(".") for k in keep):
-            mod.float()
-    for name, p in model.named_parameters():
-        if any(k in name.split(".") for k in keep):
-            p.data = p.data.float()
+    e2e.apply_dtype_policy_(model, torch.bfloat16)  # from_pretrained's dtypes: the keep-in-fp32 modules in fp32
+    model = model.eval()
     g = torch.Generator().manual_seed(4)
     inputs = dict(hidden_states=torch.randn(1, 4, 2, 8, 8, generator=g).bfloat16(), timestep=torch.tensor([500]),
                   encoder_hidden_states=torch.randn(1, 7, 16, generator=g).bfloat16(),
@@ -355,7 +342,7 @@ def test_flux1_layouts_the_control(probe):
     """FLUX.1, whose sites run fused on the H200 (tests.json): the probe must find nothing to refuse in it either."""
     tf = pytest.importorskip("diffusers.models.transformers.transformer_flux")
     torch.manual_seed(0)
-    model = _randomize(tf.FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=1, num_single_layers=1,
+    model = randomize_(tf.FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=1, num_single_layers=1,
                                                  attention_head_dim=32, num_attention_heads=4, joint_attention_dim=24,
                                                  pooled_projection_dim=12, guidance_embeds=False,
                                                  axes_dims_rope=(8, 12, 12))).bfloat16().eval()
