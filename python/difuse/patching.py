@@ -1212,16 +1212,6 @@ def _ernie_attention(site: Site, attn, hidden_states, attention_mask, freqs):
     return attn.to_out[0](out.flatten(2, 3).to(dtype))
 
 
-def _ernie_block_forward(self, x, rotary_pos_emb, temb, attention_mask=None):
-    st: _State = self._difuse_state
-    original = lambda: type(self).forward(self, x, rotary_pos_emb, temb, attention_mask)  # noqa: E731
-    if not x.is_cuda:
-        return original()
-    key = (x, rotary_pos_emb, attention_mask) + tuple(temb)
-    return st.blocks["ernie_block"].run(
-        key, lambda: _ernie_block_body(self, st, x, rotary_pos_emb, temb, attention_mask), original, _dev(x))
-
-
 def _ernie_block_body(self, st, x, rotary_pos_emb, temb, attention_mask):
     S = st.sites
     shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = temb
@@ -1366,17 +1356,28 @@ def _forward_arguments(self, args, kwargs) -> dict:
     return out
 
 
-def _ltx2_block_forward(self, *args, **kwargs):
-    st: _State = self._difuse_state
-    original = lambda: type(self).forward(self, *args, **kwargs)  # noqa: E731
-    a = _forward_arguments(self, args, kwargs)
-    hs = a["hidden_states"]
-    if not hs.is_cuda:
-        return original()
-    key = []
-    for v in a.values():
-        key.extend(v if isinstance(v, (tuple, list)) else (v,))
-    return st.blocks["ltx2_block"].run(tuple(key), lambda: _ltx2_block_body(self, st, a), original, _dev(hs))
+def _block_forward(gate: str, body, by_name: bool = False):
+    """The patched forward of a block type: its arguments bound by the class's own forward signature (the models call
+    their blocks by keyword, gradient checkpointing positionally), host tensors handed to the original, else the block
+    gate runs body(self, st, *arguments in the signature's order) (by_name: body(self, st, {name: argument})) against
+    the original once per signature. The key is every argument, a tuple's tensors one by one, less the dicts
+    (joint_attention_kwargs: a processor's options, not data)."""
+    def forward(self, *args, **kwargs):
+        st: _State = self._difuse_state
+        original = lambda: type(self).forward(self, *args, **kwargs)  # noqa: E731
+        named = _forward_arguments(self, args, kwargs)
+        values = list(named.values())
+        if not values[0].is_cuda:
+            return original()
+        key = []
+        for v in values:
+            if isinstance(v, (tuple, list)):
+                key.extend(v)
+            elif not isinstance(v, dict):
+                key.append(v)
+        run = (lambda: body(self, st, named)) if by_name else (lambda: body(self, st, *values))
+        return st.blocks[gate].run(tuple(key), run, original, _dev(values[0]))
+    return forward
 
 
 def _ltx2_prompt_mod(self, table, temb_prompt, like, batch_size):
@@ -1528,20 +1529,6 @@ def _mod_rows(t, x):
     return t[:, 0] if t.dim() == 3 and t.shape[1] == 1 and x.shape[1] != 1 else t
 
 
-def _flux2_double_forward(self, hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt,
-                          image_rotary_emb=None, joint_attention_kwargs=None):
-    st: _State = self._difuse_state
-    original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb_mod_img,  # noqa: E731
-                                          temb_mod_txt, image_rotary_emb, joint_attention_kwargs)
-    if not hidden_states.is_cuda:
-        return original()
-    key = (hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt) + (
-        tuple(image_rotary_emb) if image_rotary_emb is not None else ())
-    return st.blocks["flux2_double_block"].run(
-        key, lambda: _flux2_double_body(self, st, hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt,
-                                        image_rotary_emb, joint_attention_kwargs), original, _dev(hidden_states))
-
-
 def _flux2_double_body(self, st, hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt, image_rotary_emb,
                        joint_attention_kwargs):
     """Flux2TransformerBlock.forward (diffusers 0.42.1): FLUX.1's double block with the modulation computed once per
@@ -1599,21 +1586,6 @@ def _flux2_parallel_attention(site: Site, attn, hidden_states, image_rotary_emb)
     return attn.to_out(torch.cat([hidden_states, mlp_hidden_states], dim=-1))
 
 
-def _flux2_single_forward(self, hidden_states, encoder_hidden_states, temb_mod, image_rotary_emb=None,
-                          joint_attention_kwargs=None, split_hidden_states=False, text_seq_len=None):
-    st: _State = self._difuse_state
-    original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb_mod,  # noqa: E731
-                                          image_rotary_emb, joint_attention_kwargs, split_hidden_states, text_seq_len)
-    if not hidden_states.is_cuda:
-        return original()
-    key = (hidden_states, encoder_hidden_states, temb_mod, bool(split_hidden_states), text_seq_len) + (
-        tuple(image_rotary_emb) if image_rotary_emb is not None else ())
-    return st.blocks["flux2_single_block"].run(
-        key, lambda: _flux2_single_body(self, st, hidden_states, encoder_hidden_states, temb_mod, image_rotary_emb,
-                                        joint_attention_kwargs, split_hidden_states, text_seq_len),
-        original, _dev(hidden_states))
-
-
 def _flux2_single_body(self, st, hidden_states, encoder_hidden_states, temb_mod, image_rotary_emb,
                        joint_attention_kwargs, split_hidden_states, text_seq_len):
     """Flux2SingleTransformerBlock.forward (diffusers 0.42.1)."""
@@ -1655,20 +1627,6 @@ def _chroma_mask(attention_mask):
     return None if attention_mask is None else attention_mask[:, None, None, :] * attention_mask[:, None, :, None]
 
 
-def _chroma_double_forward(self, hidden_states, encoder_hidden_states, temb, image_rotary_emb=None,
-                           attention_mask=None, joint_attention_kwargs=None):
-    st: _State = self._difuse_state
-    original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb,  # noqa: E731
-                                          image_rotary_emb, attention_mask, joint_attention_kwargs)
-    if not hidden_states.is_cuda:
-        return original()
-    key = (hidden_states, encoder_hidden_states, temb, attention_mask) + (
-        tuple(image_rotary_emb) if image_rotary_emb is not None else ())
-    return st.blocks["double_block"].run(
-        key, lambda: _chroma_double_body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
-                                         attention_mask, joint_attention_kwargs), original, _dev(hidden_states))
-
-
 def _chroma_double_body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb, attention_mask,
                         joint_attention_kwargs):
     """ChromaTransformerBlock.forward (diffusers 0.42.1): FLUX.1's double block (sites D1-D6c) with the [B, 12, H]
@@ -1706,19 +1664,6 @@ def _chroma_double_body(self, st, hidden_states, encoder_hidden_states, temb, im
     if ehs.dtype == _torch().float16:
         ehs = ehs.clip(-65504, 65504)
     return ehs, hs
-
-
-def _chroma_single_forward(self, hidden_states, temb, image_rotary_emb=None, attention_mask=None,
-                           joint_attention_kwargs=None):
-    st: _State = self._difuse_state
-    original = lambda: type(self).forward(self, hidden_states, temb, image_rotary_emb, attention_mask,  # noqa: E731
-                                          joint_attention_kwargs)
-    if not hidden_states.is_cuda:
-        return original()
-    key = (hidden_states, temb, attention_mask) + (tuple(image_rotary_emb) if image_rotary_emb is not None else ())
-    return st.blocks["single_block"].run(
-        key, lambda: _chroma_single_body(self, st, hidden_states, temb, image_rotary_emb, attention_mask,
-                                         joint_attention_kwargs), original, _dev(hidden_states))
 
 
 def _chroma_single_body(self, st, hidden_states, temb, image_rotary_emb, attention_mask, joint_attention_kwargs):
@@ -1761,6 +1706,14 @@ def _chroma_norm_out_body(self, st, x, emb):
     return _lnmod_site(st.sites["norm_out"], x, scale, shift, self.norm,
                        lambda: self.norm(x) * (1 + scale)[:, None, :] + shift[:, None, :])
 
+
+# The patched forwards of the blocks whose bodies take the class forward's arguments in its order.
+_ernie_block_forward = _block_forward("ernie_block", _ernie_block_body)
+_flux2_double_forward = _block_forward("flux2_double_block", _flux2_double_body)
+_flux2_single_forward = _block_forward("flux2_single_block", _flux2_single_body)
+_chroma_double_forward = _block_forward("double_block", _chroma_double_body)
+_chroma_single_forward = _block_forward("single_block", _chroma_single_body)
+_ltx2_block_forward = _block_forward("ltx2_block", _ltx2_block_body, by_name=True)
 
 # ---- public API -------------------------------------------------------------------------------------------------
 def _model_kind(model) -> str:

@@ -572,6 +572,38 @@ def test_chroma_patch_and_its_bodies_compose_like_the_original(dtype, masked):
         assert _bits(model(**inp)[0], before)
     difuse.unpatch(model)
 
+def test_block_forward_binds_the_class_signature_and_keys_on_data_only():
+    """The patched forward the newer models' blocks get (_block_forward): arguments bound by the class's own
+    signature however the model passes them, defaults filled in, the gate keyed on every argument but the dicts
+    (a tuple's tensors one by one), the body handed the arguments in order or by name; host tensors: the original."""
+    from types import SimpleNamespace
+
+    class Blk(torch.nn.Module):
+        def forward(self, hidden_states, temb, rope=None, joint_attention_kwargs=None, flag=False):
+            return "original"
+
+    class OnDevice:  # what the wrapper asks of its first argument on the GPU path
+        is_cuda = True
+        device = SimpleNamespace(index=3)
+
+    seen = {}
+
+    class Gate:
+        def run(self, key, patched, original, device):
+            seen.update(key=key, device=device, original=original())
+            return patched()
+
+    blk = Blk()
+    blk._difuse_state = SimpleNamespace(blocks={"g": Gate()})
+    h, t, rope = OnDevice(), OnDevice(), (OnDevice(), OnDevice())
+    fwd = difuse.patching._block_forward("g", lambda self, st, *v: ("body", v))
+    assert fwd(blk, h, temb=t, rope=rope, joint_attention_kwargs={"x": 1}) == ("body", (h, t, rope, {"x": 1}, False))
+    assert seen == dict(key=(h, t, rope[0], rope[1], False), device=3, original="original")
+    by_name = difuse.patching._block_forward("g", lambda self, st, a: a, by_name=True)
+    assert by_name(blk, h, t) == dict(hidden_states=h, temb=t, rope=None, joint_attention_kwargs=None, flag=False)
+    host = torch.zeros(2)
+    assert fwd(blk, host, host) == "original"
+
 def test_unpatch_refuses_while_a_later_hook_wraps_a_patched_forward():
     from diffusers.hooks import HookRegistry, ModelHook
 
