@@ -34,6 +34,16 @@ class QkWanArgs(C.Structure):
         ("heads", C.c_int64), ("eps", C.c_double)]
 
 
+class QkQwenArgs(C.Structure):
+    _fields_ = [(n, P) for n in ("q_out", "k_out", "v_out", "q", "k", "v", "q_weight", "k_weight", "q_txt", "k_txt",
+                                 "v_txt", "q_txt_weight", "k_txt_weight", "freqs", "freqs_txt")] + [("eps", C.c_double)]
+
+
+class QkSd35Args(C.Structure):
+    _fields_ = [(n, P) for n in ("q_out", "k_out", "v_out", "q", "k", "v", "q_weight", "k_weight", "q_ctx", "k_ctx",
+                                 "v_ctx", "q_ctx_weight", "k_ctx_weight")] + [("eps", C.c_double)]
+
+
 @pytest.fixture(scope="module")
 def lib():
     lib = _loader.core()
@@ -49,6 +59,8 @@ def lib():
         "difuse_can_use_layernorm_affine_fp32": [P] * 4 + [d],
         "difuse_can_use_qk_norm_rope": [C.POINTER(QkArgs)],
         "difuse_can_use_qk_norm_rope_wan": [C.POINTER(QkWanArgs)],
+        "difuse_can_use_qk_norm_rope_qwen": [C.POINTER(QkQwenArgs)],
+        "difuse_can_use_qk_norm_sd35": [C.POINTER(QkSd35Args)],
     }.items():
         fn = getattr(lib, name)
         fn.restype, fn.argtypes = st, args
@@ -65,6 +77,14 @@ class Views:
     def of(self, t):
         if t is None:
             return None
+        if t.dtype == torch.complex64:  # a Qwen RoPE table [S, D/2] as the binding passes it: fp32 pairs [S, D]
+            r = torch.view_as_real(t)
+            v = _capi.TensorView()
+            v.data, v.dtype, v.rank, v.device = r.data_ptr(), DTYPES[torch.float32], 2, 0
+            v.sizes[0], v.sizes[1] = r.shape[0], 2 * r.shape[1]
+            v.strides[0], v.strides[1] = r.stride(0), 1 if r.stride(1) == 2 else r.stride(1)
+            self.keep.append(v)
+            return C.pointer(v)
         v = _capi.TensorView()
         v.data = t.data_ptr() if t.numel() else None
         v.dtype, v.rank, v.device = DTYPES[t.dtype], t.dim(), 0
@@ -163,7 +183,28 @@ def _device_predicates(lib):
                       eps=float(eps))
         return _support(lib, lib.difuse_can_use_qk_norm_rope_wan(C.pointer(a)))
 
-    return dict(can_use_layernorm_modulate=lnmod, can_use_gated_residual=gated,
+    def qk_qwen(q, k, v, q_weight, k_weight, q_txt, k_txt, v_txt, q_txt_weight, k_txt_weight, freqs=None,
+                freqs_txt=None, eps=1e-6):
+        w = Views()
+        B, S, H, D = q.shape
+        joint = (B, S + q_txt.shape[1], H, D)
+        a = QkQwenArgs(q_out=w.fresh(joint), k_out=w.fresh(joint), v_out=w.fresh(joint), q=w.of(q), k=w.of(k),
+                       v=w.of(v), q_weight=w.of(q_weight), k_weight=w.of(k_weight), q_txt=w.of(q_txt),
+                       k_txt=w.of(k_txt), v_txt=w.of(v_txt), q_txt_weight=w.of(q_txt_weight),
+                       k_txt_weight=w.of(k_txt_weight), freqs=w.of(freqs), freqs_txt=w.of(freqs_txt), eps=float(eps))
+        return _support(lib, lib.difuse_can_use_qk_norm_rope_qwen(C.pointer(a)))
+
+    def qk_sd35(q, k, v, q_weight, k_weight, q_ctx, k_ctx, v_ctx, q_ctx_weight, k_ctx_weight, eps=1e-6):
+        w = Views()
+        B, H, S, D = q.shape
+        joint = (B, H, S + q_ctx.shape[2], D)
+        a = QkSd35Args(q_out=w.fresh(joint), k_out=w.fresh(joint), v_out=w.fresh(joint), q=w.of(q), k=w.of(k),
+                       v=w.of(v), q_weight=w.of(q_weight), k_weight=w.of(k_weight), q_ctx=w.of(q_ctx),
+                       k_ctx=w.of(k_ctx), v_ctx=w.of(v_ctx), q_ctx_weight=w.of(q_ctx_weight),
+                       k_ctx_weight=w.of(k_ctx_weight), eps=float(eps))
+        return _support(lib, lib.difuse_can_use_qk_norm_sd35(C.pointer(a)))
+
+    return dict(can_use_qk_norm_rope_qwen=qk_qwen, can_use_qk_norm_sd35=qk_sd35, can_use_layernorm_modulate=lnmod, can_use_gated_residual=gated,
                 can_use_gated_residual_layernorm_modulate=grln, can_use_rms_norm=rms,
                 can_use_rms_norm_modulate=rmsmod, can_use_gated_residual_rms_norm_modulate=grrmsmod,
                 can_use_gelu_tanh=gelu, can_use_layernorm_modulate_fp32=lnmod32,
@@ -231,6 +272,10 @@ def _call_bodies(model, inputs):
         "ChromaAdaLayerNormContinuousPruned": lambda m, x, e: patching._chroma_norm_out_body(m, st, x, e),
         "AdaLayerNormContinuous": lambda m, x, c: patching._ada_continuous_body(m, st, x, c),
         "WanTransformerBlock": lambda m, *a, **k: patching._wan_block_body(m, st, *a, **k),
+        "QwenImageTransformerBlock": lambda m, *a, **k: patching._qwen_block_body(
+            m, st, *patching._forward_arguments(m, a, k).values()),
+        "JointTransformerBlock": lambda m, *a, **k: patching._sd3_block_body(
+            m, st, *list(patching._forward_arguments(m, a, k).values())[:3]),
         "FluxTransformerBlock": lambda m, *a, **k: patching._flux_double_body(
             m, st, *patching._forward_arguments(m, a, k).values()),
         "FluxSingleTransformerBlock": lambda m, *a, **k: patching._flux_single_body(
@@ -355,6 +400,42 @@ def test_flux1_layouts_the_control(probe):
                   return_dict=False)
     _run_patched(model, inputs)
     assert _refused(probe, patching.FLUX_SITES) == {}
+
+
+def test_wan_qwen_sd3_layouts_the_controls(probe):
+    """Wan, Qwen-Image and SD3.5, fused on the H200 (tests.json): nothing to refuse in them either."""
+    tw = pytest.importorskip("diffusers.models.transformers.transformer_wan")
+    tq = pytest.importorskip("diffusers.models.transformers.transformer_qwenimage")
+    ts = pytest.importorskip("diffusers.models.transformers.transformer_sd3")
+    torch.manual_seed(0)
+    wan = randomize_(tw.WanTransformer3DModel(patch_size=(1, 2, 2), num_attention_heads=4, attention_head_dim=32,
+                                              in_channels=4, out_channels=4, text_dim=16, freq_dim=16, ffn_dim=96,
+                                              num_layers=1, cross_attn_norm=True, rope_max_seq_len=32))
+    e2e.apply_dtype_policy_(wan, torch.bfloat16)
+    g = torch.Generator().manual_seed(4)
+    _run_patched(wan.eval(), dict(hidden_states=torch.randn(1, 4, 2, 8, 8, generator=g).bfloat16(),
+                                  timestep=torch.tensor([500]), return_dict=False,
+                                  encoder_hidden_states=torch.randn(1, 7, 16, generator=g).bfloat16()))
+    assert _refused(probe, patching.WAN_SITES) == {}
+    probe.clear()
+    qwen = randomize_(tq.QwenImageTransformer2DModel(patch_size=2, in_channels=16, out_channels=4, num_layers=1,
+                                                     attention_head_dim=32, num_attention_heads=4,
+                                                     joint_attention_dim=24, axes_dims_rope=(8, 12, 12))).bfloat16()
+    _run_patched(qwen.eval(), dict(hidden_states=torch.randn(2, 16, 16, generator=g).bfloat16(),
+                                   encoder_hidden_states=torch.randn(2, 5, 24, generator=g).bfloat16(),
+                                   encoder_hidden_states_mask=None, timestep=torch.full((2,), 0.6).bfloat16(),
+                                   img_shapes=[[(1, 4, 4)]] * 2, return_dict=False))
+    assert _refused(probe, patching.QWEN_SITES) == {}
+    probe.clear()
+    sd3 = randomize_(ts.SD3Transformer2DModel(sample_size=8, patch_size=2, in_channels=4, num_layers=2,
+                                              attention_head_dim=32, num_attention_heads=4, joint_attention_dim=24,
+                                              caption_projection_dim=128, pooled_projection_dim=8, out_channels=4,
+                                              pos_embed_max_size=16, qk_norm="rms_norm")).bfloat16()
+    _run_patched(sd3.eval(), dict(hidden_states=torch.randn(2, 4, 8, 8, generator=g).bfloat16(),
+                                  encoder_hidden_states=torch.randn(2, 20, 24, generator=g).bfloat16(),
+                                  pooled_projections=torch.randn(2, 8, generator=g).bfloat16(),
+                                  timestep=torch.full((2,), 500.0), return_dict=False))
+    assert _refused(probe, patching.SD3_SITES) == {}
 
 
 def test_the_probe_reports_a_refused_layout(probe):
