@@ -116,8 +116,22 @@ FLUX2_SITES = {
     "FS4": "single block residual: h + gate * attn",
     "norm_out": "final AdaLayerNormContinuous: LayerNorm(x) * (1 + scale) + shift",
 }
+HUNYUAN_SITES = {
+    "H1": "double block norm1 (AdaLayerNormZero): LayerNorm(x) * (1 + scale_msa) + shift_msa (video stream)",
+    "H1c": "double block norm1_context on the text stream",
+    "H4": "double block: h + attn * gate_msa, norm2 * (1 + scale_mlp) + shift_mlp (video)",
+    "H4c": "the same on the text stream",
+    "H6": "double block FF residual: h + gate_mlp * ff (video)",
+    "H6c": "double block FF residual on the text stream",
+    "HS1": "single block norm (AdaLayerNormZeroSingle) on the joint [video, text] sequence",
+    "HS_concat": "single block [attention, GELU(mlp)] concat: GELU written into the joint buffer",
+    "HS4": "single block residual: gate * proj_out(...) + residual",
+    "norm_out": "final AdaLayerNormContinuous: LayerNorm(x) * (1 + scale) + shift",
+}
+HUNYUAN15_SITES = {k: v for k, v in HUNYUAN_SITES.items() if not k.startswith("HS")}  # 1.5: double blocks only
 BLOCK_GATES = ("double_block", "single_block", "norm_out_block", "qwen_block", "joint_block", "wan_block",
-               "wan_vace_block", "ernie_block", "ltx2_block", "flux2_double_block", "flux2_single_block")
+               "wan_vace_block", "ernie_block", "ltx2_block", "flux2_double_block", "flux2_single_block",
+               "hunyuan_double_block", "hunyuan_single_block")
 
 
 # ---- signatures ------------------------------------------------------------------------------------------------
@@ -341,8 +355,11 @@ def _gated_residual_site(site: Site, h, a, gate):
 
     g = gate.unsqueeze(1) if gate.dim() == 2 else gate
     eager = lambda: h + g * a  # noqa: E731
-    return site.run((h, a, gate), fused=lambda: ops._ops().gated_residual(h, a, gate), eager=eager,
-                    predicate=lambda: ops.can_use_gated_residual(h, a, gate), device=_dev(h))
+    # A strided h or a (HunyuanVideo's first blocks get the patch embedding's transposed view) is copied to
+    # contiguous rows for the op: the same values, and the eager add's bits do not depend on the layout.
+    hc, ac = _contiguous_later(h), _contiguous_later(a)
+    return site.run((h, a, gate), fused=lambda: ops._ops().gated_residual(hc(), ac(), gate), eager=eager,
+                    predicate=lambda: ops.can_use_gated_residual(hc(), ac(), gate), device=_dev(h))
 
 
 def _grln_site(site: Site, h, a, gate, scale, shift, norm):
@@ -358,10 +375,12 @@ def _grln_site(site: Site, h, a, gate, scale, shift, norm):
 
     plain = _plain_layernorm(norm)
     eps = float(norm.eps)
+    hc, ac = _contiguous_later(h), _contiguous_later(a)  # as in _gated_residual_site
     return site.run((h, a, gate, scale, shift, eps, plain),
-                    fused=lambda: tuple(ops._ops().gated_residual_layernorm_modulate(h, a, gate, scale, shift, eps)),
+                    fused=lambda: tuple(ops._ops().gated_residual_layernorm_modulate(hc(), ac(), gate, scale, shift,
+                                                                                     eps)),
                     eager=eager,
-                    predicate=lambda: ops.can_use_gated_residual_layernorm_modulate(h, a, gate, scale, shift, eps)
+                    predicate=lambda: ops.can_use_gated_residual_layernorm_modulate(hc(), ac(), gate, scale, shift, eps)
                     if plain else ops.Support(False, ["the norm is not a plain nn.LayerNorm (no weight, no bias)"]),
                     device=_dev(h))
 
@@ -1707,6 +1726,59 @@ def _chroma_norm_out_body(self, st, x, emb):
                        lambda: self.norm(x) * (1 + scale)[:, None, :] + shift[:, None, :])
 
 
+# ---- HunyuanVideo, HunyuanVideo 1.5 (FLUX.1's norm and residual chains around an attention of their own) ----------
+def _ada_zero_norm_site(st: _State, site: Site, norm, x, temb, chunks: int):
+    """AdaLayerNormZero (chunks 6) / AdaLayerNormZeroSingle (chunks 3): the modulation from silu(temb), then
+    LayerNorm(x) * (1 + scale_msa[:, None]) + shift_msa[:, None] as one site -> (x, the other chunks)."""
+    if getattr(norm, "emb", None) is not None:
+        raise RuntimeError("difuse: a norm with its own timestep embedding is not handled")  # block gate -> original
+    parts = norm.linear(_silu_once(st, norm.silu, temb)).chunk(chunks, dim=1)
+    shift, scale = parts[0], parts[1]
+    out = _lnmod_site(site, x, scale, shift, norm.norm, lambda: norm.norm(x) * (1 + scale[:, None]) + shift[:, None])
+    return (out,) + parts[2:]
+
+
+def _hunyuan_double_body(self, st, hidden_states, encoder_hidden_states, temb, attention_mask=None, freqs_cis=None,
+                         args=(), kwargs=None):
+    """HunyuanVideoTransformerBlock.forward and HunyuanVideo15TransformerBlock.forward (the same code, diffusers
+    0.42.1): FLUX.1's double-block chains (H1, H4, H6) around the model's own attention, called as the block calls it."""
+    S = st.sites
+    norm_hs, gate_msa, shift_mlp, scale_mlp, gate_mlp = _ada_zero_norm_site(st, S["H1"], self.norm1, hidden_states,
+                                                                            temb, 6)
+    norm_ehs, c_gate_msa, c_shift_mlp, c_scale_mlp, c_gate_mlp = _ada_zero_norm_site(
+        st, S["H1c"], self.norm1_context, encoder_hidden_states, temb, 6)
+    attn_output, context_attn_output = self.attn(hidden_states=norm_hs, encoder_hidden_states=norm_ehs,
+                                                 attention_mask=attention_mask, image_rotary_emb=freqs_cis)
+    hidden_states, norm_hs = _grln_site(S["H4"], hidden_states, attn_output, gate_msa, scale_mlp, shift_mlp,
+                                        self.norm2)
+    encoder_hidden_states, norm_ehs = _grln_site(S["H4c"], encoder_hidden_states, context_attn_output, c_gate_msa,
+                                                 c_scale_mlp, c_shift_mlp, self.norm2_context)
+    hidden_states = _gated_residual_site(S["H6"], hidden_states, self.ff(norm_hs), gate_mlp)
+    encoder_hidden_states = _gated_residual_site(S["H6c"], encoder_hidden_states, self.ff_context(norm_ehs),
+                                                 c_gate_mlp)
+    return hidden_states, encoder_hidden_states
+
+
+def _hunyuan_single_body(self, st, hidden_states, encoder_hidden_states, temb, attention_mask=None,
+                         image_rotary_emb=None, args=(), kwargs=None):
+    """HunyuanVideoSingleTransformerBlock.forward (diffusers 0.42.1): the joint [video, text] sequence, FLUX.1's
+    single-block chains (HS1, HS_concat, HS4) around the model's own attention on its two halves."""
+    torch = _torch()
+    S = st.sites
+    text_seq_length = encoder_hidden_states.shape[1]
+    hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
+    residual = hidden_states
+    norm_hs, gate = _ada_zero_norm_site(st, S["HS1"], self.norm, hidden_states, temb, 3)
+    mlp = self.proj_mlp(norm_hs)
+    attn_output, context_attn_output = self.attn(hidden_states=norm_hs[:, :-text_seq_length, :],
+                                                 encoder_hidden_states=norm_hs[:, -text_seq_length:, :],
+                                                 attention_mask=attention_mask, image_rotary_emb=image_rotary_emb)
+    attn_output = torch.cat([attn_output, context_attn_output], dim=1)
+    hidden_states = _gelu_concat_site(S["HS_concat"], self.act_mlp, mlp, attn_output)
+    hidden_states = _gated_residual_site(S["HS4"], residual, self.proj_out(hidden_states), gate)
+    return hidden_states[:, :-text_seq_length, :], hidden_states[:, -text_seq_length:, :]
+
+
 # The patched forwards of the blocks whose bodies take the class forward's arguments in its order.
 _ernie_block_forward = _block_forward("ernie_block", _ernie_block_body)
 _flux2_double_forward = _block_forward("flux2_double_block", _flux2_double_body)
@@ -1714,6 +1786,8 @@ _flux2_single_forward = _block_forward("flux2_single_block", _flux2_single_body)
 _chroma_double_forward = _block_forward("double_block", _chroma_double_body)
 _chroma_single_forward = _block_forward("single_block", _chroma_single_body)
 _ltx2_block_forward = _block_forward("ltx2_block", _ltx2_block_body, by_name=True)
+_hunyuan_double_forward = _block_forward("hunyuan_double_block", _hunyuan_double_body)
+_hunyuan_single_forward = _block_forward("hunyuan_single_block", _hunyuan_single_body)
 
 # ---- public API -------------------------------------------------------------------------------------------------
 def _model_kind(model) -> str:
@@ -1724,7 +1798,8 @@ def _model_kind(model) -> str:
             "QwenImageTransformer2DModel": "qwen",
             "SD3Transformer2DModel": "sd3", "WanTransformer3DModel": "wan", "WanVACETransformer3DModel": "wan_vace",
             "WanAnimateTransformer3DModel": "wan_copy", "ChronoEditTransformer3DModel": "wan_copy",
-            "ErnieImageTransformer2DModel": "ernie", "LTX2VideoTransformer3DModel": "ltx2"}.get(name, "")
+            "ErnieImageTransformer2DModel": "ernie", "LTX2VideoTransformer3DModel": "ltx2",
+            "HunyuanVideoTransformer3DModel": "hunyuan", "HunyuanVideo15Transformer3DModel": "hunyuan15"}.get(name, "")
 
 
 def patch(model) -> PatchReport:
@@ -1735,7 +1810,8 @@ def patch(model) -> PatchReport:
                                   "Flux2Transformer2DModel, ChromaTransformer2DModel, "
                                   "QwenImageTransformer2DModel, SD3Transformer2DModel, WanTransformer3DModel, "
                                   "WanVACETransformer3DModel, WanAnimateTransformer3DModel, ChronoEditTransformer3DModel, "
-                                  "ErnieImageTransformer2DModel, "
+                                  "ErnieImageTransformer2DModel, HunyuanVideoTransformer3DModel, "
+                                  "HunyuanVideo15Transformer3DModel, "
                                   "LTX2VideoTransformer3DModel)" % type(model).__name__)
     if getattr(model, "_difuse_state", None) is not None:
         return model._difuse_state.report
@@ -1746,6 +1822,17 @@ def patch(model) -> PatchReport:
         table = {tf.FluxTransformerBlock: (_flux_double_forward, "double blocks"),
                  tf.FluxSingleTransformerBlock: (_flux_single_forward, "single blocks")}
         st = _State("flux", FLUX_SITES)
+    elif kind == "hunyuan":  # the image-to-video variant's token-replace blocks are other classes: left eager
+        import diffusers.models.transformers.transformer_hunyuan_video as th
+
+        table = {th.HunyuanVideoTransformerBlock: (_hunyuan_double_forward, "double blocks"),
+                 th.HunyuanVideoSingleTransformerBlock: (_hunyuan_single_forward, "single blocks")}
+        st = _State("hunyuan", HUNYUAN_SITES)
+    elif kind == "hunyuan15":
+        import diffusers.models.transformers.transformer_hunyuan_video15 as th15
+
+        table = {th15.HunyuanVideo15TransformerBlock: (_hunyuan_double_forward, "double blocks")}
+        st = _State("hunyuan15", HUNYUAN15_SITES)
     elif kind == "chroma":
         tc = _chroma_module()
         table = {tc.ChromaTransformerBlock: (_chroma_double_forward, "double blocks"),
@@ -1885,4 +1972,4 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FLUX_SITES", "QWEN_SITES", "SD3_SITES", "SD3_DUAL_SITES", "WAN_SITES", "ERNIE_SITES", "LTX2_SITES", "FLUX2_SITES", "patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]
+__all__ = ["FLUX_SITES", "QWEN_SITES", "SD3_SITES", "SD3_DUAL_SITES", "WAN_SITES", "ERNIE_SITES", "LTX2_SITES", "FLUX2_SITES", "HUNYUAN_SITES", "HUNYUAN15_SITES", "patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]

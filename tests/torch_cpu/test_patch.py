@@ -604,6 +604,71 @@ def test_block_forward_binds_the_class_signature_and_keys_on_data_only():
     host = torch.zeros(2)
     assert fwd(blk, host, host) == "original"
 
+def tiny_hunyuan(dtype=torch.float32):
+    th = pytest.importorskip("diffusers.models.transformers.transformer_hunyuan_video")
+    torch.manual_seed(0)
+    model = th.HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=4, attention_head_dim=32,
+                                              num_layers=1, num_single_layers=1, num_refiner_layers=1,
+                                              text_embed_dim=24, pooled_projection_dim=12, rope_axes_dim=(8, 12, 12))
+    return randomize_(model).to(dtype).eval()
+
+
+def hunyuan_inputs(dtype, B=2, T=5):
+    g = torch.Generator().manual_seed(1)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, 3:] = 0  # a padded prompt
+    return dict(hidden_states=torch.randn(B, 4, 2, 8, 8, generator=g).to(dtype), timestep=torch.full((B,), 500),
+                encoder_hidden_states=torch.randn(B, T, 24, generator=g).to(dtype), encoder_attention_mask=mask,
+                pooled_projections=torch.randn(B, 12, generator=g).to(dtype), guidance=torch.full((B,), 6000.0),
+                return_dict=False)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_hunyuan_video_patch_and_its_bodies_compose_like_the_original(dtype):
+    model = tiny_hunyuan(dtype)
+    seen = {}
+    hooks = [m.register_forward_pre_hook(lambda mod, a, k, n=n: seen.__setitem__(n, (a, k)), with_kwargs=True)
+             for n, m in (("double", model.transformer_blocks[0]), ("single", model.single_transformer_blocks[0]))]
+    with torch.no_grad():
+        before = model(**hunyuan_inputs(dtype))[0]
+    for h in hooks:
+        h.remove()
+    rep = difuse.patch(model)
+    assert rep.modules == {"double blocks": 1, "single blocks": 1, "norm_out": 1}
+    assert set(rep.sites) == set(difuse.patching.HUNYUAN_SITES)
+    st = model._difuse_state
+    with torch.no_grad():
+        for name, blk, body in (("double", model.transformer_blocks[0], difuse.patching._hunyuan_double_body),
+                                ("single", model.single_transformer_blocks[0], difuse.patching._hunyuan_single_body)):
+            args, kwargs = seen[name]
+            assert kwargs.get("attention_mask", args[3] if len(args) > 3 else None) is not None  # the padded prompt
+            want = type(blk).forward(blk, *args, **kwargs)
+            got = body(blk, st, *difuse.patching._forward_arguments(blk, args, kwargs).values())
+            assert all(_bits(x, y) for x, y in zip(got, want))
+        assert _bits(model(**hunyuan_inputs(dtype))[0], before)
+    difuse.unpatch(model)
+
+
+def test_hunyuan_video_15_block_body_composes_like_the_original():
+    th15 = pytest.importorskip("diffusers.models.transformers.transformer_hunyuan_video15")
+    with torch.device("meta"):
+        model = th15.HunyuanVideo15Transformer3DModel(num_layers=2)
+    rep = difuse.patch(model)
+    assert rep.modules == {"double blocks": 2, "norm_out": 1} and set(rep.sites) == set(difuse.patching.HUNYUAN15_SITES)
+    difuse.unpatch(model)
+    torch.manual_seed(0)
+    blk = randomize_(th15.HunyuanVideo15TransformerBlock(4, 32, 4.0)).bfloat16().eval()
+    g = torch.Generator().manual_seed(2)
+    hs, ehs = torch.randn(2, 12, 128, generator=g).bfloat16(), torch.randn(2, 5, 128, generator=g).bfloat16()
+    temb = torch.randn(2, 128, generator=g).bfloat16()
+    mask = torch.ones(2, 5, dtype=torch.bool)  # the text tokens' mask its processor pads over the video tokens
+    mask[1, 3:] = False
+    st = difuse.patching._State("hunyuan15", difuse.patching.HUNYUAN15_SITES)
+    with torch.no_grad():
+        want = type(blk).forward(blk, hs, ehs, temb, mask)
+        got = difuse.patching._hunyuan_double_body(blk, st, hs, ehs, temb, mask)
+    assert all(_bits(x, y) for x, y in zip(got, want))
+
 def test_unpatch_refuses_while_a_later_hook_wraps_a_patched_forward():
     from diffusers.hooks import HookRegistry, ModelHook
 

@@ -272,6 +272,10 @@ def _call_bodies(model, inputs):
         "ChromaAdaLayerNormContinuousPruned": lambda m, x, e: patching._chroma_norm_out_body(m, st, x, e),
         "AdaLayerNormContinuous": lambda m, x, c: patching._ada_continuous_body(m, st, x, c),
         "WanTransformerBlock": lambda m, *a, **k: patching._wan_block_body(m, st, *a, **k),
+        "HunyuanVideoTransformerBlock": lambda m, *a, **k: patching._hunyuan_double_body(
+            m, st, *patching._forward_arguments(m, a, k).values()),
+        "HunyuanVideoSingleTransformerBlock": lambda m, *a, **k: patching._hunyuan_single_body(
+            m, st, *patching._forward_arguments(m, a, k).values()),
         "QwenImageTransformerBlock": lambda m, *a, **k: patching._qwen_block_body(
             m, st, *patching._forward_arguments(m, a, k).values()),
         "JointTransformerBlock": lambda m, *a, **k: patching._sd3_block_body(
@@ -381,6 +385,24 @@ def test_wan_vace_layouts(probe):
                   control_hidden_states=torch.randn(1, 6, 2, 8, 8, generator=g).bfloat16(), return_dict=False)
     _run_patched(model, inputs)
     assert _refused(probe, patching.WAN_SITES) == {}
+
+
+def test_hunyuan_video_layouts(probe):
+    th = pytest.importorskip("diffusers.models.transformers.transformer_hunyuan_video")
+    torch.manual_seed(0)
+    model = randomize_(th.HunyuanVideoTransformer3DModel(
+        in_channels=4, out_channels=4, num_attention_heads=4, attention_head_dim=32, num_layers=1, num_single_layers=1,
+        num_refiner_layers=1, text_embed_dim=24, pooled_projection_dim=12, rope_axes_dim=(8, 12, 12))).bfloat16().eval()
+    B, T = 2, 5
+    g = torch.Generator().manual_seed(1)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[1, 3:] = 0
+    _run_patched(model, dict(hidden_states=torch.randn(B, 4, 2, 8, 8, generator=g).bfloat16(),
+                             timestep=torch.full((B,), 500), encoder_attention_mask=mask,
+                             encoder_hidden_states=torch.randn(B, T, 24, generator=g).bfloat16(),
+                             pooled_projections=torch.randn(B, 12, generator=g).bfloat16(),
+                             guidance=torch.full((B,), 6000.0), return_dict=False))
+    assert _refused(probe, patching.HUNYUAN_SITES) == {}
 
 
 def test_flux1_layouts_the_control(probe):
