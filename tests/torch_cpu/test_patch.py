@@ -4,7 +4,7 @@ import pytest
 import torch
 
 import difuse
-from tiny_models import randomize_
+from tiny_models import forward_capturing, randomize_
 
 tf = pytest.importorskip("diffusers.models.transformers.transformer_flux")
 
@@ -266,13 +266,8 @@ def ernie_inputs(dtype, B=2, side=4, T=5):
 @pytest.mark.parametrize("qk_norms", [True, False])
 def test_ernie_patch_discovers_blocks_and_its_bodies_compose_like_the_original(qk_norms, dtype):
     model = tiny_ernie(qk_norms=qk_norms, dtype=dtype)
-    seen = {}
-    hooks = [model.layers[0].register_forward_pre_hook(lambda m, a, k: seen.update(block=(a, k)), with_kwargs=True),
-             model.final_norm.register_forward_pre_hook(lambda m, a, k: seen.update(final=(a, k)), with_kwargs=True)]
-    with torch.no_grad():
-        before = model(**ernie_inputs(dtype))[0]
-    for h in hooks:
-        h.remove()
+    out, seen = forward_capturing(model, ernie_inputs(dtype), dict(block=model.layers[0], final=model.final_norm))
+    before = out[0]
     rep = difuse.patch(model)
     assert rep.modules == {"blocks": 2, "final_norm": 1}
     assert set(rep.sites) == set(difuse.patching.ERNIE_SITES)
@@ -413,13 +408,8 @@ def test_wan_vace_patch_covers_both_block_kinds_and_the_vace_body_composes_like_
     inp = dict(hidden_states=torch.randn(1, 4, 3, 4, 4, generator=g).to(dtype), timestep=torch.tensor([500]),
                encoder_hidden_states=torch.randn(1, 7, 16, generator=g).to(dtype),
                control_hidden_states=torch.randn(1, 6, 3, 4, 4, generator=g).to(dtype), return_dict=False)
-    seen = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, a, k, i=i: seen.__setitem__(i, (a, k)), with_kwargs=True)
-             for i, m in enumerate([model.vace_blocks[0], model.vace_blocks[1], model.blocks[1]])]
-    with torch.no_grad():
-        before = model(**inp)[0]
-    for h in hooks:
-        h.remove()
+    out, seen = forward_capturing(model, inp, {0: model.vace_blocks[0], 1: model.vace_blocks[1], 2: model.blocks[1]})
+    before = out[0]
     rep = difuse.patch(model)
     assert rep.modules == {"blocks": 3, "vace blocks": 2} and set(rep.sites) == set(difuse.patching.WAN_SITES)
     assert model.vace_blocks[0].proj_in is not None and model.vace_blocks[1].proj_out is not None
@@ -485,14 +475,9 @@ def test_flux2_patch_and_its_bodies_compose_like_the_original(dtype, per_token):
     """FLUX.2's double and single blocks, with the model's [B, 1, H] modulation chunks or per-token ones (what
     reference images blend in), against their classes' forwards; the model's output unchanged on the CPU."""
     model = tiny_flux2(dtype)
-    seen = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, a, k, n=n: seen.__setitem__(n, k), with_kwargs=True)
-             for n, m in (("double", model.transformer_blocks[0]), ("single", model.single_transformer_blocks[0]),
-                          ("norm_out", model.norm_out))]
-    with torch.no_grad():
-        before = model(**flux2_inputs(dtype))[0]
-    for h in hooks:
-        h.remove()
+    out, calls = forward_capturing(model, flux2_inputs(dtype), dict(
+        double=model.transformer_blocks[0], single=model.single_transformer_blocks[0]))
+    before, seen = out[0], {n: k for n, (a, k) in calls.items()}
     rep = difuse.patch(model)
     assert rep.modules == {"double blocks": 1, "single blocks": 1, "norm_out": 1}
     assert set(rep.sites) == set(difuse.patching.FLUX2_SITES)
@@ -542,14 +527,10 @@ def test_chroma_patch_and_its_bodies_compose_like_the_original(dtype, masked):
                encoder_hidden_states=torch.randn(B, T, 24, generator=g).to(dtype), timestep=torch.full((B,), 0.5),
                img_ids=torch.randint(0, 4, (L, 3), generator=g).float(), txt_ids=torch.zeros(T, 3),
                attention_mask=mask if masked else None, return_dict=False)
-    seen = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, a, k, n=n: seen.__setitem__(n, k), with_kwargs=True)
-             for n, m in (("double", model.transformer_blocks[0]), ("single", model.single_transformer_blocks[0]))]
-    hooks.append(model.norm_out.register_forward_pre_hook(lambda mod, a: seen.__setitem__("norm_out", a)))
-    with torch.no_grad():
-        before = model(**inp)[0]
-    for h in hooks:
-        h.remove()
+    out, calls = forward_capturing(model, inp, dict(double=model.transformer_blocks[0],
+                                                    single=model.single_transformer_blocks[0], norm_out=model.norm_out))
+    before = out[0]
+    seen = {n: (a if n == "norm_out" else k) for n, (a, k) in calls.items()}
     rep = difuse.patch(model)
     assert rep.modules == {"double blocks": 1, "single blocks": 1, "norm_out": 1}
     st = model._difuse_state
@@ -626,13 +607,9 @@ def hunyuan_inputs(dtype, B=2, T=5):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_hunyuan_video_patch_and_its_bodies_compose_like_the_original(dtype):
     model = tiny_hunyuan(dtype)
-    seen = {}
-    hooks = [m.register_forward_pre_hook(lambda mod, a, k, n=n: seen.__setitem__(n, (a, k)), with_kwargs=True)
-             for n, m in (("double", model.transformer_blocks[0]), ("single", model.single_transformer_blocks[0]))]
-    with torch.no_grad():
-        before = model(**hunyuan_inputs(dtype))[0]
-    for h in hooks:
-        h.remove()
+    out, seen = forward_capturing(model, hunyuan_inputs(dtype), dict(double=model.transformer_blocks[0],
+                                                                      single=model.single_transformer_blocks[0]))
+    before = out[0]
     rep = difuse.patch(model)
     assert rep.modules == {"double blocks": 1, "single blocks": 1, "norm_out": 1}
     assert set(rep.sites) == set(difuse.patching.HUNYUAN_SITES)
