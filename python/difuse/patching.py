@@ -331,6 +331,18 @@ def _plain_layernorm(norm) -> bool:
             norm.bias is None)
 
 
+def _contiguous_later(t):
+    """A function returning t itself where it is contiguous, else a contiguous copy of it (the same values), made
+    only when the fused path or its predicate asks."""
+    return (lambda: t) if t.is_contiguous() else t.contiguous
+
+
+def _mod_rows(t, x):
+    """A modulation or gate chunk as the fused ops take it: [B, 1, H] over L > 1 tokens as its [B, H] rows (the same
+    values), a per-token [B, L, H] (or [B, H]) as it is."""
+    return t[:, 0] if t.dim() == 3 and t.shape[1] == 1 and x.shape[1] != 1 else t
+
+
 def _lnmod_site(site: Site, x, scale, shift, norm, eager):
     """x -> LayerNorm(x) * (1 + scale[:, None]) + shift[:, None] with scale/shift [B, H] rows (or the same with
     per-token [B, L, H] scale/shift; the caller's eager chain says which)."""
@@ -340,7 +352,7 @@ def _lnmod_site(site: Site, x, scale, shift, norm, eager):
     plain = _plain_layernorm(norm)
     # A strided x (norm_out's image slice of the joint sequence at batch > 1) is made contiguous first, as aten's
     # layer_norm does with it before its kernel: the same bits, one copy.
-    xc = (lambda: x) if x.is_contiguous() else x.contiguous
+    xc = _contiguous_later(x)
     return site.run((x, scale, shift, eps, plain),
                     fused=lambda: ops._ops().layernorm_modulate(xc(), scale, shift, eps),
                     eager=eager,
@@ -1163,23 +1175,13 @@ def _ernie_gated_rmsmod_site(site: Site, norm, h, a, gate, scale, shift):
 
     ok = _diffusers_rmsnorm(norm)
     eps, w = float(norm.eps), norm.weight
-    ac = (lambda: a) if a.is_contiguous() else a.contiguous
+    ac = _contiguous_later(a)
     return site.run((h, a, gate, w, scale, shift, eps, ok), eager=eager,
                     fused=lambda: tuple(ops._ops().gated_residual_rms_norm_modulate(h, ac(), gate, w, scale, shift,
                                                                                      eps, True)),
                     predicate=lambda: ops.can_use_gated_residual_rms_norm_modulate(h, ac(), gate, w, scale, shift, eps,
                                                                                    True) if ok else
                     ops.Support(False, ["the norm is not diffusers' RMSNorm without a bias"]), device=_dev(h))
-
-
-def _ernie_gated_site(site: Site, h, a, gate):
-    """h + (gate.float() * a.float()).to(bf16): the bf16 product is one rounding of the exact fp32 product, so this
-    is gated_residual's h + gate * a (per-token [S, B, H] gate rows)."""
-    from . import ops
-
-    eager = lambda: h + (gate.float() * a.float()).to(h.dtype)  # noqa: E731
-    return site.run((h, a, gate), fused=lambda: ops._ops().gated_residual(h, a, gate), eager=eager,
-                    predicate=lambda: ops.can_use_gated_residual(h, a, gate), device=_dev(h))
 
 
 def _ernie_rotary(x, freqs):
@@ -1247,7 +1249,8 @@ def _ernie_block_body(self, st, x, rotary_pos_emb, temb, attention_mask):
         attn_out = _ernie_attention(S["E2"], attn, x_bsh, attention_mask, rotary_pos_emb)
     attn_out = attn_out.permute(1, 0, 2)
     x, n2 = _ernie_gated_rmsmod_site(S["E3"], self.adaLN_mlp_ln, residual, attn_out, gate_msa, scale_mlp, shift_mlp)
-    return _ernie_gated_site(S["E4"], x, self.mlp(n2), gate_mlp)
+    # (gate.float() * mlp.float()).to(bf16) is one rounding of an exact product: gated_residual's bf16 gate * a
+    return _gated_residual_site(S["E4"], x, self.mlp(n2), gate_mlp)
 
 
 def _ernie_final_norm_forward(self, x, conditioning):
@@ -1277,11 +1280,6 @@ def _ltx2_module():
     import diffusers.models.transformers.transformer_ltx2 as tl
 
     return tl
-
-
-def _contiguous_later(t):
-    """t, or a function making its contiguous copy (the same bits) once it is asked for."""
-    return (lambda: t) if t.is_contiguous() else t.contiguous
 
 
 def _ltx2_rmsmod_site(site: Site, norm, x, scale, shift):
@@ -1319,23 +1317,6 @@ def _ltx2_norm_mods_site(site: Site, norm, x, mods):
     key = (x, w, eps, ok) + tuple(t for m in mods for t in m)
     return site.run(key, eager=eager, predicate=predicate, device=_dev(x),
                     fused=lambda: tuple(ops._ops().rms_norm_modulate(x, w, sc, sh, eps, False) for sc, sh in mods))
-
-
-def _ltx2_gate_rows(gate, h):
-    """gated_residual's gate: [B, H] rows for a [B, 1, H] gate over L > 1 tokens (the same values), else as it is."""
-    if gate.dim() == 3 and h.dim() == 3 and gate.shape[1] == 1 and h.shape[1] != 1:
-        return gate[:, 0]
-    return gate
-
-
-def _ltx2_gated_site(site: Site, h, a, gate):
-    """h + a * gate (one bf16 product, then the bf16 add: gated_residual's h + gate * a)."""
-    from . import ops
-
-    g = _ltx2_gate_rows(gate, h)
-    ac = _contiguous_later(a)
-    return site.run((h, a, gate), eager=lambda: h + a * gate, fused=lambda: ops._ops().gated_residual(h, ac(), g),
-                    predicate=lambda: ops.can_use_gated_residual(h, ac(), g), device=_dev(h))
 
 
 def _ltx2_gated_rmsmod_site(site: Site, norm, h, a, gate, scale, shift, gate_first: bool):
@@ -1449,7 +1430,8 @@ def _ltx2_block_body(self, st, a):
         hidden_states, norm2_hidden_states = _ltx2_gated_rmsmod_site(
             S["L3"], self.norm2, hidden_states, attn_hidden_states, gate_msa, scale_text_q, shift_text_q, False)
     else:
-        hidden_states = _ltx2_gated_site(S["L3"], hidden_states, attn_hidden_states, gate_msa)
+        hidden_states = _gated_residual_site(S["L3"], hidden_states, attn_hidden_states,
+                                             _mod_rows(gate_msa, hidden_states))
         norm2_hidden_states = None
 
     # 1.2 audio self-attention
@@ -1468,7 +1450,8 @@ def _ltx2_block_body(self, st, a):
             S["L3a"], self.audio_norm2, audio_hidden_states, attn_audio_hidden_states, audio_gate_msa,
             audio_scale_text_q, audio_shift_text_q, False)
     else:
-        audio_hidden_states = _ltx2_gated_site(S["L3a"], audio_hidden_states, attn_audio_hidden_states, audio_gate_msa)
+        audio_hidden_states = _gated_residual_site(S["L3a"], audio_hidden_states, attn_audio_hidden_states,
+                                                   _mod_rows(audio_gate_msa, audio_hidden_states))
         norm2_audio_hidden_states = None
 
     # 2. cross-attention with the text (eager: plain norms, the prompt's modulation, plain adds)
@@ -1523,15 +1506,16 @@ def _ltx2_block_body(self, st, a):
             S["L6"], self.norm3, hidden_states, a2v[1], a2v[0], scale_mlp, shift_mlp, True)
     else:
         norm_hidden_states = _ltx2_rmsmod_site(S["L6"], self.norm3, hidden_states, scale_mlp, shift_mlp)
-    hidden_states = _ltx2_gated_site(S["L7"], hidden_states, self.ff(norm_hidden_states), gate_mlp)
+    hidden_states = _gated_residual_site(S["L7"], hidden_states, self.ff(norm_hidden_states),
+                                         _mod_rows(gate_mlp, hidden_states))
     if v2a is not None:
         audio_hidden_states, norm_audio_hidden_states = _ltx2_gated_rmsmod_site(
             S["L6a"], self.audio_norm3, audio_hidden_states, v2a[1], v2a[0], audio_scale_mlp, audio_shift_mlp, True)
     else:
         norm_audio_hidden_states = _ltx2_rmsmod_site(S["L6a"], self.audio_norm3, audio_hidden_states, audio_scale_mlp,
                                                      audio_shift_mlp)
-    audio_hidden_states = _ltx2_gated_site(S["L7a"], audio_hidden_states, self.audio_ff(norm_audio_hidden_states),
-                                           audio_gate_mlp)
+    audio_hidden_states = _gated_residual_site(S["L7a"], audio_hidden_states, self.audio_ff(norm_audio_hidden_states),
+                                               _mod_rows(audio_gate_mlp, audio_hidden_states))
     return hidden_states, audio_hidden_states
 
 
@@ -1540,12 +1524,6 @@ def _flux2_module():
     import diffusers.models.transformers.transformer_flux2 as tf2
 
     return tf2
-
-
-def _mod_rows(t, x):
-    """A modulation chunk as the fused LayerNorm ops take it: [B, 1, H] over L > 1 tokens as its [B, H] rows (the same
-    values), a per-token [B, L, H] as it is."""
-    return t[:, 0] if t.dim() == 3 and t.shape[1] == 1 and x.shape[1] != 1 else t
 
 
 def _flux2_double_body(self, st, hidden_states, encoder_hidden_states, temb_mod_img, temb_mod_txt, image_rotary_emb,
@@ -1741,7 +1719,8 @@ def _ada_zero_norm_site(st: _State, site: Site, norm, x, temb, chunks: int):
 def _hunyuan_double_body(self, st, hidden_states, encoder_hidden_states, temb, attention_mask=None, freqs_cis=None,
                          args=(), kwargs=None):
     """HunyuanVideoTransformerBlock.forward and HunyuanVideo15TransformerBlock.forward (the same code, diffusers
-    0.42.1): FLUX.1's double-block chains (H1, H4, H6) around the model's own attention, called as the block calls it."""
+    0.42.1): FLUX.1's double-block chains (H1, H4, H6) around the model's own attention, called as the block calls
+    it."""
     S = st.sites
     norm_hs, gate_msa, shift_mlp, scale_mlp, gate_mlp = _ada_zero_norm_site(st, S["H1"], self.norm1, hidden_states,
                                                                             temb, 6)
@@ -1809,7 +1788,8 @@ def patch(model) -> PatchReport:
         raise NotImplementedError("difuse.patch: %s is not supported yet (supported: diffusers FluxTransformer2DModel, "
                                   "Flux2Transformer2DModel, ChromaTransformer2DModel, "
                                   "QwenImageTransformer2DModel, SD3Transformer2DModel, WanTransformer3DModel, "
-                                  "WanVACETransformer3DModel, WanAnimateTransformer3DModel, ChronoEditTransformer3DModel, "
+                                  "WanVACETransformer3DModel, WanAnimateTransformer3DModel, "
+                                  "ChronoEditTransformer3DModel, "
                                   "ErnieImageTransformer2DModel, HunyuanVideoTransformer3DModel, "
                                   "HunyuanVideo15Transformer3DModel, "
                                   "LTX2VideoTransformer3DModel)" % type(model).__name__)
@@ -1972,4 +1952,6 @@ def format_report(rep: dict) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FLUX_SITES", "QWEN_SITES", "SD3_SITES", "SD3_DUAL_SITES", "WAN_SITES", "ERNIE_SITES", "LTX2_SITES", "FLUX2_SITES", "HUNYUAN_SITES", "HUNYUAN15_SITES", "patch", "unpatch", "warmup", "report", "format_report", "PatchReport", "count_mismatches"]
+__all__ = ["FLUX_SITES", "QWEN_SITES", "SD3_SITES", "SD3_DUAL_SITES", "WAN_SITES", "ERNIE_SITES", "LTX2_SITES",
+           "FLUX2_SITES", "HUNYUAN_SITES", "HUNYUAN15_SITES", "patch", "unpatch", "warmup", "report", "format_report",
+           "PatchReport", "count_mismatches"]
