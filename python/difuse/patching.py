@@ -1338,17 +1338,38 @@ def _ltx2_gated_rmsmod_site(site: Site, norm, h, a, gate, scale, shift, gate_fir
                     ops.Support(False, ["the norm is not diffusers' RMSNorm without a bias"]), device=_dev(h))
 
 
-_FORWARD_SIGNATURES: dict = {}
+_FORWARD_SPECS: dict = {}  # class -> (signature, parameter names after self, their defaults, all plain)
+
+
+def _forward_spec(cls):
+    import inspect
+
+    spec = _FORWARD_SPECS.get(cls)
+    if spec is None:
+        sig = inspect.signature(cls.forward)
+        params = list(sig.parameters.values())[1:]
+        plain = all(p.kind is p.POSITIONAL_OR_KEYWORD for p in params)
+        spec = _FORWARD_SPECS[cls] = (sig, tuple(p.name for p in params), {p.name: p.default for p in params}, plain)
+    return spec
 
 
 def _forward_arguments(self, args, kwargs) -> dict:
-    """The block forward's arguments by name, defaults filled in (the class's own signature, cached per class)."""
-    import inspect
-
-    cls = type(self)
-    sig = _FORWARD_SIGNATURES.get(cls)
-    if sig is None:
-        sig = _FORWARD_SIGNATURES[cls] = inspect.signature(cls.forward)
+    """The block forward's arguments by name, defaults filled in, as inspect's bind + apply_defaults gives them (the
+    class's own signature, cached per class). A call of a signature without *args / **kwargs that names only its
+    parameters, each once, and leaves out only those with defaults is bound directly (this runs on every block call);
+    anything else goes through inspect, which also raises what the class's forward would."""
+    sig, names, defaults, plain = _forward_spec(type(self))
+    n = len(args)
+    if plain and n <= len(names) and all(k in defaults for k in kwargs) and not any(k in kwargs for k in names[:n]):
+        out = dict(zip(names, args))
+        empty = sig.empty
+        for name in names[n:]:
+            v = kwargs[name] if name in kwargs else defaults[name]
+            if v is empty:
+                break
+            out[name] = v
+        else:
+            return out
     b = sig.bind(self, *args, **kwargs)
     b.apply_defaults()
     out = dict(b.arguments)

@@ -646,6 +646,33 @@ def test_hunyuan_video_15_block_body_composes_like_the_original():
         got = difuse.patching._hunyuan_double_body(blk, st, hs, ehs, temb, mask)
     assert all(_bits(x, y) for x, y in zip(got, want))
 
+def test_forward_arguments_bind_as_inspect_does():
+    """The direct binding of plain signatures gives what inspect's bind + apply_defaults gives, and the calls it does
+    not take (a missing argument, an unknown or repeated one, *args / **kwargs signatures) go through inspect."""
+    import inspect
+
+    class Plain(torch.nn.Module):
+        def forward(self, a, b, c=None, d=3):
+            return None
+
+    class Var(torch.nn.Module):
+        def forward(self, a, b=None, *args, **kwargs):
+            return None
+
+    def want(m, args, kwargs):
+        bound = inspect.signature(type(m).forward).bind(m, *args, **kwargs)
+        bound.apply_defaults()
+        return {k: v for k, v in bound.arguments.items() if k != "self"}
+
+    fa = difuse.patching._forward_arguments
+    for m, args, kwargs in ((Plain(), (1, 2), {}), (Plain(), (1,), {"b": 2, "d": 4}), (Plain(), (), dict(a=1, b=2)),
+                            (Plain(), (1, 2, 3, 4), {}), (Var(), (1, 2, 3), {"x": 5}), (Var(), (1,), {})):
+        got = fa(m, args, kwargs)
+        assert got == want(m, args, kwargs) and list(got) == list(want(m, args, kwargs))
+    for args, kwargs in (((1,), {}), ((1, 2), {"a": 1}), ((1, 2), {"e": 1}), ((1, 2, 3, 4, 5), {})):
+        with pytest.raises(TypeError):
+            fa(Plain(), args, kwargs)
+
 def test_unpatch_refuses_while_a_later_hook_wraps_a_patched_forward():
     from diffusers.hooks import HookRegistry, ModelHook
 
