@@ -23,6 +23,15 @@ def randomize_weights_(model, seed, device="cuda", is_norm=lambda name: "norm" i
     return model
 
 
+def reduced_model(build, seed, device="cuda", is_norm=lambda name: "norm" in name):
+    """build() (a model or a block) constructed on the device after seeding torch, in bf16 and eval mode, every
+    parameter then redrawn by randomize_weights_."""
+    torch.manual_seed(seed)
+    with torch.device(device):
+        model = build()
+    return randomize_weights_(model.to(torch.bfloat16).eval(), seed, device, is_norm)
+
+
 def run(model, inputs):
     with torch.no_grad():
         return model(**inputs)[0]

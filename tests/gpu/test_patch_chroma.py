@@ -9,7 +9,7 @@ import pytest
 import torch
 
 import difuse
-from patch_check import assert_patched_matches, randomize_weights_
+from patch_check import assert_patched_matches, reduced_model
 
 tc = pytest.importorskip("diffusers.models.transformers.transformer_chroma")
 
@@ -19,10 +19,7 @@ SEED = int(os.environ.get("DIFUSE_TEST_SEED", "20261129"))
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(SEED)
-    with torch.device(DEV):
-        m = tc.ChromaTransformer2DModel(num_layers=2, num_single_layers=2)  # Chroma1's widths
-    return randomize_weights_(m.to(torch.bfloat16).eval(), SEED, DEV)
+    return reduced_model(lambda: tc.ChromaTransformer2DModel(num_layers=2, num_single_layers=2), SEED)  # Chroma1's
 
 
 def chroma_inputs(B=1, side=64, text_tokens=512, pad=0, seed=SEED):

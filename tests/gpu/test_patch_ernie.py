@@ -12,7 +12,7 @@ import torch
 
 import difuse
 from difuse import e2e
-from patch_check import assert_patched_matches, randomize_weights_
+from patch_check import assert_patched_matches, reduced_model
 
 te = pytest.importorskip("diffusers.models.transformers.transformer_ernie_image")
 
@@ -21,12 +21,9 @@ SEED = int(os.environ.get("DIFUSE_TEST_SEED", "20261129"))
 
 
 def reduced_ernie(layers=2, seed=SEED, **overrides):
-    torch.manual_seed(seed)
-    with torch.device(DEV):
-        model = te.ErnieImageTransformer2DModel(**e2e.ernie_image_config(layers, **overrides))
-    model = model.to(torch.bfloat16).eval()
     # the class zero-initialises adaLN_modulation and final_linear: random values instead
-    return randomize_weights_(model, seed, DEV, lambda name: "norm" in name or "_ln." in name)
+    return reduced_model(lambda: te.ErnieImageTransformer2DModel(**e2e.ernie_image_config(layers, **overrides)), seed,
+                         DEV, lambda name: "norm" in name or "_ln." in name)
 
 
 def ernie_inputs(B=1, side=64, text_tokens=256, pad=0, seed=SEED, text_in_dim=3072):

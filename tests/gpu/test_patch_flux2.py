@@ -8,7 +8,7 @@ import pytest
 import torch
 
 import difuse
-from patch_check import assert_patched_matches, randomize_weights_
+from patch_check import assert_patched_matches, reduced_model
 
 tf2 = pytest.importorskip("diffusers.models.transformers.transformer_flux2")
 
@@ -17,10 +17,8 @@ SEED = int(os.environ.get("DIFUSE_TEST_SEED", "20261129"))
 
 
 def reduced_flux2(double=1, single=1, seed=SEED):
-    torch.manual_seed(seed)
-    with torch.device(DEV):
-        model = tf2.Flux2Transformer2DModel(num_layers=double, num_single_layers=single)  # FLUX.2-dev's widths
-    return randomize_weights_(model.to(torch.bfloat16).eval(), seed, DEV)
+    # FLUX.2-dev's widths (the class defaults)
+    return reduced_model(lambda: tf2.Flux2Transformer2DModel(num_layers=double, num_single_layers=single), seed)
 
 
 def flux2_inputs(B=1, side=64, text_tokens=512, seed=SEED):

@@ -11,7 +11,7 @@ import torch
 
 import difuse
 from difuse.gate import count_mismatches
-from patch_check import assert_patched_matches, randomize_weights_
+from patch_check import assert_patched_matches, reduced_model
 
 th = pytest.importorskip("diffusers.models.transformers.transformer_hunyuan_video")
 
@@ -21,10 +21,8 @@ SEED = int(os.environ.get("DIFUSE_TEST_SEED", "20261129"))
 
 @pytest.fixture(scope="module")
 def model():
-    torch.manual_seed(SEED)
-    with torch.device(DEV):
-        m = th.HunyuanVideoTransformer3DModel(num_layers=2, num_single_layers=2, num_refiner_layers=1)
-    return randomize_weights_(m.to(torch.bfloat16).eval(), SEED, DEV)
+    return reduced_model(lambda: th.HunyuanVideoTransformer3DModel(num_layers=2, num_single_layers=2,
+                                                                    num_refiner_layers=1), SEED)
 
 
 def hunyuan_inputs(B=1, frames=3, h=40, w=64, text_tokens=256, pad=0, seed=SEED):
@@ -47,10 +45,7 @@ def test_patched_hunyuan_video_is_bit_identical(model, B, pad):
 
 def test_hunyuan_video_15_block_is_bit_identical():
     th15 = pytest.importorskip("diffusers.models.transformers.transformer_hunyuan_video15")
-    torch.manual_seed(SEED)
-    with torch.device(DEV):
-        blk = th15.HunyuanVideo15TransformerBlock(16, 128, 4.0)
-    blk = randomize_weights_(blk.to(torch.bfloat16).eval(), SEED, DEV)
+    blk = reduced_model(lambda: th15.HunyuanVideo15TransformerBlock(16, 128, 4.0), SEED)
     g = torch.Generator(device=DEV).manual_seed(SEED + 3)
     bf = dict(device=DEV, dtype=torch.bfloat16)
     hs, ehs = torch.randn(2, 2048, 2048, generator=g, **bf), torch.randn(2, 256, 2048, generator=g, **bf)

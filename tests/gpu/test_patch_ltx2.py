@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import difuse
-from patch_check import assert_patched_matches, randomize_weights_
+from patch_check import assert_patched_matches, reduced_model
 
 tl = pytest.importorskip("diffusers.models.transformers.transformer_ltx2")
 
@@ -20,11 +20,8 @@ A2V_SITES = ("L5", "L5a")  # not called when isolate_modalities turns the a2v / 
 
 
 def reduced_ltx2(layers=2, seed=SEED, **kw):
-    torch.manual_seed(seed)
-    with torch.device(DEV):
-        model = tl.LTX2VideoTransformer3DModel(num_layers=layers, **kw)
-    model = model.to(torch.bfloat16).eval()
-    return randomize_weights_(model, seed, DEV)  # the scale_shift_tables as 2-D weights: N(0, 1) / sqrt(dim)
+    # the scale_shift_tables are redrawn as 2-D weights: N(0, 1) / sqrt(dim)
+    return reduced_model(lambda: tl.LTX2VideoTransformer3DModel(num_layers=layers, **kw), seed)
 
 
 def ltx2_inputs(B=1, frames=4, height=16, width=24, audio_frames=126, text_tokens=128, seed=SEED, **kw):
