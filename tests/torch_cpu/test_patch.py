@@ -4,6 +4,7 @@ import pytest
 import torch
 
 import difuse
+import tiny_models
 from tiny_models import forward_capturing, randomize_
 
 tf = pytest.importorskip("diffusers.models.transformers.transformer_flux")
@@ -452,30 +453,13 @@ def test_wan_copies_blocks_are_patched_and_compose_like_them(module, cls):
         got = difuse.patching._wan_block_body(blk, st, h, enc, temb, (freqs.cos(), freqs.sin()))
     assert _bits(got, want)
 
-def tiny_flux2(dtype=torch.float32):
-    tf2 = pytest.importorskip("diffusers.models.transformers.transformer_flux2")
-    torch.manual_seed(0)
-    model = tf2.Flux2Transformer2DModel(in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=16,
-                                        num_attention_heads=2, joint_attention_dim=24, timestep_guidance_channels=16,
-                                        axes_dims_rope=(4, 4, 4, 4))
-    return randomize_(model).to(dtype).eval()
-
-
-def flux2_inputs(dtype, B=2, L=6, T=5):
-    g = torch.Generator().manual_seed(1)
-    return dict(hidden_states=torch.randn(B, L, 8, generator=g).to(dtype),
-                encoder_hidden_states=torch.randn(B, T, 24, generator=g).to(dtype), timestep=torch.full((B,), 0.5),
-                img_ids=torch.randint(0, 4, (L, 4), generator=g).float(), txt_ids=torch.zeros(T, 4),
-                guidance=torch.full((B,), 3.5), return_dict=False)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("per_token", [False, True])
 def test_flux2_patch_and_its_bodies_compose_like_the_original(dtype, per_token):
     """FLUX.2's double and single blocks, with the model's [B, 1, H] modulation chunks or per-token ones (what
     reference images blend in), against their classes' forwards; the model's output unchanged on the CPU."""
-    model = tiny_flux2(dtype)
-    out, calls = forward_capturing(model, flux2_inputs(dtype), dict(
+    model = tiny_models.flux2(dtype)
+    out, calls = forward_capturing(model, tiny_models.flux2_inputs(dtype), dict(
         double=model.transformer_blocks[0], single=model.single_transformer_blocks[0]))
     before, seen = out[0], {n: k for n, (a, k) in calls.items()}
     rep = difuse.patch(model)
@@ -505,7 +489,7 @@ def test_flux2_patch_and_its_bodies_compose_like_the_original(dtype, per_token):
                                                      kw["temb_mod"], kw.get("image_rotary_emb"),
                                                      kw.get("joint_attention_kwargs"), split, kw.get("text_seq_len"))
             assert all(_bits(x, y) for x, y in zip(got if split else [got], want if split else [want]))
-        assert _bits(model(**flux2_inputs(dtype))[0], before)
+        assert _bits(model(**tiny_models.flux2_inputs(dtype))[0], before)
     difuse.unpatch(model)
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
@@ -513,20 +497,8 @@ def test_flux2_patch_and_its_bodies_compose_like_the_original(dtype, per_token):
 def test_chroma_patch_and_its_bodies_compose_like_the_original(dtype, masked):
     """Chroma's double and single blocks and its pruned continuous norm, with and without the padding mask, against
     their classes' forwards; the model's output unchanged on the CPU."""
-    tc = pytest.importorskip("diffusers.models.transformers.transformer_chroma")
-    torch.manual_seed(0)
-    model = randomize_(tc.ChromaTransformer2DModel(
-        in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=16, num_attention_heads=2,
-        joint_attention_dim=24, axes_dims_rope=(4, 6, 6), approximator_num_channels=16, approximator_hidden_dim=32,
-        approximator_layers=1)).to(dtype).eval()
-    B, L, T = 2, 6, 5
-    g = torch.Generator().manual_seed(1)
-    mask = torch.ones(B, T + L, dtype=torch.bool)  # ChromaPipeline's padding mask: bool
-    mask[1, T - 2:T] = False
-    inp = dict(hidden_states=torch.randn(B, L, 8, generator=g).to(dtype),
-               encoder_hidden_states=torch.randn(B, T, 24, generator=g).to(dtype), timestep=torch.full((B,), 0.5),
-               img_ids=torch.randint(0, 4, (L, 3), generator=g).float(), txt_ids=torch.zeros(T, 3),
-               attention_mask=mask if masked else None, return_dict=False)
+    model = tiny_models.chroma(dtype)
+    inp = tiny_models.chroma_inputs(dtype, masked)
     out, calls = forward_capturing(model, inp, dict(double=model.transformer_blocks[0],
                                                     single=model.single_transformer_blocks[0], norm_out=model.norm_out))
     before = out[0]
@@ -585,29 +557,10 @@ def test_block_forward_binds_the_class_signature_and_keys_on_data_only():
     host = torch.zeros(2)
     assert fwd(blk, host, host) == "original"
 
-def tiny_hunyuan(dtype=torch.float32):
-    th = pytest.importorskip("diffusers.models.transformers.transformer_hunyuan_video")
-    torch.manual_seed(0)
-    model = th.HunyuanVideoTransformer3DModel(in_channels=4, out_channels=4, num_attention_heads=4, attention_head_dim=32,
-                                              num_layers=1, num_single_layers=1, num_refiner_layers=1,
-                                              text_embed_dim=24, pooled_projection_dim=12, rope_axes_dim=(8, 12, 12))
-    return randomize_(model).to(dtype).eval()
-
-
-def hunyuan_inputs(dtype, B=2, T=5):
-    g = torch.Generator().manual_seed(1)
-    mask = torch.ones(B, T, dtype=torch.long)
-    mask[1, 3:] = 0  # a padded prompt
-    return dict(hidden_states=torch.randn(B, 4, 2, 8, 8, generator=g).to(dtype), timestep=torch.full((B,), 500),
-                encoder_hidden_states=torch.randn(B, T, 24, generator=g).to(dtype), encoder_attention_mask=mask,
-                pooled_projections=torch.randn(B, 12, generator=g).to(dtype), guidance=torch.full((B,), 6000.0),
-                return_dict=False)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_hunyuan_video_patch_and_its_bodies_compose_like_the_original(dtype):
-    model = tiny_hunyuan(dtype)
-    out, seen = forward_capturing(model, hunyuan_inputs(dtype), dict(double=model.transformer_blocks[0],
+    model = tiny_models.hunyuan(dtype)
+    out, seen = forward_capturing(model, tiny_models.hunyuan_inputs(dtype), dict(double=model.transformer_blocks[0],
                                                                       single=model.single_transformer_blocks[0]))
     before = out[0]
     rep = difuse.patch(model)
@@ -622,7 +575,7 @@ def test_hunyuan_video_patch_and_its_bodies_compose_like_the_original(dtype):
             want = type(blk).forward(blk, *args, **kwargs)
             got = body(blk, st, *difuse.patching._forward_arguments(blk, args, kwargs).values())
             assert all(_bits(x, y) for x, y in zip(got, want))
-        assert _bits(model(**hunyuan_inputs(dtype))[0], before)
+        assert _bits(model(**tiny_models.hunyuan_inputs(dtype))[0], before)
     difuse.unpatch(model)
 
 

@@ -15,6 +15,7 @@ import torch
 
 import difuse
 from difuse import _capi, _loader, e2e, ops, patching
+import tiny_models
 from tiny_models import randomize_
 
 pytest.importorskip("diffusers")
@@ -336,37 +337,12 @@ def test_ltx2_layouts(probe, adaln):
 
 
 def test_flux2_layouts(probe):
-    tf2 = pytest.importorskip("diffusers.models.transformers.transformer_flux2")
-    torch.manual_seed(0)
-    model = randomize_(tf2.Flux2Transformer2DModel(
-        in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=32, num_attention_heads=4,
-        joint_attention_dim=24, timestep_guidance_channels=16, axes_dims_rope=(8, 8, 8, 8))).bfloat16().eval()
-    B, L, T = 2, 16, 5
-    g = torch.Generator().manual_seed(1)
-    inputs = dict(hidden_states=torch.randn(B, L, 8, generator=g).bfloat16(),
-                  encoder_hidden_states=torch.randn(B, T, 24, generator=g).bfloat16(), timestep=torch.full((B,), 0.5),
-                  img_ids=torch.randint(0, 4, (L, 4), generator=g), txt_ids=torch.zeros(T, 4, dtype=torch.long),
-                  guidance=torch.full((B,), 3.5), return_dict=False)
-    _run_patched(model, inputs)
+    _run_patched(tiny_models.flux2(torch.bfloat16, 4, 32), tiny_models.flux2_inputs(torch.bfloat16, L=16))
     assert _refused(probe, patching.FLUX2_SITES) == {}
 
 
 def test_chroma_layouts(probe):
-    tc = pytest.importorskip("diffusers.models.transformers.transformer_chroma")
-    torch.manual_seed(0)
-    model = randomize_(tc.ChromaTransformer2DModel(
-        in_channels=8, num_layers=1, num_single_layers=1, attention_head_dim=32, num_attention_heads=4,
-        joint_attention_dim=24, axes_dims_rope=(8, 12, 12), approximator_num_channels=16, approximator_hidden_dim=32,
-        approximator_layers=1)).bfloat16().eval()
-    B, L, T = 2, 16, 5
-    g = torch.Generator().manual_seed(1)
-    mask = torch.ones(B, T + L, dtype=torch.bool)
-    mask[1, T - 2:T] = False
-    inputs = dict(hidden_states=torch.randn(B, L, 8, generator=g).bfloat16(),
-                  encoder_hidden_states=torch.randn(B, T, 24, generator=g).bfloat16(), timestep=torch.full((B,), 0.5),
-                  img_ids=torch.randint(0, 4, (L, 3), generator=g).float(), txt_ids=torch.zeros(T, 3),
-                  attention_mask=mask, return_dict=False)
-    _run_patched(model, inputs)
+    _run_patched(tiny_models.chroma(torch.bfloat16, 4, 32), tiny_models.chroma_inputs(torch.bfloat16, L=16))
     assert _refused(probe, patching.FLUX_SITES) == {}
 
 
@@ -388,20 +364,7 @@ def test_wan_vace_layouts(probe):
 
 
 def test_hunyuan_video_layouts(probe):
-    th = pytest.importorskip("diffusers.models.transformers.transformer_hunyuan_video")
-    torch.manual_seed(0)
-    model = randomize_(th.HunyuanVideoTransformer3DModel(
-        in_channels=4, out_channels=4, num_attention_heads=4, attention_head_dim=32, num_layers=1, num_single_layers=1,
-        num_refiner_layers=1, text_embed_dim=24, pooled_projection_dim=12, rope_axes_dim=(8, 12, 12))).bfloat16().eval()
-    B, T = 2, 5
-    g = torch.Generator().manual_seed(1)
-    mask = torch.ones(B, T, dtype=torch.long)
-    mask[1, 3:] = 0
-    _run_patched(model, dict(hidden_states=torch.randn(B, 4, 2, 8, 8, generator=g).bfloat16(),
-                             timestep=torch.full((B,), 500), encoder_attention_mask=mask,
-                             encoder_hidden_states=torch.randn(B, T, 24, generator=g).bfloat16(),
-                             pooled_projections=torch.randn(B, 12, generator=g).bfloat16(),
-                             guidance=torch.full((B,), 6000.0), return_dict=False))
+    _run_patched(tiny_models.hunyuan(torch.bfloat16), tiny_models.hunyuan_inputs(torch.bfloat16))
     assert _refused(probe, patching.HUNYUAN_SITES) == {}
 
 
