@@ -269,6 +269,21 @@ __device__ __forceinline__ uint2 f32_chain4(uint2 w, RowStats st, const float (&
   return make_uint2(num::pack_bf16x2(ys[0], ys[1]), num::pack_bf16x2(ys[2], ys[3]));
 }
 
+// f32_chain4 with the chain fixed at compile time: AFFINE the
+// affine chain, else the modulation, with A_FORMED where sc holds RN(1 + scale) already (the streamed kernel's staged
+// rows): the same operations on the same values, without the other chain's predicated instructions.
+template <bool AFFINE, bool A_FORMED>
+__device__ __forceinline__ uint2 f32_chain4_t(uint2 w, RowStats st, const float (&sc)[4], const float (&sh)[4]) {
+  const float xs[4] = {num::bf16_lo(w.x), num::bf16_hi(w.x), num::bf16_lo(w.y), num::bf16_hi(w.y)};
+  float ys[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e)
+    ys[e] = AFFINE     ? layernorm_affine_f32_value(xs[e], st, sc[e], sh[e])
+            : A_FORMED ? layernorm_modulate_f32_value_a(xs[e], st, sc[e], sh[e])
+                       : layernorm_modulate_f32_value(xs[e], st, sc[e], sh[e]);
+  return make_uint2(num::pack_bf16x2(ys[0], ys[1]), num::pack_bf16x2(ys[2], ys[3]));
+}
+
 // Correctly rounded reciprocals of the counts a thread reaches (aten: `1.f / count`), folded at compile time.
 constexpr int kMaxStagedSweeps = 48;  // H <= 48 * 512 = 24576 takes the staged kernels
 struct RcpCounts {
@@ -838,7 +853,11 @@ __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int
 // A streamed consumer's bf16 epilogue for its row: out = LN(x) * (1 + scale) + shift from the slot sx, KB = 2 sweeps'
 // modulation loaded before their stores. SMOD: the block's staged rows, sa = bf16(1 + scale)'s row and shift's after
 // it (layernorm_modulate_pair_a); else scale and shift from global memory at srow, hrow (MODVEC: 8-byte words).
-template <bool MODVEC, bool SMOD, int G = 64>
+// FILL: the out-of-row vectors' registers zeroed (GRLN: without
+// it ptxas spills 8-24 bytes there, and in the plain LayerNorms without SMOD); the plain LayerNorms with SMOD leave them
+// unset (each is read only under the same test),
+// 12 CS2R fewer per loop iteration.
+template <bool MODVEC, bool SMOD, int G = 64, bool FILL = true>
 __device__ __forceinline__ void stream_bf16_epilogue(const uint2* sx, int i, int V, int sweeps, RowStats rs,
                                                      const uint2* sa, const uint16_t* srow, const uint16_t* hrow,
                                                      uint2* orow) {
@@ -865,7 +884,7 @@ __device__ __forceinline__ void stream_bf16_epilogue(const uint2* sx, int i, int
           }
           sc[kk] = make_uint4(s0.x, s0.y, s1.x, s1.y);
           sh[kk] = make_uint4(h0.x, h0.y, h1.x, h1.y);
-        } else {
+        } else if constexpr (FILL) {
           w[kk] = sc[kk] = sh[kk] = make_uint4(0, 0, 0, 0);
         }
       }
@@ -1060,9 +1079,9 @@ constexpr int kStreamLnMaxGroups = 12;  // 800 threads: 80 registers (at 14 grou
 // (VEC: the modulation rows are 8-byte aligned words, MODVEC), whose staged scale words hold bf16(1 + scale).
 // A streamed consumer's fp32 epilogue (Wan's chain, f32_chain4) for the vectors t + 128 k and t + 1 + 128 k of its
 // row (t = aten thread `t`, the first of a pair of adjacent slots), KB sweeps' fp32 rows loaded before their stores.
-template <bool VEC4, int KB>
+template <bool VEC4, int KB, bool AFFINE, bool A_FORMED>
 __device__ __forceinline__ void stream_f32_epilogue(const uint2* sx, int t, int V, int sweeps, RowStats rs,
-                                                    const float* s32, const float* h32, bool affine, uint2* orow) {
+                                                    const float* s32, const float* h32, uint2* orow) {
   for (int k0 = 0; k0 < sweeps; k0 += KB) {
     uint4 w[KB];
     float sc[KB][2][4], sh[KB][2][4];
@@ -1079,8 +1098,8 @@ __device__ __forceinline__ void stream_f32_epilogue(const uint2* sx, int t, int 
     for (int kk = 0; kk < KB; ++kk) {
       const int vi = t + kAtenThreads * (k0 + kk);
       if (k0 + kk < sweeps && vi < V) {
-        const uint2 o0 = f32_chain4(make_uint2(w[kk].x, w[kk].y), rs, sc[kk][0], sh[kk][0], affine);
-        const uint2 o1 = f32_chain4(make_uint2(w[kk].z, w[kk].w), rs, sc[kk][1], sh[kk][1], affine);
+        const uint2 o0 = f32_chain4_t<AFFINE, A_FORMED>(make_uint2(w[kk].x, w[kk].y), rs, sc[kk][0], sh[kk][0]);
+        const uint2 o1 = f32_chain4_t<AFFINE, A_FORMED>(make_uint2(w[kk].z, w[kk].w), rs, sc[kk][1], sh[kk][1]);
         *reinterpret_cast<uint4*>(orow + vi) = make_uint4(o0.x, o0.y, o1.x, o1.y);
       }
     }
@@ -1143,6 +1162,14 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
       cp_async(mod32 + 4 * static_cast<int64_t>(t), src, true);
     }
     cp_async_wait_all();
+    if (G == 32 && !p.affine32)  // this thread's own pieces of the scale rows become RN(1 + scale), the chain's
+                                 // first add (the one-warp epilogue's A_FORMED chain; the two-warp loop adds it)
+      for (int t = tid - 32; t < n; t += G * groups)
+        if ((t / q) % 2 == 0) {
+          float4* const v = reinterpret_cast<float4*>(mod32) + t;
+          *v = make_float4(num::add_rn(v->x, 1.0f), num::add_rn(v->y, 1.0f), num::add_rn(v->z, 1.0f),
+                           num::add_rn(v->w, 1.0f));
+        }
     asm volatile("bar.sync 15, %0;" ::"r"(G * groups) : "memory");
   } else if constexpr (SMOD) {  // bf16 rows as 8-byte words (VEC); scale's become bf16(1 + scale), as in GRLN's
     stage_bf16_mod_rows<2, 0>(mod16, nb, V, tid - 32, G * groups, [&](int64_t b, int role) {
@@ -1158,16 +1185,21 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
     const int64_t b = p.seq_div.div(row), l = row - b * p.seq;
     uint2* const orow = reinterpret_cast<uint2*>(p.out + row * p.h);
     if constexpr (!F32)  // bf16 (SMOD: this batch's staged bf16(1 + scale) and shift rows)
-      stream_bf16_epilogue<VEC, SMOD, G>(sx, i, V, sweeps, rs, mod16 + 2 * (nb == 1 ? 0 : b) * V,
+      stream_bf16_epilogue<VEC, SMOD, G, !SMOD>(sx, i, V, sweeps, rs, mod16 + 2 * (nb == 1 ? 0 : b) * V,
                                       p.scale + b * p.scale_stride + l * p.scale_stride_l,
                                       p.shift + b * p.shift_stride + l * p.shift_stride_l, orow);
     if constexpr (F32) {  // Wan's fp32 epilogue
       const float* const s32 = SMOD ? mod32 + 2 * (nb == 1 ? 0 : b) * p.h
                                     : p.scale32 + b * p.scale_stride + l * p.scale_stride_l;
       const float* const h32 = SMOD ? s32 + p.h : p.shift32 + b * p.shift_stride + l * p.shift_stride_l;
-      if constexpr (G == 32) {  // two pairs of slots
-        stream_f32_epilogue<VEC || SMOD, KB>(sx, Map::aten_thread(i, 0), V, sweeps, rs, s32, h32, p.affine32, orow);
-        stream_f32_epilogue<VEC || SMOD, KB>(sx, Map::aten_thread(i, 2), V, sweeps, rs, s32, h32, p.affine32, orow);
+      if constexpr (G == 32) {  // two pairs of slots; the chain chosen once per row
+        if (p.affine32) {
+          stream_f32_epilogue<VEC || SMOD, KB, true, false>(sx, Map::aten_thread(i, 0), V, sweeps, rs, s32, h32, orow);
+          stream_f32_epilogue<VEC || SMOD, KB, true, false>(sx, Map::aten_thread(i, 2), V, sweeps, rs, s32, h32, orow);
+        } else {
+          stream_f32_epilogue<VEC || SMOD, KB, false, SMOD>(sx, Map::aten_thread(i, 0), V, sweeps, rs, s32, h32, orow);
+          stream_f32_epilogue<VEC || SMOD, KB, false, SMOD>(sx, Map::aten_thread(i, 2), V, sweeps, rs, s32, h32, orow);
+        }
       } else {  // the verified two-warp kernel's loop, kept inline (as a call its SASS changed and spilled 8 bytes)
         for (int k0 = 0; k0 < sweeps; k0 += KB) {
           uint4 w[KB];

@@ -84,6 +84,13 @@ DIFUSE_HD float layernorm_modulate_f32_value(float x, RowStats st, float scale, 
   return num::add_rn(num::mul_rn(t, num::add_rn(scale, 1.0f)), shift);
 }
 
+// layernorm_modulate_f32_value with a = RN(scale + 1) already formed (a block that stages its fp32 scale rows forms
+// it once per column): the same operations on the same values.
+DIFUSE_HD float layernorm_modulate_f32_value_a(float x, RowStats st, float a, float shift) {
+  const float t = num::mul_rn(st.rstd, num::sub_rn(x, st.mean));
+  return num::add_rn(num::mul_rn(t, a), shift);
+}
+
 // FP32LayerNorm with fp32 weight and bias (Wan's norm2): fma(w, t, b), as aten's vectorized kernel
 // contracts gamma * t + beta; one bf16 rounding at the end (.type_as).
 DIFUSE_HD float layernorm_affine_f32_value(float x, RowStats st, float w, float b) {

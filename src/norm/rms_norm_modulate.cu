@@ -103,6 +103,7 @@
 #include <algorithm>
 #include <atomic>
 #include <string>
+#include <type_traits>
 
 #include "core/device.h"
 #include "core/env_knob.h"
@@ -285,7 +286,11 @@ struct SmemRows {
   const uint2* gate = nullptr;
 };
 
-template <bool VEC, bool RESIDUAL, bool STAGED = false, int HALF = 4, bool SMEM_A = false, bool SMEM_MOD = false>
+// CHAIN: 0 reads the chain from p (has_w, fp32_mod) at run time;
+// 1 + has_w + 2 fp32_mod fixes it at compile time (the streamed kernels with staged rows, the staged kernels with
+// 8-byte rows), so the epilogue holds one chain and no branches between them.
+template <bool VEC, bool RESIDUAL, bool STAGED = false, int HALF = 4, bool SMEM_A = false, bool SMEM_MOD = false,
+          int CHAIN = 0>
 __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int lane, uint2* sx = nullptr,
                                              const SmemRows& sm = SmemRows{}) {
   constexpr int kBatch = 8;
@@ -363,7 +368,7 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
       const bool in = vi < V;
       xw[j] = in ? src[vi] : make_uint2(0, 0);
       if constexpr (SMEM_MOD) {
-        ww[j] = in && p.has_w ? sm.w[vi] : make_uint2(0, 0);
+        ww[j] = in && (CHAIN ? (CHAIN - 1) & 1 : p.has_w) ? sm.w[vi] : make_uint2(0, 0);
         sc[j] = in ? sm.scale[vi] : make_uint2(0, 0);
         sh[j] = in ? sm.shift[vi] : make_uint2(0, 0);
       } else {
@@ -375,9 +380,16 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
 #pragma unroll
     for (int j = 0; j < kOutBatch; ++j) {
       const int vi = vb + 32 * j;
-      if (vi < V)
-        orow[vi] = make_uint2(rms_modulate_pair(xw[j].x, rstd, p.has_w, ww[j].x, sc[j].x, sh[j].x, p.fp32_mod),
-                              rms_modulate_pair(xw[j].y, rstd, p.has_w, ww[j].y, sc[j].y, sh[j].y, p.fp32_mod));
+      if (vi < V) {
+        if constexpr (CHAIN == 0) {
+          orow[vi] = make_uint2(rms_modulate_pair(xw[j].x, rstd, p.has_w, ww[j].x, sc[j].x, sh[j].x, p.fp32_mod),
+                                rms_modulate_pair(xw[j].y, rstd, p.has_w, ww[j].y, sc[j].y, sh[j].y, p.fp32_mod));
+        } else {
+          constexpr bool kHasW = (CHAIN - 1) & 1, kFp32Mod = (CHAIN - 1) >> 1;
+          orow[vi] = make_uint2(rms_modulate_pair(xw[j].x, rstd, kHasW, ww[j].x, sc[j].x, sh[j].x, kFp32Mod),
+                                rms_modulate_pair(xw[j].y, rstd, kHasW, ww[j].y, sc[j].y, sh[j].y, kFp32Mod));
+        }
+      }
     }
   }
 }
@@ -407,7 +419,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_two_pass(const Par
 // batches of 8 vectors per lane, each batch's loads returning before the next is issued, and re-reads it from
 // L1/L2 in pass 2 (ncu at e383706: 0.48 waves, 65 % of cycles with no eligible warp, DRAM 30 %: latency-bound);
 // here a row costs one DRAM round trip. 4 rows per block: 24 KB at N = 3072, 9 blocks per SM.
-template <bool VEC, bool RESIDUAL, int HALF = 4>
+template <bool VEC, bool RESIDUAL, int HALF = 4, int CHAIN = 0>
 __global__ void __launch_bounds__(kThreads) rms_norm_modulate_staged(const Params p) {
   extern __shared__ uint4 staged_rows[];  // kRowsPerBlock rows of V 8-byte vectors
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -419,7 +431,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_staged(const Param
   for (int c = lane; c < p.v / 2; c += 32) cp_async(reinterpret_cast<uint4*>(sx) + c, gx + c, true);
   cp_async_wait_all();
   __syncwarp();  // every lane's copies of the row have landed
-  two_pass_row<VEC, RESIDUAL, true, HALF>(p, row, lane, sx);
+  two_pass_row<VEC, RESIDUAL, true, HALF, false, false, CHAIN>(p, row, lane, sx);
 }
 
 // PIPELINED staged rows (DIFUSE_RMSMOD_PIPELINED=1, for measurement; where the staged kernel runs): a grid of the
@@ -520,7 +532,7 @@ struct StreamModRows {
 // in the whole suite at 97817d7 (tests.json: 3,384 passed, 0 failed, 0 skipped); one per slot where the slots are a
 // multiple of the warps only under DIFUSE_STREAM_FULL_BARRIERS=1 (twenty-fourth session; GPU tests pass at 5d3eadf).
 // DIFUSE_STREAM_PRODUCER_LANES (knob) since fc63727 (racecheck clean with 4 lanes at 45a2975; not timed on this op).
-template <bool VEC, bool RESIDUAL, bool SMOD = false>
+template <bool VEC, bool RESIDUAL, bool SMOD = false, int CHAIN = 0>
 __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
     rms_norm_modulate_streamed(const Params p, int slots, const StreamModRows m) {
   // slot s: V 8-byte vectors of x (h) at s SV, the residual form's a row after them; the staged rows after the ring
@@ -580,7 +592,7 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
         sm.gate = mod + static_cast<int64_t>(m.nw + m.ns + m.nh + gi) * V;
       }
     }
-    two_pass_row<VEC, RESIDUAL, true, 4, RESIDUAL, SMOD>(p, row, lane, sx, sm);
+    two_pass_row<VEC, RESIDUAL, true, 4, RESIDUAL, SMOD, CHAIN>(p, row, lane, sx, sm);
     stream_release(empty, s, use, groups, slots, RESIDUAL || m.read_fence);  // the residual form wrote h1 there
   }
 }
@@ -595,9 +607,9 @@ StreamModRows with_knobs(StreamModRows m, int slots, int warps) {
   return m;
 }
 
-template <bool VEC, bool RESIDUAL, bool SMOD>
+template <bool VEC, bool RESIDUAL, bool SMOD, int CHAIN = 0>
 bool launch_streamed(const Params& p, const StreamModRows& m, int knob, int device, cudaStream_t stream) {
-  auto kernel = rms_norm_modulate_streamed<VEC, RESIDUAL, SMOD>;
+  auto kernel = rms_norm_modulate_streamed<VEC, RESIDUAL, SMOD, CHAIN>;
   static std::atomic<int> budgets[64];
   static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
   const int budget = stream_smem_budget(kernel, device, budgets);
@@ -631,9 +643,9 @@ bool stream_mod_rows(const Params& p, bool vec, StreamModRows& m) {
 
 // The staged kernel, its shared-memory opt-in and carveout set (once per device), and its dynamic shared memory
 // for this row width: what a launch and an occupancy query of it both need.
-template <bool VEC, bool RESIDUAL, int HALF>
+template <bool VEC, bool RESIDUAL, int HALF, int CHAIN = 0>
 auto prepared_staged(const Params& p, int device, size_t& bytes) {
-  auto kernel = rms_norm_modulate_staged<VEC, RESIDUAL, HALF>;
+  auto kernel = rms_norm_modulate_staged<VEC, RESIDUAL, HALF, CHAIN>;
   bytes = sizeof(uint16_t) * static_cast<size_t>(kRowsPerBlock) * p.n;  // <= 64 KB (N <= 8160)
   static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
   opt_in_shared_memory(kernel, device, static_cast<int>(sizeof(uint16_t) * kRowsPerBlock * kMaxWidth), opted_in);
@@ -641,19 +653,47 @@ auto prepared_staged(const Params& p, int device, size_t& bytes) {
   return kernel;
 }
 
-template <bool VEC, bool RESIDUAL, int HALF = 4>
+template <bool VEC, bool RESIDUAL, int HALF = 4, int CHAIN = 0>
 void launch_staged(const Params& p, unsigned blocks, int device, cudaStream_t stream) {
   size_t bytes = 0;
-  auto kernel = prepared_staged<VEC, RESIDUAL, HALF>(p, device, bytes);
+  auto kernel = prepared_staged<VEC, RESIDUAL, HALF, CHAIN>(p, device, bytes);
   kernel<<<blocks, kThreads, bytes, stream>>>(p);
 }
 
-// Blocks of the residual staged kernel (HALF) resident at once on the device, at this row width's shared memory.
+// f(std::integral_constant<int, CHAIN>{}) with two_pass_row's CHAIN for these parameters (1 + has_w + 2 fp32_mod):
+// the one place the run-time chain becomes a kernel's template argument.
+template <class F>
+decltype(auto) with_chain(const Params& p, F&& f) {
+  switch (1 + (p.has_w ? 1 : 0) + (p.fp32_mod ? 2 : 0)) {
+    case 1: return f(std::integral_constant<int, 1>{});
+    case 2: return f(std::integral_constant<int, 2>{});
+    case 3: return f(std::integral_constant<int, 3>{});
+    default: return f(std::integral_constant<int, 4>{});
+  }
+}
+
+// The staged kernel with 8-byte rows (VEC) and its chain fixed at compile time.
+template <bool RESIDUAL, int HALF = 4>
+void launch_staged_chain(const Params& p, unsigned blocks, int device, cudaStream_t stream) {
+  with_chain(p, [&](auto chain) {
+    launch_staged<true, RESIDUAL, HALF, decltype(chain)::value>(p, blocks, device, stream);
+  });
+}
+
+// Blocks of the residual staged kernel (HALF) resident at once on the device, at this row width's shared memory
+// (VEC: the kernel of p's chain, the one launch_staged_chain runs).
 template <bool VEC, int HALF>
 int64_t staged_resident(const Params& p, int device) {
   size_t bytes = 0;
-  auto kernel = prepared_staged<VEC, true, HALF>(p, device, bytes);
-  return resident_blocks(kernel, kThreads, bytes, device);
+  if constexpr (VEC) {
+    return with_chain(p, [&](auto chain) {
+      return resident_blocks(prepared_staged<true, true, HALF, decltype(chain)::value>(p, device, bytes), kThreads,
+                             bytes, device);
+    });
+  } else {
+    auto kernel = prepared_staged<false, true, HALF>(p, device, bytes);
+    return resident_blocks(kernel, kThreads, bytes, device);
+  }
 }
 
 template <int K, bool RESIDUAL>
@@ -722,7 +762,9 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
                                                                                                   : 0;
   if (streamed > 0 && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
       p.n % 8 == 0 && detail::aligned(p.x, 16) && (!RESIDUAL || detail::aligned(p.a, 16))) {  // whole rows bulk-copied
-    if (smod ? launch_streamed<true, RESIDUAL, true>(p, m, streamed, device, stream)
+    if (smod ? with_chain(p, [&](auto chain) {
+                 return launch_streamed<true, RESIDUAL, true, decltype(chain)::value>(p, m, streamed, device, stream);
+               })
              : vec ? launch_streamed<true, RESIDUAL, false>(p, m, streamed, device, stream)
                    : launch_streamed<false, RESIDUAL, false>(p, m, streamed, device, stream)) {
       DIFUSE_CUDA_CHECK(cudaGetLastError());
@@ -736,10 +778,10 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
     else if (pipelined >= 1)
       launch_staged_pipelined<false, RESIDUAL>(p, pipelined, device, stream);
     else if (half_batches(vec))
-      vec ? launch_staged<true, true, 2>(p, blocks, device, stream)
+      vec ? launch_staged_chain<true, 2>(p, blocks, device, stream)
           : launch_staged<false, true, 2>(p, blocks, device, stream);
     else if (vec)
-      launch_staged<true, RESIDUAL>(p, blocks, device, stream);
+      launch_staged_chain<RESIDUAL>(p, blocks, device, stream);
     else
       launch_staged<false, RESIDUAL>(p, blocks, device, stream);
     DIFUSE_CUDA_CHECK(cudaGetLastError());

@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <random>
 #include <vector>
 
@@ -306,5 +307,22 @@ TEST(RmsNormSchedule, PerHeadWarpEqualsAtenLayout) {
       diff += static_cast<uint16_t>(o >> 16) != aten[c + 1];
     }
     EXPECT_EQ(diff, 0) << "H=" << H;
+  }
+}
+
+// Wan's fp32 chain with RN(1 + scale) formed ahead (the one-warp streamed kernel's staged scale rows): the same bits
+// as the chain that adds it per element, for random, adversarial and non-finite operands.
+TEST(LayernormModulateSchedule, F32ChainWithScalePlusOneFormedIsTheSameBits) {
+  std::mt19937 rng(7);
+  std::uniform_real_distribution<float> u(-4.f, 4.f);
+  const float special[] = {0.f, -0.f, -1.f, 1e-45f, -1e-38f, 3e38f, -3e38f, INFINITY, -INFINITY, NAN, 1.f, 0.5f};
+  auto pick = [&](int k) { return k < 12 ? special[k] : u(rng) * std::pow(2.f, static_cast<float>(rng() % 40) - 20.f); };
+  auto bits = [](float f) { uint32_t b; std::memcpy(&b, &f, 4); return b; };
+  for (int n = 0; n < 200000; ++n) {
+    const float x = pick(rng() % 24), s = pick(rng() % 24), h = pick(rng() % 24);
+    const RowStats st{pick(rng() % 24), std::fabs(pick(rng() % 24))};
+    const float want = layernorm_modulate_f32_value(x, st, s, h);
+    const float got = layernorm_modulate_f32_value_a(x, st, num::add_rn(s, 1.0f), h);
+    ASSERT_EQ(bits(want), bits(got)) << "x " << x << " scale " << s << " shift " << h;
   }
 }
