@@ -131,6 +131,10 @@ stage_gputests() {
     --jobs "$jobs" ${weights[@]+"${weights[@]}"} "${files[@]}")
   [ ${#shards[@]} -gt 0 ] || { echo "gputests: no shards from $DIFUSE_GPU_TESTS" >&2; return 1; }
   say "gputests: pytest $DIFUSE_GPU_TESTS ${DIFUSE_GPU_TESTS_K:+-k $DIFUSE_GPU_TESTS_K} in ${#shards[@]} processes -> gpu-tests.json"
+  # The shards' logs stay outside $OUT until the end: a call cut by its limit returns at most 8 files (at bd80031 two
+  # of six finished reports were left out beside their logs), so $OUT holds only the reports meanwhile.
+  local logs
+  logs=$(mktemp -d)
   local threads=$(( $(nproc) / ${#shards[@]} ))
   [ "$threads" -ge 1 ] || threads=1
   for i in "${!shards[@]}"; do
@@ -138,25 +142,26 @@ stage_gputests() {
     DIFUSE_TEST_REPORT="$OUT/gpu-tests-$i.json" OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} \
       DIFUSE_TEST_COMMAND="DIFUSE_GPU_TESTS='$DIFUSE_GPU_TESTS'${DIFUSE_GPU_TESTS_K:+ DIFUSE_GPU_TESTS_K='$DIFUSE_GPU_TESTS_K'} scripts/device-check.sh --stage gputests" \
       DIFUSE_REQUIRE_GPU=1 python3 -m pytest -q -p no:cacheprovider -rfEs ${DIFUSE_GPU_TESTS_K:+-k "$DIFUSE_GPU_TESTS_K"} \
-      "${f[@]}" >"$OUT/gpu-tests-$i.log" 2>&1 &
+      "${f[@]}" >"$logs/gpu-tests-$i.log" 2>&1 &
     pids+=($!)
   done
   for i in "${!pids[@]}"; do
     if wait "${pids[$i]}"; then
-      echo "-- shard $i: $(tail -n 1 "$OUT/gpu-tests-$i.log")"
+      echo "-- shard $i: $(tail -n 1 "$logs/gpu-tests-$i.log")"
     else
       # pytest exits 5 when -k selects nothing in a shard: not a failure of the stage.
       code=$?
       if [ "$code" = 5 ] && [ -n "${DIFUSE_GPU_TESTS_K:-}" ]; then echo "-- shard $i: no test selected"; continue; fi
-      echo "-- shard $i FAILED (exit $code):"; grep -vE '^WARNING' "$OUT/gpu-tests-$i.log" | tail -n 40; rc=1
+      echo "-- shard $i FAILED (exit $code):"; grep -vE '^WARNING' "$logs/gpu-tests-$i.log" | tail -n 40; rc=1
     fi
   done
-  cat "$OUT"/gpu-tests-[0-9]*.log >"$OUT/gpu-tests.log"
+  cat "$logs"/gpu-tests-[0-9]*.log >"$OUT/gpu-tests.log"
+  rm -rf "$logs"
   local reports=()
   for i in "${!shards[@]}"; do [ -e "$OUT/gpu-tests-$i.json" ] && reports+=("$OUT/gpu-tests-$i.json"); done
   if [ ${#reports[@]} -gt 0 ]; then
     python3 "$ROOT/scripts/gpu-test-shards.py" merge "$OUT/gpu-tests.json" "${reports[@]}" || rc=1
-    rm -f "${reports[@]}" "$OUT"/gpu-tests-[0-9]*.log
+    rm -f "${reports[@]}"
     python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("gputests: %d passed, %d failed, %d skipped" % (d["passed"], d["failed"], d["skipped"]))' "$OUT/gpu-tests.json"
   else
     echo "gputests: no shard wrote a report" >&2; rc=1
