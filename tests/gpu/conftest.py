@@ -64,3 +64,8 @@ def _require_cuda():
         pytest.fail("GPU tests need a CUDA GPU") if os.environ.get("DIFUSE_REQUIRE_GPU") == "1" else \
             pytest.skip("no CUDA GPU")
     torch.backends.cuda.matmul.allow_tf32 = False
+    # Register torch.ops.difuse.* before any test runs: a test that names an op directly (opcheck,
+    # torch.compile) must not depend on an earlier test in the same process having loaded it.
+    from difuse import _loader
+
+    _loader.torch_extension()
