@@ -188,6 +188,16 @@ void BitExactGate::set_platform_note(std::string note) {
   g_platform_note = std::move(note);
 }
 
+std::string BitExactGate::driver_version_from_proc_line(std::string_view line) {
+  const auto pos = line.find("Kernel Module");
+  if (pos == std::string_view::npos) return {};
+  std::istringstream rest{std::string(line.substr(pos + 13))};
+  std::string token;
+  while (rest >> token)  // "Kernel Module  580.…" (proprietary) or "Open Kernel Module for x86_64  580.…"
+    if (token[0] >= '0' && token[0] <= '9') return token;
+  return {};
+}
+
 std::string BitExactGate::platform_description(int device) {
   std::ostringstream os;
   {
@@ -201,13 +211,8 @@ std::string BitExactGate::platform_description(int device) {
     std::ifstream f("/proc/driver/nvidia/version");  // "NVRM version: NVIDIA UNIX ... Kernel Module  580.159.04 ..."
     std::string line;
     if (f && std::getline(f, line)) {
-      const auto pos = line.find("Kernel Module");
-      if (pos != std::string::npos) {
-        std::istringstream rest(line.substr(pos + 13));
-        std::string ver;
-        rest >> ver;
-        if (!ver.empty()) os << " (NVIDIA driver " << ver << ")";
-      }
+      const std::string ver = driver_version_from_proc_line(line);
+      if (!ver.empty()) os << " (NVIDIA driver " << ver << ")";
     }
   }
   cudaDeviceProp prop{};

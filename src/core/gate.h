@@ -58,6 +58,10 @@ class BitExactGate {
   static void set_log_sink(LogSink sink, void* user);  // nullptr: stderr
   static void set_platform_note(std::string note);
   static std::string platform_description(int device);  // note + CUDA runtime/driver + GPU name
+  // The kernel module's version in the first line of /proc/driver/nvidia/version: the first token after
+  // "Kernel Module" that starts with a digit ("NVRM version: NVIDIA UNIX Open Kernel Module for x86_64
+  // 580.159.04 ..." gives "580.159.04"); "" when there is none.
+  static std::string driver_version_from_proc_line(std::string_view line);
   static void log_line(const std::string& line);
 
  private:

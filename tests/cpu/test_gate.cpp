@@ -259,3 +259,17 @@ TEST_F(GateTest, CAbiRejectsBadHandlesAndModes) {
   EXPECT_EQ(difuse_gate_end_verify(g, 0, "s", 0, ""), DIFUSE_ERR_INVALID_ARGUMENT);
   difuse_gate_destroy(g);
 }
+
+TEST(GatePlatform, DriverVersionFromProcLine) {
+  using difuse::detail::BitExactGate;
+  // The proprietary module's line (H200 machines) and the open module's (the H100 machines: "for x86_64"
+  // follows "Kernel Module", and a parser that took the next token printed "NVIDIA driver for").
+  EXPECT_EQ(BitExactGate::driver_version_from_proc_line(
+                "NVRM version: NVIDIA UNIX x86_64 Kernel Module  580.159.03  Thu Oct  2 10:00:00 UTC 2025"),
+            "580.159.03");
+  EXPECT_EQ(BitExactGate::driver_version_from_proc_line(
+                "NVRM version: NVIDIA UNIX Open Kernel Module for x86_64  580.159.04  Release Build"),
+            "580.159.04");
+  EXPECT_EQ(BitExactGate::driver_version_from_proc_line("NVRM version: something else"), "");
+  EXPECT_EQ(BitExactGate::driver_version_from_proc_line("Kernel Module for x86_64"), "");
+}
