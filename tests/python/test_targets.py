@@ -31,6 +31,23 @@ class JudgeTest(unittest.TestCase):
         j = targets.judge(rec("qk_norm_sd35", (2, 38, 4429, 64), "ctx333", 73.0, 61.0))
         self.assertEqual((j["bound_us"], j["met"]), (73.2, True))
 
+    def test_other_gpu_judges_only_the_relative_bounds(self):
+        h100 = dict(gpu="NVIDIA H100 80GB HBM3")
+        j = targets.judge(rec("gelu_tanh", (1, 4608, 12288), "contiguous", 86.2, 75.3, **h100))
+        self.assertEqual((j["bound_us"], j["met"]), (67.0, None))  # an H200 number in us: not judged
+        # 1.2 x floor without the H200's 50 us cap
+        j = targets.judge(rec("qk_norm_rope_flux", (1, 4608, 24, 128), "double", 63.9, 54.0, **h100))
+        self.assertEqual((j["bound_us"], j["met"]), (64.8, True))
+        j = targets.judge(rec("qk_norm_rope_flux", (1, 4608, 24, 128), "double", 63.9, 54.0, gpu="NVIDIA H200"))
+        self.assertEqual((j["bound_us"], j["met"]), (50.0, False))
+        j = targets.judge(rec("gated_residual", (1, 512, 3072), "chunk6", 7.1, 3.1, **h100))
+        self.assertEqual((j["kind"], j["bound_us"], j["met"]), ("site_bound", 7.1, True))
+        text, met, judged = targets.table([rec("gelu_tanh", (1, 4608, 12288), "contiguous", 86.2, 75.3, **h100),
+                                           rec("gated_residual", (1, 512, 3072), "chunk6", 7.1, 3.1, **h100)])
+        self.assertEqual((met, judged), (1, 1))
+        self.assertIn("not judged on NVIDIA H100", text)
+        self.assertIn("stated for the H200", text)
+
     def test_site_bound(self):
         self.assertEqual(targets.site_bound_us(2.0), 6.0)  # floor + 4
         self.assertEqual(targets.site_bound_us(100.0), 125.0)  # 1.25 x floor
