@@ -6,6 +6,7 @@
 #include <vector>
 
 #include "activation/gelu_tanh.h"
+#include "rope/rope_rotate_half.h"
 #include "core/error.h"
 #include "core/gate.h"
 #include "core/registry.h"
@@ -352,6 +353,23 @@ difuse_status difuse_can_use_gelu_tanh(const difuse_tensor_view* out, const difu
 difuse_status difuse_gelu_tanh(const difuse_tensor_view* out, const difuse_tensor_view* x, void* stream) {
   return guarded([&] {
     difuse::activation::gelu_tanh(view(out, "out"), view(x, "x"), static_cast<cudaStream_t>(stream));
+  });
+}
+
+difuse_status difuse_can_use_rope_rotate_half(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                              const difuse_tensor_view* cos, const difuse_tensor_view* sin) {
+  return guarded([&] {
+    const auto s = difuse::rope::can_use_rope_rotate_half(view(out, "out"), view(x, "x"), view(cos, "cos"),
+                                                          view(sin, "sin"));
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("rope_rotate_half"));
+  });
+}
+
+difuse_status difuse_rope_rotate_half(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                      const difuse_tensor_view* cos, const difuse_tensor_view* sin, void* stream) {
+  return guarded([&] {
+    difuse::rope::rope_rotate_half(view(out, "out"), view(x, "x"), view(cos, "cos"), view(sin, "sin"),
+                                   static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -517,6 +517,42 @@ std::vector<std::string> gelu_tanh_unsupported(const at::Tensor& x) {
   return reasons_from_last_error();
 }
 
+// ---- rope_rotate_half (ERNIE-Image) -----------------------------------------------------------------------------
+at::Tensor rope_rotate_half_cuda(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const difuse_tensor_view vo = to_view(out), vx = to_view(x), vc = to_view(cos), vs = to_view(sin);
+  check_status(difuse_rope_rotate_half(&vo, &vx, &vc, &vs, at::cuda::getCurrentCUDAStream().stream()),
+               "rope_rotate_half");
+  return out;
+}
+
+at::Tensor rope_rotate_half_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  TORCH_CHECK_VALUE(x.dim() == 4 && x.scalar_type() == at::kBFloat16,
+                    "difuse::rope_rotate_half: x must be bf16 [B, S, heads, D], got ", x.sizes());
+  TORCH_CHECK_VALUE(cos.dim() == 4 && sin.dim() == 4 && cos.sizes() == sin.sizes() &&
+                        cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16,
+                    "difuse::rope_rotate_half: cos and sin must be bf16 [B or 1, S, 1, R] of one size");
+  return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+// The eager chain (ErnieImageSingleStreamAttnProcessor's apply_rotary_emb after its .to(x.dtype) of the tables).
+at::Tensor rope_rotate_half_reference(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const int64_t R = cos.size(-1), D = x.size(-1);
+  const at::Tensor xr = x.narrow(-1, 0, R), pass = x.narrow(-1, R, D - R);
+  const auto halves = xr.chunk(2, -1);
+  const at::Tensor rotated = at::cat({at::neg(halves[1]), halves[0]}, -1);
+  return at::cat({xr * cos + rotated * sin, pass}, -1);
+}
+
+std::vector<std::string> rope_rotate_half_unsupported(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  const difuse_tensor_view vo = fresh_output_view(x), vx = to_view(x), vc = to_view(cos), vs = to_view(sin);
+  const difuse_status s = difuse_can_use_rope_rotate_half(&vo, &vx, &vc, &vs);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_rope_rotate_half");
+  return reasons_from_last_error();
+}
+
 // ---- qk_norm_rope ----------------------------------------------------------------------------------------------
 using OptT = std::optional<at::Tensor>;
 
@@ -1070,6 +1106,9 @@ TORCH_LIBRARY(difuse, m) {
   m.def("gelu_tanh_into(Tensor x, Tensor(a!) out) -> ()");
   m.def("gelu_tanh_reference(Tensor x) -> Tensor");
   m.def("gelu_tanh_unsupported(Tensor x) -> str[]");
+  m.def("rope_rotate_half(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+  m.def("rope_rotate_half_reference(Tensor x, Tensor cos, Tensor sin) -> Tensor");
+  m.def("rope_rotate_half_unsupported(Tensor x, Tensor cos, Tensor sin) -> str[]");
   m.def("qk_norm_rope(Tensor q, Tensor k, Tensor? v, Tensor? q_weight, Tensor? k_weight, Tensor? q_first, Tensor? k_first, "
         "Tensor? v_first, Tensor? q_first_weight, Tensor? k_first_weight, Tensor? cos, Tensor? sin, float eps=1e-06) -> Tensor[]");
   m.def("qk_norm_rope_reference(Tensor q, Tensor k, Tensor? v, Tensor? q_weight, Tensor? k_weight, Tensor? q_first, Tensor? k_first, "
@@ -1114,6 +1153,7 @@ TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
   m.impl("layernorm_affine_fp32", &layernorm_affine_fp32_cuda);
   m.impl("gelu_tanh", &gelu_tanh_cuda);
   m.impl("gelu_tanh_into", &gelu_tanh_into_cuda);
+  m.impl("rope_rotate_half", &rope_rotate_half_cuda);
   m.impl("qk_norm_rope", &qk_norm_rope_cuda);
   m.impl("qk_norm_rope_qwen", &qk_norm_rope_qwen_cuda);
   m.impl("qk_norm_sd35", &qk_norm_sd35_cuda);
@@ -1133,6 +1173,7 @@ TORCH_LIBRARY_IMPL(difuse, Meta, m) {
   m.impl("layernorm_affine_fp32", &layernorm_affine_fp32_meta);
   m.impl("gelu_tanh", &gelu_tanh_meta);
   m.impl("gelu_tanh_into", &gelu_tanh_into_meta);
+  m.impl("rope_rotate_half", &rope_rotate_half_meta);
   m.impl("qk_norm_rope", &qk_norm_rope_meta);
   m.impl("qk_norm_rope_qwen", &qk_norm_rope_qwen_meta);
   m.impl("qk_norm_sd35", &qk_norm_sd35_meta);
@@ -1150,6 +1191,7 @@ TORCH_LIBRARY_IMPL(difuse, CompositeImplicitAutograd, m) {
   m.impl("gated_residual_fp32_reference", &gated_residual_fp32_reference);
   m.impl("layernorm_affine_fp32_reference", &layernorm_affine_fp32_reference);
   m.impl("gelu_tanh_reference", &gelu_tanh_reference);
+  m.impl("rope_rotate_half_reference", &rope_rotate_half_reference);
   m.impl("qk_norm_rope_reference", &qk_norm_rope_reference);
   m.impl("qk_norm_rope_qwen_reference", &qk_norm_rope_qwen_reference);
   m.impl("qk_norm_sd35_reference", &qk_norm_sd35_reference);
@@ -1167,6 +1209,7 @@ TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
   m.impl("gated_residual_fp32_unsupported", &gated_residual_fp32_unsupported);
   m.impl("layernorm_affine_fp32_unsupported", &layernorm_affine_fp32_unsupported);
   m.impl("gelu_tanh_unsupported", &gelu_tanh_unsupported);
+  m.impl("rope_rotate_half_unsupported", &rope_rotate_half_unsupported);
   m.impl("qk_norm_rope_unsupported", &qk_norm_rope_unsupported);
   m.impl("qk_norm_rope_qwen_unsupported", &qk_norm_rope_qwen_unsupported);
   m.impl("qk_norm_sd35_unsupported", &qk_norm_sd35_unsupported);

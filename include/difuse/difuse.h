@@ -179,6 +179,16 @@ DIFUSE_API difuse_status difuse_rms_norm(const difuse_tensor_view* out, const di
 DIFUSE_API difuse_status difuse_can_use_gelu_tanh(const difuse_tensor_view* out, const difuse_tensor_view* x);
 DIFUSE_API difuse_status difuse_gelu_tanh(const difuse_tensor_view* out, const difuse_tensor_view* x, void* stream);
 
+/* out = ERNIE-Image's rotate-half RoPE (diffusers 0.42.1 ErnieImageSingleStreamAttnProcessor's apply_rotary_emb):
+ * cat(x * cos + cat(-x2, x1) * sin, x[..., R:]) in bf16 with a rounding after each op. x: bf16 [B, S, heads, D],
+ * last dim contiguous; cos, sin: bf16 [B or 1, S, 1, R] (torch.cos(freqs).to(bf16)), same strides, R even <= D;
+ * out: contiguous bf16 [B, S, heads, D], x itself or not overlapping any input. */
+DIFUSE_API difuse_status difuse_can_use_rope_rotate_half(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                         const difuse_tensor_view* cos, const difuse_tensor_view* sin);
+DIFUSE_API difuse_status difuse_rope_rotate_half(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                 const difuse_tensor_view* cos, const difuse_tensor_view* sin,
+                                                 void* stream);
+
 /* out = the diffusers RMSNorm chain: bf16(bf16(x * rsqrt(mean(f32(x)^2, -1) + eps)) * weight), weight NULL
  * or a contiguous bf16 [N]. Only the configurations whose mean reduction is replayed are accepted. */
 DIFUSE_API difuse_status difuse_can_use_rms_norm_diffusers(const difuse_tensor_view* out, const difuse_tensor_view* x,

@@ -149,6 +149,15 @@ inline void gelu_tanh(const TensorView& out, const TensorView& x, void* stream =
   check(difuse_gelu_tanh(&out, &x, stream));
 }
 
+inline Support can_use_rope_rotate_half(const TensorView& out, const TensorView& x, const TensorView& cos,
+                                        const TensorView& sin) {
+  return support_from(difuse_can_use_rope_rotate_half(&out, &x, &cos, &sin));
+}
+inline void rope_rotate_half(const TensorView& out, const TensorView& x, const TensorView& cos, const TensorView& sin,
+                             void* stream = nullptr) {
+  check(difuse_rope_rotate_half(&out, &x, &cos, &sin, stream));
+}
+
 inline Support can_use_rms_norm_diffusers(const TensorView& out, const TensorView& x, const TensorView* weight,
                                           double eps) {
   return support_from(difuse_can_use_rms_norm_diffusers(&out, &x, weight, eps));

@@ -131,6 +131,24 @@ QK_WAN_SHAPES = [  # (B, S, heads, head_dim), variant: Wan 14B and 1.3B at 480p,
 QUICK |= {QK_WAN_SHAPES[0]}
 
 
+ROPE_HALF_SHAPES = [  # (B, S, heads, head_dim), variant: ERNIE-Image at 1024^2 with CFG (4096 image + 256 text tokens)
+    ((2, 4352, 32, 128), "ernie"), ((2, 4352, 32, 128), "ernie_bsh_view"),
+]
+
+
+def _rope_half_case(torch, shape, variant, g):
+    from . import ops
+
+    B, S, H, D = shape
+    return ops.ernie_rope_site_inputs(B, S, H, D, D, "cuda", g,
+                                      x_layout="bsh_view" if variant.endswith("bsh_view") else "contiguous")
+
+
+def _rope_half_bytes(shape, variant):
+    B, S, H, D = shape
+    return 2 * (2 * B * S * H * D + 2 * B * S * D)  # x read, out written, the two tables read once
+
+
 def _qk_wan_case(torch, shape, variant, g):
     from . import ops
 
@@ -276,6 +294,9 @@ def op_specs(torch):
             shapes=QK_WAN_SHAPES, bytes=_qk_wan_bytes, make=_qk_wan_case,
             eager=lambda *a: ops.qk_norm_rope_wan_eager(*a), fused=torch.ops.difuse.qk_norm_rope_wan,
             variant=lambda c: c, peer="qk_norm_rope_wan"),
+        "rope_rotate_half": dict(
+            shapes=ROPE_HALF_SHAPES, bytes=_rope_half_bytes, make=_rope_half_case, eager=ops.rope_rotate_half_eager,
+            fused=torch.ops.difuse.rope_rotate_half, variant=lambda v: v, peer="rope_rotate_half"),
         "gelu_tanh": dict(
             shapes=GELU_SHAPES, bytes=lambda s, c: 2 * 2 * math.prod(s), make=_gelu_case, eager=_gelu_eager,
             fused=_gelu_fused(torch), variant=lambda c: "into_concat_slice" if c else "contiguous", peer="gelu_tanh"),
@@ -301,11 +322,13 @@ KERNEL_KNOBS = ("DIFUSE_QK_ROWS_PER_WARP", "DIFUSE_QK_LANES_PER_ROW", "DIFUSE_QK
                 "DIFUSE_STREAM_READ_FENCE", "DIFUSE_STREAM_GRAB", "DIFUSE_STREAM_PRODUCER_LANES",
                 "DIFUSE_STREAM_FULL_BARRIERS",
                 "DIFUSE_EW_GRID2D", "DIFUSE_GELU_PIPELINED", "DIFUSE_GELU_COMPUTED_WORDS")
+# Environment variables that change which path difuse.patch takes (read in Python); named in records likewise.
+PATCH_KNOBS = ("DIFUSE_ERNIE_FUSED_ROPE",)
 
 
 def knob_prefix(env=None) -> str:
     env = os.environ if env is None else env
-    return "".join("%s=%s " % (k, env[k]) for k in KERNEL_KNOBS if env.get(k))
+    return "".join("%s=%s " % (k, env[k]) for k in KERNEL_KNOBS + PATCH_KNOBS if env.get(k))
 
 
 def git_sha() -> str:

@@ -429,6 +429,62 @@ def _gelu_tanh_inputs(spec, device, generator):
     return (torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=generator) * 2,)
 
 
+# ---- rope_rotate_half (ERNIE-Image's RoPE) ---------------------------------------------------------------------
+def ernie_rope_tables(freqs, dtype):
+    """The tables ErnieImageSingleStreamAttnProcessor's apply_rotary_emb builds from freqs_cis (fp32 [B, S, 1, R]):
+    torch.cos(freqs).to(dtype), torch.sin(freqs).to(dtype) -- torch's own kernels, so they are exact by construction."""
+    import torch
+
+    return torch.cos(freqs).to(dtype), torch.sin(freqs).to(dtype)
+
+
+def rope_rotate_half_eager(x, cos, sin):
+    """apply_rotary_emb of diffusers 0.42.1's ErnieImageSingleStreamAttnProcessor after its tables are made
+    (ernie_rope_tables): rotate-half pairs (i, i + R/2), bf16 ops each rounded; columns >= R passed through."""
+    import torch
+
+    rot = cos.shape[-1]
+    x, rest = x[..., :rot], x[..., rot:]
+    x1, x2 = x.chunk(2, dim=-1)
+    return torch.cat((x * cos + torch.cat((-x2, x1), dim=-1) * sin, rest), dim=-1)
+
+
+def can_use_rope_rotate_half(x, cos, sin) -> Support:
+    reasons = list(_ops().rope_rotate_half_unsupported(x, cos, sin))
+    return Support(not reasons, reasons)
+
+
+def rope_rotate_half(x, cos, sin):
+    """Fused, bit-exact `rope_rotate_half_eager` (one pass; the output is contiguous, as the eager cat's)."""
+    return _call_or_explain("rope_rotate_half", lambda: _ops().rope_rotate_half(x, cos, sin), (x, cos, sin),
+                            lambda: can_use_rope_rotate_half(x, cos, sin))
+
+
+def ernie_rope_site_inputs(B, S, H, D, R, device, generator, x_layout="contiguous"):
+    """(x, cos, sin) as the ERNIE-Image attention builds them: x the normalized q [B, S, heads, D] (contiguous, or
+    x_layout "bsh_view": a [S, B, ...] buffer permuted to [B, S, ...] as the block's x.permute(1, 0, 2) feeds it);
+    freqs_cis fp32 [B, S, 1, R] with angles in duplicated pairs [t0, t0, t1, t1, ...] (ErnieImageEmbedND3), then
+    the tables of ernie_rope_tables."""
+    import torch
+
+    bf = dict(device=device, dtype=torch.bfloat16)
+    if x_layout == "bsh_view":
+        x = torch.randn(S, B, H, D, generator=generator, **bf).permute(1, 0, 2, 3)
+    else:
+        x = torch.randn(B, S, H, D, generator=generator, **bf)
+    pos = torch.randint(0, 4096, (B, S, 1, R // 2), generator=generator, device=device).float()
+    omega = torch.rand(R // 2, generator=generator, device=device)
+    half = pos * omega
+    freqs = torch.stack([half, half], dim=-1).reshape(B, S, 1, R)
+    cos, sin = ernie_rope_tables(freqs, torch.bfloat16)
+    return x, cos, sin
+
+
+def _rope_rotate_half_inputs(spec, device, generator):
+    (B, S, H, D), R = spec
+    return ernie_rope_site_inputs(B, S, H, D, R, device, generator)
+
+
 # ---- qk_norm_rope (FLUX.1's attention prologue) ----------------------------------------------------------------
 def apply_rotary_emb_eager(x, cos, sin):
     """diffusers' apply_rotary_emb(x, (cos, sin), use_real=True, use_real_unbind_dim=-1, sequence_dim=1): pairs
@@ -840,6 +896,12 @@ CHECKS = {
         eager=gelu_tanh_eager,
         inputs=_gelu_tanh_inputs,
         shapes=[((1, 4608, 12288), 0), ((1, 512, 12288), 0), ((2, 4096, 6144), 0), ((7, 3), 0)],
+    ),
+    "rope_rotate_half": dict(
+        fused=lambda *a: rope_rotate_half(*a),
+        eager=rope_rotate_half_eager,
+        inputs=_rope_rotate_half_inputs,
+        shapes=[((2, 4352, 32, 128), 128), ((1, 4352, 24, 128), 128), ((2, 37, 4, 96), 64), ((1, 5, 3, 10), 6)],
     ),
     "qk_norm_rope": dict(
         fused=lambda *a: qk_norm_rope(*a),

@@ -28,6 +28,7 @@ enable_parallelism(); unpatch() refuses while such a hook still wraps a patched 
 from __future__ import annotations
 
 import logging
+import os
 import types
 from dataclasses import dataclass, field
 
@@ -86,7 +87,9 @@ WAN_SITES = {
 ERNIE_SITES = {
     "E1": "adaLN_sa_ln + modulate: diffusers RMSNorm(x, w), then (n.float() * (1 + scale_msa.float()) + "
           "shift_msa.float()).to(bf16), [S, B, H] rows",
-    "E2": "attention QK norm: torch.nn.RMSNorm per head on q and k (the rotate-half RoPE stays eager)",
+    "E2": "attention QK norm: torch.nn.RMSNorm per head on q and k; with DIFUSE_ERNIE_FUSED_ROPE=1 also the "
+          "rotate-half RoPE, one rope_rotate_half pass per tensor (off by default until that kernel has run on a "
+          "GPU: the RoPE stays eager)",
     "E3": "x + (gate_msa.float() * attn.float()).to(bf16), then adaLN_mlp_ln + modulate as E1",
     "E4": "x + (gate_mlp.float() * mlp.float()).to(bf16)",
     "final_norm": "final ErnieImageAdaLNContinuous: LayerNorm(x) * (1 + scale) + shift, [B, H] rows over [S, B, H]",
@@ -1184,6 +1187,12 @@ def _ernie_gated_rmsmod_site(site: Site, norm, h, a, gate, scale, shift):
                     ops.Support(False, ["the norm is not diffusers' RMSNorm without a bias"]), device=_dev(h))
 
 
+# ERNIE-Image's RoPE through rope_rotate_half inside site E2 (verified with the QK norm as one site). Off by default:
+# the kernel was written without a GPU run (src/rope/rope_rotate_half.cu's verification status); set
+# DIFUSE_ERNIE_FUSED_ROPE=1 to use it (the gate still checks each new signature against the eager chain).
+ERNIE_FUSED_ROPE = os.environ.get("DIFUSE_ERNIE_FUSED_ROPE", "0") == "1"
+
+
 def _ernie_rotary(x, freqs):
     """ErnieImageSingleStreamAttnProcessor's apply_rotary_emb (rotate-half, cos and sin rounded to x's dtype)."""
     torch = _torch()
@@ -1220,10 +1229,42 @@ def _ernie_attention(site: Site, attn, hidden_states, attention_mask, freqs):
 
         wq, eq = nq if nq is not None else (None, None)
         wk, ek = nk if nk is not None else (None, None)
+        if freqs is not None and ERNIE_FUSED_ROPE:
+            # The tables as the processor makes them (torch's cos/sin kernels; once for q and k, the same bits as
+            # its two calls), then norm + RoPE as one verified site.
+            cos, sin = ops.ernie_rope_tables(freqs, q.dtype)
+
+            def eager_roped():
+                nq_, nk_ = eager()
+                return _ernie_rotary(nq_, freqs), _ernie_rotary(nk_, freqs)
+
+            def predicate_roped():
+                s = predicate()
+                if not s:
+                    return s
+                # the norm's output is contiguous [B, S, heads, D], as rms_norm returns it
+                out_like = q.new_empty(q.shape)
+                r = ops.can_use_rope_rotate_half(out_like, cos, sin)
+                return ops.Support(r.ok, ["rope: " + x for x in r.reasons])
+
+            def fused_roped():
+                o = ops._ops()
+                return (o.rope_rotate_half(o.rms_norm(q, wq, eq), cos, sin),
+                        o.rope_rotate_half(o.rms_norm(k, wk, ek), cos, sin))
+
+            return _ernie_attention_tail(attn, site.run((q, k, wq, wk, eq, ek, why, cos), eager=eager_roped,
+                                                        predicate=predicate_roped, fused=fused_roped,
+                                                        device=_dev(q)), v, attention_mask, te)
         q, k = site.run((q, k, wq, wk, eq, ek, why), eager=eager, predicate=predicate,
                         fused=lambda: (ops._ops().rms_norm(q, wq, eq), ops._ops().rms_norm(k, wk, ek)), device=_dev(q))
     if freqs is not None:
         q, k = _ernie_rotary(q, freqs), _ernie_rotary(k, freqs)
+    return _ernie_attention_tail(attn, (q, k), v, attention_mask, te)
+
+
+def _ernie_attention_tail(attn, qk, v, attention_mask, te):
+    """The processor after its RoPE: attention over (q, k, v) and the output projection."""
+    q, k = qk
     dtype = q.dtype
     if attention_mask is not None and attention_mask.ndim == 2:
         attention_mask = attention_mask[:, None, None, :]

@@ -429,3 +429,49 @@ TEST(Rope, WanPairEqualsTheFluxFormWithItsTableEntries) {
     ASSERT_EQ(difuse::num::rope_wan_bf16x2(x2, c, s), difuse::num::rope_interleaved_bf16x2(x2, c, s, c, s)) << it;
   }
 }
+
+// ERNIE-Image's rotate-half RoPE: rope_rotate_half_pair against the eager chain emulated tensor by tensor on a whole
+// row (each op's output stored as bf16): x * cos, -x2, cat(-x2, x1), rotated * sin, the sum. The emulation keeps
+// the eager indexing (chunk, cat), so a wrong partner, sign or table entry in the pair form shows as a mismatch.
+TEST(Rope, RotateHalfPairIsTheErnieChainOpByOp) {
+  std::mt19937 rng(20261205);
+  const float specials[] = {0.f, -0.f, 1.f, -1.f, 1e-40f, -1e-40f, 3e38f, -3e38f, 1e-30f,
+                            std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity(),
+                            std::numeric_limits<float>::quiet_NaN()};
+  const auto bf = [](float f) { return float_to_bf16_rne(f); };
+  const auto fl = [](uint16_t b) { return bf16_to_float(b); };
+  for (int R : {2, 6, 16, 128}) {
+    const int h = R / 2;
+    for (int it = 0; it < 2000; ++it) {
+      std::vector<uint16_t> x(R), c(R), s(R);
+      for (int i = 0; i < R; ++i) {
+        const uint32_t r = rng();
+        x[i] = (r & 7) == 0 ? bf(specials[(r >> 3) % 12]) : static_cast<uint16_t>(r >> 16);
+        const float angle = static_cast<float>(rng() % 100000) * 0.01f;
+        c[i] = (r & 63) == 1 ? bf(specials[(r >> 8) % 12]) : bf(std::cos(angle));
+        s[i] = (r & 63) == 2 ? bf(specials[(r >> 9) % 12]) : bf(std::sin(angle));
+      }
+      std::vector<uint16_t> t1(R), rotated(R), t2(R), want(R);
+      for (int i = 0; i < R; ++i) t1[i] = bf(mul_rn(fl(x[i]), fl(c[i])));
+      for (int j = 0; j < h; ++j) {
+        rotated[j] = bf(-fl(x[h + j]));  // torch.cat((-x2, x1))
+        rotated[h + j] = x[j];
+      }
+      for (int i = 0; i < R; ++i) t2[i] = bf(mul_rn(fl(rotated[i]), fl(s[i])));
+      for (int i = 0; i < R; ++i) want[i] = bf(add_rn(fl(t1[i]), fl(t2[i])));
+      for (int i = 0; i < h; ++i) {
+        float oa, ob;
+        rope_rotate_half_pair(fl(x[i]), fl(x[i + h]), fl(c[i]), fl(s[i]), fl(c[i + h]), fl(s[i + h]), oa, ob);
+        ASSERT_EQ(bf(oa), want[i]) << "R " << R << " i " << i << " it " << it;
+        ASSERT_EQ(bf(ob), want[i + h]) << "R " << R << " i " << i + h << " it " << it;
+      }
+    }
+  }
+  // A zero product takes its sign from the negated operand: x[i+h] = +0 gives -0 * s = -0, and +0 + -0 = +0.
+  float oa, ob;
+  rope_rotate_half_pair(0.f, 0.f, 1.f, 1.f, 1.f, 1.f, oa, ob);
+  EXPECT_EQ(float_bits(oa), 0u);
+  rope_rotate_half_pair(-0.f, 0.f, 1.f, 1.f, 1.f, 1.f, oa, ob);
+  EXPECT_EQ(float_bits(oa), 0x80000000u);  // (-0) * 1 + (-(+0)) * 1 = -0 + -0 = -0
+  EXPECT_EQ(float_bits(ob), 0u);           // (+0) * 1 + (-0) * 1 = +0 + -0 = +0
+}

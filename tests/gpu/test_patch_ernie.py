@@ -50,3 +50,26 @@ def test_patched_ernie_class_defaults_is_bit_identical():
     """The class's default width (3072, 24 heads, ffn 8192, text_in_dim 2560): the kernels' first ERNIE shapes."""
     model = reduced_ernie(hidden_size=3072, num_attention_heads=24, ffn_hidden_size=8192, text_in_dim=2560)
     assert_patched_matches(model, ernie_inputs(2, text_in_dim=2560), difuse.patching.ERNIE_SITES)
+
+
+@pytest.mark.parametrize("B,side,text_tokens,pad", [(2, 64, 256, 0), (2, 32, 77, 20)], ids=str)
+def test_patched_ernie_with_fused_rope_is_bit_identical(model, monkeypatch, B, side, text_tokens, pad):
+    """DIFUSE_ERNIE_FUSED_ROPE=1: site E2 runs the QK norm and rope_rotate_half (off by default until this passes)."""
+    monkeypatch.setattr(difuse.patching, "ERNIE_FUSED_ROPE", True)
+    calls = []
+    monkeypatch.setattr(difuse.ops, "_ops", lambda: _CountingOps(torch.ops.difuse, calls))
+    assert_patched_matches(model, ernie_inputs(B, side, text_tokens, pad), difuse.patching.ERNIE_SITES)
+    assert calls, "the fused RoPE never ran"
+
+
+class _CountingOps:
+    """torch.ops.difuse with rope_rotate_half's calls counted."""
+
+    def __init__(self, ops, calls):
+        self._ops, self._calls = ops, calls
+
+    def __getattr__(self, name):
+        fn = getattr(self._ops, name)
+        if name != "rope_rotate_half":
+            return fn
+        return lambda *a: self._calls.append(a[0].shape) or fn(*a)

@@ -1,7 +1,7 @@
 // Native GPU smoke test for libdifuse's C ABI (no torch): runs layernorm_modulate on every default schedule
 // (two, four warps per row; one under DIFUSE_LNMOD_THREADS_PER_ROW=32, 8- and 16-byte accesses, the two-pass kernel), its gated-residual form, Wan's fp32 form, the other
 // row ops and the
-// attention prologues (FLUX, Qwen-Image, SD3.5) and the benchmarks' streaming probe, checks that every output
+// attention prologues (FLUX, Qwen-Image, SD3.5), ERNIE's rope_rotate_half and the benchmarks' streaming probe, checks that every output
 // element is written, that two launches give identical bits, and that the result is within a few bf16
 // ulps of the host emulation (whose rsqrt is approximate: exactness is the torch tests' job). Meant to
 // run under compute-sanitizer memcheck and racecheck. Exit code 0 = pass. Arguments: --quick (without the
@@ -17,6 +17,7 @@
 
 #include "difuse/difuse.hpp"
 #include "difuse/numerics/activation.h"
+#include "difuse/numerics/rope.h"
 #include "norm/layernorm_schedule.h"
 
 #define CHECK_CUDA(x)                                                                      \
@@ -657,6 +658,33 @@ int run_stream_copy_probe() {
   return fails ? 1 : 0;
 }
 
+// rope_rotate_half on x [1, S, H, D] (rows S * H of D columns) with cos and sin [1, S, 1, R] read from the second
+// buffer (cos at 0, sin at S * R): the reference is the host twin of the kernel's pair arithmetic
+// (numerics/rope.h), so "within tolerance" here means the same bits. R = D = 128: 16-byte vectors; D = 144: copied
+// columns too; R = 6 of D = 10: the scalar kernel with copied columns.
+constexpr int kRopeHalfCases = 3;
+int run_rope_half_case(int64_t S, int64_t H, int64_t D, int64_t R) {
+  const auto table = [S, R](uint16_t* base) {
+    return TensorView(base, DType::BF16, {1, S, 1, R}, {S * R, R, R, 1}, 0);
+  };
+  return run_elementwise("rope_rotate_half", S * H, D,
+      [&](uint16_t* out, uint16_t* x, uint16_t* t, uint16_t*) {
+        rope_rotate_half(TensorView::contiguous(out, DType::BF16, {1, S, H, D}, 0),
+                         TensorView::contiguous(x, DType::BF16, {1, S, H, D}, 0), table(t), table(t + S * R), nullptr);
+      },
+      [S, H, R](auto& x, auto& t, auto&, int64_t r, int64_t c, int64_t n) -> double {
+        if (c >= R) return f(x, r * n + c);
+        const int64_t s = r / H, h = R / 2, i = c < h ? c : c - h;
+        float oa, ob;
+        num::rope_rotate_half_pair(f(x, r * n + i), f(x, r * n + i + h), f(t, s * R + i), f(t, S * R + s * R + i),
+                                   f(t, s * R + i + h), f(t, S * R + s * R + i + h), oa, ob);
+        return num::round_bf16(c < h ? oa : ob);
+      });
+}
+int run_rope_half_cases() {
+  return run_rope_half_case(37, 4, 128, 128) + run_rope_half_case(11, 2, 144, 128) + run_rope_half_case(19, 3, 10, 6);
+}
+
 constexpr int kPrologueCases = 3;
 int run_prologues() { return run_joint_prologue(false) + run_joint_prologue(true) + run_sd35_prologue(); }
 
@@ -688,6 +716,7 @@ int main(int argc, char** argv) {
     fails += run_other_ops();
     fails += run_rms_norm_modulate_cases();
     fails += run_prologues();
+    fails += run_rope_half_cases();
     fails += run_grln_cases();
     fails += run_f32_cases();
     fails += run_stream_copy_probe();
@@ -696,7 +725,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "exception: %s\n", e.what());
     return 2;
   }
-  const int total = (quick ? 8 : 9) + 13 + kRmsModulateCases + kPrologueCases + kGrlnCases + kF32Cases + 1;
+  const int total = (quick ? 8 : 9) + 13 + kRmsModulateCases + kPrologueCases + kRopeHalfCases + kGrlnCases + kF32Cases + 1;
   std::printf("%d passed, %d failed\n", total - fails, fails);
   return fails ? 1 : 0;
 }

@@ -34,8 +34,14 @@ class PackageTest(unittest.TestCase):
                 self.assertEqual(line.count("verified"), 1, line)
 
     def test_every_registration_names_where_it_was_verified(self):
+        # or says plainly that it has not run on a GPU yet (such a kernel is off by default where a site could use it:
+        # rope_rotate_half behind DIFUSE_ERNIE_FUSED_ROPE)
+        unverified = {"rope_rotate_half"}
         for k in difuse.kernels():
-            self.assertRegex(k["platform"], r"^verified bit-exact on H200 at [0-9a-f]{7}", k["op"])
+            if k["op"] in unverified:
+                self.assertRegex(k["platform"], r"^not yet verified on a GPU", k["op"])
+            else:
+                self.assertRegex(k["platform"], r"^verified bit-exact on H200 at [0-9a-f]{7}", k["op"])
 
     def test_gate_through_ctypes(self):
         g = difuse.BitExactGate("layernorm_modulate", "per_signature")

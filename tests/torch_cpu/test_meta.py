@@ -144,6 +144,27 @@ def test_gelu_tanh_meta_out_variant_and_reasons():
     assert difuse.count_mismatches(torch.ops.difuse.gelu_tanh_reference(xb), ops.gelu_tanh_eager(xb)) == 0
 
 
+def test_rope_rotate_half_meta_reference_and_reasons():
+    x = torch.empty(2, 5, 3, 16, dtype=torch.bfloat16, device="meta")
+    c = torch.empty(2, 5, 1, 16, dtype=torch.bfloat16, device="meta")
+    torch.library.opcheck(torch.ops.difuse.rope_rotate_half.default, (x, c, torch.empty_like(c)))
+    out = torch.ops.difuse.rope_rotate_half(x.transpose(0, 1).contiguous().transpose(0, 1), c, c)
+    assert out.shape == x.shape and out.is_contiguous()
+    with pytest.raises(ValueError, match="rope_rotate_half"):
+        torch.ops.difuse.rope_rotate_half(x.float(), c, c)
+    # the C++ reference is the Python eager chain, bit for bit, on the host (R < D: copied columns too)
+    g = torch.Generator().manual_seed(4)
+    xb = (torch.randn(2, 5, 3, 20, generator=g) * 3).to(torch.bfloat16)
+    freqs = torch.rand(2, 5, 1, 16, generator=g) * 100
+    cos, sin = ops.ernie_rope_tables(freqs, torch.bfloat16)
+    assert difuse.count_mismatches(torch.ops.difuse.rope_rotate_half_reference(xb, cos, sin),
+                                   ops.rope_rotate_half_eager(xb, cos, sin)) == 0
+    s = ops.can_use_rope_rotate_half(xb, cos, sin)  # host tensors: refused, with the reason
+    assert not s.ok and any("CUDA device" in r for r in s.reasons), s.reasons
+    s = ops.can_use_rope_rotate_half(xb.float(), cos[..., :15], sin[..., :15])
+    assert not s.ok and any("x must be bf16" in r for r in s.reasons) and any("even" in r for r in s.reasons), s.reasons
+
+
 def test_rms_norm_diffusers_reference_matches_the_python_chain_on_cpu():
     g = torch.Generator().manual_seed(5)
     x = torch.randn(20, 128, generator=g).to(torch.bfloat16)

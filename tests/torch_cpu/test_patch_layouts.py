@@ -52,6 +52,7 @@ def lib():
     for name, args in {
         "difuse_can_use_rms_norm": [P, P, P, d],
         "difuse_can_use_gelu_tanh": [P, P],
+        "difuse_can_use_rope_rotate_half": [P, P, P, P],
         "difuse_can_use_rms_norm_modulate": [P, P, P, P, P, d, C.c_int32],
         "difuse_can_use_gated_residual_rms_norm_modulate": [P] * 8 + [d, C.c_int32],
         "difuse_can_use_gated_residual_layernorm_modulate": [P] * 7 + [d],
@@ -195,6 +196,10 @@ def _device_predicates(lib):
                        k_txt_weight=w.of(k_txt_weight), freqs=w.of(freqs), freqs_txt=w.of(freqs_txt), eps=float(eps))
         return _support(lib, lib.difuse_can_use_qk_norm_rope_qwen(C.pointer(a)))
 
+    def rope_half(x, cos, sin):
+        v = Views()
+        return _support(lib, lib.difuse_can_use_rope_rotate_half(v.fresh(x.shape), v.of(x), v.of(cos), v.of(sin)))
+
     def qk_sd35(q, k, v, q_weight, k_weight, q_ctx, k_ctx, v_ctx, q_ctx_weight, k_ctx_weight, eps=1e-6):
         w = Views()
         B, H, S, D = q.shape
@@ -210,7 +215,7 @@ def _device_predicates(lib):
                 can_use_rms_norm_modulate=rmsmod, can_use_gated_residual_rms_norm_modulate=grrmsmod,
                 can_use_gelu_tanh=gelu, can_use_layernorm_modulate_fp32=lnmod32,
                 can_use_gated_residual_fp32=gated32, can_use_layernorm_affine_fp32=affine32,
-                can_use_qk_norm_rope=qk, can_use_qk_norm_rope_wan=qk_wan)
+                can_use_qk_norm_rope=qk, can_use_qk_norm_rope_wan=qk_wan, can_use_rope_rotate_half=rope_half)
 
 
 @pytest.fixture
@@ -313,6 +318,18 @@ def test_ernie_image_layouts(probe):
                   return_dict=False)
     _run_patched(model, inputs)
     assert _refused(probe, patching.ERNIE_SITES) == {}
+
+
+def test_ernie_image_layouts_with_fused_rope(probe, monkeypatch):
+    """DIFUSE_ERNIE_FUSED_ROPE=1: site E2 asks rope_rotate_half's predicate too, with the model's own tables."""
+    monkeypatch.setattr(patching, "ERNIE_FUSED_ROPE", True)
+    asked = []
+    real = ops.can_use_rope_rotate_half
+    monkeypatch.setattr(ops, "can_use_rope_rotate_half", lambda *a: asked.append(a) or real(*a))
+    test_ernie_image_layouts(probe)
+    assert asked, "site E2 never asked rope_rotate_half's predicate"
+    x, cos, sin = asked[0]
+    assert cos.dtype == torch.bfloat16 and cos.shape == (2, x.shape[1], 1, x.shape[3])
 
 
 @pytest.mark.parametrize("adaln", [False, True])

@@ -75,4 +75,22 @@ DIFUSE_HD uint32_t rope_complex_bf16x2(uint32_t x2, float c, float d) {
   return pack_bf16x2(re, im);
 }
 
+// ERNIE-Image's apply_rotary_emb (diffusers 0.42.1 ErnieImageSingleStreamAttnProcessor; Megatron's rotate-half,
+// rotary_interleaved=False), for a bf16 x [B, S, heads, D] and fp32 angles freqs [B, S, 1, R]:
+//     cos_, sin_ = torch.cos(freqs).to(bf16), torch.sin(freqs).to(bf16)    (torch's own kernels, kept eager)
+//     x1, x2 = x[..., :R].chunk(2, -1)                                      halves: partner of i is i +- R/2
+//     out = cat(x * cos_ + cat(-x2, x1) * sin_, x[..., R:])                 bf16 mul, neg, mul, add: each op
+//                                                                           computes in fp32 and rounds to bf16
+// so with h = R/2, for i < h: out[i] = bf16(RN(rb(RN(x[i] * c[i])) + rb(RN(-x[i+h] * s[i])))) and
+// out[i+h] = bf16(RN(rb(RN(x[i+h] * c[i+h])) + rb(RN(x[i] * s[i+h])))), rb = the bf16 rounding of an
+// intermediate tensor; columns >= R are copied. The negation is applied to the bf16 operand before the product
+// (it decides the sign of a zero product); the add's alpha = 1 multiply is exact.
+// (xa, xb) = (x[i], x[i+h]) with table entries (ca, sa) at i and (cb, sb) at i+h; results before the final
+// .to(bf16).
+DIFUSE_HD void rope_rotate_half_pair(float xa, float xb, float ca, float sa, float cb, float sb, float& oa,
+                                     float& ob) {
+  oa = add_rn(round_bf16(mul_rn(xa, ca)), round_bf16(mul_rn(-xb, sa)));
+  ob = add_rn(round_bf16(mul_rn(xb, cb)), round_bf16(mul_rn(xa, sb)));
+}
+
 }  // namespace difuse::num
