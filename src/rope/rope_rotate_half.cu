@@ -92,11 +92,13 @@ __device__ __forceinline__ void rotate8(uint4& a, uint4& b, const uint4 ca, cons
   b = ob;
 }
 
-__global__ void __launch_bounds__(kThreads) rope_rotate_half_vec8(const Params p, int64_t tokens) {
+// VEC = 8: a thread per 8 pairs with 16-byte accesses; VEC = 1: a thread per pair (any layout). Either way a thread
+// reads everything it writes before writing it.
+template <int VEC>
+__global__ void __launch_bounds__(kThreads) rope_rotate_half_kernel(const Params p, int64_t tokens) {
   const int h = p.R / 2;
-  const int groups = h / 8;              // column groups of 8 in the first half
-  const int pass = (p.D - p.R) / 8;      // groups of 8 copied columns
-  const int per_head = groups + pass;
+  const int pairs = h / VEC;                   // pair groups of a head row
+  const int per_head = pairs + (p.D - p.R) / VEC;  // then the groups of copied columns
   const int items = p.H * per_head;
   for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
     const int64_t b = t / p.S, s = t - b * p.S;
@@ -108,47 +110,31 @@ __global__ void __launch_bounds__(kThreads) rope_rotate_half_vec8(const Params p
       const int head = j / per_head, g = j - head * per_head;
       const uint16_t* xr = xt + head * p.x_sh;
       uint16_t* orow = ot + static_cast<int64_t>(head) * p.D;
-      if (g < groups) {
-        const int i = 8 * g;
-        uint4 a = *reinterpret_cast<const uint4*>(xr + i);
-        uint4 bv = *reinterpret_cast<const uint4*>(xr + i + h);
-        const uint4 ca = *reinterpret_cast<const uint4*>(ct + i), sa = *reinterpret_cast<const uint4*>(st + i);
-        const uint4 cb = *reinterpret_cast<const uint4*>(ct + i + h), sb = *reinterpret_cast<const uint4*>(st + i + h);
-        rotate8(a, bv, ca, sa, cb, sb);
-        *reinterpret_cast<uint4*>(orow + i) = a;
-        *reinterpret_cast<uint4*>(orow + i + h) = bv;
+      if (g < pairs) {
+        const int i = VEC * g;
+        if constexpr (VEC == 8) {
+          uint4 a = *reinterpret_cast<const uint4*>(xr + i);
+          uint4 bv = *reinterpret_cast<const uint4*>(xr + i + h);
+          const uint4 ca = *reinterpret_cast<const uint4*>(ct + i), sa = *reinterpret_cast<const uint4*>(st + i);
+          const uint4 cb = *reinterpret_cast<const uint4*>(ct + i + h);
+          const uint4 sb = *reinterpret_cast<const uint4*>(st + i + h);
+          rotate8(a, bv, ca, sa, cb, sb);
+          *reinterpret_cast<uint4*>(orow + i) = a;
+          *reinterpret_cast<uint4*>(orow + i + h) = bv;
+        } else {
+          float oa, ob;
+          num::rope_rotate_half_pair(num::bf16_to_float(xr[i]), num::bf16_to_float(xr[i + h]),
+                                     num::bf16_to_float(ct[i]), num::bf16_to_float(st[i]),
+                                     num::bf16_to_float(ct[i + h]), num::bf16_to_float(st[i + h]), oa, ob);
+          orow[i] = num::float_to_bf16_rne(oa);
+          orow[i + h] = num::float_to_bf16_rne(ob);
+        }
       } else {
-        const int i = p.R + 8 * (g - groups);
-        *reinterpret_cast<uint4*>(orow + i) = *reinterpret_cast<const uint4*>(xr + i);
-      }
-    }
-  }
-}
-
-__global__ void __launch_bounds__(kThreads) rope_rotate_half_scalar(const Params p, int64_t tokens) {
-  const int h = p.R / 2;
-  const int per_head = h + (p.D - p.R);  // pairs, then copied columns
-  const int items = p.H * per_head;
-  for (int64_t t = blockIdx.x; t < tokens; t += gridDim.x) {
-    const int64_t b = t / p.S, s = t - b * p.S;
-    const uint16_t* xt = p.x + b * p.x_sb + s * p.x_ss;
-    const uint16_t* ct = p.cos + b * p.t_sb + s * p.t_ss;
-    const uint16_t* st = p.sin + b * p.t_sb + s * p.t_ss;
-    uint16_t* ot = p.out + t * static_cast<int64_t>(p.H) * p.D;
-    for (int j = threadIdx.x; j < items; j += kThreads) {
-      const int head = j / per_head, g = j - head * per_head;
-      const uint16_t* xr = xt + head * p.x_sh;
-      uint16_t* orow = ot + static_cast<int64_t>(head) * p.D;
-      if (g < h) {
-        float oa, ob;
-        num::rope_rotate_half_pair(num::bf16_to_float(xr[g]), num::bf16_to_float(xr[g + h]),
-                                   num::bf16_to_float(ct[g]), num::bf16_to_float(st[g]),
-                                   num::bf16_to_float(ct[g + h]), num::bf16_to_float(st[g + h]), oa, ob);
-        orow[g] = num::float_to_bf16_rne(oa);
-        orow[g + h] = num::float_to_bf16_rne(ob);
-      } else {
-        const int i = p.R + (g - h);
-        orow[i] = xr[i];
+        const int i = p.R + VEC * (g - pairs);
+        if constexpr (VEC == 8)
+          *reinterpret_cast<uint4*>(orow + i) = *reinterpret_cast<const uint4*>(xr + i);
+        else
+          orow[i] = xr[i];
       }
     }
   }
@@ -250,9 +236,9 @@ void rope_rotate_half(const difuse_tensor_view& out, const difuse_tensor_view& x
   const detail::DeviceGuard device_guard(x.device);
   const unsigned grid = static_cast<unsigned>(std::min<int64_t>(tokens, int64_t{1} << 30));
   if (vec8)
-    rope_rotate_half_vec8<<<grid, kThreads, 0, stream>>>(p, tokens);
+    rope_rotate_half_kernel<8><<<grid, kThreads, 0, stream>>>(p, tokens);
   else
-    rope_rotate_half_scalar<<<grid, kThreads, 0, stream>>>(p, tokens);
+    rope_rotate_half_kernel<1><<<grid, kThreads, 0, stream>>>(p, tokens);
   DIFUSE_CUDA_CHECK(cudaGetLastError());
 }
 
