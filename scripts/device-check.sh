@@ -116,55 +116,32 @@ stage_tests() {
 
 # GPU tests of the files in $DIFUSE_GPU_TESTS only (paths under tests/gpu, space-separated; pytest's -k in
 # $DIFUSE_GPU_TESTS_K): a focused check after a change to a few kernels, into gpu-tests.json (not tests.json,
-# which is the full run's). Like scripts/test.sh, the files run in DIFUSE_GPU_TEST_JOBS pytest processes (default 6)
-# on the one GPU, balanced by the committed reports' per-file seconds (scripts/gpu-test-shards.py), each with its
-# own report and log, merged into gpu-tests.json and gpu-tests.log: in one process the four norm files alone take
-# ~800 s, past a 10-minute call. Nothing here times anything, so sharing the GPU changes no result.
+# which is the full run's). Through scripts/gpu-test-run.sh, as scripts/test.sh runs the suite: DIFUSE_GPU_TEST_JOBS
+# pytest processes (default 6) on the one GPU, balanced by the committed reports' per-file seconds, each with its own
+# report and log, merged into gpu-tests.json and gpu-tests.log: in one process the four norm files alone take ~800 s,
+# past a 10-minute call. Nothing here times anything, so sharing the GPU changes no result
+# (tests/python/test_device_check_gputests.py runs this stage with stubs).
 stage_gputests() {
   [ -n "${DIFUSE_GPU_TESTS:-}" ] || { echo "gputests: set DIFUSE_GPU_TESTS to test files under tests/gpu" >&2; return 1; }
-  local files=() f weights=() code shards=() pids=() line i rc=0 jobs=${DIFUSE_GPU_TEST_JOBS:-6} started=$SECONDS
+  local files=() f rc=0 started=$SECONDS
   for f in $DIFUSE_GPU_TESTS; do files+=("$ROOT/$f"); done
-  for f in "$ROOT"/bench/results/h200/tests.json "$ROOT"/bench/results/h200/gpu-tests-*.json; do
-    [ -e "$f" ] && weights+=(--weights "$f")
-  done
-  while IFS= read -r line; do shards+=("$line"); done < <(python3 "$ROOT/scripts/gpu-test-shards.py" split \
-    --jobs "$jobs" ${weights[@]+"${weights[@]}"} "${files[@]}")
-  [ ${#shards[@]} -gt 0 ] || { echo "gputests: no shards from $DIFUSE_GPU_TESTS" >&2; return 1; }
-  say "gputests: pytest $DIFUSE_GPU_TESTS ${DIFUSE_GPU_TESTS_K:+-k $DIFUSE_GPU_TESTS_K} in ${#shards[@]} processes -> gpu-tests.json"
-  # The shards' logs stay outside $OUT until the end: a call cut by its limit returns at most 8 files (at bd80031 two
-  # of six finished reports were left out beside their logs), so $OUT holds only the reports meanwhile.
+  say "gputests: pytest $DIFUSE_GPU_TESTS ${DIFUSE_GPU_TESTS_K:+-k $DIFUSE_GPU_TESTS_K} in ${DIFUSE_GPU_TEST_JOBS:-6} processes -> gpu-tests.json"
+  # scripts/gpu-test-run.sh, as scripts/test.sh runs the whole suite. The shards' logs stay outside $OUT until the end
+  # (a call cut by its limit returns at most 8 files: at bd80031 two of six finished reports were left out beside
+  # their logs), so $OUT holds only the shards' reports meanwhile.
   local logs
   logs=$(mktemp -d)
-  local threads=$(( $(nproc) / ${#shards[@]} ))
-  [ "$threads" -ge 1 ] || threads=1
-  for i in "${!shards[@]}"; do
-    read -ra f <<<"${shards[$i]}"
-    DIFUSE_TEST_REPORT="$OUT/gpu-tests-$i.json" OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} \
-      DIFUSE_TEST_COMMAND="DIFUSE_GPU_TESTS='$DIFUSE_GPU_TESTS'${DIFUSE_GPU_TESTS_K:+ DIFUSE_GPU_TESTS_K='$DIFUSE_GPU_TESTS_K'} scripts/device-check.sh --stage gputests" \
-      DIFUSE_REQUIRE_GPU=1 python3 -m pytest -q -p no:cacheprovider -rfEs ${DIFUSE_GPU_TESTS_K:+-k "$DIFUSE_GPU_TESTS_K"} \
-      "${f[@]}" >"$logs/gpu-tests-$i.log" 2>&1 &
-    pids+=($!)
-  done
-  for i in "${!pids[@]}"; do
-    if wait "${pids[$i]}"; then
-      echo "-- shard $i: $(tail -n 1 "$logs/gpu-tests-$i.log")"
-    else
-      # pytest exits 5 when -k selects nothing in a shard: not a failure of the stage.
-      code=$?
-      if [ "$code" = 5 ] && [ -n "${DIFUSE_GPU_TESTS_K:-}" ]; then echo "-- shard $i: no test selected"; continue; fi
-      echo "-- shard $i FAILED (exit $code):"; grep -vE '^WARNING' "$logs/gpu-tests-$i.log" | tail -n 40; rc=1
-    fi
-  done
-  cat "$logs"/gpu-tests-[0-9]*.log >"$OUT/gpu-tests.log"
+  DIFUSE_PYTHON=${DIFUSE_PYTHON:-python3} "$ROOT/scripts/gpu-test-run.sh" --logs "$logs" --report "$OUT/gpu-tests.json" \
+    --reports-dir "$OUT" --fail-lines 40 ${DIFUSE_GPU_TESTS_K:+-k "$DIFUSE_GPU_TESTS_K"} \
+    --command "DIFUSE_GPU_TESTS='$DIFUSE_GPU_TESTS'${DIFUSE_GPU_TESTS_K:+ DIFUSE_GPU_TESTS_K='$DIFUSE_GPU_TESTS_K'} scripts/device-check.sh --stage gputests" \
+    "${files[@]}" || rc=1
+  cat "$logs"/gpu-[0-9]*.log >"$OUT/gpu-tests.log" 2>/dev/null
   rm -rf "$logs"
-  local reports=()
-  for i in "${!shards[@]}"; do [ -e "$OUT/gpu-tests-$i.json" ] && reports+=("$OUT/gpu-tests-$i.json"); done
-  if [ ${#reports[@]} -gt 0 ]; then
-    python3 "$ROOT/scripts/gpu-test-shards.py" merge "$OUT/gpu-tests.json" "${reports[@]}" || rc=1
-    rm -f "${reports[@]}"
+  rm -f "$OUT"/gpu-[0-9]*.json
+  if [ -e "$OUT/gpu-tests.json" ]; then
     python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("gputests: %d passed, %d failed, %d skipped" % (d["passed"], d["failed"], d["skipped"]))' "$OUT/gpu-tests.json"
   else
-    echo "gputests: no shard wrote a report" >&2; rc=1
+    echo "gputests: no report" >&2; rc=1
   fi
   echo "gputests took $((SECONDS - started)) s"
   return "$rc"

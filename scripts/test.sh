@@ -157,74 +157,18 @@ fi
 
 if [ $HAVE_GPU = 1 ]; then
   # The GPU test files in DIFUSE_GPU_TEST_JOBS pytest processes (default 6; 349 s at 5d3eadf, while 4 ran past the
-  # call at aa41dda) on the one GPU, balanced by the
-  # committed reports' per-file seconds (scripts/gpu-test-shards.py): in one process the suite outgrew a 10-minute
-  # device call. None of them times anything, so sharing the GPU changes no result. Each process gets its share
-  # of the CPU threads; the reports merge into DIFUSE_TEST_REPORT.
-  GPU_JOBS=${DIFUSE_GPU_TEST_JOBS:-6}
-  SHARDS=()
-  WEIGHTS=()
-  for f in "$ROOT"/bench/results/h200/tests.json "$ROOT"/bench/results/h200/gpu-tests-*.json; do
-    [ -e "$f" ] && WEIGHTS+=(--weights "$f")
-  done
-  while IFS= read -r line; do SHARDS+=("$line"); done < <(python3 "$ROOT/scripts/gpu-test-shards.py" split \
-    --jobs "$GPU_JOBS" ${WEIGHTS[@]+"${WEIGHTS[@]}"} "$ROOT"/tests/gpu/test_*.py)
-  [ ${#SHARDS[@]} -gt 0 ] || { echo "no GPU test files under $ROOT/tests/gpu" >&2; exit 1; }
-  step "GPU tests (pytest in ${#SHARDS[@]} processes on the one GPU, exact against the live eager chains; skips are failures)"
-  threads=$(( $(nproc) / ${#SHARDS[@]} ))
-  [ "$threads" -ge 1 ] || threads=1
-  started=$SECONDS
-  for i in "${!SHARDS[@]}"; do
-    read -ra files <<<"${SHARDS[$i]}"
-    echo "shard $i: $(for f in "${files[@]}"; do
-      case "$f" in
-        --deselect=*) printf 'less:%s ' "${f##*::}" ;;
-        --case-slice=*) printf 'slice:%s ' "${f##*::}" ;;
-        *) printf '%s ' "${f##*/}" ;;
-      esac
-    done)"
-    DIFUSE_LIB_DIR="$BUILD" DIFUSE_REQUIRE_GPU=1 OMP_NUM_THREADS=${OMP_NUM_THREADS:-$threads} \
-      DIFUSE_TEST_REPORT=${DIFUSE_TEST_REPORT:+$LOGDIR/gpu-$i.json} \
-      "$PY" -u -m pytest -q -p no:cacheprovider -rfEs "${files[@]}" >"$LOGDIR/gpu-$i.log" 2>&1 &
-    GPU_PIDS+=($!)
-  done
-  # Progress every 30 s: each shard's last pytest percentage.
-  while :; do
-    for _ in $(seq 30); do
-      alive=0
-      for pid in "${GPU_PIDS[@]}"; do kill -0 "$pid" 2>/dev/null && alive=1; done
-      [ $alive = 1 ] || break
-      sleep 1
-    done
-    [ $alive = 1 ] || break
-    line="GPU tests $((SECONDS - started)) s:"
-    for i in "${!SHARDS[@]}"; do
-      pct=$(grep -oE '\[ *[0-9]+%\]' "$LOGDIR/gpu-$i.log" 2>/dev/null | tail -n 1 | tr -d '[] ' || true)
-      line+=" shard $i ${pct:-0%}"
-    done
-    echo "$line"
-  done
+  # call at aa41dda) on the one GPU, balanced by the committed reports' per-file seconds: scripts/gpu-test-run.sh,
+  # which device-check's gputests stage runs too (in one process the suite outgrew a 10-minute device call). Each
+  # shard's log is $LOGDIR/gpu-I.log; the reports merge into DIFUSE_TEST_REPORT.
+  step "GPU tests (pytest in ${DIFUSE_GPU_TEST_JOBS:-6} processes on the one GPU, exact against the live eager chains; skips are failures)"
   gpu_rc=0
-  for i in "${!GPU_PIDS[@]}"; do
-    rc=0
-    wait "${GPU_PIDS[$i]}" || rc=$?
-    if [ "$rc" = 0 ]; then
-      echo "-- shard $i: $(tail -n 1 "$LOGDIR/gpu-$i.log")"
-      tally "$(pytest_passed "$LOGDIR/gpu-$i.log")" 0
-    else
-      echo "-- shard $i FAILED (exit $rc):"
-      cat "$LOGDIR/gpu-$i.log"
-      gpu_rc=1
-    fi
-  done
+  DIFUSE_LIB_DIR="$BUILD" DIFUSE_PYTHON="$PY" "$ROOT/scripts/gpu-test-run.sh" --logs "$LOGDIR" \
+    ${DIFUSE_TEST_REPORT:+--report "$DIFUSE_TEST_REPORT"} "$ROOT"/tests/gpu/test_*.py &
+  GPU_PIDS=($!)
+  wait "${GPU_PIDS[0]}" || gpu_rc=$?
   GPU_PIDS=()
-  echo "GPU tests took $((SECONDS - started)) s"
-  if [ -n "${DIFUSE_TEST_REPORT:-}" ]; then
-    reports=()
-    for i in "${!SHARDS[@]}"; do reports+=("$LOGDIR/gpu-$i.json"); done
-    python3 "$ROOT/scripts/gpu-test-shards.py" merge "$DIFUSE_TEST_REPORT" "${reports[@]}" || gpu_rc=1
-  fi
   test "$gpu_rc" = 0
+  for f in "$LOGDIR"/gpu-[0-9]*.log; do tally "$(pytest_passed "$f")" 0; done
   step "native GPU smoke test"
   "$BUILD/difuse_gpu_smoke" | tee "$LOGDIR/smoke.log"
   test "${PIPESTATUS[0]}" = 0

@@ -1,0 +1,75 @@
+"""scripts/device-check.sh --stage gputests (build, then the files of $DIFUSE_GPU_TESTS through
+scripts/gpu-test-run.sh, the runner scripts/test.sh uses too), run on this machine in a copy of the scripts with the
+build tools and pytest replaced by stubs (test_test_script.py's): the stage's control flow, its merged report, what
+it leaves in $OUT and its exit status, which no CPU run reaches otherwise."""
+import json
+import os
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import unittest
+from pathlib import Path
+
+from tests.python.test_test_script import FAKE_PY, _exe
+
+ROOT = Path(__file__).resolve().parents[2]
+FILES = "tests/gpu/test_gelu_tanh.py tests/gpu/test_gated_residual.py tests/gpu/test_patch_sd3.py"
+
+
+class DeviceCheckGputestsTest(unittest.TestCase):
+    def run_stage(self, fail_file: str = ""):
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            root, bin_dir, out = tmp / "repo", tmp / "bin", tmp / "out"
+            (root / "scripts").mkdir(parents=True)
+            for name in ("device-check.sh", "gpu-test-run.sh", "gpu-test-shards.py"):
+                shutil.copy2(ROOT / "scripts" / name, root / "scripts" / name)
+            (root / "tests").mkdir()
+            os.symlink(ROOT / "tests" / "gpu", root / "tests" / "gpu")
+            os.symlink(ROOT / "bench", root / "bench")  # the committed reports weigh the shards
+            bin_dir.mkdir()
+            _exe(bin_dir / "cmake", "#!/usr/bin/env bash\nexit 0\n")
+            _exe(bin_dir / "nvidia-smi", "#!/usr/bin/env bash\necho 'name'; echo 'Stub GPU'\n")
+            _exe(bin_dir / "nvcc", "#!/usr/bin/env bash\necho 'Cuda compilation tools, release 13.0'\n")
+            _exe(tmp / "py", FAKE_PY)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("DIFUSE_")}
+            env.update(PATH=f"{bin_dir}:{env['PATH']}", OUT=str(out), DIFUSE_PYTHON=str(tmp / "py"),
+                       DIFUSE_GPU_TESTS=FILES, DIFUSE_GPU_TEST_JOBS="2", DIFUSE_GIT_SHA="abc",
+                       DIFUSE_DEVICE_DEADLINE="120", DIFUSE_BUILD_DIR=str(tmp / "build"),
+                       STUB_LOG=str(tmp / "ran.log"), STUB_FAIL_FILE=fail_file)
+            p = subprocess.run(["bash", str(root / "scripts" / "device-check.sh"), "--stage", "gputests"], env=env,
+                               capture_output=True, text=True, timeout=120)
+            left = sorted(f.name for f in out.iterdir())
+            report = json.loads((out / "gpu-tests.json").read_text()) if (out / "gpu-tests.json").exists() else None
+            packed = []
+            if (out / "logs.tgz").exists():
+                with tarfile.open(out / "logs.tgz") as t:
+                    packed = sorted(os.path.basename(n) for n in t.getnames())
+            ran = (tmp / "ran.log").read_text().split() if (tmp / "ran.log").exists() else []
+            return p, left, report, packed, ran
+
+    def test_the_stage_merges_the_shards_and_leaves_one_report(self):
+        p, left, report, packed, ran = self.run_stage()
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertEqual(ran, ["gpu", "gpu"])
+        self.assertIsNotNone(report)
+        self.assertEqual((report["passed"], report["failed"], report["shards"]), (22, 0, 2))
+        self.assertIn("gputests: 22 passed, 0 failed, 0 skipped", p.stdout)
+        # the shards' own reports are merged away; the shard logs are packed as gpu-tests.log
+        self.assertEqual([f for f in left if f.startswith("gpu-") and f.endswith(".json")], ["gpu-tests.json"])
+        self.assertIn("gpu-tests.log", packed)
+        self.assertIn("done: stage gputests, exit 0", p.stdout)
+
+    def test_a_failing_shard_fails_the_stage_and_shows_its_log(self):
+        p, _, report, _, ran = self.run_stage(fail_file="test_gelu_tanh.py")
+        self.assertNotEqual(p.returncode, 0)
+        self.assertEqual(ran, ["gpu", "gpu"])  # the other shard ran to its end too
+        self.assertIn("FAILED (exit 1)", p.stdout)
+        self.assertIn("1 failed, 10 passed", p.stdout)
+        self.assertIsNotNone(report)  # the report of a failing run is still written
+        self.assertIn("done: stage gputests, exit 1", p.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
