@@ -5,6 +5,7 @@
 #include <string>
 #include <vector>
 
+#include "activation/activation_mul.h"
 #include "activation/gelu_tanh.h"
 #include "rope/rope_rotate_half.h"
 #include "core/error.h"
@@ -353,6 +354,23 @@ difuse_status difuse_can_use_gelu_tanh(const difuse_tensor_view* out, const difu
 difuse_status difuse_gelu_tanh(const difuse_tensor_view* out, const difuse_tensor_view* x, void* stream) {
   return guarded([&] {
     difuse::activation::gelu_tanh(view(out, "out"), view(x, "x"), static_cast<cudaStream_t>(stream));
+  });
+}
+
+difuse_status difuse_can_use_activation_mul(const difuse_tensor_view* out, const difuse_tensor_view* a,
+                                            const difuse_tensor_view* b, const difuse_tensor_view* table) {
+  return guarded([&] {
+    const auto s = difuse::activation::can_use_activation_mul(view(out, "out"), view(a, "a"), view(b, "b"),
+                                                              view(table, "table"));
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("activation_mul"));
+  });
+}
+
+difuse_status difuse_activation_mul(const difuse_tensor_view* out, const difuse_tensor_view* a,
+                                    const difuse_tensor_view* b, const difuse_tensor_view* table, void* stream) {
+  return guarded([&] {
+    difuse::activation::activation_mul(view(out, "out"), view(a, "a"), view(b, "b"), view(table, "table"),
+                                       static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -517,6 +517,38 @@ std::vector<std::string> gelu_tanh_unsupported(const at::Tensor& x) {
   return reasons_from_last_error();
 }
 
+// ---- activation_mul (gated FFNs) ------------------------------------------------------------------------------
+at::Tensor activation_mul_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& table) {
+  const c10::cuda::OptionalCUDAGuard guard(a.device());
+  at::Tensor out = at::empty(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
+  const difuse_tensor_view vo = to_view(out), va = to_view(a), vb = to_view(b), vt = to_view(table);
+  check_status(difuse_activation_mul(&vo, &va, &vb, &vt, at::cuda::getCurrentCUDAStream().stream()), "activation_mul");
+  return out;
+}
+
+at::Tensor activation_mul_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& table) {
+  TORCH_CHECK_VALUE(a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16 && a.sizes() == b.sizes(),
+                    "difuse::activation_mul: a and b must be bf16 of one size, got ", a.sizes(), " and ", b.sizes());
+  TORCH_CHECK_VALUE(a.dim() >= 1 && a.dim() <= 4, "difuse::activation_mul: a must have rank 1 to 4, got ", a.sizes());
+  TORCH_CHECK_VALUE(table.dim() == 1 && table.size(0) == 65536 && table.scalar_type() == at::kBFloat16,
+                    "difuse::activation_mul: table must be bf16 [65536]");
+  return at::empty(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+// The lookup and the eager bf16 product (the table stands for the activation's own kernel).
+at::Tensor activation_mul_reference(const at::Tensor& a, const at::Tensor& b, const at::Tensor& table) {
+  const at::Tensor codes = a.contiguous().view(at::kShort).to(at::kInt).bitwise_and(0xffff).to(at::kLong);
+  return table.index({codes.flatten()}).view(a.sizes()) * b;
+}
+
+std::vector<std::string> activation_mul_unsupported(const at::Tensor& a, const at::Tensor& b, const at::Tensor& table) {
+  const difuse_tensor_view vo = fresh_output_view(a), va = to_view(a), vb = to_view(b), vt = to_view(table);
+  const difuse_status s = difuse_can_use_activation_mul(&vo, &va, &vb, &vt);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_activation_mul");
+  return reasons_from_last_error();
+}
+
 // ---- rope_rotate_half (ERNIE-Image) -----------------------------------------------------------------------------
 at::Tensor rope_rotate_half_cuda(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const c10::cuda::OptionalCUDAGuard guard(x.device());
@@ -1106,6 +1138,9 @@ TORCH_LIBRARY(difuse, m) {
   m.def("gelu_tanh_into(Tensor x, Tensor(a!) out) -> ()");
   m.def("gelu_tanh_reference(Tensor x) -> Tensor");
   m.def("gelu_tanh_unsupported(Tensor x) -> str[]");
+  m.def("activation_mul(Tensor a, Tensor b, Tensor table) -> Tensor");
+  m.def("activation_mul_reference(Tensor a, Tensor b, Tensor table) -> Tensor");
+  m.def("activation_mul_unsupported(Tensor a, Tensor b, Tensor table) -> str[]");
   m.def("rope_rotate_half(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("rope_rotate_half_reference(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("rope_rotate_half_unsupported(Tensor x, Tensor cos, Tensor sin) -> str[]");
@@ -1154,6 +1189,7 @@ TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
   m.impl("gelu_tanh", &gelu_tanh_cuda);
   m.impl("gelu_tanh_into", &gelu_tanh_into_cuda);
   m.impl("rope_rotate_half", &rope_rotate_half_cuda);
+  m.impl("activation_mul", &activation_mul_cuda);
   m.impl("qk_norm_rope", &qk_norm_rope_cuda);
   m.impl("qk_norm_rope_qwen", &qk_norm_rope_qwen_cuda);
   m.impl("qk_norm_sd35", &qk_norm_sd35_cuda);
@@ -1174,6 +1210,7 @@ TORCH_LIBRARY_IMPL(difuse, Meta, m) {
   m.impl("gelu_tanh", &gelu_tanh_meta);
   m.impl("gelu_tanh_into", &gelu_tanh_into_meta);
   m.impl("rope_rotate_half", &rope_rotate_half_meta);
+  m.impl("activation_mul", &activation_mul_meta);
   m.impl("qk_norm_rope", &qk_norm_rope_meta);
   m.impl("qk_norm_rope_qwen", &qk_norm_rope_qwen_meta);
   m.impl("qk_norm_sd35", &qk_norm_sd35_meta);
@@ -1192,6 +1229,7 @@ TORCH_LIBRARY_IMPL(difuse, CompositeImplicitAutograd, m) {
   m.impl("layernorm_affine_fp32_reference", &layernorm_affine_fp32_reference);
   m.impl("gelu_tanh_reference", &gelu_tanh_reference);
   m.impl("rope_rotate_half_reference", &rope_rotate_half_reference);
+  m.impl("activation_mul_reference", &activation_mul_reference);
   m.impl("qk_norm_rope_reference", &qk_norm_rope_reference);
   m.impl("qk_norm_rope_qwen_reference", &qk_norm_rope_qwen_reference);
   m.impl("qk_norm_sd35_reference", &qk_norm_sd35_reference);
@@ -1210,6 +1248,7 @@ TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
   m.impl("layernorm_affine_fp32_unsupported", &layernorm_affine_fp32_unsupported);
   m.impl("gelu_tanh_unsupported", &gelu_tanh_unsupported);
   m.impl("rope_rotate_half_unsupported", &rope_rotate_half_unsupported);
+  m.impl("activation_mul_unsupported", &activation_mul_unsupported);
   m.impl("qk_norm_rope_unsupported", &qk_norm_rope_unsupported);
   m.impl("qk_norm_rope_qwen_unsupported", &qk_norm_rope_qwen_unsupported);
   m.impl("qk_norm_sd35_unsupported", &qk_norm_sd35_unsupported);

@@ -179,6 +179,16 @@ DIFUSE_API difuse_status difuse_rms_norm(const difuse_tensor_view* out, const di
 DIFUSE_API difuse_status difuse_can_use_gelu_tanh(const difuse_tensor_view* out, const difuse_tensor_view* x);
 DIFUSE_API difuse_status difuse_gelu_tanh(const difuse_tensor_view* out, const difuse_tensor_view* x, void* stream);
 
+/* out = act(a) * b in bf16 (a gated FFN: ERNIE-Image up * F.gelu(gate), FLUX.2 silu(x1) * x2), with act given as
+ * table[p] = act(p) for every bf16 bit pattern p (bf16 [65536], built by the eager activation itself). a, b: the
+ * same sizes, rank 1-4, last dim contiguous, leading dims collapsing into one row stride each; out: contiguous,
+ * a or b itself or overlapping no input. */
+DIFUSE_API difuse_status difuse_can_use_activation_mul(const difuse_tensor_view* out, const difuse_tensor_view* a,
+                                                       const difuse_tensor_view* b, const difuse_tensor_view* table);
+DIFUSE_API difuse_status difuse_activation_mul(const difuse_tensor_view* out, const difuse_tensor_view* a,
+                                               const difuse_tensor_view* b, const difuse_tensor_view* table,
+                                               void* stream);
+
 /* out = ERNIE-Image's rotate-half RoPE (diffusers 0.42.1 ErnieImageSingleStreamAttnProcessor's apply_rotary_emb):
  * cat(x * cos + cat(-x2, x1) * sin, x[..., R:]) in bf16 with a rounding after each op. x: bf16 [B, S, heads, D],
  * last dim contiguous; cos, sin: bf16 [B or 1, S, 1, R] (torch.cos(freqs).to(bf16)), same strides, R even <= D;

@@ -149,6 +149,15 @@ inline void gelu_tanh(const TensorView& out, const TensorView& x, void* stream =
   check(difuse_gelu_tanh(&out, &x, stream));
 }
 
+inline Support can_use_activation_mul(const TensorView& out, const TensorView& a, const TensorView& b,
+                                      const TensorView& table) {
+  return support_from(difuse_can_use_activation_mul(&out, &a, &b, &table));
+}
+inline void activation_mul(const TensorView& out, const TensorView& a, const TensorView& b, const TensorView& table,
+                           void* stream = nullptr) {
+  check(difuse_activation_mul(&out, &a, &b, &table, stream));
+}
+
 inline Support can_use_rope_rotate_half(const TensorView& out, const TensorView& x, const TensorView& cos,
                                         const TensorView& sin) {
   return support_from(difuse_can_use_rope_rotate_half(&out, &x, &cos, &sin));

@@ -131,6 +131,24 @@ QK_WAN_SHAPES = [  # (B, S, heads, head_dim), variant: Wan 14B and 1.3B at 480p,
 QUICK |= {QK_WAN_SHAPES[0]}
 
 
+ACT_MUL_SHAPES = [  # (.., F), variant: ERNIE-Image's FFN at 1024^2 with CFG ([S, B, F], up and gate from two
+    # projections) and FLUX.2's SwiGLU (the halves of one [.., 2F] projection; 4096 image + 512 text tokens, F 18432)
+    ((4352, 2, 12288), "ernie_gelu"), ((1, 4608, 18432), "flux2_silu_halves"),
+]
+
+
+def _act_mul_case(torch, shape, variant, g):
+    if variant.endswith("halves"):
+        x = torch.randn(*shape[:-1], 2 * shape[-1], device="cuda", dtype=torch.bfloat16, generator=g) * 2
+        return x[..., :shape[-1]], x[..., shape[-1]:], "silu"
+    a = torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g) * 2
+    return a, torch.randn(*shape, device="cuda", dtype=torch.bfloat16, generator=g), "gelu"
+
+
+def _act_mul_bytes(shape, variant):
+    return 3 * 2 * math.prod(shape)  # a and b read, out written (the 128 KB table aside)
+
+
 ROPE_HALF_SHAPES = [  # (B, S, heads, head_dim), variant: ERNIE-Image at 1024^2 with CFG (4096 image + 256 text tokens)
     ((2, 4352, 32, 128), "ernie"), ((2, 4352, 32, 128), "ernie_bsh_view"),
 ]
@@ -294,6 +312,9 @@ def op_specs(torch):
             shapes=QK_WAN_SHAPES, bytes=_qk_wan_bytes, make=_qk_wan_case,
             eager=lambda *a: ops.qk_norm_rope_wan_eager(*a), fused=torch.ops.difuse.qk_norm_rope_wan,
             variant=lambda c: c, peer="qk_norm_rope_wan"),
+        "activation_mul": dict(
+            shapes=ACT_MUL_SHAPES, bytes=_act_mul_bytes, make=_act_mul_case, eager=ops.activation_mul_eager,
+            fused=ops.activation_mul, variant=lambda v: v, peer="activation_mul"),
         "rope_rotate_half": dict(
             shapes=ROPE_HALF_SHAPES, bytes=_rope_half_bytes, make=_rope_half_case, eager=ops.rope_rotate_half_eager,
             fused=torch.ops.difuse.rope_rotate_half, variant=lambda v: v, peer="rope_rotate_half"),

@@ -429,6 +429,57 @@ def _gelu_tanh_inputs(spec, device, generator):
     return (torch.randn(*shape, device=device, dtype=torch.bfloat16, generator=generator) * 2,)
 
 
+# ---- activation_mul (gated FFNs) -----------------------------------------------------------------------------------
+ACTIVATIONS = ("gelu", "silu", "gelu_tanh")  # the eager activations activation_table builds: F.gelu, F.silu, tanh GELU
+_TABLES: dict = {}
+
+
+def _activation(name):
+    import torch.nn.functional as F
+
+    return {"gelu": F.gelu, "silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[name]
+
+
+def activation_table(name, device):
+    """act(p) for every bf16 bit pattern p (bf16 [65536]), computed once per device by the eager activation itself
+    (torch's own kernel on the device): what activation_mul looks up, so its activation is exact by construction."""
+    import torch
+
+    dev = torch.device(device)
+    key = (name, dev.type, dev.index if dev.index is not None else (torch.cuda.current_device() if dev.type == "cuda"
+                                                                      else -1))
+    t = _TABLES.get(key)
+    if t is None:
+        patterns = torch.arange(0, 1 << 16, dtype=torch.int32, device=dev).to(torch.int16).view(torch.bfloat16)
+        t = _TABLES[key] = _activation(name)(patterns).contiguous()
+    return t
+
+
+def activation_mul_eager(a, b, act="gelu"):
+    """The eager chain: act(a) * b in bf16 (the activation's kernel, then aten's bf16 multiply)."""
+    return _activation(act)(a) * b
+
+
+def can_use_activation_mul(a, b, table) -> Support:
+    reasons = list(_ops().activation_mul_unsupported(a, b, table))
+    return Support(not reasons, reasons)
+
+
+def activation_mul(a, b, act="gelu"):
+    """Fused, bit-exact `activation_mul_eager(a, b, act)` (act one of ACTIVATIONS); the output is contiguous."""
+    table = activation_table(act, a.device)
+    return _call_or_explain("activation_mul", lambda: _ops().activation_mul(a, b, table), (a, b, table),
+                            lambda: can_use_activation_mul(a, b, table))
+
+
+def _activation_mul_inputs(spec, device, generator):
+    import torch
+
+    shape, act = spec
+    x = torch.randn(*shape[:-1], 2 * shape[-1], device=device, dtype=torch.bfloat16, generator=generator) * 2
+    return x[..., :shape[-1]], x[..., shape[-1]:], act  # the halves of one projection (FLUX.2's layout)
+
+
 # ---- rope_rotate_half (ERNIE-Image's RoPE) ---------------------------------------------------------------------
 def ernie_rope_tables(freqs, dtype):
     """The tables ErnieImageSingleStreamAttnProcessor's apply_rotary_emb builds from freqs_cis (fp32 [B, S, 1, R]):
@@ -896,6 +947,12 @@ CHECKS = {
         eager=gelu_tanh_eager,
         inputs=_gelu_tanh_inputs,
         shapes=[((1, 4608, 12288), 0), ((1, 512, 12288), 0), ((2, 4096, 6144), 0), ((7, 3), 0)],
+    ),
+    "activation_mul": dict(
+        fused=lambda *a: activation_mul(*a),
+        eager=activation_mul_eager,
+        inputs=_activation_mul_inputs,
+        shapes=[((4352, 2, 12288), "gelu"), ((1, 5120, 18432), "silu"), ((3, 7, 20), "gelu")],
     ),
     "rope_rotate_half": dict(
         fused=lambda *a: rope_rotate_half(*a),

@@ -227,13 +227,6 @@ void launch(const Params& p, cudaStream_t stream) {
   gelu_tanh_kernel<VEC><<<detail::elementwise_grid(p.rows, p.cols, VEC), detail::kElementwiseThreads, 0, stream>>>(p);
 }
 
-// The single stride of the collapsed leading dims, or -1 when they do not collapse.
-int64_t row_stride(const difuse_tensor_view& v) {
-  if (v.rank <= 1) return v.rank == 1 ? v.sizes[0] : 1;
-  for (int d = 0; d + 2 < v.rank; ++d)
-    if (v.sizes[d] > 1 && v.strides[d] != v.strides[d + 1] * v.sizes[d + 1]) return -1;
-  return v.strides[v.rank - 2];
-}
 
 }  // namespace
 
@@ -249,7 +242,7 @@ detail::Support can_use_gelu_tanh(const difuse_tensor_view& out, const difuse_te
     }
     DIFUSE_REQUIRE(s, t->strides[t->rank - 1] == 1 || t->sizes[t->rank - 1] <= 1,
                    std::string(name) + " must have a contiguous last dim, got " + detail::describe(*t));
-    DIFUSE_REQUIRE(s, row_stride(*t) >= 0,
+    DIFUSE_REQUIRE(s, detail::collapsed_row_stride(*t) >= 0,
                    std::string(name) + "'s leading dims must collapse into one row stride, got " + detail::describe(*t));
   }
   bool same = x.rank == out.rank;
@@ -272,8 +265,8 @@ void gelu_tanh(const difuse_tensor_view& out, const difuse_tensor_view& x, cudaS
   p.out = static_cast<uint16_t*>(out.data);
   p.cols = x.sizes[x.rank - 1];
   p.rows = detail::numel(x) / p.cols;
-  p.x_rs = row_stride(x);
-  p.out_rs = row_stride(out);
+  p.x_rs = detail::collapsed_row_stride(x);
+  p.out_rs = detail::collapsed_row_stride(out);
   const detail::DeviceGuard device_guard(x.device);
   auto fits = [&](int vec) {
     return p.cols % vec == 0 && detail::aligned(x.data, 2 * vec) && detail::aligned(out.data, 2 * vec) &&

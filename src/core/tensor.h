@@ -28,6 +28,15 @@ inline bool rows_aligned(const difuse_tensor_view& x, uintptr_t bytes) {
   return true;
 }
 
+// The one row stride of a view whose leading dims collapse into rows of its last dim (dims of size 1 aside), or -1
+// when they do not collapse (rank 1: its size; rank 0: 1).
+inline int64_t collapsed_row_stride(const difuse_tensor_view& v) {
+  if (v.rank <= 1) return v.rank == 1 ? v.sizes[0] : 1;
+  for (int d = 0; d + 2 < v.rank; ++d)
+    if (v.sizes[d] > 1 && v.strides[d] != v.strides[d + 1] * v.sizes[d + 1]) return -1;
+  return v.strides[v.rank - 2];
+}
+
 // Shared predicate pieces (each adds every violation it finds to s).
 // A bf16 row view on a CUDA device: rank 1..4, last dim contiguous, non-negative strides. False when the rank
 // is out of range (the caller then stops: the other checks index the dims).

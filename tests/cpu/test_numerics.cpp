@@ -475,3 +475,19 @@ TEST(Rope, RotateHalfPairIsTheErnieChainOpByOp) {
   EXPECT_EQ(float_bits(oa), 0x80000000u);  // (-0) * 1 + (-(+0)) * 1 = -0 + -0 = -0
   EXPECT_EQ(float_bits(ob), 0u);           // (+0) * 1 + (-0) * 1 = +0 + -0 = +0
 }
+
+// activation_mul's product: one fp32 multiply of two bf16 values (exact unless it falls below fp32's normal range),
+// rounded once more to bf16 by the kernel, as aten's bf16 MulFunctor<float>.
+TEST(Activation, GatedProductIsOneFp32Multiply) {
+  std::mt19937 rng(7);
+  for (int it = 0; it < 100000; ++it) {
+    const float a = bf16_to_float(static_cast<uint16_t>(rng())), b = bf16_to_float(static_cast<uint16_t>(rng()));
+    volatile float want = a * b;
+    const float got = gated_product(a, b);
+    if (std::isnan(want)) {
+      ASSERT_TRUE(std::isnan(got));
+    } else {
+      ASSERT_EQ(float_bits(got), float_bits(want)) << a << " * " << b;
+    }
+  }
+}

@@ -1,7 +1,8 @@
 // Native GPU smoke test for libdifuse's C ABI (no torch): runs layernorm_modulate on every default schedule
 // (two, four warps per row; one under DIFUSE_LNMOD_THREADS_PER_ROW=32, 8- and 16-byte accesses, the two-pass kernel), its gated-residual form, Wan's fp32 form, the other
 // row ops and the
-// attention prologues (FLUX, Qwen-Image, SD3.5), ERNIE's rope_rotate_half and the benchmarks' streaming probe, checks that every output
+// attention prologues (FLUX, Qwen-Image, SD3.5), ERNIE's rope_rotate_half, activation_mul and the benchmarks'
+// streaming probe, checks that every output
 // element is written, that two launches give identical bits, and that the result is within a few bf16
 // ulps of the host emulation (whose rsqrt is approximate: exactness is the torch tests' job). Meant to
 // run under compute-sanitizer memcheck and racecheck. Exit code 0 = pass. Arguments: --quick (without the
@@ -13,6 +14,8 @@
 #include <cstdio>
 #include <cstdlib>
 #include <random>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "difuse/difuse.hpp"
@@ -685,6 +688,36 @@ int run_rope_half_cases() {
   return run_rope_half_case(37, 4, 128, 128) + run_rope_half_case(11, 2, 144, 128) + run_rope_half_case(19, 3, 10, 6);
 }
 
+// activation_mul with a made-up table (act(p) = p's value halved, NaN patterns kept): its reference is the host twin
+// of the product, so the check is of the bits. 300 x 1024: the shared-memory table kernel; 37 x 3072: the L1 kernel
+// with 16-byte accesses; 19 x 126: one element per access.
+constexpr int kActivationMulCases = 3;
+int run_activation_mul_cases() {
+  std::vector<uint16_t> table(1 << 16);
+  for (uint32_t p = 0; p < table.size(); ++p)
+    table[p] = num::float_to_bf16_rne(0.5f * num::bf16_to_float(static_cast<uint16_t>(p)));
+  uint16_t* dtable = nullptr;
+  CHECK_CUDA(cudaMalloc(&dtable, table.size() * 2));
+  CHECK_CUDA(cudaMemcpy(dtable, table.data(), table.size() * 2, cudaMemcpyHostToDevice));
+  int fails = 0;
+  for (const auto& shape : {std::pair<int64_t, int64_t>{300, 1024}, {37, 3072}, {19, 126}}) {
+    const int64_t rows = shape.first, cols = shape.second;
+    fails += run_elementwise("activation_mul", rows, cols,
+        [&](uint16_t* out, uint16_t* a, uint16_t* b, uint16_t*) {
+          activation_mul(TensorView::contiguous(out, DType::BF16, {rows, cols}, 0),
+                         TensorView::contiguous(a, DType::BF16, {rows, cols}, 0),
+                         TensorView::contiguous(b, DType::BF16, {rows, cols}, 0),
+                         TensorView::contiguous(dtable, DType::BF16, {1 << 16}, 0), nullptr);
+        },
+        [&](auto& a, auto& b, auto&, int64_t r, int64_t c, int64_t n) -> double {
+          const float act = num::bf16_to_float(table[a[r * n + c]]);
+          return num::round_bf16(num::gated_product(act, static_cast<float>(f(b, r * n + c))));
+        });
+  }
+  CHECK_CUDA(cudaFree(dtable));
+  return fails;
+}
+
 constexpr int kPrologueCases = 3;
 int run_prologues() { return run_joint_prologue(false) + run_joint_prologue(true) + run_sd35_prologue(); }
 
@@ -717,6 +750,7 @@ int main(int argc, char** argv) {
     fails += run_rms_norm_modulate_cases();
     fails += run_prologues();
     fails += run_rope_half_cases();
+    fails += run_activation_mul_cases();
     fails += run_grln_cases();
     fails += run_f32_cases();
     fails += run_stream_copy_probe();
@@ -725,7 +759,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "exception: %s\n", e.what());
     return 2;
   }
-  const int total = (quick ? 8 : 9) + 13 + kRmsModulateCases + kPrologueCases + kRopeHalfCases + kGrlnCases + kF32Cases + 1;
+  const int total = (quick ? 8 : 9) + 13 + kRmsModulateCases + kPrologueCases + kRopeHalfCases + kActivationMulCases + kGrlnCases + kF32Cases + 1;
   std::printf("%d passed, %d failed\n", total - fails, fails);
   return fails ? 1 : 0;
 }

@@ -165,6 +165,25 @@ def test_rope_rotate_half_meta_reference_and_reasons():
     assert not s.ok and any("x must be bf16" in r for r in s.reasons) and any("even" in r for r in s.reasons), s.reasons
 
 
+def test_activation_mul_meta_reference_and_reasons():
+    a = torch.empty(3, 2, 40, dtype=torch.bfloat16, device="meta")
+    t = torch.empty(65536, dtype=torch.bfloat16, device="meta")
+    torch.library.opcheck(torch.ops.difuse.activation_mul.default, (a, torch.empty_like(a), t))
+    with pytest.raises(ValueError, match="activation_mul"):
+        torch.ops.difuse.activation_mul(a, a, t[:10])
+    # the C++ reference (table lookup, then the bf16 product) is the eager chain on the host, for each activation
+    g = torch.Generator().manual_seed(6)
+    ab = (torch.randn(2, 3, 24, generator=g) * 4).to(torch.bfloat16)
+    bb = torch.randn(2, 3, 24, generator=g).to(torch.bfloat16)
+    for act in ops.ACTIVATIONS:
+        table = ops.activation_table(act, "cpu")
+        assert table.shape == (65536,) and table.dtype == torch.bfloat16
+        assert difuse.count_mismatches(torch.ops.difuse.activation_mul_reference(ab, bb, table),
+                                       ops.activation_mul_eager(ab, bb, act)) == 0
+    s = ops.can_use_activation_mul(ab, bb, ops.activation_table("silu", "cpu"))  # host tensors: refused
+    assert not s.ok and any("CUDA device" in r for r in s.reasons), s.reasons
+
+
 def test_rms_norm_diffusers_reference_matches_the_python_chain_on_cpu():
     g = torch.Generator().manual_seed(5)
     x = torch.randn(20, 128, generator=g).to(torch.bfloat16)

@@ -29,4 +29,10 @@ DIFUSE_HD float gelu_tanh(float x) {
   return mul_rn(mul_rn(0.5f, x), add_rn(1.0f, tanh_cuda(inner)));
 }
 
+// A gated FFN's product act(a) * b (ERNIE-Image: up * F.gelu(gate); FLUX.2's SwiGLU: silu(x1) * x2): the
+// activation's own kernel rounds its result to bf16 (act_bf16, read back exactly), then aten's bf16 multiply
+// (BinaryFunctor<bf16, bf16, bf16, MulFunctor<float>>) computes one fp32 product, rounded to bf16 by the caller.
+// The product is commutative, so the operand order of the eager expression does not matter.
+DIFUSE_HD float gated_product(float act_bf16, float b) { return mul_rn(act_bf16, b); }
+
 }  // namespace difuse::num
