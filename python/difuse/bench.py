@@ -344,7 +344,7 @@ KERNEL_KNOBS = ("DIFUSE_QK_ROWS_PER_WARP", "DIFUSE_QK_LANES_PER_ROW", "DIFUSE_QK
                 "DIFUSE_STREAM_FULL_BARRIERS",
                 "DIFUSE_EW_GRID2D", "DIFUSE_GELU_PIPELINED", "DIFUSE_GELU_COMPUTED_WORDS")
 # Environment variables that change which path difuse.patch takes (read in Python); named in records likewise.
-PATCH_KNOBS = ("DIFUSE_ERNIE_FUSED_ROPE",)
+PATCH_KNOBS = ("DIFUSE_ERNIE_FUSED_ROPE", "DIFUSE_FUSED_ACTIVATION_MUL")
 
 
 def knob_prefix(env=None) -> str:

@@ -119,6 +119,22 @@ FLUX2_SITES = {
     "FS4": "single block residual: h + gate * attn",
     "norm_out": "final AdaLayerNormContinuous: LayerNorm(x) * (1 + scale) + shift",
 }
+# The gated FFNs' activation and product as one activation_mul pass: sites that exist only with
+# DIFUSE_FUSED_ACTIVATION_MUL=1 at patch time (the kernel was written without a GPU run; see activation_mul.cu).
+FUSED_ACTIVATION_MUL = os.environ.get("DIFUSE_FUSED_ACTIVATION_MUL", "0") == "1"
+ACT_MUL_SITES = {
+    "ernie": {"E5": "FFN: up_proj(x) * F.gelu(gate_proj(x)) as one activation_mul pass (DIFUSE_FUSED_ACTIVATION_MUL=1)"},
+    "flux2": {"F7": "double block FF (image): SwiGLU silu(x1) * x2 as one activation_mul pass "
+                    "(DIFUSE_FUSED_ACTIVATION_MUL=1)",
+              "F7c": "double block FF (text): the same",
+              "FS5": "single block MLP: SwiGLU of the fused projection's MLP part, the same"},
+}
+
+
+def _with_act_mul_sites(model_name: str, sites: dict) -> dict:
+    return {**sites, **ACT_MUL_SITES[model_name]} if FUSED_ACTIVATION_MUL else sites
+
+
 HUNYUAN_SITES = {
     "H1": "double block norm1 (AdaLayerNormZero): LayerNorm(x) * (1 + scale_msa) + shift_msa (video stream)",
     "H1c": "double block norm1_context on the text stream",
@@ -375,6 +391,38 @@ def _gated_residual_site(site: Site, h, a, gate):
     hc, ac = _contiguous_later(h), _contiguous_later(a)
     return site.run((h, a, gate), fused=lambda: ops._ops().gated_residual(hc(), ac(), gate), eager=eager,
                     predicate=lambda: ops.can_use_gated_residual(hc(), ac(), gate), device=_dev(h))
+
+
+
+def _act_mul_site(site: Site, act: str, a, b, eager):
+    """act(a) * b (eager: the model's own expression) through activation_mul, act's table built by torch's kernel."""
+    from . import ops
+
+    table = ops.activation_table(act, a.device) if a.is_cuda else None
+    return site.run((a, b, act), eager=eager, predicate=lambda: ops.can_use_activation_mul(a, b, table),
+                    fused=lambda: ops._ops().activation_mul(a, b, table), device=_dev(a))
+
+
+def _swiglu_ff(S, name: str, ff, x):
+    """Flux2FeedForward(x) with its Flux2SwiGLU (silu(h[..., :F]) * h[..., F:]) at site `name` when that site exists
+    (DIFUSE_FUSED_ACTIVATION_MUL=1); otherwise, or for another module, the module itself."""
+    site = S.get(name)
+    if site is None:
+        return ff(x)
+    torch, tf2 = _torch(), _flux2_module()
+    if type(ff) is not tf2.Flux2FeedForward or type(ff.act_fn) is not tf2.Flux2SwiGLU or \
+            type(ff.act_fn.gate_fn) is not torch.nn.SiLU:
+        site.fallback(_dev(x), "feed-forward %s is not Flux2FeedForward with Flux2SwiGLU" % type(ff).__name__)
+        return ff(x)
+    h = ff.linear_in(x)
+    return ff.linear_out(_swiglu_site(site, ff.act_fn, h))
+
+
+def _swiglu_site(site: Site, swiglu, h):
+    """Flux2SwiGLU.forward(h) (diffusers 0.42.1): gate_fn(h[..., :half]) * h[..., half:], at `site`."""
+    half = h.shape[-1] // 2
+    a, b = h[..., :half], h[..., half:]
+    return _act_mul_site(site, "silu", a, b, lambda: swiglu.gate_fn(a) * b)
 
 
 def _grln_site(site: Site, h, a, gate, scale, shift, norm):
@@ -1291,7 +1339,21 @@ def _ernie_block_body(self, st, x, rotary_pos_emb, temb, attention_mask):
     attn_out = attn_out.permute(1, 0, 2)
     x, n2 = _ernie_gated_rmsmod_site(S["E3"], self.adaLN_mlp_ln, residual, attn_out, gate_msa, scale_mlp, shift_mlp)
     # (gate.float() * mlp.float()).to(bf16) is one rounding of an exact product: gated_residual's bf16 gate * a
-    return _gated_residual_site(S["E4"], x, self.mlp(n2), gate_mlp)
+    return _gated_residual_site(S["E4"], x, _ernie_ffn(S.get("E5"), self.mlp, n2), gate_mlp)
+
+
+def _ernie_ffn(site, mlp, x):
+    """ErnieImageFeedForward.forward (diffusers 0.42.1): linear_fc2(up_proj(x) * F.gelu(gate_proj(x))), the product at
+    `site` (E5, present with DIFUSE_FUSED_ACTIVATION_MUL=1); without it, or for another module, the module itself."""
+    if site is None:
+        return mlp(x)
+    te = _ernie_module()
+    if type(mlp) is not te.ErnieImageFeedForward:
+        site.fallback(_dev(x), "feed-forward %s is not ErnieImageFeedForward" % type(mlp).__name__)
+        return mlp(x)
+    F = _torch().nn.functional
+    up, gate = mlp.up_proj(x), mlp.gate_proj(x)
+    return mlp.linear_fc2(_act_mul_site(site, "gelu", gate, up, lambda: up * F.gelu(gate)))
 
 
 def _ernie_final_norm_forward(self, x, conditioning):
@@ -1615,16 +1677,17 @@ def _flux2_double_body(self, st, hidden_states, encoder_hidden_states, temb_mod_
                                                            image_rotary_emb, tf2)
     hs, norm_hs = _grln_site(S["F4"], hs, attn_output, _mod_rows(gate_msa, hs), _mod_rows(scale_mlp, hs),
                              _mod_rows(shift_mlp, hs), self.norm2)
-    hs = _gated_residual_site(S["F6"], hs, self.ff(norm_hs), _mod_rows(gate_mlp, hs))
+    hs = _gated_residual_site(S["F6"], hs, _swiglu_ff(S, "F7", self.ff, norm_hs), _mod_rows(gate_mlp, hs))
     ehs, norm_ehs = _grln_site(S["F4c"], ehs, context_attn_output, _mod_rows(c_gate_msa, ehs),
                                _mod_rows(c_scale_mlp, ehs), _mod_rows(c_shift_mlp, ehs), self.norm2_context)
-    ehs = _gated_residual_site(S["F6c"], ehs, self.ff_context(norm_ehs), _mod_rows(c_gate_mlp, ehs))
+    ehs = _gated_residual_site(S["F6c"], ehs, _swiglu_ff(S, "F7c", self.ff_context, norm_ehs),
+                               _mod_rows(c_gate_mlp, ehs))
     if ehs.dtype == torch.float16:
         ehs = ehs.clip(-65504, 65504)
     return ehs, hs
 
 
-def _flux2_parallel_attention(site: Site, attn, hidden_states, image_rotary_emb):
+def _flux2_parallel_attention(site: Site, attn, hidden_states, image_rotary_emb, mlp_site: Site | None = None):
     """Flux2ParallelSelfAttnProcessor.__call__ (diffusers 0.42.1) with the QK-norm / RoPE chain of the fused
     projection's q and k as one site."""
     torch = _torch()
@@ -1641,7 +1704,14 @@ def _flux2_parallel_attention(site: Site, attn, hidden_states, image_rotary_emb)
     hidden_states = tf2.dispatch_attention_fn(query, key, value, attn_mask=None, backend=proc._attention_backend,
                                               parallel_config=proc._parallel_config)
     hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
-    mlp_hidden_states = attn.mlp_act_fn(mlp_hidden_states)
+    if mlp_site is not None and type(attn.mlp_act_fn) is tf2.Flux2SwiGLU and \
+            type(attn.mlp_act_fn.gate_fn) is torch.nn.SiLU:
+        mlp_hidden_states = _swiglu_site(mlp_site, attn.mlp_act_fn, mlp_hidden_states)
+    else:
+        if mlp_site is not None:
+            mlp_site.fallback(_dev(mlp_hidden_states), "mlp_act_fn %s is not Flux2SwiGLU with SiLU"
+                              % type(attn.mlp_act_fn).__name__)
+        mlp_hidden_states = attn.mlp_act_fn(mlp_hidden_states)
     return attn.to_out(torch.cat([hidden_states, mlp_hidden_states], dim=-1))
 
 
@@ -1665,7 +1735,7 @@ def _flux2_single_body(self, st, hidden_states, encoder_hidden_states, temb_mod,
                           % type(self.attn.processor).__name__)
         attn_output = self.attn(hidden_states=norm_hs, image_rotary_emb=image_rotary_emb, **jak)
     else:
-        attn_output = _flux2_parallel_attention(S["FS3"], self.attn, norm_hs, image_rotary_emb)
+        attn_output = _flux2_parallel_attention(S["FS3"], self.attn, norm_hs, image_rotary_emb, S.get("FS5"))
     hs = _gated_residual_site(S["FS4"], hs, attn_output, _mod_rows(mod_gate, hs))
     if hs.dtype == torch.float16:
         hs = hs.clip(-65504, 65504)
@@ -1885,7 +1955,7 @@ def patch(model) -> PatchReport:
         tf2 = _flux2_module()
         table = {tf2.Flux2TransformerBlock: (_flux2_double_forward, "double blocks"),
                  tf2.Flux2SingleTransformerBlock: (_flux2_single_forward, "single blocks")}
-        st = _State("flux2", FLUX2_SITES)
+        st = _State("flux2", _with_act_mul_sites("flux2", FLUX2_SITES))
     elif kind == "qwen":
         tq = _qwen_module()
         table = {tq.QwenImageTransformerBlock: (_qwen_block_forward, "blocks")}
@@ -1920,7 +1990,7 @@ def patch(model) -> PatchReport:
         te = _ernie_module()
         table = {te.ErnieImageSharedAdaLNBlock: (_ernie_block_forward, "blocks"),
                  te.ErnieImageAdaLNContinuous: (_ernie_final_norm_forward, "final_norm")}
-        st = _State("ernie", ERNIE_SITES)
+        st = _State("ernie", _with_act_mul_sites("ernie", ERNIE_SITES))
     known = {cls.__name__ for cls in table}
     rep = PatchReport(model=type(model).__name__, sites=dict(st.descriptions))
     for path, mod in model.named_modules():

@@ -2,9 +2,9 @@
 the unpatched one (2 blocks of the released model: hidden 4096, 32 heads x 128, ffn 12288, text_in_dim 3072; and of
 the class defaults, 3072 wide), batch 1 and 2 (CFG), with a padded text row (attention mask), at 1024^2's grid (64 x 64
 latent patches + 256 text tokens: S = 4352, the rms_norm_modulate site shapes 4352x1x4096 and 4352x2x4096) and a
-smaller one; every listed site fused and none
-disabled; unpatch restores the original. (Written in the session that added the ERNIE-Image patch, without a GPU;
-first run pending.)"""
+smaller one; every listed site fused and none disabled; unpatch restores the original. The same with the paths that
+are off by default (DIFUSE_ERNIE_FUSED_ROPE, DIFUSE_FUSED_ACTIVATION_MUL): those cases were written on 2026-12-05
+without a GPU, first run pending (the others ran bit-identical on the H200 at 74259ff)."""
 import os
 
 import pytest
@@ -73,3 +73,12 @@ class _CountingOps:
         if name != "rope_rotate_half":
             return fn
         return lambda *a: self._calls.append(a[0].shape) or fn(*a)
+
+
+def test_patched_ernie_with_fused_activation_mul_is_bit_identical(model, monkeypatch):
+    """DIFUSE_FUSED_ACTIVATION_MUL=1: the FFN's up * F.gelu(gate) through activation_mul (site E5; off by default
+    until this passes), with the fused RoPE too."""
+    monkeypatch.setattr(difuse.patching, "FUSED_ACTIVATION_MUL", True)
+    monkeypatch.setattr(difuse.patching, "ERNIE_FUSED_ROPE", True)
+    assert_patched_matches(model, ernie_inputs(2, 64, 256, 0),
+                           {**difuse.patching.ERNIE_SITES, **difuse.patching.ACT_MUL_SITES["ernie"]})

@@ -37,3 +37,12 @@ def flux2_inputs(B=1, side=64, text_tokens=512, seed=SEED):
 @pytest.mark.parametrize("B", [1, 2])
 def test_patched_flux2_is_bit_identical(B):
     assert_patched_matches(reduced_flux2(), flux2_inputs(B), difuse.patching.FLUX2_SITES)
+
+
+@pytest.mark.parametrize("B", [1, 2])
+def test_patched_flux2_with_fused_activation_mul_is_bit_identical(monkeypatch, B):
+    """DIFUSE_FUSED_ACTIVATION_MUL=1: the SwiGLU of both double-block FFs and of the single block's MLP through
+    activation_mul (sites F7, F7c, FS5; off by default until this passes)."""
+    monkeypatch.setattr(difuse.patching, "FUSED_ACTIVATION_MUL", True)
+    assert_patched_matches(reduced_flux2(), flux2_inputs(B),
+                           {**difuse.patching.FLUX2_SITES, **difuse.patching.ACT_MUL_SITES["flux2"]})

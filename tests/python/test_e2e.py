@@ -270,7 +270,7 @@ class OptionsTest(unittest.TestCase):
         patcher = mock.patch.dict(os.environ)
         patcher.start()
         self.addCleanup(patcher.stop)
-        for k in bench.KERNEL_KNOBS:
+        for k in bench.KERNEL_KNOBS + bench.PATCH_KNOBS:
             os.environ.pop(k, None)
 
     def test_defaults(self):
@@ -339,6 +339,9 @@ class OptionsTest(unittest.TestCase):
         self.assertEqual(bench.knob_prefix({"DIFUSE_LNMOD_THREADS_PER_ROW": "8", "OTHER": "1"}),
                          "DIFUSE_LNMOD_THREADS_PER_ROW=8 ")
         self.assertEqual(bench.knob_prefix({}), "")
+        # the switches of difuse.patch's paths are named too (an e2e record says which path ran)
+        self.assertEqual(bench.knob_prefix({"DIFUSE_ERNIE_FUSED_ROPE": "1", "DIFUSE_FUSED_ACTIVATION_MUL": "1"}),
+                         "DIFUSE_ERNIE_FUSED_ROPE=1 DIFUSE_FUSED_ACTIVATION_MUL=1 ")
 
     def test_invalid(self):
         for argv in (["flux", "--resolution", "1000"], ["flux", "--steps", "0"], ["flux", "--double-blocks", "-1"]):

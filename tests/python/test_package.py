@@ -35,7 +35,7 @@ class PackageTest(unittest.TestCase):
 
     def test_every_registration_names_where_it_was_verified(self):
         # or says plainly that it has not run on a GPU yet (such a kernel is off by default where a site could use it:
-        # rope_rotate_half behind DIFUSE_ERNIE_FUSED_ROPE; activation_mul has no site yet)
+        # rope_rotate_half behind DIFUSE_ERNIE_FUSED_ROPE, activation_mul behind DIFUSE_FUSED_ACTIVATION_MUL)
         unverified = {"rope_rotate_half", "activation_mul"}
         for k in difuse.kernels():
             if k["op"] in unverified:

@@ -53,6 +53,7 @@ def lib():
         "difuse_can_use_rms_norm": [P, P, P, d],
         "difuse_can_use_gelu_tanh": [P, P],
         "difuse_can_use_rope_rotate_half": [P, P, P, P],
+        "difuse_can_use_activation_mul": [P, P, P, P],
         "difuse_can_use_rms_norm_modulate": [P, P, P, P, P, d, C.c_int32],
         "difuse_can_use_gated_residual_rms_norm_modulate": [P] * 8 + [d, C.c_int32],
         "difuse_can_use_gated_residual_layernorm_modulate": [P] * 7 + [d],
@@ -196,6 +197,11 @@ def _device_predicates(lib):
                        k_txt_weight=w.of(k_txt_weight), freqs=w.of(freqs), freqs_txt=w.of(freqs_txt), eps=float(eps))
         return _support(lib, lib.difuse_can_use_qk_norm_rope_qwen(C.pointer(a)))
 
+    def act_mul(a, b, table):  # host tensors: the site passes no table (it is built on the device): a fresh one
+        v = Views()
+        return _support(lib, lib.difuse_can_use_activation_mul(v.fresh(a.shape), v.of(a), v.of(b),
+                                                               v.fresh((65536,)) if table is None else v.of(table)))
+
     def rope_half(x, cos, sin):
         v = Views()
         return _support(lib, lib.difuse_can_use_rope_rotate_half(v.fresh(x.shape), v.of(x), v.of(cos), v.of(sin)))
@@ -215,7 +221,8 @@ def _device_predicates(lib):
                 can_use_rms_norm_modulate=rmsmod, can_use_gated_residual_rms_norm_modulate=grrmsmod,
                 can_use_gelu_tanh=gelu, can_use_layernorm_modulate_fp32=lnmod32,
                 can_use_gated_residual_fp32=gated32, can_use_layernorm_affine_fp32=affine32,
-                can_use_qk_norm_rope=qk, can_use_qk_norm_rope_wan=qk_wan, can_use_rope_rotate_half=rope_half)
+                can_use_qk_norm_rope=qk, can_use_qk_norm_rope_wan=qk_wan, can_use_rope_rotate_half=rope_half,
+                can_use_activation_mul=act_mul)
 
 
 @pytest.fixture
@@ -356,6 +363,21 @@ def test_ltx2_layouts(probe, adaln):
 def test_flux2_layouts(probe):
     _run_patched(tiny_models.flux2(torch.bfloat16, 4, 32), tiny_models.flux2_inputs(torch.bfloat16, L=16))
     assert _refused(probe, patching.FLUX2_SITES) == {}
+
+
+def test_flux2_layouts_with_fused_activation_mul(probe, monkeypatch):
+    """DIFUSE_FUSED_ACTIVATION_MUL=1: the SwiGLU sites exist and accept the model's layouts (the single block's MLP
+    half is a strided view of its fused projection)."""
+    monkeypatch.setattr(patching, "FUSED_ACTIVATION_MUL", True)
+    _run_patched(tiny_models.flux2(torch.bfloat16, 4, 32), tiny_models.flux2_inputs(torch.bfloat16, L=16))
+    sites = {**patching.FLUX2_SITES, **patching.ACT_MUL_SITES["flux2"]}
+    assert _refused(probe, sites) == {}
+
+
+def test_ernie_image_layouts_with_fused_activation_mul(probe, monkeypatch):
+    monkeypatch.setattr(patching, "FUSED_ACTIVATION_MUL", True)
+    test_ernie_image_layouts(probe)
+    assert _refused(probe, patching.ACT_MUL_SITES["ernie"]) == {}
 
 
 def test_chroma_layouts(probe):
