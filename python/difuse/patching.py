@@ -312,6 +312,9 @@ class _State:
         self.silu_src = None   # the temb whose silu is cached (held: identity, not an address, is the key)
         self.silu_version = -1
         self.silu_out = None
+        self.rope_src = None   # the freqs whose bf16 cos/sin tables are cached (ERNIE-Image; identity is the key)
+        self.rope_version = -1
+        self.rope_tables = None
         self.sites = {name: Site(model_name, name) for name in sites}
         self.descriptions = dict(sites)
         self.blocks = {name: BlockGate(model_name, name) for name in BLOCK_GATES}
@@ -338,6 +341,21 @@ def _silu_once(st: _State, act, temb):
     out = act(temb)
     st.silu_src, st.silu_version, st.silu_out = temb, temb._version, out
     return out
+
+
+def _rope_tables_once(st, freqs, dtype):
+    """ERNIE-Image's (torch.cos(freqs).to(dtype), torch.sin(freqs).to(dtype)), made once per forward: every block of
+    a forward rotates by the same freqs tensor object, so its tables (elementwise ops: the same bits each time) are
+    reused while that object, its version and the dtype are unchanged."""
+    from . import ops
+
+    if st is None or _torch().compiler.is_compiling():
+        return ops.ernie_rope_tables(freqs, dtype)
+    if st.rope_src is freqs and st.rope_version == freqs._version and st.rope_tables[0].dtype == dtype:
+        return st.rope_tables
+    st.rope_tables = ops.ernie_rope_tables(freqs, dtype)
+    st.rope_src, st.rope_version = freqs, freqs._version
+    return st.rope_tables
 
 
 def _dev(t) -> int:
@@ -1251,7 +1269,7 @@ def _ernie_rotary(x, freqs):
     return torch.cat((x * cos + torch.cat((-x2, x1), dim=-1) * sin, rest), dim=-1)
 
 
-def _ernie_attention(site: Site, attn, hidden_states, attention_mask, freqs):
+def _ernie_attention(site: Site, attn, hidden_states, attention_mask, freqs, st=None):
     """ErnieImageSingleStreamAttnProcessor.__call__ (diffusers 0.42.1) with the QK norms as one site."""
     from . import ops
 
@@ -1278,9 +1296,9 @@ def _ernie_attention(site: Site, attn, hidden_states, attention_mask, freqs):
         wq, eq = nq if nq is not None else (None, None)
         wk, ek = nk if nk is not None else (None, None)
         if freqs is not None and ERNIE_FUSED_ROPE:
-            # The tables as the processor makes them (torch's cos/sin kernels; once for q and k, the same bits as
-            # its two calls), then norm + RoPE as one verified site.
-            cos, sin = ops.ernie_rope_tables(freqs, q.dtype)
+            # The tables as the processor makes them (torch's cos/sin kernels; once per forward for every block's q
+            # and k, the same bits as its calls), then norm + RoPE as one verified site.
+            cos, sin = _rope_tables_once(st, freqs, q.dtype)
 
             def eager_roped():
                 nq_, nk_ = eager()
@@ -1335,7 +1353,7 @@ def _ernie_block_body(self, st, x, rotary_pos_emb, temb, attention_mask):
                          % type(attn.processor).__name__)
         attn_out = attn(x_bsh, attention_mask=attention_mask, image_rotary_emb=rotary_pos_emb)
     else:
-        attn_out = _ernie_attention(S["E2"], attn, x_bsh, attention_mask, rotary_pos_emb)
+        attn_out = _ernie_attention(S["E2"], attn, x_bsh, attention_mask, rotary_pos_emb, st)
     attn_out = attn_out.permute(1, 0, 2)
     x, n2 = _ernie_gated_rmsmod_site(S["E3"], self.adaLN_mlp_ln, residual, attn_out, gate_msa, scale_mlp, shift_mlp)
     # (gate.float() * mlp.float()).to(bf16) is one rounding of an exact product: gated_residual's bf16 gate * a

@@ -807,3 +807,21 @@ def test_diffusers_qk_norm_check_names_each_refusal():
     assert "different eps" in qk(Attn(eps=(1e-6, 1e-5, 1e-6, 1e-6)))[2][0]
     assert "has a bias" in qk(Attn(bias=True))[2][0]
     assert "not all diffusers' RMSNorm" in qk(Attn(kind=torch.nn.RMSNorm))[2][0]
+
+
+def test_ernie_rope_tables_are_made_once_per_freqs_tensor():
+    """The fused ERNIE RoPE path's tables: torch's own cos/sin of freqs, made once for every block of a forward (the
+    same freqs object and version), remade for a new or modified freqs; the same bits as the processor's calls."""
+    st = difuse.patching._State("ernie", difuse.patching.ERNIE_SITES)
+    freqs = torch.rand(2, 7, 1, 16) * 50
+    cos, sin = difuse.patching._rope_tables_once(st, freqs, torch.bfloat16)
+    assert difuse.count_mismatches(cos, torch.cos(freqs).to(torch.bfloat16)) == 0
+    assert difuse.count_mismatches(sin, torch.sin(freqs).to(torch.bfloat16)) == 0
+    again = difuse.patching._rope_tables_once(st, freqs, torch.bfloat16)
+    assert again[0] is cos and again[1] is sin
+    freqs.mul_(2)  # a new version of the same object
+    cos2, _ = difuse.patching._rope_tables_once(st, freqs, torch.bfloat16)
+    assert cos2 is not cos and difuse.count_mismatches(cos2, torch.cos(freqs).to(torch.bfloat16)) == 0
+    other = freqs.clone()
+    assert difuse.patching._rope_tables_once(st, other, torch.bfloat16)[0] is not cos2
+    assert difuse.patching._rope_tables_once(st, other, torch.float32)[0].dtype == torch.float32
