@@ -442,7 +442,9 @@ def _activation(name):
 
 def activation_table(name, device):
     """act(p) for every bf16 bit pattern p (bf16 [65536]), computed once per device by the eager activation itself
-    (torch's own kernel on the device): what activation_mul looks up, so its activation is exact by construction."""
+    (torch's own kernel on the device): what activation_mul looks up, so its activation is exact by construction.
+    None while a CUDA graph is being captured and the table does not exist yet (a table made during capture would
+    hold nothing until the graph first replays); the callers then take the eager chain."""
     import torch
 
     dev = torch.device(device)
@@ -450,6 +452,8 @@ def activation_table(name, device):
                                                                       else -1))
     t = _TABLES.get(key)
     if t is None:
+        if dev.type == "cuda" and torch.cuda.is_current_stream_capturing():
+            return None
         patterns = torch.arange(0, 1 << 16, dtype=torch.int32, device=dev).to(torch.int16).view(torch.bfloat16)
         t = _TABLES[key] = _activation(name)(patterns).contiguous()
     return t
@@ -466,8 +470,12 @@ def can_use_activation_mul(a, b, table) -> Support:
 
 
 def activation_mul(a, b, act="gelu"):
-    """Fused, bit-exact `activation_mul_eager(a, b, act)` (act one of ACTIVATIONS); the output is contiguous."""
+    """Fused, bit-exact `activation_mul_eager(a, b, act)` (act one of ACTIVATIONS); the output is contiguous. The first
+    call on a device must not be inside a CUDA graph capture (it builds the table: activation_table)."""
     table = activation_table(act, a.device)
+    if table is None:
+        raise Unsupported("activation_mul: the %s table is built on first use, which cannot happen while a CUDA graph "
+                          "is being captured: call activation_table(%r, device) before capturing" % (act, act))
     return _call_or_explain("activation_mul", lambda: _ops().activation_mul(a, b, table), (a, b, table),
                             lambda: can_use_activation_mul(a, b, table))
 

@@ -417,6 +417,9 @@ def _act_mul_site(site: Site, act: str, a, b, eager):
     from . import ops
 
     table = ops.activation_table(act, a.device) if a.is_cuda else None
+    if a.is_cuda and table is None:  # first use inside a CUDA graph capture: no table yet
+        site.fallback(_dev(a), "the %s table is not built yet and a CUDA graph is being captured" % act)
+        return eager()
     return site.run((a, b, act), eager=eager, predicate=lambda: ops.can_use_activation_mul(a, b, table),
                     fused=lambda: ops._ops().activation_mul(a, b, table), device=_dev(a))
 

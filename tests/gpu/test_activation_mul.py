@@ -162,3 +162,19 @@ def test_opcheck_compile_and_graph():
     graph.replay()
     torch.cuda.synchronize()
     assert count_mismatches(out, ops.activation_mul_eager(a, b, "silu")) == 0
+
+
+def test_no_table_is_built_inside_a_graph_capture(monkeypatch):
+    """A table made during capture would hold nothing until the graph first replays: activation_table answers None
+    then (the patch sites take the eager chain, ops.activation_mul raises), and builds it outside as usual."""
+    monkeypatch.setattr(ops, "_TABLES", {})
+    x = torch.zeros(1024, device=DEV)
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        inside = ops.activation_table("gelu", DEV)
+        x.add_(1)
+    assert inside is None and not ops._TABLES
+    t = ops.activation_table("gelu", DEV)
+    p = torch.arange(0, 1 << 16, dtype=torch.int32, device=DEV).to(torch.int16).view(BF)
+    assert count_mismatches(t, torch.nn.functional.gelu(p)) == 0
