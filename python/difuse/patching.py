@@ -410,8 +410,6 @@ def _gated_residual_site(site: Site, h, a, gate):
     return site.run((h, a, gate), fused=lambda: ops._ops().gated_residual(hc(), ac(), gate), eager=eager,
                     predicate=lambda: ops.can_use_gated_residual(hc(), ac(), gate), device=_dev(h))
 
-
-
 def _act_mul_site(site: Site, act: str, a, b, eager):
     """act(a) * b (eager: the model's own expression) through activation_mul, act's table built by torch's kernel."""
     from . import ops
@@ -1273,7 +1271,8 @@ def _ernie_rotary(x, freqs):
 
 
 def _ernie_attention(site: Site, attn, hidden_states, attention_mask, freqs, st=None):
-    """ErnieImageSingleStreamAttnProcessor.__call__ (diffusers 0.42.1) with the QK norms as one site."""
+    """ErnieImageSingleStreamAttnProcessor.__call__ (diffusers 0.42.1) with the QK norms as one site (and the RoPE in
+    it with ERNIE_FUSED_ROPE)."""
     from . import ops
 
     te = _ernie_module()
