@@ -410,6 +410,7 @@ def _gated_residual_site(site: Site, h, a, gate):
     return site.run((h, a, gate), fused=lambda: ops._ops().gated_residual(hc(), ac(), gate), eager=eager,
                     predicate=lambda: ops.can_use_gated_residual(hc(), ac(), gate), device=_dev(h))
 
+
 def _act_mul_site(site: Site, act: str, a, b, eager):
     """act(a) * b (eager: the model's own expression) through activation_mul, act's table built by torch's kernel."""
     from . import ops
