@@ -611,3 +611,76 @@ TEST(StreamCopyProbe, VariantNames) {
   EXPECT_EQ(difuse_probe_stream_copy_variant_name(88), nullptr);
   EXPECT_EQ(difuse_probe_stream_copy_variant_name(-1), nullptr);
 }
+
+// ---- rope_rotate_half and activation_mul: the predicates (fake device addresses) ------------------------------------
+TEST(RopeRotateHalf, AcceptsErnieLayoutsAndListsEveryViolation) {
+  const int64_t B = 2, S = 4352, H = 32, D = 128;
+  const TensorView x = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {B, S, H, D}, 0);
+  const TensorView out = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {B, S, H, D}, 0);
+  const TensorView cos = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {B, S, 1, D}, 0);
+  const TensorView sin = TensorView::contiguous(fake(0x3000000000ull), DType::BF16, {B, S, 1, D}, 0);
+  EXPECT_TRUE(difuse::can_use_rope_rotate_half(out, x, cos, sin).ok);
+  // the block's [S, B] buffer seen as [B, S, heads, D]; tables broadcast over the batch; in place
+  const TensorView x_bsh(fake(0x100000000ull), DType::BF16, {B, S, H, D}, {H * D, B * H * D, D, 1}, 0);
+  EXPECT_TRUE(difuse::can_use_rope_rotate_half(out, x_bsh, cos, sin).ok);
+  const TensorView cos1 = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {1, S, 1, D}, 0);
+  const TensorView sin1 = TensorView::contiguous(fake(0x3000000000ull), DType::BF16, {1, S, 1, D}, 0);
+  EXPECT_TRUE(difuse::can_use_rope_rotate_half(out, x, cos1, sin1).ok);
+  EXPECT_TRUE(difuse::can_use_rope_rotate_half(x, x, cos, sin).ok);
+
+  TensorView bad_x = x;
+  bad_x.dtype = DIFUSE_F32;
+  TensorView odd = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {B, S, 1, 63}, 0);
+  TensorView sin_strided(fake(0x3000000000ull), DType::BF16, {B, S, 1, 63}, {S * 80, 80, 80, 1}, 0);
+  TensorView overlapping = out;
+  overlapping.data = fake(0x100000000ull + 2);  // overlaps x without being x
+  auto s = difuse::can_use_rope_rotate_half(overlapping, bad_x, odd, sin_strided);
+  ASSERT_FALSE(s.ok);
+  EXPECT_TRUE(mentions(s, "x must be bf16"));
+  EXPECT_TRUE(mentions(s, "R must be even"));
+  EXPECT_TRUE(mentions(s, "cos and sin must have the same strides"));
+  EXPECT_TRUE(mentions(s, "out must be x itself (in place) or not overlap it"));
+  const TensorView wide = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {B, S, 1, 130}, 0);
+  EXPECT_TRUE(mentions(difuse::can_use_rope_rotate_half(out, x, wide, wide), "2 <= R <= D"));
+  const TensorView short_s = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {B, S - 1, 1, D}, 0);
+  EXPECT_TRUE(mentions(difuse::can_use_rope_rotate_half(out, x, short_s, short_s), "[B or 1, S, 1, R]"));
+  const TensorView x3 = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {B, S, H * D}, 0);
+  EXPECT_TRUE(mentions(difuse::can_use_rope_rotate_half(out, x3, cos, sin), "x must be [B, S, heads, D]"));
+}
+
+TEST(ActivationMul, AcceptsBothFfnLayoutsAndListsEveryViolation) {
+  const int64_t S = 4352, B = 2, F = 12288;
+  const TensorView table = TensorView::contiguous(fake(0x5000000000ull), DType::BF16, {65536}, 0);
+  const TensorView gate = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {S, B, F}, 0);
+  const TensorView up = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {S, B, F}, 0);
+  const TensorView out = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {S, B, F}, 0);
+  EXPECT_TRUE(difuse::can_use_activation_mul(out, gate, up, table).ok);
+  EXPECT_TRUE(difuse::can_use_activation_mul(up, gate, up, table).ok);  // in place into b
+  // FLUX.2: the halves of one [1, L, 2F] projection
+  const int64_t L = 4608, G = 18432;
+  const TensorView x1(fake(0x100000000ull), DType::BF16, {1, L, G}, {L * 2 * G, 2 * G, 1}, 0);
+  const TensorView x2(fake(0x100000000ull + 2 * G), DType::BF16, {1, L, G}, {L * 2 * G, 2 * G, 1}, 0);
+  const TensorView out2 = TensorView::contiguous(fake(0x3000000000ull), DType::BF16, {1, L, G}, 0);
+  EXPECT_TRUE(difuse::can_use_activation_mul(out2, x1, x2, table).ok);
+
+  TensorView bad_a = gate;
+  bad_a.dtype = DIFUSE_F16;
+  TensorView short_b = up;
+  short_b.sizes[2] = F - 1;
+  TensorView short_table = table;
+  short_table.sizes[0] = 256;
+  TensorView strided_out(fake(0x2000000000ull), DType::BF16, {S, B, F}, {B * F * 2, F * 2, 1}, 0);
+  auto s = difuse::can_use_activation_mul(strided_out, bad_a, short_b, short_table);
+  ASSERT_FALSE(s.ok);
+  EXPECT_TRUE(mentions(s, "a must be bf16"));
+  EXPECT_TRUE(mentions(s, "b must have the sizes of a"));
+  EXPECT_TRUE(mentions(s, "table must be a contiguous bf16 [65536]"));
+  EXPECT_TRUE(mentions(s, "out must be contiguous"));
+  TensorView overlapping = out2;
+  overlapping.data = fake(0x100000000ull + 2);  // inside x1's span without being x1
+  EXPECT_TRUE(mentions(difuse::can_use_activation_mul(overlapping, x1, x2, table), "out must be a itself"));
+  const TensorView rank5(fake(0x100000000ull), DType::BF16, {1, 1, 1, 1, 8}, {8, 8, 8, 8, 1}, 0);
+  s = difuse::can_use_activation_mul(rank5, rank5, rank5, table);
+  EXPECT_TRUE(mentions(s, "a must have rank 1 to 4"));
+  EXPECT_FALSE(mentions(s, "2^31"));  // no element-count reason for a view of an invalid rank
+}
