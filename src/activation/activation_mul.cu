@@ -22,9 +22,10 @@
 // place, same data and strides) or overlapping none of a, b, table.
 //
 // Verification status: NOT yet run on a GPU (written on 2026-12-05 in a session whose device time was spent). CPU
-// tests: the product's rounding (tests/cpu/test_numerics.cpp); tests/gpu/test_activation_mul.py is the bit-exactness
-// test to run on the H200 (every bf16 pattern through both kernels, ERNIE's and FLUX.2's shapes and layouts). Until it
-// has passed there, difuse.patch's sites for it (ERNIE E5, FLUX.2 F7, F7c, FS5) exist only with
+// tests: the product's rounding (tests/cpu/test_numerics.cpp), the predicate on ERNIE's and FLUX.2's layouts
+// (tests/cpu/test_c_api.cpp); the native smoke test has a case per kernel; tests/gpu/test_activation_mul.py is the
+// bit-exactness test to run on the H200 (every bf16 pattern through both kernels, ERNIE's and FLUX.2's shapes and
+// layouts). Until it has passed there, difuse.patch's sites for it (ERNIE E5, FLUX.2 F7, F7c, FS5) exist only with
 // DIFUSE_FUSED_ACTIVATION_MUL=1.
 #include "activation/activation_mul.h"
 

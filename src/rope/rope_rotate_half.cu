@@ -27,7 +27,8 @@
 //
 // Verification status: NOT yet run on a GPU (written at 2026-12-05 without device time left in the session). The
 // CPU tests check rope_rotate_half_pair against the eager chain emulated op by op on whole rows
-// (tests/cpu/test_numerics.cpp); tests/gpu/test_rope_rotate_half.py is the bit-exactness test to run on the H200.
+// (tests/cpu/test_numerics.cpp) and the predicate on ERNIE's layouts (tests/cpu/test_c_api.cpp); the native smoke
+// test has a case per kernel; tests/gpu/test_rope_rotate_half.py is the bit-exactness test to run on the H200.
 // Until it has passed there the ERNIE site does not use it by default (DIFUSE_ERNIE_FUSED_ROPE=1 turns it on).
 #include "rope/rope_rotate_half.h"
 
