@@ -87,11 +87,11 @@ WAN_SITES = {
 ERNIE_SITES = {
     "E1": "adaLN_sa_ln + modulate: diffusers RMSNorm(x, w), then (n.float() * (1 + scale_msa.float()) + "
           "shift_msa.float()).to(bf16), [S, B, H] rows",
-    "E2": "attention QK norm: torch.nn.RMSNorm per head on q and k; with DIFUSE_ERNIE_FUSED_ROPE=1 also the "
-          "rotate-half RoPE, one rope_rotate_half pass per tensor (off by default until that kernel has run on a "
-          "GPU: the RoPE stays eager)",
+    "E2": "attention QK norm: torch.nn.RMSNorm per head on q and k, then the rotate-half RoPE, one rope_rotate_half "
+          "pass per tensor (DIFUSE_ERNIE_FUSED_ROPE=0: the RoPE stays eager)",
     "E3": "x + (gate_msa.float() * attn.float()).to(bf16), then adaLN_mlp_ln + modulate as E1",
     "E4": "x + (gate_mlp.float() * mlp.float()).to(bf16)",
+    "E5": "FFN: up_proj(x) * F.gelu(gate_proj(x)) as one activation_mul pass",
     "final_norm": "final ErnieImageAdaLNContinuous: LayerNorm(x) * (1 + scale) + shift, [B, H] rows over [S, B, H]",
 }
 LTX2_SITES = {
@@ -117,22 +117,23 @@ FLUX2_SITES = {
     "FS1": "single block norm: (1 + scale) * LayerNorm(x) + shift",
     "FS3": "single block attention prologue: QK RMSNorm per head + RoPE on the fused projection's q, k",
     "FS4": "single block residual: h + gate * attn",
+    "F7": "double block FF (image): SwiGLU silu(x1) * x2 as one activation_mul pass",
+    "F7c": "double block FF (text): the same",
+    "FS5": "single block MLP: SwiGLU of the fused projection's MLP part, the same",
     "norm_out": "final AdaLayerNormContinuous: LayerNorm(x) * (1 + scale) + shift",
 }
-# The gated FFNs' activation and product as one activation_mul pass: sites that exist only with
-# DIFUSE_FUSED_ACTIVATION_MUL=1 at patch time (the kernel was written without a GPU run; see activation_mul.cu).
-FUSED_ACTIVATION_MUL = os.environ.get("DIFUSE_FUSED_ACTIVATION_MUL", "0") == "1"
-ACT_MUL_SITES = {
-    "ernie": {"E5": "FFN: up_proj(x) * F.gelu(gate_proj(x)) as one activation_mul pass (DIFUSE_FUSED_ACTIVATION_MUL=1)"},
-    "flux2": {"F7": "double block FF (image): SwiGLU silu(x1) * x2 as one activation_mul pass "
-                    "(DIFUSE_FUSED_ACTIVATION_MUL=1)",
-              "F7c": "double block FF (text): the same",
-              "FS5": "single block MLP: SwiGLU of the fused projection's MLP part, the same"},
-}
+# The gated FFNs' activation and product as one activation_mul pass (sites E5, F7, F7c, FS5; bit-exact on an H100 at
+# c3302d8, bench/results/h100/gpu-tests-c3302d8-new-kernels.json). DIFUSE_FUSED_ACTIVATION_MUL=0 at patch time leaves
+# those sites out (the activation and the product run eagerly, as before c3302d8).
+FUSED_ACTIVATION_MUL = os.environ.get("DIFUSE_FUSED_ACTIVATION_MUL", "1") != "0"
+ACT_MUL_SITES = {"ernie": ("E5",), "flux2": ("F7", "F7c", "FS5")}
 
 
 def _with_act_mul_sites(model_name: str, sites: dict) -> dict:
-    return {**sites, **ACT_MUL_SITES[model_name]} if FUSED_ACTIVATION_MUL else sites
+    """The model's sites, less the activation_mul ones when DIFUSE_FUSED_ACTIVATION_MUL=0."""
+    if FUSED_ACTIVATION_MUL:
+        return sites
+    return {k: v for k, v in sites.items() if k not in ACT_MUL_SITES[model_name]}
 
 
 HUNYUAN_SITES = {
@@ -425,7 +426,7 @@ def _act_mul_site(site: Site, act: str, a, b, eager):
 
 def _swiglu_ff(S, name: str, ff, x):
     """Flux2FeedForward(x) with its Flux2SwiGLU (silu(h[..., :F]) * h[..., F:]) at site `name` when that site exists
-    (DIFUSE_FUSED_ACTIVATION_MUL=1); otherwise, or for another module, the module itself."""
+    (not with DIFUSE_FUSED_ACTIVATION_MUL=0); otherwise, or for another module, the module itself."""
     site = S.get(name)
     if site is None:
         return ff(x)
@@ -1255,10 +1256,9 @@ def _ernie_gated_rmsmod_site(site: Site, norm, h, a, gate, scale, shift):
                     ops.Support(False, ["the norm is not diffusers' RMSNorm without a bias"]), device=_dev(h))
 
 
-# ERNIE-Image's RoPE through rope_rotate_half inside site E2 (verified with the QK norm as one site). Off by default:
-# the kernel was written without a GPU run (src/rope/rope_rotate_half.cu's verification status); set
-# DIFUSE_ERNIE_FUSED_ROPE=1 to use it (the gate still checks each new signature against the eager chain).
-ERNIE_FUSED_ROPE = os.environ.get("DIFUSE_ERNIE_FUSED_ROPE", "0") == "1"
+# ERNIE-Image's RoPE through rope_rotate_half inside site E2 (verified with the QK norm as one site; bit-exact on an
+# H100 at c3302d8). DIFUSE_ERNIE_FUSED_ROPE=0 keeps the RoPE eager (the QK norms stay fused).
+ERNIE_FUSED_ROPE = os.environ.get("DIFUSE_ERNIE_FUSED_ROPE", "1") != "0"
 
 
 def _ernie_rotary(x, freqs):
@@ -1273,7 +1273,7 @@ def _ernie_rotary(x, freqs):
 
 def _ernie_attention(site: Site, attn, hidden_states, attention_mask, freqs, st=None):
     """ErnieImageSingleStreamAttnProcessor.__call__ (diffusers 0.42.1) with the QK norms as one site (and the RoPE in
-    it with ERNIE_FUSED_ROPE)."""
+    it unless DIFUSE_ERNIE_FUSED_ROPE=0)."""
     from . import ops
 
     te = _ernie_module()
@@ -1365,7 +1365,7 @@ def _ernie_block_body(self, st, x, rotary_pos_emb, temb, attention_mask):
 
 def _ernie_ffn(site, mlp, x):
     """ErnieImageFeedForward.forward (diffusers 0.42.1): linear_fc2(up_proj(x) * F.gelu(gate_proj(x))), the product at
-    `site` (E5, present with DIFUSE_FUSED_ACTIVATION_MUL=1); without it, or for another module, the module itself."""
+    `site` (E5, absent with DIFUSE_FUSED_ACTIVATION_MUL=0); without it, or for another module, the module itself."""
     if site is None:
         return mlp(x)
     te = _ernie_module()

@@ -37,7 +37,9 @@ def run(model, inputs):
         return model(**inputs)[0]
 
 
-def assert_patched_matches(model, inputs, sites):
+def assert_patched_matches(model, inputs, sites, absent=()):
+    """The patched model's output is bit-identical to the unpatched one's (first call verifies, second runs fused);
+    each of `sites` fused, none fell back or is disabled; none of `absent` exists; unpatch restores the original."""
     ref = run(model, inputs)
     difuse.patch(model)
     try:

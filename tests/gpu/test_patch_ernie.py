@@ -2,9 +2,10 @@
 the unpatched one (2 blocks of the released model: hidden 4096, 32 heads x 128, ffn 12288, text_in_dim 3072; and of
 the class defaults, 3072 wide), batch 1 and 2 (CFG), with a padded text row (attention mask), at 1024^2's grid (64 x 64
 latent patches + 256 text tokens: S = 4352, the rms_norm_modulate site shapes 4352x1x4096 and 4352x2x4096) and a
-smaller one; every listed site fused and none disabled; unpatch restores the original. The same with the paths that
-are off by default (DIFUSE_ERNIE_FUSED_ROPE, DIFUSE_FUSED_ACTIVATION_MUL): those cases were written on 2026-12-05
-without a GPU, first run pending (the others ran bit-identical on the H200 at 74259ff)."""
+smaller one; every listed site fused and none disabled; unpatch restores the original. The default path runs the RoPE
+(rope_rotate_half, in site E2) and the FFN product (activation_mul, site E5) fused; the same with each switched off
+(DIFUSE_ERNIE_FUSED_ROPE=0, DIFUSE_FUSED_ACTIVATION_MUL=0). The fused RoPE and FFN cases first ran bit-identical on an
+H100 at c3302d8 (bench/results/h100/gpu-tests-c3302d8-new-kernels.json)."""
 import os
 
 import pytest
@@ -53,9 +54,8 @@ def test_patched_ernie_class_defaults_is_bit_identical():
 
 
 @pytest.mark.parametrize("B,side,text_tokens,pad", [(2, 64, 256, 0), (2, 32, 77, 20)], ids=str)
-def test_patched_ernie_with_fused_rope_is_bit_identical(model, monkeypatch, B, side, text_tokens, pad):
-    """DIFUSE_ERNIE_FUSED_ROPE=1: site E2 runs the QK norm and rope_rotate_half (off by default until this passes)."""
-    monkeypatch.setattr(difuse.patching, "ERNIE_FUSED_ROPE", True)
+def test_patched_ernie_runs_the_fused_rope(model, monkeypatch, B, side, text_tokens, pad):
+    """The default: site E2 runs the QK norm and rope_rotate_half; the kernel runs, the output is bit-identical."""
     calls = []
     monkeypatch.setattr(difuse.ops, "_ops", lambda: _CountingOps(torch.ops.difuse, calls))
     assert_patched_matches(model, ernie_inputs(B, side, text_tokens, pad), difuse.patching.ERNIE_SITES)
@@ -75,10 +75,12 @@ class _CountingOps:
         return lambda *a: self._calls.append(a[0].shape) or fn(*a)
 
 
-def test_patched_ernie_with_fused_activation_mul_is_bit_identical(model, monkeypatch):
-    """DIFUSE_FUSED_ACTIVATION_MUL=1: the FFN's up * F.gelu(gate) through activation_mul (site E5; off by default
-    until this passes), with the fused RoPE too."""
-    monkeypatch.setattr(difuse.patching, "FUSED_ACTIVATION_MUL", True)
-    monkeypatch.setattr(difuse.patching, "ERNIE_FUSED_ROPE", True)
-    assert_patched_matches(model, ernie_inputs(2, 64, 256, 0),
-                           {**difuse.patching.ERNIE_SITES, **difuse.patching.ACT_MUL_SITES["ernie"]})
+def test_patched_ernie_with_switches_off_is_bit_identical(model, monkeypatch):
+    """DIFUSE_ERNIE_FUSED_ROPE=0 and DIFUSE_FUSED_ACTIVATION_MUL=0: the RoPE and the FFN product stay eager (no E5)."""
+    monkeypatch.setattr(difuse.patching, "FUSED_ACTIVATION_MUL", False)
+    monkeypatch.setattr(difuse.patching, "ERNIE_FUSED_ROPE", False)
+    calls = []
+    monkeypatch.setattr(difuse.ops, "_ops", lambda: _CountingOps(torch.ops.difuse, calls))
+    sites = {k: v for k, v in difuse.patching.ERNIE_SITES.items() if k not in difuse.patching.ACT_MUL_SITES["ernie"]}
+    assert_patched_matches(model, ernie_inputs(2, 64, 256, 0), sites, absent=difuse.patching.ACT_MUL_SITES["ernie"])
+    assert not calls, "rope_rotate_half ran with DIFUSE_ERNIE_FUSED_ROPE=0"

@@ -327,9 +327,8 @@ def test_ernie_image_layouts(probe):
     assert _refused(probe, patching.ERNIE_SITES) == {}
 
 
-def test_ernie_image_layouts_with_fused_rope(probe, monkeypatch):
-    """DIFUSE_ERNIE_FUSED_ROPE=1: site E2 asks rope_rotate_half's predicate too, with the model's own tables."""
-    monkeypatch.setattr(patching, "ERNIE_FUSED_ROPE", True)
+def test_ernie_image_layouts_ask_rope_rotate_half(probe, monkeypatch):
+    """By default site E2 asks rope_rotate_half's predicate too, with the model's own tables."""
     asked = []
     real = ops.can_use_rope_rotate_half
     monkeypatch.setattr(ops, "can_use_rope_rotate_half", lambda *a: asked.append(a) or real(*a))
@@ -337,6 +336,15 @@ def test_ernie_image_layouts_with_fused_rope(probe, monkeypatch):
     assert asked, "site E2 never asked rope_rotate_half's predicate"
     x, cos, sin = asked[0]
     assert cos.dtype == torch.bfloat16 and cos.shape == (2, x.shape[1], 1, x.shape[3])
+
+
+def test_ernie_image_layouts_with_eager_rope(probe, monkeypatch):
+    """DIFUSE_ERNIE_FUSED_ROPE=0: site E2 is the QK norms alone; rope_rotate_half's predicate is never asked."""
+    monkeypatch.setattr(patching, "ERNIE_FUSED_ROPE", False)
+    asked = []
+    monkeypatch.setattr(ops, "can_use_rope_rotate_half", lambda *a: asked.append(a))
+    test_ernie_image_layouts(probe)
+    assert not asked
 
 
 @pytest.mark.parametrize("adaln", [False, True])
@@ -365,19 +373,24 @@ def test_flux2_layouts(probe):
     assert _refused(probe, patching.FLUX2_SITES) == {}
 
 
-def test_flux2_layouts_with_fused_activation_mul(probe, monkeypatch):
-    """DIFUSE_FUSED_ACTIVATION_MUL=1: the SwiGLU sites exist and accept the model's layouts (the single block's MLP
-    half is a strided view of its fused projection)."""
-    monkeypatch.setattr(patching, "FUSED_ACTIVATION_MUL", True)
+def test_flux2_layouts_ask_activation_mul(probe):
+    """The SwiGLU sites exist by default and accept the model's layouts (the single block's MLP half is a strided view
+    of its fused projection)."""
     _run_patched(tiny_models.flux2(torch.bfloat16, 4, 32), tiny_models.flux2_inputs(torch.bfloat16, L=16))
-    sites = {**patching.FLUX2_SITES, **patching.ACT_MUL_SITES["flux2"]}
-    assert _refused(probe, sites) == {}
+    assert set(patching.ACT_MUL_SITES["flux2"]) <= set(probe)
+    assert _refused(probe, {k: patching.FLUX2_SITES[k] for k in patching.ACT_MUL_SITES["flux2"]}) == {}
 
 
-def test_ernie_image_layouts_with_fused_activation_mul(probe, monkeypatch):
-    monkeypatch.setattr(patching, "FUSED_ACTIVATION_MUL", True)
-    test_ernie_image_layouts(probe)
-    assert _refused(probe, patching.ACT_MUL_SITES["ernie"]) == {}
+@pytest.mark.parametrize("model", ["ernie", "flux2"])
+def test_activation_mul_switch_off_leaves_its_sites_out(monkeypatch, model):
+    """DIFUSE_FUSED_ACTIVATION_MUL=0: the model's activation_mul sites are left out of its site table (the FFN runs
+    eagerly)."""
+    full = {"ernie": patching.ERNIE_SITES, "flux2": patching.FLUX2_SITES}[model]
+    assert set(patching.ACT_MUL_SITES[model]) <= set(patching._with_act_mul_sites(model, full))
+    monkeypatch.setattr(patching, "FUSED_ACTIVATION_MUL", False)
+    left = patching._with_act_mul_sites(model, full)
+    assert not set(patching.ACT_MUL_SITES[model]) & set(left)
+    assert set(left) | set(patching.ACT_MUL_SITES[model]) == set(full)
 
 
 def test_chroma_layouts(probe):
