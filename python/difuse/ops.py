@@ -368,13 +368,19 @@ def rms_modulate_site_inputs(shape, variant, device, generator, residual=False):
     [B, H] chunks of adaLN_modulation(c) ([B, 6H]); "ernie_tokens": those chunks expanded to [S, B, H] and made
     contiguous, as ErnieImageTransformer2DModel.forward does; "ltx2": x [B, L, D], no weight, [B, 1, D] views
     unbound from scale_shift_table[None, None] + temb.reshape(B, 1, 6, D); "ltx2_tokens": per-token [B, L, D]
-    views (T = L). Returns (x, weight, scale, shift, eps, fp32_modulate), with a and gate after x when residual."""
+    views (T = L). Returns (x, weight, scale, shift, eps, fp32_modulate), with a and gate after x when residual (the
+    ERNIE variants' a as the block hands it: the attention output [B, S, H] permuted to [S, B, H], rows out of
+    order at B > 1)."""
     import torch
 
     bf = dict(device=device, dtype=torch.bfloat16)
     H = shape[-1]
     x = torch.randn(*shape, generator=generator, **bf)
-    a = torch.randn(*shape, generator=generator, **bf) if residual else None
+    a = None
+    if residual and variant.startswith("ernie"):
+        a = torch.randn(shape[1], shape[0], H, generator=generator, **bf).permute(1, 0, 2)
+    elif residual:
+        a = torch.randn(*shape, generator=generator, **bf)
     if variant.startswith("ernie"):
         S, B, _ = shape
         emb = (torch.randn(B, 6 * H, generator=generator, **bf) * 0.5).chunk(6, dim=-1)

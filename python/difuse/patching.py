@@ -30,6 +30,7 @@ from __future__ import annotations
 import logging
 import os
 import types
+import weakref
 from dataclasses import dataclass, field
 
 from .gate import BitExactGate, count_mismatches, run_verified
@@ -316,6 +317,10 @@ class _State:
         self.rope_src = None   # the freqs whose bf16 cos/sin tables are cached (ERNIE-Image; identity is the key)
         self.rope_version = -1
         self.rope_tables = None
+        self.rows_src = ()     # weak refs to the modulation tensors whose row check is cached (ERNIE-Image)
+        self.rows_versions = ()
+        self.rows_views = ()
+        self.rows_checked = False  # a first forward has read the tensors as they are
         self.sites = {name: Site(model_name, name) for name in sites}
         self.descriptions = dict(sites)
         self.blocks = {name: BlockGate(model_name, name) for name in BLOCK_GATES}
@@ -357,6 +362,48 @@ def _rope_tables_once(st, freqs, dtype):
     st.rope_tables = ops.ernie_rope_tables(freqs, dtype)
     st.rope_src, st.rope_version = freqs, freqs._version
     return st.rope_tables
+
+
+def _equal_row_views(tensors):
+    """For each [S, ...] 16-bit tensor (S > 1) whose S slices are bit-identical to its first (int16 compare: -0 and
+    +0 differ, a NaN equals only the same NaN pattern), a copy of t[:1] expanded to t's shape; for any other tensor,
+    itself. One host sync for all of them."""
+    torch = _torch()
+    ok = [t.dim() >= 2 and t.shape[0] > 1 and t.element_size() == 2 and t.is_floating_point() for t in tensors]
+    checks = [(t.view(torch.int16) == t[:1].view(torch.int16)).all() for t, o in zip(tensors, ok) if o]
+    equal = iter(torch.stack(checks).tolist() if checks else [])
+    # the first slice copied (B x H elements), so a view does not keep the whole tensor alive
+    return tuple(t[:1].clone().expand(t.shape) if o and next(equal) else t for t, o in zip(tensors, ok))
+
+
+def _equal_rows_once(st, tensors):
+    """ERNIE-Image's six modulation tensors as every block of a forward should read them. diffusers 0.42.1 makes each
+    as t.unsqueeze(0).expand(S, -1, -1).contiguous() from a [B, H] chunk, so its S rows per batch entry are equal
+    and the fused sites would read S copies of one row. Where a tensor's rows are bit-identical to its first (int16
+    compare on the device, once per forward for all six, one host sync), the blocks get a copy of t[:1] expanded
+    over S instead: the same values at every index, so every eager op and kernel gives the same bits, and the fused
+    sites read one [B, H] row per role (rms_norm_modulate's staged rows, gated_residual's row gate). Otherwise, and
+    while tracing or capturing a CUDA graph (no sync allowed), the tensors themselves; in the first forward after
+    patch() too, so the sites also verify the signatures that a later capture (which cannot check rows) meets.
+    Cached while the same tensor objects at the same versions come back (every block of a forward)."""
+    torch = _torch()
+    tensors = tuple(tensors)
+    if (st is None or torch.compiler.is_compiling() or not all(t.is_cuda for t in tensors) or
+            torch.cuda.is_current_stream_capturing()):
+        return tensors
+    if (len(st.rows_src) == len(tensors) and all(r() is t for r, t in zip(st.rows_src, tensors)) and
+            st.rows_versions == tuple(t._version for t in tensors)):
+        return tuple(t if v is None else v for v, t in zip(st.rows_views, tensors))
+    first, st.rows_checked = not st.rows_checked, True
+    views = tensors if first else _equal_row_views(tensors)
+    if not first and any(v is t for v, t in zip(views, tensors)):
+        log.debug("ERNIE-Image modulation: %d of %d tensors have rows that differ; those are read per row",
+                  sum(v is t for v, t in zip(views, tensors)), len(tensors))
+    # held weakly (identity is the key; the cache keeps no step's tensors alive), the views as the copies they are
+    st.rows_src = tuple(weakref.ref(t) for t in tensors)
+    st.rows_versions = tuple(t._version for t in tensors)
+    st.rows_views = tuple(None if v is t else v for v, t in zip(views, tensors))
+    return views
 
 
 def _dev(t) -> int:
@@ -1238,7 +1285,8 @@ def _ernie_rmsmod_site(site: Site, norm, x, scale, shift):
 
 def _ernie_gated_rmsmod_site(site: Site, norm, h, a, gate, scale, shift):
     """(h1, out): h1 = h + (gate.float() * a.float()).to(bf16), out = E1's chain on h1. a is the attention output
-    permuted to [S, B, H] (not contiguous at B > 1): the fused path copies it first (the same bits)."""
+    permuted to [S, B, H] (not contiguous at B > 1): the op reads its rows where they are (a copy only where its last
+    dim is not contiguous)."""
     from . import ops
 
     def eager():
@@ -1247,7 +1295,7 @@ def _ernie_gated_rmsmod_site(site: Site, norm, h, a, gate, scale, shift):
 
     ok = _diffusers_rmsnorm(norm)
     eps, w = float(norm.eps), norm.weight
-    ac = _contiguous_later(a)
+    ac = (lambda: a) if a.stride(-1) == 1 else a.contiguous
     return site.run((h, a, gate, w, scale, shift, eps, ok), eager=eager,
                     fused=lambda: tuple(ops._ops().gated_residual_rms_norm_modulate(h, ac(), gate, w, scale, shift,
                                                                                      eps, True)),
@@ -1345,7 +1393,7 @@ def _ernie_attention_tail(attn, qk, v, attention_mask, te):
 
 def _ernie_block_body(self, st, x, rotary_pos_emb, temb, attention_mask):
     S = st.sites
-    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = temb
+    shift_msa, scale_msa, gate_msa, shift_mlp, scale_mlp, gate_mlp = _equal_rows_once(st, temb)
     residual = x
     x = _ernie_rmsmod_site(S["E1"], self.adaLN_sa_ln, x, scale_msa, shift_msa)
     x_bsh = x.permute(1, 0, 2)  # [S, B, H] -> [B, S, H], as the block hands it to the attention
@@ -2056,6 +2104,7 @@ def unpatch(model) -> None:
                            "after difuse.patch(); remove those hooks (e.g. disable context parallelism) first"
                            % (len(wrapped), ", ".join(sorted(set(wrapped)))))
     st.silu_src = st.silu_out = None
+    st.rows_src = st.rows_views = ()
     for mod in st.patched:
         mod.__dict__.pop("forward", None)
         mod.__dict__.pop("_difuse_state", None)

@@ -42,7 +42,11 @@
 // with an alignment head, not replayed) and x 8-byte aligned then; rows * N < 2^31; weight absent or a
 // contiguous bf16 [N]; scale, shift (gate) bf16, broadcastable to x with N as their contiguous last dim and
 // non-negative strides; fp32_modulate 0 or 1; out (and residual) contiguous bf16 of x's shape, 8-byte aligned,
-// overlapping no input (residual may be h itself).
+// overlapping no input (residual may be h itself). The residual form's a: bf16 of h's shape whose rows may lie at
+// any non-negative strides (ERNIE-Image's attention output [B, S, H] permuted to [S, B, H]: row s B + b at
+// s H + b S H), each row contiguous and, when N >= 128, 8-byte aligned (the streamed kernels bulk-copy it only
+// where every row is 16-byte aligned); the kernels place row r at a + a_rows.offset(r) (thirty-first session:
+// before, the ERNIE site copied a to contiguous rows first, 47 copies of ~71 MB per H100 step at e281a31).
 //
 // Schedule: one warp per row, 4 rows per 128-thread block; N >= 128: two passes over the row (the mean, then the
 // epilogue from L1/L2), 32-48 registers; with DIFUSE_RMSMOD_ONE_PASS=1 each lane keeps its vectors (up to 64 for
@@ -146,10 +150,12 @@ struct Params {
   const uint16_t* gate;
   uint16_t* residual;
   detail::RowIndexer scale_rows, shift_rows, gate_rows;  // row r's modulation starts at scale + scale_rows.offset(r)
+  detail::RowIndexer a_rows;  // row r of a starts at a + a_rows.offset(r) (any row strides: ERNIE's permuted view)
   int64_t rows;
   int n, v;  // width, width / 4
   float eps, factor;
   bool has_w, fp32_mod;
+  bool a_rows16;  // every row of a starts 16-byte aligned (the streamed kernels bulk-copy it)
 };
 
 // Four bf16 of a row as two words: one 8-byte load when the caller knows the address is 8-byte aligned.
@@ -178,7 +184,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_rows(const Params 
   }
   if constexpr (RESIDUAL) {  // h1 = h + gate * a, rounded as eager, written out and normalised from here on
     const uint16_t* grow = p.gate + p.gate_rows.offset(row);
-    const uint2* ar = reinterpret_cast<const uint2*>(p.a + row * p.n);
+    const uint2* ar = reinterpret_cast<const uint2*>(p.a + p.a_rows.offset(row));
     uint2* rr = reinterpret_cast<uint2*>(p.residual + row * p.n);
 #pragma unroll
     for (int k = 0; k < K; ++k) {
@@ -230,7 +236,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_narrow(const Param
   }
   if constexpr (RESIDUAL) {
     const uint16_t* grow = p.gate + p.gate_rows.offset(row);
-    const uint16_t* ar = p.a + row * p.n;
+    const uint16_t* ar = p.a + p.a_rows.offset(row);
     uint16_t* rr = p.residual + row * p.n;
 #pragma unroll
     for (int i = 0; i < 4; ++i) {
@@ -298,7 +304,7 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
   const uint2* xr = STAGED ? sx : reinterpret_cast<const uint2*>(p.x + row * p.n);
   uint2* rr = RESIDUAL ? reinterpret_cast<uint2*>(p.residual + row * p.n) : nullptr;
   const uint16_t* grow = RESIDUAL && !SMEM_MOD ? p.gate + p.gate_rows.offset(row) : nullptr;
-  const uint2* ar = !RESIDUAL ? nullptr : SMEM_A ? sm.a : reinterpret_cast<const uint2*>(p.a + row * p.n);
+  const uint2* ar = !RESIDUAL ? nullptr : SMEM_A ? sm.a : reinterpret_cast<const uint2*>(p.a + p.a_rows.offset(row));
   MeanLane acc;
   for (int kb = 0; 32 * kb < V; kb += kBatch) {
     uint2 xv[kBatch];
@@ -552,7 +558,7 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
             detail::mbar_arrive_expect_tx(bar, RESIDUAL ? 2 * row_bytes : row_bytes);
             detail::bulk_load(ring + static_cast<int64_t>(s) * SV, p.x + row * p.n, row_bytes, bar);
             if constexpr (RESIDUAL)
-              detail::bulk_load(ring + static_cast<int64_t>(s) * SV + V, p.a + row * p.n, row_bytes, bar);
+              detail::bulk_load(ring + static_cast<int64_t>(s) * SV + V, p.a + p.a_rows.offset(row), row_bytes, bar);
           },
           m.producer_lanes);
     return;
@@ -761,7 +767,7 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
                        : !other_kernel_knob && rms_streamed_by_default(RESIDUAL, p.n, p.rows, smod) ? 1
                                                                                                   : 0;
   if (streamed > 0 && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
-      p.n % 8 == 0 && detail::aligned(p.x, 16) && (!RESIDUAL || detail::aligned(p.a, 16))) {  // whole rows bulk-copied
+      p.n % 8 == 0 && detail::aligned(p.x, 16) && (!RESIDUAL || p.a_rows16)) {  // whole rows bulk-copied
     if (smod ? with_chain(p, [&](auto chain) {
                  return launch_streamed<true, RESIDUAL, true, decltype(chain)::value>(p, m, streamed, device, stream);
                })
@@ -1017,11 +1023,19 @@ detail::Support can_use_gated_residual_rms_norm_modulate(const difuse_tensor_vie
     bool same = t->rank == h.rank;
     for (int d = 0; same && d < h.rank; ++d) same = t->sizes[d] == h.sizes[d];
     DIFUSE_REQUIRE(s, same, name + " must have the shape of h, got " + detail::describe(*t));
-    DIFUSE_REQUIRE(s, detail::is_contiguous(*t), name + " must be contiguous, got " + detail::describe(*t));
+    if (t == &a) {  // rows at any strides (ERNIE-Image's attention output permuted to [S, B, H]), each contiguous
+      bool rows_ok = same && t->rank >= 1 && (t->strides[t->rank - 1] == 1 || t->sizes[t->rank - 1] <= 1);
+      for (int d = 0; rows_ok && d < t->rank; ++d) rows_ok = t->strides[d] >= 0;
+      DIFUSE_REQUIRE(s, rows_ok, "a must have a contiguous last dim and non-negative strides, got " +
+                                     detail::describe(*t));
+    } else {
+      DIFUSE_REQUIRE(s, detail::is_contiguous(*t), name + " must be contiguous, got " + detail::describe(*t));
+    }
     if (!empty) {
       DIFUSE_REQUIRE(s, t->data != nullptr, name + " has a null data pointer");
       if (N >= 128 && N % 4 == 0)
-        DIFUSE_REQUIRE(s, detail::aligned(t->data, 8), name + " must be 8-byte aligned, got " + detail::describe(*t));
+        DIFUSE_REQUIRE(s, detail::rows_aligned(*t, 8),
+                       name + " must have 8-byte aligned rows, got " + detail::describe(*t));
     }
   }
   detail::require_bf16_output(s, out, h, {&h, &a, &gate, &weight, &scale, &shift});
@@ -1050,6 +1064,8 @@ void gated_residual_rms_norm_modulate(const difuse_tensor_view& out, const difus
   p.gate = static_cast<const uint16_t*>(gate.data);
   p.residual = static_cast<uint16_t*>(residual.data);
   p.gate_rows = broadcast_row_indexer(gate, h).prepare(p.rows);
+  p.a_rows = broadcast_row_indexer(a, h).prepare(p.rows);  // a has h's shape: its own strides place its rows
+  p.a_rows16 = detail::rows_aligned(a, 16);
   const bool vec =
       (!p.has_w || rows_aligned8(weight)) && rows_aligned8(scale) && rows_aligned8(shift) && rows_aligned8(gate);
   launch<true>(p, vec, h.device, stream);

@@ -507,6 +507,29 @@ TEST(GatedResidualRmsNormModulatePredicate, AcceptsTheSitesAndInPlace) {
   e.a = TensorView::contiguous(fake(0x5000000000ull), DType::BF16, {4352, 2, 3072}, 0);
   e.gate = TensorView(fake(0x2000000000ull + 4 * 3072), DType::BF16, {2, 3072}, {6 * 3072, 1}, 0);
   EXPECT_TRUE(can_use(e).ok);
+  // a as the ERNIE block hands it: the attention output [B, S, H] permuted to [S, B, H] (rows not in order)
+  e.a = TensorView(fake(0x5000000000ull), DType::BF16, {4352, 2, 3072}, {3072, 4352 * 3072, 1}, 0);
+  EXPECT_TRUE(can_use(e).ok);
+}
+
+TEST(GatedResidualRmsNormModulatePredicate, StridedRowsOfAMustBeContiguousAlignedRows) {
+  ResidualCall e;
+  e.c = ernie();
+  e.residual = TensorView::contiguous(fake(0x4000000000ull), DType::BF16, {4352, 2, 3072}, 0);
+  e.gate = TensorView(fake(0x2000000000ull + 4 * 3072), DType::BF16, {2, 3072}, {6 * 3072, 1}, 0);
+  e.a = TensorView(fake(0x5000000000ull), DType::BF16, {4352, 2, 3072}, {3074, 4352 * 3074, 1}, 0);
+  EXPECT_TRUE(mentions(can_use(e), "a must have 8-byte aligned rows"));  // a row every 3074 elements: 4-byte steps
+  e.a = TensorView(fake(0x5000000000ull), DType::BF16, {4352, 2, 3072}, {3072, 2 * 4352 * 3072, 2}, 0);
+  EXPECT_TRUE(mentions(can_use(e), "a must have a contiguous last dim"));
+  e.a = TensorView(fake(0x5000000000ull), DType::BF16, {4352, 2, 3072}, {3076, 4352 * 3076, 1}, 0);
+  EXPECT_TRUE(can_use(e).ok);  // 8-byte aligned rows are enough (the streamed kernels then load a per row)
+  // the row indexer the kernels take for a places row r = s B + b at s * 3072 + b * 4352 * 3072
+  difuse_tensor_view a = e.a, h = e.c.x;
+  a.strides[0] = 3072;
+  a.strides[1] = 4352 * 3072;
+  const auto ix = difuse::norm::broadcast_row_indexer(a, h).prepare(4352 * 2);
+  for (int64_t r : {int64_t{0}, int64_t{1}, int64_t{2}, int64_t{4351 * 2 + 1}})
+    EXPECT_EQ(ix.offset(r), (r / 2) * 3072 + (r % 2) * 4352 * 3072) << r;
 }
 
 TEST(GatedResidualRmsNormModulatePredicate, EveryViolationIsListed) {
@@ -527,7 +550,7 @@ TEST(GatedResidualRmsNormModulatePredicate, EveryViolationIsListed) {
   EXPECT_TRUE(mentions(can_use(o), "residual must not overlap a, gate, weight, scale, shift or out"));
   ResidualCall m = ltx2_residual();
   m.a.data = fake(0x5000000002ull);
-  EXPECT_TRUE(mentions(can_use(m), "a must be 8-byte aligned"));
+  EXPECT_TRUE(mentions(can_use(m), "a must have 8-byte aligned rows"));
 }
 
 TEST(RmsNormModulatePredicate, BroadcastRowIndexerFollowsTorchsRules) {

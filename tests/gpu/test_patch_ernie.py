@@ -13,7 +13,8 @@ import torch
 
 import difuse
 from difuse import e2e
-from patch_check import assert_patched_matches, reduced_model
+from difuse.gate import count_mismatches
+from patch_check import assert_patched_matches, reduced_model, run
 
 te = pytest.importorskip("diffusers.models.transformers.transformer_ernie_image")
 
@@ -84,3 +85,35 @@ def test_patched_ernie_with_switches_off_is_bit_identical(model, monkeypatch):
     sites = {k: v for k, v in difuse.patching.ERNIE_SITES.items() if k not in difuse.patching.ACT_MUL_SITES["ernie"]}
     assert_patched_matches(model, ernie_inputs(2, 64, 256, 0), sites, absent=difuse.patching.ACT_MUL_SITES["ernie"])
     assert not calls, "rope_rotate_half ran with DIFUSE_ERNIE_FUSED_ROPE=0"
+
+
+@pytest.mark.parametrize("B,side,text_tokens,pad", [(2, 64, 256, 0), (1, 32, 77, 0)], ids=str)
+def test_patched_ernie_reads_one_modulation_row(model, B, side, text_tokens, pad):
+    """The model expands each modulation chunk to [S, B, H] and copies it; from the second forward after patch() on,
+    the blocks read a copy of its first row expanded over S instead (the rows checked bit-identical on the device
+    once per forward): the output stays bit-identical, and E1, E3 and E4 then take their row-staged kernels."""
+    from torch.profiler import ProfilerActivity, profile
+
+    inputs = ernie_inputs(B, side, text_tokens, pad)
+    ref = run(model, inputs)
+    difuse.patch(model)
+    try:
+        st = model._difuse_state
+        assert count_mismatches(run(model, inputs), ref) == 0
+        assert st.rows_views and all(v is None for v in st.rows_views)  # the first forward: as they are
+        for _ in range(2):
+            with profile(activities=[ProfilerActivity.CUDA]) as prof:
+                out = run(model, inputs)
+                torch.cuda.synchronize()
+            assert count_mismatches(out, ref) == 0
+            assert len(st.rows_views) == 6 and all(v is not None and v.stride(0) == 0 for v in st.rows_views)
+        names = {e.name for e in prof.events()}
+        if B * (side * side + text_tokens) >= 8192:  # rows enough for the streamed kernels with staged rows
+            assert any("rms_norm_modulate_streamed<true, false, true" in n for n in names), sorted(names)
+            assert any("rms_norm_modulate_streamed<true, true, true" in n for n in names), sorted(names)
+        rep = difuse.report(model)
+        for name in ("E1", "E3", "E4"):
+            assert rep["sites"][name]["fallback"] == 0 and not rep["sites"][name]["disabled"]
+    finally:
+        difuse.unpatch(model)
+    assert count_mismatches(run(model, inputs), ref) == 0

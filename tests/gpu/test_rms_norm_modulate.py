@@ -101,13 +101,18 @@ def test_ernie_image_block(S, B):
     eps = block.adaLN_sa_ln.eps
     w_sa, w_mlp = block.adaLN_sa_ln.weight, block.adaLN_mlp_ln.weight
     seen = block.self_attention.seen.permute(1, 0, 2)
-    for sc, sh in ((temb[1], temb[0]), (chunks[1], chunks[0])):  # the model's [S, B, H] rows, the [B, H] chunks
+    for sc, sh in ((temb[1], temb[0]), (chunks[1], chunks[0]),  # the model's [S, B, H] rows, the [B, H] chunks,
+                   (temb[1][:1].expand(temb[1].shape), temb[0][:1].expand(temb[0].shape))):  # a first row expanded
         assert count_mismatches(ops.rms_norm_modulate(x, w_sa, sc, sh, eps, True), seen) == 0
-    a = attn_out.permute(1, 0, 2).contiguous()
-    for gate, sc, sh in ((temb[2], temb[4], temb[3]), (chunks[2], chunks[4], chunks[3])):
-        h1, n2 = ops.gated_residual_rms_norm_modulate(x, a, gate, w_mlp, sc, sh, eps, True)
-        assert count_mismatches(n2, block.mlp.seen) == 0
-        assert count_mismatches(h1 + (temb[5].float() * mlp_out.float()).to(BF), y) == 0
+    # a as the block permutes it (rows out of order at B > 1) and copied to contiguous rows; the model's [S, B, H]
+    # modulation rows, the [B, H] chunks, and a first row expanded over S (difuse.patch's view of the model's rows)
+    rows = [t[:1].expand(t.shape) for t in temb]
+    mods = ((temb[2], temb[4], temb[3]), (chunks[2], chunks[4], chunks[3]), (rows[2], rows[4], rows[3]))
+    for a in (attn_out.permute(1, 0, 2), attn_out.permute(1, 0, 2).contiguous()):
+        for gate, sc, sh in mods:
+            h1, n2 = ops.gated_residual_rms_norm_modulate(x, a, gate, w_mlp, sc, sh, eps, True)
+            assert count_mismatches(n2, block.mlp.seen) == 0
+            assert count_mismatches(h1 + (temb[5].float() * mlp_out.float()).to(BF), y) == 0
 
 
 @pytest.mark.parametrize("L,per_token", [(6144, False), (1536, True)])
@@ -207,6 +212,19 @@ def _modulation(r, g, x, kind):
 KINDS = ["full", "chunk", "rows", "vector", "expanded", "unaligned"]
 
 
+def _residual_a(r, g, x):
+    """The residual form's a with x's shape: contiguous, its first two dims stored swapped (ERNIE's permuted attention
+    output), or a column slice of wider rows (8- or 16-byte aligned row starts)."""
+    kind = r.choice(["contiguous", "permuted", "slice"])
+    shape = tuple(x.shape)
+    if kind == "permuted" and len(shape) >= 3:
+        order = [1, 0] + list(range(2, len(shape)))
+        return rnd(*(shape[i] for i in order), gen=g).permute(*order)
+    if kind == "slice" and shape[-1] >= 128:
+        return rnd(*shape[:-1], shape[-1] + r.choice([4, 8, 64]), gen=g)[..., :shape[-1]]
+    return rnd(*shape, gen=g)
+
+
 @pytest.mark.parametrize("i", range(220))
 def test_random_shapes_and_strides(i):
     r = random.Random(SEED * 31 + i)
@@ -225,7 +243,8 @@ def test_random_shapes_and_strides(i):
     scale, shift = _modulation(r, g, x, r.choice(KINDS)), _modulation(r, g, x, r.choice(KINDS))
     fp32, eps = r.random() < 0.5, r.choice([1e-6, 1e-5])
     if r.random() < 0.4:
-        assert_exact_residual(x, rnd(*x.shape, gen=g), _modulation(r, g, x, r.choice(KINDS)), w, scale, shift, eps, fp32)
+        gate = _modulation(r, g, x, r.choice(KINDS))
+        assert_exact_residual(x, _residual_a(r, g, x), gate, w, scale, shift, eps, fp32)
     else:
         assert_exact(x, w, scale, shift, eps, fp32)
 
@@ -346,6 +365,12 @@ def test_residual_refusals():
     assert any("gate must broadcast" in r for r in s.reasons)
     with pytest.raises(difuse.Unsupported):
         ops.gated_residual_rms_norm_modulate(h, rnd(2, 63, 4096), row, None, row, row)
+    # a's rows may lie anywhere, each contiguous and 8-byte aligned
+    s = ops.can_use_gated_residual_rms_norm_modulate(h, rnd(2, 64, 8192)[..., ::2], row, None, row, row)
+    assert any("a must have a contiguous last dim" in r for r in s.reasons), s.reasons
+    s = ops.can_use_gated_residual_rms_norm_modulate(h, rnd(2, 64, 4098)[..., :4096], row, None, row, row)
+    assert any("a must have 8-byte aligned rows" in r for r in s.reasons), s.reasons
+    assert ops.can_use_gated_residual_rms_norm_modulate(h, rnd(64, 2, 4096).transpose(0, 1), row, None, row, row).ok
 
 
 # ---- opcheck, torch.compile, CUDA graphs ----------------------------------------------------------------------------

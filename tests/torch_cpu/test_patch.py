@@ -825,3 +825,33 @@ def test_ernie_rope_tables_are_made_once_per_freqs_tensor():
     other = freqs.clone()
     assert difuse.patching._rope_tables_once(st, other, torch.bfloat16)[0] is not cos2
     assert difuse.patching._rope_tables_once(st, other, torch.float32)[0].dtype == torch.float32
+
+
+def test_equal_row_views_broadcast_only_bit_identical_rows():
+    """ERNIE-Image's modulation tensors (S equal rows per batch entry) become a copy of their first row expanded
+    (stride 0 over S); a tensor with one differing bit pattern stays itself: -0 against +0, another NaN payload."""
+    g = torch.Generator().manual_seed(3)
+    row = torch.randn(1, 2, 16, generator=g).bfloat16()
+    row[0, 0, 3], row[0, 1, 5] = float("nan"), -0.0
+    equal = row.expand(7, 2, 16).contiguous()
+    signed = equal.clone()
+    signed[4, 1, 5] = 0.0  # +0 where row 0 has -0: equal as values, not as bits
+    payload = equal.clone()
+    payload.view(torch.int16)[6, 0, 3] ^= 1  # another NaN
+    flip = equal.clone()
+    flip[2, 0, 0] = -flip[2, 0, 0]
+    one_row, fp32 = equal[:1].clone(), equal.float()
+    views = difuse.patching._equal_row_views([equal, signed, payload, flip, one_row, fp32])
+    v = views[0]
+    assert v is not equal and v.stride(0) == 0 and v.shape == equal.shape
+    assert torch.equal(v.view(torch.int16), equal.view(torch.int16))
+    assert v.untyped_storage().nbytes() == 2 * 16 * 2  # the first row copied, not the whole tensor kept
+    for got, t in zip(views[1:], [signed, payload, flip, one_row, fp32]):
+        assert got is t
+
+
+def test_equal_rows_once_leaves_host_tensors_alone():
+    st = difuse.patching._State("ernie", difuse.patching.ERNIE_SITES)
+    t = torch.zeros(4, 2, 8, dtype=torch.bfloat16)
+    assert difuse.patching._equal_rows_once(st, [t, t])[0] is t
+    assert st.rows_src == ()
