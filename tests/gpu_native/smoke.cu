@@ -319,9 +319,10 @@ int run_other_ops() {
 // residual bit-exact (its host twin is exact), the output deterministic and within a few bf16 ulps of a double
 // reference of each term (n is rounded to bf16 twice before the modulate). One case per kernel class; a per-token
 // gate ([rows, cols], the residual form's quarter-batch kernel) where token_gate; no weight (LTX-2's norm, the chain
-// without the weight's multiply) where !weight.
+// without the weight's multiply) where !weight; where permuted_a (rows even), a is ERNIE-Image's attention output as
+// its block hands it: stored [2, rows / 2, cols], read as the [rows / 2, 2, cols] view (row r at (r % 2, r / 2)).
 int run_rms_norm_modulate(int64_t rows, int64_t cols, bool residual, bool fp32, bool token_gate = false,
-                          bool weight = true) {
+                          bool weight = true, bool permuted_a = false) {
   std::mt19937 rng(static_cast<unsigned>(rows * 17 + cols * 3 + residual));
   std::normal_distribution<float> nd(0.f, 1.5f), sd(0.f, 0.5f);
   const int64_t n = rows * cols;
@@ -340,10 +341,17 @@ int run_rms_norm_modulate(int64_t rows, int64_t cols, bool residual, bool fp32, 
   CHECK_CUDA(cudaMemcpy(dw, hw.data(), cols * 2, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dm, hm.data(), 3 * cols * 2, cudaMemcpyHostToDevice));
   CHECK_CUDA(cudaMemcpy(dg, hg.data(), n * 2, cudaMemcpyHostToDevice));
-  const auto x = TensorView::contiguous(dx, DType::BF16, {rows, cols}, 0);
-  const auto a = TensorView::contiguous(da, DType::BF16, {rows, cols}, 0);
-  const auto out = TensorView::contiguous(dout, DType::BF16, {rows, cols}, 0);
-  const auto res = TensorView::contiguous(dres, DType::BF16, {rows, cols}, 0);
+  const auto x = permuted_a ? TensorView::contiguous(dx, DType::BF16, {rows / 2, 2, cols}, 0)
+                            : TensorView::contiguous(dx, DType::BF16, {rows, cols}, 0);
+  const int64_t half = rows / 2;
+  const auto a = permuted_a ? TensorView(da, DType::BF16, {half, 2, cols}, {cols, half * cols, 1}, 0)
+                            : TensorView::contiguous(da, DType::BF16, {rows, cols}, 0);
+  auto a_at = [&](int64_t r, int64_t c) { return permuted_a ? ((r % 2) * half + r / 2) * cols + c : r * cols + c; };
+  auto like_x = [&](uint16_t* d) {
+    return permuted_a ? TensorView::contiguous(d, DType::BF16, {rows / 2, 2, cols}, 0)
+                      : TensorView::contiguous(d, DType::BF16, {rows, cols}, 0);
+  };
+  const auto out = like_x(dout), res = like_x(dres);
   const auto w = TensorView::contiguous(dw, DType::BF16, {cols}, 0);
   const auto shift = TensorView::contiguous(dm, DType::BF16, {cols}, 0);  // one row, broadcast to every row
   const auto scale = TensorView::contiguous(dm + cols, DType::BF16, {cols}, 0);
@@ -370,7 +378,7 @@ int run_rms_norm_modulate(int64_t rows, int64_t cols, bool residual, bool fp32, 
       uint16_t hb = hx[i];
       if (residual) {  // exact on the host: bf16(h + bf16(gate * a))
         const uint16_t g = token_gate ? hg[i] : hm[2 * cols + c];
-        const float t = num::round_bf16(num::mul_rn(num::bf16_to_float(g), num::bf16_to_float(ha[i])));
+        const float t = num::round_bf16(num::mul_rn(num::bf16_to_float(g), num::bf16_to_float(ha[a_at(r, c)])));
         hb = num::float_to_bf16_rne(num::add_rn(num::bf16_to_float(hx[i]), t));
         residual_bits += r1[i] != hb;
       }
@@ -389,21 +397,24 @@ int run_rms_norm_modulate(int64_t rows, int64_t cols, bool residual, bool fp32, 
   }
   for (auto* p : {dx, da, dw, dm, dout, dres, dg}) CHECK_CUDA(cudaFree(p));
   const bool ok = unwritten == 0 && nondet == 0 && far == 0 && residual_bits == 0;
-  std::printf("%-4s %s %lldx%lld%s%s%s: unwritten %lld, nondeterministic %lld, out of tolerance %lld, residual bits %lld\n",
+  std::printf("%-4s %s %lldx%lld%s%s%s%s: unwritten %lld, nondeterministic %lld, out of tolerance %lld, residual bits %lld\n",
               ok ? "ok" : "FAIL", residual ? "gated_residual_rms_norm_modulate" : "rms_norm_modulate", (long long)rows,
               (long long)cols, fp32 ? " (fp32 modulate)" : "", token_gate ? " (per-token gate)" : "",
-              weight ? "" : " (no weight)", (long long)unwritten, (long long)nondet, (long long)far,
+              weight ? "" : " (no weight)", permuted_a ? " (a permuted)" : "", (long long)unwritten, (long long)nondet, (long long)far,
               (long long)residual_bits);
   return ok ? 0 : 1;
 }
 
-constexpr int kRmsModulateCases = 9;
-int run_rms_norm_modulate_cases() {  // narrow rows, K = 8, 24, 32, 48 and 64 lane vectors; both forms without weight
+constexpr int kRmsModulateCases = 11;
+int run_rms_norm_modulate_cases() {  // narrow rows, K = 8, 24, 32, 48 and 64 lane vectors; both forms without weight;
+                                     // the residual form with ERNIE's permuted a (staged at 3072, two-pass at 4096)
   return run_rms_norm_modulate(19, 33, false, true) + run_rms_norm_modulate(17, 128, true, false) +
          run_rms_norm_modulate(19, 3072, true, true) + run_rms_norm_modulate(19, 4096, false, false) +
          run_rms_norm_modulate(19, 4100, true, false) + run_rms_norm_modulate(16, 8160, false, true) +
          run_rms_norm_modulate(23, 3072, true, true, true) + run_rms_norm_modulate(19, 3072, false, false, false, false) +
-         run_rms_norm_modulate(21, 3072, true, true, false, false);
+         run_rms_norm_modulate(21, 3072, true, true, false, false) +
+         run_rms_norm_modulate(38, 3072, true, true, false, true, true) +
+         run_rms_norm_modulate(46, 4096, true, true, false, true, true);
 }
 
 // The attention prologues (FLUX qk_norm_rope, Qwen-Image qk_norm_rope_qwen, SD3.5 qk_norm_sd35) on small joint
