@@ -364,13 +364,23 @@ def _rope_tables_once(st, freqs, dtype):
     return st.rope_tables
 
 
+def _words(t):
+    """t's bit patterns as integers: four 16-bit elements per int64 where its rows allow (contiguous last dim, a
+    multiple of 4 long, 8-byte aligned: a quarter of the elements for the compare), else one int16 each."""
+    torch = _torch()
+    if t.stride(-1) == 1 and t.shape[-1] % 4 == 0 and t.data_ptr() % 8 == 0 and \
+            all(st % 4 == 0 for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
+        return t.view(torch.int16).view(torch.int64)
+    return t.view(torch.int16)
+
+
 def _equal_row_views(tensors):
     """For each [S, ...] 16-bit tensor (S > 1) whose S slices are bit-identical to its first (int16 compare: -0 and
     +0 differ, a NaN equals only the same NaN pattern), a copy of t[:1] expanded to t's shape; for any other tensor,
     itself. One host sync for all of them."""
     torch = _torch()
     ok = [t.dim() >= 2 and t.shape[0] > 1 and t.element_size() == 2 and t.is_floating_point() for t in tensors]
-    checks = [(t.view(torch.int16) == t[:1].view(torch.int16)).all() for t, o in zip(tensors, ok) if o]
+    checks = [(_words(t) == _words(t[:1])).all() for t, o in zip(tensors, ok) if o]
     equal = iter(torch.stack(checks).tolist() if checks else [])
     # the first slice copied (B x H elements), so a view does not keep the whole tensor alive
     return tuple(t[:1].clone().expand(t.shape) if o and next(equal) else t for t, o in zip(tensors, ok))

@@ -848,6 +848,18 @@ def test_equal_row_views_broadcast_only_bit_identical_rows():
     assert v.untyped_storage().nbytes() == 2 * 16 * 2  # the first row copied, not the whole tensor kept
     for got, t in zip(views[1:], [signed, payload, flip, one_row, fp32]):
         assert got is t
+    # rows of 6 (not a multiple of 4: compared as int16, not as int64 words) and a column slice (strided rows)
+    odd = row[..., :6].expand(5, 2, 6).contiguous()
+    odd_signed = odd.clone()
+    odd_signed[3, 0, 5] = -odd_signed[3, 0, 5]
+    wide = torch.cat([equal, equal], dim=-1)[..., 4:20]
+    wide_flip = torch.cat([equal, equal], dim=-1)[..., 4:20]  # its own storage, the same strided layout
+    wide_flip[6, 1, 15] = 1.5
+    got = difuse.patching._equal_row_views([odd, odd_signed, wide, wide_flip])
+    assert got[0] is not odd and torch.equal(got[0].view(torch.int16), odd.view(torch.int16))
+    assert got[1] is odd_signed
+    assert got[2] is not wide and torch.equal(got[2].view(torch.int16), wide.view(torch.int16))
+    assert got[3] is wide_flip
 
 
 def test_equal_rows_once_leaves_host_tensors_alone():
