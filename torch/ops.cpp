@@ -518,21 +518,36 @@ std::vector<std::string> gelu_tanh_unsupported(const at::Tensor& x) {
 }
 
 // ---- activation_mul (gated FFNs) ------------------------------------------------------------------------------
-at::Tensor activation_mul_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& table) {
+// out: a fresh contiguous tensor, or (activation_mul_into) the caller's, e.g. a column slice of a wider buffer.
+void activation_mul_into_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& table, const at::Tensor& out) {
   const c10::cuda::OptionalCUDAGuard guard(a.device());
-  at::Tensor out = at::empty(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
   const difuse_tensor_view vo = to_view(out), va = to_view(a), vb = to_view(b), vt = to_view(table);
   check_status(difuse_activation_mul(&vo, &va, &vb, &vt, at::cuda::getCurrentCUDAStream().stream()), "activation_mul");
+}
+
+at::Tensor activation_mul_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& table) {
+  at::Tensor out = at::empty(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
+  activation_mul_into_cuda(a, b, table, out);
   return out;
 }
 
-at::Tensor activation_mul_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& table) {
+void check_activation_mul_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& table) {
   TORCH_CHECK_VALUE(a.scalar_type() == at::kBFloat16 && b.scalar_type() == at::kBFloat16 && a.sizes() == b.sizes(),
                     "difuse::activation_mul: a and b must be bf16 of one size, got ", a.sizes(), " and ", b.sizes());
   TORCH_CHECK_VALUE(a.dim() >= 1 && a.dim() <= 4, "difuse::activation_mul: a must have rank 1 to 4, got ", a.sizes());
   TORCH_CHECK_VALUE(table.dim() == 1 && table.size(0) == 65536 && table.scalar_type() == at::kBFloat16,
                     "difuse::activation_mul: table must be bf16 [65536]");
+}
+
+at::Tensor activation_mul_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& table) {
+  check_activation_mul_meta(a, b, table);
   return at::empty(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+void activation_mul_into_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& table, const at::Tensor& out) {
+  check_activation_mul_meta(a, b, table);
+  TORCH_CHECK_VALUE(out.sizes() == a.sizes() && out.scalar_type() == at::kBFloat16,
+                    "difuse::activation_mul: out must be bf16 with the sizes of a ", a.sizes(), ", got ", out.sizes());
 }
 
 // The lookup and the eager bf16 product (the table stands for the activation's own kernel).
@@ -1139,6 +1154,7 @@ TORCH_LIBRARY(difuse, m) {
   m.def("gelu_tanh_reference(Tensor x) -> Tensor");
   m.def("gelu_tanh_unsupported(Tensor x) -> str[]");
   m.def("activation_mul(Tensor a, Tensor b, Tensor table) -> Tensor");
+  m.def("activation_mul_into(Tensor a, Tensor b, Tensor table, Tensor(a!) out) -> ()");
   m.def("activation_mul_reference(Tensor a, Tensor b, Tensor table) -> Tensor");
   m.def("activation_mul_unsupported(Tensor a, Tensor b, Tensor table) -> str[]");
   m.def("rope_rotate_half(Tensor x, Tensor cos, Tensor sin) -> Tensor");
@@ -1190,6 +1206,7 @@ TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
   m.impl("gelu_tanh_into", &gelu_tanh_into_cuda);
   m.impl("rope_rotate_half", &rope_rotate_half_cuda);
   m.impl("activation_mul", &activation_mul_cuda);
+  m.impl("activation_mul_into", &activation_mul_into_cuda);
   m.impl("qk_norm_rope", &qk_norm_rope_cuda);
   m.impl("qk_norm_rope_qwen", &qk_norm_rope_qwen_cuda);
   m.impl("qk_norm_sd35", &qk_norm_sd35_cuda);
@@ -1211,6 +1228,7 @@ TORCH_LIBRARY_IMPL(difuse, Meta, m) {
   m.impl("gelu_tanh_into", &gelu_tanh_into_meta);
   m.impl("rope_rotate_half", &rope_rotate_half_meta);
   m.impl("activation_mul", &activation_mul_meta);
+  m.impl("activation_mul_into", &activation_mul_into_meta);
   m.impl("qk_norm_rope", &qk_norm_rope_meta);
   m.impl("qk_norm_rope_qwen", &qk_norm_rope_qwen_meta);
   m.impl("qk_norm_sd35", &qk_norm_sd35_meta);

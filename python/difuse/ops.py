@@ -475,15 +475,20 @@ def can_use_activation_mul(a, b, table) -> Support:
     return Support(not reasons, reasons)
 
 
-def activation_mul(a, b, act="gelu"):
-    """Fused, bit-exact `activation_mul_eager(a, b, act)` (act one of ACTIVATIONS); the output is contiguous. The first
-    call on a device must not be inside a CUDA graph capture (it builds the table: activation_table)."""
+def activation_mul(a, b, act="gelu", out=None):
+    """Fused, bit-exact `activation_mul_eager(a, b, act)` (act one of ACTIVATIONS); the output is contiguous, or `out`
+    (a or b itself, or rows at one row stride: a column slice of a larger buffer). The first call on a device must
+    not be inside a CUDA graph capture (it builds the table: activation_table)."""
     table = activation_table(act, a.device)
     if table is None:
         raise Unsupported("activation_mul: the %s table is built on first use, which cannot happen while a CUDA graph "
                           "is being captured: call activation_table(%r, device) before capturing" % (act, act))
-    return _call_or_explain("activation_mul", lambda: _ops().activation_mul(a, b, table), (a, b, table),
-                            lambda: can_use_activation_mul(a, b, table))
+    if out is None:
+        return _call_or_explain("activation_mul", lambda: _ops().activation_mul(a, b, table), (a, b, table),
+                                lambda: can_use_activation_mul(a, b, table))
+    _call_or_explain("activation_mul", lambda: _ops().activation_mul_into(a, b, table, out), (a, b, table, out),
+                     lambda: can_use_activation_mul(a, b, table))
+    return out
 
 
 def _activation_mul_inputs(spec, device, generator):

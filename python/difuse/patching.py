@@ -120,7 +120,8 @@ FLUX2_SITES = {
     "FS4": "single block residual: h + gate * attn",
     "F7": "double block FF (image): SwiGLU silu(x1) * x2 as one activation_mul pass",
     "F7c": "double block FF (text): the same",
-    "FS5": "single block MLP: SwiGLU of the fused projection's MLP part, the same",
+    "FS5": "single block MLP: SwiGLU of the fused projection's MLP part as one activation_mul pass, written into the "
+           "[attention, MLP] concat buffer (the attention output copied beside it)",
     "norm_out": "final AdaLayerNormContinuous: LayerNorm(x) * (1 + scale) + shift",
 }
 # The gated FFNs' activation and product as one activation_mul pass (sites E5, F7, F7c, FS5; bit-exact on an H100 at
@@ -501,6 +502,39 @@ def _swiglu_site(site: Site, swiglu, h):
     half = h.shape[-1] // 2
     a, b = h[..., :half], h[..., half:]
     return _act_mul_site(site, "silu", a, b, lambda: swiglu.gate_fn(a) * b)
+
+
+def _swiglu_concat_site(site: Site, swiglu, attn_out, h):
+    """torch.cat([attn_out, Flux2SwiGLU(h)], dim=-1) (Flux2ParallelSelfAttnProcessor, diffusers 0.42.1): the SwiGLU
+    (one activation_mul pass) written straight into the joint buffer's MLP columns and the attention output copied
+    beside it, so the cat's copy of the MLP half (3/4 of its bytes at FLUX.2-dev's 6144 + 18432) is not made."""
+    from . import ops
+
+    torch = _torch()
+    half = h.shape[-1] // 2
+    a, b = h[..., :half], h[..., half:]
+    dim = attn_out.shape[-1]
+
+    def eager():
+        return torch.cat([attn_out, swiglu(h)], dim=-1)
+
+    table = ops.activation_table("silu", a.device) if a.is_cuda else None
+    if a.is_cuda and table is None:  # first use inside a CUDA graph capture: no table yet
+        site.fallback(_dev(a), "the silu table is not built yet and a CUDA graph is being captured")
+        return eager()
+
+    def fused():
+        buf = torch.empty(*a.shape[:-1], dim + half, dtype=a.dtype, device=a.device)
+        ops._ops().activation_mul_into(a, b, table, buf[..., dim:])
+        _copy_bits(buf[..., :dim], attn_out)
+        return buf
+
+    def predicate():
+        if attn_out.dtype != a.dtype or attn_out.shape[:-1] != a.shape[:-1]:
+            return ops.Support(False, ["the attention output and the MLP branch differ in dtype or rows"])
+        return ops.can_use_activation_mul(a, b, table)
+
+    return site.run((a, b, attn_out, "silu"), eager=eager, fused=fused, predicate=predicate, device=_dev(a))
 
 
 def _grln_site(site: Site, h, a, gate, scale, shift, norm):
@@ -1785,7 +1819,7 @@ def _flux2_parallel_attention(site: Site, attn, hidden_states, image_rotary_emb,
     hidden_states = hidden_states.flatten(2, 3).to(query.dtype)
     if mlp_site is not None and type(attn.mlp_act_fn) is tf2.Flux2SwiGLU and \
             type(attn.mlp_act_fn.gate_fn) is torch.nn.SiLU:
-        mlp_hidden_states = _swiglu_site(mlp_site, attn.mlp_act_fn, mlp_hidden_states)
+        return attn.to_out(_swiglu_concat_site(mlp_site, attn.mlp_act_fn, hidden_states, mlp_hidden_states))
     else:
         if mlp_site is not None:
             mlp_site.fallback(_dev(mlp_hidden_states), "mlp_act_fn %s is not Flux2SwiGLU with SiLU"

@@ -14,12 +14,14 @@
 // Kernels: tensors of >= 2^15 eight-element vectors with 16-byte-aligned rows copy the table into shared memory
 // (128 KB, one 1024-thread block per SM, persistent) and stream a and b through it; smaller or misaligned ones read
 // the table through the L1 (__ldg), 8 or 1 elements per access. Rows of a and b may each have their own stride (the
-// halves of one [.., 2F] projection); out is contiguous, as eager's product is.
+// halves of one [.., 2F] projection); out is contiguous, as eager's product is, or rows at one row stride of their
+// own (a column slice of a wider buffer: the MLP half of FLUX.2's single-block concat, written in place).
 //
 // Guards (can_use_activation_mul; every violation is reported): a and b bf16 on one CUDA device, the same sizes,
 // rank 1-4, last dim contiguous, leading dims collapsing into one row stride each, fewer than 2^31 elements; table
-// bf16 [65536] contiguous on that device; out contiguous bf16 of a's sizes on that device, either a or b itself (in
-// place, same data and strides) or overlapping none of a, b, table.
+// bf16 [65536] contiguous on that device; out bf16 of a's sizes on that device, contiguous or with leading dims
+// collapsing into one row stride >= its width and a contiguous last dim, either a or b itself (in place, same data
+// and strides) or overlapping none of a, b, table.
 //
 // Verification status: bit-exact on an H100 80GB HBM3 at c3302d8 (torch 2.11.0+cu130, sm_90; no H200 run yet):
 // tests/gpu/test_activation_mul.py, 251 cases (every bf16 pattern of a through both kernels for gelu, silu and
@@ -63,7 +65,7 @@ struct Params {
   const uint16_t* b;
   const uint16_t* table;
   uint16_t* out;
-  int64_t rows, cols, a_rs, b_rs;  // out is contiguous: row stride cols
+  int64_t rows, cols, a_rs, b_rs, o_rs;  // row strides (out: cols when contiguous; a column slice's buffer width)
 };
 
 __device__ __forceinline__ uint16_t product1(uint16_t act, uint16_t b) {
@@ -96,18 +98,19 @@ __global__ void __launch_bounds__(kTableThreads, 1) activation_mul_table_kernel(
   __syncthreads();
   const auto lookup = [&](uint32_t x) { return lut[x]; };
   for (unsigned v = blockIdx.x * kTableThreads + threadIdx.x; v < total; v += gridDim.x * kTableThreads) {
-    int64_t ao, bo;
+    int64_t ao, bo, oo;
     if (dense) {
-      ao = bo = static_cast<int64_t>(v) * 8;
+      ao = bo = oo = static_cast<int64_t>(v) * 8;
     } else {
       uint32_t col;
       const int64_t r = nvec.divmod(v, col);
       ao = r * p.a_rs + col * 8;
       bo = r * p.b_rs + col * 8;
+      oo = r * p.o_rs + col * 8;
     }
     const uint4 wa = *reinterpret_cast<const uint4*>(p.a + ao);
     const uint4 wb = *reinterpret_cast<const uint4*>(p.b + bo);
-    *reinterpret_cast<uint4*>(p.out + static_cast<int64_t>(v) * 8) = product8(wa, wb, lookup);
+    *reinterpret_cast<uint4*>(p.out + oo) = product8(wa, wb, lookup);
   }
 }
 
@@ -119,7 +122,7 @@ __global__ void __launch_bounds__(detail::kElementwiseThreads) activation_mul_ke
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
     const uint16_t* ar = p.a + r * p.a_rs;
     const uint16_t* br = p.b + r * p.b_rs;
-    uint16_t* orow = p.out + r * p.cols;
+    uint16_t* orow = p.out + r * p.o_rs;
     for (int64_t v = static_cast<int64_t>(blockIdx.x) * blockDim.x + threadIdx.x; v < nvec;
          v += static_cast<int64_t>(gridDim.x) * blockDim.x) {
       if constexpr (VEC == 8) {
@@ -179,7 +182,15 @@ detail::Support can_use_activation_mul(const difuse_tensor_view& out, const difu
   bool out_same = out.rank == a.rank;
   for (int d = 0; out_same && d < a.rank; ++d) out_same = out.sizes[d] == a.sizes[d];
   DIFUSE_REQUIRE(s, out_same, "out must have the sizes of a, got " + detail::describe(out) + " for " + detail::describe(a));
-  DIFUSE_REQUIRE(s, detail::is_contiguous(out), "out must be contiguous, got " + detail::describe(out));
+  // out: contiguous, or rows of a's width at one row stride (a column slice of a wider buffer: FLUX.2's single
+  // block writes the MLP half of its [attention, MLP] concat in place)
+  const int64_t out_rs = out_same && out.rank >= 1 ? detail::collapsed_row_stride(out) : -1;
+  const int64_t cols = a.rank >= 1 ? a.sizes[a.rank - 1] : 0;
+  const int64_t out_rows = cols > 0 && out_same ? detail::numel(out) / cols : 0;
+  DIFUSE_REQUIRE(s, out.rank >= 1 && (out.strides[out.rank - 1] == 1 || out.sizes[out.rank - 1] <= 1) &&
+                        out_rs >= 0 && (out_rows <= 1 || out_rs >= cols),
+                 "out must be contiguous or rows of one row stride at least their width with a contiguous last dim "
+                 "(a column slice), got " + detail::describe(out));
   if (detail::numel(a) > 0 && out_same && same) {
     DIFUSE_REQUIRE(s, a.data != nullptr && b.data != nullptr && out.data != nullptr && table.data != nullptr,
                    "a, b, table and out must have non-null data pointers");
@@ -210,14 +221,15 @@ void activation_mul(const difuse_tensor_view& out, const difuse_tensor_view& a, 
   p.rows = detail::numel(a) / p.cols;
   p.a_rs = detail::collapsed_row_stride(a);
   p.b_rs = detail::collapsed_row_stride(b);
+  p.o_rs = p.rows == 1 ? p.cols : detail::collapsed_row_stride(out);
   const detail::DeviceGuard device_guard(a.device);
   const bool fits8 = p.cols % 8 == 0 && detail::aligned(a.data, 16) && detail::aligned(b.data, 16) &&
                      detail::aligned(out.data, 16) && detail::aligned(table.data, 16) &&
-                     (p.rows == 1 || (p.a_rs % 8 == 0 && p.b_rs % 8 == 0));
+                     (p.rows == 1 || (p.a_rs % 8 == 0 && p.b_rs % 8 == 0 && p.o_rs % 8 == 0));
   const int64_t total = p.rows * (p.cols / 8);
   if (fits8 && total >= (int64_t{1} << 15)) {
     allow_table_smem(a.device);
-    const bool dense = p.rows == 1 || (p.a_rs == p.cols && p.b_rs == p.cols);
+    const bool dense = p.rows == 1 || (p.a_rs == p.cols && p.b_rs == p.cols && p.o_rs == p.cols);
     activation_mul_table_kernel<<<static_cast<unsigned>(detail::sm_count(a.device)), kTableThreads,
                                   kTableEntries * sizeof(uint16_t), stream>>>(
         p, detail::FastDivU32(static_cast<uint32_t>(p.cols / 8)), static_cast<unsigned>(total), dense);

@@ -662,6 +662,14 @@ TEST(ActivationMul, AcceptsBothFfnLayoutsAndListsEveryViolation) {
   const TensorView x2(fake(0x100000000ull + 2 * G), DType::BF16, {1, L, G}, {L * 2 * G, 2 * G, 1}, 0);
   const TensorView out2 = TensorView::contiguous(fake(0x3000000000ull), DType::BF16, {1, L, G}, 0);
   EXPECT_TRUE(difuse::can_use_activation_mul(out2, x1, x2, table).ok);
+  // ... written into the MLP columns of the single block's [attention 6144, MLP G] concat buffer
+  const TensorView into_concat(fake(0x3000000000ull + 2 * 6144), DType::BF16, {1, L, G}, {L * (6144 + G), 6144 + G, 1},
+                               0);
+  EXPECT_TRUE(difuse::can_use_activation_mul(into_concat, x1, x2, table).ok);
+  const TensorView rows_overlap(fake(0x3000000000ull), DType::BF16, {1, L, G}, {L * G, G / 2, 1}, 0);
+  EXPECT_TRUE(mentions(difuse::can_use_activation_mul(rows_overlap, x1, x2, table), "out must be contiguous or rows"));
+  const TensorView uncollapsed(fake(0x3000000000ull), DType::BF16, {S, B, F}, {B * F * 3, F, 1}, 0);
+  EXPECT_TRUE(mentions(difuse::can_use_activation_mul(uncollapsed, gate, up, table), "out must be contiguous or rows"));
 
   TensorView bad_a = gate;
   bad_a.dtype = DIFUSE_F16;
@@ -669,13 +677,13 @@ TEST(ActivationMul, AcceptsBothFfnLayoutsAndListsEveryViolation) {
   short_b.sizes[2] = F - 1;
   TensorView short_table = table;
   short_table.sizes[0] = 256;
-  TensorView strided_out(fake(0x2000000000ull), DType::BF16, {S, B, F}, {B * F * 2, F * 2, 1}, 0);
+  TensorView strided_out(fake(0x2000000000ull), DType::BF16, {S, B, F}, {B * F * 2, F * 2, 2}, 0);  // every 2nd
   auto s = difuse::can_use_activation_mul(strided_out, bad_a, short_b, short_table);
   ASSERT_FALSE(s.ok);
   EXPECT_TRUE(mentions(s, "a must be bf16"));
   EXPECT_TRUE(mentions(s, "b must have the sizes of a"));
   EXPECT_TRUE(mentions(s, "table must be a contiguous bf16 [65536]"));
-  EXPECT_TRUE(mentions(s, "out must be contiguous"));
+  EXPECT_TRUE(mentions(s, "out must be contiguous or rows"));
   TensorView overlapping = out2;
   overlapping.data = fake(0x100000000ull + 2);  // inside x1's span without being x1
   EXPECT_TRUE(mentions(difuse::can_use_activation_mul(overlapping, x1, x2, table), "out must be a itself"));

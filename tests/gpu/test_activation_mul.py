@@ -144,12 +144,30 @@ def test_refusals_name_each_violation():
     assert ops.can_use_activation_mul(a, a, t)
 
 
+@pytest.mark.parametrize("kernel", ["table", "l1_vec8", "l1_scalar"])
+def test_into_a_column_slice(kernel):
+    """activation_mul_into writes the columns [D, D + F) of a [.., D + F] buffer (FLUX.2's single block: the SwiGLU
+    into its [attention, MLP] concat) through each kernel: those columns bit-exact, the others untouched."""
+    g = torch.Generator(device=DEV).manual_seed(SEED + 11)
+    rows, F, D = {"table": (4608, 128, 48), "l1_vec8": (64, 256, 48), "l1_scalar": (64, 256, 45)}[kernel]
+    x = torch.randn(1, rows, 2 * F, device=DEV, generator=g).to(BF) * 3
+    a, b = x[..., :F], x[..., F:]
+    buf = torch.full((1, rows, D + F), float("nan"), device=DEV, dtype=BF)
+    before = buf.clone()
+    out = ops.activation_mul(a, b, "silu", out=buf[..., D:])
+    assert out.data_ptr() == buf[..., D:].data_ptr()
+    assert count_mismatches(buf[..., D:], ops.activation_mul_eager(a, b, "silu")) == 0
+    assert count_mismatches(buf[..., :D], before[..., :D]) == 0
+
+
 def test_opcheck_compile_and_graph():
     g = torch.Generator(device=DEV).manual_seed(SEED + 3)
     a = torch.randn(8, 4096, device=DEV, generator=g).to(BF)
     b = torch.randn(8, 4096, device=DEV, generator=g).to(BF)
     t = ops.activation_table("silu", DEV)
     torch.library.opcheck(torch.ops.difuse.activation_mul.default, (a, b, t))
+    buf = torch.zeros(8, 4096 + 64, device=DEV, dtype=BF)
+    torch.library.opcheck(torch.ops.difuse.activation_mul_into.default, (a, b, t, buf[:, 64:]))
     assert count_mismatches(torch.ops.difuse.activation_mul_reference(a, b, t), ops.activation_mul_eager(a, b, "silu")) == 0
     compiled = torch.compile(lambda x, y: torch.ops.difuse.activation_mul(x, y, t) * 2, fullgraph=True)
     assert count_mismatches(compiled(a, b), ops.activation_mul_eager(a, b, "silu") * 2) == 0

@@ -171,6 +171,11 @@ def test_activation_mul_meta_reference_and_reasons():
     torch.library.opcheck(torch.ops.difuse.activation_mul.default, (a, torch.empty_like(a), t))
     with pytest.raises(ValueError, match="activation_mul"):
         torch.ops.difuse.activation_mul(a, a, t[:10])
+    # into a column slice of a wider buffer (FLUX.2's single-block concat): the Meta impl checks sizes and dtype
+    buf = torch.empty(3, 2, 64, dtype=torch.bfloat16, device="meta")
+    torch.library.opcheck(torch.ops.difuse.activation_mul_into.default, (a, torch.empty_like(a), t, buf[..., 24:]))
+    with pytest.raises(ValueError, match="out must be bf16 with the sizes of a"):
+        torch.ops.difuse.activation_mul_into(a, a, t, buf[..., 23:])
     # the C++ reference (table lookup, then the bf16 product) is the eager chain on the host, for each activation
     g = torch.Generator().manual_seed(6)
     ab = (torch.randn(2, 3, 24, generator=g) * 4).to(torch.bfloat16)
