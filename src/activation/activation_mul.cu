@@ -29,7 +29,10 @@
 // F7c, FS5 (bench/results/h100/gpu-tests-c3302d8-new-kernels.json); compute-sanitizer part 1a clean; 4352x2x12288
 // 229.9 us against eager's 366.7 (92.7% of the floor, H100). CPU tests: the product's rounding
 // (tests/cpu/test_numerics.cpp), the predicate on ERNIE's and FLUX.2's layouts (tests/cpu/test_c_api.cpp).
-// difuse.patch uses it by default; DIFUSE_FUSED_ACTIVATION_MUL=0 leaves its sites out.
+// difuse.patch uses it by default; DIFUSE_FUSED_ACTIVATION_MUL=0 leaves its sites out. The output as a column slice
+// (o_rs; FLUX.2's FS5 writes into its concat): tests/gpu/test_activation_mul.py::test_into_a_column_slice through all
+// three kernels and the FLUX.2 / ERNIE-Image patch tests, bit-exact on an H100 at a540a80
+// (bench/results/h100/gpu-tests-a540a80-flux2-concat.json); no smoke case writes a slice yet (not sanitized).
 #include "activation/activation_mul.h"
 
 #include <cuda_runtime.h>
