@@ -376,9 +376,9 @@ def _words(t):
 
 
 def _equal_row_views(tensors):
-    """For each [S, ...] 16-bit tensor (S > 1) whose S slices are bit-identical to its first (int16 compare: -0 and
-    +0 differ, a NaN equals only the same NaN pattern), a copy of t[:1] expanded to t's shape; for any other tensor,
-    itself. One host sync for all of them."""
+    """For each [S, ...] 16-bit tensor (S > 1) whose S slices are bit-identical to its first (the bit patterns
+    compared, _words: -0 and +0 differ, a NaN equals only the same NaN pattern), a copy of t[:1] expanded to t's
+    shape; for any other tensor, itself. One host sync for all of them."""
     torch = _torch()
     ok = [t.dim() >= 2 and t.shape[0] > 1 and t.element_size() == 2 and t.is_floating_point() for t in tensors]
     checks = [(_words(t) == _words(t[:1])).all() for t, o in zip(tensors, ok) if o]
