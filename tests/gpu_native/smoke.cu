@@ -15,6 +15,7 @@
 #include <cstdlib>
 #include <random>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -701,8 +702,10 @@ int run_rope_half_cases() {
 
 // activation_mul with a made-up table (act(p) = p's value halved, NaN patterns kept): its reference is the host twin
 // of the product, so the check is of the bits. 300 x 1024: the shared-memory table kernel; 37 x 3072: the L1 kernel
-// with 16-byte accesses; 19 x 126: one element per access.
-constexpr int kActivationMulCases = 3;
+// with 16-byte accesses; 19 x 126: one element per access. Each shape twice: whole rows, then as two launches on the
+// column halves (a, b and out all at row stride cols: the output as a column slice, FLUX.2's concat; 300 x 2048
+// keeps the table kernel, 19 x 126's halves of 63 the scalar one).
+constexpr int kActivationMulCases = 6;
 int run_activation_mul_cases() {
   std::vector<uint16_t> table(1 << 16);
   for (uint32_t p = 0; p < table.size(); ++p)
@@ -711,14 +714,23 @@ int run_activation_mul_cases() {
   CHECK_CUDA(cudaMalloc(&dtable, table.size() * 2));
   CHECK_CUDA(cudaMemcpy(dtable, table.data(), table.size() * 2, cudaMemcpyHostToDevice));
   int fails = 0;
-  for (const auto& shape : {std::pair<int64_t, int64_t>{300, 1024}, {37, 3072}, {19, 126}}) {
-    const int64_t rows = shape.first, cols = shape.second;
-    fails += run_elementwise("activation_mul", rows, cols,
-        [&](uint16_t* out, uint16_t* a, uint16_t* b, uint16_t*) {
-          activation_mul(TensorView::contiguous(out, DType::BF16, {rows, cols}, 0),
-                         TensorView::contiguous(a, DType::BF16, {rows, cols}, 0),
-                         TensorView::contiguous(b, DType::BF16, {rows, cols}, 0),
-                         TensorView::contiguous(dtable, DType::BF16, {1 << 16}, 0), nullptr);
+  const std::tuple<int64_t, int64_t, bool> shapes[] = {{300, 1024, false}, {37, 3072, false}, {19, 126, false},
+                                                        {300, 2048, true},  {37, 3072, true},  {19, 126, true}};
+  for (const auto& [rows, cols, halves] : shapes) {
+    fails += run_elementwise(halves ? "activation_mul (column halves)" : "activation_mul", rows, cols,
+        [&, rows = rows, cols = cols, halves = halves](uint16_t* out, uint16_t* a, uint16_t* b, uint16_t*) {
+          const auto table_view = TensorView::contiguous(dtable, DType::BF16, {1 << 16}, 0);
+          if (!halves) {
+            activation_mul(TensorView::contiguous(out, DType::BF16, {rows, cols}, 0),
+                           TensorView::contiguous(a, DType::BF16, {rows, cols}, 0),
+                           TensorView::contiguous(b, DType::BF16, {rows, cols}, 0), table_view, nullptr);
+            return;
+          }
+          const int64_t h = cols / 2;
+          const auto half = [&](uint16_t* base, int64_t c0) {
+            return TensorView(base + c0, DType::BF16, {rows, h}, {cols, 1}, 0);
+          };
+          for (int64_t c0 : {int64_t{0}, h}) activation_mul(half(out, c0), half(a, c0), half(b, c0), table_view, nullptr);
         },
         [&](auto& a, auto& b, auto&, int64_t r, int64_t c, int64_t n) -> double {
           const float act = num::bf16_to_float(table[a[r * n + c]]);
