@@ -322,6 +322,7 @@ class _State:
         self.rows_versions = ()
         self.rows_views = ()
         self.rows_checked = False  # a first forward has read the tensors as they are
+        self.as_captured = False   # inside warmup(): every path as a CUDA graph capture takes it
         self.sites = {name: Site(model_name, name) for name in sites}
         self.descriptions = dict(sites)
         self.blocks = {name: BlockGate(model_name, name) for name in BLOCK_GATES}
@@ -395,11 +396,12 @@ def _equal_rows_once(st, tensors):
     over S instead: the same values at every index, so every eager op and kernel gives the same bits, and the fused
     sites read one [B, H] row per role (rms_norm_modulate's staged rows, gated_residual's row gate). Otherwise, and
     while tracing or capturing a CUDA graph (no sync allowed), the tensors themselves; in the first forward after
-    patch() too, so the sites also verify the signatures that a later capture (which cannot check rows) meets.
+    patch() and inside warmup() too, so the sites also verify the signatures that a later capture (which cannot
+    check rows) meets.
     Cached while the same tensor objects at the same versions come back (every block of a forward)."""
     torch = _torch()
     tensors = tuple(tensors)
-    if (st is None or torch.compiler.is_compiling() or not all(t.is_cuda for t in tensors) or
+    if (st is None or st.as_captured or torch.compiler.is_compiling() or not all(t.is_cuda for t in tensors) or
             torch.cuda.is_current_stream_capturing()):
         return tensors
     if (len(st.rows_src) == len(tensors) and all(r() is t for r, t in zip(st.rows_src, tensors)) and
@@ -2157,11 +2159,19 @@ def unpatch(model) -> None:
 
 def warmup(model, **inputs):
     """Runs one forward under no_grad so every signature the inputs produce is verified (call it before
-    capturing a CUDA graph). Returns the model output."""
+    capturing a CUDA graph), in the form a capture meets them: ERNIE-Image's modulation tensors are read as they are
+    (a capture cannot check their rows). Returns the model output."""
     import torch
 
-    with torch.no_grad():
-        return model(**inputs)
+    st = getattr(model, "_difuse_state", None)
+    if st is not None:
+        st.as_captured = True
+    try:
+        with torch.no_grad():
+            return model(**inputs)
+    finally:
+        if st is not None:
+            st.as_captured = False
 
 
 def report(model, device: int | None = None) -> dict:

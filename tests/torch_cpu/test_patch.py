@@ -867,3 +867,23 @@ def test_equal_rows_once_leaves_host_tensors_alone():
     t = torch.zeros(4, 2, 8, dtype=torch.bfloat16)
     assert difuse.patching._equal_rows_once(st, [t, t])[0] is t
     assert st.rows_src == ()
+
+
+def test_warmup_reads_the_modulation_rows_as_a_capture_does():
+    """difuse.warmup verifies the signatures a CUDA-graph capture will meet: while it runs, ERNIE's blocks are told to
+    read their modulation tensors as they are (st.as_captured, which _equal_rows_once obeys: the GPU test
+    test_warmup_then_cuda_graph_replays_exactly_with_every_site_fused), and only then."""
+    model = tiny_ernie(qk_norms=True, dtype=torch.bfloat16)
+    difuse.patch(model)
+    st = model._difuse_state
+    seen = []
+    hook = model.layers[0].register_forward_pre_hook(lambda mod, args: seen.append(st.as_captured))
+    try:
+        difuse.warmup(model, **ernie_inputs(torch.bfloat16))
+        assert seen == [True] and not st.as_captured
+        with torch.no_grad():
+            model(**ernie_inputs(torch.bfloat16))
+        assert seen == [True, False]
+    finally:
+        hook.remove()
+        difuse.unpatch(model)
