@@ -7,6 +7,7 @@
 
 #include "activation/activation_mul.h"
 #include "activation/gelu_tanh.h"
+#include "rope/rms_norm_rope_rotate_half.h"
 #include "rope/rope_rotate_half.h"
 #include "core/error.h"
 #include "core/gate.h"
@@ -388,6 +389,29 @@ difuse_status difuse_rope_rotate_half(const difuse_tensor_view* out, const difus
   return guarded([&] {
     difuse::rope::rope_rotate_half(view(out, "out"), view(x, "x"), view(cos, "cos"), view(sin, "sin"),
                                    static_cast<cudaStream_t>(stream));
+  });
+}
+
+difuse_status difuse_can_use_rms_norm_rope_rotate_half(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                       const difuse_tensor_view* weight, const difuse_tensor_view* cos,
+                                                       const difuse_tensor_view* sin, double eps) {
+  return guarded([&] {
+    const difuse_tensor_view none{};
+    const auto s = difuse::rope::can_use_rms_norm_rope_rotate_half(
+        view(out, "out"), view(x, "x"), weight ? view(weight, "weight") : none, view(cos, "cos"), view(sin, "sin"),
+        eps);
+    if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("rms_norm_rope_rotate_half"));
+  });
+}
+
+difuse_status difuse_rms_norm_rope_rotate_half(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                               const difuse_tensor_view* weight, const difuse_tensor_view* cos,
+                                               const difuse_tensor_view* sin, double eps, void* stream) {
+  return guarded([&] {
+    const difuse_tensor_view none{};
+    difuse::rope::rms_norm_rope_rotate_half(view(out, "out"), view(x, "x"), weight ? view(weight, "weight") : none,
+                                            view(cos, "cos"), view(sin, "sin"), eps,
+                                            static_cast<cudaStream_t>(stream));
   });
 }
 

@@ -592,6 +592,54 @@ at::Tensor rope_rotate_half_reference(const at::Tensor& x, const at::Tensor& cos
   return at::cat({xr * cos + rotated * sin, pass}, -1);
 }
 
+// ---- rms_norm_rope_rotate_half (ERNIE-Image's QK norm + RoPE) --------------------------------------------------------
+at::Tensor rms_norm_rope_rotate_half_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                          const at::Tensor& cos, const at::Tensor& sin, double eps) {
+  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+  const difuse_tensor_view vo = to_view(out), vx = to_view(x), vc = to_view(cos), vs = to_view(sin);
+  difuse_tensor_view vw{};
+  const bool has_w = weight.has_value() && weight->defined();
+  if (has_w) vw = to_view(*weight);
+  check_status(difuse_rms_norm_rope_rotate_half(&vo, &vx, has_w ? &vw : nullptr, &vc, &vs, eps,
+                                                at::cuda::getCurrentCUDAStream().stream()),
+               "rms_norm_rope_rotate_half");
+  return out;
+}
+
+at::Tensor rms_norm_rope_rotate_half_meta(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                          const at::Tensor& cos, const at::Tensor& sin, double) {
+  TORCH_CHECK_VALUE(x.dim() == 4 && x.size(3) == 128 && x.scalar_type() == at::kBFloat16,
+                    "difuse::rms_norm_rope_rotate_half: x must be bf16 [B, S, heads, 128], got ", x.sizes());
+  TORCH_CHECK_VALUE(!(weight.has_value() && weight->defined()) ||
+                        (weight->dim() == 1 && weight->size(0) == 128 && weight->scalar_type() == at::kBFloat16),
+                    "difuse::rms_norm_rope_rotate_half: weight must be bf16 [128]");
+  TORCH_CHECK_VALUE(cos.dim() == 4 && sin.dim() == 4 && cos.sizes() == sin.sizes() && cos.size(3) == 128 &&
+                        cos.scalar_type() == at::kBFloat16 && sin.scalar_type() == at::kBFloat16,
+                    "difuse::rms_norm_rope_rotate_half: cos and sin must be bf16 [B or 1, S, 1, 128] of one size");
+  return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
+}
+
+// The eager chain: torch.nn.RMSNorm's fused kernel, then apply_rotary_emb.
+at::Tensor rms_norm_rope_rotate_half_reference(const at::Tensor& x, const std::optional<at::Tensor>& weight,
+                                               const at::Tensor& cos, const at::Tensor& sin, double eps) {
+  return rope_rotate_half_reference(at::rms_norm(x, {x.size(-1)}, weight, eps), cos, sin);
+}
+
+std::vector<std::string> rms_norm_rope_rotate_half_unsupported(const at::Tensor& x,
+                                                               const std::optional<at::Tensor>& weight,
+                                                               const at::Tensor& cos, const at::Tensor& sin,
+                                                               double eps) {
+  const difuse_tensor_view vo = fresh_output_view(x), vx = to_view(x), vc = to_view(cos), vs = to_view(sin);
+  difuse_tensor_view vw{};
+  const bool has_w = weight.has_value() && weight->defined();
+  if (has_w) vw = to_view(*weight);
+  const difuse_status s = difuse_can_use_rms_norm_rope_rotate_half(&vo, &vx, has_w ? &vw : nullptr, &vc, &vs, eps);
+  if (s == DIFUSE_OK) return {};
+  if (s != DIFUSE_ERR_UNSUPPORTED) check_status(s, "can_use_rms_norm_rope_rotate_half");
+  return reasons_from_last_error();
+}
+
 std::vector<std::string> rope_rotate_half_unsupported(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
   const difuse_tensor_view vo = fresh_output_view(x), vx = to_view(x), vc = to_view(cos), vs = to_view(sin);
   const difuse_status s = difuse_can_use_rope_rotate_half(&vo, &vx, &vc, &vs);
@@ -1160,6 +1208,9 @@ TORCH_LIBRARY(difuse, m) {
   m.def("rope_rotate_half(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("rope_rotate_half_reference(Tensor x, Tensor cos, Tensor sin) -> Tensor");
   m.def("rope_rotate_half_unsupported(Tensor x, Tensor cos, Tensor sin) -> str[]");
+  m.def("rms_norm_rope_rotate_half(Tensor x, Tensor? weight, Tensor cos, Tensor sin, float eps) -> Tensor");
+  m.def("rms_norm_rope_rotate_half_reference(Tensor x, Tensor? weight, Tensor cos, Tensor sin, float eps) -> Tensor");
+  m.def("rms_norm_rope_rotate_half_unsupported(Tensor x, Tensor? weight, Tensor cos, Tensor sin, float eps) -> str[]");
   m.def("qk_norm_rope(Tensor q, Tensor k, Tensor? v, Tensor? q_weight, Tensor? k_weight, Tensor? q_first, Tensor? k_first, "
         "Tensor? v_first, Tensor? q_first_weight, Tensor? k_first_weight, Tensor? cos, Tensor? sin, float eps=1e-06) -> Tensor[]");
   m.def("qk_norm_rope_reference(Tensor q, Tensor k, Tensor? v, Tensor? q_weight, Tensor? k_weight, Tensor? q_first, Tensor? k_first, "
@@ -1205,6 +1256,7 @@ TORCH_LIBRARY_IMPL(difuse, CUDA, m) {
   m.impl("gelu_tanh", &gelu_tanh_cuda);
   m.impl("gelu_tanh_into", &gelu_tanh_into_cuda);
   m.impl("rope_rotate_half", &rope_rotate_half_cuda);
+  m.impl("rms_norm_rope_rotate_half", &rms_norm_rope_rotate_half_cuda);
   m.impl("activation_mul", &activation_mul_cuda);
   m.impl("activation_mul_into", &activation_mul_into_cuda);
   m.impl("qk_norm_rope", &qk_norm_rope_cuda);
@@ -1227,6 +1279,7 @@ TORCH_LIBRARY_IMPL(difuse, Meta, m) {
   m.impl("gelu_tanh", &gelu_tanh_meta);
   m.impl("gelu_tanh_into", &gelu_tanh_into_meta);
   m.impl("rope_rotate_half", &rope_rotate_half_meta);
+  m.impl("rms_norm_rope_rotate_half", &rms_norm_rope_rotate_half_meta);
   m.impl("activation_mul", &activation_mul_meta);
   m.impl("activation_mul_into", &activation_mul_into_meta);
   m.impl("qk_norm_rope", &qk_norm_rope_meta);
@@ -1247,6 +1300,7 @@ TORCH_LIBRARY_IMPL(difuse, CompositeImplicitAutograd, m) {
   m.impl("layernorm_affine_fp32_reference", &layernorm_affine_fp32_reference);
   m.impl("gelu_tanh_reference", &gelu_tanh_reference);
   m.impl("rope_rotate_half_reference", &rope_rotate_half_reference);
+  m.impl("rms_norm_rope_rotate_half_reference", &rms_norm_rope_rotate_half_reference);
   m.impl("activation_mul_reference", &activation_mul_reference);
   m.impl("qk_norm_rope_reference", &qk_norm_rope_reference);
   m.impl("qk_norm_rope_qwen_reference", &qk_norm_rope_qwen_reference);
@@ -1266,6 +1320,7 @@ TORCH_LIBRARY_IMPL(difuse, CompositeExplicitAutograd, m) {
   m.impl("layernorm_affine_fp32_unsupported", &layernorm_affine_fp32_unsupported);
   m.impl("gelu_tanh_unsupported", &gelu_tanh_unsupported);
   m.impl("rope_rotate_half_unsupported", &rope_rotate_half_unsupported);
+  m.impl("rms_norm_rope_rotate_half_unsupported", &rms_norm_rope_rotate_half_unsupported);
   m.impl("activation_mul_unsupported", &activation_mul_unsupported);
   m.impl("qk_norm_rope_unsupported", &qk_norm_rope_unsupported);
   m.impl("qk_norm_rope_qwen_unsupported", &qk_norm_rope_qwen_unsupported);

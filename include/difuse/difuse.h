@@ -199,6 +199,19 @@ DIFUSE_API difuse_status difuse_rope_rotate_half(const difuse_tensor_view* out, 
                                                  const difuse_tensor_view* cos, const difuse_tensor_view* sin,
                                                  void* stream);
 
+/* out = rope_rotate_half(F.rms_norm(x, (128,), weight, eps), cos, sin): ERNIE-Image's per-head QK norm and RoPE in
+ * one pass. x: bf16 [B, S, heads, 128] with 8-byte aligned rows; weight NULL or bf16 [128]; cos, sin: bf16
+ * [B or 1, S, 1, 128], same strides; out: contiguous bf16 of x's shape overlapping no input. */
+DIFUSE_API difuse_status difuse_can_use_rms_norm_rope_rotate_half(const difuse_tensor_view* out,
+                                                                  const difuse_tensor_view* x,
+                                                                  const difuse_tensor_view* weight,
+                                                                  const difuse_tensor_view* cos,
+                                                                  const difuse_tensor_view* sin, double eps);
+DIFUSE_API difuse_status difuse_rms_norm_rope_rotate_half(const difuse_tensor_view* out, const difuse_tensor_view* x,
+                                                          const difuse_tensor_view* weight,
+                                                          const difuse_tensor_view* cos, const difuse_tensor_view* sin,
+                                                          double eps, void* stream);
+
 /* out = the diffusers RMSNorm chain: bf16(bf16(x * rsqrt(mean(f32(x)^2, -1) + eps)) * weight), weight NULL
  * or a contiguous bf16 [N]. Only the configurations whose mean reduction is replayed are accepted. */
 DIFUSE_API difuse_status difuse_can_use_rms_norm_diffusers(const difuse_tensor_view* out, const difuse_tensor_view* x,

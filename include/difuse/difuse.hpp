@@ -167,6 +167,16 @@ inline void rope_rotate_half(const TensorView& out, const TensorView& x, const T
   check(difuse_rope_rotate_half(&out, &x, &cos, &sin, stream));
 }
 
+inline Support can_use_rms_norm_rope_rotate_half(const TensorView& out, const TensorView& x, const TensorView* weight,
+                                                 const TensorView& cos, const TensorView& sin, double eps) {
+  return support_from(difuse_can_use_rms_norm_rope_rotate_half(&out, &x, weight, &cos, &sin, eps));
+}
+inline void rms_norm_rope_rotate_half(const TensorView& out, const TensorView& x, const TensorView* weight,
+                                      const TensorView& cos, const TensorView& sin, double eps,
+                                      void* stream = nullptr) {
+  check(difuse_rms_norm_rope_rotate_half(&out, &x, weight, &cos, &sin, eps, stream));
+}
+
 inline Support can_use_rms_norm_diffusers(const TensorView& out, const TensorView& x, const TensorView* weight,
                                           double eps) {
   return support_from(difuse_can_use_rms_norm_diffusers(&out, &x, weight, eps));

@@ -162,6 +162,13 @@ def _rope_half_case(torch, shape, variant, g):
                                       x_layout="bsh_view" if variant.endswith("bsh_view") else "contiguous")
 
 
+def _rms_rope_case(torch, shape, variant, g):
+    from . import ops
+
+    return ops._rms_norm_rope_inputs((shape, "bsh_view" if variant.endswith("bsh_view") else "contiguous", True),
+                                     "cuda", g)
+
+
 def _rope_half_bytes(shape, variant):
     B, S, H, D = shape
     return 2 * (2 * B * S * H * D + 2 * B * S * D)  # x read, out written, the two tables read once
@@ -318,6 +325,10 @@ def op_specs(torch):
         "rope_rotate_half": dict(
             shapes=ROPE_HALF_SHAPES, bytes=_rope_half_bytes, make=_rope_half_case, eager=ops.rope_rotate_half_eager,
             fused=torch.ops.difuse.rope_rotate_half, variant=lambda v: v, peer="rope_rotate_half"),
+        "rms_norm_rope_rotate_half": dict(
+            shapes=ROPE_HALF_SHAPES, bytes=_rope_half_bytes, make=_rms_rope_case,
+            eager=ops.rms_norm_rope_rotate_half_eager, fused=torch.ops.difuse.rms_norm_rope_rotate_half,
+            variant=lambda v: v, peer="rms_norm_rope_rotate_half"),
         "gelu_tanh": dict(
             shapes=GELU_SHAPES, bytes=lambda s, c: 2 * 2 * math.prod(s), make=_gelu_case, eager=_gelu_eager,
             fused=_gelu_fused(torch), variant=lambda c: "into_concat_slice" if c else "contiguous", peer="gelu_tanh"),
@@ -344,7 +355,7 @@ KERNEL_KNOBS = ("DIFUSE_QK_ROWS_PER_WARP", "DIFUSE_QK_LANES_PER_ROW", "DIFUSE_QK
                 "DIFUSE_STREAM_FULL_BARRIERS",
                 "DIFUSE_EW_GRID2D", "DIFUSE_GELU_PIPELINED", "DIFUSE_GELU_COMPUTED_WORDS")
 # Environment variables that change which path difuse.patch takes (read in Python); named in records likewise.
-PATCH_KNOBS = ("DIFUSE_ERNIE_FUSED_ROPE", "DIFUSE_FUSED_ACTIVATION_MUL")
+PATCH_KNOBS = ("DIFUSE_ERNIE_FUSED_ROPE", "DIFUSE_FUSED_ACTIVATION_MUL", "DIFUSE_ERNIE_QK_NORM_ROPE")
 
 
 def knob_prefix(env=None) -> str:

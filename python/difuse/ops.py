@@ -555,6 +555,38 @@ def _rope_rotate_half_inputs(spec, device, generator):
     return ernie_rope_site_inputs(B, S, H, D, R, device, generator)
 
 
+# ---- rms_norm_rope_rotate_half (ERNIE-Image's QK norm + RoPE) -----------------------------------------------------
+def rms_norm_rope_rotate_half_eager(x, weight, cos, sin, eps=1e-6):
+    """ErnieImageSingleStreamAttnProcessor on q (or k): attn.norm_q(q) (torch.nn.RMSNorm per head: F.rms_norm), then
+    apply_rotary_emb with the bf16 tables (rope_rotate_half_eager)."""
+    import torch.nn.functional as F
+
+    return rope_rotate_half_eager(F.rms_norm(x, (x.shape[-1],), weight, eps), cos, sin)
+
+
+def can_use_rms_norm_rope_rotate_half(x, weight, cos, sin, eps=1e-6) -> Support:
+    reasons = list(_ops().rms_norm_rope_rotate_half_unsupported(x, weight, cos, sin, eps))
+    return Support(not reasons, reasons)
+
+
+def rms_norm_rope_rotate_half(x, weight, cos, sin, eps=1e-6):
+    """Fused, bit-exact `rms_norm_rope_rotate_half_eager` for heads of 128 with R = 128 (one pass; contiguous out)."""
+    return _call_or_explain("rms_norm_rope_rotate_half",
+                            lambda: _ops().rms_norm_rope_rotate_half(x, weight, cos, sin, eps), (x, cos, sin),
+                            lambda: can_use_rms_norm_rope_rotate_half(x, weight, cos, sin, eps))
+
+
+def _rms_norm_rope_inputs(spec, device, generator):
+    """(x, weight, cos, sin, eps): x the projection's q [B, S, heads, D] (or its [S, B] view), a bf16 weight (scale
+    around 1) or none, the tables as ErnieImageSingleStreamAttnProcessor makes them."""
+    import torch
+
+    (B, S, H, D), layout, weighted = spec
+    x, cos, sin = ernie_rope_site_inputs(B, S, H, D, D, device, generator, x_layout=layout)
+    w = (1 + 0.1 * torch.randn(D, generator=generator, device=device)).to(torch.bfloat16) if weighted else None
+    return x, w, cos, sin, 1e-6
+
+
 # ---- qk_norm_rope (FLUX.1's attention prologue) ----------------------------------------------------------------
 def apply_rotary_emb_eager(x, cos, sin):
     """diffusers' apply_rotary_emb(x, (cos, sin), use_real=True, use_real_unbind_dim=-1, sequence_dim=1): pairs
@@ -978,6 +1010,13 @@ CHECKS = {
         eager=rope_rotate_half_eager,
         inputs=_rope_rotate_half_inputs,
         shapes=[((2, 4352, 32, 128), 128), ((1, 4352, 24, 128), 128), ((2, 37, 4, 96), 64), ((1, 5, 3, 10), 6)],
+    ),
+    "rms_norm_rope_rotate_half": dict(
+        fused=lambda *a: rms_norm_rope_rotate_half(*a),
+        eager=rms_norm_rope_rotate_half_eager,
+        inputs=_rms_norm_rope_inputs,
+        shapes=[((2, 4352, 32, 128), "contiguous", True), ((2, 4352, 32, 128), "bsh_view", True),
+                ((1, 37, 3, 128), "contiguous", False)],
     ),
     "qk_norm_rope": dict(
         fused=lambda *a: qk_norm_rope(*a),

@@ -648,6 +648,40 @@ TEST(RopeRotateHalf, AcceptsErnieLayoutsAndListsEveryViolation) {
   EXPECT_TRUE(mentions(difuse::can_use_rope_rotate_half(out, x3, cos, sin), "x must be [B, S, heads, D]"));
 }
 
+TEST(RmsNormRopeRotateHalf, AcceptsErnieLayoutsAndListsEveryViolation) {
+  const int64_t B = 2, S = 4352, H = 32, D = 128;
+  const TensorView x = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {B, S, H, D}, 0);
+  const TensorView out = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {B, S, H, D}, 0);
+  const TensorView w = TensorView::contiguous(fake(0x4000000000ull), DType::BF16, {D}, 0);
+  const TensorView cos = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {B, S, 1, D}, 0);
+  const TensorView sin = TensorView::contiguous(fake(0x3000000000ull), DType::BF16, {B, S, 1, D}, 0);
+  EXPECT_TRUE(difuse::can_use_rms_norm_rope_rotate_half(out, x, &w, cos, sin, 1e-6).ok);
+  EXPECT_TRUE(difuse::can_use_rms_norm_rope_rotate_half(out, x, nullptr, cos, sin, 1e-6).ok);
+  // q as the fused projection's columns of a [B, S, 3 H D] buffer; tables broadcast over the batch
+  const TensorView x_cols(fake(0x100000000ull), DType::BF16, {B, S, H, D}, {S * 3 * H * D, 3 * H * D, D, 1}, 0);
+  const TensorView cos1 = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {1, S, 1, D}, 0);
+  const TensorView sin1 = TensorView::contiguous(fake(0x3000000000ull), DType::BF16, {1, S, 1, D}, 0);
+  EXPECT_TRUE(difuse::can_use_rms_norm_rope_rotate_half(out, x_cols, &w, cos1, sin1, 1e-6).ok);
+
+  const TensorView x96 = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {B, S, H, 96}, 0);
+  auto s = difuse::can_use_rms_norm_rope_rotate_half(out, x96, &w, cos, sin, 1e-6);
+  EXPECT_TRUE(mentions(s, "x must be [B, S, heads, 128]"));
+  EXPECT_TRUE(mentions(s, "out must have the sizes of x"));
+  const TensorView r64 = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {B, S, 1, 64}, 0);
+  EXPECT_TRUE(mentions(difuse::can_use_rms_norm_rope_rotate_half(out, x, &w, r64, r64, 1e-6),
+                       "cos must be [B or 1, S, 1, 128] (R = D)"));
+  const TensorView odd_rows(fake(0x100000002ull), DType::BF16, {B, S, H, D}, {S * H * D, H * D, D, 1}, 0);
+  EXPECT_TRUE(mentions(difuse::can_use_rms_norm_rope_rotate_half(out, odd_rows, &w, cos, sin, 1e-6),
+                       "x must have 8-byte aligned rows"));
+  TensorView w_bad = w;
+  w_bad.dtype = DIFUSE_F32;
+  const TensorView sin_other(fake(0x3000000000ull), DType::BF16, {B, S, 1, D}, {2 * S * D, 2 * D, D, 1}, 0);
+  s = difuse::can_use_rms_norm_rope_rotate_half(x, x, &w_bad, cos, sin_other, 1e-6);
+  EXPECT_TRUE(mentions(s, "weight must be bf16"));
+  EXPECT_TRUE(mentions(s, "cos and sin must have the same sizes and strides"));
+  EXPECT_TRUE(mentions(s, "out must not overlap x, weight, cos or sin"));
+}
+
 TEST(ActivationMul, AcceptsBothFfnLayoutsAndListsEveryViolation) {
   const int64_t S = 4352, B = 2, F = 12288;
   const TensorView table = TensorView::contiguous(fake(0x5000000000ull), DType::BF16, {65536}, 0);

@@ -64,16 +64,27 @@ def test_patched_ernie_runs_the_fused_rope(model, monkeypatch, B, side, text_tok
 
 
 class _CountingOps:
-    """torch.ops.difuse with rope_rotate_half's calls counted."""
+    """torch.ops.difuse with one op's calls counted (rope_rotate_half by default)."""
 
-    def __init__(self, ops, calls):
-        self._ops, self._calls = ops, calls
+    def __init__(self, ops, calls, op="rope_rotate_half"):
+        self._ops, self._calls, self._op = ops, calls, op
 
     def __getattr__(self, name):
         fn = getattr(self._ops, name)
-        if name != "rope_rotate_half":
+        if name != self._op:
             return fn
         return lambda *a: self._calls.append(a[0].shape) or fn(*a)
+
+
+@pytest.mark.parametrize("B,side,text_tokens,pad", [(2, 64, 256, 0), (1, 32, 77, 20)], ids=str)
+def test_patched_ernie_with_one_pass_qk_norm_rope_is_bit_identical(model, monkeypatch, B, side, text_tokens, pad):
+    """DIFUSE_ERNIE_QK_NORM_ROPE=1: site E2's norm and RoPE as one rms_norm_rope_rotate_half pass per tensor (off by
+    default until this passes); the kernel runs and the output is bit-identical."""
+    monkeypatch.setattr(difuse.patching, "ERNIE_QK_NORM_ROPE", True)
+    calls = []
+    monkeypatch.setattr(difuse.ops, "_ops", lambda: _CountingOps(torch.ops.difuse, calls, "rms_norm_rope_rotate_half"))
+    assert_patched_matches(model, ernie_inputs(B, side, text_tokens, pad), difuse.patching.ERNIE_SITES)
+    assert calls, "the one-pass QK norm + RoPE never ran"
 
 
 def test_patched_ernie_with_switches_off_is_bit_identical(model, monkeypatch):

@@ -700,6 +700,39 @@ int run_rope_half_cases() {
   return run_rope_half_case(37, 4, 128, 128) + run_rope_half_case(11, 2, 144, 128) + run_rope_half_case(19, 3, 10, 6);
 }
 
+// rms_norm_rope_rotate_half on x [1, S, 4, 128] with tables that make the RoPE exact to predict: cos = 1, sin = 0
+// (out = the normalized row) and cos = 0, sin = 1 (out = cat(-n2, n1)); the norm within tolerance of a double
+// reference (the GPU tests compare its bits with eager's). One table row per token, broadcast over the batch.
+constexpr int kRmsRopeHalfCases = 2;
+int run_rms_rope_half_case(int64_t S, bool rotate) {
+  const int64_t H = 4, D = 128;
+  std::vector<uint16_t> one(S * D, num::float_to_bf16_rne(1.f)), zero(S * D, 0);
+  uint16_t *dc = nullptr, *ds = nullptr;
+  CHECK_CUDA(cudaMalloc(&dc, S * D * 2));
+  CHECK_CUDA(cudaMalloc(&ds, S * D * 2));
+  CHECK_CUDA(cudaMemcpy(dc, (rotate ? zero : one).data(), S * D * 2, cudaMemcpyHostToDevice));
+  CHECK_CUDA(cudaMemcpy(ds, (rotate ? one : zero).data(), S * D * 2, cudaMemcpyHostToDevice));
+  const int r = run_elementwise(rotate ? "rms_norm_rope_rotate_half (rotation)" : "rms_norm_rope_rotate_half", S * H, D,
+      [&](uint16_t* out, uint16_t* x, uint16_t*, uint16_t* w) {
+        const auto wv = TensorView::contiguous(w, DType::BF16, {D}, 0);
+        rms_norm_rope_rotate_half(TensorView::contiguous(out, DType::BF16, {1, S, H, D}, 0),
+                                  TensorView::contiguous(x, DType::BF16, {1, S, H, D}, 0), &wv,
+                                  TensorView::contiguous(dc, DType::BF16, {1, S, 1, D}, 0),
+                                  TensorView::contiguous(ds, DType::BF16, {1, S, 1, D}, 0), 1e-6, nullptr);
+      },
+      [rotate](auto& x, auto&, auto& w, int64_t row, int64_t c, int64_t n) {
+        double ss = 0;
+        for (int64_t k = 0; k < n; ++k) ss += f(x, row * n + k) * f(x, row * n + k);
+        const auto norm = [&](int64_t k) { return f(x, row * n + k) / std::sqrt(ss / n + 1e-6) * f(w, k); };
+        if (!rotate) return norm(c);
+        return c < n / 2 ? -norm(c + n / 2) : norm(c - n / 2);
+      });
+  CHECK_CUDA(cudaFree(dc));
+  CHECK_CUDA(cudaFree(ds));
+  return r;
+}
+int run_rms_rope_half_cases() { return run_rms_rope_half_case(37, false) + run_rms_rope_half_case(11, true); }
+
 // activation_mul with a made-up table (act(p) = p's value halved, NaN patterns kept): its reference is the host twin
 // of the product, so the check is of the bits. 300 x 1024: the shared-memory table kernel; 37 x 3072: the L1 kernel
 // with 16-byte accesses; 19 x 126: one element per access. Each shape twice: whole rows, then as two launches on the
@@ -773,6 +806,7 @@ int main(int argc, char** argv) {
     fails += run_rms_norm_modulate_cases();
     fails += run_prologues();
     fails += run_rope_half_cases();
+    fails += run_rms_rope_half_cases();
     fails += run_activation_mul_cases();
     fails += run_grln_cases();
     fails += run_f32_cases();
@@ -782,7 +816,7 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "exception: %s\n", e.what());
     return 2;
   }
-  const int total = (quick ? 8 : 9) + 13 + kRmsModulateCases + kPrologueCases + kRopeHalfCases + kActivationMulCases + kGrlnCases + kF32Cases + 1;
+  const int total = (quick ? 8 : 9) + 13 + kRmsModulateCases + kPrologueCases + kRopeHalfCases + kRmsRopeHalfCases + kActivationMulCases + kGrlnCases + kF32Cases + 1;
   std::printf("%d passed, %d failed\n", total - fails, fails);
   return fails ? 1 : 0;
 }

@@ -35,9 +35,15 @@ class PackageTest(unittest.TestCase):
 
     def test_every_registration_names_where_it_was_verified(self):
         # the card and the commit of the GPU run that proved it bit-exact (H100 for kernels first run in a session
-        # that got no H200: rope_rotate_half, activation_mul)
+        # that got no H200: rope_rotate_half, activation_mul), or says plainly that it has not run on a GPU yet (such
+        # a kernel is off by default where a site could use it: rms_norm_rope_rotate_half behind
+        # DIFUSE_ERNIE_QK_NORM_ROPE)
+        unverified = {"rms_norm_rope_rotate_half"}
         for k in difuse.kernels():
-            self.assertRegex(k["platform"], r"^verified bit-exact on H(200|100) at [0-9a-f]{7}", k["op"])
+            if k["op"] in unverified:
+                self.assertRegex(k["platform"], r"^not yet verified on a GPU", k["op"])
+            else:
+                self.assertRegex(k["platform"], r"^verified bit-exact on H(200|100) at [0-9a-f]{7}", k["op"])
 
     def test_gate_through_ctypes(self):
         g = difuse.BitExactGate("layernorm_modulate", "per_signature")

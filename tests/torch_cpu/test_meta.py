@@ -165,6 +165,27 @@ def test_rope_rotate_half_meta_reference_and_reasons():
     assert not s.ok and any("x must be bf16" in r for r in s.reasons) and any("even" in r for r in s.reasons), s.reasons
 
 
+def test_rms_norm_rope_rotate_half_meta_reference_and_reasons():
+    x = torch.empty(2, 7, 3, 128, dtype=torch.bfloat16, device="meta")
+    c = torch.empty(2, 7, 1, 128, dtype=torch.bfloat16, device="meta")
+    w = torch.empty(128, dtype=torch.bfloat16, device="meta")
+    torch.library.opcheck(torch.ops.difuse.rms_norm_rope_rotate_half.default, (x, w, c, torch.empty_like(c), 1e-6))
+    torch.library.opcheck(torch.ops.difuse.rms_norm_rope_rotate_half.default, (x, None, c, torch.empty_like(c), 1e-6))
+    with pytest.raises(ValueError, match="rms_norm_rope_rotate_half"):
+        torch.ops.difuse.rms_norm_rope_rotate_half(x[..., :64], w, c, c, 1e-6)
+    # the C++ reference (aten's rms_norm, then the rotate-half chain) is the Python eager chain on the host
+    g = torch.Generator().manual_seed(8)
+    xb = (torch.randn(2, 5, 3, 128, generator=g) * 3).to(torch.bfloat16)
+    wb = (1 + 0.1 * torch.randn(128, generator=g)).to(torch.bfloat16)
+    freqs = torch.rand(2, 5, 1, 128, generator=g) * 50
+    cos, sin = ops.ernie_rope_tables(freqs, torch.bfloat16)
+    for weight in (wb, None):
+        assert difuse.count_mismatches(torch.ops.difuse.rms_norm_rope_rotate_half_reference(xb, weight, cos, sin, 1e-6),
+                                       ops.rms_norm_rope_rotate_half_eager(xb, weight, cos, sin, 1e-6)) == 0
+    s = ops.can_use_rms_norm_rope_rotate_half(xb, wb, cos, sin)  # host tensors: refused, with the reason
+    assert not s.ok and any("CUDA device" in r for r in s.reasons), s.reasons
+
+
 def test_activation_mul_meta_reference_and_reasons():
     a = torch.empty(3, 2, 40, dtype=torch.bfloat16, device="meta")
     t = torch.empty(65536, dtype=torch.bfloat16, device="meta")
