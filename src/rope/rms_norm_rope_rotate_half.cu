@@ -42,6 +42,7 @@
 #include "difuse/numerics/rope.h"
 #include "norm/head_rms_span.cuh"
 #include "norm/layernorm_schedule.h"
+#include "rope/half_rope_layout.h"
 
 namespace difuse::rope {
 
@@ -57,16 +58,13 @@ const detail::KernelRegistration kRegistration{{
 constexpr int kD = 128;
 constexpr int kSpan = 16, kK = 2, kSlots = 4;  // rms_norm_small_rows<16, 4, 1>
 
-struct Params {
+struct Params : HalfRopeLayout {  // x_sb .. t_ss, S, H: rope/half_rope_layout.h
   const uint16_t* x;
   const uint16_t* w;  // nullptr: no weight
   const uint16_t* cos;
   const uint16_t* sin;
   uint16_t* out;
   int64_t rows;
-  int64_t x_sb, x_ss, x_sh;  // x strides (elements) of batch, token, head
-  int64_t t_sb, t_ss;        // the tables' strides of batch (0 when broadcast) and token
-  int S, H;
   float eps, inv_n_pow2;
   bool has_w;
 };
@@ -192,18 +190,7 @@ detail::Support can_use_rms_norm_rope_rotate_half(const difuse_tensor_view& out,
                           (cos.sizes[1] <= 1 || cos.strides[1] == sin.strides[1]),
                    "cos and sin must have the same sizes and strides, got " + detail::describe(cos) + " and " +
                        detail::describe(sin));
-  DIFUSE_REQUIRE(s, out.dtype == DIFUSE_BF16, std::string("out must be bf16, got ") + difuse_dtype_name(out.dtype));
-  DIFUSE_REQUIRE(s, out.device == x.device, "out must be on the device of x, got " + detail::describe(out));
-  bool same = out.rank == x.rank;
-  for (int d = 0; same && d < x.rank; ++d) same = out.sizes[d] == x.sizes[d];
-  DIFUSE_REQUIRE(s, same, "out must have the sizes of x, got " + detail::describe(out) + " for " + detail::describe(x));
-  DIFUSE_REQUIRE(s, detail::is_contiguous(out), "out must be contiguous, got " + detail::describe(out));
-  if (!empty && same) {
-    DIFUSE_REQUIRE(s, out.data != nullptr && detail::aligned(out.data, 8), "out must be 8-byte aligned");
-    DIFUSE_REQUIRE(s, !detail::overlaps(out, x) && !detail::overlaps(out, cos) && !detail::overlaps(out, sin) &&
-                          !(present(weight) && detail::overlaps(out, weight)),
-                   "out must not overlap x, weight, cos or sin");
-  }
+  detail::require_bf16_output(s, out, x, {&x, &weight, &cos, &sin});
   return s;
 }
 
@@ -221,13 +208,7 @@ void rms_norm_rope_rotate_half(const difuse_tensor_view& out, const difuse_tenso
   p.sin = static_cast<const uint16_t*>(sin.data);
   p.out = static_cast<uint16_t*>(out.data);
   p.rows = x.sizes[0] * x.sizes[1] * x.sizes[2];
-  p.x_sb = x.strides[0];
-  p.x_ss = x.strides[1];
-  p.x_sh = x.strides[2];
-  p.t_sb = cos.sizes[0] == 1 ? 0 : cos.strides[0];
-  p.t_ss = cos.strides[1];
-  p.S = static_cast<int>(x.sizes[1]);
-  p.H = static_cast<int>(x.sizes[2]);
+  static_cast<HalfRopeLayout&>(p) = half_rope_layout(x, cos);
   p.eps = static_cast<float>(eps);
   p.inv_n_pow2 = num::inv_pow2_or_zero(kD);
   const detail::DeviceGuard device_guard(x.device);

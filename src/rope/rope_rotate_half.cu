@@ -44,6 +44,7 @@
 #include "core/tensor.h"
 #include "difuse/numerics/bf16.h"
 #include "difuse/numerics/rope.h"
+#include "rope/half_rope_layout.h"
 
 namespace difuse::rope {
 
@@ -58,14 +59,12 @@ const detail::KernelRegistration kRegistration{{
 
 constexpr int kThreads = 256;
 
-struct Params {
+struct Params : HalfRopeLayout {  // x_sb .. t_ss, S, H: rope/half_rope_layout.h
   const uint16_t* x;
   const uint16_t* cos;
   const uint16_t* sin;
   uint16_t* out;
-  int64_t x_sb, x_ss, x_sh;  // x strides (elements) of batch, token, head
-  int64_t t_sb, t_ss;        // the tables' strides of batch (0 when broadcast) and token, shared by cos and sin
-  int S, H, D, R;
+  int D, R;
 };
 
 __device__ __forceinline__ float lo(uint32_t w) { return num::bf16_lo(w); }
@@ -221,13 +220,7 @@ void rope_rotate_half(const difuse_tensor_view& out, const difuse_tensor_view& x
   p.cos = static_cast<const uint16_t*>(cos.data);
   p.sin = static_cast<const uint16_t*>(sin.data);
   p.out = static_cast<uint16_t*>(out.data);
-  p.x_sb = x.strides[0];
-  p.x_ss = x.strides[1];
-  p.x_sh = x.strides[2];
-  p.t_sb = cos.sizes[0] == 1 ? 0 : cos.strides[0];
-  p.t_ss = cos.strides[1];
-  p.S = static_cast<int>(x.sizes[1]);
-  p.H = static_cast<int>(x.sizes[2]);
+  static_cast<HalfRopeLayout&>(p) = half_rope_layout(x, cos);
   p.D = static_cast<int>(x.sizes[3]);
   p.R = static_cast<int>(cos.sizes[3]);
   const int64_t tokens = x.sizes[0] * x.sizes[1];

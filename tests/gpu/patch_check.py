@@ -54,3 +54,37 @@ def assert_patched_matches(model, inputs, sites, absent=()):
     finally:
         difuse.unpatch(model)
     assert count_mismatches(run(model, inputs), ref) == 0  # unpatch restores the original
+
+
+def capture_forward(model, inputs):
+    """A CUDA graph of model(**static)[0] under no_grad after one run on a side stream: (graph, static inputs (copies
+    of `inputs` the graph reads), its output tensor)."""
+    static = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in inputs.items()}
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        run(model, static)
+    torch.cuda.current_stream().wait_stream(s)
+    graph = torch.cuda.CUDAGraph()
+    with torch.no_grad(), torch.cuda.graph(graph):
+        out = model(**static)[0]
+    return graph, static, out
+
+
+def replay_with(graph, static, inputs):
+    """Copies `inputs`' tensors into the graph's static inputs and replays it (synchronized)."""
+    for k, v in static.items():
+        if torch.is_tensor(v):
+            v.copy_(inputs[k])
+    graph.replay()
+    torch.cuda.synchronize()
+
+
+def assert_replays_match(model, graph, static, out, inputs, ref, other):
+    """The captured patched forward replayed on `other` equals the unpatched model on it (this unpatches the model),
+    and replayed on `inputs` again equals `ref`, bit for bit."""
+    replay_with(graph, static, other)
+    difuse.unpatch(model)
+    assert count_mismatches(out, run(model, other)) == 0
+    replay_with(graph, static, inputs)
+    assert count_mismatches(out, ref) == 0

@@ -14,7 +14,7 @@ import torch
 import difuse
 from difuse import e2e
 from difuse.gate import count_mismatches
-from patch_check import assert_patched_matches, reduced_model, run
+from patch_check import assert_patched_matches, assert_replays_match, capture_forward, reduced_model, run
 
 te = pytest.importorskip("diffusers.models.transformers.transformer_ernie_image")
 
@@ -142,31 +142,10 @@ def test_warmup_then_cuda_graph_replays_exactly_with_every_site_fused(model):
             assert count_mismatches(run(model, inputs), ref) == 0
         difuse.warmup(model, **inputs)
         before = {n: difuse.report(model)["sites"][n]["fallback"] for n in ("E1", "E3", "E4")}
-        static = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in inputs.items()}
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            run(model, static)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph):
-            out = model(**static)[0]
+        graph, static, out = capture_forward(model, inputs)
         rep = difuse.report(model)
         for n in ("E1", "E3", "E4"):
             assert rep["sites"][n]["fallback"] == before[n], difuse.format_report(rep)
-        other = ernie_inputs(2, 32, 77, 20, seed=SEED + 5)
-        for k, v in static.items():
-            if torch.is_tensor(v):
-                v.copy_(other[k])
-        graph.replay()
-        torch.cuda.synchronize()
-        difuse.unpatch(model)
-        assert count_mismatches(out, run(model, other)) == 0
-        for k, v in static.items():
-            if torch.is_tensor(v):
-                v.copy_(inputs[k])
-        graph.replay()
-        torch.cuda.synchronize()
-        assert count_mismatches(out, ref) == 0
+        assert_replays_match(model, graph, static, out, inputs, ref, ernie_inputs(2, 32, 77, 20, seed=SEED + 5))
     finally:
         difuse.unpatch(model)

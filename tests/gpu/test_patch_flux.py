@@ -10,6 +10,7 @@ import torch
 
 import difuse
 from difuse.gate import count_mismatches
+from patch_check import assert_replays_match, capture_forward
 
 tf = pytest.importorskip("diffusers.models.transformers.transformer_flux")
 
@@ -109,29 +110,8 @@ def test_warmup_then_cuda_graph_replays_exactly(model):
     difuse.patch(model)
     try:
         difuse.warmup(model, **inputs)
-        static = {k: (v.clone() if torch.is_tensor(v) else v) for k, v in inputs.items()}
-        s = torch.cuda.Stream()
-        s.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(s):
-            run(model, static)
-        torch.cuda.current_stream().wait_stream(s)
-        graph = torch.cuda.CUDAGraph()
-        with torch.no_grad(), torch.cuda.graph(graph):
-            out = model(**static)[0]
-        other = flux_inputs(1, seed=SEED + 5)
-        for k, v in static.items():
-            if torch.is_tensor(v):
-                v.copy_(other[k])
-        graph.replay()
-        torch.cuda.synchronize()
-        difuse.unpatch(model)
-        assert count_mismatches(out, run(model, other)) == 0
-        for k, v in static.items():
-            if torch.is_tensor(v):
-                v.copy_(inputs[k])
-        graph.replay()
-        torch.cuda.synchronize()
-        assert count_mismatches(out, ref) == 0
+        graph, static, out = capture_forward(model, inputs)
+        assert_replays_match(model, graph, static, out, inputs, ref, flux_inputs(1, seed=SEED + 5))
     finally:
         difuse.unpatch(model)
 

@@ -16,6 +16,7 @@ import torch
 
 from difuse import ops
 from difuse.gate import count_mismatches
+from rope_half_cases import ADVERSARIAL, adversarial_x, tables, x_in_layout
 
 DEV = "cuda"
 BF = torch.bfloat16
@@ -30,21 +31,6 @@ def assert_exact(x, w, cos, sin, eps=1e-6):
     m = count_mismatches(out, ref)
     assert m == 0, "%d of %d elements differ (x %s strides %s, weight %s, tables %s strides %s, eps %g)" % (
         m, ref.numel(), tuple(x.shape), x.stride(), w is not None, tuple(cos.shape), cos.stride(), eps)
-
-
-def tables(B, S, gen, batch_one=False, specials=False):
-    """freqs as ErnieImageEmbedND3 builds them (angles in duplicated pairs) and the processor's bf16 tables."""
-    Bt = 1 if batch_one else B
-    half = torch.randint(0, 4096, (Bt, S, 1, D // 2), generator=gen, device=DEV).float() * \
-        torch.rand(D // 2, generator=gen, device=DEV)
-    cos, sin = ops.ernie_rope_tables(torch.stack([half, half], dim=-1).reshape(Bt, S, 1, D), BF)
-    if specials:
-        for t in (cos, sin):
-            flat = t.view(-1)
-            idx = torch.randint(0, flat.numel(), (max(1, flat.numel() // 50),), generator=gen, device=DEV)
-            vals = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40, 3e38], device=DEV)
-            flat[idx] = vals[torch.randint(0, len(vals), idx.shape, generator=gen, device=DEV)].to(BF)
-    return cos, sin
 
 
 def weight(gen, kind="around_one"):
@@ -68,21 +54,13 @@ def test_site_shapes(shape, layout):
 
 def random_case(rng, gen):
     B, S, H = rng.choice([1, 2, 3]), rng.randint(1, 300), rng.randint(1, 12)
-    layout = rng.choice(["contiguous", "bsh_view", "qkv_chunk", "head_padded", "offset8"])
-    if layout == "contiguous":
-        x = torch.randn(B, S, H, D, device=DEV, dtype=BF, generator=gen)
-    elif layout == "bsh_view":
-        x = torch.randn(S, B, H, D, device=DEV, dtype=BF, generator=gen).permute(1, 0, 2, 3)
-    elif layout == "qkv_chunk":  # a chunk of a fused [B, S, 3 * H * D] projection
-        x = torch.randn(B, S, 3 * H * D, device=DEV, dtype=BF, generator=gen)[..., H * D:2 * H * D].unflatten(-1, (H, D))
-    elif layout == "head_padded":  # heads further apart than D
-        x = torch.randn(B, S, H, D + 4 * rng.randint(1, 4), device=DEV, dtype=BF, generator=gen)[..., :D]
-    else:  # 8 bytes in: rows 8-byte but not 16-byte aligned
-        x = torch.randn(B * S * H * D + 4, device=DEV, dtype=BF, generator=gen)[4:].view(B, S, H, D)
+    layout = rng.choice(["contiguous", "bsh_view", "qkv_chunk", "head_padded", "offset"])
+    pad = 4 * rng.randint(1, 4) if layout == "head_padded" else 0
+    x = x_in_layout(layout, B, S, H, D, gen, pad=pad, offset=4)  # "offset": rows 8- but not 16-byte aligned
     scale = rng.choice([1.0, 1.0, 1e-30, 1e30, 300.0])
     x = (x.float() * scale).to(BF)
     w = None if rng.random() < 0.3 else weight(gen, rng.choice(["around_one", "around_one", "wide"]))
-    cos, sin = tables(B, S, gen, batch_one=rng.random() < 0.3, specials=rng.random() < 0.2)
+    cos, sin = tables(B, S, D, gen, batch_one=rng.random() < 0.3, specials=rng.random() < 0.2)
     if rng.random() < 0.2:  # tables that are a strided view (the last dim still contiguous)
         big_c = torch.zeros(cos.shape[0], S, 1, D + 16, device=DEV, dtype=BF)
         big_s = torch.zeros(cos.shape[0], S, 1, D + 16, device=DEV, dtype=BF)
@@ -98,29 +76,15 @@ def test_random_shapes_and_strides(case):
     assert_exact(*random_case(rng, g))
 
 
-@pytest.mark.parametrize("what", ["zeros", "signed_zeros", "huge", "tiny", "inf_nan", "constant", "weight_specials"])
+@pytest.mark.parametrize("what", ADVERSARIAL + ["weight_specials"])
 def test_adversarial_values(what):
     g = torch.Generator(device=DEV).manual_seed(SEED + 7)
     B, S, H = 2, 64, 4
-    x = torch.randn(B, S, H, D, device=DEV, dtype=torch.float32, generator=g)
-    if what == "zeros":
-        x.zero_()
-    elif what == "signed_zeros":
-        x = torch.where(x > 0, torch.zeros_like(x), -torch.zeros_like(x))
-    elif what == "huge":
-        x = x * 3e38
-    elif what == "tiny":
-        x = x * 1e-39
-    elif what == "inf_nan":
-        x[..., ::7] = float("inf")
-        x[..., 3::11] = -float("inf")
-        x[..., 5::13] = float("nan")
-    elif what == "constant":
-        x = torch.full_like(x, 0.75)
-    cos, sin = tables(B, S, g, specials=what in ("inf_nan", "signed_zeros"))
+    x = adversarial_x(what, (B, S, H, D), g)
+    cos, sin = tables(B, S, D, g, specials=what in ("inf_nan", "signed_zeros"))
     w = weight(g, "specials" if what == "weight_specials" else "around_one")
-    assert_exact(x.to(BF), w, cos, sin)
-    assert_exact(x.to(BF), None, cos, sin)
+    assert_exact(x, w, cos, sin)
+    assert_exact(x, None, cos, sin)
 
 
 def test_refusals_name_each_violation():

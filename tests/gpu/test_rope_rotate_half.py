@@ -15,6 +15,7 @@ import torch
 
 from difuse import ops
 from difuse.gate import count_mismatches
+from rope_half_cases import ADVERSARIAL, adversarial_x, tables, x_in_layout
 
 DEV = "cuda"
 BF = torch.bfloat16
@@ -28,22 +29,6 @@ def assert_exact(x, cos, sin):
     m = count_mismatches(out, ref)
     assert m == 0, "%d of %d elements differ (x %s strides %s, tables %s strides %s)" % (
         m, ref.numel(), tuple(x.shape), x.stride(), tuple(cos.shape), cos.stride())
-
-
-def tables(B, S, R, gen, batch_one=False, specials=False):
-    """freqs as ErnieImageEmbedND3 builds them (angles in duplicated pairs) and the processor's bf16 tables."""
-    Bt = 1 if batch_one else B
-    half = torch.randint(0, 4096, (Bt, S, 1, R // 2), generator=gen, device=DEV).float() * \
-        torch.rand(R // 2, generator=gen, device=DEV)
-    freqs = torch.stack([half, half], dim=-1).reshape(Bt, S, 1, R)
-    cos, sin = ops.ernie_rope_tables(freqs, BF)
-    if specials:
-        for t in (cos, sin):
-            flat = t.view(-1)
-            idx = torch.randint(0, flat.numel(), (max(1, flat.numel() // 50),), generator=gen, device=DEV)
-            vals = torch.tensor([0.0, -0.0, float("inf"), -float("inf"), float("nan"), 1e-40, 3e38], device=DEV)
-            flat[idx] = vals[torch.randint(0, len(vals), idx.shape, generator=gen, device=DEV)].to(BF)
-    return cos, sin
 
 
 SITES = [  # (B, S, heads, D), R, layout: ERNIE-Image 1024^2 (4096 image + 256 text tokens), the class default width
@@ -73,16 +58,7 @@ def random_case(rng, gen):
     R = 2 * rng.randint(1, 80)
     D = R + rng.choice([0, 0, 0, 2, 8, 16, rng.randint(1, 40)])
     layout = rng.choice(["contiguous", "bsh_view", "qkv_chunk", "offset", "head_padded"])
-    if layout == "contiguous":
-        x = torch.randn(B, S, H, D, device=DEV, dtype=BF, generator=gen)
-    elif layout == "bsh_view":
-        x = torch.randn(S, B, H, D, device=DEV, dtype=BF, generator=gen).permute(1, 0, 2, 3)
-    elif layout == "qkv_chunk":  # a chunk of a fused [B, S, 3 * H * D] projection
-        x = torch.randn(B, S, 3 * H * D, device=DEV, dtype=BF, generator=gen)[..., H * D:2 * H * D].unflatten(-1, (H, D))
-    elif layout == "offset":  # one element in: misaligned, the scalar kernel
-        x = torch.randn(B * S * H * D + 1, device=DEV, dtype=BF, generator=gen)[1:].view(B, S, H, D)
-    else:  # heads further apart than D
-        x = torch.randn(B, S, H, D + 8, device=DEV, dtype=BF, generator=gen)[..., :D]
+    x = x_in_layout(layout, B, S, H, D, gen)  # "offset": one element in, misaligned: the scalar kernel
     scale = rng.choice([1.0, 1.0, 1e-30, 1e30, 300.0])
     x = (x.float() * scale).to(BF)
     cos, sin = tables(B, S, R, gen, batch_one=rng.random() < 0.3, specials=rng.random() < 0.2)
@@ -101,27 +77,13 @@ def test_random_shapes_and_strides(case):
     assert_exact(*random_case(rng, g))
 
 
-@pytest.mark.parametrize("what", ["zeros", "signed_zeros", "huge", "tiny", "inf_nan", "constant"])
+@pytest.mark.parametrize("what", ADVERSARIAL)
 def test_adversarial_values(what):
     g = torch.Generator(device=DEV).manual_seed(SEED + 7)
     B, S, H, D = 2, 64, 4, 128
-    x = torch.randn(B, S, H, D, device=DEV, dtype=torch.float32, generator=g)
-    if what == "zeros":
-        x.zero_()
-    elif what == "signed_zeros":
-        x = torch.where(x > 0, torch.zeros_like(x), -torch.zeros_like(x))
-    elif what == "huge":
-        x = x * 3e38
-    elif what == "tiny":
-        x = x * 1e-39
-    elif what == "inf_nan":
-        x[..., ::7] = float("inf")
-        x[..., 3::11] = -float("inf")
-        x[..., 5::13] = float("nan")
-    else:
-        x = torch.full_like(x, 0.75)
+    x = adversarial_x(what, (B, S, H, D), g)
     cos, sin = tables(B, S, D, g, specials=what in ("inf_nan", "signed_zeros"))
-    assert_exact(x.to(BF), cos, sin)
+    assert_exact(x, cos, sin)
 
 
 def test_refusals_name_each_violation():
