@@ -16,7 +16,9 @@
 // 4u .. 4u+3 and 64+4u .. 64+4u+3, which are exactly the rotate-half pairs (i, i + 64): no exchange between lanes.
 //
 // Schedule: rms_norm_small_rows<16, 4, 1>'s: 256 threads, a warp takes 4 slots of two head rows (one per half
-// warp) at once; row r = ((b S + s) heads + head) reads its token's four table words (L1 hits across heads).
+// warp) at once; row r = ((b S + s) heads + head) reads its token's four table words (L1 hits across heads); a row's
+// place comes from two multiply-high divisions (core/fast_div.h), not 64-bit ones (8 of them per thread would
+// cost about as much issue time as the kernel's memory time). 60 registers, no spill (scripts/kernel-resources.sh).
 //
 // Guards (can_use_rms_norm_rope_rotate_half; every violation is reported): x bf16 [B, S, heads, 128] on a CUDA
 // device, non-negative strides, last dim contiguous, every row 8-byte aligned (a contiguous x: its pointer),
@@ -36,6 +38,7 @@
 #include <string>
 
 #include "core/device.h"
+#include "core/fast_div.h"
 #include "core/registry.h"
 #include "core/tensor.h"
 #include "difuse/numerics/bf16.h"
@@ -65,9 +68,21 @@ struct Params : HalfRopeLayout {  // x_sb .. t_ss, S, H: rope/half_rope_layout.h
   const uint16_t* sin;
   uint16_t* out;
   int64_t rows;
+  detail::FastDivU32 by_heads, by_tokens;  // row r -> (token r / H, head r % H); token t -> (t / S, t % S)
   float eps, inv_n_pow2;
   bool has_w;
 };
+
+// Row r's element offsets in x and in the tables (rows < 2^31: multiply-high divisions, not 64-bit ones).
+struct RowPlace {
+  int64_t x, t;
+};
+__device__ __forceinline__ RowPlace place(const Params& p, int64_t r) {
+  uint32_t head, tok;
+  const uint32_t t = p.by_heads.divmod(static_cast<uint32_t>(r), head);
+  const uint32_t b = p.by_tokens.divmod(t, tok);
+  return {b * p.x_sb + tok * p.x_ss + head * p.x_sh, b * p.t_sb + tok * p.t_ss};
+}
 
 __device__ __forceinline__ uint32_t rope_word(uint32_t a2, uint32_t b2, uint32_t ca, uint32_t sa, uint32_t cb,
                                               uint32_t sb, uint32_t& out_b) {
@@ -91,9 +106,7 @@ __global__ void __launch_bounds__(256) rms_norm_rope_rotate_half_kernel(const Pa
 #pragma unroll
   for (int q = 0; q < kSlots; ++q) {
     const int64_t r = r0 + q * kK + seg;
-    const int64_t rr = r < p.rows ? r : 0;
-    const int64_t t = rr / p.H, head = rr - t * p.H, b = t / p.S, tok = t - b * p.S;
-    const uint2* row = reinterpret_cast<const uint2*>(p.x + b * p.x_sb + tok * p.x_ss + head * p.x_sh);
+    const uint2* row = reinterpret_cast<const uint2*>(p.x + place(p, r < p.rows ? r : 0).x);
 #pragma unroll
     for (int j = 0; j < kK; ++j) xw[q][j] = r < p.rows ? row[u + kSpan * j] : make_uint2(0, 0);
   }
@@ -114,9 +127,9 @@ __global__ void __launch_bounds__(256) rms_norm_rope_rotate_half_kernel(const Pa
     for (int j = 0; j < kK; ++j)
       n[j] = make_uint2(norm::rms_norm_pair(xw[q][j].x, rstd, p.has_w, ww[j].x),
                         norm::rms_norm_pair(xw[q][j].y, rstd, p.has_w, ww[j].y));
-    const int64_t t = r / p.H, b = t / p.S, tok = t - b * p.S;
-    const uint2* ct = reinterpret_cast<const uint2*>(p.cos + b * p.t_sb + tok * p.t_ss);
-    const uint2* st = reinterpret_cast<const uint2*>(p.sin + b * p.t_sb + tok * p.t_ss);
+    const int64_t to = place(p, r).t;
+    const uint2* ct = reinterpret_cast<const uint2*>(p.cos + to);
+    const uint2* st = reinterpret_cast<const uint2*>(p.sin + to);
     const uint2 ca = ct[u], cb = ct[u + kSpan], sa = st[u], sb = st[u + kSpan];
     uint2 oa, ob;
     oa.x = rope_word(n[0].x, n[1].x, ca.x, sa.x, cb.x, sb.x, ob.x);
@@ -209,6 +222,8 @@ void rms_norm_rope_rotate_half(const difuse_tensor_view& out, const difuse_tenso
   p.out = static_cast<uint16_t*>(out.data);
   p.rows = x.sizes[0] * x.sizes[1] * x.sizes[2];
   static_cast<HalfRopeLayout&>(p) = half_rope_layout(x, cos);
+  p.by_heads = detail::FastDivU32(static_cast<uint32_t>(p.H));
+  p.by_tokens = detail::FastDivU32(static_cast<uint32_t>(p.S));
   p.eps = static_cast<float>(eps);
   p.inv_n_pow2 = num::inv_pow2_or_zero(kD);
   const detail::DeviceGuard device_guard(x.device);
