@@ -32,6 +32,8 @@
 // 2x4352x32x128 53.6 us against eager's 525.5 (91% of the floor, H100). CPU tests: rope_rotate_half_pair against
 // the eager chain emulated op by op (tests/cpu/test_numerics.cpp), the predicate on ERNIE's layouts
 // (tests/cpu/test_c_api.cpp). The ERNIE site uses it by default; DIFUSE_ERNIE_FUSED_ROPE=0 keeps the RoPE eager.
+// After that run (4ade727) Params took its strides from rope/half_rope_layout.h (shared with
+// rms_norm_rope_rotate_half): the kernel code is the same, the parameter block reordered; not yet rerun on a GPU.
 #include "rope/rope_rotate_half.h"
 
 #include <cuda_runtime.h>
