@@ -181,8 +181,8 @@ DIFUSE_API difuse_status difuse_gelu_tanh(const difuse_tensor_view* out, const d
 
 /* out = act(a) * b in bf16 (a gated FFN: ERNIE-Image up * F.gelu(gate), FLUX.2 silu(x1) * x2), with act given as
  * table[p] = act(p) for every bf16 bit pattern p (bf16 [65536], built by the eager activation itself). a, b: the
- * same sizes, rank 1-4, last dim contiguous, leading dims collapsing into one row stride each; out: contiguous,
- * a or b itself or overlapping no input. */
+ * same sizes, rank 1-4, last dim contiguous, leading dims collapsing into one row stride each; out: contiguous or
+ * rows at one row stride >= their width (a column slice of a wider buffer), a or b itself or overlapping no input. */
 DIFUSE_API difuse_status difuse_can_use_activation_mul(const difuse_tensor_view* out, const difuse_tensor_view* a,
                                                        const difuse_tensor_view* b, const difuse_tensor_view* table);
 DIFUSE_API difuse_status difuse_activation_mul(const difuse_tensor_view* out, const difuse_tensor_view* a,
