@@ -6,9 +6,11 @@
   bench [ops]        the main job: fused ops vs eager (and peers) with floor, % of floor and speedup
   bench flux         FLUX.1-dev's whole 50-step denoising loop, eager vs patched: md5 of the latents per
                      step, step time, launches and non-GEMM time per step (difuse/e2e.py)
-  bench qwen-image|sd3|wan
+  bench qwen-image|sd3|wan|ernie-image|flux2
                      the same for Qwen-Image (60 layers, 50 steps), SD3.5-large (38 layers, 50 steps, batch-2
-                     CFG) and Wan 2.1 14B at 480p x 81 frames (10 of 40 layers, 10 steps, 2 calls per step)
+                     CFG), Wan 2.1 14B at 480p x 81 frames (10 of 40 layers, 10 steps, 2 calls per step),
+                     ERNIE-Image (36 layers, 4096 + 256 tokens, batch-2 CFG, 50 steps) and FLUX.2-dev
+                     (8 + 48 blocks, 50 steps)
   bench flux --cp ulysses|ring
                      FLUX.1 under diffusers' context parallelism, launched as
                      `torchrun --nproc-per-node 2 -m difuse bench flux --cp ulysses` (difuse/e2e_cp.py)

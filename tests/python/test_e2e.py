@@ -557,6 +557,10 @@ class CliTest(unittest.TestCase):
         self.assertEqual(r.returncode, 0, r.stderr)
         for s in ("--layers", "--frames", "--width", "qwen-image"):
             self.assertIn(s, r.stdout)
+        top = _cli("--help")
+        self.assertEqual(top.returncode, 0, top.stderr)
+        for m in e2e.MODELS:  # the top-level help names every model the bench runs
+            self.assertRegex(top.stdout, r"bench [a-z0-9|-]*\b%s\b" % m, m)
 
     def test_bad_option_is_reported_before_anything_runs(self):
         r = _cli("bench", "flux", "--resolution", "1000")
