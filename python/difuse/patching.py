@@ -168,6 +168,7 @@ def signature(*items) -> str:
 
 
 _FAST_CACHE_MAX = 4096  # signatures remembered per site / block gate before the memo starts over
+_UNSET = object()  # Site.choose: no decision yet
 
 
 def _fast_key(items, aligned: bool = True):
@@ -230,6 +231,21 @@ class Site:
         self.calls = 0
         self._sigs: dict = {}       # _fast_key -> signature string
         self._verified: dict = {}   # (device, _fast_key) -> gate epoch when the gate said "run fused" (run_verified)
+        self._choices: dict = {}    # (device, _fast_key) -> what choose() decided for it
+
+    def choose(self, key, decide, device: int):
+        """decide() once per signature of `key` (its _fast_key, as run()'s memo): for a choice between kernels of
+        the same arithmetic that depends only on the inputs' layouts, e.g. one pass or two. Asked every call while
+        torch.compile traces or when an item cannot be hashed."""
+        mk = _memo_key(key, device)
+        if mk is None:
+            return decide()
+        c = self._choices.get(mk, _UNSET)
+        if c is _UNSET:
+            if len(self._choices) >= _FAST_CACHE_MAX:
+                self._choices.clear()
+            c = self._choices[mk] = decide()
+        return c
 
     def run(self, key, fused, eager, predicate, device: int):
         """key: the tensors and scalars that make the signature; predicate() -> Support (called once per
@@ -1416,9 +1432,11 @@ def _ernie_attention(site: Site, attn, hidden_states, attention_mask, freqs, st=
 
             # DIFUSE_ERNIE_QK_NORM_ROPE=1: norm and RoPE in one pass per tensor where that kernel takes the
             # layout (heads of 128, R = 128), else the two passes; the same verified site either way.
-            one_pass = ERNIE_QK_NORM_ROPE and not why and \
-                ops.can_use_rms_norm_rope_rotate_half(q, wq, cos, sin, eq).ok and \
-                ops.can_use_rms_norm_rope_rotate_half(k, wk, cos, sin, ek).ok
+            # Decided once per signature (two predicate calls into the library otherwise, every block).
+            one_pass = ERNIE_QK_NORM_ROPE and not why and site.choose(
+                (q, k, wq, wk, eq, ek, cos, sin),
+                lambda: ops.can_use_rms_norm_rope_rotate_half(q, wq, cos, sin, eq).ok and
+                ops.can_use_rms_norm_rope_rotate_half(k, wk, cos, sin, ek).ok, _dev(q))
 
             def fused_roped():
                 o = ops._ops()

@@ -687,6 +687,25 @@ def test_site_resolves_each_signature_once(monkeypatch):
     assert [s for s, _ in seen] == [P.signature(x, 1e-6) for x in (a, a, b, a, b)]
 
 
+def test_site_choose_decides_once_per_signature(monkeypatch):
+    """Site.choose asks decide() once per layout signature (a False answer is remembered too), again for a new one,
+    and every call while torch.compile traces."""
+    P = difuse.patching
+    site = P.Site("test", "choice")
+    asked = []
+    base = torch.zeros(40, dtype=torch.bfloat16)
+    a, b = base[0:32].view(2, 16), base[1:33].view(2, 16)  # same shape, pointers 2 bytes apart: another signature
+    for x, want in ((a, False), (a, False), (b, True), (a, False), (b, True)):
+        got = site.choose((x, None, 1e-6), lambda: asked.append(x.data_ptr()) or x is b, 0)
+        assert got is want
+    assert asked == [a.data_ptr(), b.data_ptr()]
+    assert site.choose((a, None, 1e-6), lambda: "other device", 1) == "other device"
+    monkeypatch.setattr(torch.compiler, "is_compiling", lambda: True)
+    for _ in range(2):
+        site.choose((a, None, 1e-6), lambda: asked.append("traced") or True, 0)
+    assert asked[-2:] == ["traced", "traced"]
+
+
 def _count_gate_calls(monkeypatch, gate):
     """Counts gate.decide calls; the stream query answers 0 (no CUDA on this machine; the C++ probe then says
     "not capturing")."""

@@ -53,6 +53,7 @@ def lib():
         "difuse_can_use_rms_norm": [P, P, P, d],
         "difuse_can_use_gelu_tanh": [P, P],
         "difuse_can_use_rope_rotate_half": [P, P, P, P],
+        "difuse_can_use_rms_norm_rope_rotate_half": [P] * 5 + [d],
         "difuse_can_use_activation_mul": [P, P, P, P],
         "difuse_can_use_rms_norm_modulate": [P, P, P, P, P, d, C.c_int32],
         "difuse_can_use_gated_residual_rms_norm_modulate": [P] * 8 + [d, C.c_int32],
@@ -206,6 +207,11 @@ def _device_predicates(lib):
         v = Views()
         return _support(lib, lib.difuse_can_use_rope_rotate_half(v.fresh(x.shape), v.of(x), v.of(cos), v.of(sin)))
 
+    def rms_rope_half(x, weight, cos, sin, eps=1e-6):
+        v = Views()
+        return _support(lib, lib.difuse_can_use_rms_norm_rope_rotate_half(v.fresh(x.shape), v.of(x), v.of(weight),
+                                                                           v.of(cos), v.of(sin), float(eps)))
+
     def qk_sd35(q, k, v, q_weight, k_weight, q_ctx, k_ctx, v_ctx, q_ctx_weight, k_ctx_weight, eps=1e-6):
         w = Views()
         B, H, S, D = q.shape
@@ -222,7 +228,7 @@ def _device_predicates(lib):
                 can_use_gelu_tanh=gelu, can_use_layernorm_modulate_fp32=lnmod32,
                 can_use_gated_residual_fp32=gated32, can_use_layernorm_affine_fp32=affine32,
                 can_use_qk_norm_rope=qk, can_use_qk_norm_rope_wan=qk_wan, can_use_rope_rotate_half=rope_half,
-                can_use_activation_mul=act_mul)
+                can_use_rms_norm_rope_rotate_half=rms_rope_half, can_use_activation_mul=act_mul)
 
 
 @pytest.fixture
@@ -345,6 +351,31 @@ def test_ernie_image_layouts_with_eager_rope(probe, monkeypatch):
     monkeypatch.setattr(ops, "can_use_rope_rotate_half", lambda *a: asked.append(a))
     test_ernie_image_layouts(probe)
     assert not asked
+
+
+def test_ernie_image_layouts_one_pass_qk_norm_rope(probe, monkeypatch):
+    """DIFUSE_ERNIE_QK_NORM_ROPE=1 with ERNIE-Image's heads of 128 (R = 128): site E2 asks the one-pass kernel's
+    predicate for q and k, once per signature (Site.choose), and it accepts the model's own views and tables."""
+    te = pytest.importorskip("diffusers.models.transformers.transformer_ernie_image")
+    monkeypatch.setattr(patching, "ERNIE_QK_NORM_ROPE", True)
+    asked = []
+    probe_fn = ops.can_use_rms_norm_rope_rotate_half
+    monkeypatch.setattr(ops, "can_use_rms_norm_rope_rotate_half",
+                        lambda *a: asked.append((a[0].shape, probe_fn(*a))) or asked[-1][1])
+    torch.manual_seed(0)
+    model = randomize_(te.ErnieImageTransformer2DModel(hidden_size=256, num_attention_heads=2, num_layers=2,
+                                                       ffn_hidden_size=96, in_channels=8, out_channels=8,
+                                                       text_in_dim=24, rope_axes_dim=(32, 48, 48))).bfloat16().eval()
+    g = torch.Generator().manual_seed(1)
+    B, T = 2, 5
+    inputs = dict(hidden_states=torch.randn(B, 8, 4, 4, generator=g).bfloat16(), timestep=torch.full((B,), 500.0),
+                  text_bth=torch.randn(B, T, 24, generator=g).bfloat16(), text_lens=torch.tensor([T, T - 2]),
+                  return_dict=False)
+    _run_patched(model, inputs)
+    assert _refused(probe, patching.ERNIE_SITES) == {}
+    # two blocks, one signature: q and k asked once, by the first block
+    assert [shape for shape, _ in asked] == [(B, 16 + T, 2, 128)] * 2, asked
+    assert all(s.ok for _, s in asked), [s.reasons for _, s in asked]
 
 
 @pytest.mark.parametrize("adaln", [False, True])
