@@ -34,6 +34,10 @@
 // (tests/cpu/test_c_api.cpp). The ERNIE site uses it by default; DIFUSE_ERNIE_FUSED_ROPE=0 keeps the RoPE eager.
 // After that run (4ade727) Params took its strides from rope/half_rope_layout.h (shared with
 // rms_norm_rope_rotate_half): the kernel code is the same, the parameter block reordered; not yet rerun on a GPU.
+// `scripts/sass-diff.sh c3302d8 . src/rope/rope_rotate_half.cu` (nvcc 13.0, sm_90): both kernels differ from the
+// verified build only in lines that load a kernel parameter from the constant bank at its new offset (54 and 34
+// lines in kernel<1> and kernel<8>, every one a `c[0x0][...]` operand); `scripts/sass-ops-diff.sh c3302d8`: the same
+// data instructions.
 #include "rope/rope_rotate_half.h"
 
 #include <cuda_runtime.h>
