@@ -383,11 +383,12 @@ def _rope_tables_once(st, freqs, dtype):
 
 
 def _words(t):
-    """t's bit patterns as integers: four 16-bit elements per int64 where its rows allow (contiguous last dim, a
-    multiple of 4 long, 8-byte aligned: a quarter of the elements for the compare), else one int16 each."""
+    """t's bit patterns as integers: four 16-bit elements per int64 where torch's view to a wider dtype allows it
+    (contiguous last dim a multiple of 4 long, storage offset and every other stride, size-1 dims' too, multiples of
+    4: a quarter of the elements for the compare), else one int16 each."""
     torch = _torch()
-    if t.stride(-1) == 1 and t.shape[-1] % 4 == 0 and t.data_ptr() % 8 == 0 and \
-            all(st % 4 == 0 for st, n in zip(t.stride()[:-1], t.shape[:-1]) if n > 1):
+    if t.stride(-1) == 1 and t.shape[-1] % 4 == 0 and t.storage_offset() % 4 == 0 and \
+            all(st % 4 == 0 for st in t.stride()[:-1]):
         return t.view(torch.int16).view(torch.int64)
     return t.view(torch.int16)
 

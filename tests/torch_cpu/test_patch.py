@@ -879,6 +879,14 @@ def test_equal_row_views_broadcast_only_bit_identical_rows():
     assert got[1] is odd_signed
     assert got[2] is not wide and torch.equal(got[2].view(torch.int16), wide.view(torch.int16))
     assert got[3] is wide_flip
+    # a size-1 dim whose stride is not a multiple of 4 (torch will not view it as int64) and an offset of 2 elements:
+    # compared as int16
+    base = torch.cat([torch.zeros(2, dtype=torch.bfloat16), equal.flatten()])
+    unit = equal.flatten().as_strided((7, 1, 32), (32, 2, 1))
+    off = base[2:].view(7, 32)[:, 2:30]
+    got = difuse.patching._equal_row_views([unit, off])
+    assert got[0] is not unit and torch.equal(got[0].view(torch.int16), unit.view(torch.int16))
+    assert got[1] is not off and torch.equal(got[1].view(torch.int16), off.view(torch.int16))
 
 
 def test_equal_rows_once_leaves_host_tensors_alone():
