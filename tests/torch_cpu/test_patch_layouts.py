@@ -318,19 +318,26 @@ def _call_bodies(model, inputs):
             mod.__dict__.pop("forward", None)
 
 
-def test_ernie_image_layouts(probe):
+def _run_ernie_image(probe, hidden=128, heads=4, layers=1, rope_axes=(8, 12, 12), B=2, T=5):
+    """A small ERNIE-Image (16 image tokens, T text tokens, batch B) through difuse.patch's bodies; asserts that no
+    site refused. Returns (B, tokens)."""
     te = pytest.importorskip("diffusers.models.transformers.transformer_ernie_image")
     torch.manual_seed(0)
-    model = randomize_(te.ErnieImageTransformer2DModel(hidden_size=128, num_attention_heads=4, num_layers=1,
-                                                       ffn_hidden_size=96, in_channels=8, out_channels=8,
-                                                       text_in_dim=24, rope_axes_dim=(8, 12, 12))).bfloat16().eval()
+    model = randomize_(te.ErnieImageTransformer2DModel(hidden_size=hidden, num_attention_heads=heads,
+                                                       num_layers=layers, ffn_hidden_size=96, in_channels=8,
+                                                       out_channels=8, text_in_dim=24,
+                                                       rope_axes_dim=rope_axes)).bfloat16().eval()
     g = torch.Generator().manual_seed(1)
-    B, T = 2, 5
     inputs = dict(hidden_states=torch.randn(B, 8, 4, 4, generator=g).bfloat16(), timestep=torch.full((B,), 500.0),
                   text_bth=torch.randn(B, T, 24, generator=g).bfloat16(), text_lens=torch.tensor([T, T - 2]),
                   return_dict=False)
     _run_patched(model, inputs)
     assert _refused(probe, patching.ERNIE_SITES) == {}
+    return B, 16 + T
+
+
+def test_ernie_image_layouts(probe):
+    _run_ernie_image(probe)
 
 
 def test_ernie_image_layouts_ask_rope_rotate_half(probe, monkeypatch):
@@ -356,25 +363,14 @@ def test_ernie_image_layouts_with_eager_rope(probe, monkeypatch):
 def test_ernie_image_layouts_one_pass_qk_norm_rope(probe, monkeypatch):
     """DIFUSE_ERNIE_QK_NORM_ROPE=1 with ERNIE-Image's heads of 128 (R = 128): site E2 asks the one-pass kernel's
     predicate for q and k, once per signature (Site.choose), and it accepts the model's own views and tables."""
-    te = pytest.importorskip("diffusers.models.transformers.transformer_ernie_image")
     monkeypatch.setattr(patching, "ERNIE_QK_NORM_ROPE", True)
     asked = []
     probe_fn = ops.can_use_rms_norm_rope_rotate_half
     monkeypatch.setattr(ops, "can_use_rms_norm_rope_rotate_half",
                         lambda *a: asked.append((a[0].shape, probe_fn(*a))) or asked[-1][1])
-    torch.manual_seed(0)
-    model = randomize_(te.ErnieImageTransformer2DModel(hidden_size=256, num_attention_heads=2, num_layers=2,
-                                                       ffn_hidden_size=96, in_channels=8, out_channels=8,
-                                                       text_in_dim=24, rope_axes_dim=(32, 48, 48))).bfloat16().eval()
-    g = torch.Generator().manual_seed(1)
-    B, T = 2, 5
-    inputs = dict(hidden_states=torch.randn(B, 8, 4, 4, generator=g).bfloat16(), timestep=torch.full((B,), 500.0),
-                  text_bth=torch.randn(B, T, 24, generator=g).bfloat16(), text_lens=torch.tensor([T, T - 2]),
-                  return_dict=False)
-    _run_patched(model, inputs)
-    assert _refused(probe, patching.ERNIE_SITES) == {}
+    B, tokens = _run_ernie_image(probe, hidden=256, heads=2, layers=2, rope_axes=(32, 48, 48))
     # two blocks, one signature: q and k asked once, by the first block
-    assert [shape for shape, _ in asked] == [(B, 16 + T, 2, 128)] * 2, asked
+    assert [shape for shape, _ in asked] == [(B, tokens, 2, 128)] * 2, asked
     assert all(s.ok for _, s in asked), [s.reasons for _, s in asked]
 
 
