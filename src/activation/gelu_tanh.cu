@@ -11,8 +11,9 @@
 // exists, run the computing kernel (8/4/2/1 elements per access by alignment).
 //
 // Guards (can_use_gelu_tanh; every violation is reported): x and out bf16 on one CUDA device, same sizes,
-// rank 1-4, last dim contiguous, leading dims that collapse into one row stride each (any row stride);
-// out overlaps x only if it is x itself (in place). Any alignment (16/8/4/2-byte accesses by alignment).
+// rank 1-4, last dim contiguous, leading dims that collapse into one row stride each (any row stride of x; out's
+// at least the width, so its rows do not overlap); out overlaps x only if it is x itself (in place: the same
+// pointer and strides). Any alignment (16/8/4/2-byte accesses by alignment).
 //
 // Verification status: bit-exact on the H200 at 66f5a3b (torch 2.11.0+cu130, sm_90; first at 710ef68):
 // tests/gpu/test_gelu_tanh.py (219 cases: all 65,536 inputs through both the computing kernel and the table path,
@@ -249,9 +250,18 @@ detail::Support can_use_gelu_tanh(const difuse_tensor_view& out, const difuse_te
   for (int d = 0; same && d < x.rank; ++d) same = x.sizes[d] == out.sizes[d];
   DIFUSE_REQUIRE(s, same, "out must have the sizes of x, got " + detail::describe(out) + " for " + detail::describe(x));
   DIFUSE_REQUIRE(s, out.device == x.device, "out must be on the device of x, got " + detail::describe(out));
-  if (detail::numel(x) > 0) {
+  // out's rows must not overlap one another (a row stride of at least the width; several threads would write one
+  // element otherwise)
+  const int64_t cols = out.rank >= 1 ? out.sizes[out.rank - 1] : 0;
+  const int64_t out_rs = out.rank >= 1 && out.rank <= 4 ? detail::collapsed_row_stride(out) : -1;
+  DIFUSE_REQUIRE(s, cols == 0 || detail::numel(out) / cols <= 1 || out_rs >= cols,
+                 "out's rows must not overlap (a row stride of at least the width), got " + detail::describe(out));
+  if (detail::numel(x) > 0 && same) {
     DIFUSE_REQUIRE(s, x.data != nullptr && out.data != nullptr, "x and out must have non-null data pointers");
-    DIFUSE_REQUIRE(s, out.data == x.data || !detail::overlaps(out, x), "out must be x itself (in place) or not overlap it");
+    // in place only as x itself: the same pointer and the same strides (dims of size 1 aside)
+    bool in_place = out.data == x.data;
+    for (int d = 0; in_place && d < x.rank; ++d) in_place = x.sizes[d] <= 1 || x.strides[d] == out.strides[d];
+    DIFUSE_REQUIRE(s, in_place || !detail::overlaps(out, x), "out must be x itself (in place) or not overlap it");
   }
   return s;
 }

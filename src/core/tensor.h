@@ -28,13 +28,25 @@ inline bool rows_aligned(const difuse_tensor_view& x, uintptr_t bytes) {
   return true;
 }
 
-// The one row stride of a view whose leading dims collapse into rows of its last dim (dims of size 1 aside), or -1
-// when they do not collapse (rank 1: its size; rank 0: 1).
+// The one row stride of a view whose leading dims collapse into rows of its last dim, or -1 when they do not
+// collapse. Dims of size 1 are skipped whatever their stride (torch gives them any): each leading dim of size > 1
+// must step over the rows of the next inner one of size > 1. One row (no leading dim of size > 1): the width, as a
+// dense view's; rank 1: its size; rank 0: 1. A negative stride comes back negative (the callers refuse it).
 inline int64_t collapsed_row_stride(const difuse_tensor_view& v) {
   if (v.rank <= 1) return v.rank == 1 ? v.sizes[0] : 1;
-  for (int d = 0; d + 2 < v.rank; ++d)
-    if (v.sizes[d] > 1 && v.strides[d] != v.strides[d + 1] * v.sizes[d + 1]) return -1;
-  return v.strides[v.rank - 2];
+  bool found = false;
+  int64_t stride = 0, next = 0;  // the row stride; the stride the next outer dim of size > 1 must have
+  for (int d = v.rank - 2; d >= 0; --d) {
+    if (v.sizes[d] <= 1) continue;
+    if (!found) {
+      found = true;
+      stride = v.strides[d];
+    } else if (v.strides[d] != next) {
+      return -1;
+    }
+    next = v.strides[d] * v.sizes[d];
+  }
+  return found ? stride : v.sizes[v.rank - 1];
 }
 
 // Shared predicate pieces (each adds every violation it finds to s).

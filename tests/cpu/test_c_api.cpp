@@ -682,6 +682,53 @@ TEST(RmsNormRopeRotateHalf, AcceptsErnieLayoutsAndListsEveryViolation) {
   EXPECT_TRUE(mentions(s, "out must not overlap the inputs"));
 }
 
+// The row stride of a view whose leading dims collapse (core/tensor.h collapsed_row_stride, behind gelu_tanh's and
+// activation_mul's row views): a dim of size 1 neither breaks the chain nor hides a dim that does not collapse.
+TEST(RowViews, SizeOneDimsNeitherHideNorBreakTheRowStride) {
+  const int64_t C = 64;
+  const TensorView table = TensorView::contiguous(fake(0x5000000000ull), DType::BF16, {65536}, 0);
+  const TensorView out = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {2, 1, 3, C}, 0);
+  // torch.empty(2, 1, 10, C)[:, :, :3]: rows 10 C apart per batch entry, C apart within it: no one row stride
+  const TensorView sliced(fake(0x100000000ull), DType::BF16, {2, 1, 3, C}, {10 * C, 10 * C, C, 1}, 0);
+  EXPECT_TRUE(mentions(difuse::can_use_gelu_tanh(out, sliced), "x's leading dims must collapse"));
+  EXPECT_TRUE(mentions(difuse::can_use_activation_mul(out, sliced, sliced, table), "a's leading dims must collapse"));
+  EXPECT_TRUE(mentions(difuse::can_use_gelu_tanh(sliced, out), "out's leading dims must collapse"));
+  // ... a single row of it is fine, and so is a size-1 dim of any stride in a dense layout
+  const TensorView one_row(fake(0x100000000ull), DType::BF16, {1, 1, 1, C}, {10 * C, 10 * C, C, 1}, 0);
+  const TensorView out1 = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {1, 1, 1, C}, 0);
+  EXPECT_TRUE(difuse::can_use_gelu_tanh(out1, one_row).ok);
+  const TensorView odd_unit(fake(0x100000000ull), DType::BF16, {2, 1, 3, C}, {3 * C, 7, C, 1}, 0);
+  EXPECT_TRUE(difuse::can_use_gelu_tanh(out, odd_unit).ok);
+  EXPECT_TRUE(difuse::can_use_activation_mul(out, odd_unit, odd_unit, table).ok);
+  // rows of a wider buffer with a size-1 dim between: one row stride (2 C)
+  const TensorView cols(fake(0x100000000ull), DType::BF16, {2, 1, 3, C}, {6 * C, 5, 2 * C, 1}, 0);
+  EXPECT_TRUE(difuse::can_use_gelu_tanh(out, cols).ok);
+  EXPECT_TRUE(difuse::can_use_gelu_tanh(cols, out).ok);  // out as a column slice
+  // a negative stride behind a size-1 dim
+  const TensorView neg(fake(0x100000000ull), DType::BF16, {2, 1, 3, C}, {-3 * C, 7, C, 1}, 0);
+  EXPECT_TRUE(mentions(difuse::can_use_activation_mul(out, neg, neg, table), "a's leading dims must collapse"));
+}
+
+TEST(GeluTanh, OutIsXItselfOrOverlapsNothingNotEvenItself) {
+  const int64_t C = 64;
+  const TensorView x = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {4, C}, 0);
+  EXPECT_TRUE(difuse::can_use_gelu_tanh(x, x).ok);  // in place
+  // the same pointer with other row strides: rows of out land on other rows of x
+  const TensorView wider(fake(0x100000000ull), DType::BF16, {4, C}, {2 * C, 1}, 0);
+  EXPECT_TRUE(mentions(difuse::can_use_gelu_tanh(wider, x), "out must be x itself (in place) or not overlap it"));
+  const TensorView half(fake(0x100000000ull), DType::BF16, {4, C}, {C / 2, 1}, 0);
+  auto s = difuse::can_use_gelu_tanh(half, x);
+  EXPECT_TRUE(mentions(s, "out must be x itself (in place) or not overlap it"));
+  EXPECT_TRUE(mentions(s, "out's rows must not overlap"));
+  // every row written to one place (a broadcast out), in its own buffer
+  const TensorView bcast(fake(0x2000000000ull), DType::BF16, {4, C}, {0, 1}, 0);
+  EXPECT_TRUE(mentions(difuse::can_use_gelu_tanh(bcast, x), "out's rows must not overlap"));
+  // ... while x may be read that way
+  const TensorView out = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {4, C}, 0);
+  const TensorView x_bcast(fake(0x100000000ull), DType::BF16, {4, C}, {0, 1}, 0);
+  EXPECT_TRUE(difuse::can_use_gelu_tanh(out, x_bcast).ok);
+}
+
 TEST(ActivationMul, AcceptsBothFfnLayoutsAndListsEveryViolation) {
   const int64_t S = 4352, B = 2, F = 12288;
   const TensorView table = TensorView::contiguous(fake(0x5000000000ull), DType::BF16, {65536}, 0);
