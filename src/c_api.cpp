@@ -62,6 +62,10 @@ const difuse_tensor_view& view(const difuse_tensor_view* v, const char* name) {
   if (v->rank < 0 || v->rank > DIFUSE_MAX_RANK)
     throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, std::string(name) + " has rank " + std::to_string(v->rank) +
                                                    " outside [0, " + std::to_string(DIFUSE_MAX_RANK) + "]");
+  for (int d = 0; d < v->rank; ++d)
+    if (v->sizes[d] < 0)
+      throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, std::string(name) + " has a negative size " +
+                                                     std::to_string(v->sizes[d]) + " in dim " + std::to_string(d));
   return *v;
 }
 

@@ -134,6 +134,11 @@ TEST(CApi, NullAndMalformedViews) {
   c.x.rank = 9;
   EXPECT_EQ(difuse_can_use_layernorm_modulate(&c.out, &c.x, &c.scale, &c.shift, 1e-6), DIFUSE_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(difuse_last_error()).find("rank 9"), std::string::npos);
+  c = valid();
+  c.scale.sizes[0] = -2;  // a size no tensor has: refused before any predicate multiplies sizes
+  EXPECT_EQ(difuse_can_use_layernorm_modulate(&c.out, &c.x, &c.scale, &c.shift, 1e-6), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(difuse_last_error()).find("scale has a negative size -2 in dim 0"), std::string::npos)
+      << difuse_last_error();
 }
 
 TEST(CApi, LastErrorIsPerThreadAndClearedOnSuccess) {
