@@ -353,6 +353,13 @@ def _flux_module():
     return tf
 
 
+def _version(t):
+    """t._version, the key the per-forward caches below check besides identity; None for an inference tensor
+    (torch.inference_mode keeps no version counter: such a tensor is keyed by identity alone, which holds for the
+    tensors the models make afresh in each forward and hand to every block unchanged)."""
+    return None if t.is_inference() else t._version
+
+
 def _silu_once(st: _State, act, temb):
     """act(temb) for an nn.SiLU act, computed once per forward: every block of a forward modulates from the same
     temb tensor object, so its silu (an elementwise op: the same bits each time) is reused while that object and
@@ -360,10 +367,10 @@ def _silu_once(st: _State, act, temb):
     torch = _torch()
     if type(act) is not torch.nn.SiLU or torch.compiler.is_compiling():
         return act(temb)
-    if st.silu_src is temb and st.silu_version == temb._version:
+    if st.silu_src is temb and st.silu_version == _version(temb):
         return st.silu_out
     out = act(temb)
-    st.silu_src, st.silu_version, st.silu_out = temb, temb._version, out
+    st.silu_src, st.silu_version, st.silu_out = temb, _version(temb), out
     return out
 
 
@@ -375,10 +382,10 @@ def _rope_tables_once(st, freqs, dtype):
 
     if st is None or _torch().compiler.is_compiling():
         return ops.ernie_rope_tables(freqs, dtype)
-    if st.rope_src is freqs and st.rope_version == freqs._version and st.rope_tables[0].dtype == dtype:
+    if st.rope_src is freqs and st.rope_version == _version(freqs) and st.rope_tables[0].dtype == dtype:
         return st.rope_tables
     st.rope_tables = ops.ernie_rope_tables(freqs, dtype)
-    st.rope_src, st.rope_version = freqs, freqs._version
+    st.rope_src, st.rope_version = freqs, _version(freqs)
     return st.rope_tables
 
 
@@ -422,7 +429,7 @@ def _equal_rows_once(st, tensors):
             torch.cuda.is_current_stream_capturing()):
         return tensors
     if (len(st.rows_src) == len(tensors) and all(r() is t for r, t in zip(st.rows_src, tensors)) and
-            st.rows_versions == tuple(t._version for t in tensors)):
+            st.rows_versions == tuple(_version(t) for t in tensors)):
         return tuple(t if v is None else v for v, t in zip(st.rows_views, tensors))
     first, st.rows_checked = not st.rows_checked, True
     views = tensors if first else _equal_row_views(tensors)
@@ -431,7 +438,7 @@ def _equal_rows_once(st, tensors):
                   sum(v is t for v, t in zip(views, tensors)), len(tensors))
     # held weakly (identity is the key; the cache keeps no step's tensors alive), the views as the copies they are
     st.rows_src = tuple(weakref.ref(t) for t in tensors)
-    st.rows_versions = tuple(t._version for t in tensors)
+    st.rows_versions = tuple(_version(t) for t in tensors)
     st.rows_views = tuple(None if v is t else v for v, t in zip(views, tensors))
     return views
 

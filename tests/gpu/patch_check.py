@@ -32,19 +32,21 @@ def reduced_model(build, seed, device="cuda", is_norm=lambda name: "norm" in nam
     return randomize_weights_(model.to(torch.bfloat16).eval(), seed, device, is_norm)
 
 
-def run(model, inputs):
-    with torch.no_grad():
+def run(model, inputs, inference=False):
+    """model(**inputs)[0] under no_grad, or under torch.inference_mode() (inference=True)."""
+    with torch.inference_mode() if inference else torch.no_grad():
         return model(**inputs)[0]
 
 
-def assert_patched_matches(model, inputs, sites, absent=()):
+def assert_patched_matches(model, inputs, sites, absent=(), inference=False):
     """The patched model's output is bit-identical to the unpatched one's (first call verifies, second runs fused);
-    each of `sites` fused, none fell back or is disabled; none of `absent` exists; unpatch restores the original."""
-    ref = run(model, inputs)
+    each of `sites` fused, none fell back or is disabled; none of `absent` exists; unpatch restores the original.
+    inference=True: every call under torch.inference_mode() (a third patched call too: ERNIE's row check)."""
+    ref = run(model, inputs, inference)
     difuse.patch(model)
     try:
-        assert count_mismatches(run(model, inputs), ref) == 0  # verifying call
-        assert count_mismatches(run(model, inputs), ref) == 0  # fused only
+        for _ in range(3 if inference else 2):  # the first call verifies, the next ones run fused only
+            assert count_mismatches(run(model, inputs, inference), ref) == 0
         rep = difuse.report(model)
         text = difuse.format_report(rep)
         for name in sites:
@@ -53,7 +55,7 @@ def assert_patched_matches(model, inputs, sites, absent=()):
         assert not any(c["disabled"] for c in rep["blocks"].values()), text
     finally:
         difuse.unpatch(model)
-    assert count_mismatches(run(model, inputs), ref) == 0  # unpatch restores the original
+    assert count_mismatches(run(model, inputs, inference), ref) == 0  # unpatch restores the original
 
 
 def capture_forward(model, inputs):

@@ -54,6 +54,13 @@ def test_patched_ernie_class_defaults_is_bit_identical():
     assert_patched_matches(model, ernie_inputs(2, text_in_dim=2560), difuse.patching.ERNIE_SITES)
 
 
+def test_patched_ernie_under_inference_mode_is_bit_identical(model):
+    """Every call under torch.inference_mode() (no version counters): the silu, RoPE-table and modulation-row caches
+    key the model's tensors by identity (three forwards: the row check runs from the second); bit-identical, every
+    site fused, no block gate disabled."""
+    assert_patched_matches(model, ernie_inputs(2, 64, 256, 0), difuse.patching.ERNIE_SITES, inference=True)
+
+
 @pytest.mark.parametrize("B,side,text_tokens,pad", [(2, 64, 256, 0), (2, 32, 77, 20)], ids=str)
 def test_patched_ernie_runs_the_fused_rope(model, monkeypatch, B, side, text_tokens, pad):
     """The default: site E2 runs the QK norm and rope_rotate_half; the kernel runs, the output is bit-identical."""

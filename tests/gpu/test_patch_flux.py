@@ -10,7 +10,7 @@ import torch
 
 import difuse
 from difuse.gate import count_mismatches
-from patch_check import assert_replays_match, capture_forward
+from patch_check import assert_patched_matches, assert_replays_match, capture_forward
 
 tf = pytest.importorskip("diffusers.models.transformers.transformer_flux")
 
@@ -90,6 +90,13 @@ def test_patched_output_is_bit_identical(model, B):
     finally:
         difuse.unpatch(model)
     assert count_mismatches(run(model, inputs), ref) == 0  # unpatch restores the original
+
+
+def test_patched_output_is_bit_identical_under_inference_mode(model):
+    """Every call under torch.inference_mode(), whose tensors keep no version counter: the silu cache keys temb by
+    identity there; every site fused, no block gate disabled (the first body used to raise on temb._version and
+    turn the patched blocks off for good)."""
+    assert_patched_matches(model, flux_inputs(2), FLUX_SITES, inference=True)
 
 
 def test_short_prompt_and_512px(model):

@@ -97,6 +97,36 @@ def test_flux_bodies_compose_like_the_original_forwards(dtype):
     difuse.unpatch(model)
 
 
+def test_bodies_and_their_caches_work_under_inference_mode():
+    """Under torch.inference_mode() tensors keep no version counter (reading _version raises): the per-forward caches
+    key such tensors by identity alone, so the bodies run (before, the first body raised and the block gate turned
+    the patched forward off for good) and compose like the class's forwards; the silu and the RoPE tables are still
+    made once per tensor object."""
+    P = difuse.patching
+    model = tiny_flux(double=1, single=1).bfloat16()
+    difuse.patch(model)
+    st = model._difuse_state
+    g = torch.Generator().manual_seed(3)
+    blk = model.transformer_blocks[0]
+    with torch.inference_mode():
+        hs, ehs, temb = (torch.randn(2, 6, 32, generator=g).bfloat16(), torch.randn(2, 5, 32, generator=g).bfloat16(),
+                         torch.randn(2, 32, generator=g).bfloat16())
+        cos, sin = torch.randn(11, 16, generator=g), torch.randn(11, 16, generator=g)
+        assert temb.is_inference()
+        want = type(blk).forward(blk, hs, ehs, temb, (cos, sin))
+        got = P._flux_double_body(blk, st, hs, ehs, temb, (cos, sin), None)
+        assert all(_bits(a, b) for a, b in zip(got, want))
+        act = torch.nn.SiLU()
+        first = P._silu_once(st, act, temb)
+        assert P._silu_once(st, act, temb) is first and _bits(first, act(temb))
+        assert P._silu_once(st, act, temb.clone()) is not first
+        freqs = torch.rand(2, 7, 1, 16) * 50
+        tables = P._rope_tables_once(st, freqs, torch.bfloat16)
+        assert P._rope_tables_once(st, freqs, torch.bfloat16) is tables
+        assert _bits(tables[0], torch.cos(freqs).to(torch.bfloat16))
+    difuse.unpatch(model)
+
+
 def tiny_qwen(layers=2, **kw):
     tq = pytest.importorskip("diffusers.models.transformers.transformer_qwenimage")
     torch.manual_seed(0)
