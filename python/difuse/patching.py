@@ -344,6 +344,71 @@ class _State:
         self.blocks = {name: BlockGate(model_name, name) for name in BLOCK_GATES}
         self.patched = []  # modules whose forward was replaced
         self.report = None
+        self.eager_reasons: dict = {}  # block gate -> {why the class's forward answered (_takes_original): calls}
+
+    def __deepcopy__(self, memo):
+        """copy.deepcopy of a patched model: the copy is patched too, with gates of its own (it verifies its
+        signatures anew) and empty caches; its patched modules are the copies (through memo)."""
+        import copy
+
+        new = _State(self.model_name, self.descriptions)
+        memo[id(self)] = new
+        new.patched = copy.deepcopy(self.patched, memo)
+        new.report = self.report
+        return new
+
+    def __reduce__(self):
+        raise TypeError("difuse: a patched model cannot be pickled (its forwards are difuse's and its gates hold "
+                        "native handles): call difuse.unpatch(model) first, or save model.state_dict()")
+
+
+_GRAD = ("autograd is recording (grad enabled and a parameter or input requires grad; the fused ops have no "
+         "backward): run under torch.no_grad() or torch.inference_mode(), or requires_grad_(False)")
+_AUTOCAST = "CUDA autocast is on (it changes the eager ops' dtypes, which the fused bodies do not follow)"
+_GLOBAL_HOOKS = "global module forward hooks are registered (the body calls around some modules)"
+_HOOKED = ("a submodule has forward hooks or a replaced forward (e.g. diffusers' cache or guidance hooks; the body "
+           "calls around it)")
+
+
+def _inner_modules(mod, patched) -> tuple:
+    """The modules inside a patched one whose hooks its body could skip: all but itself, other patched modules and
+    nn.Linear (the bodies call every projection as a module)."""
+    torch = _torch()
+    skip = {id(m) for m in patched}
+    return tuple(m for m in mod.modules() if m is not mod and id(m) not in skip and
+                 not isinstance(m, torch.nn.Linear))
+
+
+def _takes_original(self, st: _State, gate: str, tensors) -> bool:
+    """True where the class's own forward must answer a patched module's call rather than its body: while autograd
+    records (the fused ops have no backward, and the bodies copy bits through views it cannot follow), under CUDA
+    autocast, and where a module inside has forward hooks or a replaced forward on the instance (diffusers'
+    pyramid-attention-broadcast, FasterCache, TaylorSeer and layer-skip hooks, accelerate's sequential offload), or
+    global forward hooks exist: the body would skip them. Each reason is logged once per block gate and counted in
+    report()."""
+    torch = _torch()
+    why = None
+    if torch.is_grad_enabled() and (any(isinstance(t, torch.Tensor) and t.requires_grad for t in tensors) or
+                                    any(p.requires_grad for p in self.parameters())):
+        why = _GRAD
+    elif torch.is_autocast_enabled("cuda"):
+        why = _AUTOCAST
+    elif not torch.compiler.is_compiling():
+        M = torch.nn.modules.module
+        if M._global_forward_hooks or M._global_forward_pre_hooks:
+            why = _GLOBAL_HOOKS
+        else:
+            for m in self.__dict__.get("_difuse_inner", ()):
+                if m._forward_hooks or m._forward_pre_hooks or "forward" in m.__dict__:
+                    why = _HOOKED
+                    break
+    if why is None:
+        return False
+    counts = st.eager_reasons.setdefault(gate, {})
+    if why not in counts:
+        log.warning("difuse: %s %s: the class's own forward answers: %s", st.model_name, gate, why)
+    counts[why] = counts.get(why, 0) + 1
+    return True
 
 
 # ---- FLUX.1 ---------------------------------------------------------------------------------------------------
@@ -694,9 +759,10 @@ def _flux_block_forward(block: str, body):
         st: _State = self._difuse_state
         original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb,  # noqa: E731
                                               image_rotary_emb, joint_attention_kwargs)
-        if not hidden_states.is_cuda:
+        if not hidden_states.is_cuda or _takes_original(self, st, block, (hidden_states, encoder_hidden_states, temb)):
             return original()
-        key = (hidden_states, encoder_hidden_states, temb) + (tuple(image_rotary_emb) if image_rotary_emb else ())
+        key = (hidden_states, encoder_hidden_states, temb) + (tuple(image_rotary_emb) if image_rotary_emb is not None
+                                                              else ())
         return st.blocks[block].run(
             key, lambda: body(self, st, hidden_states, encoder_hidden_states, temb, image_rotary_emb,
                               joint_attention_kwargs),
@@ -825,7 +891,7 @@ def _copy_bits(dst, src) -> None:
 def _ada_continuous_forward(self, x, conditioning_embedding):
     st: _State = self._difuse_state
     original = lambda: type(self).forward(self, x, conditioning_embedding)  # noqa: E731
-    if not x.is_cuda:
+    if not x.is_cuda or _takes_original(self, st, "norm_out_block", (x, conditioning_embedding)):
         return original()
     return st.blocks["norm_out_block"].run((x, conditioning_embedding),
                                            lambda: _ada_continuous_body(self, st, x, conditioning_embedding),
@@ -940,7 +1006,8 @@ def _qwen_block_forward(self, hidden_states, encoder_hidden_states, encoder_hidd
     original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states,  # noqa: E731
                                           encoder_hidden_states_mask, temb, image_rotary_emb, joint_attention_kwargs,
                                           modulate_index)
-    if not hidden_states.is_cuda:
+    if not hidden_states.is_cuda or _takes_original(self, st, "qwen_block",
+                                                    (hidden_states, encoder_hidden_states, temb)):
         return original()
     if self.zero_cond_t and modulate_index is None:  # the class itself cannot broadcast 2B rows over B: its error
         return original()
@@ -1076,7 +1143,8 @@ def _sd3_block_forward(self, hidden_states, encoder_hidden_states, temb, joint_a
     st: _State = self._difuse_state
     original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb,  # noqa: E731
                                           joint_attention_kwargs)
-    if not hidden_states.is_cuda:
+    if not hidden_states.is_cuda or _takes_original(self, st, "joint_block",
+                                                    (hidden_states, encoder_hidden_states, temb)):
         return original()
     from diffusers.models.normalization import AdaLayerNormZero, SD35AdaLayerNormZeroX
 
@@ -1253,7 +1321,8 @@ def _wan_self_attention(site: Site, attn, hidden_states, rotary_emb):
 def _wan_block_forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb):
     st: _State = self._difuse_state
     original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states, temb, rotary_emb)  # noqa: E731
-    if not hidden_states.is_cuda:
+    if not hidden_states.is_cuda or _takes_original(self, st, "wan_block",
+                                                    (hidden_states, encoder_hidden_states, temb)):
         return original()
     if not _plain_wan_self_attention(self.attn1):
         st.sites["W2"].fallback(_dev(hidden_states), "attn1 is not a plain WanAttnProcessor self-attention")
@@ -1269,6 +1338,8 @@ def _wan_vace_block_forward(self, hidden_states, encoder_hidden_states, control_
     original = lambda: type(self).forward(self, hidden_states, encoder_hidden_states,  # noqa: E731
                                           control_hidden_states, temb, rotary_emb)
     if not hidden_states.is_cuda or temb.ndim != 3:  # the VACE block has no per-token (4-D temb) branch
+        return original()
+    if _takes_original(self, st, "wan_vace_block", (hidden_states, encoder_hidden_states, control_hidden_states, temb)):
         return original()
     if not _plain_wan_self_attention(self.attn1):
         st.sites["W2"].fallback(_dev(hidden_states), "attn1 is not a plain WanAttnProcessor self-attention")
@@ -1513,7 +1584,7 @@ def _ernie_ffn(site, mlp, x):
 def _ernie_final_norm_forward(self, x, conditioning):
     st: _State = self._difuse_state
     original = lambda: type(self).forward(self, x, conditioning)  # noqa: E731
-    if not x.is_cuda:
+    if not x.is_cuda or _takes_original(self, st, "norm_out_block", (x, conditioning)):
         return original()
     return st.blocks["norm_out_block"].run((x, conditioning), lambda: _ernie_final_norm_body(self, st, x, conditioning),
                                            original, _dev(x))
@@ -1645,7 +1716,7 @@ def _block_forward(gate: str, body, by_name: bool = False):
         original = lambda: type(self).forward(self, *args, **kwargs)  # noqa: E731
         named = _forward_arguments(self, args, kwargs)
         values = list(named.values())
-        if not values[0].is_cuda:
+        if not values[0].is_cuda or _takes_original(self, st, gate, values):
             return original()
         key = []
         for v in values:
@@ -1977,7 +2048,7 @@ def _chroma_single_body(self, st, hidden_states, temb, image_rotary_emb, attenti
 def _chroma_norm_out_forward(self, x, emb):
     st: _State = self._difuse_state
     original = lambda: type(self).forward(self, x, emb)  # noqa: E731
-    if not x.is_cuda:
+    if not x.is_cuda or _takes_original(self, st, "norm_out_block", (x, emb)):
         return original()
     return st.blocks["norm_out_block"].run((x, emb), lambda: _chroma_norm_out_body(self, st, x, emb), original,
                                            _dev(x))
@@ -2164,6 +2235,8 @@ def patch(model) -> PatchReport:
         mod.forward = types.MethodType(fwd, mod)
         st.patched.append(mod)
         rep.modules[kind_name] = rep.modules.get(kind_name, 0) + 1
+    for mod in st.patched:  # after the loop: every patched module known, so none counts as another's inner one
+        mod._difuse_inner = _inner_modules(mod, st.patched)
     st.report = rep
     model._difuse_state = st
     log.info("%s", rep)
@@ -2193,6 +2266,7 @@ def unpatch(model) -> None:
     for mod in st.patched:
         mod.__dict__.pop("forward", None)
         mod.__dict__.pop("_difuse_state", None)
+        mod.__dict__.pop("_difuse_inner", None)
     del model._difuse_state
 
 
@@ -2214,8 +2288,9 @@ def warmup(model, **inputs):
 
 
 def report(model, device: int | None = None) -> dict:
-    """Per site: calls, fused, fallback (and why), disabled, verified signatures; per block gate the same. The
-    counters are per CUDA device: by default the device of the model's parameters (each rank's own GPU under
+    """Per site: calls, fused, fallback (and why), disabled, verified signatures; per block gate the same, and
+    `original`: why the class's own forward answered calls without the gate being asked (_takes_original: autograd,
+    autocast, hooks; all devices). The gate counters are per CUDA device: by default the device of the model's parameters (each rank's own GPU under
     context parallelism)."""
     st = getattr(model, "_difuse_state", None)
     if st is None:
@@ -2230,7 +2305,8 @@ def report(model, device: int | None = None) -> dict:
                        "fused" if s["fused"] and not s["fallback"] else "fell back" if not s["fused"] else "mixed")
         s["description"] = st.descriptions.get(name, "")
         sites[name] = s
-    blocks = {name: b.gate.counters(device) for name, b in st.blocks.items()}
+    blocks = {name: dict(b.gate.counters(device), original=dict(st.eager_reasons.get(name, {})))
+              for name, b in st.blocks.items()}
     return {"patched": True, "model": st.model_name, "sites": sites, "blocks": blocks}
 
 
@@ -2243,7 +2319,9 @@ def format_report(rep: dict) -> str:
         lines.append("%-9s %-12s %7d %7d %8d %8d  %s" % (name, s["status"], s["calls"], s["fused"], s["fallback"],
                                                         s["disabled"], why))
     for name, c in rep["blocks"].items():
-        lines.append("%-14s verified signatures %d, disabled %s" % (name, c["verified_signatures"], c["disabled"]))
+        why = "".join("; the class's forward answered: %s (x%d)" % kv for kv in c.get("original", {}).items())
+        lines.append("%-14s verified signatures %d, disabled %s%s" % (name, c["verified_signatures"], c["disabled"],
+                                                                      why))
     return "\n".join(lines)
 
 

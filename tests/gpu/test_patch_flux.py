@@ -2,7 +2,8 @@
 the unpatched one (reduced depth: 2 double + 2 single blocks at full width, batch 1 and 2), every listed site
 fused and none disabled; unpatch restores the original; warmup then CUDA-graph capture replays exactly; patch
 then torch.compile runs; a LoRA adapter on the attention projections and a block behind a forward-wrapping
-hook still match."""
+hook still match; so do a model with a hook on a block's attention and one run with autograd recording (the class's
+forward answers there), and every call under torch.inference_mode()."""
 import os
 
 import pytest
@@ -166,6 +167,60 @@ def test_a_hooked_block_falls_back_and_the_model_still_matches():
         run(model, inputs)
         assert count_mismatches(run(model, inputs), ref) == 0
         assert_all_fused(model)
+    finally:
+        difuse.unpatch(model)
+
+
+def test_a_hook_on_a_module_inside_a_block_runs_as_in_the_unpatched_model():
+    """A forward hook on a block's attention (what diffusers' cache and guidance hooks install): the body would call
+    around it, so the class's forward answers that block type while the hook is there (named in the report), and the
+    output matches the unpatched model with the same hook; without the hook the blocks are fused again."""
+    model = reduced_flux(double=1, single=1, seed=SEED + 17)
+    inputs = flux_inputs(1, image_tokens=1024, text_tokens=64)
+    attn = model.transformer_blocks[0].attn
+    hook = attn.register_forward_hook(lambda m, a, o: tuple(t * 0.5 for t in o) if isinstance(o, tuple) else o * 0.5)
+    ref = run(model, inputs)
+    difuse.patch(model)
+    try:
+        for _ in range(2):
+            assert count_mismatches(run(model, inputs), ref) == 0
+        rep = difuse.report(model)
+        assert rep["blocks"]["double_block"]["original"], difuse.format_report(rep)
+        hook.remove()
+        plain = run(model, inputs)
+        assert count_mismatches(run(model, inputs), plain) == 0
+        assert rep["sites"]["D1"]["fused"] < difuse.report(model)["sites"]["D1"]["fused"]
+    finally:
+        hook.remove()
+        difuse.unpatch(model)
+    assert count_mismatches(run(model, inputs), plain) == 0
+
+
+def test_with_grad_enabled_the_class_forward_answers_and_gradients_match():
+    """Autograd recording (grad enabled, parameters requiring grad): the fused ops have no backward, so every patched
+    module answers with the class's forward; the output and the gradients are bit-identical to the unpatched
+    model's."""
+    model = reduced_flux(double=1, single=1, seed=SEED + 19)
+    inputs = flux_inputs(1, image_tokens=256, text_tokens=32)
+    params = {n: p for n, p in model.named_parameters() if "norm" in n or "ff.net.2" in n}
+
+    def grads():
+        model.zero_grad(set_to_none=True)
+        out = model(**inputs)[0]
+        out.float().square().mean().backward()
+        return out.detach(), {n: p.grad.clone() for n, p in params.items() if p.grad is not None}
+
+    ref, ref_grads = grads()
+    difuse.patch(model)
+    try:
+        out, got = grads()
+        assert count_mismatches(out, ref) == 0
+        assert ref_grads and set(got) == set(ref_grads)
+        for n in ref_grads:
+            assert count_mismatches(got[n], ref_grads[n]) == 0, n
+        rep = difuse.report(model)
+        assert all(s["fused"] == 0 for s in rep["sites"].values()), difuse.format_report(rep)
+        assert rep["blocks"]["double_block"]["original"], difuse.format_report(rep)
     finally:
         difuse.unpatch(model)
 

@@ -127,6 +127,74 @@ def test_bodies_and_their_caches_work_under_inference_mode():
     difuse.unpatch(model)
 
 
+def test_the_class_forward_answers_while_autograd_records_or_hooks_would_be_skipped(monkeypatch, caplog):
+    """_takes_original (asked by every patched forward before its block gate): autograd recording (grad enabled and a
+    parameter or an input requiring grad), CUDA autocast, a forward hook / pre-hook / replaced forward on a module
+    the body calls around (not the projections, which it calls as modules), global forward hooks. Each reason is
+    logged once per block gate and counted in report()."""
+    P = difuse.patching
+    model = tiny_flux(double=1, single=1)
+    difuse.patch(model)
+    st = model._difuse_state
+    blk = model.transformer_blocks[0]
+    inner = blk.__dict__["_difuse_inner"]
+    assert blk.attn in inner and blk.ff in inner and blk.norm1 in inner
+    assert blk.attn.to_q not in inner and blk not in inner
+    x = torch.randn(2, 6, 32)
+    ask = lambda: P._takes_original(blk, st, "double_block", (x, None, x))  # noqa: E731
+    with torch.no_grad():
+        assert not ask()
+    with caplog.at_level("WARNING", logger="difuse"):
+        assert ask() and ask()  # grad enabled, the parameters require grad
+    assert sum("autograd is recording" in r.message for r in caplog.records) == 1
+    model.requires_grad_(False)
+    assert not ask()
+    assert P._takes_original(blk, st, "double_block", (x.requires_grad_(), None, x))
+    x = x.detach()
+    with torch.no_grad():
+        for add, remove in (
+                (lambda: blk.attn.register_forward_hook(lambda m, a, o: o), lambda h: h.remove()),
+                (lambda: blk.ff.register_forward_pre_hook(lambda m, a: None), lambda h: h.remove()),
+                (lambda: setattr(blk.norm1, "forward", blk.norm1.forward), lambda h: delattr(blk.norm1, "forward")),
+                (lambda: torch.nn.modules.module.register_module_forward_hook(lambda m, a, o: o),
+                 lambda h: h.remove())):
+            h = add()
+            assert ask()
+            remove(h)
+            assert not ask()
+        h = blk.attn.to_q.register_forward_hook(lambda m, a, o: o)  # called as a module by the body: its hook runs
+        assert not ask()
+        h.remove()
+        monkeypatch.setattr(torch, "is_autocast_enabled", lambda device=None: device == "cuda")
+        assert ask()
+    orig = difuse.report(model)["blocks"]["double_block"]["original"]
+    assert orig == {P._GRAD: 3, P._HOOKED: 3, P._GLOBAL_HOOKS: 1, P._AUTOCAST: 1}, orig
+    assert "the class's forward answered: autograd is recording" in difuse.format_report(difuse.report(model))
+    difuse.unpatch(model)
+    assert "_difuse_inner" not in blk.__dict__
+
+
+def test_a_patched_model_deep_copies_as_patched_and_refuses_pickling_by_name():
+    """copy.deepcopy gives a patched copy whose forwards are bound to its own modules, with a state (gates, caches)
+    of its own; torch.save of a patched model says how to save it instead of failing on a native handle."""
+    import copy
+    import io
+
+    model = tiny_flux(double=1, single=1)
+    difuse.patch(model)
+    twin = copy.deepcopy(model)
+    st, blk = twin._difuse_state, twin.transformer_blocks[0]
+    assert st is not model._difuse_state and blk._difuse_state is st and blk in st.patched
+    assert blk.forward.__self__ is blk and all(m in list(blk.modules()) for m in blk._difuse_inner)
+    assert st.sites["D1"].gate is not model._difuse_state.sites["D1"].gate
+    with pytest.raises(TypeError, match="difuse.unpatch"):
+        torch.save(model, io.BytesIO())
+    difuse.unpatch(twin)
+    assert "forward" not in blk.__dict__ and "forward" in model.transformer_blocks[0].__dict__
+    difuse.unpatch(model)
+    torch.save(model, io.BytesIO())
+
+
 def tiny_qwen(layers=2, **kw):
     tq = pytest.importorskip("diffusers.models.transformers.transformer_qwenimage")
     torch.manual_seed(0)
