@@ -1292,6 +1292,9 @@ bool launch_streamed(const Params& p, int device, cudaStream_t stream) {
 // The plain LayerNorms' streamed kernel: slots of x's rows; SMOD: 2 rows per staged batch (fp32 or bf16).
 template <bool F32, bool VEC, bool SMOD, int G = 64>
 bool launch_streamed_ln(const Params& p, int device, cudaStream_t stream) {
+  // stream_row_stats takes its Welford reciprocals from c_rcp, which covers kMaxStagedSweeps sweeps (H <= 24576):
+  // wider rows (the plain LayerNorm's predicate takes them) go to the two-pass kernel of launch<>
+  if ((p.v + kAtenThreads - 1) / kAtenThreads > kMaxStagedSweeps) return false;
   static StreamLaunchOnce once;
   return launch_stream(layernorm_streamed_rows<F32, VEC, SMOD, G>, once,
                        owned_stream_rings() ? kStreamLnMaxSlots : kStreamMaxSlots,

@@ -418,6 +418,11 @@ detail::Support can_use_qk_norm_rope(const QkNormRopeArgs& a) {
   if (has_v && present(a.v_out)) require_output(s, a.v_out, "v_out", B, S, H, D, dev, inputs);
   if (present(a.q_out) && present(a.k_out))
     DIFUSE_REQUIRE(s, !detail::overlaps(a.q_out, a.k_out), "q_out and k_out overlap");
+  if (has_v && present(a.v_out))  // v's rows are copied by other warps than the normalised q and k rows
+    for (const auto* o : {&a.q_out, &a.k_out})
+      if (present(*o))
+        DIFUSE_REQUIRE(s, !detail::overlaps(a.v_out, *o), std::string("v_out and ") + (o == &a.q_out ? "q_out" : "k_out") +
+                                                              " overlap");
   return s;
 }
 

@@ -465,7 +465,8 @@ void qk_norm_sd35(const QkNormSd35Args& a, cudaStream_t stream) {
         norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 16, true, true, 4, true>>(p, grid, dim3(4 * 32),
                                                                                        staged_bytes, a.q.device,
                                                                                        stream);
-      else if (vsmem_knob != 0 && osmem_knob == 1)
+      else if (vsmem_knob != 0 && osmem_knob == 1 && detail::aligned(p.out[0], 16) &&
+               detail::aligned(p.out[1], 16))  // copy_staged_rows_out stores 16 bytes to every role's rows
         norm::launch_max_shared<qk_norm_sd35_half_warp64<1, 8, true, true, 8, true, false, true>>(
             p, grid, block, staged_bytes, a.q.device, stream);
       else if (vsmem_knob != 0 && lean_knob == 1 && p.eps >= std::numeric_limits<float>::min())

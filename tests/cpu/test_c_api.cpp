@@ -553,6 +553,18 @@ TEST(QkNormRope, ListsEveryViolation) {
   EXPECT_GE(s.reasons.size(), 4u);
 }
 
+TEST(QkNormRope, RefusesAValueOutputOverlappingTheQOrKOutput) {
+  for (int which = 0; which < 3; ++which) {
+    QkCase c = flux_case();
+    if (which == 0) c.ov = c.oq;  // v_out is q_out
+    if (which == 1) c.ov = c.ok;  // v_out is k_out
+    if (which == 2) c.ov.data = fake(0x1100000000ull + 256);  // inside k_out, not k_out itself
+    const auto s = difuse::can_use_qk_norm_rope(c.args());
+    ASSERT_FALSE(s.ok) << which;
+    EXPECT_TRUE(mentions(s, which == 0 ? "v_out and q_out overlap" : "v_out and k_out overlap")) << which;
+  }
+}
+
 TEST(QkNormRope, RefusesWideHeadsMisalignedRowsAndMissingOutputs) {
   QkCase c = flux_case();
   const int64_t D = 256;

@@ -396,13 +396,16 @@ def _streamed_ran(x, scale, shift):
 @pytest.mark.parametrize("B,L,H,rows,group", [
     (1, 4096, 3072, "e8", 32), (1, 4608, 3072, "e8", 32), (2, 4096, 1536, "e8", 32), (1, 32760, 1536, "e8", 32),
     (1, 4096, 4096, "e8", 32), (1, 4096, 5120, "e8", 64), (1, 4095, 3072, "e8", 0), (2, 300, 3072, "e8", 0),
-    (3, 1366, 3072, "e8", 0), (1, 4096, 3072, "e2", 0), (1, 4096, 3072, "token", 0), (1, 4096, 3076, "e8", 0)],
+    (3, 1366, 3072, "e8", 0), (1, 4096, 3072, "e2", 0), (1, 4096, 3072, "token", 0), (1, 4096, 3076, "e8", 0),
+    (1, 4096, 25600, "e8", 0)],
     ids=str)
 def test_streamed_by_default_for_many_rows(B, L, H, rows, group):
     """The default (no knob; eighteenth session): the streamed rows for >= 4096 rows with [B, H] modulation rows of
     8-byte words, B <= 2, x and out 16-byte aligned, H % 8 == 0, on one-warp groups up to H = 4096 and two-warp
     groups above (nineteenth session); the staged kernels for fewer rows, B = 3, 2-byte aligned or per-token
-    modulation rows and H % 8 != 0. The profiler shows which ran; each output bit for bit."""
+    modulation rows and H % 8 != 0; the two-pass kernel for rows wider than 24576 (more sweeps than the streamed
+    rows' reciprocal table holds: they were streamed, reading past it, until the thirty-second session). The
+    profiler shows which ran; each output bit for bit."""
     g = torch.Generator(device=DEV).manual_seed(SEED + 23 * L + H + B)
     x = (torch.randn(B, L, H, device=DEV, generator=g) * 3.0).to(BF)
     x[:, ::97] = 2.5  # constant rows
