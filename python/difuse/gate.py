@@ -78,23 +78,25 @@ class BitExactGate:
         _check(core().difuse_gate_begin_verify(self._h, device, signature.encode(), ctypes.byref(p)), "gate_begin_verify")
         return bool(p.value)
 
+    # The epoch is bumped after the native call that ends a verified state: run_verified reads it before asking
+    # decide(), so a "run fused" answer given before a concurrent disable is never memoised under the new epoch.
     def end_verify(self, device: int, signature: str, mismatches: int, detail: str = "") -> None:
-        if mismatches != 0:
-            self.epoch += 1
         _check(core().difuse_gate_end_verify(self._h, device, signature.encode(), int(mismatches), detail.encode()),
                "gate_end_verify")
+        if mismatches != 0:
+            self.epoch += 1
 
     def note_fallback(self, device: int, reason: str) -> None:
         _check(core().difuse_gate_note_fallback(self._h, device, _capi.FALLBACK_REASONS.index(reason)), "note_fallback")
 
     def disable(self, device: int, reason: str) -> None:
-        self.epoch += 1
         _check(core().difuse_gate_disable(self._h, device, reason.encode()), "gate_disable")
+        self.epoch += 1
 
     def reset(self) -> None:
-        self.epoch += 1
         self.host_fused.clear()
         _check(core().difuse_gate_reset(self._h), "gate_reset")
+        self.epoch += 1
 
     def is_verified(self, device: int, signature: str) -> bool:
         v = ctypes.c_int32()
@@ -150,6 +152,36 @@ def _tracing() -> bool:
     return bool(torch.compiler.is_compiling())
 
 
+def _fake_tracing() -> bool:
+    """A FakeTensorMode is active (make_fx, non-strict export): the inputs carry no values, so nothing can be
+    verified. Asked only where the gate is (not on the memo's path: ~3.5 us)."""
+    try:
+        from torch._guards import detect_fake_mode
+    except ImportError:
+        return False
+    return detect_fake_mode() is not None
+
+
+_verify_eagerly = None  # _verify, run with torch.compile's frame evaluation off (made on first use)
+
+
+def _verify(gate: BitExactGate, device: int, signature: str, fused: Callable, eager: Callable, compare: Callable):
+    """One verification: fused, then eager, compared; the gate told the count. Returns the result to use."""
+    try:
+        try:
+            out = fused()
+        except Exception as e:
+            gate.end_verify(device, signature, -1, "%s: %s" % (type(e).__name__, e))
+            return eager()
+        ref = eager()
+        mism = compare(out, ref)
+    except BaseException:
+        gate.end_verify(device, signature, -1, "verification interrupted")
+        raise
+    gate.end_verify(device, signature, mism, "")
+    return out if mism == 0 else ref
+
+
 _MEMO_MAX = 4096  # keys a run_verified memo holds before it starts over
 
 
@@ -184,31 +216,27 @@ def run_verified(gate: BitExactGate, signature, fused: Callable, eager: Callable
         memo = None
     import torch
 
+    global _verify_eagerly
+    tracing = tracing or _fake_tracing()
     if callable(signature):
         signature = signature()
     stream = torch.cuda.current_stream(device).cuda_stream
     while True:
+        epoch = gate.epoch  # before decide(): a disable racing with this call voids what it memoises
         d = gate.decide(device, signature, capturing=tracing, stream=stream)
         if d == _capi.RUN_FUSED:
             if memo is not None:
                 if len(memo) >= _MEMO_MAX:
                     memo.clear()
-                memo[key] = gate.epoch
+                memo[key] = epoch
             return _run_fused(gate, fused, eager, device)
         if d == _capi.FALLBACK:
             return eager()
         if not gate.begin_verify(device, signature):
             continue  # another thread settled this signature meanwhile
-        try:
-            try:
-                out = fused()
-            except Exception as e:
-                gate.end_verify(device, signature, -1, "%s: %s" % (type(e).__name__, e))
-                return eager()
-            ref = eager()
-            mism = compare(out, ref)
-        except BaseException:
-            gate.end_verify(device, signature, -1, "verification interrupted")
-            raise
-        gate.end_verify(device, signature, mism, "")
-        return out if mism == 0 else ref
+        # Inside a torch.compile'd call whose graph broke before this point, dynamo would compile the eager chain
+        # too (inductor's arithmetic, not eager's) and the comparison would fail a correct fused op: verify with
+        # frame evaluation off, so eager means eager.
+        if _verify_eagerly is None:
+            _verify_eagerly = torch.compiler.disable(_verify)
+        return _verify_eagerly(gate, device, signature, fused, eager, compare)

@@ -871,6 +871,76 @@ def test_a_mismatch_voids_the_memo_of_every_key(monkeypatch):
     assert len(decides) == n + 1
 
 
+def test_a_disable_racing_with_a_run_fused_answer_is_not_memoised(monkeypatch):
+    """Another thread disables the gate between decide()'s "run fused" and the memo's write: the memo keeps the epoch
+    read before decide(), so the next call asks the gate again (and falls back) instead of running fused for good."""
+    P = difuse.patching
+    site = P.Site("test", "race")
+    _count_gate_calls(monkeypatch, site.gate)
+    ok = lambda: difuse.ops.Support(True, [])  # noqa: E731
+    a = torch.ones(2, 16)
+    ran = []
+    run = lambda: site.run((a, 1e-6), fused=lambda: ran.append("f") or a * 2,  # noqa: E731
+                           eager=lambda: ran.append("e") or a * 2, predicate=ok, device=0)
+    run()  # verified
+    decide = site.gate.decide
+
+    def racing(*args, **kw):
+        d = decide(*args, **kw)
+        site.gate.disable(0, "another thread")
+        return d
+
+    monkeypatch.setattr(site.gate, "decide", racing)
+    ran.clear()
+    run()  # "run fused" (answered before the disable)
+    monkeypatch.setattr(site.gate, "decide", decide)
+    run()
+    run()
+    assert ran == ["f", "e", "e"], ran
+
+
+def test_fake_tensor_tracing_never_verifies(monkeypatch):
+    """Under a FakeTensorMode (make_fx, non-strict export) an unverified signature is not verified (the tensors carry
+    no values): the eager chain answers, counted as capturing, and the gate stays enabled."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    gate = difuse.BitExactGate("test.fake", "per_signature")
+    _count_gate_calls(monkeypatch, gate)
+    ran = []
+    with FakeTensorMode():
+        x = torch.empty(4, 8)
+        out = difuse.run_verified(gate, "fake-sig", lambda: ran.append("f") or x + 1, lambda: ran.append("e") or x + 1,
+                                  0)
+    assert ran == ["e"] and out.shape == (4, 8)
+    c = gate.counters(0)
+    assert not c["disabled"] and c["verifications"] == 0 and c["fallback_reasons"]["capturing"] == 1
+
+
+def test_verification_inside_a_compiled_call_runs_the_eager_chain_uncompiled(monkeypatch):
+    """torch.compile of a caller whose graph breaks at the gate: the verification's callables run with frame
+    evaluation off (dynamo would otherwise compile the eager chain, whose inductor arithmetic then differs from the
+    fused op's and disables a correct gate)."""
+    gate = difuse.BitExactGate("test.compiled", "per_signature")
+    _count_gate_calls(monkeypatch, gate)
+    seen = []
+
+    def eager(x):
+        seen.append(torch.compiler.is_compiling())
+        return x * 3 + 1
+
+    def f(x):
+        return difuse.run_verified(gate, "compiled-sig", lambda: x * 3 + 1, lambda: eager(x), 0) * 2
+
+    torch._dynamo.reset()
+    try:
+        out = torch.compile(f, backend="eager")(torch.ones(4))
+    finally:
+        torch._dynamo.reset()
+    assert torch.equal(out, torch.full((4,), 8.0))
+    assert seen and not any(seen), seen
+    assert gate.counters(0)["verified_signatures"] == 1 and not gate.counters(0)["disabled"]
+
+
 def test_block_gate_remembers_verified_shapes(monkeypatch):
     """BlockGate.run takes the same memo: a verified shape key runs the patched forward without asking; the
     string signature is built only when the gate is asked."""
