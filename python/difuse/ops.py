@@ -443,7 +443,10 @@ _TABLES: dict = {}
 def _activation(name):
     import torch.nn.functional as F
 
-    return {"gelu": F.gelu, "silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}[name]
+    acts = {"gelu": F.gelu, "silu": F.silu, "gelu_tanh": lambda x: F.gelu(x, approximate="tanh")}
+    if name not in acts:
+        raise Unsupported("activation_mul", ["act must be one of %s, got %r" % (", ".join(sorted(acts)), name)])
+    return acts[name]
 
 
 def activation_table(name, device):
@@ -479,10 +482,12 @@ def activation_mul(a, b, act="gelu", out=None):
     """Fused, bit-exact `activation_mul_eager(a, b, act)` (act one of ACTIVATIONS); the output is contiguous, or `out`
     (a or b itself, or rows at one row stride: a column slice of a larger buffer). The first call on a device must
     not be inside a CUDA graph capture (it builds the table: activation_table)."""
+    _activation(act)  # an unknown act: Unsupported, naming the ones there are
     table = activation_table(act, a.device)
     if table is None:
-        raise Unsupported("activation_mul: the %s table is built on first use, which cannot happen while a CUDA graph "
-                          "is being captured: call activation_table(%r, device) before capturing" % (act, act))
+        raise Unsupported("activation_mul", ["the %s table is built on first use, which cannot happen while a CUDA "
+                                             "graph is being captured: call activation_table(%r, device) before "
+                                             "capturing" % (act, act)])
     if out is None:
         return _call_or_explain("activation_mul", lambda: _ops().activation_mul(a, b, table), (a, b, table),
                                 lambda: can_use_activation_mul(a, b, table))

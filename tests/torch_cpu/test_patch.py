@@ -941,6 +941,18 @@ def test_verification_inside_a_compiled_call_runs_the_eager_chain_uncompiled(mon
     assert gate.counters(0)["verified_signatures"] == 1 and not gate.counters(0)["disabled"]
 
 
+def test_activation_mul_names_an_unknown_activation_and_a_missing_table(monkeypatch):
+    """activation_mul's own refusals are difuse.Unsupported with their reason (an unknown act was a bare KeyError;
+    the table missing during a capture raised a TypeError from Unsupported's constructor)."""
+    a = torch.ones(4, 8, dtype=torch.bfloat16)
+    with pytest.raises(difuse.Unsupported, match="act must be one of gelu, gelu_tanh, silu, got 'relu'"):
+        difuse.ops.activation_mul(a, a, act="relu")
+    monkeypatch.setattr(difuse.ops, "activation_table", lambda name, device: None)  # as inside a capture
+    with pytest.raises(difuse.Unsupported, match="call activation_table") as e:
+        difuse.ops.activation_mul(a, a, act="silu")
+    assert len(e.value.reasons) == 1
+
+
 def test_block_gate_remembers_verified_shapes(monkeypatch):
     """BlockGate.run takes the same memo: a verified shape key runs the patched forward without asking; the
     string signature is built only when the gate is asked."""
