@@ -15,16 +15,25 @@ namespace {
 using difuse::torch_binding::check_status;
 using difuse::torch_binding::to_view;
 
-// The output an op would allocate for `like`: contiguous, bf16, on its device, at an address that overlaps
-// nothing (predicates only read metadata and addresses).
+// The output an op would allocate for `like`: contiguous, bf16, on its device (host too: a host input is refused
+// for itself, not for an output elsewhere), at an address that overlaps nothing (predicates only read metadata and
+// addresses).
 difuse_tensor_view fresh_output_view(const at::Tensor& like) {
   difuse_tensor_view vo = to_view(like);
   vo.data = like.numel() ? reinterpret_cast<void*>(uintptr_t{1} << 48) : nullptr;
   vo.dtype = DIFUSE_BF16;
-  vo.device = vo.device >= 0 ? vo.device : 0;
   int64_t acc = 1;
   for (int i = vo.rank - 1; i >= 0; --i) vo.strides[i] = acc, acc *= vo.sizes[i];
   return vo;
+}
+
+// The device guard of an op's first tensor argument. The dispatcher takes the CUDA kernel when any argument is on a
+// CUDA device: a host first argument is refused here as a ValueError (the Python wrappers then list every violated
+// precondition) rather than by the guard's own error.
+c10::cuda::OptionalCUDAGuard cuda_guard(const at::Tensor& t) {
+  TORCH_CHECK_VALUE(t.is_cuda(), "difuse: the first tensor argument must be on a CUDA device like the others, got ",
+                    t.device());
+  return c10::cuda::OptionalCUDAGuard(t.device());
 }
 
 // Reasons from a C predicate's message ("...:\n  - a\n  - b").
@@ -55,7 +64,7 @@ void check_layernorm_modulate_meta(const at::Tensor& x, const at::Tensor& scale,
 }
 
 at::Tensor layernorm_modulate_cuda(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, double eps) {
-  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  const auto guard = cuda_guard(x);
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const difuse_tensor_view vo = to_view(out), vx = to_view(x), vs = to_view(scale), vh = to_view(shift);
   check_status(difuse_layernorm_modulate(&vo, &vx, &vs, &vh, eps, at::cuda::getCurrentCUDAStream().stream()),
@@ -102,7 +111,7 @@ void check_gated_residual_meta(const at::Tensor& h, const at::Tensor& a, const a
 }
 
 void gated_residual_into(const at::Tensor& out, const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
-  const c10::cuda::OptionalCUDAGuard guard(h.device());
+  const auto guard = cuda_guard(h);
   const difuse_tensor_view vo = to_view(out), vh = to_view(h), va = to_view(a), vg = to_view(gate);
   check_status(difuse_gated_residual(&vo, &vh, &va, &vg, at::cuda::getCurrentCUDAStream().stream()), "gated_residual");
 }
@@ -141,7 +150,7 @@ std::vector<std::string> gated_residual_unsupported(const at::Tensor& h, const a
 
 // ---- rms_norm ------------------------------------------------------------------------------------------
 at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
-  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  const auto guard = cuda_guard(x);
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const difuse_tensor_view vo = to_view(out), vx = to_view(x);
   difuse_tensor_view vw{};
@@ -179,7 +188,7 @@ std::vector<std::string> rms_norm_unsupported(const at::Tensor& x, const std::op
 
 // ---- rms_norm_diffusers ------------------------------------------------------------------------------------
 at::Tensor rms_norm_diffusers_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight, double eps) {
-  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  const auto guard = cuda_guard(x);
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const difuse_tensor_view vo = to_view(out), vx = to_view(x);
   const bool has_w = weight.has_value() && weight->defined();
@@ -239,7 +248,7 @@ void check_rms_norm_modulate_meta(const char* op, const char* xname, const at::T
 
 at::Tensor rms_norm_modulate_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight, const at::Tensor& scale,
                                   const at::Tensor& shift, double eps, bool fp32_modulate) {
-  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  const auto guard = cuda_guard(x);
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const difuse_tensor_view vo = to_view(out), vx = to_view(x), vs = to_view(scale), vh = to_view(shift);
   difuse_tensor_view vw{};
@@ -282,7 +291,7 @@ std::vector<std::string> rms_norm_modulate_unsupported(const at::Tensor& x, cons
 std::tuple<at::Tensor, at::Tensor> gated_residual_rms_norm_modulate_cuda(
     const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate, const std::optional<at::Tensor>& weight,
     const at::Tensor& scale, const at::Tensor& shift, double eps, bool fp32_modulate) {
-  const c10::cuda::OptionalCUDAGuard guard(h.device());
+  const auto guard = cuda_guard(h);
   const auto opts = h.options().memory_format(at::MemoryFormat::Contiguous);
   at::Tensor residual = at::empty(h.sizes(), opts), out = at::empty(h.sizes(), opts);
   const difuse_tensor_view vo = to_view(out), vr = to_view(residual), vh = to_view(h), va = to_view(a),
@@ -337,7 +346,7 @@ std::vector<std::string> gated_residual_rms_norm_modulate_unsupported(
 std::tuple<at::Tensor, at::Tensor> gated_residual_layernorm_modulate_cuda(const at::Tensor& h, const at::Tensor& a,
                                                                           const at::Tensor& gate, const at::Tensor& scale,
                                                                           const at::Tensor& shift, double eps) {
-  const c10::cuda::OptionalCUDAGuard guard(h.device());
+  const auto guard = cuda_guard(h);
   at::Tensor residual = at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::Contiguous));
   at::Tensor out = at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::Contiguous));
   const difuse_tensor_view vo = to_view(out), vr = to_view(residual), vh = to_view(h), va = to_view(a),
@@ -378,7 +387,7 @@ std::vector<std::string> gated_residual_layernorm_modulate_unsupported(const at:
 
 // ---- Wan's fp32 chains -------------------------------------------------------------------------------------
 at::Tensor layernorm_modulate_fp32_cuda(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, double eps) {
-  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  const auto guard = cuda_guard(x);
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const difuse_tensor_view vo = to_view(out), vx = to_view(x), vs = to_view(scale), vh = to_view(shift);
   check_status(difuse_layernorm_modulate_fp32(&vo, &vx, &vs, &vh, eps, at::cuda::getCurrentCUDAStream().stream()),
@@ -419,7 +428,7 @@ std::vector<std::string> layernorm_modulate_fp32_unsupported(const at::Tensor& x
 }
 
 at::Tensor gated_residual_fp32_cuda(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
-  const c10::cuda::OptionalCUDAGuard guard(h.device());
+  const auto guard = cuda_guard(h);
   at::Tensor out = at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::Contiguous));
   const difuse_tensor_view vo = to_view(out), vh = to_view(h), va = to_view(a), vg = to_view(gate);
   check_status(difuse_gated_residual_fp32(&vo, &vh, &va, &vg, at::cuda::getCurrentCUDAStream().stream()),
@@ -448,7 +457,7 @@ std::vector<std::string> gated_residual_fp32_unsupported(const at::Tensor& h, co
 }
 
 at::Tensor layernorm_affine_fp32_cuda(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double eps) {
-  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  const auto guard = cuda_guard(x);
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const difuse_tensor_view vo = to_view(out), vx = to_view(x), vw = to_view(weight), vb = to_view(bias);
   check_status(difuse_layernorm_affine_fp32(&vo, &vx, &vw, &vb, eps, at::cuda::getCurrentCUDAStream().stream()),
@@ -480,7 +489,7 @@ std::vector<std::string> layernorm_affine_fp32_unsupported(const at::Tensor& x, 
 
 // ---- gelu_tanh -----------------------------------------------------------------------------------------------
 void gelu_tanh_into_cuda(const at::Tensor& x, const at::Tensor& out) {
-  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  const auto guard = cuda_guard(x);
   const difuse_tensor_view vo = to_view(out), vx = to_view(x);
   check_status(difuse_gelu_tanh(&vo, &vx, at::cuda::getCurrentCUDAStream().stream()), "gelu_tanh");
 }
@@ -520,7 +529,7 @@ std::vector<std::string> gelu_tanh_unsupported(const at::Tensor& x) {
 // ---- activation_mul (gated FFNs) ------------------------------------------------------------------------------
 // out: a fresh contiguous tensor, or (activation_mul_into) the caller's, e.g. a column slice of a wider buffer.
 void activation_mul_into_cuda(const at::Tensor& a, const at::Tensor& b, const at::Tensor& table, const at::Tensor& out) {
-  const c10::cuda::OptionalCUDAGuard guard(a.device());
+  const auto guard = cuda_guard(a);
   const difuse_tensor_view vo = to_view(out), va = to_view(a), vb = to_view(b), vt = to_view(table);
   check_status(difuse_activation_mul(&vo, &va, &vb, &vt, at::cuda::getCurrentCUDAStream().stream()), "activation_mul");
 }
@@ -566,7 +575,7 @@ std::vector<std::string> activation_mul_unsupported(const at::Tensor& a, const a
 
 // ---- rope_rotate_half (ERNIE-Image) -----------------------------------------------------------------------------
 at::Tensor rope_rotate_half_cuda(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
-  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  const auto guard = cuda_guard(x);
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const difuse_tensor_view vo = to_view(out), vx = to_view(x), vc = to_view(cos), vs = to_view(sin);
   check_status(difuse_rope_rotate_half(&vo, &vx, &vc, &vs, at::cuda::getCurrentCUDAStream().stream()),
@@ -595,7 +604,7 @@ at::Tensor rope_rotate_half_reference(const at::Tensor& x, const at::Tensor& cos
 // ---- rms_norm_rope_rotate_half (ERNIE-Image's QK norm + RoPE) --------------------------------------------------------
 at::Tensor rms_norm_rope_rotate_half_cuda(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                                           const at::Tensor& cos, const at::Tensor& sin, double eps) {
-  const c10::cuda::OptionalCUDAGuard guard(x.device());
+  const auto guard = cuda_guard(x);
   at::Tensor out = at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
   const difuse_tensor_view vo = to_view(out), vx = to_view(x), vc = to_view(cos), vs = to_view(sin);
   difuse_tensor_view vw{};
@@ -695,7 +704,7 @@ std::vector<at::Tensor> qk_norm_rope_cuda(const at::Tensor& q, const at::Tensor&
                                           const OptT& wk, const OptT& q1, const OptT& k1, const OptT& v1,
                                           const OptT& wq1, const OptT& wk1, const OptT& cos, const OptT& sin,
                                           double eps) {
-  const c10::cuda::OptionalCUDAGuard guard(q.device());
+  const auto guard = cuda_guard(q);
   QkViews w;
   fill_qk_views(w, q, k, v, wq, wk, q1, k1, v1, wq1, wk1, cos, sin, eps);
   const auto sizes = joint_sizes(q, q1);
@@ -851,7 +860,7 @@ std::tuple<at::Tensor, at::Tensor> qk_norm_rope_wan_cuda(const at::Tensor& q, co
                                                          const OptT& wk, const at::Tensor& cos, const at::Tensor& sin,
                                                          int64_t heads, double eps) {
   check_qk_wan_meta(q, k, cos, sin, heads);
-  const c10::cuda::OptionalCUDAGuard guard(q.device());
+  const auto guard = cuda_guard(q);
   QkWanViews w;
   fill_qk_wan_views(w, q, k, wq, wk, cos, sin, heads, eps);
   const auto opts = q.options().memory_format(at::MemoryFormat::Contiguous);
@@ -998,7 +1007,7 @@ Tensor3 qk_norm_rope_qwen_cuda(const at::Tensor& q, const at::Tensor& k, const a
                                const OptT& wk, const at::Tensor& q1, const at::Tensor& k1, const at::Tensor& v1,
                                const OptT& wq1, const OptT& wk1, const OptT& f, const OptT& f1, double eps) {
   check_qwen_meta(q, k, v, q1, k1, v1, f, f1);
-  const c10::cuda::OptionalCUDAGuard guard(q.device());
+  const auto guard = cuda_guard(q);
   HeadNormViews w;
   difuse_qk_norm_rope_qwen_args args{};
   fill_qwen_views(w, args, q, k, v, wq, wk, q1, k1, v1, wq1, wk1, f, f1, eps);
@@ -1107,7 +1116,7 @@ Tensor3 qk_norm_sd35_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
                           const at::Tensor& q1, const at::Tensor& k1, const at::Tensor& v1, const OptT& wq1,
                           const OptT& wk1, double eps) {
   check_sd35_meta(q, k, v, q1, k1, v1);
-  const c10::cuda::OptionalCUDAGuard guard(q.device());
+  const auto guard = cuda_guard(q);
   HeadNormViews w;
   difuse_qk_norm_sd35_args args{};
   fill_sd35_views(w, args, q, k, v, wq, wk, q1, k1, v1, wq1, wk1, eps);

@@ -30,12 +30,18 @@ def _call_or_explain(op: str, fn, tensors, predicate):
     (meta/fake tensors keep the Meta impl's own message). The predicate runs only on failure."""
     try:
         return fn()
-    except (ValueError, NotImplementedError):
+    except (ValueError, NotImplementedError) as e:
         if any(t is not None and (t.is_meta or _is_fake(t)) for t in tensors):
             raise
         s = predicate()
         if not s:
             raise Unsupported(op, s.reasons) from None
+        # the predicate of the out-of-place op is satisfied, so the refusal is about what it does not see (an `out`
+        # or in-place argument): the library's own message lists those reasons ("...:\n  - a\n  - b")
+        reasons = [r for r in str(e).split("\n  - ")[1:]]
+        if reasons:
+            reasons[-1] = reasons[-1].split("\n")[0]  # torch may append its own lines after the message
+            raise Unsupported(op, reasons) from None
         raise
 
 

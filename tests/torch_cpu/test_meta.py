@@ -75,6 +75,10 @@ def test_predicate_lists_every_reason_on_cpu_tensors():
         ops.layernorm_modulate(x, torch.empty(2, 10), torch.empty(2, 10))
     assert e.value.reasons == s.reasons
     assert "violated preconditions" in str(e.value)
+    # host inputs are refused for themselves, not for the output the op would allocate beside them
+    for reasons in (s.reasons, ops.can_use_gated_residual(x, x, torch.empty(2, 10)).reasons,
+                    ops.can_use_gelu_tanh(x).reasons):
+        assert not any("out must be on the device" in r or "q_out" in r for r in reasons), reasons
 
 
 def test_reference_op_is_the_eager_chain_on_cpu():

@@ -953,6 +953,29 @@ def test_activation_mul_names_an_unknown_activation_and_a_missing_table(monkeypa
     assert len(e.value.reasons) == 1
 
 
+def test_a_refusal_the_predicate_does_not_see_is_still_unsupported_with_its_reasons():
+    """An `out=` or in-place call refused for its output (which the out-of-place predicate does not see): the
+    library's message becomes difuse.Unsupported with its reasons (it was re-raised as a bare ValueError)."""
+    msg = ("difuse::gelu_tanh: unsupported input (2 violated preconditions):\n  - out must be bf16, got fp32\n"
+           "  - out's rows must not overlap (a row stride of at least the width), got bf16[4, 8]")
+
+    def refuse():
+        raise ValueError(msg)
+
+    x = torch.ones(4, 8)
+    with pytest.raises(difuse.Unsupported) as e:
+        difuse.ops._call_or_explain("gelu_tanh", refuse, (x,), lambda: difuse.ops.Support(True, []))
+    assert e.value.reasons == ["out must be bf16, got fp32",
+                               "out's rows must not overlap (a row stride of at least the width), got bf16[4, 8]"]
+
+    def other():
+        raise ValueError("something else")
+
+    with pytest.raises(ValueError, match="something else") as e:
+        difuse.ops._call_or_explain("gelu_tanh", other, (x,), lambda: difuse.ops.Support(True, []))
+    assert not isinstance(e.value, difuse.Unsupported)
+
+
 def test_block_gate_remembers_verified_shapes(monkeypatch):
     """BlockGate.run takes the same memo: a verified shape key runs the patched forward without asking; the
     string signature is built only when the gate is asked."""
