@@ -27,8 +27,9 @@
 // chunks of a fused to_qkv output are fine); 4 <= D <= 128, D % 4 == 0 (aten's vectorized RMSNorm, one warp's
 // worth of vectors); the first (text) stream has the second's B, H, D; weights absent or bf16 [D]
 // contiguous 8-byte aligned; cos and sin both absent or both fp32 [S_first + S_second, D] contiguous 16-byte
-// aligned; outputs contiguous bf16 [B, S_total, H, D], 8-byte aligned, overlapping no input; v_out given
-// exactly when v is (and v_first exactly when there is a first stream and v).
+// aligned; outputs contiguous bf16 [B, S_total, H, D], 8-byte aligned, overlapping no input nor one another (v_out
+// against q_out and k_out since the thirty-second session); v_out given exactly when v is (and v_first exactly when
+// there is a first stream and v).
 //
 // Verification status: bit-exact on the H200 at 66f5a3b (torch 2.11.0+cu130, sm_90): tests/gpu/test_qk_norm_rope.py
 // (249 cases, incl. the q, k, v diffusers' FluxAttnProcessor hands to attention, the half-warp default with 1 and 2
