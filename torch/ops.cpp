@@ -36,6 +36,23 @@ c10::cuda::OptionalCUDAGuard cuda_guard(const at::Tensor& t) {
   return c10::cuda::OptionalCUDAGuard(t.device());
 }
 
+// A Meta impl runs whenever any argument is a meta (or, inside FakeTensorMode's kernel call, fake) tensor: every
+// other tensor argument must then be one too, else the impl would hand back an unwritten output on a real device
+// where the CUDA impl would have refused the mix. nullptr entries (absent optional arguments) are skipped.
+const at::Tensor* opt_ptr(const std::optional<at::Tensor>& t) {
+  return t.has_value() && t->defined() ? &*t : nullptr;
+}
+void check_meta_devices(const char* op, std::initializer_list<const at::Tensor*> ts) {
+  const at::Tensor* first = nullptr;
+  for (const at::Tensor* t : ts) {
+    if (t == nullptr || !t->defined()) continue;
+    if (first == nullptr) first = t;
+    TORCH_CHECK_VALUE(t->device() == first->device(), "difuse::", op,
+                      ": every tensor argument must be on one device (meta with meta), got ", first->device(),
+                      " and ", t->device());
+  }
+}
+
 // Reasons from a C predicate's message ("...:\n  - a\n  - b").
 std::vector<std::string> reasons_from_last_error() {
   std::vector<std::string> reasons;
@@ -73,6 +90,7 @@ at::Tensor layernorm_modulate_cuda(const at::Tensor& x, const at::Tensor& scale,
 }
 
 at::Tensor layernorm_modulate_meta(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, double) {
+  check_meta_devices("layernorm_modulate", {&x, &scale, &shift});
   check_layernorm_modulate_meta(x, scale, shift);
   return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
 }
@@ -127,11 +145,13 @@ void gated_residual_inplace_cuda(const at::Tensor& h, const at::Tensor& a, const
 }
 
 at::Tensor gated_residual_meta(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+  check_meta_devices("gated_residual", {&h, &a, &gate});
   check_gated_residual_meta(h, a, gate);
   return at::empty(h.sizes(), h.options().memory_format(at::MemoryFormat::Contiguous));
 }
 
 void gated_residual_inplace_meta(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+  check_meta_devices("gated_residual_", {&h, &a, &gate});
   check_gated_residual_meta(h, a, gate);
 }
 
@@ -162,6 +182,7 @@ at::Tensor rms_norm_cuda(const at::Tensor& x, const std::optional<at::Tensor>& w
 }
 
 at::Tensor rms_norm_meta(const at::Tensor& x, const std::optional<at::Tensor>& weight, double) {
+  check_meta_devices("rms_norm", {&x, opt_ptr(weight)});
   TORCH_CHECK_VALUE(x.dim() >= 1 && x.dim() <= 4, "difuse::rms_norm: x must have rank 1 to 4, got ", x.sizes());
   TORCH_CHECK_VALUE(x.scalar_type() == at::kBFloat16, "difuse::rms_norm: x must be bf16");
   if (weight.has_value() && weight->defined())
@@ -261,6 +282,7 @@ at::Tensor rms_norm_modulate_cuda(const at::Tensor& x, const std::optional<at::T
 
 at::Tensor rms_norm_modulate_meta(const at::Tensor& x, const std::optional<at::Tensor>& weight, const at::Tensor& scale,
                                   const at::Tensor& shift, double, bool) {
+  check_meta_devices("rms_norm_modulate", {&x, opt_ptr(weight), &scale, &shift});
   check_rms_norm_modulate_meta("rms_norm_modulate", "x", x, weight, {{"scale", &scale}, {"shift", &shift}});
   return at::empty(x.sizes(), x.options().memory_format(at::MemoryFormat::Contiguous));
 }
@@ -308,6 +330,7 @@ std::tuple<at::Tensor, at::Tensor> gated_residual_rms_norm_modulate_cuda(
 std::tuple<at::Tensor, at::Tensor> gated_residual_rms_norm_modulate_meta(
     const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate, const std::optional<at::Tensor>& weight,
     const at::Tensor& scale, const at::Tensor& shift, double, bool) {
+  check_meta_devices("gated_residual_rms_norm_modulate", {&h, &a, &gate, opt_ptr(weight), &scale, &shift});
   check_rms_norm_modulate_meta("gated_residual_rms_norm_modulate", "h", h, weight,
                                {{"gate", &gate}, {"scale", &scale}, {"shift", &shift}});
   TORCH_CHECK_VALUE(a.scalar_type() == at::kBFloat16 && a.sizes() == h.sizes(),
@@ -360,6 +383,7 @@ std::tuple<at::Tensor, at::Tensor> gated_residual_layernorm_modulate_cuda(const 
 std::tuple<at::Tensor, at::Tensor> gated_residual_layernorm_modulate_meta(const at::Tensor& h, const at::Tensor& a,
                                                                           const at::Tensor& gate, const at::Tensor& scale,
                                                                           const at::Tensor& shift, double) {
+  check_meta_devices("gated_residual_layernorm_modulate", {&h, &a, &gate, &scale, &shift});
   check_gated_residual_meta(h, a, gate);
   check_layernorm_modulate_meta(h, scale, shift);
   const auto opts = h.options().memory_format(at::MemoryFormat::Contiguous);
@@ -404,6 +428,7 @@ void check_fp32_rows_meta(const char* op, const at::Tensor& like, const at::Tens
 }
 
 at::Tensor layernorm_modulate_fp32_meta(const at::Tensor& x, const at::Tensor& scale, const at::Tensor& shift, double) {
+  check_meta_devices("layernorm_modulate_fp32", {&x, &scale, &shift});
   TORCH_CHECK_VALUE(x.dim() == 3 && x.scalar_type() == at::kBFloat16, "difuse::layernorm_modulate_fp32: x must be bf16 [B, L, H]");
   check_fp32_rows_meta("layernorm_modulate_fp32", x, scale);
   check_fp32_rows_meta("layernorm_modulate_fp32", x, shift);
@@ -437,6 +462,7 @@ at::Tensor gated_residual_fp32_cuda(const at::Tensor& h, const at::Tensor& a, co
 }
 
 at::Tensor gated_residual_fp32_meta(const at::Tensor& h, const at::Tensor& a, const at::Tensor& gate) {
+  check_meta_devices("gated_residual_fp32", {&h, &a, &gate});
   TORCH_CHECK_VALUE(h.dim() == 3 && h.scalar_type() == at::kBFloat16 && a.sizes() == h.sizes() &&
                         a.scalar_type() == at::kBFloat16,
                     "difuse::gated_residual_fp32: h and a must be bf16 [B, L, H]");
@@ -466,6 +492,7 @@ at::Tensor layernorm_affine_fp32_cuda(const at::Tensor& x, const at::Tensor& wei
 }
 
 at::Tensor layernorm_affine_fp32_meta(const at::Tensor& x, const at::Tensor& weight, const at::Tensor& bias, double) {
+  check_meta_devices("layernorm_affine_fp32", {&x, &weight, &bias});
   TORCH_CHECK_VALUE(x.dim() == 3 && x.scalar_type() == at::kBFloat16, "difuse::layernorm_affine_fp32: x must be bf16 [B, L, H]");
   TORCH_CHECK_VALUE(weight.dim() == 1 && bias.dim() == 1 && weight.size(0) == x.size(2) && bias.size(0) == x.size(2) &&
                         weight.scalar_type() == at::kFloat && bias.scalar_type() == at::kFloat,
@@ -511,6 +538,7 @@ at::Tensor gelu_tanh_meta(const at::Tensor& x) {
 }
 
 void gelu_tanh_into_meta(const at::Tensor& x, const at::Tensor& out) {
+  check_meta_devices("gelu_tanh_into", {&x, &out});
   check_gelu_tanh_meta(x);
   TORCH_CHECK_VALUE(out.sizes() == x.sizes() && out.scalar_type() == at::kBFloat16,
                     "difuse::gelu_tanh: out must be bf16 with the sizes of x ", x.sizes(), ", got ", out.sizes());
@@ -549,11 +577,13 @@ void check_activation_mul_meta(const at::Tensor& a, const at::Tensor& b, const a
 }
 
 at::Tensor activation_mul_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& table) {
+  check_meta_devices("activation_mul", {&a, &b, &table});
   check_activation_mul_meta(a, b, table);
   return at::empty(a.sizes(), a.options().memory_format(at::MemoryFormat::Contiguous));
 }
 
 void activation_mul_into_meta(const at::Tensor& a, const at::Tensor& b, const at::Tensor& table, const at::Tensor& out) {
+  check_meta_devices("activation_mul_into", {&a, &b, &table, &out});
   check_activation_mul_meta(a, b, table);
   TORCH_CHECK_VALUE(out.sizes() == a.sizes() && out.scalar_type() == at::kBFloat16,
                     "difuse::activation_mul: out must be bf16 with the sizes of a ", a.sizes(), ", got ", out.sizes());
@@ -584,6 +614,7 @@ at::Tensor rope_rotate_half_cuda(const at::Tensor& x, const at::Tensor& cos, con
 }
 
 at::Tensor rope_rotate_half_meta(const at::Tensor& x, const at::Tensor& cos, const at::Tensor& sin) {
+  check_meta_devices("rope_rotate_half", {&x, &cos, &sin});
   TORCH_CHECK_VALUE(x.dim() == 4 && x.scalar_type() == at::kBFloat16,
                     "difuse::rope_rotate_half: x must be bf16 [B, S, heads, D], got ", x.sizes());
   TORCH_CHECK_VALUE(cos.dim() == 4 && sin.dim() == 4 && cos.sizes() == sin.sizes() &&
@@ -618,6 +649,7 @@ at::Tensor rms_norm_rope_rotate_half_cuda(const at::Tensor& x, const std::option
 
 at::Tensor rms_norm_rope_rotate_half_meta(const at::Tensor& x, const std::optional<at::Tensor>& weight,
                                           const at::Tensor& cos, const at::Tensor& sin, double) {
+  check_meta_devices("rms_norm_rope_rotate_half", {&x, opt_ptr(weight), &cos, &sin});
   TORCH_CHECK_VALUE(x.dim() == 4 && x.size(3) == 128 && x.scalar_type() == at::kBFloat16,
                     "difuse::rms_norm_rope_rotate_half: x must be bf16 [B, S, heads, 128], got ", x.sizes());
   TORCH_CHECK_VALUE(!(weight.has_value() && weight->defined()) ||
@@ -723,9 +755,11 @@ std::vector<at::Tensor> qk_norm_rope_cuda(const at::Tensor& q, const at::Tensor&
   return outs;
 }
 
-std::vector<at::Tensor> qk_norm_rope_meta(const at::Tensor& q, const at::Tensor& k, const OptT& v, const OptT&,
-                                          const OptT&, const OptT& q1, const OptT& k1, const OptT& v1, const OptT&,
-                                          const OptT&, const OptT& cos, const OptT&, double) {
+std::vector<at::Tensor> qk_norm_rope_meta(const at::Tensor& q, const at::Tensor& k, const OptT& v, const OptT& wq,
+                                          const OptT& wk, const OptT& q1, const OptT& k1, const OptT& v1,
+                                          const OptT& wq1, const OptT& wk1, const OptT& cos, const OptT& sin, double) {
+  check_meta_devices("qk_norm_rope", {&q, &k, opt_ptr(v), opt_ptr(wq), opt_ptr(wk), opt_ptr(q1), opt_ptr(k1),
+                                      opt_ptr(v1), opt_ptr(wq1), opt_ptr(wk1), opt_ptr(cos), opt_ptr(sin)});
   TORCH_CHECK_VALUE(q.dim() == 4 && q.scalar_type() == at::kBFloat16,
                     "difuse::qk_norm_rope: q must be bf16 [B, S, heads, head_dim], got ", q.sizes());
   TORCH_CHECK_VALUE(k.sizes() == q.sizes(), "difuse::qk_norm_rope: k must have the shape of q ", q.sizes());
@@ -874,9 +908,10 @@ std::tuple<at::Tensor, at::Tensor> qk_norm_rope_wan_cuda(const at::Tensor& q, co
   return {oq, ok};
 }
 
-std::tuple<at::Tensor, at::Tensor> qk_norm_rope_wan_meta(const at::Tensor& q, const at::Tensor& k, const OptT&,
-                                                         const OptT&, const at::Tensor& cos, const at::Tensor& sin,
+std::tuple<at::Tensor, at::Tensor> qk_norm_rope_wan_meta(const at::Tensor& q, const at::Tensor& k, const OptT& wq,
+                                                         const OptT& wk, const at::Tensor& cos, const at::Tensor& sin,
                                                          int64_t heads, double) {
+  check_meta_devices("qk_norm_rope_wan", {&q, &k, opt_ptr(wq), opt_ptr(wk), &cos, &sin});
   check_qk_wan_meta(q, k, cos, sin, heads);
   const auto opts = q.options().memory_format(at::MemoryFormat::Contiguous);
   const auto sizes = wan_head_sizes(q, heads);
@@ -1020,9 +1055,11 @@ Tensor3 qk_norm_rope_qwen_cuda(const at::Tensor& q, const at::Tensor& k, const a
   return {oq, ok, ov};
 }
 
-Tensor3 qk_norm_rope_qwen_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptT&, const OptT&,
-                               const at::Tensor& q1, const at::Tensor& k1, const at::Tensor& v1, const OptT&,
-                               const OptT&, const OptT& f, const OptT& f1, double) {
+Tensor3 qk_norm_rope_qwen_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptT& wq,
+                               const OptT& wk, const at::Tensor& q1, const at::Tensor& k1, const at::Tensor& v1,
+                               const OptT& wq1, const OptT& wk1, const OptT& f, const OptT& f1, double) {
+  check_meta_devices("qk_norm_rope_qwen", {&q, &k, &v, opt_ptr(wq), opt_ptr(wk), &q1, &k1, &v1, opt_ptr(wq1),
+                                           opt_ptr(wk1), opt_ptr(f), opt_ptr(f1)});
   check_qwen_meta(q, k, v, q1, k1, v1, f, f1);
   const auto sizes = qwen_joint_sizes(q, q1);
   const auto opts = q.options().memory_format(at::MemoryFormat::Contiguous);
@@ -1129,9 +1166,10 @@ Tensor3 qk_norm_sd35_cuda(const at::Tensor& q, const at::Tensor& k, const at::Te
   return {oq, ok, ov};
 }
 
-Tensor3 qk_norm_sd35_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptT&, const OptT&,
-                          const at::Tensor& q1, const at::Tensor& k1, const at::Tensor& v1, const OptT&, const OptT&,
-                          double) {
+Tensor3 qk_norm_sd35_meta(const at::Tensor& q, const at::Tensor& k, const at::Tensor& v, const OptT& wq,
+                          const OptT& wk, const at::Tensor& q1, const at::Tensor& k1, const at::Tensor& v1,
+                          const OptT& wq1, const OptT& wk1, double) {
+  check_meta_devices("qk_norm_sd35", {&q, &k, &v, opt_ptr(wq), opt_ptr(wk), &q1, &k1, &v1, opt_ptr(wq1), opt_ptr(wk1)});
   check_sd35_meta(q, k, v, q1, k1, v1);
   const auto sizes = sd35_joint_sizes(q, q1);
   const auto opts = q.options().memory_format(at::MemoryFormat::Contiguous);

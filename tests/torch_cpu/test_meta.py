@@ -43,6 +43,21 @@ def test_fake_tensor_mode_on_cuda_tensors():
         assert out.device.type == "cuda" and out.shape == (2, 300, 3072)
 
 
+def test_meta_refuses_a_mix_of_meta_and_real_tensors():
+    """The Meta impl runs when any argument is meta: with a real tensor beside it, it refuses (it used to return an
+    unwritten tensor on the real device)."""
+    x, s, h = meta_inputs(1, 33, 256, chunks=2)
+    with pytest.raises(ValueError, match="every tensor argument must be on one device"):
+        OP(torch.empty(x.shape, dtype=x.dtype), s, h, 1e-6)
+    with pytest.raises(ValueError, match="every tensor argument must be on one device"):
+        torch.ops.difuse.gated_residual_(torch.empty(x.shape, dtype=x.dtype), torch.empty(x.shape, dtype=x.dtype),
+                                         s)
+    w = torch.empty(256, dtype=torch.bfloat16)
+    with pytest.raises(ValueError, match="every tensor argument must be on one device"):
+        torch.ops.difuse.rms_norm(x, w, 1e-6)
+    assert torch.ops.difuse.rms_norm(x, w.to("meta"), 1e-6).device.type == "meta"
+
+
 def test_opcheck_on_meta():
     x, s, h = meta_inputs(1, 33, 256, chunks=2)
     torch.library.opcheck(OP.default, (x, s, h, 1e-6))
