@@ -1,9 +1,11 @@
 """Op benchmark (`python -m difuse bench ops`).
 
 For each shape: the memory floor (bytes that must move / device-to-device copy bandwidth measured in the
-same run), eager, difuse and (when available) a peer, all CUDA-event medians of single calls with inputs
-rotated over more than 3x the L2 so every call reads from HBM, and a busy-wait queued before each timed
-call so host launch latency never shows up as GPU time. Also counts mismatching elements (bit patterns)
+same run), eager, difuse and (when available) a peer, all CUDA-event medians of single calls rotated over
+input sets whose bytes (inputs and outputs, as the op moves them) add up to more than 3x the L2, at least 2 sets,
+so every call reads from HBM; each call's output is held for one rotation, so outputs rotate over as many blocks
+(outputs_rotated in the records since the thirty-second session; before, every call wrote the block the previous
+one had freed); and a busy-wait queued before each timed call so host launch latency never shows up as GPU time. Also counts mismatching elements (bit patterns)
 between difuse and eager on one input of each shape. Two references per shape move the same bytes in the same
 rotation: the driver's device-to-device copy (copy_us) and the fastest of libdifuse's streaming copy kernels
 (stream_us, src/probe/stream_copy.cu): what any kernel that only moves those bytes needs there.
@@ -22,6 +24,7 @@ LN_SHAPES = [  # (B, L, H), chunks: FLUX.1, SD3, Sana and Wan sites, plus the an
     ((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 4608, 3072), 3), ((2, 300, 3072), 6),
     ((1, 4096, 4096), 6), ((2, 4096, 3072), 6), ((2, 4096, 1536), 6), ((2, 333, 1536), 6),
     ((2, 1024, 2240), 6), ((1, 32760, 5120), 6), ((1, 32760, 1536), 6),
+    ((1, 8192, 3072), 0),  # chunks 0: per-token [B, L, H] scale / shift (Qwen-Image-Edit's zero_cond_t, 1024^2 + 1024^2)
 ]
 GR_SHAPES = [  # chunks 0: per-token gate [B, L, H]; ERNIE-Image's MLP residual: its [S, B, H] gate rows at 1024^2, CFG
     ((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 4608, 3072), 3), ((2, 300, 3072), 6),
@@ -40,8 +43,16 @@ QUICK = {((1, 4608, 12288), 0), ((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 
 def _ln_case(torch, shape, chunks, g):
     B, L, H = shape
     x = torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g)
+    if chunks == 0:  # per-token rows, as the Qwen site's torch.where makes them: contiguous [B, L, H]
+        return (x, (torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.5),
+                (torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.5), 1e-6)
     parts = (torch.randn(B, chunks * H, device="cuda", dtype=torch.bfloat16, generator=g) * 0.5).chunk(chunks, dim=1)
     return (x, parts[1], parts[0], 1e-6)
+
+
+def _ln_bytes(s, c):
+    """x read, out written, the scale and shift rows: [B, H] each (chunks), or [B, L, H] each (per-token, c 0)."""
+    return 2 * s[0] * s[1] * s[2] * 2 + 2 * (s[0] * s[1] * s[2] if c == 0 else s[0] * s[2]) * 2
 
 
 def _gr_case(torch, shape, chunks, g):
@@ -70,6 +81,12 @@ def _grln_case(torch, shape, chunks, g):
 def _wan_case(torch, shape, which, g):
     B, L, H = shape
     x = torch.randn(B, L, H, device="cuda", dtype=torch.bfloat16, generator=g)
+    if which == "affine":  # norm2: FP32LayerNorm's fp32 weight and bias
+        return (x, 1 + 0.1 * torch.randn(H, device="cuda", generator=g), 0.1 * torch.randn(H, device="cuda", generator=g),
+                1e-6)
+    if which == "ln_tokens":  # Wan 2.2 TI2V: (scale_shift_table + temb[B, L, 6, H]).chunk(6, dim=2), squeezed
+        m = [t.squeeze(2) for t in (torch.randn(B, L, 6, H, device="cuda", generator=g) * 0.5).chunk(6, dim=2)]
+        return (x, m[1], m[0], 1e-6)
     m = (torch.randn(B, 6, H, device="cuda", generator=g) * 0.5).chunk(6, dim=1)
     if which == "ln":
         return (x, m[1], m[0], 1e-6)
@@ -264,9 +281,9 @@ def op_specs(torch):
     torch_extension()
     return {
         "layernorm_modulate": dict(
-            shapes=LN_SHAPES, bytes=lambda s, c: 2 * s[0] * s[1] * s[2] * 2 + 2 * s[0] * s[2] * 2, make=_ln_case,
+            shapes=LN_SHAPES, bytes=_ln_bytes, make=_ln_case,
             eager=ops.layernorm_modulate_eager, fused=torch.ops.difuse.layernorm_modulate,
-            variant=lambda c: "chunk%d" % c, peer="layernorm_modulate"),
+            variant=lambda c: "per_token" if c == 0 else "chunk%d" % c, peer="layernorm_modulate"),
         "gated_residual": dict(
             shapes=GR_SHAPES,
             bytes=lambda s, c: 3 * s[0] * s[1] * s[2] * 2 + (s[0] * s[1] * s[2] if c == 0 else s[0] * s[2]) * 2,
@@ -279,10 +296,18 @@ def op_specs(torch):
             eager=ops.gated_residual_layernorm_modulate_eager, fused=torch.ops.difuse.gated_residual_layernorm_modulate,
             variant=lambda c: "chunk%d" % c, peer="gated_residual_layernorm_modulate"),
         "layernorm_modulate_fp32": dict(
-            shapes=[((1, 32760, 5120), "ln"), ((1, 32760, 1536), "ln")],
-            bytes=lambda s, c: 2 * s[0] * s[1] * s[2] * 2 + 2 * s[0] * s[2] * 4, make=_wan_case,
-            eager=ops.layernorm_modulate_fp32_eager, fused=torch.ops.difuse.layernorm_modulate_fp32,
-            variant=lambda c: "wan_fp32_rows", peer="layernorm_modulate_fp32"),
+            # Wan 2.1 14B / 1.3B at 480p; Wan 2.2 TI2V-5B at 1280x704, 121 frames (31 x 22 x 40 latent patches),
+            # its modulation per token
+            shapes=[((1, 32760, 5120), "ln"), ((1, 32760, 1536), "ln"), ((1, 27280, 3072), "ln_tokens")],
+            bytes=lambda s, c: 2 * s[0] * s[1] * s[2] * 2 + 2 * s[0] * (s[1] if c == "ln_tokens" else 1) * s[2] * 4,
+            make=_wan_case, eager=ops.layernorm_modulate_fp32_eager, fused=torch.ops.difuse.layernorm_modulate_fp32,
+            variant=lambda c: "wan_fp32_tokens" if c == "ln_tokens" else "wan_fp32_rows",
+            peer="layernorm_modulate_fp32"),
+        "layernorm_affine_fp32": dict(
+            shapes=[((1, 32760, 5120), "affine"), ((1, 32760, 1536), "affine")],
+            bytes=lambda s, c: 2 * s[0] * s[1] * s[2] * 2 + 2 * s[2] * 4, make=_wan_case,
+            eager=ops.layernorm_affine_fp32_eager, fused=torch.ops.difuse.layernorm_affine_fp32,
+            variant=lambda c: "wan_norm2", peer="layernorm_affine_fp32"),
         "gated_residual_fp32": dict(
             shapes=[((1, 32760, 5120), "gr"), ((1, 32760, 1536), "gr")],
             bytes=lambda s, c: 3 * s[0] * s[1] * s[2] * 2 + s[0] * s[2] * 4, make=_wan_case,
@@ -377,12 +402,33 @@ def git_sha() -> str:
 SLEEP_CYCLES = 200_000
 
 
+def op_mismatches(fused, eager, args) -> int:
+    """Elements whose bits differ between the fused op and the eager chain on `args`, the fused result copied before
+    the eager chain runs (the two may write one buffer: an `out` slice, e.g. gelu_tanh into its concat)."""
+    from .gate import count_mismatches
+
+    return count_mismatches(_copied(fused(*args)), eager(*args))
+
+
+def _copied(out):
+    """A copy of an op's result (a tensor, or a tuple / list of them)."""
+    if isinstance(out, (tuple, list)):
+        return type(out)(_copied(t) for t in out)
+    return out.clone() if hasattr(out, "clone") else out
+
+
 def time_calls(calls, reps: int, warmup: int = 10) -> float:
-    """Median µs of single calls, rotating over `calls` (each reads its own inputs)."""
+    """Median µs of single calls, rotating over `calls` (each reads its own inputs). The results of the last
+    len(calls) calls are held, so each call's output lands in memory of its own in the same rotation as the inputs
+    (freed at once, the caching allocator would hand every call the block the previous one wrote, whose lines may
+    still sit in L2); held after each call's end event, outside the timed span."""
+    import collections
+
     import torch
 
+    held = collections.deque(maxlen=len(calls))
     for i in range(warmup):
-        calls[i % len(calls)]()
+        held.append(calls[i % len(calls)]())
     torch.cuda.synchronize()
     cyc = SLEEP_CYCLES
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -390,9 +436,11 @@ def time_calls(calls, reps: int, warmup: int = 10) -> float:
     for r in range(reps):
         torch.cuda._sleep(cyc)
         starts[r].record()
-        calls[r % len(calls)]()
+        out = calls[r % len(calls)]()
         ends[r].record()
+        held.append(out)
     torch.cuda.synchronize()
+    held.clear()
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
 
 
@@ -528,7 +576,12 @@ def main(args) -> int:
             sets = max(2, math.ceil(3 * l2 / nbytes))
             inputs = [spec["make"](torch, shape, chunks, g) for _ in range(sets)]
             fused, eager = spec["fused"], spec["eager"]
-            mism = count_mismatches(fused(*inputs[0]), eager(*inputs[0]))
+            try:
+                mism = op_mismatches(fused, eager, inputs[0])
+            except ValueError as e:  # the op refuses this layout: say so, time the other shapes
+                print("%s %s: refused, not timed: %s" % (name, "x".join(map(str, shape)), e), file=sys.stderr)
+                del inputs
+                continue
             eager_us = time_calls([lambda a=a: eager(*a) for a in inputs], args.reps)
             difuse_us = time_calls([lambda a=a: fused(*a) for a in inputs], args.reps)
             peer_us = None
@@ -550,7 +603,7 @@ def main(args) -> int:
                        x_stream=None if stream_us is None else round(difuse_us / stream_us, 2),
                        speedup_vs_eager=round(eager_us / difuse_us, 2), mismatches=mism, git_sha=git_sha(),
                        command=command, torch=torch.__version__, gpu=gpu, copy_bw_tbs=round(bw / 1e12, 3),
-                       input_sets=sets, reps=args.reps, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                       input_sets=sets, outputs_rotated=True, reps=args.reps, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
             records.append(rec)
             print("%-20s %14s %8.1f %9.1f %9.1f %9s %9.1f %9.1f %9s %7.0f%% %8s %8.2f %10d" % (
                 "x".join(map(str, shape)), rec["variant"], nbytes / 1e6, floor_us, copy_us,

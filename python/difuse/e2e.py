@@ -1899,7 +1899,8 @@ class NullOps:
         return null
 
 
-def run_null_fused_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda") -> tuple:
+def run_null_fused_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, device="cuda",
+                       step_sync: bool = True) -> tuple:
     """The null-fused arm (--null-fused): the patched model (every signature already verified by the patched arm, so
     its sites call their fused ops directly) with difuse.ops' torch ops replaced by NullOps for the loop, timed and
     clock-sampled like the other arms: (ArmResult, clocks summary or None). The real ops come back afterwards."""
@@ -1912,7 +1913,7 @@ def run_null_fused_arm(spec: ModelSpec, model, inputs: Inputs, steps: int, devic
     saved = difuse_ops._ops
     difuse_ops._ops = lambda: null
     try:
-        return sampled_arm(spec, model, inputs, steps, "null-fused", device)
+        return sampled_arm(spec, model, inputs, steps, "null-fused", device, step_sync)
     finally:
         difuse_ops._ops = saved
 
@@ -2191,7 +2192,8 @@ def run(opts: Options, api=None, log=print) -> dict | None:
         null_rec = None
         if opts.null_fused:  # after the report: its calls would count as fused calls
             try:
-                null_rec = null_fused_fields(*run_null_fused_arm(spec, model, inputs, opts.steps, opts.device))
+                null_rec = null_fused_fields(*run_null_fused_arm(spec, model, inputs, opts.steps, opts.device,
+                                                                 opts.step_sync))
             except Exception as e:  # noqa: BLE001 -- the bound arm is extra; its failure is recorded, not fatal
                 null_rec = null_fused_fields(None, None, "%s: %s" % (type(e).__name__, e))
                 print("null-fused arm failed: %s" % null_rec["null_fused_error"], file=sys.stderr)
@@ -2227,8 +2229,9 @@ def run(opts: Options, api=None, log=print) -> dict | None:
 
 
 def main(args, api=None) -> int:
-    """`python -m difuse bench <model>`: 0 when the latents match at every step and stay finite, 1 when not,
-    2 when this cannot run here (no torch, GPU or diffusers; an option the model does not take; difuse.patch
+    """`python -m difuse bench <model>`: 0 when the latents match at every step and stay finite (the graph arm's
+    too) with no gate disabled, 1 when not, 3 when they match but a gate was disabled (exit_status), 2 when this
+    cannot run here (no torch, GPU or diffusers; an option the model does not take; difuse.patch
     does not support the model)."""
     if args.what not in SPECS:
         print("difuse bench %s: unknown model (implemented: %s)" % (args.what, ", ".join(SPECS)), file=sys.stderr)
@@ -2267,4 +2270,26 @@ def main(args, api=None) -> int:
     rec = run(opts, api)
     if rec is None:
         return 2
-    return 0 if rec["md5_equal_all_steps"] and rec["latents_finite"] else 1
+    return exit_status(rec)
+
+
+def disabled_gates(rec: dict) -> list:
+    """The sites and block gates the record's patch report shows disabled (a verification found a difference, or a
+    fused op raised): from then on they answered with the eager chain, so equal md5s no longer show the kernels
+    ran."""
+    rep = rec.get("patch_report") or {}
+    out = ["site " + k for k, v in sorted((rep.get("sites") or rec.get("sites") or {}).items()) if v.get("disabled")]
+    return out + ["block " + k for k, v in sorted((rep.get("blocks") or {}).items()) if v.get("disabled")]
+
+
+def exit_status(rec: dict) -> int:
+    """0: the latents match at every step and stay finite (and so do the graph arm's, when it ran) with no gate
+    disabled; 1: a difference or a non-finite latent; 3: equal but a gate was disabled (printed)."""
+    if not (rec["md5_equal_all_steps"] and rec["latents_finite"]) or rec.get("graph_md5_equal_all_steps") is False:
+        return 1
+    gone = disabled_gates(rec)
+    if gone:
+        print("difuse bench %s: the latents match, but %d gate(s) were disabled, so those sites ran their eager "
+              "chains: %s" % (rec.get("model"), len(gone), ", ".join(gone)), file=sys.stderr)
+        return 3
+    return 0

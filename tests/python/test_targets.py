@@ -59,7 +59,26 @@ class JudgeTest(unittest.TestCase):
 
     def test_unbounded(self):
         self.assertIsNone(targets.judge(rec("layernorm_modulate", (1, 4096, 3072), "chunk6", 24.5, 11.9)))
-        self.assertIsNone(targets.judge(rec("qk_norm_rope_flux", (1, 1536, 24, 128), "double", 20.2, 13.7)))
+        self.assertIsNone(targets.judge(rec("layernorm_modulate", (1, 4096, 3072), "chunk3", 24.5, 11.9)))
+
+    def test_every_prologue_record_is_held_to_1_2_floor(self):
+        # issue 4: "each prologue <= 1.2 x its memory floor", the unnamed shapes too (no 50 us cap there)
+        for op, shape, variant in (("qk_norm_rope_flux", (1, 1536, 24, 128), "double"),
+                                   ("qk_norm_rope_flux", (1, 4608, 24, 128), "single"),
+                                   ("qk_norm_sd35", (1, 38, 4429, 64), "ctx333"),
+                                   ("qk_norm_rope_wan", (1, 32760, 12, 128), "separate")):
+            j = targets.judge(rec(op, shape, variant, 20.2, 13.7))
+            self.assertEqual((j["issue"], j["kind"], j["bound_us"], j["met"]), (4, "prologue_bound", 16.44, False),
+                             op)
+        j = targets.judge(rec("qk_norm_rope_qwen", (2, 4608, 24, 128), "txt512", 88.8, 80.75))
+        self.assertEqual((j["bound_us"], j["met"]), (96.9, True))
+
+    def test_issue_3_items_6_and_7(self):
+        # per-token layernorm_modulate (item 6) and the affine fp32 LayerNorm (item 7) are held to the site bound
+        j = targets.judge(rec("layernorm_modulate", (1, 8192, 3072), "per_token", 29.0, 23.8))
+        self.assertEqual((j["issue"], j["kind"], j["met"]), (3, "site_bound", True))
+        j = targets.judge(rec("layernorm_affine_fp32", (1, 32760, 5120), "wan_norm2", 200.0, 158.3))
+        self.assertEqual((j["issue"], j["kind"], j["met"]), (3, "site_bound", False))
 
 
 class MainTest(unittest.TestCase):
@@ -94,6 +113,15 @@ class MainTest(unittest.TestCase):
         self.assertTrue(lines[1].endswith("stream   20.4  NOT met"), lines[1])
         self.assertTrue(lines[2].endswith("met"), lines[2])
         self.assertTrue(lines[3].startswith("1 of the 2 misses have a bound below stream_us"), lines[3])
+
+    def test_an_op_that_beats_stream_us_is_not_called_unreachable(self):
+        # gated_residual reads 3 bytes for each it writes, stream_us moves half each way: a kernel already faster than
+        # it misses a bound below it without the label (and is not counted as unreachable)
+        records = [rec("gated_residual", (1, 4096, 3072), "chunk6", 21.1, 16.8, copy_us=24.9, stream_us=21.9)]
+        text, met, judged = targets.table(records)
+        self.assertEqual((met, judged), (0, 1))
+        self.assertTrue(text.splitlines()[0].endswith("stream   21.9  NOT met"), text)
+        self.assertTrue(text.splitlines()[1].startswith("0 of the 1 misses"), text)
 
     def test_committed_ops_json_reads(self):
         path = ROOT / "bench" / "results" / "h200" / "ops.json"

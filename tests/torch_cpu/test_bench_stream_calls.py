@@ -43,3 +43,24 @@ def test_a_refusal_raises_with_the_library_message():
     with mock.patch("difuse._loader.last_error", return_value="variant 99 outside [0, 71)"):
         with pytest.raises(RuntimeError, match="variant 99 outside"):
             calls[0]()
+
+
+def test_mismatches_see_a_fused_op_whose_output_the_eager_chain_overwrites():
+    """gelu_tanh into its concat slice: both arms write one `out`; the fused result is copied before the eager chain
+    runs, so a wrong fused output counts (it used to be compared with the eager chain's overwrite of itself)."""
+    out = torch.zeros(4, 8)
+    x = torch.randn(4, 8)
+
+    def fused(x, out):
+        out.fill_(123.0)
+        return out
+
+    def eager(x, out):
+        out.copy_(x * 2)
+        return out
+
+    assert bench.op_mismatches(fused, eager, (x, out)) == 32
+    assert bench.op_mismatches(lambda x, out: out.copy_(x * 2), eager, (x, out)) == 0
+    # tuples of outputs, copied one by one
+    assert bench.op_mismatches(lambda x, out: (x * 2, out.fill_(1.0)), lambda x, out: (x * 2, out.copy_(x)),
+                               (x, out)) == 32
