@@ -539,15 +539,24 @@ def run(opts, api, info: DistInfo, log=print) -> dict | None:
         out = opts.out or DEFAULT_OUT.format(world=info.world, suffix="-quick" if opts.quick else "")
         merge_run(out, rec)
         log("wrote %s (%s, %d ranks)" % (out, opts.cp, info.world))
-        ok = rec["md5_equal_all_steps"] and rec["latents_finite"] and rec["ranks_agree"]
-        code = 0 if ok else 1
+        ok = rec["md5_equal_all_steps"] and rec["latents_finite"] and rec["ranks_agree"] and \
+            rec.get("graph_md5_equal_all_steps") is not False
+        # equal latents show the fused kernels ran only where no gate answered with the eager chain for good
+        # (on the CPU every site answers with its eager chain by design: nothing to show there)
+        fused = rec["sites_fused_on_every_rank"] or rec.get("gpu") == "cpu"
+        code = 0 if ok and fused and not rec["block_gates_disabled"] else 3 if ok else 1
+        if code == 3:
+            log("the latents match, but not every site fused on every rank (or a block gate was disabled: %s)"
+                % (", ".join(rec["block_gates_disabled"]) or "none"))
     codes = gather(code, info)
     return rec if info.rank == 0 else {"exit": codes[0]}
 
 
 def main(opts, api=None) -> int:
     """Runs opts.cp on the ranks of the launch: 0 when the gathered latents match at every step (and the ranks
-    agree, and stay finite), 1 when not, 2 when it cannot run (no distributed launch, diffusers without CP)."""
+    agree, and stay finite, the graph arm's too) with every site fused on every rank and no block gate disabled,
+    3 when they match without that, 1 when not, 2 when it cannot run (no distributed launch, diffusers without
+    CP)."""
     if opts.cp not in CP_MODES:
         print("difuse bench: --cp %s (modes: %s)" % (opts.cp, ", ".join(CP_MODES)), file=sys.stderr)
         return 2

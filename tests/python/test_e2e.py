@@ -180,6 +180,23 @@ class RecordTest(unittest.TestCase):
         self.assertEqual(rec["first_diff_step"], 1)
         self.assertIs(rec["latents_finite"], False)
 
+    def test_exit_status_needs_equal_latents_the_graph_arm_and_no_disabled_gate(self):
+        # equal md5s show the fused kernels ran only while no gate fell back to the eager chain for good
+        self.assertEqual(e2e.exit_status(_record()), 0)
+        self.assertEqual(e2e.exit_status(_record(difuse_md5=("a", "q", "c"))), 1)
+        self.assertEqual(e2e.exit_status(_record(finite=False)), 1)
+        rec = _record()
+        rec["graph_md5_equal_all_steps"] = False
+        self.assertEqual(e2e.exit_status(rec), 1)
+        rec["graph_md5_equal_all_steps"] = None  # no graph arm
+        self.assertEqual(e2e.exit_status(rec), 0)
+        rec["patch_report"] = {"sites": {"D1": {"disabled": 0}, "D2": {"disabled": 1}},
+                               "blocks": {"double_block": {"disabled": True}, "single_block": {"disabled": False}}}
+        self.assertEqual(e2e.disabled_gates(rec), ["site D2", "block double_block"])
+        with contextlib.redirect_stderr(io.StringIO()) as err:
+            self.assertEqual(e2e.exit_status(rec), 3)
+        self.assertIn("2 gate(s) were disabled", err.getvalue())
+
     def test_report_text(self):
         text = e2e.format_report(_record(difuse_md5=("a", "q", "c")))
         self.assertIn("eager 21.00 ms, difuse 11.00 ms", text)
