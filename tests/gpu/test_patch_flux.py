@@ -198,25 +198,30 @@ def test_a_hook_on_a_module_inside_a_block_runs_as_in_the_unpatched_model():
 
 def test_with_grad_enabled_the_class_forward_answers_and_gradients_match():
     """Autograd recording (grad enabled, parameters requiring grad): the fused ops have no backward, so every patched
-    module answers with the class's forward; the output and the gradients are bit-identical to the unpatched
-    model's."""
+    module answers with the class's forward: the output is bit-identical to the unpatched model's and every parameter
+    gets its gradient (norm_q's came back None through the fused prologue), bit-identical to the unpatched one's
+    wherever two unpatched runs agree bit for bit (an attention backward may accumulate in another order from run to
+    run; norm_out's and proj_out's gradients have none between them and the loss)."""
     model = reduced_flux(double=1, single=1, seed=SEED + 19)
     inputs = flux_inputs(1, image_tokens=256, text_tokens=32)
-    params = {n: p for n, p in model.named_parameters() if "norm" in n or "ff.net.2" in n}
 
     def grads():
         model.zero_grad(set_to_none=True)
         out = model(**inputs)[0]
         out.float().square().mean().backward()
-        return out.detach(), {n: p.grad.clone() for n, p in params.items() if p.grad is not None}
+        return out.detach(), {n: None if p.grad is None else p.grad.clone() for n, p in model.named_parameters()}
 
     ref, ref_grads = grads()
+    _, again = grads()
+    steady = [n for n, g in ref_grads.items() if g is not None and count_mismatches(again[n], g) == 0]
+    assert any(n.startswith("proj_out.") for n in steady), steady
     difuse.patch(model)
     try:
         out, got = grads()
         assert count_mismatches(out, ref) == 0
-        assert ref_grads and set(got) == set(ref_grads)
-        for n in ref_grads:
+        assert [n for n, g in got.items() if g is None] == [n for n, g in ref_grads.items() if g is None]
+        assert all(bool(torch.isfinite(g.float()).all()) for g in got.values() if g is not None)
+        for n in steady:
             assert count_mismatches(got[n], ref_grads[n]) == 0, n
         rep = difuse.report(model)
         assert all(s["fused"] == 0 for s in rep["sites"].values()), difuse.format_report(rep)
