@@ -220,7 +220,6 @@ def test_with_grad_enabled_the_class_forward_answers_and_gradients_match():
         out, got = grads()
         assert count_mismatches(out, ref) == 0
         assert [n for n, g in got.items() if g is None] == [n for n, g in ref_grads.items() if g is None]
-        assert all(bool(torch.isfinite(g.float()).all()) for g in got.values() if g is not None)
         for n in steady:
             assert count_mismatches(got[n], ref_grads[n]) == 0, n
         rep = difuse.report(model)
