@@ -62,10 +62,14 @@ const difuse_tensor_view& view(const difuse_tensor_view* v, const char* name) {
   if (v->rank < 0 || v->rank > DIFUSE_MAX_RANK)
     throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, std::string(name) + " has rank " + std::to_string(v->rank) +
                                                    " outside [0, " + std::to_string(DIFUSE_MAX_RANK) + "]");
-  for (int d = 0; d < v->rank; ++d)
+  int64_t elements = 1;
+  for (int d = 0; d < v->rank; ++d) {
     if (v->sizes[d] < 0)
       throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, std::string(name) + " has a negative size " +
                                                      std::to_string(v->sizes[d]) + " in dim " + std::to_string(d));
+    if (__builtin_mul_overflow(elements, v->sizes[d], &elements))
+      throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, std::string(name) + " has more than 2^63 elements");
+  }
   return *v;
 }
 

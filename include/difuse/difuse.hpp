@@ -84,6 +84,7 @@ struct TensorView : difuse_tensor_view {
   }
   // Row-major contiguous strides for the given sizes.
   static TensorView contiguous(void* ptr, DType dt, std::initializer_list<int64_t> sz, int dev) {
+    if (sz.size() > DIFUSE_MAX_RANK) throw Error(DIFUSE_ERR_INVALID_ARGUMENT, "TensorView: rank must be <= 8");
     std::vector<int64_t> st(sz.size());
     int64_t acc = 1;
     std::vector<int64_t> s(sz);
@@ -350,6 +351,9 @@ class BitExactGate {
         mismatches = compare();
       } catch (const std::exception& e) {
         detail = e.what();
+      } catch (...) {  // anything else: end the verification (it holds the gate's lock), then let it go on
+        difuse_gate_end_verify(g_, device, sig.c_str(), -1, "verification interrupted");
+        throw;
       }
       check(difuse_gate_end_verify(g_, device, sig.c_str(), mismatches, detail.c_str()));
       if (mismatches == 0) return true;

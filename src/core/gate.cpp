@@ -78,6 +78,8 @@ bool BitExactGate::begin_verify(int device, std::string_view sig) {
     mu_.unlock();
     return false;
   }
+  pending_device_ = device;
+  pending_sig_.assign(sig.data(), sig.size());
   owner_.store(std::this_thread::get_id(), std::memory_order_release);
   return true;
 }
@@ -89,10 +91,16 @@ void BitExactGate::check_owner(const char* what) const {
 }
 
 void BitExactGate::end_verify(int device, std::string_view sig, int64_t mismatches, std::string_view detail) {
-  Device& d = dev(device);
   check_owner("end_verify");
+  // this thread holds mu_ since its begin_verify: adopt it before anything can throw, so every exit releases it
   owner_.store(std::thread::id(), std::memory_order_release);
   std::unique_lock<std::mutex> lock(mu_, std::adopt_lock);
+  if (device != pending_device_ || sig != pending_sig_)
+    throw Failure(DIFUSE_ERR_INVALID_ARGUMENT,
+                  "BitExactGate(" + op_ + ").end_verify(cuda:" + std::to_string(device) + ", " + std::string(sig) +
+                      ") does not end what begin_verify started (cuda:" + std::to_string(pending_device_) + ", " +
+                      pending_sig_ + "): nothing recorded");
+  Device& d = dev(device);
   d.verifications.fetch_add(1, std::memory_order_relaxed);
   if (mismatches == 0) {
     const Snapshot* old = d.verified.load(std::memory_order_acquire);

@@ -87,6 +87,8 @@ class BitExactGate {
   std::array<Device, kMaxDevices> devices_;
   mutable std::mutex mu_;
   std::atomic<std::thread::id> owner_{};
+  int pending_device_ = -1;   // what the owner's begin_verify started (under mu_): end_verify must name the same
+  std::string pending_sig_;
   // Snapshots and signature strings are retired, never freed before the gate: readers hold no lock.
   std::vector<std::unique_ptr<Snapshot>> snapshots_;
   std::deque<std::string> owned_;

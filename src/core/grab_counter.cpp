@@ -7,6 +7,7 @@
 #include <string>
 #include <unordered_map>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "core/gate.h"
 
@@ -47,7 +48,7 @@ GrabCounter* grab_counter(int device, cudaStream_t stream) {
   }
   const bool capturing = status != cudaStreamCaptureStatusNone;
   std::lock_guard<std::mutex> lock(g_mu);
-  Pool& pool = g_pools[device & 63];
+  Pool& pool = g_pools[device_slot(device)];
   if (!capturing) {
     const auto it = pool.by_stream.find(stream);
     if (it != pool.by_stream.end()) return it->second;

@@ -66,7 +66,7 @@ __device__ __forceinline__ void row_sync() {
 // Sets one attribute of a kernel once per device (bit per device ordinal in `done`).
 template <class Kernel>
 void set_attribute_once(Kernel kernel, int device, cudaFuncAttribute attr, int value, std::atomic<uint64_t>& done) {
-  const uint64_t bit = uint64_t{1} << (device & 63);
+  const uint64_t bit = uint64_t{1} << detail::device_slot(device);
   if (done.load(std::memory_order_acquire) & bit) return;
   DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(kernel, attr, value));
   done.fetch_or(bit, std::memory_order_acq_rel);

@@ -265,14 +265,14 @@ inline int stream_full_barriers_for(int slots, int groups) {
 // kernel's static shared memory, read once per device into `budgets` (one array per kernel).
 template <class Kernel>
 int stream_smem_budget(Kernel kernel, int device, std::atomic<int> (&budgets)[64]) {
-  int budget = budgets[device & 63].load(std::memory_order_acquire);
+  int budget = budgets[detail::device_slot(device)].load(std::memory_order_acquire);
   if (budget == 0) {
     int optin = 0;
     DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
     cudaFuncAttributes attr{};
     DIFUSE_CUDA_CHECK(cudaFuncGetAttributes(&attr, kernel));
     budget = optin - static_cast<int>(attr.sharedSizeBytes);
-    budgets[device & 63].store(budget, std::memory_order_release);
+    budgets[detail::device_slot(device)].store(budget, std::memory_order_release);
   }
   return budget;
 }

@@ -2,9 +2,13 @@
 // nothing is launched. Predicates never touch memory, so fake device addresses are enough here.
 #include <gtest/gtest.h>
 
+#include <cstdlib>
 #include <string>
 #include <thread>
 
+#include "core/device.h"
+#include "core/env_knob.h"
+#include "core/error.h"
 #include "difuse/difuse.hpp"
 #include "norm/layernorm_modulate.h"
 
@@ -139,6 +143,39 @@ TEST(CApi, NullAndMalformedViews) {
   EXPECT_EQ(difuse_can_use_layernorm_modulate(&c.out, &c.x, &c.scale, &c.shift, 1e-6), DIFUSE_ERR_INVALID_ARGUMENT);
   EXPECT_NE(std::string(difuse_last_error()).find("scale has a negative size -2 in dim 0"), std::string::npos)
       << difuse_last_error();
+  // sizes whose product overflows int64 (it wrapped to 0: an "empty" view every predicate accepted)
+  const TensorView huge(nullptr, DType::BF16, {int64_t{1} << 32, int64_t{1} << 32, 1024}, {0, 0, 1}, 0);
+  EXPECT_EQ(difuse_can_use_gelu_tanh(&huge, &huge), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(difuse_last_error()).find("more than 2^63 elements"), std::string::npos)
+      << difuse_last_error();
+  EXPECT_THROW(TensorView::contiguous(nullptr, DType::BF16, {1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1}, 0), difuse::Error);
+}
+
+TEST(EnvKnobs, OnlyAWholeIntegerCounts) {
+  int v = -5;
+  EXPECT_TRUE(difuse::detail::parse_knob_int("K", "24", v) && v == 24);
+  EXPECT_TRUE(difuse::detail::parse_knob_int("K", "0", v) && v == 0);
+  EXPECT_TRUE(difuse::detail::parse_knob_int("K", "-1", v) && v == -1);
+  for (const char* bad : {"on", "true", "8x", "1e3", "0x10", "99999999999", " "}) {
+    v = 42;
+    EXPECT_FALSE(difuse::detail::parse_knob_int("K", bad, v)) << bad;
+    EXPECT_EQ(v, 42) << bad;
+  }
+  ::setenv("DIFUSE_TEST_KNOB", "on", 1);
+  EXPECT_EQ(difuse::detail::env_knob_or("DIFUSE_TEST_KNOB", 7), 7);  // garbage: the default, not 0 ("off")
+  EXPECT_EQ(difuse::detail::positive_env_knob("DIFUSE_TEST_KNOB"), 0);
+  ::setenv("DIFUSE_TEST_KNOB", "12", 1);
+  EXPECT_EQ(difuse::detail::env_knob_or("DIFUSE_TEST_KNOB", 7), 12);
+  EXPECT_EQ(difuse::detail::positive_env_knob("DIFUSE_TEST_KNOB"), 12);
+  ::unsetenv("DIFUSE_TEST_KNOB");
+  EXPECT_EQ(difuse::detail::env_knob_or("DIFUSE_TEST_KNOB", 7), 7);
+}
+
+TEST(DeviceSlots, DevicesOutsideTheCachesAreRefused) {
+  EXPECT_EQ(difuse::detail::device_slot(0), 0);
+  EXPECT_EQ(difuse::detail::device_slot(63), 63);
+  EXPECT_THROW(difuse::detail::device_slot(64), difuse::detail::Failure);
+  EXPECT_THROW(difuse::detail::device_slot(-1), difuse::detail::Failure);
 }
 
 TEST(CApi, LastErrorIsPerThreadAndClearedOnSuccess) {

@@ -6,6 +6,7 @@
 #include <mutex>
 #include <string>
 #include <thread>
+#include <utility>
 #include <vector>
 
 #include "core/error.h"
@@ -163,6 +164,34 @@ TEST_F(GateTest, EndWithoutBeginIsRejected) {
   BitExactGate g("op", GateMode::PerSignature);
   EXPECT_THROW(g.end_verify(0, "s", 0, ""), difuse::detail::Failure);
   EXPECT_FALSE(g.is_verified(0, "s"));
+}
+
+TEST_F(GateTest, EndMustNameWhatBeginStartedAndAlwaysReleasesTheLock) {
+  BitExactGate g("op", GateMode::PerSignature);
+  for (const auto& [dev, sig] : {std::pair<int, std::string>{1, "A"}, {0, "B"}, {64, "A"}}) {
+    ASSERT_TRUE(g.begin_verify(0, "A"));
+    EXPECT_THROW(g.end_verify(dev, sig, 0, ""), difuse::detail::Failure) << dev << " " << sig;
+    EXPECT_FALSE(g.is_verified(0, "A"));
+    EXPECT_FALSE(g.is_verified(0, "B"));
+    // the lock is free again: another thread can start and end a verification
+    std::thread other([&] {
+      ASSERT_TRUE(g.begin_verify(0, "C"));
+      g.end_verify(0, "C", 0, "");
+    });
+    other.join();
+    EXPECT_TRUE(g.is_verified(0, "C"));
+    g.reset();
+  }
+}
+
+TEST_F(GateTest, TheWrapperEndsAVerificationAnyExceptionInterrupts) {
+  difuse::BitExactGate g("wrapped", difuse::GateMode::PerSignature);
+  EXPECT_THROW(g.run(0, "s", [] { throw 7; }, [] {}, [] { return int64_t{0}; }), int);
+  // not left holding the gate's lock: another thread's call returns (with the eager answer: the interrupted
+  // verification counted as a host failure, which disables the gate on that device)
+  std::thread other([&] { EXPECT_FALSE(g.run(0, "t", [] {}, [] {}, [] { return int64_t{0}; })); });
+  other.join();
+  EXPECT_TRUE(g.run(1, "t", [] {}, [] {}, [] { return int64_t{0}; }));  // another device verifies as usual
 }
 
 TEST_F(GateTest, BeginVerifyAfterAnotherThreadSettledReturnsFalse) {
