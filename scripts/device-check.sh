@@ -24,11 +24,29 @@ while [ $# -gt 0 ]; do
     *) echo "usage: $0 --stage build|tests|gputests|sanitizer|bench|e2e|ncu|sweep|all" >&2; exit 2 ;;
   esac
 done
+[ "$STAGE" = all ] && STAGE=tests,sanitizer,bench
+for s in ${STAGE//,/ }; do  # every item: a typo must not leave its stage silently unrun
+  case "$s" in
+    build|tests|gputests|sanitizer|bench|e2e|ncu|sweep) ;;
+    *) echo "unknown stage '$s' in --stage $STAGE (build, tests, gputests, sanitizer, bench, e2e, ncu, sweep, all)" >&2
+       exit 2 ;;
+  esac
+done
 OUT=${OUT:-$ROOT/device-out}
 mkdir -p "$OUT"
 BUILD=${DIFUSE_BUILD_DIR:-$ROOT/build-device}
 export PYTHONUNBUFFERED=1 DIFUSE_BUILD_DIR=$BUILD DIFUSE_LIB_DIR=$BUILD PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
-export DIFUSE_GIT_SHA=${DIFUSE_GIT_SHA:-$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)}
+# The commit every record names: pass it (DIFUSE_GIT_SHA=<the 40 hex digits of the checkout that was carried>); the
+# device copy's .git need not be that commit (eighteenth session: e831f9c recorded for a140ba1 code).
+if [ -z "${DIFUSE_GIT_SHA:-}" ]; then
+  DIFUSE_GIT_SHA=$(git -C "$ROOT" rev-parse HEAD 2>/dev/null || echo unknown)
+  echo "device-check: DIFUSE_GIT_SHA is not set: the records name $DIFUSE_GIT_SHA from this copy's .git, which need" \
+       "not be the code that runs here" >&2
+elif ! [[ "$DIFUSE_GIT_SHA" =~ ^[0-9a-f]{3,40}(-dirty)?$ ]]; then
+  echo "device-check: DIFUSE_GIT_SHA=$DIFUSE_GIT_SHA is not a commit id (3 to 40 hex digits, optionally -dirty)" >&2
+  exit 2
+fi
+export DIFUSE_GIT_SHA
 # The system compiler, as torch extensions are built there (the image's CXX may point at a toolchain that
 # links libstdc++ statically).
 [ -x /usr/bin/g++ ] && export CXX=/usr/bin/g++ CUDAHOSTCXX=/usr/bin/g++
@@ -90,13 +108,17 @@ stage_build() {
   return 0
 }
 
-# The kernel knobs (python/difuse/bench.py KERNEL_KNOBS) set in this environment, space-separated.
+# The kernel and patch knobs (python/difuse/bench.py KERNEL_KNOBS, PATCH_KNOBS) set in this environment,
+# space-separated.
 kernel_knobs_set() {
   python3 - "$ROOT/python/difuse/bench.py" <<'PY'
 import ast, os, sys
+names = []
 for node in ast.parse(open(sys.argv[1]).read()).body:
-    if isinstance(node, ast.Assign) and any(getattr(t, "id", "") == "KERNEL_KNOBS" for t in node.targets):
-        print(" ".join(k for k in ast.literal_eval(node.value) if os.environ.get(k)))
+    if isinstance(node, ast.Assign) and any(getattr(t, "id", "") in ("KERNEL_KNOBS", "PATCH_KNOBS")
+                                            for t in node.targets):
+        names += [k for k in ast.literal_eval(node.value) if os.environ.get(k)]
+print(" ".join(names))
 PY
 }
 
@@ -107,7 +129,7 @@ stage_tests() {
   local knobs unset_args=() k
   knobs=$(kernel_knobs_set)
   for k in $knobs; do unset_args+=(-u "$k"); done
-  [ -z "$knobs" ] || echo "tests: unsetting kernel knobs for the whole suite (tests.json reports the defaults): $knobs"
+  [ -z "$knobs" ] || echo "tests: unsetting kernel and patch knobs for the whole suite (tests.json reports the defaults): $knobs"
   env "${unset_args[@]}" DIFUSE_TEST_REPORT="$OUT/tests.json" DIFUSE_TEST_COMMAND="scripts/device-check.sh --stage tests" \
     DIFUSE_TEST_LOGDIR="$OUT/test-logs" \
     "$ROOT/scripts/test.sh" 2>&1 | tee "$OUT/tests.log" | grep -E '^(==|[0-9]+ passed|FAILED|ERROR|scripts/test.sh|shard |-- shard|GPU tests)|passed|failed' | tail -n 60
@@ -129,11 +151,15 @@ stage_gputests() {
   # scripts/gpu-test-run.sh, as scripts/test.sh runs the whole suite. The shards' logs stay outside $OUT until the end
   # (a call cut by its limit returns at most 8 files: at bd80031 two of six finished reports were left out beside
   # their logs), so $OUT holds only the shards' reports meanwhile.
-  local logs
+  local logs knobs prefix=""
   logs=$(mktemp -d)
+  # knobs set for this call run these tests too: the report's command names them (tests unsets them instead)
+  knobs=$(kernel_knobs_set)
+  for f in $knobs; do prefix+="$f=${!f} "; done
+  [ -z "$knobs" ] || echo "gputests: running under the knobs set for this call: $prefix"
   DIFUSE_PYTHON=${DIFUSE_PYTHON:-python3} "$ROOT/scripts/gpu-test-run.sh" --logs "$logs" --report "$OUT/gpu-tests.json" \
     --reports-dir "$OUT" --fail-lines 40 ${DIFUSE_GPU_TESTS_K:+-k "$DIFUSE_GPU_TESTS_K"} \
-    --command "DIFUSE_GPU_TESTS='$DIFUSE_GPU_TESTS'${DIFUSE_GPU_TESTS_K:+ DIFUSE_GPU_TESTS_K='$DIFUSE_GPU_TESTS_K'} scripts/device-check.sh --stage gputests" \
+    --command "${prefix}DIFUSE_GPU_TESTS='$DIFUSE_GPU_TESTS'${DIFUSE_GPU_TESTS_K:+ DIFUSE_GPU_TESTS_K='$DIFUSE_GPU_TESTS_K'} scripts/device-check.sh --stage gputests" \
     "${files[@]}" || rc=1
   cat "$logs"/gpu-[0-9]*.log >"$OUT/gpu-tests.log" 2>/dev/null
   rm -rf "$logs"
@@ -211,13 +237,14 @@ stage_sanitizer() {
     return
   fi
   say "compute-sanitizer on the native smoke test${DIFUSE_SANITIZER_PART:+, part $DIFUSE_SANITIZER_PART} -> sanitizer.log"
-  local part=${DIFUSE_SANITIZER_PART:-} entry head tool vars what r=0
+  local part=${DIFUSE_SANITIZER_PART:-} entry head tool vars what r=0 matched=0
   local -a envs args
   {
     echo "command: ${part:+DIFUSE_SANITIZER_PART=$part }scripts/device-check.sh --stage sanitizer; git $DIFUSE_GIT_SHA; $(date -u +%Y-%m-%dT%H:%M:%SZ)"
     for entry in "${SANITIZER_RUNS[@]}"; do
       IFS='|' read -r head vars what <<<"$entry"
       [ -z "$part" ] || [ "${head%% *}" = "$part" ] || [[ "${head%% *}" == "$part"[ab] ]] || continue
+      matched=$((matched + 1))
       tool=${head#* }
       echo "$tool${vars:+ under $vars}: $what"
       read -r -a envs <<<"$vars"
@@ -225,9 +252,10 @@ stage_sanitizer() {
       [ "$tool" = racecheck ] && args+=(--racecheck-report all)
       env "${envs[@]}" compute-sanitizer "${args[@]}" "$BUILD/difuse_gpu_smoke" --quick || { r=1; break; }
     done
+    [ "$matched" -gt 0 ] || { echo "no sanitizer run matches DIFUSE_SANITIZER_PART=$part (1a, 1b, 2a, 2b, 3, 1, 2)"; r=1; }
     echo "exit $r"
   } >"$OUT/sanitizer.log" 2>&1
-  grep -E "SUMMARY|passed|^exit" "$OUT/sanitizer.log"
+  grep -E "SUMMARY|passed|^exit|no sanitizer run" "$OUT/sanitizer.log"
   return $r
 }
 
@@ -350,11 +378,6 @@ stage_sweep() {
   return $r
 }
 
-[ "$STAGE" = all ] && STAGE=tests,sanitizer,bench
-case ",$STAGE," in
-  *,build,*|*,tests,*|*,gputests,*|*,sanitizer,*|*,bench,*|*,e2e,*|*,ncu,*|*,sweep,*) ;;
-  *) echo "unknown stage $STAGE" >&2; exit 2 ;;
-esac
 if stage_build; then
   case ",$STAGE," in *,tests,*) stage_tests || rc=1 ;; esac
   case ",$STAGE," in *,gputests,*) stage_gputests || rc=1 ;; esac

@@ -12,17 +12,19 @@ have the file, plus a few seconds of collection and imports); a file no report h
 known file, so a new file never hides in a light shard. Each file
 lands in exactly one shard; an empty shard is not printed. A file heavier than half a shard's share (the total over
 the jobs) gives up its heaviest test functions, as their own items ("FILE::test_fn", every parametrization), until
-what is left weighs at most half a share; the rest of the file runs in one item with a --deselect of each function
-pulled out, its node id as the reports name it (tests/gpu/test_x.py::test_fn). One file outgrew a share at 9e826cd:
+what is left weighs at most half a share; the rest of the file runs in one item with an --exclude-function of each
+function pulled out (tests/gpu/case_slices.py: the exact name; pytest's --deselect matches node ids by prefix, so it
+dropped test_fn_longer too, which then ran nowhere: the thirty-second session's audit). One file outgrew a share at
+9e826cd:
 test_rms_norm.py's 384 s in one process, 445 s for its shard against 332-357 for the others, and the suite ran past
-its call. Only functions the file still defines (a top-level `def test_fn(`) are pulled out; if a --deselect did not
+its call. Only functions the file still defines (a top-level `def test_fn(`) are pulled out; if an exclusion did not
 match, the function would run twice and `merge` refuses a repeated case, so no test can be lost or doubled silently.
 A pulled function heavier than half a share runs in K slices of its cases (K = its seconds over half a share, at
 most its cases and the jobs): item i is "FILE::test_fn --case-slice=FILE_NAME::test_fn=i/K" (tests/gpu/case_slices.py:
 the cases whose index in collection order is i modulo K, so new or renamed cases are covered too). At aa41dda
 test_rms_norm.py::test_streamed_variant, 16 cases of ~20 s, kept its shard busy 360+ s after the others had
 finished. Slices of one function that land in one shard join in one --case-slice; beside the rest of their file,
-they go back into it (no --deselect of the function there, the --case-slice keeps that shard's slices).
+they go back into it (no exclusion of the function there, the --case-slice keeps that shard's slices).
 
 `merge` writes the report conftest.py writes for one process (git_sha, command, date, torch, gpu, passed, failed,
 skipped, cases) with the counts summed and the cases of every shard, plus `shards` (how many processes ran). A
@@ -50,7 +52,7 @@ def file_seconds(report: dict) -> dict:
 
 def function_seconds(report: dict) -> dict:
     """{(file name, test function): (seconds, node path, cases)} from a test report's cases; the node path is the id's
-    file part ("tests/gpu/test_x.py"), the prefix pytest's --deselect matches."""
+    file part ("tests/gpu/test_x.py")."""
     out = {}
     for case in report.get("cases", []):
         path, _, rest = case["id"].partition("::")
@@ -72,8 +74,8 @@ def _defined_tests(path: str) -> set:
 def split(files: list, jobs: int, weights: dict, functions: dict = None) -> list:
     """Longest-first greedy: each item (heaviest first) to the least loaded shard; an item is a file, or a heavy
     file's heaviest test functions (or slices of one) and the rest of it (see the module's doc). [[token, ...], ...]:
-    each shard's items sorted, an item's tokens together (a file, then its --deselect options; a function, then its
-    --case-slice)."""
+    each shard's items sorted, an item's tokens together (a file, then its --exclude-function options; a function, then
+    its --case-slice)."""
     if jobs < 1:
         raise ValueError(f"--jobs must be at least 1, got {jobs}")
     functions = functions or {}  # {(file name, fn): (seconds, node, cases)}
@@ -96,7 +98,8 @@ def split(files: list, jobs: int, weights: dict, functions: dict = None) -> list
                 for i in range(slices):
                     items.append((sec / slices + FILE_OVERHEAD_S, [f"{f}::{fn}"],
                                   (Path(f).name, fn, i, slices) if slices > 1 else None))
-                deselect.append(f"--deselect={node}::{fn}")
+                # exact names: pytest's --deselect matches by prefix (it would drop test_fn_longer too)
+                deselect.append(f"--exclude-function={Path(f).name}::{fn}")
                 rest -= sec
         items.append((rest, [f, *deselect], None))
     shards = [[] for _ in range(jobs)]
@@ -110,7 +113,7 @@ def split(files: list, jobs: int, weights: dict, functions: dict = None) -> list
 
 def _shard_tokens(shard: list) -> list:
     """One shard's pytest arguments from its items [(tokens, slice or None)]. A function (or slices of one) that
-    landed beside the rest of its own file goes back into it: the file's --deselect would drop the explicit node
+    landed beside the rest of its own file goes back into it: the file's exclusion would drop the explicit node
     id too (pytest deselects after collecting), and the function would never run; the file then collects the
     function, and a --case-slice keeps this shard's slices of it. Slices of one function in one shard join in one
     --case-slice."""
@@ -174,6 +177,9 @@ def main(argv=None) -> int:
                     help="an earlier test report (repeatable; per file the largest); unreadable ones are skipped")
     sp.add_argument("files", nargs="+")
     mp = sub.add_parser("merge")
+    mp.add_argument("--missing", type=int, default=0,
+                    help="shards that wrote no report (crashed before pytest's end): recorded as shards_missing and "
+                         "counted as one failure each, so the merged report is never a clean run")
     mp.add_argument("out")
     mp.add_argument("shards", nargs="+")
     a = ap.parse_args(argv)
@@ -206,10 +212,14 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"gpu-test-shards: {e}", file=sys.stderr)
         return 1
+    if a.missing > 0:
+        merged["shards_missing"] = a.missing
+        merged["failed"] += a.missing
     Path(a.out).write_text(json.dumps(merged, indent=1))
     print(f"gpu-test-shards: {a.out}: {merged['passed']} passed, {merged['failed']} failed, "
-          f"{merged['skipped']} skipped in {merged['shards']} shards")
-    return 0
+          f"{merged['skipped']} skipped in {merged['shards']} shards"
+          + (f" ({a.missing} more shard(s) wrote no report: counted as failures)" if a.missing > 0 else ""))
+    return 1 if a.missing > 0 else 0
 
 
 if __name__ == "__main__":

@@ -55,18 +55,31 @@ def node_key(nodeid: str):
     return path.rsplit("/", 1)[-1], rest.split("::")[-1].split("[")[0]
 
 
+def parse_exclude(spec: str):
+    """'test_x.py::test_fn' -> ('test_x.py', 'test_fn'); ValueError naming the spec otherwise."""
+    name, sep, fn = spec.partition("::")
+    if not (sep and name and fn and "::" not in fn and "[" not in fn):
+        raise ValueError(f"--exclude-function={spec}: expected FILE::FN")
+    return name, fn
+
+
 def add_option(parser) -> None:
     parser.addoption("--case-slice", action="append", default=[], metavar="FILE::FN=I[,J...]/K",
                      help="run only the cases of FN in FILE whose index is I, J, ... modulo K (case_slices.py)")
+    parser.addoption("--exclude-function", action="append", default=[], metavar="FILE::FN",
+                     help="leave out every case of the test function named exactly FN in FILE (pytest's --deselect "
+                          "matches node ids by prefix, so it would also drop FN_longer)")
 
 
 def deselect(config, items) -> None:
-    """Deselects, in place, the items the --case-slice options leave out (reported through pytest_deselected)."""
+    """Deselects, in place, the items the --exclude-function and --case-slice options leave out (reported through
+    pytest_deselected)."""
+    excluded = {parse_exclude(spec) for spec in (config.getoption("exclude_function") or [])}
     specs = config.getoption("case_slice") or []
-    if not specs:
+    if not specs and not excluded:
         return
     keys = [node_key(item.nodeid) for item in items]
-    mask = keep_mask(keys, specs)
+    mask = [key not in excluded and keep for key, keep in zip(keys, keep_mask(keys, specs))]
     dropped = [item for item, keep in zip(items, mask) if not keep]
     if dropped:
         config.hook.pytest_deselected(items=dropped)

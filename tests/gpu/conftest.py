@@ -22,6 +22,11 @@ def pytest_runtest_logreport(report):
         _results.append({"id": report.nodeid, "outcome": report.outcome, "seconds": round(report.duration, 3)})
 
 
+def pytest_collectreport(report):
+    if report.skipped:  # a whole module skipped at collection (a module-level importorskip): in the report too
+        _results.append({"id": report.nodeid, "outcome": "skipped", "seconds": 0.0})
+
+
 def pytest_addoption(parser):
     case_slices.add_option(parser)
 
@@ -35,6 +40,8 @@ def pytest_collection_modifyitems(config, items):
 
 
 def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("DIFUSE_REQUIRE_GPU") == "1" and any(r["outcome"] == "skipped" for r in _results):
+        session.exitstatus = 1  # a skip is a failure here: the process says so too, not only the report
     path = os.environ.get("DIFUSE_TEST_REPORT")
     if not path:
         return

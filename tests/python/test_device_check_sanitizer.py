@@ -116,6 +116,25 @@ class SanitizerStage(unittest.TestCase):
             self.assertIn("DIFUSE_SANITIZER_PART=%s scripts/device-check.sh --stage sanitizer" % part, log)
             self.assertTrue(log.rstrip().endswith("exit 0"), log[-200:])
 
+    def test_a_part_that_matches_no_run_fails(self):
+        for part in ("2c", "1 2"):
+            r, runs, log = self.run_stage(part=part)
+            self.assertNotEqual(r.returncode, 0, part)
+            self.assertEqual(runs, [])
+            self.assertIn("no sanitizer run matches DIFUSE_SANITIZER_PART=%s" % part, log)
+
+    def test_an_unknown_stage_or_commit_id_stops_before_anything_runs(self):
+        _, env, out = self.stubbed()
+        r = subprocess.run(["bash", str(SCRIPT), "--stage", "build,sanitzer"], env=env, capture_output=True,
+                           text=True, timeout=60)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("unknown stage 'sanitzer'", r.stderr)
+        env["DIFUSE_GIT_SHA"] = "f" * 41
+        r = subprocess.run(["bash", str(SCRIPT), "--stage", "sanitizer"], env=env, capture_output=True, text=True,
+                           timeout=60)
+        self.assertEqual(r.returncode, 2)
+        self.assertIn("is not a commit id", r.stderr)
+
     def test_unset_runs_the_whole_list(self):
         r, runs, _ = self.run_stage()
         self.assertEqual(r.returncode, 0, r.stdout + r.stderr)

@@ -2,6 +2,7 @@
 merged into one test report."""
 import importlib.util
 import json
+import os
 import re
 import subprocess
 import sys
@@ -87,8 +88,9 @@ class SplitTest(unittest.TestCase):
             # test_slow (203 with its overhead) comes out, leaving 100 <= 123: test_mid stays. Longest first:
             # 203 | 100, 63 (163), 63 (226) | then the last 63 beside test_slow (266).
             self.assertEqual(out, [[f"{big}::test_slow", str(small[2])],
-                                   [str(big), f"--deselect={node}::test_slow", str(small[0]), str(small[1])]])
-            # a function that lands beside the rest of its file goes back into it (its --deselect would drop it):
+                                   [str(big), "--exclude-function=test_big.py::test_slow", str(small[0]),
+                                    str(small[1])]])
+            # a function that lands beside the rest of its file goes back into it (its exclusion would drop it):
             # big and one other file of 300 s on 2 jobs, half a share 151.5 s: test_slow (203) comes out, the rest
             # weighs 100; longest first: other (303) | test_slow (203), the rest (100): big whole again.
             other = Path(tmp) / "test_other.py"
@@ -118,7 +120,8 @@ class SplitTest(unittest.TestCase):
                                             "--case-slice=test_big.py::test_slow=2/3"])
             home = [s for s in out if str(big) in s][0]
             self.assertIn("--case-slice=test_big.py::test_slow=0/3", home)
-            self.assertFalse([t for t in home if t.startswith("--deselect") or "::" in t and not t.startswith("--")])
+            self.assertFalse([t for t in home if t.startswith("--exclude-function") or "::" in t and
+                              not t.startswith("--")])
             for s in out:
                 if s is not home:
                     self.assertIn(f"{big}::test_slow", s)
@@ -164,6 +167,13 @@ class MergeTest(unittest.TestCase):
                                text=True)
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertEqual(json.loads(out.read_text())["passed"], 1)
+            # a shard that crashed before writing its report (gpu-test-run.sh counts it): never a clean report
+            p = subprocess.run([sys.executable, str(SCRIPT), "merge", "--missing", "1", str(out), str(good)],
+                               capture_output=True, text=True)
+            self.assertEqual(p.returncode, 1, p.stderr)
+            merged = json.loads(out.read_text())
+            self.assertEqual((merged["passed"], merged["failed"], merged["shards_missing"]), (1, 1, 1))
+            self.assertIn("wrote no report", p.stdout)
 
     def test_the_committed_reports_split_the_real_files(self):
         files = [str(f) for f in sorted((ROOT / "tests" / "gpu").glob("test_*.py"))]
@@ -188,7 +198,7 @@ class MergeTest(unittest.TestCase):
                             option = f"--case-slice={Path(path).name}::{fn}="
                             sliced = [o for l in lines for o in l.split() if o.startswith(option)]
                             if not sliced:  # whole: its file deselects it, wherever the file runs
-                                node = f"--deselect=tests/gpu/{Path(path).name}::{fn}"
+                                node = f"--exclude-function={Path(path).name}::{fn}"
                                 self.assertEqual([l for l in lines if node in l.split()],
                                                  [l for l in lines if path in l.split()], (t, lines))
                                 continue
@@ -200,7 +210,7 @@ class MergeTest(unittest.TestCase):
                             home = [l.split() for l in lines if path in l.split()]
                             self.assertEqual(len(home), 1, lines)
                             deselects = [o for o in home[0]
-                                         if o.startswith("--deselect") and o.endswith(f"/{Path(path).name}::{fn}")]
+                                         if o == f"--exclude-function={Path(path).name}::{fn}"]
                             slices_here = [o for o in home[0] if o in sliced]
                             self.assertEqual(len(deselects) + len(slices_here), 1, home[0])
 
@@ -254,6 +264,58 @@ class CaseSliceTest(unittest.TestCase):
                                 "--case-slice=test_s.py::test_f=2/2"], cwd=tmp, capture_output=True, text=True)
             self.assertNotEqual(p.returncode, 0)
             self.assertIn("expected FILE::FN=I[,J...]/K", p.stdout + p.stderr)
+
+    def test_exclude_function_drops_exactly_that_function(self):
+        # pytest's --deselect=...::test_f would also drop test_f_longer (a prefix match): the shards' exclusion must not
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            (d / "conftest.py").write_text(
+                f"import sys\nsys.path.insert(0, {str(ROOT / 'tests' / 'gpu')!r})\nimport case_slices\n"
+                "def pytest_addoption(parser):\n    case_slices.add_option(parser)\n"
+                "def pytest_collection_modifyitems(config, items):\n    case_slices.deselect(config, items)\n")
+            (d / "test_s.py").write_text("import pytest\n@pytest.mark.parametrize('n', range(2))\n"
+                                         "def test_f(n):\n    pass\n\ndef test_f_longer():\n    pass\n")
+            p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", str(d / "test_s.py"),
+                                "--exclude-function=test_s.py::test_f"], cwd=tmp, capture_output=True, text=True)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            self.assertIn("test_f_longer PASSED", p.stdout)
+            self.assertNotIn("test_f[", p.stdout)
+            p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", str(d / "test_s.py"),
+                                "--deselect=test_s.py::test_f"], cwd=tmp, capture_output=True, text=True)
+            self.assertNotIn("test_f_longer PASSED", p.stdout)  # what pytest's own option does
+        for bad in ("test_s.py", "test_s.py::", "test_s.py::test_f[0]", "::test_f"):
+            with self.assertRaises(ValueError, msg=bad):
+                case_slices.parse_exclude(bad)
+
+
+class RequireGpuTest(unittest.TestCase):
+    def test_a_skip_fails_the_process_and_shows_in_the_report(self):
+        # tests/gpu/conftest.py under DIFUSE_REQUIRE_GPU=1 (its CUDA fixture left out: no GPU here): a skip mark and
+        # a module skipped at collection both count as failures in the report, and the process exits non-zero (it
+        # exited 0, so the shard, test.sh and the device stage passed while only the JSON said otherwise)
+        text = (ROOT / "tests" / "gpu" / "conftest.py").read_text()
+        text = text[:text.index('@pytest.fixture(scope="session", autouse=True)')]
+        text = text.replace("Path(__file__).resolve().parents[2]", "Path(%r)" % str(ROOT)).replace(
+            "Path(__file__).resolve().parent", "Path(%r)" % str(ROOT / "tests" / "gpu"))
+        with tempfile.TemporaryDirectory() as tmp:
+            d = Path(tmp)
+            (d / "conftest.py").write_text(text)
+            (d / "test_a.py").write_text("import pytest\ndef test_ok():\n    pass\n"
+                                         "@pytest.mark.skip(reason='x')\ndef test_skipped():\n    pass\n")
+            (d / "test_b.py").write_text("import pytest\npytest.importorskip('no_such_module_xyz')\n"
+                                         "def test_never():\n    pass\n")
+            env = dict(os.environ, DIFUSE_REQUIRE_GPU="1", DIFUSE_TEST_REPORT=str(d / "r.json"))
+            p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(d)], cwd=tmp,
+                               env=env, capture_output=True, text=True)
+            self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
+            r = json.loads((d / "r.json").read_text())
+            self.assertEqual((r["passed"], r["skipped"], r["failed"]), (1, 2, 2))
+            self.assertIn("test_b.py", [c["id"] for c in r["cases"]])
+            env.pop("DIFUSE_REQUIRE_GPU")
+            p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(d)], cwd=tmp,
+                               env=env, capture_output=True, text=True)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+
 
 if __name__ == "__main__":
     unittest.main()
