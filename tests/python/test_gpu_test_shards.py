@@ -215,6 +215,23 @@ class MergeTest(unittest.TestCase):
                             self.assertEqual(len(deselects) + len(slices_here), 1, home[0])
 
 
+def _slicing_project(tmp: str, test_source: str) -> Path:
+    """tmp as a pytest project: a conftest.py that installs tests/gpu/case_slices.py's options, as
+    tests/gpu/conftest.py does, and test_s.py with `test_source`."""
+    d = Path(tmp)
+    (d / "test_s.py").write_text(test_source)
+    (d / "conftest.py").write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT / 'tests' / 'gpu')!r})\nimport case_slices\n"
+        "def pytest_addoption(parser):\n    case_slices.add_option(parser)\n"
+        "def pytest_collection_modifyitems(config, items):\n    case_slices.deselect(config, items)\n")
+    return d
+
+
+def _pytest(d: Path, *args, env=None):
+    return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", *args], cwd=d, env=env,
+                          capture_output=True, text=True)
+
+
 class CaseSliceTest(unittest.TestCase):
     def test_parse_takes_indices_modulo_k_and_refuses_malformed_specs(self):
         self.assertEqual(case_slices.parse("test_x.py::test_fn=0,2/3"), ("test_x.py", "test_fn", {0, 2}, 3))
@@ -244,44 +261,30 @@ class CaseSliceTest(unittest.TestCase):
     @unittest.skipUnless(importlib.util.find_spec("pytest"), "pytest is not installed here")
     def test_pytest_runs_only_the_slice(self):
         with tempfile.TemporaryDirectory() as tmp:
-            d = Path(tmp)
-            (d / "conftest.py").write_text(
-                f"import sys\nsys.path.insert(0, {str(ROOT / 'tests' / 'gpu')!r})\nimport case_slices\n"
-                "def pytest_addoption(parser):\n    case_slices.add_option(parser)\n"
-                "def pytest_collection_modifyitems(config, items):\n    case_slices.deselect(config, items)\n")
-            (d / "test_s.py").write_text("import pytest\n@pytest.mark.parametrize('n', range(5))\n"
-                                         "def test_f(n):\n    pass\n\ndef test_g():\n    pass\n")
+            d = _slicing_project(tmp, "import pytest\n@pytest.mark.parametrize('n', range(5))\n"
+                                      "def test_f(n):\n    pass\n\ndef test_g():\n    pass\n")
             ran = {}
             for owned in ("0", "1"):
-                p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v",
-                                    str(d / "test_s.py"), f"--case-slice=test_s.py::test_f={owned}/2"],
-                                   cwd=tmp, capture_output=True, text=True)
+                p = _pytest(d, "-v", str(d / "test_s.py"), f"--case-slice=test_s.py::test_f={owned}/2")
                 self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
                 ran[owned] = sorted(int(m) for m in re.findall(r"test_f\[(\d)\] PASSED", p.stdout))
                 self.assertIn("test_g PASSED", p.stdout)
             self.assertEqual(ran, {"0": [0, 2, 4], "1": [1, 3]})
-            p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", str(d / "test_s.py"),
-                                "--case-slice=test_s.py::test_f=2/2"], cwd=tmp, capture_output=True, text=True)
+            p = _pytest(d, str(d / "test_s.py"), "--case-slice=test_s.py::test_f=2/2")
             self.assertNotEqual(p.returncode, 0)
             self.assertIn("expected FILE::FN=I[,J...]/K", p.stdout + p.stderr)
 
+    @unittest.skipUnless(importlib.util.find_spec("pytest"), "pytest is not installed here")
     def test_exclude_function_drops_exactly_that_function(self):
         # pytest's --deselect=...::test_f would also drop test_f_longer (a prefix match): the shards' exclusion must not
         with tempfile.TemporaryDirectory() as tmp:
-            d = Path(tmp)
-            (d / "conftest.py").write_text(
-                f"import sys\nsys.path.insert(0, {str(ROOT / 'tests' / 'gpu')!r})\nimport case_slices\n"
-                "def pytest_addoption(parser):\n    case_slices.add_option(parser)\n"
-                "def pytest_collection_modifyitems(config, items):\n    case_slices.deselect(config, items)\n")
-            (d / "test_s.py").write_text("import pytest\n@pytest.mark.parametrize('n', range(2))\n"
-                                         "def test_f(n):\n    pass\n\ndef test_f_longer():\n    pass\n")
-            p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", str(d / "test_s.py"),
-                                "--exclude-function=test_s.py::test_f"], cwd=tmp, capture_output=True, text=True)
+            d = _slicing_project(tmp, "import pytest\n@pytest.mark.parametrize('n', range(2))\n"
+                                      "def test_f(n):\n    pass\n\ndef test_f_longer():\n    pass\n")
+            p = _pytest(d, "-v", str(d / "test_s.py"), "--exclude-function=test_s.py::test_f")
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
             self.assertIn("test_f_longer PASSED", p.stdout)
             self.assertNotIn("test_f[", p.stdout)
-            p = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-v", str(d / "test_s.py"),
-                                "--deselect=test_s.py::test_f"], cwd=tmp, capture_output=True, text=True)
+            p = _pytest(d, "-v", str(d / "test_s.py"), "--deselect=test_s.py::test_f")
             self.assertNotIn("test_f_longer PASSED", p.stdout)  # what pytest's own option does
         for bad in ("test_s.py", "test_s.py::", "test_s.py::test_f[0]", "::test_f"):
             with self.assertRaises(ValueError, msg=bad):
@@ -289,6 +292,7 @@ class CaseSliceTest(unittest.TestCase):
 
 
 class RequireGpuTest(unittest.TestCase):
+    @unittest.skipUnless(importlib.util.find_spec("pytest"), "pytest is not installed here")
     def test_a_skip_fails_the_process_and_shows_in_the_report(self):
         # tests/gpu/conftest.py under DIFUSE_REQUIRE_GPU=1 (its CUDA fixture left out: no GPU here): a skip mark and
         # a module skipped at collection both count as failures in the report, and the process exits non-zero (it
@@ -305,15 +309,13 @@ class RequireGpuTest(unittest.TestCase):
             (d / "test_b.py").write_text("import pytest\npytest.importorskip('no_such_module_xyz')\n"
                                          "def test_never():\n    pass\n")
             env = dict(os.environ, DIFUSE_REQUIRE_GPU="1", DIFUSE_TEST_REPORT=str(d / "r.json"))
-            p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(d)], cwd=tmp,
-                               env=env, capture_output=True, text=True)
+            p = _pytest(d, "-q", str(d), env=env)
             self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
             r = json.loads((d / "r.json").read_text())
             self.assertEqual((r["passed"], r["skipped"], r["failed"]), (1, 2, 2))
             self.assertIn("test_b.py", [c["id"] for c in r["cases"]])
             env.pop("DIFUSE_REQUIRE_GPU")
-            p = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", str(d)], cwd=tmp,
-                               env=env, capture_output=True, text=True)
+            p = _pytest(d, "-q", str(d), env=env)
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
 
 
