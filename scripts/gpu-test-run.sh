@@ -60,7 +60,7 @@ for i in "${!SHARDS[@]}"; do
   read -ra files <<<"${SHARDS[$i]}"
   echo "shard $i: $(for f in "${files[@]}"; do
     case "$f" in
-      --deselect=*) printf 'less:%s ' "${f##*::}" ;;
+      --exclude-function=*) printf 'less:%s ' "${f##*::}" ;;
       --case-slice=*) printf 'slice:%s ' "${f##*::}" ;;
       *) printf '%s ' "${f##*/}" ;;
     esac
