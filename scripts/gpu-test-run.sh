@@ -42,6 +42,8 @@ PIDS=()
 stop() {
   local pid
   for pid in ${PIDS[@]+"${PIDS[@]}"}; do kill "$pid" 2>/dev/null || true; done
+  # gone before this script is: none writes into the caller's folders after it has returned
+  for pid in ${PIDS[@]+"${PIDS[@]}"}; do wait "$pid" 2>/dev/null || true; done
 }
 trap 'stop; exit 130' INT TERM
 

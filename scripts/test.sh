@@ -35,6 +35,10 @@ cleanup() {
   for pid in ${META_PID:-} ${UNIT_PID:-} ${GPU_PIDS[@]+"${GPU_PIDS[@]}"} ${KNOB_SPEC_PIDS[@]+"${KNOB_SPEC_PIDS[@]}"}; do
     kill "$pid" 2>/dev/null || true
   done
+  # and waited for: a runner still stopping would write into folders its caller removes once this script returns
+  for pid in ${META_PID:-} ${UNIT_PID:-} ${GPU_PIDS[@]+"${GPU_PIDS[@]}"} ${KNOB_SPEC_PIDS[@]+"${KNOB_SPEC_PIDS[@]}"}; do
+    wait "$pid" 2>/dev/null || true
+  done
   [ "$KEEP_LOGDIR" = 1 ] || rm -rf "$LOGDIR"
   exit "$rc"
 }
