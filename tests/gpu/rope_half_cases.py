@@ -1,5 +1,6 @@
 """Inputs shared by the rotate-half RoPE tests (test_rope_rotate_half.py, test_rms_norm_rope_rotate_half.py): the
-bf16 tables as ERNIE-Image's processor makes them, optionally laced with special values, and the adversarial x."""
+bf16 tables as ERNIE-Image's processor makes them, optionally laced with special values, and the adversarial x
+(test_activation_mul.py's adversarial b too)."""
 import torch
 
 from difuse import ops

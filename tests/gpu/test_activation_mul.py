@@ -13,6 +13,7 @@ import torch
 
 from difuse import ops
 from difuse.gate import count_mismatches
+from rope_half_cases import adversarial_x
 
 DEV = "cuda"
 BF = torch.bfloat16
@@ -110,20 +111,7 @@ def test_random_shapes_and_strides(case):
 def test_adversarial_b(what, act):
     g = torch.Generator(device=DEV).manual_seed(SEED + 9)
     a = all_patterns(1, g).view(64, 1024)
-    b = torch.randn(a.shape, device=DEV, generator=g)
-    if what == "zeros":
-        b.zero_()
-    elif what == "signed_zeros":
-        b = torch.where(b > 0, torch.zeros_like(b), -torch.zeros_like(b))
-    elif what == "huge":
-        b = b * 3e38
-    elif what == "tiny":
-        b = b * 1e-39
-    else:
-        b[:, ::5] = float("inf")
-        b[:, 2::7] = -float("inf")
-        b[:, 3::11] = float("nan")
-    assert_exact(a, b.to(BF), act)
+    assert_exact(a, adversarial_x(what, a.shape, g), act)  # b: zeros, signed zeros, huge, tiny, inf / nan
 
 
 def test_refusals_name_each_violation():
