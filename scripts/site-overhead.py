@@ -3,7 +3,7 @@
 (_memo_sig: a tuple key looked up in a dict); and a whole Site.run of a verified signature, asking the C++ gate
 (ctypes) every call as before 2026-11-29's sixth session, against run_verified's memo of verified keys. Inputs shaped
 like FLUX's attention-prologue site (13 items: q, k, v and the context views, cos/sin tables, eps, the four
-weights). CPU tensors: the cost is Python's (without a GPU the CUDA stream query is replaced by a stub, so the
+weights). Then _takes_original (autograd / autocast / hooks, before each patched block's gate) on FLUX's blocks. CPU tensors: the cost is Python's (without a GPU the CUDA stream query is replaced by a stub, so the
 "gate asked" figure is low by that query's cost). A benchmark, not a test.
 
     python3 scripts/site-overhead.py [--calls N]
@@ -63,6 +63,23 @@ def main():
     print("Site.run of a verified signature: %.2f us per call with the memo of verified keys; %.2f us asking the "
           "gate every call (signature memo + stream query + ctypes decide)" % (memo_run_us, asked_us))
     assert sig in site._sigs.values()
+
+    # _takes_original, asked by every patched forward before its block gate: grad mode, autocast, global hooks and a
+    # scan of the modules inside for hooks or a replaced forward, on a FLUX.1-dev double and single block's module tree
+    # (the widths do not matter to it; small ones keep the build quick)
+    from diffusers.models.transformers import transformer_flux as tf
+
+    model = tf.FluxTransformer2DModel(patch_size=1, in_channels=8, num_layers=1, num_single_layers=1,
+                                      attention_head_dim=16, num_attention_heads=2, joint_attention_dim=32,
+                                      pooled_projection_dim=16, axes_dims_rope=(4, 6, 6))
+    patching.patch(model)
+    st, h = model._difuse_state, torch.zeros(1, 8, 32)
+    with torch.no_grad():
+        for name, blk in (("double", model.transformer_blocks[0]), ("single", model.single_transformer_blocks[0])):
+            us = per_call_us(lambda: patching._takes_original(blk, st, name + "_block", (h, h, h)), args.calls)
+            print("_takes_original, FLUX %s block (%d inner modules): %.2f us per call" % (
+                name, len(blk.__dict__["_difuse_inner"]), us))
+    patching.unpatch(model)
 
 
 if __name__ == "__main__":

@@ -104,8 +104,9 @@
 // code (two LDC of kernel parameters became one LDC.64 in <true, true>; only integer index arithmetic and moves
 // differ); the refactored kernel ran exact at e831f9c (GRLN's tests, gpu-tests-e831f9c.json).
 // Since the eighteenth session the plain LayerNorms (layernorm_modulate, layernorm_modulate_fp32,
-// layernorm_affine_fp32) take the streamed schedule too (layernorm_streamed_rows) for >= 4096 rows with x and out
-// 16-byte aligned, H % 8 == 0 and staged modulation rows ([B, H], B <= 2, bf16 8-byte words or fp32 16-byte vectors;
+// layernorm_affine_fp32) take the streamed schedule too (layernorm_streamed_rows) for >= 4096 rows of H <= 24576
+// (its Welford reciprocals come from c_rcp's 48 sweeps; wider rows read past it until the thirty-second session, now
+// they take the two-pass kernel) with x and out 16-byte aligned, H % 8 == 0 and staged modulation rows ([B, H], B <= 2, bf16 8-byte words or fp32 16-byte vectors;
 // the affine weight and bias): exact through DIFUSE_LNMOD_STREAMED at e831f9c (this file's and Wan fp32's tests, 1250
 // passed, gpu-tests-e831f9c.json) and as the default at a140ba1 (gpu-tests-a140ba1.json; the default-choice and
 // knob-off tests at 83f6b5f, gpu-tests-83f6b5f.json), memcheck and racecheck clean (sanitizer-streamed-a140ba1.txt),

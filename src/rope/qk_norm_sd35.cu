@@ -61,7 +61,8 @@
 // instructions) were the default at f1e1d95 (275 tests passed, sanitizer clean) and ran no faster (73.8 vs 73.7);
 // the default is 61e66e7's kernel again (PTX unchanged), 276 tests passed at 1195fc2 (gpu-tests-1195fc2.json).
 // 2x38x4429x64 is 73.4-73.8 us against a target of 73.2 (1.2 x its 61.0 us floor in those runs): not met.
-// DIFUSE_QK_SD35_OUT_SMEM=1 (OSMEM below; the q and k rows written back to shared memory and all 3H rows copied out
+// DIFUSE_QK_SD35_OUT_SMEM=1 (OSMEM below, only where q_out and k_out are 16-byte aligned as v_out must be: its
+// copy-out stores 16 bytes to every role's rows; the q and k rows written back to shared memory and all 3H rows copied out
 // in 16-byte vectors; test_rows_out_of_shared_memory_variant; the default kernels' PTX unchanged): exact on the H200
 // at 5d35cbc (gpu-tests-5d35cbc.json), sanitizer clean there, and no faster: 2x38x4429x64 72.7 / 73.5 us (fused)
 // against 73.1 / 73.4 for the default in the same run (knob-sweeps/5d35cbc/, ops.json of that run). Kept for
