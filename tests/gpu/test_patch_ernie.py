@@ -2,10 +2,11 @@
 the unpatched one (2 blocks of the released model: hidden 4096, 32 heads x 128, ffn 12288, text_in_dim 3072; and of
 the class defaults, 3072 wide), batch 1 and 2 (CFG), with a padded text row (attention mask), at 1024^2's grid (64 x 64
 latent patches + 256 text tokens: S = 4352, the rms_norm_modulate site shapes 4352x1x4096 and 4352x2x4096) and a
-smaller one; every listed site fused and none disabled; unpatch restores the original. The default path runs the RoPE
-(rope_rotate_half, in site E2) and the FFN product (activation_mul, site E5) fused; the same with each switched off
-(DIFUSE_ERNIE_FUSED_ROPE=0, DIFUSE_FUSED_ACTIVATION_MUL=0). The fused RoPE and FFN cases first ran bit-identical on an
-H100 at c3302d8 (bench/results/h100/gpu-tests-c3302d8-new-kernels.json)."""
+smaller one; every listed site fused and none disabled; unpatch restores the original. The default path runs the QK
+norm and RoPE as one rms_norm_rope_rotate_half pass per tensor (site E2) and the FFN product (activation_mul, site E5)
+fused; the same with the two passes (rms_norm, rope_rotate_half: DIFUSE_ERNIE_QK_NORM_ROPE=0) and with each switched
+off (DIFUSE_ERNIE_FUSED_ROPE=0, DIFUSE_FUSED_ACTIVATION_MUL=0). The fused RoPE and FFN cases first ran bit-identical on
+an H100 at c3302d8 (bench/results/h100/gpu-tests-c3302d8-new-kernels.json)."""
 import os
 
 import pytest
@@ -63,7 +64,9 @@ def test_patched_ernie_under_inference_mode_is_bit_identical(model):
 
 @pytest.mark.parametrize("B,side,text_tokens,pad", [(2, 64, 256, 0), (2, 32, 77, 20)], ids=str)
 def test_patched_ernie_runs_the_fused_rope(model, monkeypatch, B, side, text_tokens, pad):
-    """The default: site E2 runs the QK norm and rope_rotate_half; the kernel runs, the output is bit-identical."""
+    """DIFUSE_ERNIE_QK_NORM_ROPE=0: site E2 runs the QK norm, then rope_rotate_half; that kernel runs, the output is
+    bit-identical."""
+    monkeypatch.setattr(difuse.patching, "ERNIE_QK_NORM_ROPE", False)
     calls = []
     monkeypatch.setattr(difuse.ops, "_ops", lambda: _CountingOps(torch.ops.difuse, calls))
     assert_patched_matches(model, ernie_inputs(B, side, text_tokens, pad), difuse.patching.ERNIE_SITES)
@@ -85,13 +88,16 @@ class _CountingOps:
 
 @pytest.mark.parametrize("B,side,text_tokens,pad", [(2, 64, 256, 0), (1, 32, 77, 20)], ids=str)
 def test_patched_ernie_with_one_pass_qk_norm_rope_is_bit_identical(model, monkeypatch, B, side, text_tokens, pad):
-    """DIFUSE_ERNIE_QK_NORM_ROPE=1: site E2's norm and RoPE as one rms_norm_rope_rotate_half pass per tensor (off by
-    default until this passes); the kernel runs and the output is bit-identical."""
+    """The default: site E2's norm and RoPE as one rms_norm_rope_rotate_half pass per tensor; the kernel runs (and
+    rope_rotate_half does not) and the output is bit-identical."""
+    assert difuse.patching.ERNIE_QK_NORM_ROPE or os.environ.get("DIFUSE_ERNIE_QK_NORM_ROPE") == "0"
     monkeypatch.setattr(difuse.patching, "ERNIE_QK_NORM_ROPE", True)
-    calls = []
-    monkeypatch.setattr(difuse.ops, "_ops", lambda: _CountingOps(torch.ops.difuse, calls, "rms_norm_rope_rotate_half"))
+    calls, two_pass = [], []
+    monkeypatch.setattr(difuse.ops, "_ops", lambda: _CountingOps(
+        _CountingOps(torch.ops.difuse, two_pass), calls, "rms_norm_rope_rotate_half"))
     assert_patched_matches(model, ernie_inputs(B, side, text_tokens, pad), difuse.patching.ERNIE_SITES)
     assert calls, "the one-pass QK norm + RoPE never ran"
+    assert not two_pass, "rope_rotate_half ran beside the one-pass kernel"
 
 
 def test_patched_ernie_with_switches_off_is_bit_identical(model, monkeypatch):
