@@ -15,6 +15,8 @@
 // Guards (can_use_gated_residual; every violation is reported): h, a, out [B, L, H] bf16 contiguous on one
 // CUDA device; gate [B, H] or [B, L, H] bf16 with a contiguous last dim and non-negative strides; out is h
 // (in place) or overlaps nothing. Any alignment (accesses of 16, 8, 4 or 2 bytes by alignment).
+// gated_residual_fp32 (can_use_gated_residual_fp32): the same, with an fp32 gate [B, H], [B, 1, H] or [B, L, H]
+// 4-byte aligned (since the thirty-third session; the C ABI could pass one 2 bytes off) and out not overlapping it.
 //
 // Accesses: gated_residual 16, 8, 4 or 2 bytes by alignment; gated_residual_fp32 16-byte bf16 words with two
 // float4 gate loads where H % 8 == 0 and every row is 16-byte aligned (Wan's sites), else 4-byte words and float2
@@ -291,6 +293,9 @@ detail::Support can_use_gated_residual_fp32(const difuse_tensor_view& out, const
   g.dtype = DIFUSE_BF16;
   detail::Support s = can_use_gated_residual(out, h, a, g);
   DIFUSE_REQUIRE(s, gate.dtype == DIFUSE_F32, std::string("gate must be fp32, got ") + difuse_dtype_name(gate.dtype));
+  // The bf16 rules above hold the gate to 2-byte elements; fp32 loads need the pointer 4-byte aligned (strides count
+  // fp32 elements).
+  DIFUSE_REQUIRE(s, detail::aligned(gate.data, 4), "gate must be 4-byte aligned (fp32 elements)");
   if (detail::numel(h) > 0) DIFUSE_REQUIRE(s, !detail::overlaps(out, gate), "out must not overlap gate");
   return s;
 }

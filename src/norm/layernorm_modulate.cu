@@ -18,7 +18,8 @@
 // one CUDA device, 8-byte aligned (aten's vectorized path: H % 4 == 0, H <= 2^24, aligned X); scale and
 // shift [B, H] or [B, L, H] bf16, last dim contiguous, any non-negative strides; B * L <= 2^31 - 1 (aten's grid
 // limit); out overlaps no input. Inputs aten sends down its two-kernel path (H % 4 != 0, misaligned x) are
-// refused: that path rounds differently.
+// refused: that path rounds differently. The fp32 variants (can_use_layernorm_modulate_fp32 / _affine_fp32): the
+// same shape rules with fp32 rows, 4-byte aligned (since the thirty-third session), H <= 24576, out overlapping none.
 //
 // Schedules: H <= 3584 two warps per row (4 rows per block; up to 6144 with DIFUSE_LNMOD_THREADS_PER_ROW=64), H <=
 // 24576 four warps (1 row); few rows four warps and many rows at H <= 1536 one warp (8 rows per block; the
@@ -1709,6 +1710,10 @@ detail::Support can_use_layernorm_modulate_fp32(const difuse_tensor_view& out, c
   detail::Support s = can_use_layernorm_modulate(out, x, as_bf16_rows(scale), as_bf16_rows(shift), eps);
   DIFUSE_REQUIRE(s, scale.dtype == DIFUSE_F32, std::string("scale must be fp32, got ") + difuse_dtype_name(scale.dtype));
   DIFUSE_REQUIRE(s, shift.dtype == DIFUSE_F32, std::string("shift must be fp32, got ") + difuse_dtype_name(shift.dtype));
+  // The bf16 rules above hold the rows to 2-byte elements; fp32 loads need the pointer 4-byte aligned (strides count
+  // fp32 elements).
+  DIFUSE_REQUIRE(s, detail::aligned(scale.data, 4), "scale must be 4-byte aligned (fp32 elements)");
+  DIFUSE_REQUIRE(s, detail::aligned(shift.data, 4), "shift must be 4-byte aligned (fp32 elements)");
   if (x.rank == 3) {
     DIFUSE_REQUIRE(s, x.sizes[2] <= int64_t{4} * kAtenThreads * kMaxStagedSweeps,
                    "H must be at most 24576 for the fp32 variant (it stages rows), got H = " + std::to_string(x.sizes[2]));

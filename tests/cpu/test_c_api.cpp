@@ -494,6 +494,17 @@ TEST(WanFp32, PredicatesAcceptTableChunksAndRefuseBf16Rows) {
   const TensorView gate(fake(0x2000000000ull + 8 * H), DType::F32, {1, 1, H}, {6 * H, H, 1}, 0);
   EXPECT_EQ(difuse_can_use_gated_residual_fp32(&out, &x, &a, &gate), DIFUSE_OK) << difuse_last_error();
   EXPECT_EQ(difuse_can_use_gated_residual_fp32(&out, &x, &a, &bf), DIFUSE_ERR_UNSUPPORTED);
+  // fp32 rows 2 bytes off their element alignment (the C ABI can make them; torch cannot): refused, not misread
+  TensorView half = scale;
+  half.data = fake(0x2000000000ull + 4 * H + 2);
+  EXPECT_EQ(difuse_can_use_layernorm_modulate_fp32(&out, &x, &half, &shift, 1e-6), DIFUSE_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(difuse_last_error()).find("scale must be 4-byte aligned"), std::string::npos);
+  EXPECT_EQ(difuse_can_use_layernorm_modulate_fp32(&out, &x, &scale, &half, 1e-6), DIFUSE_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(difuse_last_error()).find("shift must be 4-byte aligned"), std::string::npos);
+  TensorView gate2 = gate;
+  gate2.data = fake(0x2000000000ull + 8 * H + 2);
+  EXPECT_EQ(difuse_can_use_gated_residual_fp32(&out, &x, &a, &gate2), DIFUSE_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(difuse_last_error()).find("gate must be 4-byte aligned"), std::string::npos);
 }
 
 #include "core/rows.h"
@@ -519,6 +530,9 @@ TEST(WanFp32, AffineNormPredicate) {
   TensorView wb = w;
   wb.dtype = DIFUSE_BF16;
   EXPECT_EQ(difuse_can_use_layernorm_affine_fp32(&out, &x, &wb, &b, 1e-6), DIFUSE_ERR_UNSUPPORTED);
+  TensorView b2 = b;
+  b2.data = fake(0x2000100000ull + 2);
+  EXPECT_EQ(difuse_can_use_layernorm_affine_fp32(&out, &x, &w, &b2, 1e-6), DIFUSE_ERR_UNSUPPORTED);
 }
 
 // ---- qk_norm_rope: the FLUX prologue's predicate ----------------------------------------------------------------
