@@ -11,6 +11,7 @@
 #include "rope/rope_rotate_half.h"
 #include "core/error.h"
 #include "core/gate.h"
+#include "core/tensor.h"
 #include "core/registry.h"
 #include "difuse/difuse.h"
 #include "modulate/gated_residual.h"
@@ -70,6 +71,16 @@ const difuse_tensor_view& view(const difuse_tensor_view* v, const char* name) {
     if (__builtin_mul_overflow(elements, v->sizes[d], &elements))
       throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, std::string(name) + " has more than 2^63 elements");
   }
+  // No tensor has elements at a NULL address or one off its element alignment. A rank-0 view without data is the
+  // "absent" view; any other view with elements and no data would pass the predicates' alignment checks (NULL is
+  // aligned) and be read, or taken as absent.
+  if (v->rank > 0 && elements > 0 && v->data == nullptr)
+    throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, std::string(name) + " has " + std::to_string(elements) +
+                                                   " elements and a NULL data pointer");
+  const int64_t esize = difuse::detail::dtype_size(v->dtype);
+  if (v->data != nullptr && esize > 1 && reinterpret_cast<uintptr_t>(v->data) % static_cast<uintptr_t>(esize) != 0)
+    throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, std::string(name) + "'s data pointer is not aligned to its " +
+                                                   std::to_string(esize) + "-byte elements");
   return *v;
 }
 

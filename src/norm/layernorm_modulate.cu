@@ -1803,6 +1803,13 @@ detail::Support can_use_layernorm_affine_fp32(const difuse_tensor_view& out, con
     return r;
   };
   detail::Support s = can_use_layernorm_modulate_fp32(out, x, as_rows(weight), as_rows(bias), eps);
+  // Those reasons name the modulation predicate's scale and shift: here they are weight and bias.
+  for (std::string& v : s.violations) {
+    if (v.rfind("scale", 0) == 0) v.replace(0, 5, "weight");
+    else if (v.rfind("shift", 0) == 0) v.replace(0, 5, "bias");
+    const std::string both = "scale or shift";
+    if (const size_t at = v.find(both); at != std::string::npos) v.replace(at, both.size(), "weight or bias");
+  }
   DIFUSE_REQUIRE(s, weight.rank == 1 && bias.rank == 1, "weight and bias must be [H] vectors");
   return s;
 }

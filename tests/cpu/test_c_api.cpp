@@ -494,17 +494,50 @@ TEST(WanFp32, PredicatesAcceptTableChunksAndRefuseBf16Rows) {
   const TensorView gate(fake(0x2000000000ull + 8 * H), DType::F32, {1, 1, H}, {6 * H, H, 1}, 0);
   EXPECT_EQ(difuse_can_use_gated_residual_fp32(&out, &x, &a, &gate), DIFUSE_OK) << difuse_last_error();
   EXPECT_EQ(difuse_can_use_gated_residual_fp32(&out, &x, &a, &bf), DIFUSE_ERR_UNSUPPORTED);
-  // fp32 rows 2 bytes off their element alignment (the C ABI can make them; torch cannot): refused, not misread
+  // fp32 rows 2 bytes off their element alignment (the C ABI can make them; torch cannot): the C ABI refuses the
+  // view itself, and the core predicates (behind it) refuse them too, naming the tensor
   TensorView half = scale;
   half.data = fake(0x2000000000ull + 4 * H + 2);
-  EXPECT_EQ(difuse_can_use_layernorm_modulate_fp32(&out, &x, &half, &shift, 1e-6), DIFUSE_ERR_UNSUPPORTED);
-  EXPECT_NE(std::string(difuse_last_error()).find("scale must be 4-byte aligned"), std::string::npos);
-  EXPECT_EQ(difuse_can_use_layernorm_modulate_fp32(&out, &x, &scale, &half, 1e-6), DIFUSE_ERR_UNSUPPORTED);
-  EXPECT_NE(std::string(difuse_last_error()).find("shift must be 4-byte aligned"), std::string::npos);
+  EXPECT_EQ(difuse_can_use_layernorm_modulate_fp32(&out, &x, &half, &shift, 1e-6), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(difuse_last_error()).find("scale's data pointer is not aligned to its 4-byte elements"),
+            std::string::npos);
+  auto has = [](const difuse::detail::Support& s, const std::string& needle) {
+    for (const auto& v : s.violations)
+      if (v.find(needle) != std::string::npos) return true;
+    return false;
+  };
+  EXPECT_TRUE(has(difuse::norm::can_use_layernorm_modulate_fp32(out, x, half, shift, 1e-6), "scale must be 4-byte aligned"));
+  EXPECT_TRUE(has(difuse::norm::can_use_layernorm_modulate_fp32(out, x, scale, half, 1e-6), "shift must be 4-byte aligned"));
   TensorView gate2 = gate;
   gate2.data = fake(0x2000000000ull + 8 * H + 2);
-  EXPECT_EQ(difuse_can_use_gated_residual_fp32(&out, &x, &a, &gate2), DIFUSE_ERR_UNSUPPORTED);
-  EXPECT_NE(std::string(difuse_last_error()).find("gate must be 4-byte aligned"), std::string::npos);
+  EXPECT_EQ(difuse_can_use_gated_residual_fp32(&out, &x, &a, &gate2), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_TRUE(has(difuse::modulate::can_use_gated_residual_fp32(out, x, a, gate2), "gate must be 4-byte aligned"));
+}
+
+// The C ABI refuses views no tensor has: elements at a NULL address (the predicates' alignment checks pass NULL, and
+// some take a NULL view of rank > 0 as "absent"), or a pointer off its element alignment.
+TEST(CApi, ViewsWithElementsAtNullOrMisalignedAddressesAreRefused) {
+  const int64_t H = 3072;
+  const auto x = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {1, 16, H}, 0);
+  const auto out = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {1, 16, H}, 0);
+  const TensorView gate(fake(0x3000000000ull), DType::BF16, {1, H}, {6 * H, 1}, 0);
+  const auto a = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {1, 16, H}, 0);
+  EXPECT_EQ(difuse_can_use_gated_residual(&out, &x, &a, &gate), DIFUSE_OK) << difuse_last_error();
+  TensorView null_a = a;
+  null_a.data = nullptr;
+  EXPECT_EQ(difuse_can_use_gated_residual(&out, &x, &null_a, &gate), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(difuse_last_error()).find("a has 49152 elements and a NULL data pointer"), std::string::npos)
+      << difuse_last_error();
+  TensorView odd = a;
+  odd.data = fake(0x2000000000ull + 1);
+  EXPECT_EQ(difuse_can_use_gated_residual(&out, &x, &odd, &gate), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(difuse_last_error()).find("not aligned to its 2-byte elements"), std::string::npos);
+  TensorView empty = a;  // no elements: no address needed
+  empty.data = nullptr;
+  empty.sizes[1] = 0;
+  TensorView empty_x = x, empty_out = out;
+  empty_x.sizes[1] = empty_out.sizes[1] = 0;
+  EXPECT_EQ(difuse_can_use_gated_residual(&empty_out, &empty_x, &empty, &gate), DIFUSE_OK) << difuse_last_error();
 }
 
 #include "core/rows.h"
@@ -530,9 +563,18 @@ TEST(WanFp32, AffineNormPredicate) {
   TensorView wb = w;
   wb.dtype = DIFUSE_BF16;
   EXPECT_EQ(difuse_can_use_layernorm_affine_fp32(&out, &x, &wb, &b, 1e-6), DIFUSE_ERR_UNSUPPORTED);
+  // the reasons name weight and bias, not the modulation predicate's scale and shift
+  const std::string why = difuse_last_error();
+  EXPECT_NE(why.find("weight must be fp32"), std::string::npos) << why;
+  EXPECT_EQ(why.find("scale"), std::string::npos) << why;
+  auto aligned_w = w;
+  aligned_w.data = fake(0x1000000000ull);  // inside out: "out must not overlap weight or bias"
+  EXPECT_EQ(difuse_can_use_layernorm_affine_fp32(&out, &x, &aligned_w, &b, 1e-6), DIFUSE_ERR_UNSUPPORTED);
+  EXPECT_NE(std::string(difuse_last_error()).find("overlap weight or bias"), std::string::npos) << difuse_last_error();
   TensorView b2 = b;
   b2.data = fake(0x2000100000ull + 2);
-  EXPECT_EQ(difuse_can_use_layernorm_affine_fp32(&out, &x, &w, &b2, 1e-6), DIFUSE_ERR_UNSUPPORTED);
+  EXPECT_EQ(difuse_can_use_layernorm_affine_fp32(&out, &x, &w, &b2, 1e-6), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_FALSE(difuse::norm::can_use_layernorm_affine_fp32(out, x, w, b2, 1e-6).ok());
 }
 
 // ---- qk_norm_rope: the FLUX prologue's predicate ----------------------------------------------------------------
