@@ -558,6 +558,12 @@ def main(args) -> int:
     print("platform: %s, torch %s; copy bandwidth %.2f TB/s; L2 %d MB; git %s" % (gpu, torch.__version__, bw / 1e12,
                                                                                   l2 >> 20, git_sha()[:12]))
     specs = op_specs(torch)
+    from .cli import BENCH_ALIASES, unknown_ops
+
+    bad = unknown_ops(args.op, specs, BENCH_ALIASES)
+    if bad:
+        print("difuse bench: " + bad, file=sys.stderr)
+        return 2
     records = []
     g = torch.Generator(device="cuda").manual_seed(0)
     for name, spec in specs.items():

@@ -44,6 +44,20 @@ def _torch_with_gpu(what: str):
     return torch
 
 
+# bench ops names an op by its issue's record name where the registry's differs
+BENCH_ALIASES = {"qk_norm_rope": "qk_norm_rope_flux"}
+
+
+def unknown_ops(requested, known, aliases=None) -> str:
+    """'' when every name in `requested` is in `known`, else one error line naming the unknown ones (with the name
+    to use where an alias maps it) and the known names: a typo must not check or time nothing and exit 0."""
+    bad = [n for n in (requested or []) if n not in known]
+    if not bad:
+        return ""
+    hints = ["%s (here: %s)" % (n, aliases[n]) if aliases and n in aliases else n for n in bad]
+    return "unknown --op %s; the names are: %s" % (", ".join(hints), " ".join(sorted(known)))
+
+
 def cmd_kernels(_args) -> int:
     from . import kernels
 
@@ -58,11 +72,16 @@ def cmd_kernels(_args) -> int:
 
 
 def cmd_check(args) -> int:
+    from .ops import CHECKS
+
+    bad = unknown_ops(args.op, CHECKS)
+    if bad:
+        print("difuse check: " + bad, file=sys.stderr)
+        return 2
     torch = _torch_with_gpu("check")
     if torch is None:
         return 2
     from .gate import count_mismatches
-    from .ops import CHECKS
 
     print("platform:", _platform())
     g = torch.Generator(device="cuda").manual_seed(args.seed)

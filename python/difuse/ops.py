@@ -252,6 +252,17 @@ def _lnm32_inputs(spec, device, generator):
     return (x, m[1], m[0], 1e-6)
 
 
+def _affine32_inputs(spec, device, generator):
+    import torch
+
+    x, _ = _wan_inputs(spec, device, generator)
+    H = x.shape[-1]
+    # norm2's FP32LayerNorm: fp32 weight and bias [H] (trained values near 1 and 0)
+    w = 1 + torch.randn(H, device=device, generator=generator) * 0.1
+    b = torch.randn(H, device=device, generator=generator) * 0.1
+    return (x, w, b, 1e-6)
+
+
 def _gr32_inputs(spec, device, generator):
     import torch
 
@@ -968,6 +979,12 @@ CHECKS = {
         fused=lambda *a: layernorm_modulate_fp32(*a),
         eager=layernorm_modulate_fp32_eager,
         inputs=_lnm32_inputs,
+        shapes=[((1, 32760, 5120), 0), ((1, 32760, 1536), 0), ((2, 77, 3072), 0)],
+    ),
+    "layernorm_affine_fp32": dict(
+        fused=lambda *a: layernorm_affine_fp32(*a),
+        eager=layernorm_affine_fp32_eager,
+        inputs=_affine32_inputs,
         shapes=[((1, 32760, 5120), 0), ((1, 32760, 1536), 0), ((2, 77, 3072), 0)],
     ),
     "gated_residual_fp32": dict(

@@ -125,7 +125,7 @@ FLUX2_SITES = {
     "norm_out": "final AdaLayerNormContinuous: LayerNorm(x) * (1 + scale) + shift",
 }
 # The gated FFNs' activation and product as one activation_mul pass (sites E5, F7, F7c, FS5; bit-exact on an H100 at
-# c3302d8, bench/results/h100/gpu-tests-c3302d8-new-kernels.json). DIFUSE_FUSED_ACTIVATION_MUL=0 at patch time leaves
+# c3302d8, bench/results/h100/gpu-tests-c3302d8-new-kernels.json). DIFUSE_FUSED_ACTIVATION_MUL=0 (read at import) leaves
 # those sites out (the activation and the product run eagerly, as before c3302d8).
 FUSED_ACTIVATION_MUL = os.environ.get("DIFUSE_FUSED_ACTIVATION_MUL", "1") != "0"
 ACT_MUL_SITES = {"ernie": ("E5",), "flux2": ("F7", "F7c", "FS5")}

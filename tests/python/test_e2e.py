@@ -584,6 +584,31 @@ class CliTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("multiple of 16", r.stderr)
 
+    def test_check_refuses_an_unknown_op_name(self):
+        # before: `check --op NAME` with a name CHECKS lacks checked nothing, printed "all exact" and exited 0
+        r = _cli("check", "--op", "layernorm_modulate", "--op", "rms_norm_modulat")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("unknown --op rms_norm_modulat;", r.stderr)
+        self.assertIn("layernorm_affine_fp32", r.stderr)  # the list of names, every registered op among them
+
+    def test_unknown_op_names_and_the_bench_alias(self):
+        from difuse.cli import BENCH_ALIASES, unknown_ops
+
+        self.assertEqual(unknown_ops(None, {"a"}), "")
+        self.assertEqual(unknown_ops(["a"], {"a", "b"}), "")
+        msg = unknown_ops(["a", "qk_norm_rope"], {"a", "qk_norm_rope_flux"}, BENCH_ALIASES)
+        self.assertIn("unknown --op qk_norm_rope (here: qk_norm_rope_flux);", msg)
+
+    def test_check_covers_every_registered_op(self):
+        import difuse
+        from difuse.ops import CHECKS
+
+        try:
+            registered = {k["op"] for k in difuse.kernels()}
+        except OSError as e:  # no libdifuse built here
+            self.skipTest(str(e))
+        self.assertEqual(registered - set(CHECKS), set())  # layernorm_affine_fp32 was missing
+
     def test_unknown_model(self):
         r = _cli("bench", "sdxl")
         self.assertEqual(r.returncode, 2)
