@@ -514,20 +514,18 @@ TEST(WanFp32, PredicatesAcceptTableChunksAndRefuseBf16Rows) {
   EXPECT_TRUE(has(difuse::modulate::can_use_gated_residual_fp32(out, x, a, gate2), "gate must be 4-byte aligned"));
 }
 
-// The C ABI refuses views no tensor has: elements at a NULL address (the predicates' alignment checks pass NULL, and
-// some take a NULL view of rank > 0 as "absent"), or a pointer off its element alignment.
-TEST(CApi, ViewsWithElementsAtNullOrMisalignedAddressesAreRefused) {
+// The C ABI refuses views no tensor has: a pointer off its element alignment. A NULL pointer with elements is a
+// meta or fake tensor's view (torch.compile's tracing asks the predicates through the binding): the predicates answer.
+TEST(CApi, ViewsOffTheirElementAlignmentAreRefused) {
   const int64_t H = 3072;
   const auto x = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {1, 16, H}, 0);
   const auto out = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {1, 16, H}, 0);
   const TensorView gate(fake(0x3000000000ull), DType::BF16, {1, H}, {6 * H, 1}, 0);
   const auto a = TensorView::contiguous(fake(0x2000000000ull), DType::BF16, {1, 16, H}, 0);
   EXPECT_EQ(difuse_can_use_gated_residual(&out, &x, &a, &gate), DIFUSE_OK) << difuse_last_error();
-  TensorView null_a = a;
+  TensorView null_a = a;  // a meta tensor's view: the predicate's answer, not an invalid argument
   null_a.data = nullptr;
-  EXPECT_EQ(difuse_can_use_gated_residual(&out, &x, &null_a, &gate), DIFUSE_ERR_INVALID_ARGUMENT);
-  EXPECT_NE(std::string(difuse_last_error()).find("a has 49152 elements and a NULL data pointer"), std::string::npos)
-      << difuse_last_error();
+  EXPECT_NE(difuse_can_use_gated_residual(&out, &x, &null_a, &gate), DIFUSE_ERR_INVALID_ARGUMENT);
   TensorView odd = a;
   odd.data = fake(0x2000000000ull + 1);
   EXPECT_EQ(difuse_can_use_gated_residual(&out, &x, &odd, &gate), DIFUSE_ERR_INVALID_ARGUMENT);

@@ -311,3 +311,23 @@ def test_null_ops_allocate_what_the_meta_kernels_give_and_launch_nothing():
     buf = torch.zeros(2, 5, 128, dtype=torch.bfloat16)
     assert null.gelu_tanh_into(mlp, buf[..., 64:]) is None
     assert bool((buf == 0).all()) and bool((x == 7).all())
+
+
+def test_predicates_answer_meta_and_fake_tensors_with_reasons():
+    """Meta and fake tensors reach the C ABI's predicates through the *_unsupported ops without data (torch.compile
+    traces the sites' predicates on them): each answers with its reasons, never an invalid-argument error (a NULL data
+    pointer with elements is theirs; only a pointer off its element alignment is refused as no tensor's)."""
+    x, s, h = meta_inputs(2, 64, 512, chunks=2)
+    calls = {
+        "layernorm_modulate": lambda: torch.ops.difuse.layernorm_modulate_unsupported(x, s, h, 1e-6),
+        "gated_residual": lambda: torch.ops.difuse.gated_residual_unsupported(x, x, s),
+        "rms_norm": lambda: torch.ops.difuse.rms_norm_unsupported(x, None, 1e-6),
+        "layernorm_modulate_fp32": lambda: torch.ops.difuse.layernorm_modulate_fp32_unsupported(
+            x, s.float(), h.float(), 1e-6),
+        "gated_residual_fp32": lambda: torch.ops.difuse.gated_residual_fp32_unsupported(x, x, s.float()),
+    }
+    for name, call in calls.items():
+        reasons = call()
+        assert reasons and any("CUDA device" in r for r in reasons), (name, reasons)
+    with FakeTensorMode():
+        assert ops.can_use_layernorm_modulate(*meta_inputs(2, 64, 512, chunks=2, device="cuda")).ok is False
