@@ -1835,6 +1835,12 @@ detail::Support can_use_gated_residual_layernorm_modulate(const difuse_tensor_vi
                                                           const difuse_tensor_view& gate, const difuse_tensor_view& scale,
                                                           const difuse_tensor_view& shift, double eps) {
   detail::Support s = can_use_layernorm_modulate(out, h, scale, shift, eps);  // h in the place of x
+  // Those reasons name the plain op's x: here it is h.
+  for (std::string& v : s.violations) {
+    if (v.rfind("x ", 0) == 0) v[0] = 'h';
+    for (const std::string f : {"of x", "overlap x"})
+      if (const size_t at = v.find(f); at != std::string::npos) v[at + f.size() - 1] = 'h';
+  }
   if (h.rank != 3) return s;
   const int64_t B = h.sizes[0], L = h.sizes[1], H = h.sizes[2];
   const bool empty = detail::numel(h) == 0;
@@ -1851,6 +1857,7 @@ detail::Support can_use_gated_residual_layernorm_modulate(const difuse_tensor_vi
   }
   DIFUSE_REQUIRE(s, gate.dtype == DIFUSE_BF16, std::string("gate must be bf16, got ") + difuse_dtype_name(gate.dtype));
   DIFUSE_REQUIRE(s, gate.device == h.device, "gate must be on the device of h, got " + detail::describe(gate));
+  if (!empty) DIFUSE_REQUIRE(s, gate.data != nullptr, "gate has a null data pointer");
   const bool g2 = gate.rank == 2 && gate.sizes[0] == B && gate.sizes[1] == H;
   const bool g3 = gate.rank == 3 && gate.sizes[0] == B && gate.sizes[1] == L && gate.sizes[2] == H;
   DIFUSE_REQUIRE(s, g2 || g3, "gate must be [B, H] or [B, L, H], got " + detail::describe(gate));

@@ -334,6 +334,37 @@ TEST(LayernormModulate, Fp32RowsReadAsFloat4OnlyWhenAligned) {
   EXPECT_TRUE(layernorm_fp32_rows_vec4(w, w));
 }
 
+// GRLN asks the plain LayerNorm's predicate with h in x's place: its reasons name h; a NULL gate is refused.
+TEST(GatedResidualLayernormModulate, ReasonsNameHAndANullGateIsRefused) {
+  const int64_t B = 1, L = 16, H = 3072;
+  const auto h = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {B, L, H}, 0);
+  const auto a = TensorView::contiguous(fake(0x200000000ull), DType::BF16, {B, L, H}, 0);
+  const auto out = TensorView::contiguous(fake(0x300000000ull), DType::BF16, {B, L, H}, 0);
+  const auto res = TensorView::contiguous(fake(0x400000000ull), DType::BF16, {B, L, H}, 0);
+  const TensorView gate(fake(0x500000000ull), DType::BF16, {B, H}, {6 * H, 1}, 0);
+  const TensorView scale(fake(0x500000000ull + 2 * H), DType::BF16, {B, H}, {6 * H, 1}, 0);
+  const TensorView shift(fake(0x500000000ull + 4 * H), DType::BF16, {B, H}, {6 * H, 1}, 0);
+  using difuse::can_use_gated_residual_layernorm_modulate;  // through the C ABI
+  EXPECT_TRUE(can_use_gated_residual_layernorm_modulate(out, res, h, a, gate, scale, shift, 1e-6).ok);
+  TensorView h2 = h;
+  h2.strides[1] = 2 * H;  // not contiguous
+  TensorView out2 = out;
+  out2.device = 1;
+  std::string all;
+  for (const auto& v : can_use_gated_residual_layernorm_modulate(out2, res, h2, a, gate, scale, shift, 1e-6).reasons)
+    all += v + "\n";
+  EXPECT_NE(all.find("h must be contiguous"), std::string::npos) << all;
+  EXPECT_NE(all.find("out must be on the device of h"), std::string::npos) << all;
+  EXPECT_EQ(all.find("x must"), std::string::npos) << all;
+  EXPECT_EQ(all.find("of x"), std::string::npos) << all;
+  TensorView null_gate = gate;
+  null_gate.data = nullptr;
+  std::string why;
+  for (const auto& v : can_use_gated_residual_layernorm_modulate(out, res, h, a, null_gate, scale, shift, 1e-6).reasons)
+    why += v;
+  EXPECT_NE(why.find("gate has a null data pointer"), std::string::npos) << why;
+}
+
 // ---- gated_residual's predicate and vector width ----------------------------------------------------------
 #include "modulate/gated_residual.h"
 
