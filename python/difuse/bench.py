@@ -271,6 +271,11 @@ def _rmsm_bytes(shape, variant, tensors):
     return 2 * (tensors * numel + n_mod * mod_rows * shape[-1] + (shape[-1] if variant.startswith("ernie") else 0))
 
 
+# Registry names the bench records under another name (issue 4 names FLUX.1's prologue record qk_norm_rope_flux):
+# `--op qk_norm_rope` is answered with the name to use.
+BENCH_ALIASES = {"qk_norm_rope": "qk_norm_rope_flux"}
+
+
 def op_specs(torch):
     """name -> shapes, bytes that must move, input maker, eager chain, fused op, peer module attribute."""
     from . import ops
@@ -552,18 +557,18 @@ def main(args) -> int:
     command = "python -m difuse " + " ".join(sys.argv[1:]) if sys.argv and sys.argv[0].endswith("__main__.py") else \
         os.environ.get("DIFUSE_BENCH_COMMAND", "python -m difuse bench ops")
     command = knob_prefix() + command
+    specs = op_specs(torch)
+    from .cli import unknown_ops
+
+    bad = unknown_ops(args.op, specs, BENCH_ALIASES)  # before anything is timed
+    if bad:
+        print("difuse bench: " + bad, file=sys.stderr)
+        return 2
     peer = _load_peer(args.peer_dir)
     peer_name = getattr(peer, "NAME", "peer") if peer else None
     bw = copy_bandwidth()
     print("platform: %s, torch %s; copy bandwidth %.2f TB/s; L2 %d MB; git %s" % (gpu, torch.__version__, bw / 1e12,
                                                                                   l2 >> 20, git_sha()[:12]))
-    specs = op_specs(torch)
-    from .cli import BENCH_ALIASES, unknown_ops
-
-    bad = unknown_ops(args.op, specs, BENCH_ALIASES)
-    if bad:
-        print("difuse bench: " + bad, file=sys.stderr)
-        return 2
     records = []
     g = torch.Generator(device="cuda").manual_seed(0)
     for name, spec in specs.items():

@@ -44,10 +44,6 @@ def _torch_with_gpu(what: str):
     return torch
 
 
-# bench ops names an op by its issue's record name where the registry's differs
-BENCH_ALIASES = {"qk_norm_rope": "qk_norm_rope_flux"}
-
-
 def unknown_ops(requested, known, aliases=None) -> str:
     """'' when every name in `requested` is in `known`, else one error line naming the unknown ones (with the name
     to use where an alias maps it) and the known names: a typo must not check or time nothing and exit 0."""

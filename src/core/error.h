@@ -27,6 +27,9 @@ struct Support {
   bool ok() const { return violations.empty(); }
   // "difuse::<op>: unsupported input (N violated preconditions):\n  - a\n  - b"
   std::string message(const char* op) const;
+  // Every whole-word `from` in the reasons becomes `to`: a predicate that asks another op's predicate (with its h in
+  // x's place, its weight in scale's) names its own tensors.
+  void rename(const std::string& from, const std::string& to);
 };
 
 void set_last_error(const std::string& msg);

@@ -1803,13 +1803,8 @@ detail::Support can_use_layernorm_affine_fp32(const difuse_tensor_view& out, con
     return r;
   };
   detail::Support s = can_use_layernorm_modulate_fp32(out, x, as_rows(weight), as_rows(bias), eps);
-  // Those reasons name the modulation predicate's scale and shift: here they are weight and bias.
-  for (std::string& v : s.violations) {
-    if (v.rfind("scale", 0) == 0) v.replace(0, 5, "weight");
-    else if (v.rfind("shift", 0) == 0) v.replace(0, 5, "bias");
-    const std::string both = "scale or shift";
-    if (const size_t at = v.find(both); at != std::string::npos) v.replace(at, both.size(), "weight or bias");
-  }
+  s.rename("scale", "weight");  // the modulation predicate's names for them
+  s.rename("shift", "bias");
   DIFUSE_REQUIRE(s, weight.rank == 1 && bias.rank == 1, "weight and bias must be [H] vectors");
   return s;
 }
@@ -1835,12 +1830,7 @@ detail::Support can_use_gated_residual_layernorm_modulate(const difuse_tensor_vi
                                                           const difuse_tensor_view& gate, const difuse_tensor_view& scale,
                                                           const difuse_tensor_view& shift, double eps) {
   detail::Support s = can_use_layernorm_modulate(out, h, scale, shift, eps);  // h in the place of x
-  // Those reasons name the plain op's x: here it is h.
-  for (std::string& v : s.violations) {
-    if (v.rfind("x ", 0) == 0) v[0] = 'h';
-    for (const std::string f : {"of x", "overlap x"})
-      if (const size_t at = v.find(f); at != std::string::npos) v[at + f.size() - 1] = 'h';
-  }
+  s.rename("x", "h");
   if (h.rank != 3) return s;
   const int64_t B = h.sizes[0], L = h.sizes[1], H = h.sizes[2];
   const bool empty = detail::numel(h) == 0;

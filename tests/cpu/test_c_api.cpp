@@ -334,6 +334,20 @@ TEST(LayernormModulate, Fp32RowsReadAsFloat4OnlyWhenAligned) {
   EXPECT_TRUE(layernorm_fp32_rows_vec4(w, w));
 }
 
+TEST(Support, RenameReplacesWholeWordsOnly) {
+  difuse::detail::Support s;
+  s.violations = {"x must be contiguous, got bf16[4, 4096x1] on cuda:0", "out must be on the device of x (cuda:0)",
+                  "out must not overlap x, scale or shift", "max_x and x_ stay", "x"};
+  s.rename("x", "h");
+  EXPECT_EQ(s.violations[0], "h must be contiguous, got bf16[4, 4096x1] on cuda:0");
+  EXPECT_EQ(s.violations[1], "out must be on the device of h (cuda:0)");
+  EXPECT_EQ(s.violations[2], "out must not overlap h, scale or shift");
+  EXPECT_EQ(s.violations[3], "max_x and x_ stay");
+  EXPECT_EQ(s.violations[4], "h");
+  s.rename("scale", "weight_scale");  // the new name may contain the old one
+  EXPECT_EQ(s.violations[2], "out must not overlap h, weight_scale or shift");
+}
+
 // GRLN asks the plain LayerNorm's predicate with h in x's place: its reasons name h; a NULL gate is refused.
 TEST(GatedResidualLayernormModulate, ReasonsNameHAndANullGateIsRefused) {
   const int64_t B = 1, L = 16, H = 3072;

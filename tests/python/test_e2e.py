@@ -592,7 +592,8 @@ class CliTest(unittest.TestCase):
         self.assertIn("layernorm_affine_fp32", r.stderr)  # the list of names, every registered op among them
 
     def test_unknown_op_names_and_the_bench_alias(self):
-        from difuse.cli import BENCH_ALIASES, unknown_ops
+        from difuse.bench import BENCH_ALIASES
+        from difuse.cli import unknown_ops
 
         self.assertEqual(unknown_ops(None, {"a"}), "")
         self.assertEqual(unknown_ops(["a"], {"a", "b"}), "")
