@@ -141,7 +141,7 @@ __global__ void __launch_bounds__(detail::kElementwiseThreads) activation_mul_ke
 
 void allow_table_smem(int device) {
   static std::mutex mu;
-  static bool done[64] = {};
+  static bool done[detail::kMaxDevices] = {};
   const std::lock_guard<std::mutex> lock(mu);
   if (done[device & 63]) return;
   DIFUSE_CUDA_CHECK(cudaFuncSetAttribute(activation_mul_table_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
@@ -158,7 +158,7 @@ detail::Support can_use_activation_mul(const difuse_tensor_view& out, const difu
   for (const auto* t : {&a, &b}) {
     const std::string name = t == &a ? "a" : "b";
     DIFUSE_REQUIRE(s, t->dtype == DIFUSE_BF16, name + " must be bf16, got " + difuse_dtype_name(t->dtype));
-    DIFUSE_REQUIRE(s, t->device >= 0, name + " must be on a CUDA device, got host memory");
+    detail::require_cuda_device(s, *t, name);
     if (t->rank < 1 || t->rank > 4) {
       DIFUSE_REQUIRE(s, false, name + " must have rank 1 to 4, got " + detail::describe(*t));
       ranks_ok = false;

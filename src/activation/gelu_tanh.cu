@@ -198,11 +198,11 @@ __global__ void __launch_bounds__(kTableThreads, 1) gelu_tanh_table_kernel(const
 // caller then runs the computing kernel, which gives the same bits).
 const uint16_t* gelu_table(int device, cudaStream_t stream) {
   static std::mutex mu;
-  static uint16_t* tables[64] = {};
+  static uint16_t* tables[detail::kMaxDevices] = {};
   static std::atomic<uint64_t> ready{0};
   const uint64_t bit = uint64_t{1} << (device & 63);
-  if (device < 64 && (ready.load(std::memory_order_acquire) & bit)) return tables[device];
-  if (device >= 64) return nullptr;
+  if (device < detail::kMaxDevices && (ready.load(std::memory_order_acquire) & bit)) return tables[device];
+  if (device >= detail::kMaxDevices) return nullptr;
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   DIFUSE_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
   if (capture != cudaStreamCaptureStatusNone) return nullptr;
@@ -236,7 +236,7 @@ detail::Support can_use_gelu_tanh(const difuse_tensor_view& out, const difuse_te
   for (const auto* t : {&x, &out}) {
     const char* name = t == &x ? "x" : "out";
     DIFUSE_REQUIRE(s, t->dtype == DIFUSE_BF16, std::string(name) + " must be bf16, got " + difuse_dtype_name(t->dtype));
-    DIFUSE_REQUIRE(s, t->device >= 0, std::string(name) + " must be on a CUDA device, got host memory");
+    detail::require_cuda_device(s, *t, name);
     if (t->rank < 1 || t->rank > 4) {
       DIFUSE_REQUIRE(s, false, std::string(name) + " must have rank 1 to 4, got " + detail::describe(*t));
       continue;

@@ -8,6 +8,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/tensor.h"
 
 namespace difuse::detail {
 
@@ -34,7 +35,7 @@ class DeviceGuard {
 // The per-device caches (SM counts, kernel attributes, shared-memory budgets, counter pools) hold devices 0..63:
 // `device` as their index, or an INVALID_ARGUMENT failure for one outside (it would alias another device's entry).
 inline int device_slot(int device) {
-  if (device < 0 || device >= 64)
+  if (device < 0 || device >= kMaxDevices)
     throw Failure(DIFUSE_ERR_INVALID_ARGUMENT,
                   "CUDA device " + std::to_string(device) + " is outside the devices 0..63 difuse supports");
   return device;
@@ -43,7 +44,7 @@ inline int device_slot(int device) {
 // The SM count of `device`, read with one checked runtime call the first time each device asks (launchers that size
 // a grid to the GPU call this on every launch). Devices 0..63; racing first calls read the same value.
 inline int sm_count(int device) {
-  static std::atomic<int> cached[64];  // 0: not read yet
+  static std::atomic<int> cached[kMaxDevices];  // 0: not read yet
   const int d = device_slot(device);
   int sms = cached[d].load(std::memory_order_acquire);
   if (sms == 0) {

@@ -21,6 +21,7 @@
 #include <unordered_set>
 #include <vector>
 
+#include "core/tensor.h"
 #include "difuse/difuse.h"
 
 namespace difuse::detail {
@@ -33,7 +34,7 @@ using LogSink = void (*)(const char* line, void* user);
 
 class BitExactGate {
  public:
-  static constexpr int kMaxDevices = 64;
+  static constexpr int kMaxDevices = detail::kMaxDevices;
 
   BitExactGate(std::string op, GateMode mode);
   ~BitExactGate();

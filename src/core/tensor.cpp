@@ -61,10 +61,18 @@ std::string describe(const difuse_tensor_view& v) {
   return os.str();
 }
 
+bool require_cuda_device(Support& s, const difuse_tensor_view& v, const std::string& name) {
+  DIFUSE_REQUIRE(s, v.device >= 0, name + " must be on a CUDA device, got host memory");
+  DIFUSE_REQUIRE(s, v.device < kMaxDevices, name + " is on cuda:" + std::to_string(v.device) +
+                                                ", outside the devices 0.." + std::to_string(kMaxDevices - 1) +
+                                                " difuse supports");
+  return v.device >= 0 && v.device < kMaxDevices;
+}
+
 bool require_bf16_row_view(Support& s, const difuse_tensor_view& x, const char* name) {
   const std::string n(name);
   DIFUSE_REQUIRE(s, x.dtype == DIFUSE_BF16, n + " must be bf16, got " + difuse_dtype_name(x.dtype));
-  DIFUSE_REQUIRE(s, x.device >= 0, n + " must be on a CUDA device, got host memory");
+  require_cuda_device(s, x, n);
   if (x.rank < 1 || x.rank > 4) {
     DIFUSE_REQUIRE(s, false, n + " must have rank 1 to 4, got " + describe(x));
     return false;
@@ -78,13 +86,14 @@ bool require_bf16_row_view(Support& s, const difuse_tensor_view& x, const char* 
 }
 
 void require_bf16_output(Support& s, const difuse_tensor_view& out, const difuse_tensor_view& like,
-                         std::initializer_list<const difuse_tensor_view*> inputs) {
+                         const char* like_name, std::initializer_list<const difuse_tensor_view*> inputs) {
+  const std::string like_n(like_name);
   DIFUSE_REQUIRE(s, out.dtype == DIFUSE_BF16, std::string("out must be bf16, got ") + difuse_dtype_name(out.dtype));
   bool same = out.rank == like.rank;
   for (int d = 0; same && d < like.rank; ++d) same = out.sizes[d] == like.sizes[d];
-  DIFUSE_REQUIRE(s, same, "out must have the shape of x, got " + describe(out));
+  DIFUSE_REQUIRE(s, same, "out must have the shape of " + like_n + ", got " + describe(out));
   DIFUSE_REQUIRE(s, is_contiguous(out), "out must be contiguous, got " + describe(out));
-  DIFUSE_REQUIRE(s, out.device == like.device, "out must be on the device of x, got " + describe(out));
+  DIFUSE_REQUIRE(s, out.device == like.device, "out must be on the device of " + like_n + ", got " + describe(out));
   if (numel(like) == 0) return;
   DIFUSE_REQUIRE(s, out.data != nullptr && aligned(out.data, 8), "out must be non-null and 8-byte aligned");
   bool clear = true;

@@ -50,12 +50,17 @@ inline int64_t collapsed_row_stride(const difuse_tensor_view& v) {
 }
 
 // Shared predicate pieces (each adds every violation it finds to s).
+// The devices difuse serves: its per-device caches (device.h) and gates (gate.h) hold ordinals 0..63.
+constexpr int kMaxDevices = 64;
+// `name` is on a CUDA device difuse serves: not host memory (-1), not an ordinal past kMaxDevices - 1 (whose
+// launch the per-device caches refuse). False when it is not.
+bool require_cuda_device(Support& s, const difuse_tensor_view& v, const std::string& name);
 // A bf16 row view on a CUDA device: rank 1..4, last dim contiguous, non-negative strides. False when the rank
 // is out of range (the caller then stops: the other checks index the dims).
 bool require_bf16_row_view(Support& s, const difuse_tensor_view& x, const char* name);
-// An output the op writes: bf16, contiguous, the shape of `like`, on its device, 8-byte aligned, overlapping
-// none of `inputs` (views with a null data pointer are skipped).
+// An output the op writes: bf16, contiguous, the shape of `like` (named `like_name` in the reasons), on its device,
+// 8-byte aligned, overlapping none of `inputs` (views with a null data pointer are skipped).
 void require_bf16_output(Support& s, const difuse_tensor_view& out, const difuse_tensor_view& like,
-                         std::initializer_list<const difuse_tensor_view*> inputs);
+                         const char* like_name, std::initializer_list<const difuse_tensor_view*> inputs);
 
 }  // namespace difuse::detail

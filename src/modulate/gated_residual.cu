@@ -217,7 +217,7 @@ detail::Support can_use_gated_residual(const difuse_tensor_view& out, const difu
   for (int k = 0; k < 4; ++k) {
     DIFUSE_REQUIRE(s, views[k]->dtype == DIFUSE_BF16,
                    std::string(names[k]) + " must be bf16, got " + difuse_dtype_name(views[k]->dtype));
-    DIFUSE_REQUIRE(s, views[k]->device >= 0, std::string(names[k]) + " must be on a CUDA device, got host memory");
+    detail::require_cuda_device(s, *views[k], names[k]);
     DIFUSE_REQUIRE(s, views[k]->device == h.device,
                    std::string(names[k]) + " must be on the device of h, got " + detail::describe(*views[k]));
   }

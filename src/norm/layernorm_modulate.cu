@@ -1248,7 +1248,7 @@ int streamed_groups_knob() {
 // What a streamed kernel's launcher sets or reads once per device: the dynamic shared memory a block may take (the
 // opt-in maximum per block less the kernel's static shared memory), the opt-in and the carveout.
 struct StreamLaunchOnce {
-  std::atomic<int> budgets[64];  // 0: not read yet
+  std::atomic<int> budgets[detail::kMaxDevices];  // 0: not read yet
   std::atomic<uint64_t> opted_in{0}, carveout_set{0};
 };
 
@@ -1446,7 +1446,7 @@ void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, c
 
 void require_bf16_view(detail::Support& s, const difuse_tensor_view& v, const char* name) {
   DIFUSE_REQUIRE(s, v.dtype == DIFUSE_BF16, std::string(name) + " must be bf16, got " + difuse_dtype_name(v.dtype));
-  DIFUSE_REQUIRE(s, v.device >= 0, std::string(name) + " must be on a CUDA device, got host memory");
+  detail::require_cuda_device(s, v, name);
 }
 
 }  // namespace

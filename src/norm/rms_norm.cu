@@ -484,7 +484,7 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
 bool launch_streamed(const Params& p, int knob, int device, cudaStream_t stream) {
   static const bool bulk_out = detail::positive_env_knob("DIFUSE_RMS_STREAMED_BULK_OUT") == 1;
   auto kernel = bulk_out ? rms_norm_streamed<true> : rms_norm_streamed<false>;
-  static std::atomic<int> budgets[64];
+  static std::atomic<int> budgets[detail::kMaxDevices];
   static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
   const int budget = stream_smem_budget(kernel, device, budgets);
   const int64_t slot_bytes = int64_t{2} * p.n;
@@ -553,7 +553,7 @@ detail::Support can_use_rms_norm(const difuse_tensor_view& out, const difuse_ten
                      "weight must be 8-byte aligned (aten vectorizes only then)");
   }
   if (!empty) DIFUSE_REQUIRE(s, x.data != nullptr, "x has a null data pointer");
-  detail::require_bf16_output(s, out, x, {&x, &weight});
+  detail::require_bf16_output(s, out, x, "x", {&x, &weight});
   return s;
 }
 

@@ -398,7 +398,7 @@ detail::Support can_use_rms_norm_diffusers(const difuse_tensor_view& out, const 
                    "weight must be a contiguous [" + std::to_string(N) + "], got " + detail::describe(weight));
     DIFUSE_REQUIRE(s, weight.device == x.device, "weight must be on the device of x, got " + detail::describe(weight));
   }
-  detail::require_bf16_output(s, out, x, {&x, &weight});
+  detail::require_bf16_output(s, out, x, "x", {&x, &weight});
   return s;
 }
 

@@ -616,7 +616,7 @@ StreamModRows with_knobs(StreamModRows m, int slots, int warps) {
 template <bool VEC, bool RESIDUAL, bool SMOD, int CHAIN = 0>
 bool launch_streamed(const Params& p, const StreamModRows& m, int knob, int device, cudaStream_t stream) {
   auto kernel = rms_norm_modulate_streamed<VEC, RESIDUAL, SMOD, CHAIN>;
-  static std::atomic<int> budgets[64];
+  static std::atomic<int> budgets[detail::kMaxDevices];
   static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
   const int budget = stream_smem_budget(kernel, device, budgets);
   const int64_t slot_bytes = int64_t{RESIDUAL ? 4 : 2} * p.n;
@@ -984,7 +984,7 @@ detail::Support can_use_rms_norm_modulate(const difuse_tensor_view& out, const d
   require_weight(s, weight, x);
   require_broadcast_rows(s, scale, x, "scale", empty);
   require_broadcast_rows(s, shift, x, "shift", empty);
-  detail::require_bf16_output(s, out, x, {&x, &weight, &scale, &shift});
+  detail::require_bf16_output(s, out, x, "x", {&x, &weight, &scale, &shift});
   return s;
 }
 
@@ -1038,7 +1038,7 @@ detail::Support can_use_gated_residual_rms_norm_modulate(const difuse_tensor_vie
                        name + " must have 8-byte aligned rows, got " + detail::describe(*t));
     }
   }
-  detail::require_bf16_output(s, out, h, {&h, &a, &gate, &weight, &scale, &shift});
+  detail::require_bf16_output(s, out, h, "h", {&h, &a, &gate, &weight, &scale, &shift});
   if (!empty) {
     DIFUSE_REQUIRE(s, residual.data == h.data || !detail::overlaps(residual, h),
                    "residual must be h itself (in place) or not overlap it");

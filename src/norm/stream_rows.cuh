@@ -264,7 +264,7 @@ inline int stream_full_barriers_for(int slots, int groups) {
 // The dynamic shared memory a streamed block of `kernel` may take on `device`: the opt-in maximum per block less the
 // kernel's static shared memory, read once per device into `budgets` (one array per kernel).
 template <class Kernel>
-int stream_smem_budget(Kernel kernel, int device, std::atomic<int> (&budgets)[64]) {
+int stream_smem_budget(Kernel kernel, int device, std::atomic<int> (&budgets)[detail::kMaxDevices]) {
   int budget = budgets[detail::device_slot(device)].load(std::memory_order_acquire);
   if (budget == 0) {
     int optin = 0;

@@ -401,7 +401,7 @@ void stream_copy(void* dst, const void* src, int64_t nbytes, int index, cudaStre
     const int ri = index - kVectorVariants - 4;
     const RingVariant& r = kRings[ri];
     const RingKernel kernel = pick_ring(r);
-    static std::atomic<int> budgets[kRingVariants][64];  // 0: not read yet
+    static std::atomic<int> budgets[kRingVariants][detail::kMaxDevices];  // 0: not read yet
     static std::atomic<uint64_t> opted_in[kRingVariants], carveout_set[kRingVariants];
     int device = 0;
     DIFUSE_CUDA_CHECK(cudaGetDevice(&device));
@@ -446,7 +446,7 @@ void stream_copy(void* dst, const void* src, int64_t nbytes, int index, cudaStre
   const int64_t n = nbytes / 16, chunk = int64_t(v.vectors_per_thread) * v.threads_per_block;
   int64_t grid = (n + chunk - 1) / chunk;
   if (v.resident_grid) {  // the SM count and each variant's blocks per SM asked once per device
-    static std::atomic<int> blocks_per_sm[kVariants][64];  // 0: not asked yet
+    static std::atomic<int> blocks_per_sm[kVariants][detail::kMaxDevices];  // 0: not asked yet
     int device = 0;
     DIFUSE_CUDA_CHECK(cudaGetDevice(&device));
     std::atomic<int>& cached = blocks_per_sm[index][device & 63];

@@ -156,7 +156,7 @@ detail::Support can_use_rms_norm_rope_rotate_half(const difuse_tensor_view& out,
   (void)eps;
   detail::Support s;
   DIFUSE_REQUIRE(s, x.dtype == DIFUSE_BF16, std::string("x must be bf16, got ") + difuse_dtype_name(x.dtype));
-  DIFUSE_REQUIRE(s, x.device >= 0, "x must be on a CUDA device, got host memory");
+  detail::require_cuda_device(s, x, "x");
   const bool x4 = x.rank == 4 && x.sizes[3] == kD;
   DIFUSE_REQUIRE(s, x4, "x must be [B, S, heads, 128] (ERNIE-Image's heads: the rotate-half pairs of a 128-wide row "
                         "sit in one lane of the norm's layout), got " + detail::describe(x));
@@ -203,7 +203,7 @@ detail::Support can_use_rms_norm_rope_rotate_half(const difuse_tensor_view& out,
                           (cos.sizes[1] <= 1 || cos.strides[1] == sin.strides[1]),
                    "cos and sin must have the same sizes and strides, got " + detail::describe(cos) + " and " +
                        detail::describe(sin));
-  detail::require_bf16_output(s, out, x, {&x, &weight, &cos, &sin});
+  detail::require_bf16_output(s, out, x, "x", {&x, &weight, &cos, &sin});
   return s;
 }
 

@@ -160,7 +160,7 @@ detail::Support can_use_rope_rotate_half(const difuse_tensor_view& out, const di
                                          const difuse_tensor_view& cos, const difuse_tensor_view& sin) {
   detail::Support s;
   DIFUSE_REQUIRE(s, x.dtype == DIFUSE_BF16, std::string("x must be bf16, got ") + difuse_dtype_name(x.dtype));
-  DIFUSE_REQUIRE(s, x.device >= 0, "x must be on a CUDA device, got host memory");
+  detail::require_cuda_device(s, x, "x");
   const bool x4 = x.rank == 4;
   DIFUSE_REQUIRE(s, x4, "x must be [B, S, heads, D], got " + detail::describe(x));
   if (x4) {
