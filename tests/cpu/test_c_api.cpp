@@ -178,6 +178,24 @@ TEST(DeviceSlots, DevicesOutsideTheCachesAreRefused) {
   EXPECT_THROW(difuse::detail::device_slot(-1), difuse::detail::Failure);
 }
 
+TEST(DeviceSlots, PredicatesNameADevicePastTheCaches) {
+  // The launchers refuse ordinals past 63 (device_slot above); the predicates say so as a reason, so a caller that
+  // asks first falls back instead of failing at the launch.
+  Case c = valid();
+  c.x.device = c.out.device = c.scale.device = c.shift.device = 63;
+  EXPECT_TRUE(can_use(c).ok);
+  c.x.device = c.out.device = c.scale.device = c.shift.device = 64;
+  EXPECT_TRUE(mentions(can_use(c), "x is on cuda:64, outside the devices 0..63 difuse supports"));
+  EXPECT_TRUE(mentions(can_use(c), "shift is on cuda:64"));
+  EXPECT_FALSE(mentions(can_use(c), "host memory"));
+  EXPECT_TRUE(mentions(difuse::can_use_gated_residual(c.out, c.x, c.x, c.scale), "gate is on cuda:64"));
+  EXPECT_TRUE(mentions(difuse::can_use_gelu_tanh(c.out, c.x), "out is on cuda:64"));
+  const TensorView w = TensorView::contiguous(fake(0x3000000000ull), DType::BF16, {3072}, 64);
+  EXPECT_TRUE(mentions(difuse::can_use_rms_norm(c.out, c.x, &w, 1e-6), "x is on cuda:64"));
+  c.x.device = -1;
+  EXPECT_TRUE(mentions(can_use(c), "x must be on a CUDA device, got host memory"));
+}
+
 TEST(CApi, LastErrorIsPerThreadAndClearedOnSuccess) {
   Case bad = valid();
   bad.x.dtype = DIFUSE_I64;

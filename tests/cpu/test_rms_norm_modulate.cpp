@@ -553,6 +553,17 @@ TEST(GatedResidualRmsNormModulatePredicate, EveryViolationIsListed) {
   EXPECT_TRUE(mentions(can_use(m), "a must have 8-byte aligned rows"));
 }
 
+TEST(GatedResidualRmsNormModulatePredicate, OutputReasonsNameH) {
+  // out must match h (the norm's input here is the new residual, not an x): the reasons said "x" before.
+  ResidualCall r = ltx2_residual();
+  r.c.out.sizes[1] = 6143;
+  r.c.out.device = 1;
+  const auto s = can_use(r);
+  EXPECT_TRUE(mentions(s, "out must have the shape of h")) << s.reasons.size();
+  EXPECT_TRUE(mentions(s, "out must be on the device of h"));
+  EXPECT_FALSE(mentions(s, "of x"));
+}
+
 TEST(RmsNormModulatePredicate, BroadcastRowIndexerFollowsTorchsRules) {
   // For every row of x: unravel its leading index (row-major), align m's dims to the right, index 0 where m has
   // size 1, and sum index * stride; the kernel's RowIndexer must give the same element offset.
