@@ -58,7 +58,11 @@ void require(bool cond, const char* what) {
   if (!cond) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, what);
 }
 
-const difuse_tensor_view& view(const difuse_tensor_view* v, const char* name) {
+// Who asks for a view: a predicate (difuse_can_use_*), which must answer for meta and fake tensors too, or a launcher,
+// which reads and writes the memory.
+enum class Use { predicate, launch };
+
+const difuse_tensor_view& view(const difuse_tensor_view* v, const char* name, Use use = Use::predicate) {
   if (v == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, std::string(name) + " is a NULL difuse_tensor_view");
   if (v->rank < 0 || v->rank > DIFUSE_MAX_RANK)
     throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, std::string(name) + " has rank " + std::to_string(v->rank) +
@@ -74,6 +78,11 @@ const difuse_tensor_view& view(const difuse_tensor_view* v, const char* name) {
   // No tensor's data sits off its element alignment (a bf16 pointer 1 byte off would pass the predicates of the ops
   // with 2-byte fallback accesses, which then fault). A NULL pointer is left to the predicates: meta and fake
   // tensors (torch.compile's tracing) come here without data and must get the predicates' reasons, not an error.
+  // A launch is different: elements behind a NULL pointer are no tensor it can read or write (some predicates take
+  // such a view as absent, e.g. a NULL cos skips qk_norm_rope's RoPE, so the launcher must not see one).
+  if (use == Use::launch && elements > 0 && v->data == nullptr)
+    throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, std::string(name) + " has " + std::to_string(elements) +
+                                                   " elements and a NULL data pointer");
   const int64_t esize = difuse::detail::dtype_size(v->dtype);
   if (v->data != nullptr && esize > 1 && reinterpret_cast<uintptr_t>(v->data) % static_cast<uintptr_t>(esize) != 0)
     throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, std::string(name) + "'s data pointer is not aligned to its " +
@@ -81,12 +90,17 @@ const difuse_tensor_view& view(const difuse_tensor_view* v, const char* name) {
   return *v;
 }
 
-// An optional view of an args struct: absent (NULL) becomes the empty view the predicates treat as "not given".
-difuse_tensor_view optional_view(const difuse_tensor_view* v, const char* name) {
-  return v == nullptr ? difuse_tensor_view{} : view(v, name);
+const difuse_tensor_view& launch_view(const difuse_tensor_view* v, const char* name) {
+  return view(v, name, Use::launch);
 }
-// r.field = the optional view a->field (inside the args converters below, which name their struct r and input a)
-#define DIFUSE_OPTIONAL_VIEW(field) r.field = optional_view(a->field, #field)
+
+// An optional view of an args struct: absent (NULL) becomes the empty view the predicates treat as "not given".
+difuse_tensor_view optional_view(const difuse_tensor_view* v, const char* name, Use use) {
+  return v == nullptr ? difuse_tensor_view{} : view(v, name, use);
+}
+// r.field = the optional view a->field (inside the args converters below, which name their struct r, input a and
+// asker use)
+#define DIFUSE_OPTIONAL_VIEW(field) r.field = optional_view(a->field, #field, use)
 
 void fill(const difuse::detail::KernelInfo& k, difuse_kernel_info* out) {
   out->op = k.op.c_str();
@@ -109,7 +123,7 @@ const char* sig_or_empty(const char* s) { return s ? s : ""; }
 // The fields the joint prologues' args share (FLUX, Qwen-Image, SD3.5): the three outputs and the main stream's
 // q, k, v and norm weights.
 template <class R, class A>
-void joint_outputs_and_main_stream(R& r, const A* a) {
+void joint_outputs_and_main_stream(R& r, const A* a, Use use) {
   DIFUSE_OPTIONAL_VIEW(q_out);
   DIFUSE_OPTIONAL_VIEW(k_out);
   DIFUSE_OPTIONAL_VIEW(v_out);
@@ -120,10 +134,10 @@ void joint_outputs_and_main_stream(R& r, const A* a) {
   DIFUSE_OPTIONAL_VIEW(k_weight);
 }
 
-difuse::rope::QkNormRopeArgs qk_norm_rope_args(const difuse_qk_norm_rope_args* a) {
+difuse::rope::QkNormRopeArgs qk_norm_rope_args(const difuse_qk_norm_rope_args* a, Use use) {
   if (a == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "qk_norm_rope: args is NULL");
   difuse::rope::QkNormRopeArgs r;
-  joint_outputs_and_main_stream(r, a);
+  joint_outputs_and_main_stream(r, a, use);
   DIFUSE_OPTIONAL_VIEW(q_first);
   DIFUSE_OPTIONAL_VIEW(k_first);
   DIFUSE_OPTIONAL_VIEW(v_first);
@@ -135,7 +149,7 @@ difuse::rope::QkNormRopeArgs qk_norm_rope_args(const difuse_qk_norm_rope_args* a
   return r;
 }
 
-difuse::rope::QkNormRopeWanArgs qk_norm_rope_wan_args(const difuse_qk_norm_rope_wan_args* a) {
+difuse::rope::QkNormRopeWanArgs qk_norm_rope_wan_args(const difuse_qk_norm_rope_wan_args* a, Use use) {
   if (a == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "qk_norm_rope_wan: args is NULL");
   difuse::rope::QkNormRopeWanArgs r;
   DIFUSE_OPTIONAL_VIEW(q_out);
@@ -151,10 +165,10 @@ difuse::rope::QkNormRopeWanArgs qk_norm_rope_wan_args(const difuse_qk_norm_rope_
   return r;
 }
 
-difuse::rope::QkNormRopeQwenArgs qk_norm_rope_qwen_args(const difuse_qk_norm_rope_qwen_args* a) {
+difuse::rope::QkNormRopeQwenArgs qk_norm_rope_qwen_args(const difuse_qk_norm_rope_qwen_args* a, Use use) {
   if (a == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "qk_norm_rope_qwen: args is NULL");
   difuse::rope::QkNormRopeQwenArgs r;
-  joint_outputs_and_main_stream(r, a);
+  joint_outputs_and_main_stream(r, a, use);
   DIFUSE_OPTIONAL_VIEW(q_txt);
   DIFUSE_OPTIONAL_VIEW(k_txt);
   DIFUSE_OPTIONAL_VIEW(v_txt);
@@ -166,10 +180,10 @@ difuse::rope::QkNormRopeQwenArgs qk_norm_rope_qwen_args(const difuse_qk_norm_rop
   return r;
 }
 
-difuse::rope::QkNormSd35Args qk_norm_sd35_args(const difuse_qk_norm_sd35_args* a) {
+difuse::rope::QkNormSd35Args qk_norm_sd35_args(const difuse_qk_norm_sd35_args* a, Use use) {
   if (a == nullptr) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "qk_norm_sd35: args is NULL");
   difuse::rope::QkNormSd35Args r;
-  joint_outputs_and_main_stream(r, a);
+  joint_outputs_and_main_stream(r, a, use);
   DIFUSE_OPTIONAL_VIEW(q_ctx);
   DIFUSE_OPTIONAL_VIEW(k_ctx);
   DIFUSE_OPTIONAL_VIEW(v_ctx);
@@ -321,8 +335,8 @@ difuse_status difuse_layernorm_modulate(const difuse_tensor_view* out, const dif
                                         const difuse_tensor_view* scale, const difuse_tensor_view* shift, double eps,
                                         void* stream) {
   return guarded([&] {
-    difuse::norm::layernorm_modulate(view(out, "out"), view(x, "x"), view(scale, "scale"), view(shift, "shift"), eps,
-                                     static_cast<cudaStream_t>(stream));
+    difuse::norm::layernorm_modulate(launch_view(out, "out"), launch_view(x, "x"), launch_view(scale, "scale"),
+                                     launch_view(shift, "shift"), eps, static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -338,8 +352,8 @@ difuse_status difuse_can_use_gated_residual(const difuse_tensor_view* out, const
 difuse_status difuse_gated_residual(const difuse_tensor_view* out, const difuse_tensor_view* h,
                                     const difuse_tensor_view* a, const difuse_tensor_view* gate, void* stream) {
   return guarded([&] {
-    difuse::modulate::gated_residual(view(out, "out"), view(h, "h"), view(a, "a"), view(gate, "gate"),
-                                     static_cast<cudaStream_t>(stream));
+    difuse::modulate::gated_residual(launch_view(out, "out"), launch_view(h, "h"), launch_view(a, "a"),
+                                     launch_view(gate, "gate"), static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -347,7 +361,8 @@ difuse_status difuse_can_use_rms_norm(const difuse_tensor_view* out, const difus
                                       const difuse_tensor_view* weight, double eps) {
   return guarded([&] {
     const difuse_tensor_view none{};
-    const auto s = difuse::norm::can_use_rms_norm(view(out, "out"), view(x, "x"), weight ? view(weight, "weight") : none, eps);
+    const auto s =
+        difuse::norm::can_use_rms_norm(view(out, "out"), view(x, "x"), weight ? view(weight, "weight") : none, eps);
     if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("rms_norm"));
   });
 }
@@ -356,8 +371,8 @@ difuse_status difuse_rms_norm(const difuse_tensor_view* out, const difuse_tensor
                               const difuse_tensor_view* weight, double eps, void* stream) {
   return guarded([&] {
     const difuse_tensor_view none{};
-    difuse::norm::rms_norm(view(out, "out"), view(x, "x"), weight ? view(weight, "weight") : none, eps,
-                           static_cast<cudaStream_t>(stream));
+    difuse::norm::rms_norm(launch_view(out, "out"), launch_view(x, "x"), weight ? launch_view(weight, "weight") : none,
+                           eps, static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -370,7 +385,7 @@ difuse_status difuse_can_use_gelu_tanh(const difuse_tensor_view* out, const difu
 
 difuse_status difuse_gelu_tanh(const difuse_tensor_view* out, const difuse_tensor_view* x, void* stream) {
   return guarded([&] {
-    difuse::activation::gelu_tanh(view(out, "out"), view(x, "x"), static_cast<cudaStream_t>(stream));
+    difuse::activation::gelu_tanh(launch_view(out, "out"), launch_view(x, "x"), static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -386,8 +401,8 @@ difuse_status difuse_can_use_activation_mul(const difuse_tensor_view* out, const
 difuse_status difuse_activation_mul(const difuse_tensor_view* out, const difuse_tensor_view* a,
                                     const difuse_tensor_view* b, const difuse_tensor_view* table, void* stream) {
   return guarded([&] {
-    difuse::activation::activation_mul(view(out, "out"), view(a, "a"), view(b, "b"), view(table, "table"),
-                                       static_cast<cudaStream_t>(stream));
+    difuse::activation::activation_mul(launch_view(out, "out"), launch_view(a, "a"), launch_view(b, "b"),
+                                       launch_view(table, "table"), static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -403,8 +418,8 @@ difuse_status difuse_can_use_rope_rotate_half(const difuse_tensor_view* out, con
 difuse_status difuse_rope_rotate_half(const difuse_tensor_view* out, const difuse_tensor_view* x,
                                       const difuse_tensor_view* cos, const difuse_tensor_view* sin, void* stream) {
   return guarded([&] {
-    difuse::rope::rope_rotate_half(view(out, "out"), view(x, "x"), view(cos, "cos"), view(sin, "sin"),
-                                   static_cast<cudaStream_t>(stream));
+    difuse::rope::rope_rotate_half(launch_view(out, "out"), launch_view(x, "x"), launch_view(cos, "cos"),
+                                   launch_view(sin, "sin"), static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -425,9 +440,9 @@ difuse_status difuse_rms_norm_rope_rotate_half(const difuse_tensor_view* out, co
                                                const difuse_tensor_view* sin, double eps, void* stream) {
   return guarded([&] {
     const difuse_tensor_view none{};
-    difuse::rope::rms_norm_rope_rotate_half(view(out, "out"), view(x, "x"), weight ? view(weight, "weight") : none,
-                                            view(cos, "cos"), view(sin, "sin"), eps,
-                                            static_cast<cudaStream_t>(stream));
+    difuse::rope::rms_norm_rope_rotate_half(launch_view(out, "out"), launch_view(x, "x"),
+                                            weight ? launch_view(weight, "weight") : none, launch_view(cos, "cos"),
+                                            launch_view(sin, "sin"), eps, static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -445,7 +460,8 @@ difuse_status difuse_rms_norm_diffusers(const difuse_tensor_view* out, const dif
                                         const difuse_tensor_view* weight, double eps, void* stream) {
   return guarded([&] {
     const difuse_tensor_view none{};
-    difuse::norm::rms_norm_diffusers(view(out, "out"), view(x, "x"), weight ? view(weight, "weight") : none, eps,
+    difuse::norm::rms_norm_diffusers(launch_view(out, "out"), launch_view(x, "x"),
+                                     weight ? launch_view(weight, "weight") : none, eps,
                                      static_cast<cudaStream_t>(stream));
   });
 }
@@ -469,9 +485,9 @@ difuse_status difuse_rms_norm_modulate(const difuse_tensor_view* out, const difu
                                        void* stream) {
   return guarded([&] {
     const difuse_tensor_view none{};
-    difuse::norm::rms_norm_modulate(view(out, "out"), view(x, "x"), weight ? view(weight, "weight") : none,
-                                    view(scale, "scale"), view(shift, "shift"), eps, fp32_modulate,
-                                    static_cast<cudaStream_t>(stream));
+    difuse::norm::rms_norm_modulate(launch_view(out, "out"), launch_view(x, "x"),
+                                    weight ? launch_view(weight, "weight") : none, launch_view(scale, "scale"),
+                                    launch_view(shift, "shift"), eps, fp32_modulate, static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -496,9 +512,9 @@ difuse_status difuse_gated_residual_rms_norm_modulate(
   return guarded([&] {
     const difuse_tensor_view none{};
     difuse::norm::gated_residual_rms_norm_modulate(
-        view(out, "out"), view(residual, "residual"), view(h, "h"), view(a, "a"), view(gate, "gate"),
-        weight ? view(weight, "weight") : none, view(scale, "scale"), view(shift, "shift"), eps, fp32_modulate,
-        static_cast<cudaStream_t>(stream));
+        launch_view(out, "out"), launch_view(residual, "residual"), launch_view(h, "h"), launch_view(a, "a"),
+        launch_view(gate, "gate"), weight ? launch_view(weight, "weight") : none, launch_view(scale, "scale"),
+        launch_view(shift, "shift"), eps, fp32_modulate, static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -514,14 +530,16 @@ difuse_status difuse_can_use_gated_residual_layernorm_modulate(
   });
 }
 
-difuse_status difuse_gated_residual_layernorm_modulate(
-    const difuse_tensor_view* out, const difuse_tensor_view* residual, const difuse_tensor_view* h,
-    const difuse_tensor_view* a, const difuse_tensor_view* gate, const difuse_tensor_view* scale,
-    const difuse_tensor_view* shift, double eps, void* stream) {
+difuse_status difuse_gated_residual_layernorm_modulate(const difuse_tensor_view* out,
+                                                       const difuse_tensor_view* residual, const difuse_tensor_view* h,
+                                                       const difuse_tensor_view* a, const difuse_tensor_view* gate,
+                                                       const difuse_tensor_view* scale, const difuse_tensor_view* shift,
+                                                       double eps, void* stream) {
   return guarded([&] {
-    difuse::norm::gated_residual_layernorm_modulate(view(out, "out"), view(residual, "residual"), view(h, "h"),
-                                                    view(a, "a"), view(gate, "gate"), view(scale, "scale"),
-                                                    view(shift, "shift"), eps, static_cast<cudaStream_t>(stream));
+    difuse::norm::gated_residual_layernorm_modulate(launch_view(out, "out"), launch_view(residual, "residual"),
+                                                    launch_view(h, "h"), launch_view(a, "a"), launch_view(gate, "gate"),
+                                                    launch_view(scale, "scale"), launch_view(shift, "shift"), eps,
+                                                    static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -539,8 +557,8 @@ difuse_status difuse_layernorm_modulate_fp32(const difuse_tensor_view* out, cons
                                              const difuse_tensor_view* scale, const difuse_tensor_view* shift,
                                              double eps, void* stream) {
   return guarded([&] {
-    difuse::norm::layernorm_modulate_fp32(view(out, "out"), view(x, "x"), view(scale, "scale"), view(shift, "shift"),
-                                          eps, static_cast<cudaStream_t>(stream));
+    difuse::norm::layernorm_modulate_fp32(launch_view(out, "out"), launch_view(x, "x"), launch_view(scale, "scale"),
+                                          launch_view(shift, "shift"), eps, static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -556,8 +574,8 @@ difuse_status difuse_can_use_gated_residual_fp32(const difuse_tensor_view* out, 
 difuse_status difuse_gated_residual_fp32(const difuse_tensor_view* out, const difuse_tensor_view* h,
                                          const difuse_tensor_view* a, const difuse_tensor_view* gate, void* stream) {
   return guarded([&] {
-    difuse::modulate::gated_residual_fp32(view(out, "out"), view(h, "h"), view(a, "a"), view(gate, "gate"),
-                                          static_cast<cudaStream_t>(stream));
+    difuse::modulate::gated_residual_fp32(launch_view(out, "out"), launch_view(h, "h"), launch_view(a, "a"),
+                                          launch_view(gate, "gate"), static_cast<cudaStream_t>(stream));
   });
 }
 
@@ -575,55 +593,59 @@ difuse_status difuse_layernorm_affine_fp32(const difuse_tensor_view* out, const 
                                            const difuse_tensor_view* weight, const difuse_tensor_view* bias, double eps,
                                            void* stream) {
   return guarded([&] {
-    difuse::norm::layernorm_affine_fp32(view(out, "out"), view(x, "x"), view(weight, "weight"), view(bias, "bias"), eps,
-                                        static_cast<cudaStream_t>(stream));
+    difuse::norm::layernorm_affine_fp32(launch_view(out, "out"), launch_view(x, "x"), launch_view(weight, "weight"),
+                                        launch_view(bias, "bias"), eps, static_cast<cudaStream_t>(stream));
   });
 }
 
 difuse_status difuse_can_use_qk_norm_rope(const difuse_qk_norm_rope_args* args) {
   return guarded([&] {
-    const auto s = difuse::rope::can_use_qk_norm_rope(qk_norm_rope_args(args));
+    const auto s = difuse::rope::can_use_qk_norm_rope(qk_norm_rope_args(args, Use::predicate));
     if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("qk_norm_rope"));
   });
 }
 
 difuse_status difuse_qk_norm_rope(const difuse_qk_norm_rope_args* args, void* stream) {
-  return guarded([&] { difuse::rope::qk_norm_rope(qk_norm_rope_args(args), static_cast<cudaStream_t>(stream)); });
+  return guarded(
+      [&] { difuse::rope::qk_norm_rope(qk_norm_rope_args(args, Use::launch), static_cast<cudaStream_t>(stream)); });
 }
 
 difuse_status difuse_can_use_qk_norm_rope_wan(const difuse_qk_norm_rope_wan_args* args) {
   return guarded([&] {
-    const auto s = difuse::rope::can_use_qk_norm_rope_wan(qk_norm_rope_wan_args(args));
+    const auto s = difuse::rope::can_use_qk_norm_rope_wan(qk_norm_rope_wan_args(args, Use::predicate));
     if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("qk_norm_rope_wan"));
   });
 }
 
 difuse_status difuse_qk_norm_rope_wan(const difuse_qk_norm_rope_wan_args* args, void* stream) {
-  return guarded(
-      [&] { difuse::rope::qk_norm_rope_wan(qk_norm_rope_wan_args(args), static_cast<cudaStream_t>(stream)); });
+  return guarded([&] {
+    difuse::rope::qk_norm_rope_wan(qk_norm_rope_wan_args(args, Use::launch), static_cast<cudaStream_t>(stream));
+  });
 }
 
 difuse_status difuse_can_use_qk_norm_rope_qwen(const difuse_qk_norm_rope_qwen_args* args) {
   return guarded([&] {
-    const auto s = difuse::rope::can_use_qk_norm_rope_qwen(qk_norm_rope_qwen_args(args));
+    const auto s = difuse::rope::can_use_qk_norm_rope_qwen(qk_norm_rope_qwen_args(args, Use::predicate));
     if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("qk_norm_rope_qwen"));
   });
 }
 
 difuse_status difuse_qk_norm_rope_qwen(const difuse_qk_norm_rope_qwen_args* args, void* stream) {
-  return guarded(
-      [&] { difuse::rope::qk_norm_rope_qwen(qk_norm_rope_qwen_args(args), static_cast<cudaStream_t>(stream)); });
+  return guarded([&] {
+    difuse::rope::qk_norm_rope_qwen(qk_norm_rope_qwen_args(args, Use::launch), static_cast<cudaStream_t>(stream));
+  });
 }
 
 difuse_status difuse_can_use_qk_norm_sd35(const difuse_qk_norm_sd35_args* args) {
   return guarded([&] {
-    const auto s = difuse::rope::can_use_qk_norm_sd35(qk_norm_sd35_args(args));
+    const auto s = difuse::rope::can_use_qk_norm_sd35(qk_norm_sd35_args(args, Use::predicate));
     if (!s.ok()) throw Failure(DIFUSE_ERR_UNSUPPORTED, s.message("qk_norm_sd35"));
   });
 }
 
 difuse_status difuse_qk_norm_sd35(const difuse_qk_norm_sd35_args* args, void* stream) {
-  return guarded([&] { difuse::rope::qk_norm_sd35(qk_norm_sd35_args(args), static_cast<cudaStream_t>(stream)); });
+  return guarded(
+      [&] { difuse::rope::qk_norm_sd35(qk_norm_sd35_args(args, Use::launch), static_cast<cudaStream_t>(stream)); });
 }
 
 // ---- probes --------------------------------------------------------------------------------------

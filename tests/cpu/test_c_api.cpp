@@ -601,6 +601,30 @@ TEST(CApi, ViewsOffTheirElementAlignmentAreRefused) {
   EXPECT_EQ(difuse_can_use_gated_residual(&empty_out, &empty_x, &empty, &gate), DIFUSE_OK) << difuse_last_error();
 }
 
+// A launcher reads and writes the memory: elements behind a NULL pointer are refused before any predicate (some take
+// such a view as absent: a NULL cos skipped qk_norm_rope's RoPE), while the predicates keep answering for them.
+TEST(CApi, LaunchersRefuseElementsBehindANullPointer) {
+  const int64_t H = 3072;
+  const auto x = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {1, 16, H}, 0);
+  const auto out = TensorView::contiguous(fake(0x1000000000ull), DType::BF16, {1, 16, H}, 0);
+  const TensorView gate(fake(0x3000000000ull), DType::BF16, {1, H}, {6 * H, 1}, 0);
+  TensorView null_a = TensorView::contiguous(nullptr, DType::BF16, {1, 16, H}, 0);
+  EXPECT_NE(difuse_can_use_gated_residual(&out, &x, &null_a, &gate), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(difuse_gated_residual(&out, &x, &null_a, &gate, nullptr), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(difuse_last_error()).find("a has 49152 elements and a NULL data pointer"), std::string::npos)
+      << difuse_last_error();
+  TensorView null_w = TensorView::contiguous(nullptr, DType::BF16, {H}, 0);
+  EXPECT_EQ(difuse_rms_norm(&out, &x, &null_w, 1e-6, nullptr), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(difuse_last_error()).find("weight has 3072 elements"), std::string::npos)
+      << difuse_last_error();
+  TensorView empty = null_a;  // no elements: nothing to read, no address needed
+  empty.sizes[1] = 0;
+  TensorView empty_x = x, empty_out = out;
+  empty_x.sizes[1] = empty_out.sizes[1] = 0;
+  EXPECT_NE(difuse_gated_residual(&empty_out, &empty_x, &empty, &gate, nullptr), DIFUSE_ERR_INVALID_ARGUMENT)
+      << difuse_last_error();
+}
+
 #include "core/rows.h"
 
 TEST(RowIndexer, WalksStridedLeadingDimsInRowMajorOrder) {
@@ -705,6 +729,19 @@ TEST(QkNormRope, ListsEveryViolation) {
   EXPECT_TRUE(mentions(s, "q_out and k_out overlap"));
   EXPECT_TRUE(mentions(s, "v_first must be given exactly when v is"));
   EXPECT_GE(s.reasons.size(), 4u);
+}
+
+TEST(QkNormRope, LaunchRefusesATableWithElementsAndNoData) {
+  // The predicate takes a view with a NULL pointer as a meta tensor's; at a launch a cos with elements and no data
+  // would have been taken as "no RoPE" by the kernel's choice: the C ABI refuses it first.
+  QkCase c = flux_case();
+  c.cos.data = nullptr;
+  const auto a = c.args();
+  EXPECT_NE(difuse_can_use_qk_norm_rope(&a), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_EQ(difuse_qk_norm_rope(&a, nullptr), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(difuse_last_error()).find("cos has 589824 elements and a NULL data pointer"),
+            std::string::npos)
+      << difuse_last_error();
 }
 
 TEST(QkNormRope, RefusesAValueOutputOverlappingTheQOrKOutput) {
