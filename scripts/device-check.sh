@@ -58,13 +58,26 @@ fi
 rc=0
 t0=$(date +%s)
 say() { printf '\n[device-check %4ss] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
-# The logs and text files of $OUT, with the test runners' logs (test-logs/), into logs.tgz.
+# The test runners' logs (the tests stage's scripts/test.sh) and the gputests stage's shard logs stay outside $OUT
+# while they are written: the device tool returns at most 8 files, and a call cut by its limit returns $OUT as it is
+# then (logs.tgz could be among those left out). Fixed names, so the watchdog (started before the stages) finds them.
+RUNNER_LOGS="${TMPDIR:-/tmp}/difuse-test-logs.$$"
+GPU_SHARD_LOGS="${TMPDIR:-/tmp}/difuse-gputests-logs.$$"
+# The logs and text files of $OUT, with copies of the runners' logs (test-logs/) and of the shard logs of a gputests
+# stage still running (test-logs/gputests/: a cut call returns them), into logs.tgz.
 pack_logs() {
   (
     cd "$OUT" || exit 1
+    if [ -d "$RUNNER_LOGS" ] && [ -n "$(ls -A "$RUNNER_LOGS")" ]; then
+      mkdir -p test-logs && cp -r "$RUNNER_LOGS"/. test-logs/
+    fi
+    if ls "$GPU_SHARD_LOGS"/gpu-[0-9]*.log >/dev/null 2>&1; then
+      mkdir -p test-logs/gputests && cp "$GPU_SHARD_LOGS"/gpu-[0-9]*.log test-logs/gputests/
+    fi
     files=()
     for f in ./*.log ./*.txt ./test-logs; do [ -e "$f" ] && files+=("$f"); done
     [ ${#files[@]} -gt 0 ] && tar czf logs.tgz.part "${files[@]}" && mv logs.tgz.part logs.tgz
+    rm -rf ./test-logs  # copies
   )
 }
 # A call that runs out of time returns only what $OUT holds then: at DIFUSE_DEVICE_DEADLINE seconds (default 575,
@@ -131,7 +144,7 @@ stage_tests() {
   for k in $knobs; do unset_args+=(-u "$k"); done
   [ -z "$knobs" ] || echo "tests: unsetting kernel and patch knobs for the whole suite (tests.json reports the defaults): $knobs"
   env "${unset_args[@]}" DIFUSE_TEST_REPORT="$OUT/tests.json" DIFUSE_TEST_COMMAND="scripts/device-check.sh --stage tests" \
-    DIFUSE_TEST_LOGDIR="$OUT/test-logs" \
+    DIFUSE_TEST_LOGDIR="$RUNNER_LOGS" \
     "$ROOT/scripts/test.sh" 2>&1 | tee "$OUT/tests.log" | grep -E '^(==|[0-9]+ passed|FAILED|ERROR|scripts/test.sh|shard |-- shard|GPU tests)|passed|failed' | tail -n 60
   return "${PIPESTATUS[0]}"
 }
@@ -150,9 +163,10 @@ stage_gputests() {
   say "gputests: pytest $DIFUSE_GPU_TESTS ${DIFUSE_GPU_TESTS_K:+-k $DIFUSE_GPU_TESTS_K} in ${DIFUSE_GPU_TEST_JOBS:-6} processes -> gpu-tests.json"
   # scripts/gpu-test-run.sh, as scripts/test.sh runs the whole suite. The shards' logs stay outside $OUT until the end
   # (a call cut by its limit returns at most 8 files: at bd80031 two of six finished reports were left out beside
-  # their logs), so $OUT holds only the shards' reports meanwhile.
-  local logs knobs prefix=""
-  logs=$(mktemp -d)
+  # their logs), so $OUT holds only the shards' reports meanwhile; the watchdog packs copies of them into logs.tgz
+  # (test-logs/gputests/) if the call runs past DIFUSE_DEVICE_DEADLINE.
+  local logs=$GPU_SHARD_LOGS knobs prefix=""
+  rm -rf "$logs" && mkdir -p "$logs"
   # knobs set for this call run these tests too: the report's command names them (tests unsets them instead)
   knobs=$(kernel_knobs_set)
   for f in $knobs; do prefix+="$f=${!f} "; done
@@ -391,6 +405,7 @@ else
 fi
 kill "$WATCHDOG" 2>/dev/null
 say "done: stage $STAGE, exit $rc"
-pack_logs && (cd "$OUT" && rm -rf ./*.log ./*.txt ./test-logs)
+pack_logs && (cd "$OUT" && rm -rf ./*.log ./*.txt)
+rm -rf "$RUNNER_LOGS" "$GPU_SHARD_LOGS"
 (cd "$OUT" && ls ./*.png >/dev/null 2>&1 && tar czf e2e-png.tgz ./*.png && rm -f ./*.png)
 exit $rc

@@ -8,6 +8,7 @@ import shutil
 import subprocess
 import tarfile
 import tempfile
+import time
 import unittest
 from pathlib import Path
 
@@ -18,7 +19,9 @@ FILES = "tests/gpu/test_gelu_tanh.py tests/gpu/test_gated_residual.py tests/gpu/
 
 
 class DeviceCheckGputestsTest(unittest.TestCase):
-    def run_stage(self, fail_file: str = ""):
+    def run_stage(self, fail_file: str = "", sleep: str = "", deadline: str = "120"):
+        """Runs the stage; with `sleep`, each stub shard sleeps that long after its first line and
+        self.watchdog_packed holds the names in the logs.tgz the watchdog wrote at `deadline` s, before the end."""
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
             root, bin_dir, out = tmp / "repo", tmp / "bin", tmp / "out"
@@ -36,10 +39,23 @@ class DeviceCheckGputestsTest(unittest.TestCase):
             env = {k: v for k, v in os.environ.items() if not k.startswith("DIFUSE_")}
             env.update(PATH=f"{bin_dir}:{env['PATH']}", OUT=str(out), DIFUSE_PYTHON=str(tmp / "py"),
                        DIFUSE_GPU_TESTS=FILES, DIFUSE_GPU_TEST_JOBS="2", DIFUSE_GIT_SHA="abc",
-                       DIFUSE_DEVICE_DEADLINE="120", DIFUSE_BUILD_DIR=str(tmp / "build"),
-                       STUB_LOG=str(tmp / "ran.log"), STUB_FAIL_FILE=fail_file)
-            p = subprocess.run(["bash", str(root / "scripts" / "device-check.sh"), "--stage", "gputests"], env=env,
-                               capture_output=True, text=True, timeout=120)
+                       DIFUSE_DEVICE_DEADLINE=deadline, DIFUSE_BUILD_DIR=str(tmp / "build"),
+                       STUB_LOG=str(tmp / "ran.log"), STUB_FAIL_FILE=fail_file, STUB_SLEEP=sleep, TMPDIR=str(tmp))
+            cmd = ["bash", str(root / "scripts" / "device-check.sh"), "--stage", "gputests"]
+            self.watchdog_packed = None
+            if sleep:
+                proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                end = time.monotonic() + 60
+                while self.watchdog_packed is None and proc.poll() is None and time.monotonic() < end:
+                    time.sleep(0.1)
+                    if (out / "logs.tgz").exists():  # written whole: the script moves a finished .part there
+                        with tarfile.open(out / "logs.tgz") as t:
+                            self.watchdog_packed = {n: t.extractfile(n).read().decode() for n in t.getnames()
+                                                    if t.getmember(n).isfile()}
+                stdout, stderr = proc.communicate(timeout=60)
+                p = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
+            else:
+                p = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=120)
             left = sorted(f.name for f in out.iterdir())
             report = json.loads((out / "gpu-tests.json").read_text()) if (out / "gpu-tests.json").exists() else None
             packed = []
@@ -69,6 +85,20 @@ class DeviceCheckGputestsTest(unittest.TestCase):
         self.assertIn("1 failed, 10 passed", p.stdout)
         self.assertIsNotNone(report)  # the report of a failing run is still written
         self.assertIn("done: stage gputests, exit 1", p.stdout)
+
+
+    def test_a_call_cut_at_the_deadline_returns_the_shard_logs(self):
+        # The watchdog packs logs.tgz at DIFUSE_DEVICE_DEADLINE while the shards still run: their logs (kept outside
+        # $OUT until the stage ends) must be in it, or a cut call shows no test's name.
+        p, left, report, _, _ = self.run_stage(sleep="4", deadline="2")
+        self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+        self.assertIn("deadline: 2 s", p.stdout)
+        self.assertIsNotNone(self.watchdog_packed, p.stdout)
+        shard_logs = {n: t for n, t in self.watchdog_packed.items() if "/gputests/gpu-" in n}
+        self.assertEqual(len(shard_logs), 2, sorted(self.watchdog_packed))
+        for text in shard_logs.values():
+            self.assertIn("stub gpu: started", text)
+        self.assertNotIn("test-logs", left)  # packed copies only: $OUT keeps few files for the device tool's 8
 
 
 if __name__ == "__main__":

@@ -23,6 +23,7 @@ what=gpu
 case "$*" in *torch_cpu*) what=torch_cpu; sleep 0.3 ;; esac
 if [ -n "${DIFUSE_KNOB_SPECS_SHARD:-}" ]; then what=knob_specs; fi
 echo "$what${DIFUSE_KNOB_SPECS_SHARD:+:$DIFUSE_KNOB_SPECS_SHARD}" >>"$STUB_LOG"
+if [ -n "${STUB_SLEEP:-}" ]; then echo "stub $what: started"; sleep "$STUB_SLEEP"; fi
 if [ $what = gpu ] && [ -n "${DIFUSE_TEST_REPORT:-}" ]; then
   last=$(basename "${@: -1}")
   printf '{"git_sha": "abc", "passed": 11, "failed": 0, "skipped": 0, "cases": [{"id": "%s::c", "outcome": "passed"}]}' \
