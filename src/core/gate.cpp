@@ -34,10 +34,39 @@ std::string g_platform_note;
 
 }  // namespace
 
+BitExactGate::Table::Table(size_t cap) : capacity(cap), slots(new std::atomic<const std::string*>[cap]) {
+  for (size_t i = 0; i < cap; ++i) slots[i].store(nullptr, std::memory_order_relaxed);
+}
+
+bool BitExactGate::Table::contains(std::string_view sig) const {
+  if (capacity == 0) return false;
+  const size_t mask = capacity - 1;
+  for (size_t i = std::hash<std::string_view>{}(sig) & mask;; i = (i + 1) & mask) {
+    const std::string* s = slots[i].load(std::memory_order_acquire);
+    if (s == nullptr) return false;  // at most half full: an empty slot ends every probe
+    if (*s == sig) return true;
+  }
+}
+
+void BitExactGate::Table::insert(const std::string* sig) {
+  const size_t mask = capacity - 1;
+  size_t i = std::hash<std::string_view>{}(*sig) & mask;
+  while (slots[i].load(std::memory_order_relaxed) != nullptr) i = (i + 1) & mask;
+  slots[i].store(sig, std::memory_order_release);
+  count.fetch_add(1, std::memory_order_release);
+}
+
 BitExactGate::BitExactGate(std::string op, GateMode mode) : op_(std::move(op)), mode_(mode) {
   std::lock_guard<std::mutex> lock(mu_);
-  snapshots_.push_back(std::make_unique<Snapshot>());
-  for (auto& d : devices_) d.verified.store(snapshots_.back().get(), std::memory_order_release);
+  tables_.push_back(std::make_unique<Table>(0));
+  for (auto& d : devices_) d.verified.store(tables_.front().get(), std::memory_order_release);
+}
+
+size_t BitExactGate::slots_held() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  size_t n = 0;
+  for (const auto& t : tables_) n += t->capacity;
+  return n;
 }
 
 BitExactGate::~BitExactGate() = default;
@@ -50,8 +79,9 @@ BitExactGate::Device& BitExactGate::dev(int device) {
 }
 const BitExactGate::Device& BitExactGate::dev(int device) const { return const_cast<BitExactGate*>(this)->dev(device); }
 
-bool BitExactGate::verified_in(const Snapshot* s, std::string_view sig) const {
-  return mode_ == GateMode::Once ? s->any : s->sigs.count(sig) != 0;
+bool BitExactGate::verified_in(const Device& d, std::string_view sig) const {
+  return mode_ == GateMode::Once ? d.any.load(std::memory_order_acquire)
+                                 : d.verified.load(std::memory_order_acquire)->contains(sig);
 }
 
 GateDecision BitExactGate::decide(int device, std::string_view sig, bool capturing, void* stream) {
@@ -60,7 +90,7 @@ GateDecision BitExactGate::decide(int device, std::string_view sig, bool capturi
     note_fallback(device, DIFUSE_FALLBACK_DISABLED);
     return GateDecision::Fallback;
   }
-  if (verified_in(d.verified.load(std::memory_order_acquire), sig)) {
+  if (verified_in(d, sig)) {
     d.fused_calls.fetch_add(1, std::memory_order_relaxed);
     return GateDecision::RunFused;
   }
@@ -74,7 +104,7 @@ GateDecision BitExactGate::decide(int device, std::string_view sig, bool capturi
 bool BitExactGate::begin_verify(int device, std::string_view sig) {
   Device& d = dev(device);
   mu_.lock();
-  if (d.disabled.load(std::memory_order_acquire) || verified_in(d.verified.load(std::memory_order_acquire), sig)) {
+  if (d.disabled.load(std::memory_order_acquire) || verified_in(d, sig)) {
     mu_.unlock();
     return false;
   }
@@ -103,13 +133,23 @@ void BitExactGate::end_verify(int device, std::string_view sig, int64_t mismatch
   Device& d = dev(device);
   d.verifications.fetch_add(1, std::memory_order_relaxed);
   if (mismatches == 0) {
-    const Snapshot* old = d.verified.load(std::memory_order_acquire);
-    auto next = std::make_unique<Snapshot>(*old);
-    owned_.emplace_back(sig);
-    next->sigs.insert(std::string_view(owned_.back()));
-    next->any = true;
-    d.verified.store(next.get(), std::memory_order_release);
-    snapshots_.push_back(std::move(next));
+    // A Once gate records the signature too (counters() reports it); its readers ask `any` alone.
+    Table* t = d.verified.load(std::memory_order_acquire);
+    if (!t->contains(sig)) {
+      owned_.emplace_back(sig);
+      const int64_t n = t->count.load(std::memory_order_relaxed);
+      if (static_cast<size_t>(n + 1) * 2 > t->capacity) {  // publish a table twice the size (16 at first)
+        auto bigger = std::make_unique<Table>(t->capacity ? 2 * t->capacity : 16);
+        for (size_t i = 0; i < t->capacity; ++i)
+          if (const std::string* s = t->slots[i].load(std::memory_order_relaxed)) bigger->insert(s);
+        bigger->insert(&owned_.back());
+        d.verified.store(bigger.get(), std::memory_order_release);
+        tables_.push_back(std::move(bigger));
+      } else {
+        t->insert(&owned_.back());  // one slot from nullptr to the string: readers see it or not
+      }
+    }
+    d.any.store(true, std::memory_order_release);
     d.fused_calls.fetch_add(1, std::memory_order_relaxed);  // the verified fused output is the one returned
     return;
   }
@@ -153,9 +193,9 @@ void BitExactGate::note_fused(int device) { dev(device).fused_calls.fetch_add(1,
 
 void BitExactGate::reset() {
   std::lock_guard<std::mutex> lock(mu_);
-  snapshots_.push_back(std::make_unique<Snapshot>());
   for (auto& d : devices_) {
-    d.verified.store(snapshots_.back().get(), std::memory_order_release);
+    d.verified.store(tables_.front().get(), std::memory_order_release);
+    d.any.store(false, std::memory_order_release);
     d.disabled.store(false, std::memory_order_release);
     d.verifications.store(0);
     d.fused_calls.store(0);
@@ -166,13 +206,13 @@ void BitExactGate::reset() {
 
 bool BitExactGate::is_verified(int device, std::string_view sig) const {
   const Device& d = dev(device);
-  return verified_in(d.verified.load(std::memory_order_acquire), sig);
+  return verified_in(d, sig);
 }
 
 difuse_gate_counters BitExactGate::counters(int device) const {
   const Device& d = dev(device);
   difuse_gate_counters c{};
-  c.verified_signatures = static_cast<int64_t>(d.verified.load(std::memory_order_acquire)->sigs.size());
+  c.verified_signatures = d.verified.load(std::memory_order_acquire)->count.load(std::memory_order_acquire);
   c.verifications = d.verifications.load();
   c.fused_calls = d.fused_calls.load();
   c.fallbacks = d.fallbacks.load();

@@ -6,6 +6,10 @@
 //   reset() returns every device to unverified with zeroed counters (tests, changed platforms).
 // decide() is the hot path: two atomic loads and one hash lookup, no lock. Verification runs under the
 // gate's mutex (begin_verify .. end_verify, same thread), so concurrent first calls verify once.
+// The verified signatures of a device sit in an open-addressing table of string pointers that readers probe without
+// a lock: a verification fills one empty slot (an atomic store), or, at half load, publishes a table twice the size.
+// Replaced tables and the strings are kept until the gate goes (a reader may still probe them): memory grows with
+// the signatures, not with their square (the earlier copy-per-verification snapshots did).
 // A first verification is refused while the stream is being captured into a CUDA graph (the probe) or
 // while the caller says it is tracing (torch.compile): the caller then runs the reference.
 #pragma once
@@ -18,7 +22,6 @@
 #include <string>
 #include <string_view>
 #include <thread>
-#include <unordered_set>
 #include <vector>
 
 #include "core/tensor.h"
@@ -66,12 +69,19 @@ class BitExactGate {
   static void log_line(const std::string& line);
 
  private:
-  struct Snapshot {
-    std::unordered_set<std::string_view> sigs;  // views into owned_ (stable storage)
-    bool any = false;
+  // A fixed-capacity set of signatures (a power of two, at most half full; 0 for the shared empty table). Slots go
+  // from nullptr to a string in owned_ once, under mu_.
+  struct Table {
+    explicit Table(size_t capacity);
+    bool contains(std::string_view sig) const;
+    void insert(const std::string* sig);  // under mu_; the caller has made room
+    const size_t capacity;
+    std::unique_ptr<std::atomic<const std::string*>[]> slots;
+    std::atomic<int64_t> count{0};
   };
   struct Device {
-    std::atomic<const Snapshot*> verified{nullptr};
+    std::atomic<Table*> verified{nullptr};  // changed under mu_ only
+    std::atomic<bool> any{false};  // Once mode: a signature has been verified
     std::atomic<bool> disabled{false};
     std::atomic<int64_t> verifications{0}, fused_calls{0}, fallbacks{0};
     std::array<std::atomic<int64_t>, DIFUSE_FALLBACK_REASON_COUNT> reasons{};
@@ -79,7 +89,7 @@ class BitExactGate {
 
   Device& dev(int device);
   const Device& dev(int device) const;
-  bool verified_in(const Snapshot* s, std::string_view sig) const;
+  bool verified_in(const Device& d, std::string_view sig) const;
   void check_owner(const char* what) const;
   void disable_locked(int device, const std::string& line);
 
@@ -90,9 +100,14 @@ class BitExactGate {
   std::atomic<std::thread::id> owner_{};
   int pending_device_ = -1;   // what the owner's begin_verify started (under mu_): end_verify must name the same
   std::string pending_sig_;
-  // Snapshots and signature strings are retired, never freed before the gate: readers hold no lock.
-  std::vector<std::unique_ptr<Snapshot>> snapshots_;
+  // Tables and signature strings are retired, never freed before the gate: readers hold no lock. tables_[0] is the
+  // empty table every device starts from (and returns to at reset()).
+  std::vector<std::unique_ptr<Table>> tables_;
   std::deque<std::string> owned_;
+
+ public:
+  // Slots held in every table this gate has made, replaced ones included (the memory bound's test).
+  size_t slots_held() const;
 };
 
 }  // namespace difuse::detail

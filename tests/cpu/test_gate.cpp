@@ -147,6 +147,29 @@ TEST_F(GateTest, ResetReturnsToUnverified) {
   EXPECT_EQ(g.decide(0, "a", false, nullptr), GateDecision::RunFused);
 }
 
+TEST_F(GateTest, ManySignaturesStayFoundPerDeviceInMemoryLinearInTheirNumber) {
+  // Each verification used to copy the whole verified set into a new snapshot (memory quadratic in the signatures:
+  // ~28 MB at 1,000). Tables now double at half load: the slots of every table made stay under 8 per signature.
+  BitExactGate g("op", GateMode::PerSignature);
+  const int n = 5000;
+  for (int i = 0; i < n; ++i) verify(g, 0, "sig" + std::to_string(i), 0);
+  verify(g, 1, "sig7", 0);
+  EXPECT_EQ(g.counters(0).verified_signatures, n);
+  EXPECT_EQ(g.counters(1).verified_signatures, 1);
+  for (int i = 0; i < n; ++i) ASSERT_TRUE(g.is_verified(0, "sig" + std::to_string(i))) << i;
+  EXPECT_FALSE(g.is_verified(0, "sig5000"));
+  EXPECT_FALSE(g.is_verified(0, "sig"));
+  EXPECT_TRUE(g.is_verified(1, "sig7"));
+  EXPECT_FALSE(g.is_verified(1, "sig8"));
+  EXPECT_LE(g.slots_held(), size_t{8} * (n + 1) + 16);
+  g.reset();
+  EXPECT_FALSE(g.is_verified(0, "sig1"));
+  EXPECT_EQ(g.counters(0).verified_signatures, 0);
+  verify(g, 0, "sig1", 0);
+  EXPECT_TRUE(g.is_verified(0, "sig1"));
+  EXPECT_FALSE(g.is_verified(1, "sig7"));
+}
+
 TEST_F(GateTest, NoFirstVerificationWhileCapturingOrTracing) {
   BitExactGate g("op", GateMode::PerSignature);
   verify(g, 0, "known", 0);
