@@ -293,10 +293,12 @@ void launch(const Params& p, bool paired, unsigned blocks, cudaStream_t stream) 
 
 detail::Support can_use_qk_norm_rope_wan(const QkNormRopeWanArgs& a) {
   detail::Support s;
-  if (!present(a.q) || !present(a.k)) DIFUSE_REQUIRE(s, false, "q and k are required");
   if (!present(a.freqs_cos) || !present(a.freqs_sin))
     DIFUSE_REQUIRE(s, false, "freqs_cos and freqs_sin are required (WanRotaryPosEmbed's output)");
-  if (!s.ok()) return s;
+  if (!present(a.q) || !present(a.k)) {  // every other check is relative to q's shape; missing tables are not
+    DIFUSE_REQUIRE(s, false, "q and k are required");
+    return s;
+  }
   bool shapes = require_rows(s, a.q, "q");
   shapes = require_rows(s, a.k, "k") && shapes;
   if (!shapes) return s;
@@ -320,8 +322,8 @@ detail::Support can_use_qk_norm_rope_wan(const QkNormRopeWanArgs& a) {
   DIFUSE_REQUIRE(s, B * S <= int64_t{2147483647}, "at most 2^31 - 1 tokens in the batch");
   require_weight(s, a.q_weight, "q_weight", N, dev);
   require_weight(s, a.k_weight, "k_weight", N, dev);
-  require_table(s, a.freqs_cos, "freqs_cos", B, S, D, dev);
-  require_table(s, a.freqs_sin, "freqs_sin", B, S, D, dev);
+  if (present(a.freqs_cos)) require_table(s, a.freqs_cos, "freqs_cos", B, S, D, dev);
+  if (present(a.freqs_sin)) require_table(s, a.freqs_sin, "freqs_sin", B, S, D, dev);
   const std::initializer_list<const difuse_tensor_view*> inputs = {&a.q, &a.k, &a.q_weight, &a.k_weight,
                                                                    &a.freqs_cos, &a.freqs_sin};
   require_output(s, a.q_out, "q_out", B, S, H, D, dev, inputs);

@@ -138,6 +138,17 @@ TEST(QkNormRopeWan, RefusesMissingOperandsAndHeadSplitInputs) {
   a = c.args();
   a.k_out = nullptr;
   EXPECT_TRUE(mentions(difuse::can_use_qk_norm_rope_wan(a), "k_out is required"));
+  // missing tables no longer hide what else is wrong (the other checks ran only once both tables were given)
+  WanCase t = wan_case();
+  t.wq.dtype = DIFUSE_F32;
+  t.ok = t.oq;
+  a = t.args();
+  a.freqs_cos = nullptr;
+  s = difuse::can_use_qk_norm_rope_wan(a);
+  EXPECT_TRUE(mentions(s, "freqs_cos and freqs_sin are required"));
+  EXPECT_TRUE(mentions(s, "q_weight must be bf16"));
+  EXPECT_TRUE(mentions(s, "q_out and k_out overlap"));
+  EXPECT_EQ(s.reasons.size(), 3u) << s.reasons.size();
   c.q = TensorView::contiguous(fake(0x100000000ull), DType::BF16, {1, 32760, 40, 128}, 0);  // already split
   s = difuse::can_use_qk_norm_rope_wan(c.args());
   EXPECT_TRUE(mentions(s, "q must be [B, S, heads * head_dim]"));
