@@ -1448,10 +1448,10 @@ def _ernie_gated_rmsmod_site(site: Site, norm, h, a, gate, scale, shift):
 # ERNIE-Image's RoPE through rope_rotate_half inside site E2 (verified with the QK norm as one site; bit-exact on an
 # H100 at c3302d8). DIFUSE_ERNIE_FUSED_ROPE=0 keeps the RoPE eager (the QK norms stay fused).
 ERNIE_FUSED_ROPE = os.environ.get("DIFUSE_ERNIE_FUSED_ROPE", "1") != "0"
-# The QK norm and the RoPE in one rms_norm_rope_rotate_half pass per tensor inside site E2: off by default, that
-# kernel was written without a GPU run (its verification status in src/rope/rms_norm_rope_rotate_half.cu);
-# DIFUSE_ERNIE_QK_NORM_ROPE=1 turns it on (the gate still checks each new signature against the eager chain).
-ERNIE_QK_NORM_ROPE = os.environ.get("DIFUSE_ERNIE_QK_NORM_ROPE", "0") == "1"
+# The QK norm and the RoPE in one rms_norm_rope_rotate_half pass per tensor inside site E2 (the default; its
+# verification status in src/rope/rms_norm_rope_rotate_half.cu); DIFUSE_ERNIE_QK_NORM_ROPE=0 keeps the two passes
+# (rms_norm, then rope_rotate_half). Either way the gate checks each new signature against the eager chain.
+ERNIE_QK_NORM_ROPE = os.environ.get("DIFUSE_ERNIE_QK_NORM_ROPE", "1") != "0"
 
 
 def _ernie_rotary(x, freqs):
@@ -1509,8 +1509,8 @@ def _ernie_attention(site: Site, attn, hidden_states, attention_mask, freqs, st=
                 r = ops.can_use_rope_rotate_half(out_like, cos, sin)
                 return ops.Support(r.ok, ["rope: " + x for x in r.reasons])
 
-            # DIFUSE_ERNIE_QK_NORM_ROPE=1: norm and RoPE in one pass per tensor where that kernel takes the
-            # layout (heads of 128, R = 128), else the two passes; the same verified site either way.
+            # By default norm and RoPE in one pass per tensor where that kernel takes the layout (heads of 128,
+            # R = 128), else (or with DIFUSE_ERNIE_QK_NORM_ROPE=0) the two passes; the same verified site either way.
             # Decided once per signature (two predicate calls into the library otherwise, every block).
             one_pass = ERNIE_QK_NORM_ROPE and not why and site.choose(
                 (q, k, wq, wk, eq, ek, cos, sin),

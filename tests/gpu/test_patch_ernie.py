@@ -2,11 +2,12 @@
 the unpatched one (2 blocks of the released model: hidden 4096, 32 heads x 128, ffn 12288, text_in_dim 3072; and of
 the class defaults, 3072 wide), batch 1 and 2 (CFG), with a padded text row (attention mask), at 1024^2's grid (64 x 64
 latent patches + 256 text tokens: S = 4352, the rms_norm_modulate site shapes 4352x1x4096 and 4352x2x4096) and a
-smaller one; every listed site fused and none disabled; unpatch restores the original. The default path runs the RoPE
-(rope_rotate_half after rms_norm, in site E2) and the FFN product (activation_mul, site E5) fused; the same with the QK
-norm and RoPE as one rms_norm_rope_rotate_half pass (DIFUSE_ERNIE_QK_NORM_ROPE=1, not yet the default) and with each
+smaller one; every listed site fused and none disabled; unpatch restores the original. The default path runs the QK
+norm and the RoPE as one rms_norm_rope_rotate_half pass per tensor (site E2) and the FFN product (activation_mul, site
+E5) fused; the same with the two passes (rms_norm, then rope_rotate_half: DIFUSE_ERNIE_QK_NORM_ROPE=0) and with each
 switched off (DIFUSE_ERNIE_FUSED_ROPE=0, DIFUSE_FUSED_ACTIVATION_MUL=0). The fused RoPE and FFN cases first ran
-bit-identical on an H100 at c3302d8 (bench/results/h100/gpu-tests-c3302d8-new-kernels.json)."""
+bit-identical on an H100 at c3302d8 (bench/results/h100/gpu-tests-c3302d8-new-kernels.json), the one-pass case at
+ac075fd (bench/results/h100/gpu-tests-ac075fd-one-pass-ernie.json)."""
 import os
 
 import pytest
@@ -64,8 +65,8 @@ def test_patched_ernie_under_inference_mode_is_bit_identical(model):
 
 @pytest.mark.parametrize("B,side,text_tokens,pad", [(2, 64, 256, 0), (2, 32, 77, 20)], ids=str)
 def test_patched_ernie_runs_the_fused_rope(model, monkeypatch, B, side, text_tokens, pad):
-    """Site E2 runs the QK norm, then rope_rotate_half (the default; stated, so the case stays the two-pass one when
-    the one-pass kernel becomes the default); that kernel runs, the output is bit-identical."""
+    """DIFUSE_ERNIE_QK_NORM_ROPE=0: site E2 runs the QK norm, then rope_rotate_half (the two passes); that kernel
+    runs, the output is bit-identical."""
     monkeypatch.setattr(difuse.patching, "ERNIE_QK_NORM_ROPE", False)
     calls = []
     monkeypatch.setattr(difuse.ops, "_ops", lambda: _CountingOps(torch.ops.difuse, calls))
@@ -88,8 +89,9 @@ class _CountingOps:
 
 @pytest.mark.parametrize("B,side,text_tokens,pad", [(2, 64, 256, 0), (1, 32, 77, 20)], ids=str)
 def test_patched_ernie_with_one_pass_qk_norm_rope_is_bit_identical(model, monkeypatch, B, side, text_tokens, pad):
-    """DIFUSE_ERNIE_QK_NORM_ROPE=1: site E2's norm and RoPE as one rms_norm_rope_rotate_half pass per tensor (off by
-    default until this passes on a GPU); the kernel runs (and rope_rotate_half does not), the output is bit-identical."""
+    """Site E2's norm and RoPE as one rms_norm_rope_rotate_half pass per tensor (the default since it passed on an
+    H100 at ac075fd; stated, so the case keeps testing it); the kernel runs (and rope_rotate_half does not), the output
+    is bit-identical."""
     monkeypatch.setattr(difuse.patching, "ERNIE_QK_NORM_ROPE", True)
     calls, two_pass = [], []
     monkeypatch.setattr(difuse.ops, "_ops", lambda: _CountingOps(

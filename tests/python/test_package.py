@@ -35,10 +35,9 @@ class PackageTest(unittest.TestCase):
 
     def test_every_registration_names_where_it_was_verified(self):
         # the card and the commit of the GPU run that proved it bit-exact (H100 for kernels first run in a session
-        # that got no H200: rope_rotate_half, activation_mul), or says plainly that it has not run on a GPU yet (such
-        # a kernel is off by default where a site could use it: rms_norm_rope_rotate_half behind
-        # DIFUSE_ERNIE_QK_NORM_ROPE)
-        unverified = {"rms_norm_rope_rotate_half"}
+        # that got no H200: rope_rotate_half, activation_mul, rms_norm_rope_rotate_half), or says plainly that it has
+        # not run on a GPU yet (such a kernel must be off by default where a site could use it; none is now)
+        unverified = set()
         for k in difuse.kernels():
             if k["op"] in unverified:
                 self.assertRegex(k["platform"], r"^not yet verified on a GPU", k["op"])
