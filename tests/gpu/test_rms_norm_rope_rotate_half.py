@@ -6,8 +6,9 @@
 ERNIE's site shapes (batch 1 and 2, the projection's q, its [S, B] view and a chunk of a fused projection), >= 200
 seeded random shapes and strides, with and without weight, tables broadcast over the batch, adversarial and
 non-finite values in x, the weight and the tables, refusals naming each violated precondition, torch.compile,
-CUDA-graph replay and opcheck; and the real ERNIE-Image attention with DIFUSE_ERNIE_QK_NORM_ROPE=1
-(test_patch_ernie.py). Written on 2026-12-05 after the session's device time was spent: first run pending."""
+CUDA-graph replay and opcheck; and the real ERNIE-Image attention through site E2, where it is the default
+(test_patch_ernie.py). Written on 2026-12-05 without a GPU; first run, all passed, on an H100 at ac075fd
+(bench/results/h100/gpu-tests-ac075fd-one-pass-ernie.json)."""
 import os
 import random
 
