@@ -8,7 +8,8 @@
 # for each of $DIFUSE_E2E_MODELS, default "flux qwen-image sd3 wan ernie-image", with $DIFUSE_E2E_ARGS), ncu-<op>.txt (Nsight
 # Compute on one launch of each of $DIFUSE_NCU_OPS; not part of "all"), sweeps.tgz (bench ops under the kernel
 # knobs of $DIFUSE_SWEEPS; not part of "all"). The logs and text files are packed into logs.tgz and the e2e
-# charts into e2e-png.tgz at the end (the device tool returns at most 8 files; the logs are moved into logs.tgz, so a
+# charts into e2e-png.tgz at the end, the e2e records into e2e-json.tgz when more than 8 files would be left (the
+# device tool returns at most 8 files; the logs are moved into logs.tgz, so a
 # second tar of $OUT's *.log after this script packs nothing: one session lost its sanitizer.log that way; the test
 # runners' own logs, each GPU shard's, go in as test-logs/; at DIFUSE_DEVICE_DEADLINE s, default 575, a watchdog packs
 # what there is, so a call cut at its limit still returns them). Set DIFUSE_GIT_SHA to the
@@ -408,4 +409,17 @@ say "done: stage $STAGE, exit $rc"
 pack_logs && (cd "$OUT" && rm -rf ./*.log ./*.txt)
 rm -rf "$RUNNER_LOGS" "$GPU_SHARD_LOGS"
 (cd "$OUT" && ls ./*.png >/dev/null 2>&1 && tar czf e2e-png.tgz ./*.png && rm -f ./*.png)
+# The device tool returns at most 8 files: with more (e.g. --stage bench,e2e,sweep of five models: ops.json, five
+# e2e-*.json, sweeps.tgz, logs.tgz, e2e-png.tgz), the e2e records go into e2e-json.tgz; whatever is still over is named.
+(
+  cd "$OUT" || exit 0
+  files=(); for f in *; do [ -f "$f" ] && files+=("$f"); done
+  if [ ${#files[@]} -gt 8 ] && ls ./e2e-*.json >/dev/null 2>&1; then
+    tar czf e2e-json.tgz ./e2e-*.json && rm -f ./e2e-*.json
+    echo "device-check: more than 8 files in \$OUT: the e2e records are packed into e2e-json.tgz"
+    files=(); for f in *; do [ -f "$f" ] && files+=("$f"); done
+  fi
+  [ ${#files[@]} -le 8 ] ||
+    echo "device-check: ${#files[@]} files in \$OUT, the device tool returns 8; some of these will be left out: ${files[*]}" >&2
+)
 exit $rc
