@@ -15,6 +15,16 @@ from pathlib import Path
 from tests.python.test_test_script import FAKE_PY, _exe
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def write_build_stubs(bin_dir: Path) -> None:
+    """The build stage's tools (cmake, nvidia-smi, nvcc) as stubs in bin_dir, which it creates."""
+    bin_dir.mkdir()
+    _exe(bin_dir / "cmake", "#!/usr/bin/env bash\nexit 0\n")
+    _exe(bin_dir / "nvidia-smi", "#!/usr/bin/env bash\necho 'name'; echo 'Stub GPU'\n")
+    _exe(bin_dir / "nvcc", "#!/usr/bin/env bash\necho 'Cuda compilation tools, release 13.0'\n")
+
+
 FILES = "tests/gpu/test_gelu_tanh.py tests/gpu/test_gated_residual.py tests/gpu/test_patch_sd3.py"
 
 
@@ -31,10 +41,7 @@ class DeviceCheckGputestsTest(unittest.TestCase):
             (root / "tests").mkdir()
             os.symlink(ROOT / "tests" / "gpu", root / "tests" / "gpu")
             os.symlink(ROOT / "bench", root / "bench")  # the committed reports weigh the shards
-            bin_dir.mkdir()
-            _exe(bin_dir / "cmake", "#!/usr/bin/env bash\nexit 0\n")
-            _exe(bin_dir / "nvidia-smi", "#!/usr/bin/env bash\necho 'name'; echo 'Stub GPU'\n")
-            _exe(bin_dir / "nvcc", "#!/usr/bin/env bash\necho 'Cuda compilation tools, release 13.0'\n")
+            write_build_stubs(bin_dir)
             _exe(tmp / "py", FAKE_PY)
             env = {k: v for k, v in os.environ.items() if not k.startswith("DIFUSE_")}
             env.update(PATH=f"{bin_dir}:{env['PATH']}", OUT=str(out), DIFUSE_PYTHON=str(tmp / "py"),

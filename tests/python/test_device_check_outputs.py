@@ -9,6 +9,7 @@ import tempfile
 import unittest
 from pathlib import Path
 
+from tests.python.test_device_check_gputests import write_build_stubs
 from tests.python.test_test_script import _exe
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -33,10 +34,7 @@ class DeviceCheckOutputsTest(unittest.TestCase):
             root, bin_dir, out = tmp / "repo", tmp / "bin", tmp / "out"
             (root / "scripts").mkdir(parents=True)
             shutil.copy2(ROOT / "scripts" / "device-check.sh", root / "scripts" / "device-check.sh")
-            bin_dir.mkdir()
-            _exe(bin_dir / "cmake", "#!/usr/bin/env bash\nexit 0\n")
-            _exe(bin_dir / "nvidia-smi", "#!/usr/bin/env bash\necho 'name'; echo 'Stub GPU'\n")
-            _exe(bin_dir / "nvcc", "#!/usr/bin/env bash\necho 'Cuda compilation tools, release 13.0'\n")
+            write_build_stubs(bin_dir)
             _exe(bin_dir / "python3", PYTHON)
             env = {k: v for k, v in os.environ.items() if not k.startswith("DIFUSE_")}
             env.update(PATH=f"{bin_dir}:{env['PATH']}", OUT=str(out), DIFUSE_GIT_SHA="abc", TMPDIR=str(tmp),
