@@ -34,7 +34,8 @@ typedef enum difuse_status {
   DIFUSE_OK = 0,
   DIFUSE_ERR_UNSUPPORTED = 1,      /* input outside the op's contract: the predicate's reasons */
   DIFUSE_ERR_INVALID_ARGUMENT = 2, /* malformed call: NULL view, rank > DIFUSE_MAX_RANK, a negative size, more
-                                      than 2^63 elements, data off its element alignment, bad handle */
+                                      than 2^63 elements, data off its element alignment, a launch given a view
+                                      with elements and a NULL data pointer, bad handle */
   DIFUSE_ERR_CUDA = 3,             /* a CUDA runtime call failed: the message names the call */
   DIFUSE_ERR_INTERNAL = 4,
   DIFUSE_ERR_NOT_FOUND = 5         /* registry lookup found nothing */

@@ -74,7 +74,8 @@ BitExactGate::~BitExactGate() = default;
 BitExactGate::Device& BitExactGate::dev(int device) {
   if (device < 0 || device >= kMaxDevices)
     throw Failure(DIFUSE_ERR_INVALID_ARGUMENT,
-                  "BitExactGate(" + op_ + "): device " + std::to_string(device) + " outside [0, 64)");
+                  "BitExactGate(" + op_ + "): device " + std::to_string(device) + " outside [0, " +
+                      std::to_string(kMaxDevices) + ")");
   return devices_[static_cast<size_t>(device)];
 }
 const BitExactGate::Device& BitExactGate::dev(int device) const { return const_cast<BitExactGate*>(this)->dev(device); }

@@ -56,6 +56,8 @@ class BitExactGate {
   void reset();
   bool is_verified(int device, std::string_view sig) const;
   difuse_gate_counters counters(int device) const;
+  // Slots held in every table this gate has made, replaced ones included (the memory bound's test).
+  size_t slots_held() const;
 
   // Process-wide settings.
   static void set_capture_probe(CaptureProbe probe);  // nullptr: cudaStreamIsCapturing
@@ -104,10 +106,6 @@ class BitExactGate {
   // empty table every device starts from (and returns to at reset()).
   std::vector<std::unique_ptr<Table>> tables_;
   std::deque<std::string> owned_;
-
- public:
-  // Slots held in every table this gate has made, replaced ones included (the memory bound's test).
-  size_t slots_held() const;
 };
 
 }  // namespace difuse::detail

@@ -29,7 +29,8 @@
 // Verification status: bit-exact on an H100 at ac075fd (torch 2.11.0+cu130, written on 2026-12-05 without a GPU):
 // tests/gpu/test_rms_norm_rope_rotate_half.py, 234 cases (site shapes, strided views, seeded random shapes,
 // adversarial values, compile/graphs) and test_patch_ernie.py's one-pass model cases, all passed
-// (bench/results/h100/gpu-tests-ac075fd-one-pass-ernie.json); `python -m difuse check` exact at its three shapes.
+// (bench/results/h100/gpu-tests-ac075fd-one-pass-ernie.json); `python -m difuse check` exact at its three shapes there
+// (its output read from the call, not kept as a file).
 // Not yet run on an H200 or under compute-sanitizer. ERNIE's site E2 uses it by default since (DIFUSE_ERNIE_QK_NORM_ROPE=0
 // keeps rms_norm, then rope_rotate_half). H100 at ac075fd: 61.4 us at 2x4352x32x128 (80% of the floor, 1.17 x the
 // streaming probe), where rms_norm then rope_rotate_half move twice the bytes (bench/results/h100/ops-ac075fd-one-pass.json).
