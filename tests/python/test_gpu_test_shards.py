@@ -177,9 +177,10 @@ class MergeTest(unittest.TestCase):
 
     def test_the_committed_reports_split_the_real_files(self):
         files = [str(f) for f in sorted((ROOT / "tests" / "gpu").glob("test_*.py"))]
-        results = ROOT / "bench" / "results" / "h200"
-        weights = [a for f in [results / "tests.json", *sorted(results.glob("gpu-tests-*.json"))]
-                   for a in ("--weights", str(f))]
+        h200, h100 = ROOT / "bench" / "results" / "h200", ROOT / "bench" / "results" / "h100"
+        reports = [h200 / "tests.json", *sorted(h200.glob("gpu-tests-*.json")), *sorted(h100.glob("tests-*.json")),
+                   *sorted(h100.glob("gpu-tests-*.json"))]  # gpu-test-run.sh's
+        weights = [a for f in reports for a in ("--weights", str(f))]
         for jobs in (4, 6):  # 6: test.sh's default
             with self.subTest(jobs=jobs):
                 p = subprocess.run([sys.executable, str(SCRIPT), "split", "--jobs", str(jobs), *weights, *files],
