@@ -31,9 +31,14 @@
 // adversarial values, compile/graphs) and test_patch_ernie.py's one-pass model cases, all passed
 // (bench/results/h100/gpu-tests-ac075fd-one-pass-ernie.json); `python -m difuse check` exact at its three shapes there
 // (its output read from the call, not kept as a file).
-// Not yet run on an H200 or under compute-sanitizer. ERNIE's site E2 uses it by default since (DIFUSE_ERNIE_QK_NORM_ROPE=0
-// keeps rms_norm, then rope_rotate_half). H100 at ac075fd: 61.4 us at 2x4352x32x128 (80% of the floor, 1.17 x the
-// streaming probe), where rms_norm then rope_rotate_half move twice the bytes (bench/results/h100/ops-ac075fd-one-pass.json).
+// H200 at f59b89a: the same file's cases passed in the whole suite's shard 1
+// (gpu-tests-f59b89a-shards-0-2-of-cut-suite.json), `check` exact (check-f59b89a.txt), its two smoke cases clean under
+// memcheck and racecheck (sanitizer-f59b89a-part1b.log), and a 4-step ERNIE-Image run with it as site E2's default md5
+// identical at every step (e2e-ernie-image-f59b89a-4steps.json). ERNIE's site E2 uses it by default since ac075fd
+// (DIFUSE_ERNIE_QK_NORM_ROPE=0 keeps rms_norm, then rope_rotate_half). H100 at ac075fd: 61.4 us at 2x4352x32x128 (80%
+// of the floor, 1.17 x the streaming probe), where rms_norm then rope_rotate_half move twice the bytes
+// (bench/results/h100/ops-ac075fd-one-pass.json). H200 at f59b89a: 52.1 us (1.35 x the streaming probe's 38.5), where
+// rms_norm 2x4352x32x128 takes 40.0 and rope_rotate_half 43.4 (ops.json).
 #include "rope/rms_norm_rope_rotate_half.h"
 
 #include <cuda_runtime.h>
@@ -58,7 +63,7 @@ const detail::KernelRegistration kRegistration{{
     "rms_norm_rope_rotate_half", "cuda", "bit_exact",
     "ERNIE-Image q / k: F.rms_norm(x, (128,), w, eps), then cat(n * cos + cat(-n2, n1) * sin) with bf16 cos/sin "
     "[B, S, 1, 128]",
-    "verified bit-exact on H100 at ac075fd (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at f59b89a and H100 at ac075fd (torch 2.11.0+cu130, sm_90)", 90, 90,
     "per-head RMSNorm and rotate-half RoPE of one q or k tensor, one pass"}};
 
 constexpr int kD = 128;
