@@ -11,7 +11,8 @@
 # charts into e2e-png.tgz at the end, the e2e records into e2e-json.tgz when more than 8 files would be left (the
 # device tool returns at most 8 files; the logs are moved into logs.tgz, so a
 # second tar of $OUT's *.log after this script packs nothing: one session lost its sanitizer.log that way; the test
-# runners' own logs, each GPU shard's, go in as test-logs/; at DIFUSE_DEVICE_DEADLINE s, default 575, a watchdog packs
+# runners' own logs, each GPU shard's with its case log (gpu-I.cases.jsonl: scripts/gpu-test-shards.py partial makes a
+# report of a cut run's), go in as test-logs/; at DIFUSE_DEVICE_DEADLINE s, default 575, a watchdog packs
 # what there is, so a call cut at its limit still returns them). Set DIFUSE_GIT_SHA to the
 # commit being tested (the device copy has no .git). Exit status: non-zero when any stage fails. "all" is
 # tests,sanitizer,bench: more than one 10-minute device call holds; run tests, then sanitizer,bench.
@@ -74,6 +75,8 @@ pack_logs() {
     fi
     if ls "$GPU_SHARD_LOGS"/gpu-[0-9]*.log >/dev/null 2>&1; then
       mkdir -p test-logs/gputests && cp "$GPU_SHARD_LOGS"/gpu-[0-9]*.log test-logs/gputests/
+      # the shards' case logs (a cut call's evidence, case by case: scripts/gpu-test-shards.py partial)
+      cp "$GPU_SHARD_LOGS"/gpu-[0-9]*.cases.jsonl test-logs/gputests/ 2>/dev/null || true
     fi
     files=()
     for f in ./*.log ./*.txt ./test-logs; do [ -e "$f" ] && files+=("$f"); done

@@ -11,6 +11,7 @@
 # the CPU threads, logging to DIR/gpu-I.log; with --report, each writes DIR2/gpu-I.json (default DIR; device-check
 # keeps them in $OUT so a call cut at its limit still returns them) and FILE is their merge. --command is the
 # DIFUSE_TEST_COMMAND the reports record. None of the tests times anything, so sharing the GPU changes no result.
+# Each shard also logs its cases as they end to DIR/gpu-I.cases.jsonl (tests/gpu/case_log.py).
 # Output: the shards' files, a progress line every 30 s, then each shard's last line, or for a failing shard its
 # log (the last N lines without pytest's WARNING lines with --fail-lines N; the whole log by default).
 # Exit 0 when every shard passed (with -k, a shard where it selects nothing passes) and the reports merged.
@@ -71,9 +72,12 @@ for i in "${!SHARDS[@]}"; do
       *) printf '%s ' "${f##*/}" ;;
     esac
   done)"
-  rm -f "$REPORTS_DIR/gpu-$i.json"
+  rm -f "$REPORTS_DIR/gpu-$i.json" "$LOGS/gpu-$i.cases.jsonl"
+  # DIFUSE_TEST_CASE_LOG: each case on disk as it ends (tests/gpu/case_log.py), so a shard cut by the call's limit
+  # still names what it ran (scripts/gpu-test-shards.py partial makes a report of the logs)
   env DIFUSE_REQUIRE_GPU=1 OMP_NUM_THREADS="${OMP_NUM_THREADS:-$threads}" \
     DIFUSE_TEST_REPORT="${REPORT:+$REPORTS_DIR/gpu-$i.json}" ${COMMAND:+"DIFUSE_TEST_COMMAND=$COMMAND"} \
+    DIFUSE_TEST_CASE_LOG="$LOGS/gpu-$i.cases.jsonl" \
     "$PY" -u -m pytest -q -p no:cacheprovider -rfEs ${KEXPR:+-k "$KEXPR"} "${files[@]}" >"$LOGS/gpu-$i.log" 2>&1 &
   PIDS+=($!)
 done

@@ -3,6 +3,7 @@
 
   gpu-test-shards.py split --jobs N [--weights REPORT.json]... FILE...   one line per shard: its pytest arguments
   gpu-test-shards.py merge OUT.json SHARD.json...                        one report of every shard's cases
+  gpu-test-shards.py partial OUT.json CASES.jsonl...                     a report of a cut run's case logs
 
 The whole GPU suite in one pytest process outgrew one 10-minute device call (9c75d86: 72 % of the files done at
 574 s). The files are independent (each compares with its own eager chain; none times anything), so scripts/test.sh
@@ -29,13 +30,23 @@ they go back into it (no exclusion of the function there, the --case-slice keeps
 `merge` writes the report conftest.py writes for one process (git_sha, command, date, torch, gpu, passed, failed,
 skipped, cases) with the counts summed and the cases of every shard, plus `shards` (how many processes ran). A
 missing or unreadable shard report is an error, not a smaller report: a process that crashed before its
-sessionfinish must not turn into a clean run."""
+sessionfinish must not turn into a clean run.
+
+`partial` writes the same report from the shards' case logs (tests/gpu/case_log.py: each case written as it ended),
+for a run cut before its shards finished (at f59b89a three of six shards were cut, leaving only their progress
+dots): the cases every log holds, its header's commit, command and platform, and "cut": true with the number of
+case logs and of torn last lines (a line the kill interrupted, skipped). Its counts are of the cases that ran, so it
+is evidence of those and never a whole-suite report. Logs of different commits, or a case in two logs, are refused.
+Exit 1 when a logged case failed (or, under DIFUSE_REQUIRE_GPU, skipped)."""
 import argparse
 import json
 import math
 import re
 import sys
 from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
+import case_log  # noqa: E402  (torch-free)
 
 # Seconds a file costs beyond its cases' own durations: collection, imports, the extension's load.
 FILE_OVERHEAD_S = 3.0
@@ -168,6 +179,27 @@ def merge(reports: list) -> dict:
     return out
 
 
+def partial(logs: list) -> dict:
+    """One report, marked "cut", from the case logs [(header, cases, torn)] of one run's shards."""
+    if not logs:
+        raise ValueError("no case logs")
+    shas = {h.get("git_sha") for h, _, _ in logs}
+    if len(shas) != 1:
+        raise ValueError(f"case logs from different commits: {sorted(map(str, shas))}")
+    first = logs[0][0]
+    out = {k: first[k] for k in ("git_sha", "command", "date", "torch", "gpu") if k in first}
+    cases = [c for _, cs, _ in logs for c in cs]
+    ids = [c["id"] for c in cases]
+    if len(ids) != len(set(ids)):
+        raise ValueError("a test case appears in more than one case log")
+    for k in ("passed", "failed", "skipped"):
+        out[k] = sum(c["outcome"] == k for c in cases)
+    if any(h.get("require_gpu") for h, _, _ in logs):
+        out["failed"] += out["skipped"]  # as conftest.py counts them: a skip is a failure on the GPU machine
+    out.update(cut=True, shards=len(logs), torn_lines=sum(t for _, _, t in logs), cases=cases)
+    return out
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     sub = ap.add_subparsers(dest="cmd", required=True)
@@ -182,7 +214,21 @@ def main(argv=None) -> int:
                          "counted as one failure each, so the merged report is never a clean run")
     mp.add_argument("out")
     mp.add_argument("shards", nargs="+")
+    pp = sub.add_parser("partial")
+    pp.add_argument("out")
+    pp.add_argument("logs", nargs="+", help="the shards' case logs (gpu-I.cases.jsonl)")
     a = ap.parse_args(argv)
+    if a.cmd == "partial":
+        try:
+            report = partial([case_log.read(p) for p in a.logs])
+        except (OSError, ValueError) as e:
+            print(f"gpu-test-shards: {e}", file=sys.stderr)
+            return 1
+        Path(a.out).write_text(json.dumps(report, indent=1))
+        print(f"gpu-test-shards: {a.out}: a cut run's cases: {report['passed']} passed, {report['failed']} failed, "
+              f"{report['skipped']} skipped in {report['shards']} case logs"
+              + (f" ({report['torn_lines']} torn last line(s) skipped)" if report["torn_lines"] else ""))
+        return 1 if report["failed"] else 0
     if a.cmd == "split":
         weights, functions = {}, {}
         for path in a.weights:

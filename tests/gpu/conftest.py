@@ -1,5 +1,6 @@
 """GPU tests: exact (bit patterns) against the live eager chain. Writes a report when DIFUSE_TEST_REPORT is
-set: {git_sha, passed, failed, skipped, cases: [{id, outcome, seconds}]}. With DIFUSE_REQUIRE_GPU=1 (the
+set: {git_sha, passed, failed, skipped, cases: [{id, outcome, seconds}]}, and with DIFUSE_TEST_CASE_LOG each case as
+it ends (case_log.py: what a process cut at a call's limit had run). With DIFUSE_REQUIRE_GPU=1 (the
 test script sets it whenever a CUDA GPU is visible) a skipped test is reported as a failure."""
 import json
 import os
@@ -12,19 +13,46 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+import case_log  # noqa: E402
 import case_slices  # noqa: E402
 
 _results = []
 
 
+def _platform() -> dict:
+    try:
+        import torch
+
+        return {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+    except Exception:
+        return {}
+
+
+def _record(case: dict) -> None:
+    _results.append(case)
+    path = os.environ.get("DIFUSE_TEST_CASE_LOG")
+    if path:  # each case on disk as it ends: a process killed at a call's limit still leaves what it ran
+        case_log.append(path, case)
+
+
+def pytest_sessionstart(session):
+    path = os.environ.get("DIFUSE_TEST_CASE_LOG")
+    if path:
+        from difuse.bench import git_sha
+
+        case_log.start(path, dict(git_sha=git_sha(), command=os.environ.get("DIFUSE_TEST_COMMAND", "scripts/test.sh"),
+                                  date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **_platform(),
+                                  require_gpu=os.environ.get("DIFUSE_REQUIRE_GPU") == "1"))
+
+
 def pytest_runtest_logreport(report):
     if report.when == "call" or (report.when == "setup" and report.outcome != "passed"):
-        _results.append({"id": report.nodeid, "outcome": report.outcome, "seconds": round(report.duration, 3)})
+        _record({"id": report.nodeid, "outcome": report.outcome, "seconds": round(report.duration, 3)})
 
 
 def pytest_collectreport(report):
     if report.skipped:  # a whole module skipped at collection (a module-level importorskip): in the report too
-        _results.append({"id": report.nodeid, "outcome": "skipped", "seconds": 0.0})
+        _record({"id": report.nodeid, "outcome": "skipped", "seconds": 0.0})
 
 
 def pytest_addoption(parser):
@@ -48,18 +76,11 @@ def pytest_sessionfinish(session, exitstatus):
     counts = {k: sum(r["outcome"] == k for r in _results) for k in ("passed", "failed", "skipped")}
     if os.environ.get("DIFUSE_REQUIRE_GPU") == "1":
         counts["failed"] += counts["skipped"]
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "python"))
     from difuse.bench import git_sha
 
-    try:
-        import torch
-
-        platform = {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
-    except Exception:
-        platform = {}
     with open(path, "w") as f:
         json.dump(dict(git_sha=git_sha(), command=os.environ.get("DIFUSE_TEST_COMMAND", "scripts/test.sh"),
-                       date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **platform, **counts,
+                       date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), **_platform(), **counts,
                        cases=_results), f, indent=1)
 
 

@@ -101,10 +101,24 @@ class DeviceCheckGputestsTest(unittest.TestCase):
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
         self.assertIn("deadline: 2 s", p.stdout)
         self.assertIsNotNone(self.watchdog_packed, p.stdout)
-        shard_logs = {n: t for n, t in self.watchdog_packed.items() if "/gputests/gpu-" in n}
+        shard_logs = {n: t for n, t in self.watchdog_packed.items() if "/gputests/gpu-" in n and n.endswith(".log")}
         self.assertEqual(len(shard_logs), 2, sorted(self.watchdog_packed))
         for text in shard_logs.values():
             self.assertIn("stub gpu: started", text)
+        # each shard's case log (conftest.py writes it as cases end) is packed too, and makes a report marked "cut"
+        case_logs = {n: t for n, t in self.watchdog_packed.items() if n.endswith(".cases.jsonl")}
+        self.assertEqual(len(case_logs), 2, sorted(self.watchdog_packed))
+        with tempfile.TemporaryDirectory() as tmp:
+            paths = []
+            for i, text in enumerate(case_logs.values()):
+                paths.append(Path(tmp) / f"gpu-{i}.cases.jsonl")
+                paths[-1].write_text(text)
+            out = Path(tmp) / "cut.json"
+            q = subprocess.run(["python3", str(ROOT / "scripts" / "gpu-test-shards.py"), "partial", str(out),
+                                *map(str, paths)], capture_output=True, text=True)
+            self.assertEqual(q.returncode, 0, q.stderr)
+            cut = json.loads(out.read_text())
+            self.assertEqual((cut["passed"], cut["failed"], cut["cut"], cut["shards"]), (2, 0, True, 2))
         self.assertNotIn("test-logs", left)  # packed copies only: $OUT keeps few files for the device tool's 8
 
 

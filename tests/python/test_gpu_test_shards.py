@@ -16,6 +16,7 @@ spec = importlib.util.spec_from_file_location("gpu_test_shards", SCRIPT)
 shards = importlib.util.module_from_spec(spec)
 spec.loader.exec_module(shards)
 sys.path.insert(0, str(ROOT / "tests" / "gpu"))
+import case_log  # noqa: E402  (torch-free)
 import case_slices  # noqa: E402  (torch-free)
 
 
@@ -292,6 +293,84 @@ class CaseSliceTest(unittest.TestCase):
                 case_slices.parse_exclude(bad)
 
 
+class CaseLogTest(unittest.TestCase):
+    """tests/gpu/case_log.py (conftest.py writes each case as it ends) and `partial`, the report of a cut run."""
+
+    def write(self, path, sha="abc", cases=(), torn="", require_gpu=True):
+        case_log.start(str(path), {"git_sha": sha, "command": "scripts/test.sh", "torch": "2.11.0", "gpu": "H200",
+                                   "require_gpu": require_gpu})
+        for cid, outcome in cases:
+            case_log.append(str(path), {"id": cid, "outcome": outcome, "seconds": 0.5})
+        if torn:
+            with open(path, "a") as f:
+                f.write(torn)  # a kill in the middle of a line
+
+    def partial(self, out, *logs):
+        return subprocess.run([sys.executable, str(SCRIPT), "partial", str(out), *map(str, logs)],
+                              capture_output=True, text=True)
+
+    def test_a_cut_runs_logs_make_one_report_marked_cut(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            a, b, out = Path(tmp) / "gpu-0.cases.jsonl", Path(tmp) / "gpu-1.cases.jsonl", Path(tmp) / "cut.json"
+            self.write(a, cases=[("t/test_a.py::x", "passed"), ("t/test_a.py::y", "passed")])
+            self.write(b, cases=[("t/test_b.py::z", "passed")], torn='{"id": "t/test_b.py::w", "outc')
+            p = self.partial(out, a, b)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            r = json.loads(out.read_text())
+            self.assertEqual((r["passed"], r["failed"], r["skipped"], r["shards"], r["torn_lines"], r["cut"]),
+                             (3, 0, 0, 2, 1, True))
+            self.assertEqual(r["git_sha"], "abc")
+            self.assertEqual([c["id"] for c in r["cases"]], ["t/test_a.py::x", "t/test_a.py::y", "t/test_b.py::z"])
+            self.assertIn("1 torn last line(s) skipped", p.stdout)
+            # such a report weighs the shards like any other
+            self.assertEqual(shards.file_seconds(r), {"test_a.py": 1.0, "test_b.py": 0.5})
+
+    def test_failures_and_skips_on_the_gpu_fail_it(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            a, out = Path(tmp) / "gpu-0.cases.jsonl", Path(tmp) / "cut.json"
+            self.write(a, cases=[("t/test_a.py::x", "passed"), ("t/test_a.py::y", "failed")])
+            p = self.partial(out, a)
+            self.assertEqual(p.returncode, 1)
+            self.assertEqual(json.loads(out.read_text())["failed"], 1)
+            self.write(a, cases=[("t/test_a.py::x", "skipped")])  # start() replaces the earlier log
+            p = self.partial(out, a)
+            self.assertEqual(p.returncode, 1)
+            self.assertEqual(json.loads(out.read_text())["failed"], 1)
+            self.write(a, cases=[("t/test_a.py::x", "skipped")], require_gpu=False)
+            p = self.partial(out, a)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(json.loads(out.read_text())["skipped"], 1)
+
+    def test_logs_that_do_not_belong_together_are_refused(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            a, b, out = Path(tmp) / "a.jsonl", Path(tmp) / "b.jsonl", Path(tmp) / "cut.json"
+            self.write(a, cases=[("t/test_a.py::x", "passed")])
+            self.write(b, sha="def", cases=[("t/test_b.py::x", "passed")])
+            p = self.partial(out, a, b)
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("different commits", p.stderr)
+            self.write(b, cases=[("t/test_a.py::x", "passed")])
+            p = self.partial(out, a, b)
+            self.assertEqual(p.returncode, 1)
+            self.assertIn("more than one case log", p.stderr)
+            self.assertFalse(out.exists())
+
+    def test_only_the_last_line_may_be_torn_and_the_first_must_be_the_header(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            a = Path(tmp) / "a.jsonl"
+            self.write(a, cases=[("t/test_a.py::x", "passed")])
+            with open(a, "a") as f:
+                f.write('{"id": "t/test_a.py::y", "out\n{"id": "t/test_a.py::z", "outcome": "passed"}\n')
+            with self.assertRaisesRegex(ValueError, "line 3 is not a case"):
+                case_log.read(str(a))
+            a.write_text('{"id": "t/test_a.py::x", "outcome": "passed"}\n')
+            with self.assertRaisesRegex(ValueError, "not a case-log header"):
+                case_log.read(str(a))
+            a.write_text("")
+            with self.assertRaisesRegex(ValueError, "empty case log"):
+                case_log.read(str(a))
+
+
 class RequireGpuTest(unittest.TestCase):
     @unittest.skipUnless(importlib.util.find_spec("pytest"), "pytest is not installed here")
     def test_a_skip_fails_the_process_and_shows_in_the_report(self):
@@ -309,12 +388,17 @@ class RequireGpuTest(unittest.TestCase):
                                          "@pytest.mark.skip(reason='x')\ndef test_skipped():\n    pass\n")
             (d / "test_b.py").write_text("import pytest\npytest.importorskip('no_such_module_xyz')\n"
                                          "def test_never():\n    pass\n")
-            env = dict(os.environ, DIFUSE_REQUIRE_GPU="1", DIFUSE_TEST_REPORT=str(d / "r.json"))
+            env = dict(os.environ, DIFUSE_REQUIRE_GPU="1", DIFUSE_TEST_REPORT=str(d / "r.json"),
+                       DIFUSE_TEST_CASE_LOG=str(d / "cases.jsonl"))
             p = _pytest(d, "-q", str(d), env=env)
             self.assertEqual(p.returncode, 1, p.stdout + p.stderr)
             r = json.loads((d / "r.json").read_text())
             self.assertEqual((r["passed"], r["skipped"], r["failed"]), (1, 2, 2))
             self.assertIn("test_b.py", [c["id"] for c in r["cases"]])
+            # the case log holds the same cases, one line each as they ended, under a header naming the run
+            header, cases, torn = case_log.read(str(d / "cases.jsonl"))
+            self.assertEqual((cases, torn), (r["cases"], 0))
+            self.assertEqual((header["git_sha"], header["require_gpu"]), (r["git_sha"], True))
             env.pop("DIFUSE_REQUIRE_GPU")
             p = _pytest(d, "-q", str(d), env=env)
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
