@@ -23,7 +23,8 @@
 // the rotation runs on the normalized bf16 pairs in the epilogue (a 4-element vector never straddles a head:
 // head_dim % 4 == 0; since head_dim divides 512, a thread's table columns are the same in every sweep, so it
 // reads them once). Outputs are contiguous [B, S, heads, head_dim], exactly the tensors the processor hands
-// to attention.
+// to attention. DIFUSE_QK_WAN_OCCUPANCY=1 (for measurement) runs the same token body, for aligned rows of two or
+// three sweeps (widths 513-1536), compiled for 16 or 12 resident blocks per SM (qk_norm_rope_wan_occupied below).
 //
 // Guards (can_use_qk_norm_rope_wan; every violation is reported): q, k bf16 [B, S, N] on one CUDA device, last
 // dim contiguous, non-negative strides; a contiguous q / k 8-byte aligned (a misaligned one takes aten's
@@ -37,6 +38,11 @@
 // c8d8874):
 // tests/gpu/test_qk_norm_rope_wan.py (255 cases, incl. the real WanAttention + WanAttnProcessor at 1536 and 5120), 0
 // failed, 0 skipped (bench/results/h200/tests.json).
+// The thirty-fifth session made the token body a device function called by the default kernels (their sm_90 SASS
+// identical to f59b89a's, compared kernel by kernel) and by the occupancy variant, whose PTX has the same floating-
+// point operations (every one an explicitly rounded .rn or fma.rn), in another order of basic blocks; its GPU test
+// (test_occupancy_variant) and its smoke cases under compute-sanitizer (part 3; the smoke test's first Wan cases,
+// which also reach the default kernels) have not run yet.
 #include "rope/qk_norm_rope_wan.h"
 
 #include <cuda_runtime.h>
@@ -44,6 +50,7 @@
 #include <string>
 
 #include "core/device.h"
+#include "core/env_knob.h"
 #include "core/registry.h"
 #include "core/tensor.h"
 #include "difuse/numerics/bf16.h"
@@ -80,9 +87,10 @@ struct Params {
 };
 
 // Slot j of thread i in sweep k is aten vector Map::aten_thread(i, j) + 128 k; a paired thread's two slots are
-// adjacent vectors (one 16-byte access), a strided thread's are 64 vectors apart (two 8-byte accesses).
+// adjacent vectors (one 16-byte access), a strided thread's are 64 vectors apart (two 8-byte accesses). One block's
+// token (the kernels below differ only in their launch bounds).
 template <int SW, bool PAIRED>
-__global__ void __launch_bounds__(kThreads) qk_norm_rope_wan_kernel(const Params p) {
+__device__ __forceinline__ void wan_token(const Params& p) {
   using Map = norm::AtenThreadMap<kRowThreads, PAIRED>;
   constexpr int A = Map::kSlots;
   static_assert(A == 2, "two aten threads per thread");
@@ -190,6 +198,29 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_wan_kernel(const Params
   }
 }
 
+template <int SW, bool PAIRED>
+__global__ void __launch_bounds__(kThreads) qk_norm_rope_wan_kernel(const Params p) {
+  wan_token<SW, PAIRED>(p);
+}
+
+// DIFUSE_QK_WAN_OCCUPANCY=1 (read once; for measurement): the paired kernel of two and three sweeps (N in (512, 1536]:
+// Wan 1.3B's 1536) compiled for MINB resident blocks per SM, the same token body with fewer registers. Why: the
+// default's 44 registers at three sweeps leave room for 10 blocks of 128 threads per SM; each block has its token's
+// loads in flight only until its reduction, so ~40 KB per SM are in flight where 4.26 TB/s needs ~64 KB at ~2 us of
+// loaded latency. Wan 1.3B's 12 heads take 124.8 us against a 122.8 bound (stream 104.8) at f59b89a, Wan 14B's 40
+// heads 1.16 x the streaming probe. ptxas (sm_90): 40 registers for 12 blocks at three sweeps, 32 for 16 at two, no
+// spills; more blocks spill at three sweeps (28 B at 16) and at four or more sweeps every tighter bound spills.
+// Predicted ~115 us at 1x32760x12x128 if the loads in flight are what holds it. Not yet run on a GPU.
+template <int SW, int MINB>
+__global__ void __launch_bounds__(kThreads, MINB) qk_norm_rope_wan_occupied(const Params p) {
+  wan_token<SW, true>(p);
+}
+
+bool occupancy_knob() {
+  static const bool on = detail::env_knob_or("DIFUSE_QK_WAN_OCCUPANCY", 0) == 1;
+  return on;
+}
+
 bool present(const difuse_tensor_view& v) { return v.data != nullptr || v.rank != 0; }
 
 // Leading dims of a view (all but the last) hold `bytes`-aligned rows: the pointer and every stride of a dim of
@@ -283,6 +314,12 @@ void require_output(detail::Support& s, const difuse_tensor_view& out, const cha
 
 template <int SW>
 void launch(const Params& p, bool paired, unsigned blocks, cudaStream_t stream) {
+  if constexpr (SW == 2 || SW == 3) {
+    if (paired && occupancy_knob()) {
+      qk_norm_rope_wan_occupied<SW, SW == 2 ? 16 : 12><<<blocks, kThreads, 0, stream>>>(p);
+      return;
+    }
+  }
   if (paired)
     qk_norm_rope_wan_kernel<SW, true><<<blocks, kThreads, 0, stream>>>(p);
   else

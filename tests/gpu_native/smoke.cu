@@ -782,9 +782,78 @@ int run_activation_mul_cases() {
   return fails;
 }
 
-constexpr int kPrologueCases = 4;
+// Wan 2.x (qk_norm_rope_wan): torch.nn.RMSNorm across the N = heads * head_dim row, then Wan's RoPE on pairs
+// (2i, 2i+1) with cos[2i] and sin[2i+1] of the token's fp32 [1, S, 1, head_dim] tables. fused: q and k are the first
+// two chunks of a [B, S, 3N] buffer (row stride 3N). Widths: 1536 (Wan 1.3B: three sweeps, 16-byte paired accesses;
+// DIFUSE_QK_WAN_OCCUPANCY=1 takes its 12-block kernel), 1024 (two sweeps; the knob's 16-block kernel) and 12 (N % 8
+// != 0: 8-byte accesses, the strided map). Before the thirty-fifth session no smoke case reached this kernel.
+int run_wan_prologue(int64_t B, int64_t S, int64_t H, int64_t D, bool fused) {
+  const int64_t N = H * D, row = fused ? 3 * N : N;
+  const double eps = 1e-6;
+  std::mt19937 rng(static_cast<unsigned>(93 + N + fused));
+  const std::vector<uint16_t> hqk = random_bf16_vec(rng, B * S * row, 0.f, 1.f);
+  std::vector<uint16_t> hk;
+  if (!fused) hk = random_bf16_vec(rng, B * S * N, 0.f, 1.f);
+  const std::vector<uint16_t> hw[2] = {random_bf16_vec(rng, N, 1.f, 0.2f), random_bf16_vec(rng, N, 1.f, 0.2f)};
+  std::uniform_real_distribution<float> ang(-3.f, 3.f);
+  std::vector<float> tab[2] = {std::vector<float>(S * D), std::vector<float>(S * D)};  // cos, sin
+  for (int64_t j = 0; j < S; ++j)
+    for (int64_t i = 0; i < D / 2; ++i) {  // WanRotaryPosEmbed repeat-interleaves each angle over its pair
+      const float a = ang(rng);
+      tab[0][j * D + 2 * i] = tab[0][j * D + 2 * i + 1] = std::cos(a);
+      tab[1][j * D + 2 * i] = tab[1][j * D + 2 * i + 1] = std::sin(a);
+    }
+  DeviceBufs bufs;
+  uint16_t* dqk = bufs.upload(hqk);
+  uint16_t* dk = fused ? dqk + N : bufs.upload(hk);
+  TensorView in[2] = {TensorView(dqk, DType::BF16, {B, S, N}, {S * row, row, 1}, 0),
+                      TensorView(dk, DType::BF16, {B, S, N}, {S * row, row, 1}, 0)};
+  TensorView w[2], t[2], out[2];
+  for (int r = 0; r < 2; ++r) {
+    w[r] = TensorView::contiguous(bufs.upload(hw[r]), DType::BF16, {N}, 0);
+    t[r] = TensorView::contiguous(bufs.upload(tab[r]), DType::F32, {1, S, 1, D}, 0);
+  }
+  uint16_t* dout[2];
+  for (int r = 0; r < 2; ++r) {
+    dout[r] = bufs.poisoned(B * S * N);
+    out[r] = TensorView::contiguous(dout[r], DType::BF16, {B, S, H, D}, 0);
+  }
+  const difuse_qk_norm_rope_wan_args a{&out[0], &out[1], &in[0], &in[1], &w[0], &w[1], &t[0], &t[1], H, eps};
+  auto launch = [&] {
+    qk_norm_rope_wan(a);
+    CHECK_CUDA(cudaDeviceSynchronize());
+  };
+  launch();
+  std::vector<uint16_t> o1[2];
+  for (int r = 0; r < 2; ++r) o1[r] = download(dout[r], B * S * N);
+  launch();
+  Tally tl;
+  for (int r = 0; r < 2; ++r) tally_outputs(tl, o1[r], download(dout[r], B * S * N));
+  for (int64_t b = 0; b < B; ++b)
+    for (int64_t j = 0; j < S; ++j)
+      for (int r = 0; r < 2; ++r) {
+        const uint16_t* x = (r == 0 || fused ? hqk.data() + r * N : hk.data()) + (b * S + j) * row;
+        const double rstd = row_rstd(x, static_cast<int>(N), eps);
+        for (int64_t e = 0; e < N; e += 2) {
+          const int64_t c = e % D;
+          const double y0 = num::bf16_to_float(x[e]) * rstd * num::bf16_to_float(hw[r][e]);
+          const double y1 = num::bf16_to_float(x[e + 1]) * rstd * num::bf16_to_float(hw[r][e + 1]);
+          const double co = tab[0][j * D + c], si = tab[1][j * D + c + 1];
+          const int64_t o = (b * S + j) * N + e;
+          check_close(tl, o1[r][o], y0 * co - y1 * si, std::fabs(y0 * co) + std::fabs(y1 * si));
+          check_close(tl, o1[r][o + 1], y0 * si + y1 * co, std::fabs(y0 * si) + std::fabs(y1 * co));
+        }
+      }
+  const std::string name = "qk_norm_rope_wan " + std::to_string(B) + "x" + std::to_string(S) + "x" +
+                           std::to_string(H) + "x" + std::to_string(D) + (fused ? " (to_qkv chunks)" : "");
+  return report_prologue(name.c_str(), tl);
+}
+
+constexpr int kPrologueCases = 8;
 int run_prologues() {
-  return run_joint_prologue(false) + run_joint_prologue(true) + run_sd35_prologue() + run_sd35_prologue(true);
+  return run_joint_prologue(false) + run_joint_prologue(true) + run_sd35_prologue() + run_sd35_prologue(true) +
+         run_wan_prologue(2, 7, 12, 128, false) + run_wan_prologue(1, 5, 12, 128, true) +
+         run_wan_prologue(2, 9, 8, 128, true) + run_wan_prologue(2, 6, 3, 4, false);
 }
 
 }  // namespace
