@@ -77,9 +77,11 @@ def cmd_check(args) -> int:
     torch = _torch_with_gpu("check")
     if torch is None:
         return 2
+    from .bench import git_sha
     from .gate import count_mismatches
 
-    print("platform:", _platform())
+    # the commit in the output itself (DIFUSE_GIT_SHA where set, as device-check sets it): a kept copy names its code
+    print("platform: %s; git %s" % (_platform(), git_sha()))
     g = torch.Generator(device="cuda").manual_seed(args.seed)
     failed = 0
     print("%-20s %-28s %12s %10s  %s" % ("op", "shape", "elements", "mismatches", "result"))
