@@ -96,6 +96,29 @@ watchdog() {
   wait "$sp" || exit 0
   say "deadline: ${DIFUSE_DEVICE_DEADLINE:-575} s; the logs so far packed into logs.tgz"
   pack_logs
+  cut_report
+}
+# At the deadline, the GPU shards' case logs (tests/gpu/case_log.py: each case as it ended) as one report marked
+# "cut" (scripts/gpu-test-shards.py partial): the running stage's, gputests' (gpu-tests-cut.json) while its shard
+# folder exists, else the tests stage's (tests-cut.json). A stage that then ends in time removes it (its whole report
+# is written); in a call cut by the tool it stays, naming every case that ran (thirty-fifth session: a cut suite
+# left 2,485 cases as progress dots).
+cut_report() {
+  local logs=() f out=tests-cut.json
+  for f in "$GPU_SHARD_LOGS"/gpu-[0-9]*.cases.jsonl; do [ -e "$f" ] && logs+=("$f"); done
+  if [ ${#logs[@]} -gt 0 ]; then
+    out=gpu-tests-cut.json
+  else
+    for f in "$RUNNER_LOGS"/gpu-[0-9]*.cases.jsonl; do [ -e "$f" ] && logs+=("$f"); done
+  fi
+  [ ${#logs[@]} -gt 0 ] || return 0
+  python3 "$ROOT/scripts/gpu-test-shards.py" partial "$OUT/$out.part" "${logs[@]}" >/dev/null 2>&1
+  if [ -s "$OUT/$out.part" ]; then
+    mv "$OUT/$out.part" "$OUT/$out"
+    say "deadline: the cases run so far in $out: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%d passed, %d failed, %d skipped" % (d["passed"], d["failed"], d["skipped"]))' "$OUT/$out")"
+  else
+    rm -f "$OUT/$out.part"
+  fi
 }
 watchdog &
 WATCHDOG=$!
@@ -410,6 +433,8 @@ else
   rc=1
 fi
 kill "$WATCHDOG" 2>/dev/null
+wait "$WATCHDOG" 2>/dev/null
+rm -f "$OUT/tests-cut.json" "$OUT/gpu-tests-cut.json" "$OUT"/*-cut.json.part  # the stages ended: whole reports
 say "done: stage $STAGE, exit $rc"
 pack_logs && (cd "$OUT" && rm -rf ./*.log ./*.txt)
 rm -rf "$RUNNER_LOGS" "$GPU_SHARD_LOGS"

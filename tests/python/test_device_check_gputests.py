@@ -49,16 +49,19 @@ class DeviceCheckGputestsTest(unittest.TestCase):
                        DIFUSE_DEVICE_DEADLINE=deadline, DIFUSE_BUILD_DIR=str(tmp / "build"),
                        STUB_LOG=str(tmp / "ran.log"), STUB_FAIL_FILE=fail_file, STUB_SLEEP=sleep, TMPDIR=str(tmp))
             cmd = ["bash", str(root / "scripts" / "device-check.sh"), "--stage", "gputests"]
-            self.watchdog_packed = None
+            self.watchdog_packed = self.watchdog_cut = None
             if sleep:
                 proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
                 end = time.monotonic() + 60
-                while self.watchdog_packed is None and proc.poll() is None and time.monotonic() < end:
+                while (self.watchdog_packed is None or self.watchdog_cut is None) and proc.poll() is None and \
+                        time.monotonic() < end:
                     time.sleep(0.1)
-                    if (out / "logs.tgz").exists():  # written whole: the script moves a finished .part there
+                    if self.watchdog_packed is None and (out / "logs.tgz").exists():  # moved there whole from .part
                         with tarfile.open(out / "logs.tgz") as t:
                             self.watchdog_packed = {n: t.extractfile(n).read().decode() for n in t.getnames()
                                                     if t.getmember(n).isfile()}
+                    if self.watchdog_cut is None and (out / "gpu-tests-cut.json").exists():  # moved there whole
+                        self.watchdog_cut = json.loads((out / "gpu-tests-cut.json").read_text())
                 stdout, stderr = proc.communicate(timeout=60)
                 p = subprocess.CompletedProcess(cmd, proc.returncode, stdout, stderr)
             else:
@@ -120,6 +123,55 @@ class DeviceCheckGputestsTest(unittest.TestCase):
             cut = json.loads(out.read_text())
             self.assertEqual((cut["passed"], cut["failed"], cut["cut"], cut["shards"]), (2, 0, True, 2))
         self.assertNotIn("test-logs", left)  # packed copies only: $OUT keeps few files for the device tool's 8
+        # at the deadline the watchdog also wrote the cut report of the case logs; the stage then ended in time, so
+        # its whole report replaced it
+        self.assertIsNotNone(self.watchdog_cut, p.stdout)
+        self.assertEqual((self.watchdog_cut["passed"], self.watchdog_cut["cut"]), (2, True))
+        self.assertIn("deadline: the cases run so far in gpu-tests-cut.json: 2 passed, 0 failed, 0 skipped", p.stdout)
+        self.assertNotIn("gpu-tests-cut.json", left)
+
+
+class DeviceCheckTestsCutTest(unittest.TestCase):
+    def test_a_tests_stage_past_its_deadline_leaves_a_cut_report(self):
+        # --stage tests through scripts/test.sh (its build, ctest, smoke and Python steps stubbed, the GPU shards the
+        # stub pytest that logs one case, then sleeps past the deadline): the watchdog writes tests-cut.json from the
+        # runners' case logs, naming the cases run so far; the stage then ends in time and removes it.
+        from tests.python.test_test_script import SMOKE, STUBS
+
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            root, bin_dir, out, build = tmp / "repo", tmp / "bin", tmp / "out", tmp / "build"
+            (root / "scripts").mkdir(parents=True)
+            for name in ("device-check.sh", "test.sh", "gpu-test-run.sh", "gpu-test-shards.py"):
+                shutil.copy2(ROOT / "scripts" / name, root / "scripts" / name)
+            (root / "tests").mkdir()
+            os.symlink(ROOT / "tests" / "gpu", root / "tests" / "gpu")
+            os.symlink(ROOT / "bench", root / "bench")
+            write_build_stubs(bin_dir)
+            for name, text in STUBS.items():
+                if not (bin_dir / name).exists():
+                    _exe(bin_dir / name, text)
+            build.mkdir()
+            _exe(build / "difuse_gpu_smoke", SMOKE)
+            _exe(tmp / "py", FAKE_PY)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("DIFUSE_") and k not in ("CI",)}
+            env.update(PATH=f"{bin_dir}:{env['PATH']}", OUT=str(out), DIFUSE_PYTHON=str(tmp / "py"),
+                       DIFUSE_GPU_TEST_JOBS="2", DIFUSE_GIT_SHA="abc", DIFUSE_DEVICE_DEADLINE="3",
+                       DIFUSE_BUILD_DIR=str(build), STUB_LOG=str(tmp / "ran.log"), STUB_SLEEP="6", TMPDIR=str(tmp))
+            proc = subprocess.Popen(["bash", str(root / "scripts" / "device-check.sh"), "--stage", "tests"], env=env,
+                                    stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+            cut, end = None, time.monotonic() + 60
+            while cut is None and proc.poll() is None and time.monotonic() < end:
+                time.sleep(0.1)
+                if (out / "tests-cut.json").exists():  # moved there whole from its .part
+                    cut = json.loads((out / "tests-cut.json").read_text())
+            stdout, stderr = proc.communicate(timeout=90)
+            self.assertIsNotNone(cut, stdout + stderr)
+            self.assertEqual((cut["passed"], cut["failed"], cut["cut"], cut["shards"]), (2, 0, True, 2))
+            self.assertEqual(cut["git_sha"], "abc")
+            self.assertIn("deadline: the cases run so far in tests-cut.json", stdout)
+            self.assertEqual(proc.returncode, 0, stdout + stderr)
+            self.assertFalse((out / "tests-cut.json").exists())  # the stage ended: tests.json is the report
 
 
 if __name__ == "__main__":
