@@ -27,8 +27,8 @@ test_rms_norm.py::test_streamed_variant, 16 cases of ~20 s, kept its shard busy 
 finished. Slices of one function that land in one shard join in one --case-slice; beside the rest of their file,
 they go back into it (no exclusion of the function there, the --case-slice keeps that shard's slices).
 
-`merge` writes the report conftest.py writes for one process (git_sha, command, date, torch, gpu, passed, failed,
-skipped, cases) with the counts summed and the cases of every shard, plus `shards` (how many processes ran). A
+`merge` writes the report conftest.py writes for one process (git_sha, command, date, torch, gpu, diffusers, passed,
+failed, skipped, cases) with the counts summed and the cases of every shard, plus `shards` (how many processes ran). A
 missing or unreadable shard report is an error, not a smaller report: a process that crashed before its
 sessionfinish must not turn into a clean run.
 
@@ -167,7 +167,7 @@ def merge(reports: list) -> dict:
     shas = {r.get("git_sha") for r in reports}
     if len(shas) != 1:
         raise ValueError(f"shard reports from different commits: {sorted(map(str, shas))}")
-    out = {k: first[k] for k in ("git_sha", "command", "date", "torch", "gpu") if k in first}
+    out = {k: first[k] for k in ("git_sha", "command", "date", "torch", "gpu", "diffusers") if k in first}
     out["date"] = max(r.get("date", "") for r in reports)
     for k in ("passed", "failed", "skipped"):
         out[k] = sum(int(r.get(k, 0)) for r in reports)
@@ -187,7 +187,7 @@ def partial(logs: list) -> dict:
     if len(shas) != 1:
         raise ValueError(f"case logs from different commits: {sorted(map(str, shas))}")
     first = logs[0][0]
-    out = {k: first[k] for k in ("git_sha", "command", "date", "torch", "gpu") if k in first}
+    out = {k: first[k] for k in ("git_sha", "command", "date", "torch", "gpu", "diffusers") if k in first}
     cases = [c for _, cs, _ in logs for c in cs]
     ids = [c["id"] for c in cases]
     if len(ids) != len(set(ids)):

@@ -20,12 +20,22 @@ _results = []
 
 
 def _platform() -> dict:
+    """torch's version, the GPU's name and diffusers' version (issue 4: the patch tests compare with the processors of
+    the diffusers release installed, whose version the report records; None where it is not installed)."""
+    out = {}
     try:
         import torch
 
-        return {"torch": torch.__version__, "gpu": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None}
+        out.update(torch=torch.__version__, gpu=torch.cuda.get_device_name(0) if torch.cuda.is_available() else None)
     except Exception:
-        return {}
+        pass
+    try:
+        import diffusers
+
+        out["diffusers"] = diffusers.__version__
+    except Exception:
+        out["diffusers"] = None
+    return out
 
 
 def _record(case: dict) -> None:

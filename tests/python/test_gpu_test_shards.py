@@ -22,7 +22,7 @@ import case_slices  # noqa: E402  (torch-free)
 
 def report(sha, *cases, **counts):
     return dict(git_sha=sha, command="scripts/test.sh", date="2026-12-01T00:00:00Z", torch="2.11.0", gpu="H200",
-                passed=counts.get("passed", len(cases)), failed=counts.get("failed", 0),
+                diffusers="0.42.1", passed=counts.get("passed", len(cases)), failed=counts.get("failed", 0),
                 skipped=counts.get("skipped", 0), cases=[{"id": c, "outcome": "passed", "seconds": 1.0} for c in cases])
 
 
@@ -144,7 +144,7 @@ class MergeTest(unittest.TestCase):
         m = shards.merge([report("abc", "a::1", "a::2"), report("abc", "b::1", failed=1, passed=0)])
         self.assertEqual((m["passed"], m["failed"], m["skipped"], m["shards"]), (2, 1, 0, 2))
         self.assertEqual([c["id"] for c in m["cases"]], ["a::1", "a::2", "b::1"])
-        self.assertEqual((m["git_sha"], m["torch"], m["gpu"]), ("abc", "2.11.0", "H200"))
+        self.assertEqual((m["git_sha"], m["torch"], m["gpu"], m["diffusers"]), ("abc", "2.11.0", "H200", "0.42.1"))
 
     def test_reports_of_different_commits_or_a_repeated_case_are_refused(self):
         with self.assertRaises(ValueError):
@@ -298,7 +298,7 @@ class CaseLogTest(unittest.TestCase):
 
     def write(self, path, sha="abc", cases=(), torn="", require_gpu=True):
         case_log.start(str(path), {"git_sha": sha, "command": "scripts/test.sh", "torch": "2.11.0", "gpu": "H200",
-                                   "require_gpu": require_gpu})
+                                   "diffusers": "0.42.1", "require_gpu": require_gpu})
         for cid, outcome in cases:
             case_log.append(str(path), {"id": cid, "outcome": outcome, "seconds": 0.5})
         if torn:
@@ -319,7 +319,7 @@ class CaseLogTest(unittest.TestCase):
             r = json.loads(out.read_text())
             self.assertEqual((r["passed"], r["failed"], r["skipped"], r["shards"], r["torn_lines"], r["cut"]),
                              (3, 0, 0, 2, 1, True))
-            self.assertEqual(r["git_sha"], "abc")
+            self.assertEqual((r["git_sha"], r["diffusers"]), ("abc", "0.42.1"))
             self.assertEqual([c["id"] for c in r["cases"]], ["t/test_a.py::x", "t/test_a.py::y", "t/test_b.py::z"])
             self.assertIn("1 torn last line(s) skipped", p.stdout)
             # such a report weighs the shards like any other
@@ -399,6 +399,9 @@ class RequireGpuTest(unittest.TestCase):
             header, cases, torn = case_log.read(str(d / "cases.jsonl"))
             self.assertEqual((cases, torn), (r["cases"], 0))
             self.assertEqual((header["git_sha"], header["require_gpu"]), (r["git_sha"], True))
+            # the diffusers release the patch tests compare with (issue 4 asks its version recorded); None without it
+            self.assertIn("diffusers", r)
+            self.assertEqual(header["diffusers"], r["diffusers"])
             env.pop("DIFUSE_REQUIRE_GPU")
             p = _pytest(d, "-q", str(d), env=env)
             self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
