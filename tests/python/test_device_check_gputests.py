@@ -6,6 +6,7 @@ import json
 import os
 import shutil
 import subprocess
+import sys
 import tarfile
 import tempfile
 import time
@@ -18,11 +19,22 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def write_build_stubs(bin_dir: Path) -> None:
-    """The build stage's tools (cmake, nvidia-smi, nvcc) as stubs in bin_dir, which it creates."""
+    """The build stage's tools (cmake, nvidia-smi, nvcc) as stubs in bin_dir, which it creates, and a python3 that
+    answers the build stage's platform lines (`import torch, triton`, `import diffusers`) at once and runs every other
+    call with this interpreter. The real imports took seconds on the H200 while the GPU shards loaded its cores
+    (f59b89a: the deadline test's 2 s passed before its shards had started, and it failed there)."""
     bin_dir.mkdir()
     _exe(bin_dir / "cmake", "#!/usr/bin/env bash\nexit 0\n")
     _exe(bin_dir / "nvidia-smi", "#!/usr/bin/env bash\necho 'name'; echo 'Stub GPU'\n")
     _exe(bin_dir / "nvcc", "#!/usr/bin/env bash\necho 'Cuda compilation tools, release 13.0'\n")
+    _exe(bin_dir / "python3", "#!/usr/bin/env bash\n"
+         "case \"$*\" in *'import torch'*|*'import diffusers'*) echo 'stub platform'; exit 0 ;; esac\n"
+         "exec %s \"$@\"\n" % sys.executable)
+
+
+# Seconds before the watchdog fires, and each stub shard's sleep past its first case, in the deadline tests: with
+# margins for a loaded machine (the whole suite runs these tests beside six GPU shards on the H200).
+CUT_DEADLINE_S, CUT_SLEEP_S = "5", "10"
 
 
 FILES = "tests/gpu/test_gelu_tanh.py tests/gpu/test_gated_residual.py tests/gpu/test_patch_sd3.py"
@@ -100,9 +112,9 @@ class DeviceCheckGputestsTest(unittest.TestCase):
     def test_a_call_cut_at_the_deadline_returns_the_shard_logs(self):
         # The watchdog packs logs.tgz at DIFUSE_DEVICE_DEADLINE while the shards still run: their logs (kept outside
         # $OUT until the stage ends) must be in it, or a cut call shows no test's name.
-        p, left, report, _, _ = self.run_stage(sleep="4", deadline="2")
+        p, left, report, _, _ = self.run_stage(sleep=CUT_SLEEP_S, deadline=CUT_DEADLINE_S)
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
-        self.assertIn("deadline: 2 s", p.stdout)
+        self.assertIn("deadline: %s s" % CUT_DEADLINE_S, p.stdout)
         self.assertIsNotNone(self.watchdog_packed, p.stdout)
         shard_logs = {n: t for n, t in self.watchdog_packed.items() if "/gputests/gpu-" in n and n.endswith(".log")}
         self.assertEqual(len(shard_logs), 2, sorted(self.watchdog_packed))
@@ -148,16 +160,16 @@ class DeviceCheckTestsCutTest(unittest.TestCase):
             os.symlink(ROOT / "tests" / "gpu", root / "tests" / "gpu")
             os.symlink(ROOT / "bench", root / "bench")
             write_build_stubs(bin_dir)
-            for name, text in STUBS.items():
-                if not (bin_dir / name).exists():
-                    _exe(bin_dir / name, text)
+            for name, text in STUBS.items():  # test.sh's: ctest, and a python3 for its unittest step (the shard
+                _exe(bin_dir / name, text)     # script passed through; the platform lines answered at once)
             build.mkdir()
             _exe(build / "difuse_gpu_smoke", SMOKE)
             _exe(tmp / "py", FAKE_PY)
             env = {k: v for k, v in os.environ.items() if not k.startswith("DIFUSE_") and k not in ("CI",)}
             env.update(PATH=f"{bin_dir}:{env['PATH']}", OUT=str(out), DIFUSE_PYTHON=str(tmp / "py"),
-                       DIFUSE_GPU_TEST_JOBS="2", DIFUSE_GIT_SHA="abc", DIFUSE_DEVICE_DEADLINE="3",
-                       DIFUSE_BUILD_DIR=str(build), STUB_LOG=str(tmp / "ran.log"), STUB_SLEEP="6", TMPDIR=str(tmp))
+                       DIFUSE_GPU_TEST_JOBS="2", DIFUSE_GIT_SHA="abc", DIFUSE_DEVICE_DEADLINE=CUT_DEADLINE_S,
+                       DIFUSE_BUILD_DIR=str(build), STUB_LOG=str(tmp / "ran.log"), STUB_SLEEP=CUT_SLEEP_S,
+                       TMPDIR=str(tmp))
             proc = subprocess.Popen(["bash", str(root / "scripts" / "device-check.sh"), "--stage", "tests"], env=env,
                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
             cut, end = None, time.monotonic() + 60
