@@ -103,6 +103,11 @@ watchdog() {
 # folder exists, else the tests stage's (tests-cut.json). A stage that then ends in time removes it (its whole report
 # is written); in a call cut by the tool it stays, naming every case that ran (thirty-fifth session: a cut suite
 # left 2,485 cases as progress dots).
+# "N passed, N failed, N skipped" of a test report (conftest.py's, merged or cut).
+report_counts() {
+  python3 -c 'import json, sys; d = json.load(open(sys.argv[1]))
+print("%d passed, %d failed, %d skipped" % (d["passed"], d["failed"], d["skipped"]))' "$1"
+}
 cut_report() {
   local logs=() f out=tests-cut.json
   for f in "$GPU_SHARD_LOGS"/gpu-[0-9]*.cases.jsonl; do [ -e "$f" ] && logs+=("$f"); done
@@ -115,7 +120,7 @@ cut_report() {
   python3 "$ROOT/scripts/gpu-test-shards.py" partial "$OUT/$out.part" "${logs[@]}" >/dev/null 2>&1
   if [ -s "$OUT/$out.part" ]; then
     mv "$OUT/$out.part" "$OUT/$out"
-    say "deadline: the cases run so far in $out: $(python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("%d passed, %d failed, %d skipped" % (d["passed"], d["failed"], d["skipped"]))' "$OUT/$out")"
+    say "deadline: the cases run so far in $out: $(report_counts "$OUT/$out")"
   else
     rm -f "$OUT/$out.part"
   fi
@@ -206,7 +211,7 @@ stage_gputests() {
   rm -rf "$logs"
   rm -f "$OUT"/gpu-[0-9]*.json
   if [ -e "$OUT/gpu-tests.json" ]; then
-    python3 -c 'import json,sys; d=json.load(open(sys.argv[1])); print("gputests: %d passed, %d failed, %d skipped" % (d["passed"], d["failed"], d["skipped"]))' "$OUT/gpu-tests.json"
+    echo "gputests: $(report_counts "$OUT/gpu-tests.json")"
   else
     echo "gputests: no report" >&2; rc=1
   fi

@@ -48,6 +48,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 import case_log  # noqa: E402  (torch-free)
 
+# What a report says of its run besides the counts and cases (conftest.py's report and case-log header).
+REPORT_FIELDS = ("git_sha", "command", "date", "torch", "gpu", "diffusers")
+
 # Seconds a file costs beyond its cases' own durations: collection, imports, the extension's load.
 FILE_OVERHEAD_S = 3.0
 
@@ -167,7 +170,7 @@ def merge(reports: list) -> dict:
     shas = {r.get("git_sha") for r in reports}
     if len(shas) != 1:
         raise ValueError(f"shard reports from different commits: {sorted(map(str, shas))}")
-    out = {k: first[k] for k in ("git_sha", "command", "date", "torch", "gpu", "diffusers") if k in first}
+    out = {k: first[k] for k in REPORT_FIELDS if k in first}
     out["date"] = max(r.get("date", "") for r in reports)
     for k in ("passed", "failed", "skipped"):
         out[k] = sum(int(r.get(k, 0)) for r in reports)
@@ -187,7 +190,7 @@ def partial(logs: list) -> dict:
     if len(shas) != 1:
         raise ValueError(f"case logs from different commits: {sorted(map(str, shas))}")
     first = logs[0][0]
-    out = {k: first[k] for k in ("git_sha", "command", "date", "torch", "gpu", "diffusers") if k in first}
+    out = {k: first[k] for k in REPORT_FIELDS if k in first}
     cases = [c for _, cs, _ in logs for c in cs]
     ids = [c["id"] for c in cases]
     if len(ids) != len(set(ids)):

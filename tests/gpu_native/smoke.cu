@@ -1,7 +1,7 @@
 // Native GPU smoke test for libdifuse's C ABI (no torch): runs layernorm_modulate on every default schedule
 // (two, four warps per row; one under DIFUSE_LNMOD_THREADS_PER_ROW=32, 8- and 16-byte accesses, the two-pass kernel), its gated-residual form, Wan's fp32 form, the other
 // row ops and the
-// attention prologues (FLUX, Qwen-Image, SD3.5), ERNIE's rope_rotate_half, activation_mul and the benchmarks'
+// attention prologues (FLUX, Qwen-Image, SD3.5, Wan), ERNIE's rope_rotate_half, activation_mul and the benchmarks'
 // streaming probe, checks that every output
 // element is written, that two launches give identical bits, and that the result is within a few bf16
 // ulps of the host emulation (whose rsqrt is approximate: exactness is the torch tests' job). Meant to

@@ -32,6 +32,19 @@ def write_build_stubs(bin_dir: Path) -> None:
          "exec %s \"$@\"\n" % sys.executable)
 
 
+def stub_repo(tmp: Path, *scripts: str) -> Path:
+    """tmp/repo: copies of the named scripts, with this checkout's tests/gpu and bench linked in (the committed reports
+    weigh the shards)."""
+    root = tmp / "repo"
+    (root / "scripts").mkdir(parents=True)
+    for name in scripts:
+        shutil.copy2(ROOT / "scripts" / name, root / "scripts" / name)
+    (root / "tests").mkdir()
+    os.symlink(ROOT / "tests" / "gpu", root / "tests" / "gpu")
+    os.symlink(ROOT / "bench", root / "bench")
+    return root
+
+
 # Seconds before the watchdog fires, and each stub shard's sleep past its first case, in the deadline tests: with
 # margins for a loaded machine (the whole suite runs these tests beside six GPU shards on the H200).
 CUT_DEADLINE_S, CUT_SLEEP_S = "5", "10"
@@ -46,13 +59,8 @@ class DeviceCheckGputestsTest(unittest.TestCase):
         self.watchdog_packed holds the names in the logs.tgz the watchdog wrote at `deadline` s, before the end."""
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
-            root, bin_dir, out = tmp / "repo", tmp / "bin", tmp / "out"
-            (root / "scripts").mkdir(parents=True)
-            for name in ("device-check.sh", "gpu-test-run.sh", "gpu-test-shards.py"):
-                shutil.copy2(ROOT / "scripts" / name, root / "scripts" / name)
-            (root / "tests").mkdir()
-            os.symlink(ROOT / "tests" / "gpu", root / "tests" / "gpu")
-            os.symlink(ROOT / "bench", root / "bench")  # the committed reports weigh the shards
+            root, bin_dir, out = stub_repo(tmp, "device-check.sh", "gpu-test-run.sh", "gpu-test-shards.py"), \
+                tmp / "bin", tmp / "out"
             write_build_stubs(bin_dir)
             _exe(tmp / "py", FAKE_PY)
             env = {k: v for k, v in os.environ.items() if not k.startswith("DIFUSE_")}
@@ -152,13 +160,8 @@ class DeviceCheckTestsCutTest(unittest.TestCase):
 
         with tempfile.TemporaryDirectory() as tmp:
             tmp = Path(tmp)
-            root, bin_dir, out, build = tmp / "repo", tmp / "bin", tmp / "out", tmp / "build"
-            (root / "scripts").mkdir(parents=True)
-            for name in ("device-check.sh", "test.sh", "gpu-test-run.sh", "gpu-test-shards.py"):
-                shutil.copy2(ROOT / "scripts" / name, root / "scripts" / name)
-            (root / "tests").mkdir()
-            os.symlink(ROOT / "tests" / "gpu", root / "tests" / "gpu")
-            os.symlink(ROOT / "bench", root / "bench")
+            root = stub_repo(tmp, "device-check.sh", "test.sh", "gpu-test-run.sh", "gpu-test-shards.py")
+            bin_dir, out, build = tmp / "bin", tmp / "out", tmp / "build"
             write_build_stubs(bin_dir)
             for name, text in STUBS.items():  # test.sh's: ctest, and a python3 for its unittest step (the shard
                 _exe(bin_dir / name, text)     # script passed through; the platform lines answered at once)
