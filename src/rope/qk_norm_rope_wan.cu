@@ -39,10 +39,11 @@
 // tests/gpu/test_qk_norm_rope_wan.py (255 cases, incl. the real WanAttention + WanAttnProcessor at 1536 and 5120), 0
 // failed, 0 skipped (bench/results/h200/tests.json).
 // The thirty-fifth session made the token body a device function called by the default kernels (their sm_90 SASS
-// identical to f59b89a's, compared kernel by kernel) and by the occupancy variant, whose PTX has the same floating-
-// point operations (every one an explicitly rounded .rn or fma.rn), in another order of basic blocks; its GPU test
-// (test_occupancy_variant) and its smoke cases under compute-sanitizer (part 3; the smoke test's first Wan cases,
-// which also reach the default kernels) have not run yet.
+// identical to f59b89a's: `scripts/sass-diff.sh f59b89a . src/rope/qk_norm_rope_wan.cu`, 18 of 18 the same) and by
+// the occupancy variant, whose PTX has the same multiset of floating-point operations (every one an explicitly
+// rounded .rn or fma.rn) in another order of basic blocks (a one-off comparison, not a script in the repo); its GPU
+// test (test_occupancy_variant) and its smoke cases under compute-sanitizer (part 3; the smoke test's first Wan
+// cases, which also reach the default kernels) have not run yet.
 #include "rope/qk_norm_rope_wan.h"
 
 #include <cuda_runtime.h>
@@ -208,8 +209,9 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_wan_kernel(const Params
 // default's 44 registers at three sweeps leave room for 10 blocks of 128 threads per SM; each block has its token's
 // loads in flight only until its reduction, so ~40 KB per SM are in flight where 4.26 TB/s needs ~64 KB at ~2 us of
 // loaded latency. Wan 1.3B's 12 heads take 124.8 us against a 122.8 bound (stream 104.8) at f59b89a, Wan 14B's 40
-// heads 1.16 x the streaming probe. ptxas (sm_90): 40 registers for 12 blocks at three sweeps, 32 for 16 at two, no
-// spills; more blocks spill at three sweeps (28 B at 16) and at four or more sweeps every tighter bound spills.
+// heads 1.16 x the streaming probe. ptxas (sm_90, scripts/kernel-resources.sh): 40 registers for 12 blocks at three
+// sweeps, 32 for 16 at two, no spills. Scratch builds with other bounds (not kept): 16 blocks at three sweeps spill
+// 28 B, and at four or more sweeps every bound that would add a block spills.
 // Predicted ~115 us at 1x32760x12x128 if the loads in flight are what holds it. Not yet run on a GPU.
 template <int SW, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB) qk_norm_rope_wan_occupied(const Params p) {
