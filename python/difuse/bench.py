@@ -394,12 +394,24 @@ def knob_prefix(env=None) -> str:
 
 
 def git_sha() -> str:
+    """The commit a record names: DIFUSE_GIT_SHA where set (device-check sets it from the SHA its caller passes),
+    else the package's own checkout's HEAD, marked "+dirty" when tracked files differ from it. A device machine's
+    copy of the tree may carry a .git from an earlier call: at 05542dc a `check` run without DIFUSE_GIT_SHA named
+    f7695c6, the previous commit, and only the mark would have shown that the files were not that commit's."""
     if os.environ.get("DIFUSE_GIT_SHA"):
         return os.environ["DIFUSE_GIT_SHA"]
+    here = os.path.dirname(os.path.abspath(__file__))
     try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], stderr=subprocess.DEVNULL, text=True).strip()
+        head = subprocess.check_output(["git", "rev-parse", "HEAD"], stderr=subprocess.DEVNULL, text=True,
+                                       cwd=here).strip()
     except Exception:
         return "unknown"
+    try:
+        dirty = subprocess.check_output(["git", "status", "--porcelain", "--untracked-files=no"],
+                                        stderr=subprocess.DEVNULL, text=True, cwd=here).strip()
+    except Exception:
+        return head + "+status-unknown"
+    return head + "+dirty" if dirty else head
 
 
 # GPU busy-wait queued before each timed call (about 100 us at the H200's 1.98 GHz): longer than the host

@@ -477,15 +477,9 @@ def build_record(*, model: str, config: dict, eager: ArmResult, difuse: ArmResul
 
 
 def git_sha() -> str:
-    if os.environ.get("DIFUSE_GIT_SHA"):
-        return os.environ["DIFUSE_GIT_SHA"]
-    import subprocess
+    from .bench import git_sha as sha  # one definition: the records of bench, e2e and check name commits alike
 
-    try:
-        return subprocess.check_output(["git", "rev-parse", "HEAD"], stderr=subprocess.DEVNULL, text=True,
-                                       cwd=os.path.dirname(os.path.abspath(__file__))).strip()
-    except Exception:
-        return "unknown"
+    return sha()
 
 
 # ----------------------------------------------------------------------------------------------------------

@@ -107,3 +107,43 @@ class KnobRegistryTest(unittest.TestCase):
         readme = (ROOT / "README.md").read_text()
         for n in sorted(names):
             self.assertIn("`%s" % n, readme, n)
+
+
+class GitShaTest(unittest.TestCase):
+    """The commit every record names (bench, e2e, check): DIFUSE_GIT_SHA where set, else the checkout's HEAD, with
+    "+dirty" when tracked files differ from it (a device copy with a stale .git named the previous commit)."""
+
+    def _git(self, repo, *args):
+        return subprocess.run(["git", "-C", str(repo), *args], check=True, capture_output=True, text=True).stdout
+
+    def test_head_then_dirty_then_env(self):
+        import importlib.util
+
+        if shutil.which("git") is None:
+            self.skipTest("git is not installed")
+        with tempfile.TemporaryDirectory() as tmp:
+            repo = Path(tmp)
+            pkg = repo / "pkg"
+            pkg.mkdir()
+            shutil.copy(ROOT / "python" / "difuse" / "bench.py", pkg / "bench.py")
+            (pkg / "tracked.txt").write_text("a\n")
+            self._git(repo, "init", "-q")
+            self._git(repo, "add", ".")
+            self._git(repo, "-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "c")
+            head = self._git(repo, "rev-parse", "HEAD").strip()
+            spec = importlib.util.spec_from_file_location("bench_copy", pkg / "bench.py")
+            bench = importlib.util.module_from_spec(spec)
+            spec.loader.exec_module(bench)
+            old = os.environ.pop("DIFUSE_GIT_SHA", None)
+            try:
+                self.assertEqual(bench.git_sha(), head)
+                (pkg / "untracked.txt").write_text("x\n")  # untracked files (build outputs) do not count
+                self.assertEqual(bench.git_sha(), head)
+                (pkg / "tracked.txt").write_text("b\n")
+                self.assertEqual(bench.git_sha(), head + "+dirty")
+                os.environ["DIFUSE_GIT_SHA"] = "feedbeef"
+                self.assertEqual(bench.git_sha(), "feedbeef")
+            finally:
+                os.environ.pop("DIFUSE_GIT_SHA", None)
+                if old is not None:
+                    os.environ["DIFUSE_GIT_SHA"] = old
