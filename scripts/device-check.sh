@@ -14,7 +14,7 @@
 # runners' own logs, each GPU shard's with its case log (gpu-I.cases.jsonl: scripts/gpu-test-shards.py partial makes a
 # report of a cut run's), go in as test-logs/; at DIFUSE_DEVICE_DEADLINE s, default 575, a watchdog packs
 # what there is, so a call cut at its limit still returns them). Set DIFUSE_GIT_SHA to the
-# commit being tested (the device copy has no .git). Exit status: non-zero when any stage fails. "all" is
+# commit being tested (the device copy's .git may be an earlier call's: at 05542dc it named f7695c6). Exit status: non-zero when any stage fails. "all" is
 # tests,sanitizer,bench: more than one 10-minute device call holds; run tests, then sanitizer,bench.
 set -uo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)

@@ -74,6 +74,8 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .bench import git_sha  # one definition: the records of bench, e2e and check name commits alike
+
 # ----------------------------------------------------------------------------------------------------------
 # Options
 
@@ -474,12 +476,6 @@ def build_record(*, model: str, config: dict, eager: ArmResult, difuse: ArmResul
     if extra:
         rec.update(extra)
     return rec
-
-
-def git_sha() -> str:
-    from .bench import git_sha as sha  # one definition: the records of bench, e2e and check name commits alike
-
-    return sha()
 
 
 # ----------------------------------------------------------------------------------------------------------
