@@ -41,9 +41,11 @@
 // The thirty-fifth session made the token body a device function called by the default kernels (their sm_90 SASS
 // identical to f59b89a's: `scripts/sass-diff.sh f59b89a . src/rope/qk_norm_rope_wan.cu`, 18 of 18 the same) and by
 // the occupancy variant, whose PTX has the same multiset of floating-point operations (every one an explicitly
-// rounded .rn or fma.rn) in another order of basic blocks (a one-off comparison, not a script in the repo); its GPU
-// test (test_occupancy_variant) and its smoke cases under compute-sanitizer (part 3; the smoke test's first Wan
-// cases, which also reach the default kernels) have not run yet.
+// rounded .rn or fma.rn) in another order of basic blocks (a one-off comparison, not a script in the repo).
+// H100 at 05542dc (the thirty-sixth session; no H200 came): the whole suite passed, test_qk_norm_rope_wan.py's 256
+// cases with test_occupancy_variant among them (bench/results/h100/tests-05542dc.json, and at f7695c6); the smoke
+// test's Wan cases clean under memcheck and racecheck in every sanitizer part, the occupancy kernels' in part 3
+// (sanitizer-05542dc-part3.log). Not yet re-run on the H200 since the refactor.
 #include "rope/qk_norm_rope_wan.h"
 
 #include <cuda_runtime.h>
@@ -212,7 +214,9 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_wan_kernel(const Params
 // heads 1.16 x the streaming probe. ptxas (sm_90, scripts/kernel-resources.sh): 40 registers for 12 blocks at three
 // sweeps, 32 for 16 at two, no spills. Scratch builds with other bounds (not kept): 16 blocks at three sweeps spill
 // 28 B, and at four or more sweeps every bound that would add a block spills.
-// Predicted ~115 us at 1x32760x12x128 if the loads in flight are what holds it. Not yet run on a GPU.
+// Predicted ~115 us at 1x32760x12x128 on the H200 if the loads in flight are what holds it. Exact on an H100
+// (test_occupancy_variant, 05542dc); timed there only, where it changes nothing (149.3 vs 149.5 us: the default is
+// already 1.02 x the streaming probe on the H100; bench/results/h100/knob-sweeps/05542dc/). The H200 sweep is owed.
 template <int SW, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB) qk_norm_rope_wan_occupied(const Params p) {
   wan_token<SW, true>(p);
