@@ -19,6 +19,7 @@
 #include "norm/rms_norm.h"
 #include "norm/rms_norm_diffusers.h"
 #include "norm/rms_norm_modulate.h"
+#include "probe/sm_partition.h"
 #include "probe/stream_copy.h"
 #include "rope/qk_norm_rope.h"
 #include "rope/qk_norm_rope_qwen.h"
@@ -666,6 +667,22 @@ difuse_status difuse_probe_stream_copy(void* dst, const void* src, int64_t nbyte
   return guarded([&] {
     difuse::probe::stream_copy(dst, src, nbytes, variant, static_cast<cudaStream_t>(stream));
   });
+}
+
+difuse_status difuse_probe_sm_partition_stream(int32_t device, int32_t sms, void** stream_out, int32_t* sms_out) {
+  return guarded([&] {
+    if (stream_out == nullptr || sms_out == nullptr)
+      throw Failure(DIFUSE_ERR_INVALID_ARGUMENT,
+                    std::string("difuse_probe_sm_partition_stream:") + (stream_out ? "" : " stream_out is NULL;") +
+                        (sms_out ? "" : " sms_out is NULL;"));
+    const auto made = difuse::probe::create_sm_partition_stream(device, sms);
+    *stream_out = made.stream;
+    *sms_out = made.sms;
+  });
+}
+
+difuse_status difuse_probe_set_launch_sm_count(int32_t device, int32_t sms) {
+  return guarded([&] { difuse::probe::set_launch_sm_count(device, sms); });
 }
 
 }  // extern "C"

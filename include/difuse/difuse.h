@@ -148,6 +148,17 @@ DIFUSE_API const char* difuse_probe_stream_copy_variant_name(int32_t variant);
 DIFUSE_API difuse_status difuse_probe_stream_copy(void* dst, const void* src, int64_t nbytes, int32_t variant,
                                                   void* stream);
 
+/* An H200 proxy on a GPU with fewer bytes in flight to cover (src/probe/sm_partition.h; `bench ops --sms N`): a
+ * stream of `device` whose kernels run on at least `sms` of its SMs (a CUDA green context that lives until the
+ * process exits). *stream_out: the stream (a cudaStream_t); *sms_out: the SMs the driver gave it. Needs a CUDA 12.4
+ * driver (DIFUSE_ERR_UNSUPPORTED otherwise); NULL outputs, a device outside 0..63 or sms outside [1, the device's
+ * SMs] are DIFUSE_ERR_INVALID_ARGUMENT. */
+DIFUSE_API difuse_status difuse_probe_sm_partition_stream(int32_t device, int32_t sms, void** stream_out,
+                                                          int32_t* sms_out);
+/* From now on the launchers of `device` size their grids for `sms` SMs (the partition's count); 0 restores the
+ * device's own. A negative count or one above the device's SMs is DIFUSE_ERR_INVALID_ARGUMENT. */
+DIFUSE_API difuse_status difuse_probe_set_launch_sm_count(int32_t device, int32_t sms);
+
 /* ---- ops ---------------------------------------------------------------------------------------- */
 
 /* out = bf16 chain of F.layer_norm(x, (H,), eps=eps) * (1 + scale[:, None]) + shift[:, None]

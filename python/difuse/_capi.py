@@ -78,6 +78,8 @@ def declare(lib: C.CDLL) -> C.CDLL:
         "difuse_probe_stream_copy_variants": (C.c_int32, []),
         "difuse_probe_stream_copy_variant_name": (C.c_char_p, [C.c_int32]),
         "difuse_probe_stream_copy": (st, [C.c_void_p, C.c_void_p, C.c_int64, C.c_int32, C.c_void_p]),
+        "difuse_probe_sm_partition_stream": (st, [C.c_int32, C.c_int32, p(C.c_void_p), p(C.c_int32)]),
+        "difuse_probe_set_launch_sm_count": (st, [C.c_int32, C.c_int32]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

@@ -446,6 +446,7 @@ def time_calls(calls, reps: int, warmup: int = 10) -> float:
     held = collections.deque(maxlen=len(calls))
     for i in range(warmup):
         held.append(calls[i % len(calls)]())
+    torch.cuda.current_stream().synchronize()
     torch.cuda.synchronize()
     cyc = SLEEP_CYCLES
     starts = [torch.cuda.Event(enable_timing=True) for _ in range(reps)]
@@ -456,6 +457,7 @@ def time_calls(calls, reps: int, warmup: int = 10) -> float:
         out = calls[r % len(calls)]()
         ends[r].record()
         held.append(out)
+    torch.cuda.current_stream().synchronize()  # bench ops --sms: a green context's stream
     torch.cuda.synchronize()
     held.clear()
     return statistics.median(s.elapsed_time(e) * 1e3 for s, e in zip(starts, ends))
@@ -539,6 +541,28 @@ def stream_time_us(nbytes: int, sets: int, reps: int, warmup: int = 10) -> tuple
     return us, lib.difuse_probe_stream_copy_variant_name(best).decode()
 
 
+def sm_partition(sms: int):
+    """(stream, SMs): a torch stream of the current device whose kernels run on at least `sms` of its SMs (a CUDA
+    green context made by libdifuse, src/probe/sm_partition.h), with libdifuse's launchers from now on sizing their
+    grids for the SMs it got. Work on that stream is an H200 proxy on a GPU with less bandwidth per SM: on an H100
+    with ~93 SMs each SM must keep as many bytes in flight as an H200 SM does with 132 (bench ops --sms)."""
+    import ctypes
+
+    import torch
+
+    from ._capi import OK
+    from ._loader import core, last_error
+
+    lib = core()
+    device = torch.cuda.current_device()
+    handle, got = ctypes.c_void_p(), ctypes.c_int32()
+    if lib.difuse_probe_sm_partition_stream(device, sms, ctypes.byref(handle), ctypes.byref(got)) != OK:
+        raise RuntimeError("difuse_probe_sm_partition_stream: " + last_error())
+    if lib.difuse_probe_set_launch_sm_count(device, got.value) != OK:
+        raise RuntimeError("difuse_probe_set_launch_sm_count: " + last_error())
+    return torch.cuda.ExternalStream(handle.value, device=device), got.value
+
+
 def _load_peer(peer_dir):
     """Peer kernels (not part of difuse; see docs/ARCHITECTURE.md, Benchmarks): <peer_dir>/peer_ops.py may
     define functions named like the ops (layernorm_modulate(x, scale, shift, eps), gated_residual(h, a, gate))
@@ -578,6 +602,20 @@ def main(args) -> int:
         return 2
     peer = _load_peer(args.peer_dir)
     peer_name = getattr(peer, "NAME", "peer") if peer else None
+    sms = getattr(args, "sms", None)
+    if sms:
+        stream, got = sm_partition(sms)
+        print("SM partition: %d of the device's %d SMs (asked for %d), every arm on its stream (an H200 proxy: each SM "
+              "carries more of the bandwidth; not an H200 number)" % (got, props.multi_processor_count, sms))
+        with torch.cuda.stream(stream):
+            return _run_ops(args, torch, specs, peer, peer_name, gpu, l2, command,
+                            dict(sms=got, sm_total=props.multi_processor_count))
+    return _run_ops(args, torch, specs, peer, peer_name, gpu, l2, command, {})
+
+
+def _run_ops(args, torch, specs, peer, peer_name, gpu, l2, command, partition) -> int:
+    """bench ops' loop over the ops and shapes on the current stream; `partition` ({} or sms / sm_total) goes into
+    every record."""
     bw = copy_bandwidth()
     print("platform: %s, torch %s; copy bandwidth %.2f TB/s; L2 %d MB; git %s" % (gpu, torch.__version__, bw / 1e12,
                                                                                   l2 >> 20, git_sha()[:12]))
@@ -626,7 +664,8 @@ def main(args) -> int:
                        x_stream=None if stream_us is None else round(difuse_us / stream_us, 2),
                        speedup_vs_eager=round(eager_us / difuse_us, 2), mismatches=mism, git_sha=git_sha(),
                        command=command, torch=torch.__version__, gpu=gpu, copy_bw_tbs=round(bw / 1e12, 3),
-                       input_sets=sets, outputs_rotated=True, reps=args.reps, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()))
+                       input_sets=sets, outputs_rotated=True, reps=args.reps, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       **partition)
             records.append(rec)
             print("%-20s %14s %8.1f %9.1f %9.1f %9s %9.1f %9.1f %9s %7.0f%% %8s %8.2f %10d" % (
                 "x".join(map(str, shape)), rec["variant"], nbytes / 1e6, floor_us, copy_us,

@@ -149,6 +149,10 @@ def main(argv=None) -> int:
                    help="ops: only this site shape, written as in the table (e.g. 4096x1x3072; repeatable)")
     b.add_argument("--no-stream", action="store_true",
                    help="ops: skip stream_us (the fastest plain streaming kernel of the same bytes; ~0.3 s a shape)")
+    b.add_argument("--sms", type=int, metavar="N",
+                   help="bench ops: run every arm on a stream of N SMs (a CUDA green context; launchers size grids for "
+                        "them): an H200 proxy on an H100, whose ~93 SMs then each carry an H200 SM's share of the "
+                        "bandwidth. Records carry sms and sm_total; not an H200 number")
     b.add_argument("--peer-dir", help="folder holding peer_ops.py, peer implementations to time alongside (see docs)")
     add_arguments(b.add_argument_group("models (bench flux|qwen-image|sd3|wan|ernie-image|flux2)"))
     args = ap.parse_args(argv)

@@ -1,5 +1,5 @@
 // Makes a CUDA device current for a scope and restores the previous one (checked calls); a device's SM count, read
-// once per device.
+// once per device (or the benchmarks' SM partition's).
 #pragma once
 
 #include <cuda_runtime_api.h>
@@ -41,9 +41,19 @@ inline int device_slot(int device) {
   return device;
 }
 
+// The SM count launchers size their grids for on `device` instead of the device's own, 0 for none: set only by the
+// benchmarks' SM partition (probe/sm_partition.h, `bench ops --sms N`), whose kernels run on that many SMs.
+inline std::atomic<int>& launch_sm_override(int device) {
+  static std::atomic<int> counts[kMaxDevices];
+  return counts[device_slot(device)];
+}
+
 // The SM count of `device`, read with one checked runtime call the first time each device asks (launchers that size
-// a grid to the GPU call this on every launch). Devices 0..63; racing first calls read the same value.
+// a grid to the GPU call this on every launch), or the benchmarks' override above. Devices 0..63; racing first calls
+// read the same value.
 inline int sm_count(int device) {
+  const int partition = launch_sm_override(device).load(std::memory_order_acquire);
+  if (partition > 0) return partition;
   static std::atomic<int> cached[kMaxDevices];  // 0: not read yet
   const int d = device_slot(device);
   int sms = cached[d].load(std::memory_order_acquire);

@@ -791,6 +791,38 @@ TEST(StreamCopyProbe, ListsEveryViolationWithoutLaunching) {
   EXPECT_NE(std::string(difuse_last_error()).find("variant -1 outside"), std::string::npos);
 }
 
+// The SM-partition probe (bench only, `bench ops --sms N`): malformed calls fail before any CUDA call, naming what is
+// wrong; the launch SM count it sets is what every grid-sizing launcher reads.
+TEST(SmPartitionProbe, RefusesMalformedCallsWithoutCuda) {
+  void* stream = nullptr;
+  int32_t sms = 0;
+  EXPECT_EQ(difuse_probe_sm_partition_stream(0, 8, nullptr, nullptr), DIFUSE_ERR_INVALID_ARGUMENT);
+  std::string e = difuse_last_error();
+  EXPECT_NE(e.find("stream_out is NULL"), std::string::npos) << e;
+  EXPECT_NE(e.find("sms_out is NULL"), std::string::npos) << e;
+  EXPECT_EQ(difuse_probe_sm_partition_stream(0, 8, &stream, nullptr), DIFUSE_ERR_INVALID_ARGUMENT);
+  e = difuse_last_error();
+  EXPECT_EQ(e.find("stream_out is NULL"), std::string::npos) << e;
+  EXPECT_EQ(difuse_probe_sm_partition_stream(64, 8, &stream, &sms), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(difuse_last_error()).find("outside the devices 0..63"), std::string::npos);
+  EXPECT_EQ(stream, nullptr);
+  EXPECT_EQ(sms, 0);
+  EXPECT_EQ(difuse_probe_set_launch_sm_count(0, -3), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(difuse_last_error()).find("a negative SM count (-3)"), std::string::npos);
+  EXPECT_EQ(difuse_probe_set_launch_sm_count(-1, 0), DIFUSE_ERR_INVALID_ARGUMENT);
+}
+
+TEST(SmPartitionProbe, LaunchSmCountFollowsTheOverride) {
+  // Set through the detail hook (the C call also checks the count against the device, which needs a GPU).
+  difuse::detail::launch_sm_override(5).store(93);
+  EXPECT_EQ(difuse::detail::sm_count(5), 93);
+  EXPECT_EQ(difuse::detail::sm_count(5), 93);
+  difuse::detail::launch_sm_override(5).store(0);
+  // Restoring the device's own count, 0 is accepted without asking the device.
+  EXPECT_EQ(difuse_probe_set_launch_sm_count(5, 0), DIFUSE_OK) << difuse_last_error();
+  EXPECT_EQ(difuse::detail::launch_sm_override(5).load(), 0);
+}
+
 TEST(StreamCopyProbe, VariantNames) {
   ASSERT_EQ(difuse_probe_stream_copy_variants(), 88);
   EXPECT_STREQ(difuse_probe_stream_copy_variant_name(0), "u1_t128_onepass_default");

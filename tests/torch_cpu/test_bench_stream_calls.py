@@ -64,3 +64,46 @@ def test_mismatches_see_a_fused_op_whose_output_the_eager_chain_overwrites():
     # tuples of outputs, copied one by one
     assert bench.op_mismatches(lambda x, out: (x * 2, out.fill_(1.0)), lambda x, out: (x * 2, out.copy_(x)),
                                (x, out)) == 32
+
+
+class FakePartitionLib:
+    """libdifuse's SM-partition probe: hands out stream 0xbeef of `give` SMs and records the launch count it is told."""
+
+    def __init__(self, give=94, status=OK, set_status=OK):
+        self.give, self.status, self.set_status, self.set_to = give, status, set_status, []
+
+    def difuse_probe_sm_partition_stream(self, device, sms, stream_out, sms_out):
+        if self.status == OK:
+            stream_out._obj.value = 0xBEEF
+            sms_out._obj.value = max(sms, self.give)
+        return self.status
+
+    def difuse_probe_set_launch_sm_count(self, device, sms):
+        self.set_to.append((device, sms))
+        return self.set_status
+
+
+def _partition(lib, sms):
+    with mock.patch("difuse._loader.core", return_value=lib), \
+            mock.patch("difuse._loader.last_error", return_value="sm_partition: 200 SMs asked for; device 0 has 132"), \
+            mock.patch.object(torch.cuda, "current_device", return_value=0), \
+            mock.patch.object(torch.cuda, "ExternalStream", side_effect=lambda h, device: ("stream", h, device)):
+        return bench.sm_partition(sms)
+
+
+def test_sm_partition_sizes_the_launchers_for_the_sms_the_driver_gave():
+    """The driver may round the count up: the launchers are told what it gave, and the bench records that."""
+    lib = FakePartitionLib(give=94)
+    stream, got = _partition(lib, 93)
+    assert stream == ("stream", 0xBEEF, 0)
+    assert got == 94
+    assert lib.set_to == [(0, 94)]
+
+
+def test_sm_partition_refusals_raise_with_the_library_message():
+    lib = FakePartitionLib(status=OK + 2)
+    with pytest.raises(RuntimeError, match="200 SMs asked for; device 0 has 132"):
+        _partition(lib, 200)
+    assert lib.set_to == []  # nothing was made, so no launch count was set
+    with pytest.raises(RuntimeError, match="difuse_probe_set_launch_sm_count"):
+        _partition(FakePartitionLib(set_status=OK + 2), 93)
