@@ -150,7 +150,7 @@ DIFUSE_API difuse_status difuse_probe_stream_copy(void* dst, const void* src, in
 
 /* An H200 proxy on a GPU with fewer bytes in flight to cover (src/probe/sm_partition.h; `bench ops --sms N`): a
  * stream of `device` whose kernels run on at least `sms` of its SMs (a CUDA green context that lives until the
- * process exits). *stream_out: the stream (a cudaStream_t); *sms_out: the SMs the driver gave it. Needs a CUDA 12.4
+ * process exits). *stream_out: the stream (a cudaStream_t); *sms_out: the SMs the driver gave it. Needs a CUDA 12.5
  * driver (DIFUSE_ERR_UNSUPPORTED otherwise); NULL outputs, a device outside 0..63 or sms outside [1, the device's
  * SMs] are DIFUSE_ERR_INVALID_ARGUMENT. */
 DIFUSE_API difuse_status difuse_probe_sm_partition_stream(int32_t device, int32_t sms, void** stream_out,

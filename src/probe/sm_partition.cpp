@@ -1,7 +1,7 @@
 // sm_partition — see sm_partition.h. Driver calls, in order: cuDeviceGet, cuDeviceGetDevResource (the device's SMs),
 // cuDevSmResourceSplitByCount (one group of at least `sms`, SM co-scheduling ignored so the count can be fine),
-// cuDevResourceGenerateDesc, cuGreenCtxCreate, cuGreenCtxStreamCreate. Each is fetched once by name for the CUDA 12.4
-// ABI and each result is checked; a failure names the call and the driver's error name.
+// cuDevResourceGenerateDesc, cuGreenCtxCreate, cuGreenCtxStreamCreate. Each is fetched once by name for the ABI of
+// the cuda.h it is compiled with and each result is checked; a failure names the call and the driver's error name.
 #include "probe/sm_partition.h"
 
 #include <cuda.h>
@@ -17,7 +17,7 @@ namespace {
 
 using detail::Failure;
 
-constexpr unsigned kDriverAbi = 12040;  // green contexts' first driver release
+constexpr unsigned kDriverAbi = CUDA_VERSION;  // the ABI of the cuda.h these calls are declared by (cuGreenCtxStreamCreate is 12.5's)
 
 template <typename Fn>
 Fn driver_entry(const char* name) {
@@ -26,7 +26,8 @@ Fn driver_entry(const char* name) {
   DIFUSE_CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &fn, kDriverAbi, cudaEnableDefault, &found));
   if (found != cudaDriverEntryPointSuccess || fn == nullptr)
     throw Failure(DIFUSE_ERR_UNSUPPORTED, std::string("sm_partition: the CUDA driver has no ") + name +
-                                              " (green contexts need a CUDA 12.4 driver or newer)");
+                                              " (green-context streams need a CUDA 12.5 driver or newer; asked for the ABI of CUDA " +
+                                              std::to_string(kDriverAbi) + ")");
   return reinterpret_cast<Fn>(fn);
 }
 

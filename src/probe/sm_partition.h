@@ -26,7 +26,7 @@ struct SmPartitionStream {
 
 // A green context of at least `sms` SMs of `device` and a non-blocking stream in it. Throws
 // Failure(DIFUSE_ERR_INVALID_ARGUMENT) for sms outside [1, the device's SMs], Failure(DIFUSE_ERR_UNSUPPORTED) when the
-// driver lacks green contexts (CUDA 12.4), Failure(DIFUSE_ERR_CUDA) naming the driver call that failed.
+// driver lacks green contexts (CUDA 12.5), Failure(DIFUSE_ERR_CUDA) naming the driver call that failed.
 SmPartitionStream create_sm_partition_stream(int device, int sms);
 
 // From now on the launchers of `device` size their grids for `sms` SMs; 0 restores the device's own count. Throws
