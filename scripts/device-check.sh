@@ -258,8 +258,8 @@ SANITIZER_RUNS=(
   "2b racecheck|DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=3 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_RMSMOD_STREAMED=5 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=5 DIFUSE_RMS_STREAMED_BLOCKS=2|4 producer lanes on every streamed kernel"
   "2b memcheck|DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1|the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate, GRLN's prefetched a, gelu's pipelined table kernel"
   "2b racecheck|DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1|the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate, GRLN's prefetched a, gelu's pipelined table kernel"
-  "3 memcheck|DIFUSE_QK_WAN_OCCUPANCY=1|Wan's prologue compiled for 12 / 16 blocks per SM (the smoke test's 1536- and 1024-wide rows)"
-  "3 racecheck|DIFUSE_QK_WAN_OCCUPANCY=1|Wan's prologue compiled for 12 / 16 blocks per SM (the smoke test's 1536- and 1024-wide rows)"
+  "3 memcheck|DIFUSE_QK_WAN_OCCUPANCY=0|Wan's prologue's 10-block kernels, the default before the 12 / 16-block ones (the smoke test's 1536- and 1024-wide rows)"
+  "3 racecheck|DIFUSE_QK_WAN_OCCUPANCY=0|Wan's prologue's 10-block kernels, the default before the 12 / 16-block ones (the smoke test's 1536- and 1024-wide rows)"
   "3 memcheck|DIFUSE_STREAM_FULL_BARRIERS=1|one full barrier per slot where the slots are a multiple of the groups, the default groups"
   "3 racecheck|DIFUSE_STREAM_FULL_BARRIERS=1|one full barrier per slot where the slots are a multiple of the groups, the default groups"
   "3 memcheck|DIFUSE_STREAM_FULL_BARRIERS=1 DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=4 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=1 DIFUSE_RMSMOD_STREAMED=4 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=4 DIFUSE_RMS_STREAMED_BLOCKS=2|one full barrier per slot, 4 groups on 2 blocks (every ring of 4k slots owned), 4 producer lanes"
@@ -375,7 +375,7 @@ DIFUSE_RMS_LANES_PER_ROW=32,DIFUSE_RMS_ROWS_PER_WARP=4:rms_norm;DIFUSE_RMS_STAGE
 DIFUSE_RMSD_ROWS_PER_WARP=1:rms_norm_diffusers;DIFUSE_RMSD_STAGED_ROWS=1:rms_norm_diffusers;DIFUSE_RMSD_STAGED_ROWS=0:rms_norm_diffusers;\
 DIFUSE_QK_LANES_PER_ROW=32:qk_norm_sd35;DIFUSE_QK_ROWS_PER_WARP=4:qk_norm_sd35;DIFUSE_QK_UNSTAGED=1:qk_norm_sd35;\
 DIFUSE_QK_VCOPY=0:qk_norm_sd35;DIFUSE_QK_SD35_WARPS=4:qk_norm_sd35;DIFUSE_QK_SD35_VCOPY_SMEM=0:qk_norm_sd35;\
-DIFUSE_QK_SD35_VCOPY_SMEM=0,DIFUSE_QK_SD35_WARPS=4:qk_norm_sd35;DIFUSE_QK_SD35_LEAN=1:qk_norm_sd35;DIFUSE_QK_WAN_OCCUPANCY=1:qk_norm_rope_wan;DIFUSE_QK_SD35_OUT_SMEM=1:qk_norm_sd35;DIFUSE_RMSD_OUT_SMEM=1:rms_norm_diffusers;DIFUSE_RMSD_WIDE_STAGED=0:rms_norm_diffusers;\
+DIFUSE_QK_SD35_VCOPY_SMEM=0,DIFUSE_QK_SD35_WARPS=4:qk_norm_sd35;DIFUSE_QK_SD35_LEAN=1:qk_norm_sd35;DIFUSE_QK_WAN_OCCUPANCY=0:qk_norm_rope_wan;DIFUSE_QK_SD35_OUT_SMEM=1:qk_norm_sd35;DIFUSE_RMSD_OUT_SMEM=1:rms_norm_diffusers;DIFUSE_RMSD_WIDE_STAGED=0:rms_norm_diffusers;\
 DIFUSE_RMSMOD_PIPELINED=1:rms_norm_modulate;DIFUSE_RMSMOD_PIPELINED=1:gated_residual_rms_norm_modulate;\
 DIFUSE_RMSMOD_RESIDUAL_HALF=2:gated_residual_rms_norm_modulate;\
 DIFUSE_RMSD_LANES_PER_ROW=32:rms_norm_diffusers;DIFUSE_RMSD_ROWS_PER_WARP=4:rms_norm_diffusers;\

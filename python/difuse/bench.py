@@ -386,11 +386,27 @@ KERNEL_KNOBS = ("DIFUSE_QK_ROWS_PER_WARP", "DIFUSE_QK_LANES_PER_ROW", "DIFUSE_QK
                 "DIFUSE_EW_GRID2D", "DIFUSE_GELU_PIPELINED", "DIFUSE_GELU_COMPUTED_WORDS")
 # Environment variables that change which path difuse.patch takes (read in Python); named in records likewise.
 PATCH_KNOBS = ("DIFUSE_ERNIE_FUSED_ROPE", "DIFUSE_FUSED_ACTIVATION_MUL", "DIFUSE_ERNIE_QK_NORM_ROPE")
+# Environment variables of the bench itself: DIFUSE_BENCH_SMS=N is `bench ops --sms N` (so a device-check sweep entry
+# can name it beside kernel knobs, "DIFUSE_BENCH_SMS=80,DIFUSE_QK_WAN_OCCUPANCY=0:qk_norm_rope_wan").
+BENCH_KNOBS = ("DIFUSE_BENCH_SMS",)
 
 
 def knob_prefix(env=None) -> str:
     env = os.environ if env is None else env
-    return "".join("%s=%s " % (k, env[k]) for k in KERNEL_KNOBS + PATCH_KNOBS if env.get(k))
+    return "".join("%s=%s " % (k, env[k]) for k in KERNEL_KNOBS + PATCH_KNOBS + BENCH_KNOBS if env.get(k))
+
+
+def partition_sms(args, env=None) -> int:
+    """The SM count `bench ops` runs on: --sms, else DIFUSE_BENCH_SMS, else 0 (the whole GPU). A DIFUSE_BENCH_SMS
+    that is not a positive integer is an error, not the whole GPU in silence."""
+    if getattr(args, "sms", None):
+        return args.sms
+    text = (os.environ if env is None else env).get("DIFUSE_BENCH_SMS", "").strip()
+    if not text:
+        return 0
+    if not text.isdigit() or int(text) <= 0:
+        raise ValueError("DIFUSE_BENCH_SMS=%r: want a positive number of SMs (or unset for the whole GPU)" % text)
+    return int(text)
 
 
 def git_sha() -> str:
@@ -602,7 +618,11 @@ def main(args) -> int:
         return 2
     peer = _load_peer(args.peer_dir)
     peer_name = getattr(peer, "NAME", "peer") if peer else None
-    sms = getattr(args, "sms", None)
+    try:
+        sms = partition_sms(args)
+    except ValueError as e:
+        print("difuse bench: %s" % e, file=sys.stderr)
+        return 2
     if sms:
         stream, got = sm_partition(sms)
         print("SM partition: %d of the device's %d SMs (asked for %d), every arm on its stream (an H200 proxy: each SM "

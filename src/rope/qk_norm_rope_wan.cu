@@ -23,8 +23,9 @@
 // the rotation runs on the normalized bf16 pairs in the epilogue (a 4-element vector never straddles a head:
 // head_dim % 4 == 0; since head_dim divides 512, a thread's table columns are the same in every sweep, so it
 // reads them once). Outputs are contiguous [B, S, heads, head_dim], exactly the tensors the processor hands
-// to attention. DIFUSE_QK_WAN_OCCUPANCY=1 (for measurement) runs the same token body, for aligned rows of two or
-// three sweeps (widths 513-1536), compiled for 16 or 12 resident blocks per SM (qk_norm_rope_wan_occupied below).
+// to attention. Aligned rows of two or three sweeps (widths 513-1536, Wan 1.3B's 1536) run the same token body
+// compiled for 16 or 12 resident blocks per SM (qk_norm_rope_wan_occupied below; the default since the thirty-seventh
+// session, DIFUSE_QK_WAN_OCCUPANCY=0 restores the 10-block kernels).
 //
 // Guards (can_use_qk_norm_rope_wan; every violation is reported): q, k bf16 [B, S, N] on one CUDA device, last
 // dim contiguous, non-negative strides; a contiguous q / k 8-byte aligned (a misaligned one takes aten's
@@ -206,24 +207,31 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_wan_kernel(const Params
   wan_token<SW, PAIRED>(p);
 }
 
-// DIFUSE_QK_WAN_OCCUPANCY=1 (read once; for measurement): the paired kernel of two and three sweeps (N in (512, 1536]:
-// Wan 1.3B's 1536) compiled for MINB resident blocks per SM, the same token body with fewer registers. Why: the
-// default's 44 registers at three sweeps leave room for 10 blocks of 128 threads per SM; each block has its token's
-// loads in flight only until its reduction, so ~40 KB per SM are in flight where 4.26 TB/s needs ~64 KB at ~2 us of
-// loaded latency. Wan 1.3B's 12 heads take 124.8 us against a 122.8 bound (stream 104.8) at f59b89a, Wan 14B's 40
-// heads 1.16 x the streaming probe. ptxas (sm_90, scripts/kernel-resources.sh): 40 registers for 12 blocks at three
-// sweeps, 32 for 16 at two, no spills. Scratch builds with other bounds (not kept): 16 blocks at three sweeps spill
-// 28 B, and at four or more sweeps every bound that would add a block spills.
-// Predicted ~115 us at 1x32760x12x128 on the H200 if the loads in flight are what holds it. Exact on an H100
-// (test_occupancy_variant, 05542dc); timed there only, where it changes nothing (149.3 vs 149.5 us: the default is
-// already 1.02 x the streaming probe on the H100; bench/results/h100/knob-sweeps/05542dc/). The H200 sweep is owed.
+// The paired kernel of two and three sweeps (N in (512, 1536]: Wan 1.3B's 1536) compiled for MINB resident blocks
+// per SM, the same token body with fewer registers; DIFUSE_QK_WAN_OCCUPANCY=0 (read once) launches the 10-block
+// kernels instead. Why: the 10-block kernel's 44 registers at three sweeps leave room for 10 blocks of 128 threads
+// per SM; each block has its token's loads in flight only until its reduction, so ~40 KB per SM are in flight where
+// 4.26 TB/s needs ~64 KB at ~2 us of loaded latency. Wan 1.3B's 12 heads took 124.8 us against a 122.8 bound (stream
+// 104.8) on the H200 at f59b89a, Wan 14B's 40 heads 1.16 x the streaming probe. ptxas (sm_90,
+// scripts/kernel-resources.sh): 40 registers for 12 blocks at three sweeps, 32 for 16 at two, no spills. Scratch
+// builds with other bounds (not kept): 16 blocks at three sweeps spill 28 B, and at four or more sweeps every bound
+// that would add a block spills.
+// Measured on an H100 only (no H200 came in the thirty-fifth to thirty-seventh sessions), 1x32760x12x128:
+//   - the whole GPU: 149.3 vs 149.5 us for the 10-block kernel (05542dc, knob-sweeps/05542dc/), both at the
+//     streaming probe's speed there;
+//   - on SM partitions (`bench ops --sms N`, probe/sm_partition.h: each SM carries more of the bandwidth, as an H200
+//     SM does; c0ad790 and f84317e, bench/results/h100/sm-partition/): 94 SMs 151.4 vs 154.2 us, 86 SMs 154.5 / 154.6
+//     vs 159.1 / 159.2, 80 SMs 159.8 / 159.8 vs 171.3 / 171.5, 66 SMs 185.3 vs 194.8. At 80 SMs the 10-block kernel
+//     runs at 1.17 x the probe, its H200 ratio (1.19); this one at 1.09.
+// Predicted on the H200: 124.8 x 159.8 / 171.4 = ~116 us (bound 122.8). The H200's own sweep is owed; exact on the
+// H100 (test_occupancy_kernels_and_the_knob_off), memcheck and racecheck clean there (sanitizer part 3, 05542dc).
 template <int SW, int MINB>
 __global__ void __launch_bounds__(kThreads, MINB) qk_norm_rope_wan_occupied(const Params p) {
   wan_token<SW, true>(p);
 }
 
-bool occupancy_knob() {
-  static const bool on = detail::env_knob_or("DIFUSE_QK_WAN_OCCUPANCY", 0) == 1;
+bool occupancy_kernels() {
+  static const bool on = detail::env_knob_or("DIFUSE_QK_WAN_OCCUPANCY", 1) != 0;
   return on;
 }
 
@@ -321,7 +329,7 @@ void require_output(detail::Support& s, const difuse_tensor_view& out, const cha
 template <int SW>
 void launch(const Params& p, bool paired, unsigned blocks, cudaStream_t stream) {
   if constexpr (SW == 2 || SW == 3) {
-    if (paired && occupancy_knob()) {
+    if (paired && occupancy_kernels()) {
       qk_norm_rope_wan_occupied<SW, SW == 2 ? 16 : 12><<<blocks, kThreads, 0, stream>>>(p);
       return;
     }

@@ -262,13 +262,14 @@ def test_opcheck_compile_and_graph():
     assert count_mismatches(list(out), list(ops.qk_norm_rope_wan_eager(**args))) == 0
 
 
-def test_occupancy_variant():
-    """DIFUSE_QK_WAN_OCCUPANCY=1 (read once per process): the paired kernels of two and three sweeps compiled for 16
-    and 12 resident blocks per SM (fewer registers, the same token body) instead of the default's: the same bits at
-    Wan 1.3B's width 1536 (site shapes, batch 1 and 2, fused and separate projections) and at 1024, with adversarial
-    values (+-inf, +-0, NaN, subnormals, +-max) in q and k; the profiler shows both occupied kernels ran (a launcher
-    that fell back to the default would pass otherwise) and that Wan 14B's 5120-wide rows, which the knob does not
-    reach, kept the default kernel."""
+@pytest.mark.parametrize("knob", ["", "0"])
+def test_occupancy_kernels_and_the_knob_off(knob):
+    """The paired kernels of two and three sweeps run compiled for 16 and 12 resident blocks per SM (fewer registers,
+    the same token body; the default since the thirty-seventh session), and DIFUSE_QK_WAN_OCCUPANCY=0 (read once per
+    process) brings back the 10-block kernels of before: both give the same bits at Wan 1.3B's width 1536 (site
+    shapes, batch 1 and 2, fused and separate projections) and at 1024, with adversarial values (+-inf, +-0, NaN,
+    subnormals, +-max) in q and k. The profiler shows the kernels each setting promises ran (a launcher that fell back
+    to the other would pass otherwise), and Wan 14B's 5120-wide rows, which neither reaches, kept their kernel."""
     from knob_run import (PLACE_ADVERSARIAL, PROFILE_START, assert_exact_under, every_kernel_ran, exactness_script,
                           joined, mismatch_script)
 
@@ -281,7 +282,9 @@ def test_occupancy_variant():
         "    a = list(ops._qk_norm_rope_wan_inputs(spec, 'cuda', g))\n"
         "    a[0], a[1] = place(a[0], 0), place(a[1], 0)\n"  # offset 0: 16-byte aligned rows, the paired kernels
         "    bad += count_mismatches(ops.qk_norm_rope_wan(*a), ops.qk_norm_rope_wan_eager(*a))\n")
-    ran = mismatch_script(every_kernel_ran(["qk_norm_rope_wan_occupied<3, 12>", "qk_norm_rope_wan_occupied<2, 16>",
-                                            "qk_norm_rope_wan_kernel<10, true>"]))
+    paired = (["qk_norm_rope_wan_occupied<3, 12>", "qk_norm_rope_wan_occupied<2, 16>"] if knob == "" else
+              ["qk_norm_rope_wan_kernel<3, true>", "qk_norm_rope_wan_kernel<2, true>"])
+    ran = mismatch_script(every_kernel_ran(paired + ["qk_norm_rope_wan_kernel<10, true>"]))
+    # "" (set but empty) is the knob unset, whatever the environment running the tests holds
     assert_exact_under(joined(mismatch_script(PROFILE_START), exactness_script("qk_norm_rope_wan", specs, SEED),
-                              adversarial, ran), DIFUSE_QK_WAN_OCCUPANCY="1")
+                              adversarial, ran), DIFUSE_QK_WAN_OCCUPANCY=knob)

@@ -785,8 +785,8 @@ int run_activation_mul_cases() {
 // Wan 2.x (qk_norm_rope_wan): torch.nn.RMSNorm across the N = heads * head_dim row, then Wan's RoPE on pairs
 // (2i, 2i+1) with cos[2i] and sin[2i+1] of the token's fp32 [1, S, 1, head_dim] tables. fused: q and k are the first
 // two chunks of a [B, S, 3N] buffer (row stride 3N). Widths: 1536 (Wan 1.3B: three sweeps, 16-byte paired accesses;
-// DIFUSE_QK_WAN_OCCUPANCY=1 takes its 12-block kernel), 1024 (two sweeps; the knob's 16-block kernel) and 12 (N % 8
-// != 0: 8-byte accesses, the strided map). Before the thirty-fifth session no smoke case reached this kernel.
+// the 12-block kernel, DIFUSE_QK_WAN_OCCUPANCY=0 the 10-block one), 1024 (two sweeps; the 16-block kernel, the knob
+// off the 10-block one) and 12 (N % 8 != 0: 8-byte accesses, the strided map). Before the thirty-fifth session no smoke case reached this kernel.
 int run_wan_prologue(int64_t B, int64_t S, int64_t H, int64_t D, bool fused) {
   const int64_t N = H * D, row = fused ? 3 * N : N;
   const double eps = 1e-6;

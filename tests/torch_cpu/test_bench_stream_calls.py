@@ -107,3 +107,16 @@ def test_sm_partition_refusals_raise_with_the_library_message():
     assert lib.set_to == []  # nothing was made, so no launch count was set
     with pytest.raises(RuntimeError, match="difuse_probe_set_launch_sm_count"):
         _partition(FakePartitionLib(set_status=OK + 2), 93)
+
+
+def test_partition_sms_from_the_flag_or_the_environment():
+    args = mock.Mock(sms=None)
+    assert bench.partition_sms(args, {}) == 0
+    assert bench.partition_sms(args, {"DIFUSE_BENCH_SMS": " "}) == 0
+    assert bench.partition_sms(args, {"DIFUSE_BENCH_SMS": "80"}) == 80
+    assert bench.partition_sms(mock.Mock(sms=94), {"DIFUSE_BENCH_SMS": "80"}) == 94  # the flag wins
+    for bad in ("0", "-3", "eighty"):
+        with pytest.raises(ValueError, match="DIFUSE_BENCH_SMS"):
+            bench.partition_sms(args, {"DIFUSE_BENCH_SMS": bad})
+    assert bench.knob_prefix({"DIFUSE_BENCH_SMS": "80", "DIFUSE_QK_WAN_OCCUPANCY": "0"}) == \
+        "DIFUSE_QK_WAN_OCCUPANCY=0 DIFUSE_BENCH_SMS=80 "
