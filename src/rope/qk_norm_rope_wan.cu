@@ -47,6 +47,10 @@
 // cases with test_occupancy_variant among them (bench/results/h100/tests-05542dc.json, and at f7695c6); the smoke
 // test's Wan cases clean under memcheck and racecheck in every sanitizer part, the occupancy kernels' in part 3
 // (sanitizer-05542dc-part3.log). Not yet re-run on the H200 since the refactor.
+// H100 at 451dfc5 (the 12/16-block kernels the default): test_qk_norm_rope_wan.py with
+// test_occupancy_kernels_and_the_knob_off for both settings, 257 passed, 0 failed
+// (bench/results/h100/sm-partition/451dfc5/gpu-tests-wan-sm-partition.json; test_patch_wan.py too in the records
+// whose git_sha is spliced, see that folder's README).
 #include "rope/qk_norm_rope_wan.h"
 
 #include <cuda_runtime.h>
@@ -220,9 +224,9 @@ __global__ void __launch_bounds__(kThreads) qk_norm_rope_wan_kernel(const Params
 //   - the whole GPU: 149.3 vs 149.5 us for the 10-block kernel (05542dc, knob-sweeps/05542dc/), both at the
 //     streaming probe's speed there;
 //   - on SM partitions (`bench ops --sms N`, probe/sm_partition.h: each SM carries more of the bandwidth, as an H200
-//     SM does; c0ad790 and f84317e, bench/results/h100/sm-partition/): 94 SMs 151.4 vs 154.2 us, 86 SMs 154.5 / 154.6
-//     vs 159.1 / 159.2, 80 SMs 159.8 / 159.8 vs 171.3 / 171.5, 66 SMs 185.3 vs 194.8. At 80 SMs the 10-block kernel
-//     runs at 1.17 x the probe, its H200 ratio (1.19); this one at 1.09.
+//     SM does; bench/results/h100/sm-partition/): 94 SMs 151.4 vs 154.2 us, 66 SMs 185.3 vs 194.8 (c0ad790); 80 SMs
+//     159.8 / 159.8 vs 171.3 / 171.5 (f84317e) and 159.4 vs 171.1 as the default (451dfc5). At 80 SMs the 10-block
+//     kernel runs at 1.17 x the probe, its H200 ratio (1.19); this one at 1.09.
 // Predicted on the H200: 124.8 x 159.8 / 171.4 = ~116 us (bound 122.8). The H200's own sweep is owed; exact on the
 // H100 (test_occupancy_kernels_and_the_knob_off), memcheck and racecheck clean there (sanitizer part 3, 05542dc).
 template <int SW, int MINB>
