@@ -82,6 +82,22 @@ class JudgeTest(unittest.TestCase):
 
 
 class MainTest(unittest.TestCase):
+    def test_a_partition_record_is_not_judged_as_the_whole_h200(self):
+        """bench ops --sms: even on an H200 the absolute (named) bounds are not applied, the floor-relative ones are,
+        and the table says the records are a proxy."""
+        part = dict(gpu="NVIDIA H200", sms=94, sm_total=132)
+        j = targets.judge(rec("gelu_tanh", (1, 4608, 12288), "contiguous", 60.0, 53.4, **part))
+        self.assertEqual((j["bound_us"], j["met"]), (67.0, None))
+        j = targets.judge(rec("qk_norm_rope_flux", (1, 4608, 24, 128), "double", 63.9, 54.0, **part))
+        self.assertEqual((j["bound_us"], j["met"]), (64.8, True))  # 1.2 x its floor, no 50 us cap
+        text, met, judged = targets.table([rec("qk_norm_rope_flux", (1, 4608, 24, 128), "double", 63.9, 54.0,
+                                               **part)])
+        self.assertEqual((met, judged), (1, 1))
+        self.assertIn("NVIDIA H200 (94 of its 132 SMs)", text)
+        self.assertIn("an H200 proxy", text)
+        self.assertTrue(targets.on_target_gpu(rec("gelu_tanh", (1, 4608, 12288), "contiguous", 60.0, 53.4,
+                                                  gpu="NVIDIA H200")))
+
     def test_table_and_exit_status(self):
         records = [rec("rms_norm", (1, 4608, 24, 128), "weight", 19.1, 13.4, copy_us=15.0),
                    rec("gelu_tanh", (1, 4608, 12288), "contiguous", 66.8, 53.5),
