@@ -18,6 +18,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 
@@ -103,6 +104,11 @@ def cmd_check(args) -> int:
 
 
 def cmd_bench(args) -> int:
+    if args.what != "ops" and (getattr(args, "sms", None) or os.environ.get("DIFUSE_BENCH_SMS", "").strip()):
+        # an SM partition is a bench-ops measurement (bench.sm_partition); a model's loop would ignore it in silence
+        print("difuse bench %s: --sms / DIFUSE_BENCH_SMS apply to `bench ops` only (the SM-partition proxy); unset "
+              "them to run a model" % args.what, file=sys.stderr)
+        return 2
     if args.what != "ops":  # a whole model's denoising loop, eager vs patched (difuse/e2e.py)
         from . import e2e
 

@@ -584,6 +584,17 @@ class CliTest(unittest.TestCase):
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("multiple of 16", r.stderr)
 
+    def test_an_sm_partition_is_for_bench_ops_only(self):
+        # a model's loop does not run on a partition: --sms or DIFUSE_BENCH_SMS with it is refused, not ignored
+        r = _cli("bench", "flux", "--sms", "94")
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("apply to `bench ops` only", r.stderr)
+        env = dict(os.environ, PYTHONPATH=str(ROOT / "python"), DIFUSE_BENCH_SMS="94")
+        r = subprocess.run([sys.executable, "-m", "difuse", "bench", "wan", "--quick"], env=env, capture_output=True,
+                           text=True, cwd=tempfile.gettempdir())
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("apply to `bench ops` only", r.stderr)
+
     def test_check_refuses_an_unknown_op_name(self):
         # before: `check --op NAME` with a name CHECKS lacks checked nothing, printed "all exact" and exited 0
         r = _cli("check", "--op", "layernorm_modulate", "--op", "rms_norm_modulat")
