@@ -17,7 +17,8 @@ namespace {
 
 using detail::Failure;
 
-constexpr unsigned kDriverAbi = CUDA_VERSION;  // the ABI of the cuda.h these calls are declared by (cuGreenCtxStreamCreate is 12.5's)
+// The ABI of the cuda.h these calls are declared by (cuGreenCtxStreamCreate is not in 12.4's).
+constexpr unsigned kDriverAbi = CUDA_VERSION;
 
 template <typename Fn>
 Fn driver_entry(const char* name) {
@@ -26,8 +27,8 @@ Fn driver_entry(const char* name) {
   DIFUSE_CUDA_CHECK(cudaGetDriverEntryPointByVersion(name, &fn, kDriverAbi, cudaEnableDefault, &found));
   if (found != cudaDriverEntryPointSuccess || fn == nullptr)
     throw Failure(DIFUSE_ERR_UNSUPPORTED, std::string("sm_partition: the CUDA driver has no ") + name +
-                                              " (green-context streams need a CUDA 12.5 driver or newer; asked for the ABI of CUDA " +
-                                              std::to_string(kDriverAbi) + ")");
+                                              " (green-context streams need a CUDA 12.5 driver or newer; asked for "
+                                              "the ABI of CUDA " + std::to_string(kDriverAbi) + ")");
   return reinterpret_cast<Fn>(fn);
 }
 
