@@ -5,7 +5,9 @@ Each knob variant of a sweep (device-check.sh --stage sweep: SWEEPS_DIR/<op>-<kn
 kernels of a bench run (OPS.json, `bench ops`), shape by shape: the variant's time over the default's, and a
 verdict per variant: "faster everywhere" when it beats the default by more than --margin percent (default 3, about
 the run-to-run noise of these benches) at every shape both records have, "slower everywhere", or "mixed". Both
-records should come from the same machine and session; a mismatching element in either is reported, since a
+records should come from the same machine and session, and on as many SMs (records of `bench ops --sms N` /
+DIFUSE_BENCH_SMS pair only with defaults of the same partition: pass a sweep file of the partition's defaults, e.g.
+sweeps/<op>-DIFUSE_BENCH_SMS_94.json, as OPS.json); a mismatching element in either is reported, since a
 variant that is not exact is no candidate. The decision (a default flips only on a measured win, and its tests
 then run again) stays with the reader."""
 import argparse
@@ -15,7 +17,9 @@ from pathlib import Path
 
 
 def _key(r):
-    return r["op"], tuple(r["shape"]), r["variant"]
+    # the SM partition (bench ops --sms; None on the whole GPU) too: a variant is compared with defaults run on as
+    # many SMs, never a partition's time with the whole GPU's
+    return r["op"], tuple(r["shape"]), r["variant"], r.get("sms")
 
 
 def compare(defaults: list, variant_records: dict, margin: float) -> list:
@@ -33,7 +37,7 @@ def compare(defaults: list, variant_records: dict, margin: float) -> list:
             rows.append(("x".join(map(str, r["shape"])), r["variant"], d["difuse_us"], r["difuse_us"],
                          r["difuse_us"] / d["difuse_us"]))
         if not rows:
-            verdict = "no shape in common with the defaults"
+            verdict = "no shape in common with the defaults (on as many SMs)"
         elif all(x[4] < 1 - margin / 100 for x in rows):
             verdict = "faster everywhere"
         elif all(x[4] > 1 + margin / 100 for x in rows):

@@ -36,9 +36,22 @@ class SweepCompareTest(unittest.TestCase):
         self.assertEqual(got["op-SLOW"], ("slower everywhere", 2, 0))
         self.assertEqual(got["op-NOISE"][0], "mixed")
         self.assertEqual(got["op-MIXED"][0], "mixed")
-        self.assertEqual(got["x-NONE"][0], "no shape in common with the defaults")
+        self.assertEqual(got["x-NONE"][0], "no shape in common with the defaults (on as many SMs)")
         self.assertEqual(sweep_compare.compare(DEFAULTS, {"op-NOISE": variants["op-NOISE"]}, 1.0)[0][1],
                          "faster everywhere")
+
+    def test_a_partition_pairs_only_with_defaults_on_as_many_sms(self):
+        """bench ops --sms: a variant run on 94 SMs is not compared with the whole GPU's defaults (it would look
+        slower for the partition, not the variant), only with the partition's own."""
+        part = [dict(rec((1, 8), 10.5), sms=94), dict(rec((2, 8), 21.0), sms=94)]
+        variants = {"op-PART": [dict(rec((1, 8), 9.5), sms=94), dict(rec((2, 8), 19.0), sms=94)]}
+        (name, verdict, rows, _), = sweep_compare.compare(DEFAULTS, variants, 3.0)
+        self.assertEqual((verdict, rows), ("no shape in common with the defaults (on as many SMs)", []))
+        (name, verdict, rows, _), = sweep_compare.compare(DEFAULTS + part, variants, 3.0)
+        self.assertEqual((verdict, [r[2] for r in rows]), ("faster everywhere", [10.5, 21.0]))
+        other = {"op-80": [dict(rec((1, 8), 9.5), sms=80)]}
+        self.assertEqual(sweep_compare.compare(part, other, 3.0)[0][1],
+                         "no shape in common with the defaults (on as many SMs)")
 
     def test_mismatches_are_reported(self):
         with tempfile.TemporaryDirectory() as tmp:
