@@ -1,13 +1,14 @@
 #!/usr/bin/env python3
-"""scripts/sweep-compare.py OPS.json SWEEPS_DIR [--margin PCT]
+"""scripts/sweep-compare.py OPS.json[,OPS2.json ...] SWEEPS_DIR [--margin PCT]
 
 Each knob variant of a sweep (device-check.sh --stage sweep: SWEEPS_DIR/<op>-<knobs>.json) against the default
 kernels of a bench run (OPS.json, `bench ops`), shape by shape: the variant's time over the default's, and a
 verdict per variant: "faster everywhere" when it beats the default by more than --margin percent (default 3, about
 the run-to-run noise of these benches) at every shape both records have, "slower everywhere", or "mixed". Both
 records should come from the same machine and session, and on as many SMs (records of `bench ops --sms N` /
-DIFUSE_BENCH_SMS pair only with defaults of the same partition: pass a sweep file of the partition's defaults, e.g.
-sweeps/<op>-DIFUSE_BENCH_SMS_94.json, as OPS.json); a mismatching element in either is reported, since a
+DIFUSE_BENCH_SMS pair only with defaults of the same partition: pass the sweep files of the partition's defaults,
+e.g. sweeps/<op>-DIFUSE_BENCH_SMS_94.json, as OPS.json, comma-separated; a sweep file named there is a default, not a
+variant); a mismatching element in either is reported, since a
 variant that is not exact is no candidate. The decision (a default flips only on a measured win, and its tests
 then run again) stays with the reader."""
 import argparse
@@ -54,8 +55,11 @@ def main(argv=None) -> int:
     ap.add_argument("sweeps")
     ap.add_argument("--margin", type=float, default=3.0)
     a = ap.parse_args(argv)
-    defaults = json.loads(Path(a.ops).read_text())
-    variants = {p.stem: json.loads(p.read_text()) for p in sorted(Path(a.sweeps).glob("*.json"))}
+    files = [Path(f) for f in a.ops.split(",") if f]
+    defaults = [r for f in files for r in json.loads(f.read_text())]
+    named = {f.resolve() for f in files}
+    variants = {p.stem: json.loads(p.read_text()) for p in sorted(Path(a.sweeps).glob("*.json"))
+                if p.resolve() not in named}
     if not variants:
         print("no sweep records in %s" % a.sweeps, file=sys.stderr)
         return 1

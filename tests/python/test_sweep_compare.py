@@ -64,6 +64,15 @@ class SweepCompareTest(unittest.TestCase):
             self.assertEqual(p.returncode, 0, p.stderr)
             self.assertIn("op-BAD: faster everywhere (3 MISMATCHING ELEMENTS)", p.stdout)
             self.assertIn("-50.0 %", p.stdout)
+            # the partition's defaults as sweep files, comma-separated: they are defaults, not variants
+            (sweeps / "op-DIFUSE_BENCH_SMS_94.json").write_text(json.dumps([dict(rec((1, 8), 8.0), sms=94)]))
+            (sweeps / "op-DIFUSE_BENCH_SMS_94-K_1.json").write_text(json.dumps([dict(rec((1, 8), 6.0), sms=94)]))
+            p = subprocess.run([sys.executable, str(SCRIPT), "%s,%s" % (ops, sweeps / "op-DIFUSE_BENCH_SMS_94.json"),
+                                str(sweeps)], capture_output=True, text=True)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertIn("op-DIFUSE_BENCH_SMS_94-K_1: faster everywhere", p.stdout)
+            self.assertIn("default      8.0 us  variant      6.0 us  -25.0 %", p.stdout)
+            self.assertNotIn("op-DIFUSE_BENCH_SMS_94:", p.stdout)
             empty = Path(tmp) / "none"
             empty.mkdir()
             self.assertEqual(subprocess.run([sys.executable, str(SCRIPT), str(ops), str(empty)],
