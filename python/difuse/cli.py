@@ -18,7 +18,6 @@
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 
@@ -104,7 +103,14 @@ def cmd_check(args) -> int:
 
 
 def cmd_bench(args) -> int:
-    if args.what != "ops" and (getattr(args, "sms", None) or os.environ.get("DIFUSE_BENCH_SMS", "").strip()):
+    from .bench import partition_sms
+
+    try:
+        sms = partition_sms(args)
+    except ValueError as e:
+        print("difuse bench: %s" % e, file=sys.stderr)
+        return 2
+    if args.what != "ops" and sms:
         # an SM partition is a bench-ops measurement (bench.sm_partition); a model's loop would ignore it in silence
         print("difuse bench %s: --sms / DIFUSE_BENCH_SMS apply to `bench ops` only (the SM-partition proxy); unset "
               "them to run a model" % args.what, file=sys.stderr)

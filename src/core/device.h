@@ -48,12 +48,9 @@ inline std::atomic<int>& launch_sm_override(int device) {
   return counts[device_slot(device)];
 }
 
-// The SM count of `device`, read with one checked runtime call the first time each device asks (launchers that size
-// a grid to the GPU call this on every launch), or the benchmarks' override above. Devices 0..63; racing first calls
-// read the same value.
-inline int sm_count(int device) {
-  const int partition = launch_sm_override(device).load(std::memory_order_acquire);
-  if (partition > 0) return partition;
+// The SM count of the device itself, read with one checked runtime call the first time each device asks. Devices
+// 0..63; racing first calls read the same value.
+inline int device_sm_count(int device) {
   static std::atomic<int> cached[kMaxDevices];  // 0: not read yet
   const int d = device_slot(device);
   int sms = cached[d].load(std::memory_order_acquire);
@@ -62,6 +59,13 @@ inline int sm_count(int device) {
     cached[d].store(sms, std::memory_order_release);
   }
   return sms;
+}
+
+// The SM count launchers that size a grid to the GPU use (they call this on every launch): the benchmarks' override
+// above where set, else the device's own.
+inline int sm_count(int device) {
+  const int partition = launch_sm_override(device).load(std::memory_order_acquire);
+  return partition > 0 ? partition : device_sm_count(device);
 }
 
 }  // namespace difuse::detail

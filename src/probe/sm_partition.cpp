@@ -41,24 +41,20 @@ void check(CUresult r, const char* call) {
                                      std::to_string(static_cast<int>(r)) + ")");
 }
 
-void check_count(int device, int sms, int least) {
-  const int have = [&] {
-    int n = 0;
-    DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&n, cudaDevAttrMultiProcessorCount, device));
-    return n;
-  }();
-  if (sms < least || sms > have)
+// sms in [1, the device's own SM count] (not the launch override's: a partition is a part of the device).
+void check_count(int device, int sms) {
+  const int have = detail::device_sm_count(device);
+  if (sms < 1 || sms > have)
     throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "sm_partition: " + std::to_string(sms) + " SMs asked for; device " +
                                                    std::to_string(device) + " has " + std::to_string(have) +
-                                                   " (allowed: " + std::to_string(least) + ".." +
-                                                   std::to_string(have) + ")");
+                                                   " (allowed: 1.." + std::to_string(have) + ")");
 }
 
 }  // namespace
 
 SmPartitionStream create_sm_partition_stream(int device, int sms) {
   detail::device_slot(device);
-  check_count(device, sms, 1);
+  check_count(device, sms);
   static const auto device_get = driver_entry<decltype(&cuDeviceGet)>("cuDeviceGet");
   static const auto get_resource = driver_entry<decltype(&cuDeviceGetDevResource)>("cuDeviceGetDevResource");
   static const auto split = driver_entry<decltype(&cuDevSmResourceSplitByCount)>("cuDevSmResourceSplitByCount");
@@ -98,7 +94,7 @@ void set_launch_sm_count(int device, int sms) {
   if (sms < 0)
     throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "set_launch_sm_count: a negative SM count (" + std::to_string(sms) +
                                                    "); 0 restores the device's own");
-  if (sms != 0) check_count(device, sms, 1);
+  if (sms != 0) check_count(device, sms);
   detail::launch_sm_override(device).store(sms, std::memory_order_release);
 }
 

@@ -594,6 +594,13 @@ class CliTest(unittest.TestCase):
                            text=True, cwd=tempfile.gettempdir())
         self.assertEqual(r.returncode, 2, r.stderr)
         self.assertIn("apply to `bench ops` only", r.stderr)
+        # a value that is no SM count is refused for any bench, before anything runs
+        env["DIFUSE_BENCH_SMS"] = "eighty"
+        r = subprocess.run([sys.executable, "-m", "difuse", "bench", "wan", "--quick"], env=env, capture_output=True,
+                           text=True, cwd=tempfile.gettempdir())
+        self.assertEqual(r.returncode, 2, r.stderr)
+        self.assertIn("DIFUSE_BENCH_SMS='eighty': want a positive number of SMs", r.stderr)
+        self.assertNotIn("Traceback", r.stderr)
 
     def test_check_refuses_an_unknown_op_name(self):
         # before: `check --op NAME` with a name CHECKS lacks checked nothing, printed "all exact" and exited 0
