@@ -57,6 +57,26 @@ struct RowStats {
   float rstd;
 };
 
+// aten's intra-warp tree with equal-count combines. Thread t pushes ceil((V - t) / 128) vectors: `sweeps` =
+// ceil(V / 128) for t < r = V % 128 (all threads where r == 0), one fewer for the others. Where r is a multiple of 32
+// (V % 32 == 0) that boundary falls between warps, so inside each aten warp every thread holds the same count and every
+// combine of its tree has equal sides: aten warps w < long_warps hold 4 x sweeps at the leaves, the others
+// 4 x (sweeps - 1). V >= 128: no thread holds nothing (equal_combine_weights(0) is NaN where the general combine of two
+// empty states is 0). The cross-warp combines (finalize_roots) stay general: their sides differ where r != 0.
+struct WarpEqualCounts {
+  int sweeps;      // vectors of the threads of warps below long_warps
+  int long_warps;  // 4 where V % 128 == 0 (every combine of the tree equal)
+};
+DIFUSE_HD constexpr bool warp_equal_counts(int v) { return v >= kAtenThreads && v % kAtenWarp == 0; }
+DIFUSE_HD constexpr WarpEqualCounts warp_equal_counts_of(int v) {
+  return WarpEqualCounts{(v + kAtenThreads - 1) / kAtenThreads,
+                         v % kAtenThreads == 0 ? kAtenThreads / kAtenWarp : (v % kAtenThreads) / kAtenWarp};
+}
+// The leaf count (4 x its vectors) of aten warp w's threads.
+DIFUSE_HD constexpr int warp_leaf_count(WarpEqualCounts c, int w) {
+  return kVecElems * (w < c.long_warps ? c.sweeps : c.sweeps - 1);
+}
+
 // Warp roots w0..w3 (aten threads 0, 32, 64, 96 after their warp trees) -> mean, rstd.
 // var = div(sigma2, (float)N) (an IEEE division by N, not by the count); rstd = rsqrtf(RN(var + eps)).
 DIFUSE_HD RowStats finalize_roots(const num::VecWelford* roots, int n, float eps) {
