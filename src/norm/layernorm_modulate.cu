@@ -759,6 +759,7 @@ struct StreamTree {
   num::EqualCombineWeights level[5];  // offsets 16, 8, 4, 2, 1
   num::EqualCombineWeights short_level[5];  // kTreeWarpEqual: the warps from long_warps on
   int long_warps;
+  RootCombines roots;  // finalize_roots' equal-sided combines (none under kTreeGeneral)
   int read_fence;  // layernorm_streamed_rows' proxy fence before each release (stream_read_fence_knob; GRLN: always)
   int producer_lanes;  // stream_produce's lanes (DIFUSE_STREAM_PRODUCER_LANES through stream_producer_lanes; 1 default)
   int full_barriers;   // `full` mbarriers per slot (stream_full_barriers_for: 2; 1 under its knob where owned)
@@ -873,7 +874,12 @@ __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int
     if (t % kAtenWarp == 0) roots[t / kAtenWarp] = st[j];
   }
   if constexpr (G == 64) group_sync(bar_id); else __syncwarp();
-  if (i == 0) stats = finalize_roots(roots, h, eps);
+  if (i == 0) {
+    if constexpr (G == 32)  // one-warp groups: the equal-sided cross-warp combines without a reciprocal
+      stats = finalize_roots(roots, h, eps, tree.roots);
+    else  // two-warp groups: the general form (with tree.roots, layernorm_streamed_rows<true, true, true, 64> spilled)
+      stats = finalize_roots(roots, h, eps);
+  }
   if constexpr (G == 64) group_sync(bar_id); else __syncwarp();
   return stats;
 }
@@ -1286,6 +1292,13 @@ inline bool warp_equal_tree_knob() {
   return v != 0;
 }
 
+// DIFUSE_LNMOD_EQUAL_ROOTS (read once; for measurement): 1 or unset, the one-warp streamed rows' finalize runs its
+// equal-sided cross-warp combines without a reciprocal (tree.roots, thirty-eighth session); 0, every one general.
+inline bool equal_root_combines_knob() {
+  static const int v = detail::env_knob_or("DIFUSE_LNMOD_EQUAL_ROOTS", 1);
+  return v != 0;
+}
+
 // Launches a streamed kernel (grln_streamed_rows or layernorm_streamed_rows) with the most slots of slot_bytes that fit
 // beside mod_bytes of staged modulation rows (at most max_slots) and DIFUSE_LNMOD_STREAMED's groups (at most
 // max_groups, its launch bound, and the slots), where the ring holds at least two rows; false (nothing launched)
@@ -1314,6 +1327,8 @@ bool launch_stream(Kernel kernel, StreamLaunchOnce& once, int max_slots, int max
   const int sweeps = (p.v + kAtenThreads - 1) / kAtenThreads;
   const WarpEqualCounts counts = warp_equal_counts_of(p.v);
   tree.long_warps = counts.long_warps;
+  if (tree.uniform != kTreeGeneral && equal_root_combines_knob())
+    tree.roots = root_combines(counts);  // else every cross-warp combine general (eq* = 0)
   for (int lv = 0; lv < 5; ++lv) {
     tree.level[lv] = num::equal_combine_weights(static_cast<float>((4 * sweeps) << lv));
     if (tree.uniform == kTreeWarpEqual)  // sweeps >= 2 there (V >= 128 and V % 128 != 0)

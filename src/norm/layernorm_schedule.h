@@ -87,6 +87,39 @@ DIFUSE_HD RowStats finalize_roots(const num::VecWelford* roots, int n, float eps
   return RowStats{r.mean, num::rsqrt_cuda(num::add_rn(var, eps))};
 }
 
+// The cross-warp combines (0, 2), (1, 3), then (02, 13) where the warps' counts are known (warp_equal_counts): which
+// of them have equal sides, and their weights. Every width that is a multiple of 512 has all three equal.
+struct RootCombines {
+  int eq02, eq13, eq;  // 1: that combine's sides hold equal counts
+  num::EqualCombineWeights w02, w13, w;
+};
+DIFUSE_HD RootCombines root_combines(WarpEqualCounts c) {
+  const float n0 = static_cast<float>(warp_leaf_count(c, 0) * kAtenWarp), n1 = static_cast<float>(warp_leaf_count(c, 1) * kAtenWarp),
+              n2 = static_cast<float>(warp_leaf_count(c, 2) * kAtenWarp), n3 = static_cast<float>(warp_leaf_count(c, 3) * kAtenWarp);
+  RootCombines r{};
+  r.eq02 = n0 == n2;
+  r.eq13 = n1 == n3;
+  r.eq = n0 + n2 == n1 + n3;
+  r.w02 = num::equal_combine_weights(n0);
+  r.w13 = num::equal_combine_weights(n1);
+  r.w = num::equal_combine_weights(n0 + n2);
+  return r;
+}
+// finalize_roots with the equal-sided combines (rc) as num::vec_welford_combine_equal (no reciprocal on the row's
+// serial path): the same operations on the same values, so the same bits (tests/cpu: the schedules' emulation).
+DIFUSE_HD num::VecWelford combine_roots(int equal, num::VecWelford a, num::VecWelford b, num::EqualCombineWeights w) {
+  if (!equal) return num::vec_welford_combine(a, b);
+  b.count = w.count;
+  return num::vec_welford_combine_equal(a, b, w);
+}
+DIFUSE_HD RowStats finalize_roots(const num::VecWelford* roots, int n, float eps, const RootCombines& rc) {
+  const num::VecWelford r02 = combine_roots(rc.eq02, roots[0], roots[2], rc.w02);
+  const num::VecWelford r13 = combine_roots(rc.eq13, roots[1], roots[3], rc.w13);
+  const num::VecWelford r = combine_roots(rc.eq, r02, r13, rc.w);
+  const float var = num::div_rn(r.sigma2, static_cast<float>(n));
+  return RowStats{r.mean, num::rsqrt_cuda(num::add_rn(var, eps))};
+}
+
 // One output element of  F.layer_norm(x) * (1 + scale) + shift  in bf16, with a rounding after every
 // eager op:  n = bf16(RN(rstd * RN(x - mean)));  a = bf16(RN(scale + 1));  u = bf16(RN(n * a));
 //            out = bf16(RN(u + shift)).  Inputs are the fp32 widenings of the bf16 operands.

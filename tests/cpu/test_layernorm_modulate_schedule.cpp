@@ -84,7 +84,7 @@ std::vector<uint16_t> emulate(const Row& r, float eps) {
       if (t % kAtenWarp == 0) roots[t / kAtenWarp] = st[i][j], ++written;
     }
   EXPECT_EQ(written, 4);
-  const RowStats rs = finalize_roots(roots, H, eps);
+  const RowStats rs = WARP_EQUAL ? finalize_roots(roots, H, eps, root_combines(counts)) : finalize_roots(roots, H, eps);
   std::vector<uint16_t> out(H);
   for (int c = 0; c < H; ++c)
     out[c] = num::float_to_bf16_rne(layernorm_modulate_value(xf(c), rs, num::bf16_to_float(r.scale[c]),

@@ -402,6 +402,28 @@ def test_general_tree_where_warps_push_equal_counts():
     assert_exact_under(script, DIFUSE_LNMOD_WARP_TREE="0", DIFUSE_LNMOD_STREAMED="1", DIFUSE_LNMOD_STREAMED_BLOCKS="2")
 
 
+def test_general_root_combines_variant():
+    """DIFUSE_LNMOD_EQUAL_ROOTS=0 (read once per process): the one-warp streamed rows' finalize with every cross-warp
+    combine general (the default runs the equal-sided ones without a reciprocal): widths whose warps all push equal
+    counts (1536, 3072, 4096) and whose warps differ (2432, 1152, 640), [B, H] chunks 8- and 2-byte aligned, per-token
+    rows, adversarial values: the same bits as eager."""
+    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "for i, (B, L, H) in enumerate([(1, 8192, 1536), (1, 4096, 3072), (1, 4096, 4096), (2, 4096, 2432),\n"
+        "                               (1, 4096, 1152), (2, 4096, 640)]):\n"
+        "    g = torch.Generator(device='cuda').manual_seed(3950 + i)\n"
+        "    def rnd(*s):\n"
+        "        return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "    x = place(rnd(B, L, H), 0)\n"
+        "    emb = (rnd(B, 6 * H + 1) * 0.5)[:, 1:].chunk(6, dim=1)  # 2-byte aligned chunks\n"
+        "    emb8 = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
+        "    for sc, sh in ((emb8[1], emb8[0]), (emb[1], emb[0]), (rnd(B, L, H), rnd(B, L, H))):\n"
+        "        bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n")
+    assert_exact_under(script, DIFUSE_LNMOD_EQUAL_ROOTS="0")
+
+
 def _streamed_ran(x, scale, shift):
     """The group width (32 or 64 threads) of the streamed kernel layernorm_modulate(x, scale, shift) ran, 0 if none
     (the profiler's kernel names); asserts its output bit for bit against eager."""
