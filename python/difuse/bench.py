@@ -25,10 +25,12 @@ LN_SHAPES = [  # (B, L, H), chunks: FLUX.1, SD3, Sana and Wan sites, plus the an
     ((1, 4096, 4096), 6), ((2, 4096, 3072), 6), ((2, 4096, 1536), 6), ((2, 333, 1536), 6),
     ((2, 1024, 2240), 6), ((1, 32760, 5120), 6), ((1, 32760, 1536), 6),
     ((1, 8192, 3072), 0),  # chunks 0: per-token [B, L, H] scale / shift (Qwen-Image-Edit's zero_cond_t, 1024^2 + 1024^2)
+    ((2, 4096, 2432), 6), ((2, 333, 2432), 6),  # SD3.5-large's norm1 and norm1_context at 1024^2 (CFG batch 2)
 ]
 GR_SHAPES = [  # chunks 0: per-token gate [B, L, H]; ERNIE-Image's MLP residual: its [S, B, H] gate rows at 1024^2, CFG
     ((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((1, 4608, 3072), 3), ((2, 300, 3072), 6),
     ((2, 4096, 1536), 6), ((1, 32760, 5120), 6), ((1, 4096, 3072), 0), ((4352, 2, 4096), 0),
+    ((2, 4096, 2432), 6),  # SD3.5-large's attention and FF residuals (CFG batch 2)
 ]
 RMS_SHAPES = [  # (shape, chunks): chunks 1 = weight, 0 = no weight; ERNIE-Image's q / k heads at 1024^2, CFG
     ((1, 4608, 24, 128), 1), ((1, 4608, 24, 128), 0), ((1, 4096, 24, 128), 1), ((1, 32760, 5120), 1),
@@ -296,7 +298,7 @@ def op_specs(torch):
             variant=lambda c: "per_token_gate" if c == 0 else "chunk%d" % c, peer="gated_residual"),
         "gated_residual_layernorm_modulate": dict(
             shapes=[((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((2, 4096, 1536), 6), ((2, 300, 3072), 6),
-                    ((2, 4096, 2432), 6)],  # SD3.5-large's pre-FF site (CFG batch 2)
+                    ((2, 4096, 2432), 6), ((2, 333, 2432), 6)],  # SD3.5-large's pre-FF sites (CFG batch 2)
             bytes=lambda s, c: 4 * s[0] * s[1] * s[2] * 2 + 3 * s[0] * s[2] * 2, make=_grln_case,
             eager=ops.gated_residual_layernorm_modulate_eager, fused=torch.ops.difuse.gated_residual_layernorm_modulate,
             variant=lambda c: "chunk%d" % c, peer="gated_residual_layernorm_modulate"),
