@@ -615,6 +615,11 @@ def main(args) -> int:
     from .cli import unknown_ops
 
     bad = unknown_ops(args.op, specs, BENCH_ALIASES)  # before anything is timed
+    if not bad:
+        from .cli import unknown_shapes
+
+        bad = unknown_shapes(getattr(args, "shape", None),
+                             {n: [s for s, _ in spec["shapes"]] for n, spec in specs.items() if not args.op or n in args.op})
     if bad:
         print("difuse bench: " + bad, file=sys.stderr)
         return 2

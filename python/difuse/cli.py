@@ -54,6 +54,19 @@ def unknown_ops(requested, known, aliases=None) -> str:
     return "unknown --op %s; the names are: %s" % (", ".join(hints), " ".join(sorted(known)))
 
 
+def unknown_shapes(requested, op_shapes) -> str:
+    """'' when every --shape ("4096x1x3072") is a shape of at least one of the selected ops (op_shapes: op -> its
+    shapes as tuples), else one error line naming the ones that match none and each op's shapes: a shape outside the
+    lists must not time nothing and exit 0."""
+    have = {"x".join(map(str, s)) for shapes in op_shapes.values() for s in shapes}
+    bad = [s for s in (requested or []) if s not in have]
+    if not bad:
+        return ""
+    lists = "; ".join("%s: %s" % (op, " ".join(dict.fromkeys("x".join(map(str, s)) for s in shapes)))
+                      for op, shapes in sorted(op_shapes.items()))
+    return "--shape %s is no shape of the ops asked for; their shapes: %s" % (", ".join(bad), lists)
+
+
 def cmd_kernels(_args) -> int:
     from . import kernels
 

@@ -618,6 +618,20 @@ class CliTest(unittest.TestCase):
         msg = unknown_ops(["a", "qk_norm_rope"], {"a", "qk_norm_rope_flux"}, BENCH_ALIASES)
         self.assertIn("unknown --op qk_norm_rope (here: qk_norm_rope_flux);", msg)
 
+    def test_a_shape_outside_the_ops_lists_is_refused(self):
+        # thirty-eighth session: `bench ops --op layernorm_modulate --shape 2x4096x2432` (then not in LN_SHAPES) wrote
+        # no record and exited 0
+        from difuse.bench import GR_SHAPES, LN_SHAPES
+        from difuse.cli import unknown_shapes
+
+        ops = {"layernorm_modulate": [s for s, _ in LN_SHAPES], "gated_residual": [s for s, _ in GR_SHAPES]}
+        self.assertEqual(unknown_shapes(None, ops), "")
+        self.assertEqual(unknown_shapes(["2x4096x2432", "4352x2x4096"], ops), "")  # each a shape of one of the ops
+        msg = unknown_shapes(["2x4096x2432", "1x4096x1152", "2x7"], {"layernorm_modulate": ops["layernorm_modulate"]})
+        self.assertIn("--shape 1x4096x1152, 2x7 is no shape of the ops asked for", msg)
+        self.assertIn("layernorm_modulate: 1x4096x3072 1x512x3072", msg)
+        self.assertNotIn("2x4096x2432,", msg)
+
     def test_check_covers_every_registered_op(self):
         import difuse
         from difuse.ops import CHECKS
