@@ -2,7 +2,9 @@
 # scripts/rev-bench.sh prepare REV[:PATCH[,PATCH...]]...   (here, with git: each REV's tracked tree, less bench/ and
 #   docs/, into .revs/<short sha>/; with patch files applied in turn (patch -p1), into .revs/<short sha>-<name>-.../,
 #   its records' git_sha then "<sha>+<name>+...": experiments timed beside the commits without landing them)
-# scripts/rev-bench.sh run OP... [--rounds N] [--ncu OP:SHAPE]...   (on the H200, with .revs carried: carry [".revs"])
+# scripts/rev-bench.sh run OP[@SHAPE[+SHAPE...]]... [--rounds N] [--ncu OP:SHAPE]...   (on the H200, with .revs
+#   carried: carry [".revs"]; OP@2x4096x1536+1x32760x1536 times only those shapes, `bench ops --shape` each, which
+#   revisions before daf7982 lack)
 #
 # Times ops at several git revisions on one machine, to find which commit changed a kernel's speed (the device's
 # copy of the working tree has no git history, so the trees travel as files). `run` builds the library and the
@@ -58,7 +60,7 @@ case "${1:-}" in
         *) ops+=("$1"); shift ;;
       esac
     done
-    [ ${#ops[@]} -gt 0 ] || [ ${#ncus[@]} -gt 0 ] || { echo "usage: $0 run OP... [--rounds N] [--ncu OP:SHAPE]..." >&2; exit 2; }
+    [ ${#ops[@]} -gt 0 ] || [ ${#ncus[@]} -gt 0 ] || { echo "usage: $0 run OP[@SHAPE[+SHAPE...]]... [--rounds N] [--ncu OP:SHAPE]..." >&2; exit 2; }
     : "${OUT:?OUT must name the results folder}"
     : "${DIFUSE_GIT_SHA:?DIFUSE_GIT_SHA must name the commit of the working tree}"
     mkdir -p "$OUT/revs"
@@ -97,7 +99,12 @@ case "${1:-}" in
       done
     done
     for r in $(seq 1 "$rounds"); do
-      for op in ${ops[@]+"${ops[@]}"}; do
+      for spec in ${ops[@]+"${ops[@]}"}; do
+        op=${spec%%@*}; shape_args=()
+        if [ "$spec" != "$op" ]; then
+          IFS='+' read -r -a shapes <<<"${spec#*@}"
+          for s in "${shapes[@]}"; do shape_args+=(--shape "$s"); done
+        fi
         for n in "${names[@]}"; do
           if [ $SECONDS -ge "$budget" ]; then
             echo "[rev-bench $((SECONDS - start))s] round $r: $op at $n skipped: past the call's budget (${budget} s)"
@@ -106,7 +113,7 @@ case "${1:-}" in
           echo "[rev-bench $((SECONDS - start))s] round $r: $op at $n (${sha[$n]})"
           log="$OUT/revs/$op-$n-$r.log"
           DIFUSE_GIT_SHA=${sha[$n]} PYTHONPATH="${src[$n]}/python" DIFUSE_LIB_DIR="/tmp/rev-build-$n" \
-            timeout -k 5 "$limit" python3 -m difuse bench ops --op "$op" --out "$OUT/revs/$op-$n-$r.json" >"$log" 2>&1
+            timeout -k 5 "$limit" python3 -m difuse bench ops --op "$op" ${shape_args[@]+"${shape_args[@]}"} --out "$OUT/revs/$op-$n-$r.json" >"$log" 2>&1
           rc=$?
           grep -E '^[0-9]+x|Error' "$log"
           if [ $rc = 124 ] || [ $rc = 137 ]; then

@@ -1,7 +1,8 @@
 """The streamed LayerNorms at widths whose aten warps push equal counts that differ between warps (2432, 1152, 4224)
 under compute-sanitizer: GRLN, layernorm_modulate and layernorm_modulate_fp32, few rows, each output bit for bit
-against eager (exit 1 on a mismatch). Written for bench/experiments/warp-equal-tree.patch (thirty-eighth session:
-clean with it, bench/results/h100/warp-tree-735f5c8/); the native smoke test has no such width. Run
+against eager (exit 1 on a mismatch). Written for the warp-equal tree (thirty-eighth session, as
+bench/experiments/warp-equal-tree.patch: clean, bench/results/h100/warp-tree-735f5c8/; the default since the
+thirty-ninth); the native smoke test has no such width. Run
 on the GPU machine from the repository root after `scripts/device-check.sh --stage build`, forcing the streamed kernel
 on 2 blocks so every slot is refilled:
     export DIFUSE_BUILD_DIR=$PWD/build-device DIFUSE_LIB_DIR=$PWD/build-device PYTHONPATH=$PWD/python \

@@ -748,13 +748,58 @@ constexpr int kStreamMaxModBatches = 2;
 // every thread: the host computes them once (num::equal_combine_weights) and the tree runs
 // num::vec_welford_combine_equal without the reciprocal, the counts' arithmetic and the count's shuffle (the same
 // bits: tests/cpu/test_numerics.cpp, Welford.EqualCountCombineIsTheSameBits). `uniform` = 0: the general combine.
+// Since the thirty-ninth session (measured in the thirty-eighth) also where every aten warp's threads push the same number of vectors (V % 32 == 0,
+// V >= 128: layernorm_schedule.h's warp_equal_counts, e.g. SD3.5's 2432, Sana's 1152): each warp's tree runs the equal
+// combine with its own weights (`level` for warps below long_warps, `short_level` for the others, one vector fewer),
+// and only finalize_roots' cross-warp combines stay general. kTreeWarpEqual; DIFUSE_LNMOD_WARP_TREE=0 keeps the
+// general combine there (for measurement).
+constexpr int kTreeGeneral = 0, kTreeEqual = 1, kTreeWarpEqual = 2;
 struct StreamTree {
-  int uniform;
+  int uniform;  // kTreeGeneral, kTreeEqual (V % 128 == 0) or kTreeWarpEqual
   num::EqualCombineWeights level[5];  // offsets 16, 8, 4, 2, 1
+  num::EqualCombineWeights short_level[5];  // kTreeWarpEqual: the warps from long_warps on
+  int long_warps;
+  RootCombines roots;  // finalize_roots' equal-sided combines (none under kTreeGeneral)
   int read_fence;  // layernorm_streamed_rows' proxy fence before each release (stream_read_fence_knob; GRLN: always)
   int producer_lanes;  // stream_produce's lanes (DIFUSE_STREAM_PRODUCER_LANES through stream_producer_lanes; 1 default)
   int full_barriers;   // `full` mbarriers per slot (stream_full_barriers_for: 2; 1 under its knob where owned)
 };
+
+// aten's intra-warp tree (offsets 16 .. 1) on states whose two sides are equal at every level (tree.uniform != 0):
+// num::vec_welford_combine_equal with the host's weights, no reciprocal, no count arithmetic, no count shuffle.
+// PER_WARP (kTreeWarpEqual): each slot takes its aten warp's weights (tree.level below tree.long_warps, else
+// tree.short_level); otherwise every slot tree.level (kTreeEqual, the form verified since the seventeenth session).
+template <class Map, bool PER_WARP, int A>
+__device__ __forceinline__ void stream_equal_tree(VecWelford (&st)[A], int i, const StreamTree& tree) {
+  auto weights = [&](int j, int lv) -> num::EqualCombineWeights {
+    if constexpr (PER_WARP)
+      return Map::aten_thread(i, j) / kAtenWarp < tree.long_warps ? tree.level[lv] : tree.short_level[lv];
+    else
+      return tree.level[lv];
+  };
+#pragma unroll
+  for (int j = 0; j < A; ++j) st[j].count = weights(j, 0).count;
+#pragma unroll
+  for (int o = 16, lv = 0; o >= 1; o /= 2, ++lv) {
+    const int delta = Map::lane_delta(o);
+    if (delta > 0) {
+#pragma unroll
+      for (int j = 0; j < A; ++j) {
+        const num::EqualCombineWeights w = weights(j, lv);
+        VecWelford in;
+        in.mean = __shfl_down_sync(0xffffffffu, st[j].mean, delta);
+        in.sigma2 = __shfl_down_sync(0xffffffffu, st[j].sigma2, delta);
+        in.count = w.count;
+        st[j] = num::vec_welford_combine_equal(st[j], in, w);
+      }
+    } else {
+#pragma unroll
+      for (int j = 0; j < A; ++j)
+        if (Map::receives(o, j))
+          st[j] = num::vec_welford_combine_equal(st[j], st[Map::partner_slot(o, j)], weights(j, lv));
+    }
+  }
+}
 
 // A streamed consumer group's row statistics from its slot sx (V vectors of 4 bf16; two warps, the paired map): the
 // Welford pushes with the count set after them (the staged kernel's kCountAfter loop), aten's tree (equal-count
@@ -799,28 +844,10 @@ __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int
       }
     }
   }
-  if (tree.uniform) {
-#pragma unroll
-    for (int j = 0; j < A; ++j) st[j].count = tree.level[0].count;
-#pragma unroll
-    for (int o = 16, lv = 0; o >= 1; o /= 2, ++lv) {
-      const int delta = Map::lane_delta(o);
-      if (delta > 0) {
-#pragma unroll
-        for (int j = 0; j < A; ++j) {
-          VecWelford in;
-          in.mean = __shfl_down_sync(0xffffffffu, st[j].mean, delta);
-          in.sigma2 = __shfl_down_sync(0xffffffffu, st[j].sigma2, delta);
-          in.count = tree.level[lv].count;
-          st[j] = num::vec_welford_combine_equal(st[j], in, tree.level[lv]);
-        }
-      } else {
-#pragma unroll
-        for (int j = 0; j < A; ++j)
-          if (Map::receives(o, j))
-            st[j] = num::vec_welford_combine_equal(st[j], st[Map::partner_slot(o, j)], tree.level[lv]);
-      }
-    }
+  if (tree.uniform == kTreeEqual) {
+    stream_equal_tree<Map, false>(st, i, tree);
+  } else if (tree.uniform == kTreeWarpEqual) {
+    stream_equal_tree<Map, true>(st, i, tree);
   } else {
 #pragma unroll
     for (int j = 0; j < A; ++j) {
@@ -847,7 +874,12 @@ __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int
     if (t % kAtenWarp == 0) roots[t / kAtenWarp] = st[j];
   }
   if constexpr (G == 64) group_sync(bar_id); else __syncwarp();
-  if (i == 0) stats = finalize_roots(roots, h, eps);
+  if (i == 0) {
+    if constexpr (G == 32)  // one-warp groups: the equal-sided cross-warp combines without a reciprocal
+      stats = finalize_roots(roots, h, eps, tree.roots);
+    else  // two-warp groups: the general form (with tree.roots, layernorm_streamed_rows<true, true, true, 64> spilled)
+      stats = finalize_roots(roots, h, eps);
+  }
   if constexpr (G == 64) group_sync(bar_id); else __syncwarp();
   return stats;
 }
@@ -1252,6 +1284,21 @@ struct StreamLaunchOnce {
   std::atomic<uint64_t> opted_in{0}, carveout_set{0};
 };
 
+// DIFUSE_LNMOD_WARP_TREE (read once; for measurement): 1 or unset, the streamed LayerNorms' warp trees run the equal
+// combine wherever each aten warp's counts are equal (kTreeWarpEqual); 0, the general combine where the counts differ
+// between warps (the form before the thirty-eighth session).
+inline bool warp_equal_tree_knob() {
+  static const int v = detail::env_knob_or("DIFUSE_LNMOD_WARP_TREE", 1);
+  return v != 0;
+}
+
+// DIFUSE_LNMOD_EQUAL_ROOTS (read once; for measurement): 1 or unset, the one-warp streamed rows' finalize runs its
+// equal-sided cross-warp combines without a reciprocal (tree.roots, thirty-eighth session); 0, every one general.
+inline bool equal_root_combines_knob() {
+  static const int v = detail::env_knob_or("DIFUSE_LNMOD_EQUAL_ROOTS", 1);
+  return v != 0;
+}
+
 // Launches a streamed kernel (grln_streamed_rows or layernorm_streamed_rows) with the most slots of slot_bytes that fit
 // beside mod_bytes of staged modulation rows (at most max_slots) and DIFUSE_LNMOD_STREAMED's groups (at most
 // max_groups, its launch bound, and the slots), where the ring holds at least two rows; false (nothing launched)
@@ -1271,12 +1318,22 @@ bool launch_stream(Kernel kernel, StreamLaunchOnce& once, int max_slots, int max
   int64_t blocks = std::min<int64_t>(detail::sm_count(device), p.rows);
   if (max_blocks > 0) blocks = std::min<int64_t>(blocks, max_blocks);
   StreamTree tree{};
-  tree.uniform = p.v % kAtenThreads == 0;
+  tree.uniform = p.v % kAtenThreads == 0                         ? kTreeEqual
+                 : warp_equal_counts(p.v) && warp_equal_tree_knob() ? kTreeWarpEqual
+                                                                    : kTreeGeneral;
   tree.read_fence = stream_read_fence_knob() ? 1 : 0;
   tree.producer_lanes = stream_producer_lanes(stream_producer_lanes_knob(), slots, groups);
   tree.full_barriers = stream_full_barriers_for(slots, groups);
   const int sweeps = (p.v + kAtenThreads - 1) / kAtenThreads;
-  for (int lv = 0; lv < 5; ++lv) tree.level[lv] = num::equal_combine_weights(static_cast<float>((4 * sweeps) << lv));
+  const WarpEqualCounts counts = warp_equal_counts_of(p.v);
+  tree.long_warps = counts.long_warps;
+  if (tree.uniform != kTreeGeneral && equal_root_combines_knob())
+    tree.roots = root_combines(counts);  // else every cross-warp combine general (eq* = 0)
+  for (int lv = 0; lv < 5; ++lv) {
+    tree.level[lv] = num::equal_combine_weights(static_cast<float>((4 * sweeps) << lv));
+    if (tree.uniform == kTreeWarpEqual)  // sweeps >= 2 there (V >= 128 and V % 128 != 0)
+      tree.short_level[lv] = num::equal_combine_weights(static_cast<float>(warp_leaf_count(counts, 3) << lv));
+  }
   kernel<<<static_cast<unsigned>(blocks), 32 + group_threads * groups,
            static_cast<size_t>(slots * slot_bytes + mod_bytes), stream>>>(p, slots, tree);
   return true;

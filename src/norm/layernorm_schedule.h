@@ -57,12 +57,65 @@ struct RowStats {
   float rstd;
 };
 
+// aten's intra-warp tree with equal-count combines. Thread t pushes ceil((V - t) / 128) vectors: `sweeps` =
+// ceil(V / 128) for t < r = V % 128 (all threads where r == 0), one fewer for the others. Where r is a multiple of 32
+// (V % 32 == 0) that boundary falls between warps, so inside each aten warp every thread holds the same count and every
+// combine of its tree has equal sides: aten warps w < long_warps hold 4 x sweeps at the leaves, the others
+// 4 x (sweeps - 1). V >= 128: no thread holds nothing (equal_combine_weights(0) is NaN where the general combine of two
+// empty states is 0). The cross-warp combines (finalize_roots) stay general: their sides differ where r != 0.
+struct WarpEqualCounts {
+  int sweeps;      // vectors of the threads of warps below long_warps
+  int long_warps;  // 4 where V % 128 == 0 (every combine of the tree equal)
+};
+DIFUSE_HD constexpr bool warp_equal_counts(int v) { return v >= kAtenThreads && v % kAtenWarp == 0; }
+DIFUSE_HD constexpr WarpEqualCounts warp_equal_counts_of(int v) {
+  return WarpEqualCounts{(v + kAtenThreads - 1) / kAtenThreads,
+                         v % kAtenThreads == 0 ? kAtenThreads / kAtenWarp : (v % kAtenThreads) / kAtenWarp};
+}
+// The leaf count (4 x its vectors) of aten warp w's threads.
+DIFUSE_HD constexpr int warp_leaf_count(WarpEqualCounts c, int w) {
+  return kVecElems * (w < c.long_warps ? c.sweeps : c.sweeps - 1);
+}
+
 // Warp roots w0..w3 (aten threads 0, 32, 64, 96 after their warp trees) -> mean, rstd.
 // var = div(sigma2, (float)N) (an IEEE division by N, not by the count); rstd = rsqrtf(RN(var + eps)).
 DIFUSE_HD RowStats finalize_roots(const num::VecWelford* roots, int n, float eps) {
   const num::VecWelford r02 = num::vec_welford_combine(roots[0], roots[2]);
   const num::VecWelford r13 = num::vec_welford_combine(roots[1], roots[3]);
   const num::VecWelford r = num::vec_welford_combine(r02, r13);
+  const float var = num::div_rn(r.sigma2, static_cast<float>(n));
+  return RowStats{r.mean, num::rsqrt_cuda(num::add_rn(var, eps))};
+}
+
+// The cross-warp combines (0, 2), (1, 3), then (02, 13) where the warps' counts are known (warp_equal_counts): which
+// of them have equal sides, and their weights. Every width that is a multiple of 512 has all three equal.
+struct RootCombines {
+  int eq02, eq13, eq;  // 1: that combine's sides hold equal counts
+  num::EqualCombineWeights w02, w13, w;
+};
+DIFUSE_HD RootCombines root_combines(WarpEqualCounts c) {
+  const float n0 = static_cast<float>(warp_leaf_count(c, 0) * kAtenWarp), n1 = static_cast<float>(warp_leaf_count(c, 1) * kAtenWarp),
+              n2 = static_cast<float>(warp_leaf_count(c, 2) * kAtenWarp), n3 = static_cast<float>(warp_leaf_count(c, 3) * kAtenWarp);
+  RootCombines r{};
+  r.eq02 = n0 == n2;
+  r.eq13 = n1 == n3;
+  r.eq = n0 + n2 == n1 + n3;
+  r.w02 = num::equal_combine_weights(n0);
+  r.w13 = num::equal_combine_weights(n1);
+  r.w = num::equal_combine_weights(n0 + n2);
+  return r;
+}
+// finalize_roots with the equal-sided combines (rc) as num::vec_welford_combine_equal (no reciprocal on the row's
+// serial path): the same operations on the same values, so the same bits (tests/cpu: the schedules' emulation).
+DIFUSE_HD num::VecWelford combine_roots(int equal, num::VecWelford a, num::VecWelford b, num::EqualCombineWeights w) {
+  if (!equal) return num::vec_welford_combine(a, b);
+  b.count = w.count;
+  return num::vec_welford_combine_equal(a, b, w);
+}
+DIFUSE_HD RowStats finalize_roots(const num::VecWelford* roots, int n, float eps, const RootCombines& rc) {
+  const num::VecWelford r02 = combine_roots(rc.eq02, roots[0], roots[2], rc.w02);
+  const num::VecWelford r13 = combine_roots(rc.eq13, roots[1], roots[3], rc.w13);
+  const num::VecWelford r = combine_roots(rc.eq, r02, r13, rc.w);
   const float var = num::div_rn(r.sigma2, static_cast<float>(n));
   return RowStats{r.mean, num::rsqrt_cuda(num::add_rn(var, eps))};
 }

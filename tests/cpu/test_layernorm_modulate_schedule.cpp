@@ -25,7 +25,10 @@ struct Row {
   std::vector<uint16_t> x, scale, shift;
 };
 
-template <int G, bool PAIRED>
+// WARP_EQUAL: the streamed kernels' tree where every aten warp's counts are equal (warp_equal_counts): each slot's
+// leaf count set from its aten warp (warp_leaf_count) and num::vec_welford_combine_equal with that warp's weights at
+// every level, as stream_equal_tree<Map, true> runs it; else the general combine.
+template <int G, bool PAIRED, bool WARP_EQUAL = false>
 std::vector<uint16_t> emulate(const Row& r, float eps) {
   using Map = AtenThreadMap<G, PAIRED>;
   constexpr int A = Map::kSlots;
@@ -42,19 +45,35 @@ std::vector<uint16_t> emulate(const Row& r, float eps) {
           st[i][j] = push_vec4(st[i][j], k, xf(c), xf(c + 1), xf(c + 2), xf(c + 3));
         }
       }
-  for (int o = 16; o >= 1; o /= 2) {
+  const WarpEqualCounts counts = warp_equal_counts_of(V);
+  auto leaf = [&](int i, int j) { return warp_leaf_count(counts, Map::aten_thread(i, j) / kAtenWarp); };
+  if (WARP_EQUAL) {
+    EXPECT_TRUE(warp_equal_counts(V)) << V;
+    for (int i = 0; i < G; ++i)
+      for (int j = 0; j < A; ++j) {
+        EXPECT_EQ(st[i][j].count, static_cast<float>(leaf(i, j))) << V;  // the pushes' own count
+        st[i][j].count = static_cast<float>(leaf(i, j));
+      }
+  }
+  auto combine = [&](int i, int j, int lv, VecWelford own, VecWelford in) {
+    if (!WARP_EQUAL) return num::vec_welford_combine(own, in);
+    const num::EqualCombineWeights w = num::equal_combine_weights(static_cast<float>(leaf(i, j) << lv));
+    in.count = w.count;  // what the kernel's shuffle leaves out
+    return num::vec_welford_combine_equal(own, in, w);
+  };
+  for (int o = 16, lv = 0; o >= 1; o /= 2, ++lv) {
     const int delta = Map::lane_delta(o);
     if (delta > 0) {
       const auto snap = st;
       for (int i = 0; i < G; ++i)
         for (int j = 0; j < A; ++j) {
           const int src = (i % 32) + delta < 32 ? i + delta : i;  // shfl_down: out of range -> own value
-          st[i][j] = num::vec_welford_combine(st[i][j], snap[src][j]);
+          st[i][j] = combine(i, j, lv, st[i][j], snap[src][j]);
         }
     } else {
       for (int i = 0; i < G; ++i)
         for (int j = 0; j < A; ++j)
-          if (Map::receives(o, j)) st[i][j] = num::vec_welford_combine(st[i][j], st[i][Map::partner_slot(o, j)]);
+          if (Map::receives(o, j)) st[i][j] = combine(i, j, lv, st[i][j], st[i][Map::partner_slot(o, j)]);
     }
   }
   VecWelford roots[4];
@@ -65,7 +84,7 @@ std::vector<uint16_t> emulate(const Row& r, float eps) {
       if (t % kAtenWarp == 0) roots[t / kAtenWarp] = st[i][j], ++written;
     }
   EXPECT_EQ(written, 4);
-  const RowStats rs = finalize_roots(roots, H, eps);
+  const RowStats rs = WARP_EQUAL ? finalize_roots(roots, H, eps, root_combines(counts)) : finalize_roots(roots, H, eps);
   std::vector<uint16_t> out(H);
   for (int c = 0; c < H; ++c)
     out[c] = num::float_to_bf16_rne(layernorm_modulate_value(xf(c), rs, num::bf16_to_float(r.scale[c]),
@@ -119,9 +138,14 @@ void expect_all_schedules_equal_aten(const Row& r, float eps, const char* what) 
     same(emulate<64, true>(r, eps), "64 paired");
   }
   same(emulate<128, false>(r, eps), "128 strided (determinism)");
+  if (H % 8 == 0 && warp_equal_counts(H / kVecElems)) {  // the streamed kernels' paired maps with warp-equal trees
+    same(emulate<32, true, true>(r, eps), "32 paired, warp-equal tree");
+    same(emulate<64, true, true>(r, eps), "64 paired, warp-equal tree");
+  }
 }
 
-const int kWidths[] = {4, 8, 12, 60, 64, 128, 132, 256, 500, 512, 516, 1000, 1536, 2240, 3072, 3076, 4096, 5120, 6144, 7000, 8192, 12288, 16384};
+const int kWidths[] = {4, 8, 12, 60, 64, 128, 132, 256, 500, 512, 516, 640, 1000, 1152, 1536, 2240, 2432, 3072, 3076,
+                       4096, 4224, 5120, 6144, 6272, 7000, 8192, 12288, 16384};
 
 }  // namespace
 
@@ -157,9 +181,30 @@ TEST(LayernormModulateSchedule, EverySchedulesMatchesAtenLayoutOnRandomRows) {
   for (int H : kWidths) expect_all_schedules_equal_aten(random_row(H, rng, 40.f, 0.01f), 1e-5f, "offset");
 }
 
+// warp_equal_counts(V) holds exactly where every aten warp's 32 threads push the same, non-zero number of vectors, and
+// warp_leaf_count is 4 x that number: brute force over every thread of every width up to 24576 (V <= 6144).
+TEST(LayernormModulateSchedule, WarpEqualCountsAreEachWarpsPushes) {
+  int equal_widths = 0;
+  for (int V = 1; V <= 6144; ++V) {
+    bool every_warp_equal = true;
+    for (int w = 0; w < kAtenThreads / kAtenWarp; ++w)
+      for (int t = w * kAtenWarp; t < (w + 1) * kAtenWarp; ++t) {
+        const int pushes = t < V ? (V - t + kAtenThreads - 1) / kAtenThreads : 0;
+        const int first = w * kAtenWarp < V ? (V - w * kAtenWarp + kAtenThreads - 1) / kAtenThreads : 0;
+        every_warp_equal = every_warp_equal && pushes == first && pushes > 0;
+        if (warp_equal_counts(V)) {
+          ASSERT_EQ(warp_leaf_count(warp_equal_counts_of(V), w), kVecElems * pushes) << V << " " << t;
+        }
+      }
+    ASSERT_EQ(warp_equal_counts(V), every_warp_equal) << V;
+    equal_widths += warp_equal_counts(V);
+  }
+  EXPECT_EQ(equal_widths, 6144 / 32 - 3);  // V = 32, 64, 96 leave warps empty
+}
+
 TEST(LayernormModulateSchedule, AdversarialRows) {
   std::mt19937 rng(99);
-  for (int H : {4, 64, 520, 3072, 5120}) {
+  for (int H : {4, 64, 520, 2432, 3072, 4224, 5120}) {
     Row r = random_row(H, rng);
     Row constant = r;
     for (auto& v : constant.x) v = bf(3.25f);  // zero variance

@@ -230,7 +230,9 @@ def test_streamed_variant(groups, blocks, warp, lanes, fulls):
                                  ((2, 333, 1536), 0, 0, True, False), ((1, 77, 5120), 0, 0, False, True),
                                  ((1, 19, 12288), 0, 0, False, False), ((1, 16, 24576), 0, 0, True, False),
                                  ((2, 37, 3072), 4, 0, False, False), ((2, 37, 3072), 0, 4, False, False),
-                                 ((2, 21, 516), 0, 0, False, False), ((1, 3, 8), 0, 0, False, False)])
+                                 ((2, 21, 516), 0, 0, False, False), ((1, 3, 8), 0, 0, False, False),
+                                 ((2, 37, 2432), 0, 0, False, False), ((1, 29, 1152), 0, 0, True, False),
+                                 ((1, 41, 640), 0, 0, False, True)])
     script = script.replace("print('mismatches', bad)",
                             streamed_kernels_ran(32 if warp == "1" else 64) + "print('mismatches', bad)")
     assert_exact_under(script, **streamed_ln_env(groups, blocks, warp, lanes=lanes, fulls=fulls))
@@ -267,7 +269,8 @@ def test_streamed_default_first_launched_in_a_cuda_graph():
 
 
 @pytest.mark.parametrize("B,L,H,group", [(2, 4096, 1536, 32), (1, 8192, 1536, 32), (1, 4096, 3072, 64),
-                                         (2, 4096, 2432, 64), (1, 4096, 5120, 0)], ids=str)
+                                         (2, 4096, 2432, 64), (1, 4096, 5120, 0), (1, 4096, 1152, 32),
+                                         (2, 4096, 640, 32), (1, 4096, 2176, 64)], ids=str)
 def test_streamed_group_width_by_default(B, L, H, group):
     """The default (no knob): GRLN's streamed rows on one-warp groups up to H = 1536 (nineteenth session), two-warp
     groups above; 5120 (four warps per row) keeps the staged kernel. [B, H] modulation and gate rows 8-byte aligned,
@@ -283,6 +286,19 @@ def test_streamed_group_width_by_default(B, L, H, group):
         assert_exact(h, a, gate, scale, shift)
         torch.cuda.synchronize()
     assert streamed_group_width(prof, "grln_streamed_rows") == group
+
+
+def test_general_tree_where_warps_push_equal_counts():
+    """DIFUSE_LNMOD_WARP_TREE=0 (read once per process): the streamed rows' general Welford combine at the widths that
+    take the warp-equal tree by default (each aten warp's threads push equal counts, the warps differ: SD3.5's 2432,
+    1152, 640; 4096 rows streamed by default, 37 through DIFUSE_LNMOD_STREAMED=1 on 2 blocks), per-token gates and
+    modulation rows, adversarial values: both outputs the same bits as eager either way."""
+    from knob_run import assert_exact_under
+
+    script = _knob_script(3950, [((2, 4096, 2432), 0, 0, False, False), ((2, 37, 2432), 0, 0, True, False),
+                                 ((1, 4096, 1152), 0, 0, False, True), ((2, 41, 640), 0, 0, False, False)])
+    assert_exact_under(script, DIFUSE_LNMOD_WARP_TREE="0")
+    assert_exact_under(script, DIFUSE_LNMOD_WARP_TREE="0", DIFUSE_LNMOD_STREAMED="1", DIFUSE_LNMOD_STREAMED_BLOCKS="2")
 
 
 def test_staged_kernels_where_streamed_by_default():

@@ -361,7 +361,7 @@ def test_streamed_variant(groups, blocks, warp, fence, lanes, fulls):
         PLACE_ADVERSARIAL +
         "for i, (B, L, H, off) in enumerate([(1, 4608, 3072, 0), (1, 32760, 1536, 0), (1, 4096, 5120, 0),\n"
         "                                    (2, 333, 1536, 0), (3, 41, 1000, 0), (2, 37, 2240, 0), (1, 19, 12288, 0),\n"
-        "                                    (1, 5, 24576, 0), (2, 300, 3072, 4)]):\n"
+        "                                    (1, 5, 24576, 0), (2, 300, 3072, 4), (2, 37, 2432, 0), (1, 29, 1152, 0)]):\n"
         "    g = torch.Generator(device='cuda').manual_seed(3400 + i)\n"
         "    def rnd(*s):\n"
         "        return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
@@ -378,6 +378,50 @@ def test_streamed_variant(groups, blocks, warp, fence, lanes, fulls):
         "    bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n"
         + streamed_ln_kernels_ran(False, warp))
     assert_exact_under(script, **streamed_ln_env(groups, blocks, warp, fence, lanes, fulls))
+
+
+def test_general_tree_where_warps_push_equal_counts():
+    """DIFUSE_LNMOD_WARP_TREE=0 (read once per process): the streamed rows' general Welford combine at the widths that
+    take the warp-equal tree by default (each aten warp's threads push equal counts, the warps differ: 2432, 1152, 640,
+    4224; 2 x 4096 rows streamed by default, 37 rows through DIFUSE_LNMOD_STREAMED=1 with 2 blocks), [B, H] chunks
+    8- and 2-byte aligned, per-token rows, adversarial values: the same bits as eager either way."""
+    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "for i, (B, L, H) in enumerate([(2, 4096, 2432), (2, 37, 2432), (1, 41, 1152), (3, 19, 640), (1, 23, 4224)]):\n"
+        "    g = torch.Generator(device='cuda').manual_seed(3900 + i)\n"
+        "    def rnd(*s):\n"
+        "        return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "    x = place(rnd(B, L, H), 0)\n"
+        "    emb = (rnd(B, 6 * H + 1) * 0.5)[:, 1:].chunk(6, dim=1)  # 2-byte aligned chunks\n"
+        "    emb8 = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
+        "    for sc, sh in ((emb8[1], emb8[0]), (emb[1], emb[0]), (rnd(B, L, H), rnd(B, L, H))):\n"
+        "        bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n")
+    assert_exact_under(script, DIFUSE_LNMOD_WARP_TREE="0")
+    assert_exact_under(script, DIFUSE_LNMOD_WARP_TREE="0", DIFUSE_LNMOD_STREAMED="1", DIFUSE_LNMOD_STREAMED_BLOCKS="2")
+
+
+def test_general_root_combines_variant():
+    """DIFUSE_LNMOD_EQUAL_ROOTS=0 (read once per process): the one-warp streamed rows' finalize with every cross-warp
+    combine general (the default runs the equal-sided ones without a reciprocal): widths whose warps all push equal
+    counts (1536, 3072, 4096) and whose warps differ (2432, 1152, 640), [B, H] chunks 8- and 2-byte aligned, per-token
+    rows, adversarial values: the same bits as eager."""
+    from knob_run import PLACE_ADVERSARIAL, assert_exact_under, mismatch_script
+
+    script = mismatch_script(
+        PLACE_ADVERSARIAL +
+        "for i, (B, L, H) in enumerate([(1, 8192, 1536), (1, 4096, 3072), (1, 4096, 4096), (2, 4096, 2432),\n"
+        "                               (1, 4096, 1152), (2, 4096, 640)]):\n"
+        "    g = torch.Generator(device='cuda').manual_seed(3950 + i)\n"
+        "    def rnd(*s):\n"
+        "        return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "    x = place(rnd(B, L, H), 0)\n"
+        "    emb = (rnd(B, 6 * H + 1) * 0.5)[:, 1:].chunk(6, dim=1)  # 2-byte aligned chunks\n"
+        "    emb8 = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
+        "    for sc, sh in ((emb8[1], emb8[0]), (emb[1], emb[0]), (rnd(B, L, H), rnd(B, L, H))):\n"
+        "        bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n")
+    assert_exact_under(script, DIFUSE_LNMOD_EQUAL_ROOTS="0")
 
 
 def _streamed_ran(x, scale, shift):
@@ -397,7 +441,8 @@ def _streamed_ran(x, scale, shift):
     (1, 4096, 3072, "e8", 32), (1, 4608, 3072, "e8", 32), (2, 4096, 1536, "e8", 32), (1, 32760, 1536, "e8", 32),
     (1, 4096, 4096, "e8", 32), (1, 4096, 5120, "e8", 64), (1, 4095, 3072, "e8", 0), (2, 300, 3072, "e8", 0),
     (3, 1366, 3072, "e8", 0), (1, 4096, 3072, "e2", 0), (1, 4096, 3072, "token", 0), (1, 4096, 3076, "e8", 0),
-    (1, 4096, 25600, "e8", 0)],
+    (1, 4096, 25600, "e8", 0), (2, 4096, 2432, "e8", 32), (1, 4096, 1152, "e8", 32), (1, 4096, 640, "e8", 32),
+    (1, 4096, 4224, "e8", 64)],
     ids=str)
 def test_streamed_by_default_for_many_rows(B, L, H, rows, group):
     """The default (no knob; eighteenth session): the streamed rows for >= 4096 rows with [B, H] modulation rows of
@@ -405,7 +450,8 @@ def test_streamed_by_default_for_many_rows(B, L, H, rows, group):
     groups above (nineteenth session); the staged kernels for fewer rows, B = 3, 2-byte aligned or per-token
     modulation rows and H % 8 != 0; the two-pass kernel for rows wider than 24576 (more sweeps than the streamed
     rows' reciprocal table holds: they were streamed, reading past it, until the thirty-second session). The
-    profiler shows which ran; each output bit for bit."""
+    profiler shows which ran; each output bit for bit. 2432 (SD3.5), 1152, 640 and 4224: widths whose aten warps each
+    push equal counts but differ from each other (the warp-equal tree, thirty-eighth session)."""
     g = torch.Generator(device=DEV).manual_seed(SEED + 23 * L + H + B)
     x = (torch.randn(B, L, H, device=DEV, generator=g) * 3.0).to(BF)
     x[:, ::97] = 2.5  # constant rows

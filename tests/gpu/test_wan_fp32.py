@@ -195,7 +195,8 @@ def test_streamed_variant(groups, blocks, warp, fence, lanes, fulls):
 
     script = mismatch_script(
         "for i, (B, L, H) in enumerate([(1, 32760, 5120), (2, 37, 5120), (3, 301, 1536), (2, 7, 2240),\n"
-        "                               (1, 32760, 1536), (2, 300, 3072), (1, 19, 12288), (1, 5, 24576)]):\n"
+        "                               (1, 32760, 1536), (2, 300, 3072), (1, 19, 12288), (1, 5, 24576),\n"
+        "                               (2, 37, 2432), (1, 23, 1152)]):\n"
         "    g = torch.Generator(device='cuda').manual_seed(1100 + i)\n"
         "    x = torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16)\n"
         "    t6 = torch.randn(B, 6, H, device='cuda', generator=g)  # Wan's chunks: [B, 1, H] rows, 16-byte aligned\n"
@@ -216,12 +217,14 @@ def test_streamed_variant(groups, blocks, warp, fence, lanes, fulls):
 @pytest.mark.parametrize("B,L,H,kind,group", [
     (1, 32760, 5120, "table", 64), (1, 32760, 1536, "table", 32), (2, 4096, 3072, "rows", 32),
     (1, 32760, 1536, "affine", 32), (1, 32760, 5120, "affine", 64), (1, 4095, 5120, "table", 0),
-    (3, 1366, 3072, "table", 0), (1, 4096, 5120, "token", 0), (1, 4096, 5120, "misaligned", 0)], ids=str)
+    (3, 1366, 3072, "table", 0), (1, 4096, 5120, "token", 0), (1, 4096, 5120, "misaligned", 0),
+    (2, 4096, 2432, "table", 32), (1, 4096, 1152, "affine", 32), (1, 4096, 4224, "table", 64)], ids=str)
 def test_streamed_by_default_for_many_rows(B, L, H, kind, group):
     """The default (no knob; eighteenth session): Wan's fp32 norms on the streamed rows for >= 4096 rows with
     [B, 1, H] / [B, H] fp32 rows 16-byte aligned (B <= 2) or the affine norm's weight and bias, on one-warp groups up
     to H = 4096 and two-warp groups above (nineteenth session); fewer rows, B = 3, per-token and misaligned fp32 rows
-    keep the staged kernels. The profiler shows which ran (the group width; 0: none); each output bit for bit."""
+    keep the staged kernels. The profiler shows which ran (the group width; 0: none); each output bit for bit.
+    2432, 1152 and 4224: aten warps that each push equal counts, different from each other (the warp-equal tree)."""
     from torch.profiler import ProfilerActivity, profile
 
     g = torch.Generator(device=DEV).manual_seed(SEED + 31 * L + H + B)

@@ -23,9 +23,12 @@ exit 0
 # hangs (sleeps 30 s) where STUB_HANG_TREE names the tree.
 PYTHON = r"""#!/usr/bin/env bash
 [ "${1:-}" = - ] && exec "$REAL_PYTHON" "$@"  # scripts/ncu-op.sh's stall table
-op=""; out=""
-while [ $# -gt 0 ]; do case "$1" in --op) op=$2; shift 2 ;; --out) out=$2; shift 2 ;; *) shift ;; esac; done
+op=""; out=""; shapes=""
+while [ $# -gt 0 ]; do
+  case "$1" in --op) op=$2; shift 2 ;; --out) out=$2; shift 2 ;; --shape) shapes="$shapes $2"; shift 2 ;; *) shift ;; esac
+done
 echo "bench $op $DIFUSE_GIT_SHA $PYTHONPATH $DIFUSE_LIB_DIR" >>"$STUB_LOG"
+echo "shapes $op$shapes" >>"$STUB_LOG"
 case "$DIFUSE_LIB_DIR" in */rev-build-"${STUB_HANG_TREE:-none}") exec sleep 30 ;; esac
 echo "[{\"op\": \"$op\", \"git_sha\": \"$DIFUSE_GIT_SHA\"}]" >"$out"
 echo "1x2x3  row  $op"
@@ -105,6 +108,15 @@ class RevBenchRun(unittest.TestCase):
         self.assertEqual(len(records), 12)
         self.assertIn("revs/op_b-HEAD-2.json", records)
         self.assertIn("revs/build-aaaaaaa.log", names)
+
+    def test_op_at_shapes_times_only_those_shapes(self):
+        """OP@S1+S2 passes `--shape S1 --shape S2` to each revision's bench (the thirty-ninth session's confirmation
+        runs: the shapes in question, more rounds, in the time one call allows); a plain OP passes none."""
+        r, lines, names, _, _ = self.run_script("op_a@2x4096x1536+1x32760x1536", "op_b", "--rounds", "1")
+        self.assertEqual(r.returncode, 0, r.stdout + r.stderr)
+        shapes = [l for l in lines if l.startswith("shapes ")]
+        self.assertEqual(shapes, ["shapes op_a 2x4096x1536 1x32760x1536"] * 3 + ["shapes op_b"] * 3)
+        self.assertIn("revs/op_a-HEAD-1.json", names)
 
     def test_a_failed_build_fails_the_run_and_still_packs_the_logs(self):
         r, lines, names, _, _ = self.run_script("op_a", fail_tree="bbbbbbb")
