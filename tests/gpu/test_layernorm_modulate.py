@@ -301,6 +301,22 @@ def test_check_command_passes():
     assert main(["check"]) == 0
 
 
+def _lnmod_cases_script(cases, seed):
+    """Script lines (for knob_run.mismatch_script, after PLACE_ADVERSARIAL) comparing layernorm_modulate with eager for
+    each (B, L, H, off) of `cases`: x seeded (seed + i) and placed at element offset off (adversarial rows), with [B, H]
+    chunks 8- and 2-byte aligned and per-token rows."""
+    return (
+        "for i, (B, L, H, off) in enumerate(%r):\n" % (list(cases),) +
+        "    g = torch.Generator(device='cuda').manual_seed(%d + i)\n" % seed +
+        "    def rnd(*s):\n"
+        "        return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "    x = place(rnd(B, L, H), off)\n"
+        "    emb = (rnd(B, 6 * H + 1) * 0.5)[:, 1:].chunk(6, dim=1)  # 2-byte aligned chunks\n"
+        "    emb8 = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
+        "    for sc, sh in ((emb8[1], emb8[0]), (emb[1], emb[0]), (rnd(B, L, H), rnd(B, L, H))):\n"
+        "        bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n")
+
+
 @pytest.mark.parametrize("threads", ["32", "128"])
 def test_forced_schedules(threads):
     """DIFUSE_LNMOD_THREADS_PER_ROW=32|128 (read once per process) force the one-warp and the four-warp row
@@ -323,15 +339,7 @@ def test_two_warp_schedule_for_few_rows():
 
     script = mismatch_script(
         PLACE_ADVERSARIAL +
-        "for i, (B, L, H) in enumerate([(1, 512, 3072), (2, 300, 3072), (2, 333, 1536), (3, 41, 1028)]):\n"
-        "    g = torch.Generator(device='cuda').manual_seed(3200 + i)\n"
-        "    def rnd(*s):\n"
-        "        return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
-        "    x = place(rnd(B, L, H), 0)\n"
-        "    emb = (rnd(B, 6 * H + 1) * 0.5)[:, 1:].chunk(6, dim=1)  # 2-byte aligned chunks\n"
-        "    emb8 = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
-        "    for sc, sh in ((emb8[1], emb8[0]), (emb[1], emb[0]), (rnd(B, L, H), rnd(B, L, H))):\n"
-        "        bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n")
+        _lnmod_cases_script([(1, 512, 3072, 0), (2, 300, 3072, 0), (2, 333, 1536, 0), (3, 41, 1028, 0)], 3200))
     assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="64")
 
 
@@ -359,17 +367,9 @@ def test_streamed_variant(groups, blocks, warp, fence, lanes, fulls):
 
     script = mismatch_script(
         PLACE_ADVERSARIAL +
-        "for i, (B, L, H, off) in enumerate([(1, 4608, 3072, 0), (1, 32760, 1536, 0), (1, 4096, 5120, 0),\n"
-        "                                    (2, 333, 1536, 0), (3, 41, 1000, 0), (2, 37, 2240, 0), (1, 19, 12288, 0),\n"
-        "                                    (1, 5, 24576, 0), (2, 300, 3072, 4), (2, 37, 2432, 0), (1, 29, 1152, 0)]):\n"
-        "    g = torch.Generator(device='cuda').manual_seed(3400 + i)\n"
-        "    def rnd(*s):\n"
-        "        return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
-        "    x = place(rnd(B, L, H), off)\n"
-        "    emb = (rnd(B, 6 * H + 1) * 0.5)[:, 1:].chunk(6, dim=1)  # 2-byte aligned chunks\n"
-        "    emb8 = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
-        "    for sc, sh in ((emb8[1], emb8[0]), (emb[1], emb[0]), (rnd(B, L, H), rnd(B, L, H))):\n"
-        "        bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n"
+        _lnmod_cases_script([(1, 4608, 3072, 0), (1, 32760, 1536, 0), (1, 4096, 5120, 0), (2, 333, 1536, 0),
+                             (3, 41, 1000, 0), (2, 37, 2240, 0), (1, 19, 12288, 0), (1, 5, 24576, 0),
+                             (2, 300, 3072, 4), (2, 37, 2432, 0), (1, 29, 1152, 0)], 3400) +
         "x = rnd(1, 4096, 3072)\n"
         "emb = (rnd(1, 6 * 3072 + 1) * 0.5)[:, 1:].chunk(6, dim=1)\n"
         "emb8 = (rnd(1, 6 * 3072) * 0.5).chunk(6, dim=1)\n"
@@ -389,15 +389,8 @@ def test_general_tree_where_warps_push_equal_counts():
 
     script = mismatch_script(
         PLACE_ADVERSARIAL +
-        "for i, (B, L, H) in enumerate([(2, 4096, 2432), (2, 37, 2432), (1, 41, 1152), (3, 19, 640), (1, 23, 4224)]):\n"
-        "    g = torch.Generator(device='cuda').manual_seed(3900 + i)\n"
-        "    def rnd(*s):\n"
-        "        return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
-        "    x = place(rnd(B, L, H), 0)\n"
-        "    emb = (rnd(B, 6 * H + 1) * 0.5)[:, 1:].chunk(6, dim=1)  # 2-byte aligned chunks\n"
-        "    emb8 = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
-        "    for sc, sh in ((emb8[1], emb8[0]), (emb[1], emb[0]), (rnd(B, L, H), rnd(B, L, H))):\n"
-        "        bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n")
+        _lnmod_cases_script([(2, 4096, 2432, 0), (2, 37, 2432, 0), (1, 41, 1152, 0), (3, 19, 640, 0),
+                             (1, 23, 4224, 0)], 3900))
     assert_exact_under(script, DIFUSE_LNMOD_WARP_TREE="0")
     assert_exact_under(script, DIFUSE_LNMOD_WARP_TREE="0", DIFUSE_LNMOD_STREAMED="1", DIFUSE_LNMOD_STREAMED_BLOCKS="2")
 
@@ -411,16 +404,8 @@ def test_general_root_combines_variant():
 
     script = mismatch_script(
         PLACE_ADVERSARIAL +
-        "for i, (B, L, H) in enumerate([(1, 8192, 1536), (1, 4096, 3072), (1, 4096, 4096), (2, 4096, 2432),\n"
-        "                               (1, 4096, 1152), (2, 4096, 640)]):\n"
-        "    g = torch.Generator(device='cuda').manual_seed(3950 + i)\n"
-        "    def rnd(*s):\n"
-        "        return torch.randn(*s, device='cuda', generator=g).to(torch.bfloat16)\n"
-        "    x = place(rnd(B, L, H), 0)\n"
-        "    emb = (rnd(B, 6 * H + 1) * 0.5)[:, 1:].chunk(6, dim=1)  # 2-byte aligned chunks\n"
-        "    emb8 = (rnd(B, 6 * H) * 0.5).chunk(6, dim=1)\n"
-        "    for sc, sh in ((emb8[1], emb8[0]), (emb[1], emb[0]), (rnd(B, L, H), rnd(B, L, H))):\n"
-        "        bad += count_mismatches(ops.layernorm_modulate(x, sc, sh, 1e-6), ops.layernorm_modulate_eager(x, sc, sh, 1e-6))\n")
+        _lnmod_cases_script([(1, 8192, 1536, 0), (1, 4096, 3072, 0), (1, 4096, 4096, 0), (2, 4096, 2432, 0),
+                             (1, 4096, 1152, 0), (2, 4096, 640, 0)], 3950))
     assert_exact_under(script, DIFUSE_LNMOD_EQUAL_ROOTS="0")
 
 
