@@ -121,6 +121,14 @@
 // test's expectation, fixed at 5fc3ade) with all four models md5 identical (e2e-*-5fc3ade.json); layernorm_modulate
 // 1x4096x3072 19.2 us vs 22.2, layernorm_modulate_fp32 1x32760x1536 70.3 vs 80.9, GRLN 2x4096x1536 33.1 vs 34.5
 // (knob-sweeps/e7993bf/).
+// Since cd4f7c8 (thirty-ninth session) the streamed rows' warp trees take the equal-count combine also where only each
+// aten warp's counts are equal (V % 32 == 0, V >= 128, V % 128 != 0: SD3.5-large's 2432, 1152, 640, 4224;
+// kTreeWarpEqual) and the one-warp rows' cross-warp combines with equal sides skip the reciprocal (RootCombines):
+// exact on an H100 (H100 80GB HBM3; no H200 came that session) at cd4f7c8 in this file's, GRLN's and test_wan_fp32.py's
+// tests (939 passed, 0 failed, 0 skipped) and the SD3 / FLUX / Qwen-Image / Wan patch tests (27), memcheck, racecheck
+// and initcheck clean (scripts/sanitizer-ln-warp-tree.py, sanitizer part 1a; bench/results/h100/
+// warp-tree-landed-cd4f7c8/); at 94 SMs layernorm_modulate 2x4096x2432 36.2 vs 40.3 us, GRLN 2x4096x2432 70.4 vs
+// 71.7 against efcee13 (the knobs DIFUSE_LNMOD_WARP_TREE=0 / DIFUSE_LNMOD_EQUAL_ROOTS=0 restore the general combines).
 
 #include "norm/layernorm_modulate.h"
 
