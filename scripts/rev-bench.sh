@@ -127,7 +127,7 @@ case "${1:-}" in
     exit $fail
     ;;
   *)
-    echo "usage: $0 prepare REV... | run OP... [--rounds N] [--ncu OP:SHAPE]..." >&2
+    echo "usage: $0 prepare REV[:PATCH[,PATCH...]]... | run OP[@SHAPE[+SHAPE...]]... [--rounds N] [--ncu OP:SHAPE]..." >&2
     exit 2
     ;;
 esac
