@@ -77,16 +77,6 @@ DIFUSE_HD constexpr int warp_leaf_count(WarpEqualCounts c, int w) {
   return kVecElems * (w < c.long_warps ? c.sweeps : c.sweeps - 1);
 }
 
-// Warp roots w0..w3 (aten threads 0, 32, 64, 96 after their warp trees) -> mean, rstd.
-// var = div(sigma2, (float)N) (an IEEE division by N, not by the count); rstd = rsqrtf(RN(var + eps)).
-DIFUSE_HD RowStats finalize_roots(const num::VecWelford* roots, int n, float eps) {
-  const num::VecWelford r02 = num::vec_welford_combine(roots[0], roots[2]);
-  const num::VecWelford r13 = num::vec_welford_combine(roots[1], roots[3]);
-  const num::VecWelford r = num::vec_welford_combine(r02, r13);
-  const float var = num::div_rn(r.sigma2, static_cast<float>(n));
-  return RowStats{r.mean, num::rsqrt_cuda(num::add_rn(var, eps))};
-}
-
 // The cross-warp combines (0, 2), (1, 3), then (02, 13) where the warps' counts are known (warp_equal_counts): which
 // of them have equal sides, and their weights. Every width that is a multiple of 512 has all three equal.
 struct RootCombines {
@@ -105,19 +95,27 @@ DIFUSE_HD RootCombines root_combines(WarpEqualCounts c) {
   r.w = num::equal_combine_weights(n0 + n2);
   return r;
 }
-// finalize_roots with the equal-sided combines (rc) as num::vec_welford_combine_equal (no reciprocal on the row's
-// serial path): the same operations on the same values, so the same bits (tests/cpu: the schedules' emulation).
+// One of finalize_roots' cross-warp combines: aten's general one, or where its sides are equal (rc below)
+// num::vec_welford_combine_equal (no reciprocal on the row's serial path): the same operations on the same values,
+// so the same bits (tests/cpu: the schedules' emulation).
 DIFUSE_HD num::VecWelford combine_roots(int equal, num::VecWelford a, num::VecWelford b, num::EqualCombineWeights w) {
   if (!equal) return num::vec_welford_combine(a, b);
   b.count = w.count;
   return num::vec_welford_combine_equal(a, b, w);
 }
+// Warp roots w0..w3 (aten threads 0, 32, 64, 96 after their warp trees) -> mean, rstd: combines (0, 2), (1, 3), then
+// (02, 13), each equal-sided one of rc without a reciprocal; var = div(sigma2, (float)N) (an IEEE division by N, not
+// by the count); rstd = rsqrtf(RN(var + eps)).
 DIFUSE_HD RowStats finalize_roots(const num::VecWelford* roots, int n, float eps, const RootCombines& rc) {
   const num::VecWelford r02 = combine_roots(rc.eq02, roots[0], roots[2], rc.w02);
   const num::VecWelford r13 = combine_roots(rc.eq13, roots[1], roots[3], rc.w13);
   const num::VecWelford r = combine_roots(rc.eq, r02, r13, rc.w);
   const float var = num::div_rn(r.sigma2, static_cast<float>(n));
   return RowStats{r.mean, num::rsqrt_cuda(num::add_rn(var, eps))};
+}
+// aten's finalize: every cross-warp combine general.
+DIFUSE_HD RowStats finalize_roots(const num::VecWelford* roots, int n, float eps) {
+  return finalize_roots(roots, n, eps, RootCombines{});
 }
 
 // One output element of  F.layer_norm(x) * (1 + scale) + shift  in bf16, with a rounding after every
