@@ -2,7 +2,9 @@
 under compute-sanitizer: GRLN, layernorm_modulate and layernorm_modulate_fp32, few rows, each output bit for bit
 against eager (exit 1 on a mismatch). Written for the warp-equal tree (thirty-eighth session, as
 bench/experiments/warp-equal-tree.patch: clean, bench/results/h100/warp-tree-735f5c8/; the default since the
-thirty-ninth); the native smoke test has no such width. Run
+thirty-ninth). Since the thirty-ninth session the native smoke test has 2432- and 1152-wide cases too, which the
+sanitizer stage's DIFUSE_LNMOD_STREAMED parts (2a, 2b, 3) run on streamed blocks; this script adds the exact
+comparison with eager and 4224. Run
 on the GPU machine from the repository root after `scripts/device-check.sh --stage build`, forcing the streamed kernel
 on 2 blocks so every slot is refilled:
     export DIFUSE_BUILD_DIR=$PWD/build-device DIFUSE_LIB_DIR=$PWD/build-device PYTHONPATH=$PWD/python \
