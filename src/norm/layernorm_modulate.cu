@@ -306,6 +306,14 @@ constexpr RcpCounts make_rcp_counts() {
 }
 __constant__ RcpCounts c_rcp = make_rcp_counts();
 
+// The four uncounted pushes of one bf16 vector w (two words) at sweep k's reciprocals r (c_rcp.v + 4 k).
+__device__ __forceinline__ VecWelford push4_uncounted(VecWelford s, const float* r, uint2 w) {
+  s = num::vec_welford_push_uncounted(s, num::bf16_lo(w.x), r[1]);
+  s = num::vec_welford_push_uncounted(s, num::bf16_hi(w.x), r[2]);
+  s = num::vec_welford_push_uncounted(s, num::bf16_lo(w.y), r[3]);
+  return num::vec_welford_push_uncounted(s, num::bf16_hi(w.y), r[4]);
+}
+
 // Staged rows: ROWS rows per block, G threads per row. Each thread copies its own aten threads' vectors
 // into shared memory (cp.async, all in flight at once), replays their Welford pushes, the tree, and the
 // epilogue from there. A thread only ever reads the vectors it copied, so no barrier guards the staging.
@@ -494,10 +502,7 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
       for (int j = 0; j < A; ++j) {
         if (valid[j]) {
           if constexpr (kCountAfter) {
-            st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_lo(w[j].x), r[1]);
-            st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_hi(w[j].x), r[2]);
-            st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_lo(w[j].y), r[3]);
-            st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_hi(w[j].y), r[4]);
+            st[j] = push4_uncounted(st[j], r, w[j]);
           } else {
             st[j] = num::vec_welford_push(st[j], num::bf16_lo(w[j].x), r[1]);
             st[j] = num::vec_welford_push(st[j], num::bf16_hi(w[j].x), r[2]);
@@ -816,6 +821,11 @@ __device__ __forceinline__ void stream_equal_tree(VecWelford (&st)[A], int i, co
 // G = 32 (one-warp groups, DIFUSE_LNMOD_STREAM_WARP=1): the same paired map with four slots per thread (two pairs
 // of adjacent aten threads, 64 apart), __syncwarp instead of the named barrier.
 template <int G = 64>
+__device__ __forceinline__ RowStats stream_row_reduce(VecWelford (&st)[AtenThreadMap<G, true>::kSlots], int i, int V,
+                                                      int sweeps, const StreamTree tree, VecWelford (&roots)[4],
+                                                      RowStats& stats, int bar_id, int h, float eps);
+
+template <int G = 64>
 __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int V, int sweeps, const StreamTree tree,
                                                      VecWelford (&roots)[4], RowStats& stats, int bar_id, int h,
                                                      float eps) {
@@ -830,12 +840,7 @@ __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int
       const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vi);
       const uint2 w[2] = {make_uint2(w4.x, w4.y), make_uint2(w4.z, w4.w)};
 #pragma unroll
-      for (int j = 0; j < 2; ++j) {
-        st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_lo(w[j].x), r[1]);
-        st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_hi(w[j].x), r[2]);
-        st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_lo(w[j].y), r[3]);
-        st[j] = num::vec_welford_push_uncounted(st[j], num::bf16_hi(w[j].y), r[4]);
-      }
+      for (int j = 0; j < 2; ++j) st[j] = push4_uncounted(st[j], r, w[j]);
     }
     if constexpr (A == 4) {  // G = 32: slots 2, 3, aten threads t + 64, t + 65
       const int vj = Map::aten_thread(i, 2) + kAtenThreads * k;
@@ -843,15 +848,21 @@ __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int
         const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vj);
         const uint2 w[2] = {make_uint2(w4.x, w4.y), make_uint2(w4.z, w4.w)};
 #pragma unroll
-        for (int j = 0; j < 2; ++j) {
-          st[2 + j] = num::vec_welford_push_uncounted(st[2 + j], num::bf16_lo(w[j].x), r[1]);
-          st[2 + j] = num::vec_welford_push_uncounted(st[2 + j], num::bf16_hi(w[j].x), r[2]);
-          st[2 + j] = num::vec_welford_push_uncounted(st[2 + j], num::bf16_lo(w[j].y), r[3]);
-          st[2 + j] = num::vec_welford_push_uncounted(st[2 + j], num::bf16_hi(w[j].y), r[4]);
-        }
+        for (int j = 0; j < 2; ++j) st[2 + j] = push4_uncounted(st[2 + j], r, w[j]);
       }
     }
   }
+  return stream_row_reduce<G>(st, i, V, sweeps, tree, roots, stats, bar_id, h, eps);
+}
+
+// A streamed row's statistics from its slots' pushed states st (counts not set): aten's warp tree (equal-count or
+// general), the warp roots, the group's finalize, its broadcast.
+template <int G>
+__device__ __forceinline__ RowStats stream_row_reduce(VecWelford (&st)[AtenThreadMap<G, true>::kSlots], int i, int V,
+                                                      int sweeps, const StreamTree tree, VecWelford (&roots)[4],
+                                                      RowStats& stats, int bar_id, int h, float eps) {
+  using Map = AtenThreadMap<G, true>;
+  constexpr int A = Map::kSlots;
   if (tree.uniform == kTreeEqual) {
     stream_equal_tree<Map, false>(st, i, tree);
   } else if (tree.uniform == kTreeWarpEqual) {
@@ -1037,6 +1048,12 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
     const uint16_t* grow = p.gate + bb * p.gate_stride + ll * p.gate_stride_l;
     const uint2* const sgate = mod + 3 * bb * V;  // SMOD: this batch's rows
     uint2* const rr = reinterpret_cast<uint2*>(p.residual + row * p.h);
+    // kPushInResidual: each slot's Welford state is pushed as its h1 vectors are formed (stream_row_stats' order and
+    // operations on the same values, so the same bits), not in a second pass over the slot: the two-warp rows' loops
+    // 111 + 112 -> 208 SASS instructions per two sweeps (whole kernel <true, true, 64> 2584 -> 2471). The one-warp
+    // rows keep the second pass: fused, their loop saved one instruction and the epilogue's grew by 9-12.
+    constexpr bool kPushInResidual = G == 64;
+    VecWelford st[A];
     for (int k0 = 0; k0 < sweeps; k0 += KB) {
       uint2 gw[KB][A];
 #pragma unroll
@@ -1062,12 +1079,19 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
             const uint4 o = make_uint4(h0.x, h0.y, h1.x, h1.y);
             *reinterpret_cast<uint4*>(sx + vi) = o;
             *reinterpret_cast<uint4*>(rr + vi) = o;
+            if constexpr (kPushInResidual) {
+              const float* r = c_rcp.v + 4 * (k0 + kk);
+              st[jp] = push4_uncounted(st[jp], r, h0);
+              st[jp + 1] = push4_uncounted(st[jp + 1], r, h1);
+            }
           }
         }
       }
     }
 
-    const RowStats rs = stream_row_stats<G>(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
+    const RowStats rs = kPushInResidual
+                            ? stream_row_reduce<G>(st, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps)
+                            : stream_row_stats<G>(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
 
     // The epilogue (SMOD: the staged bf16(1 + scale) and shift rows after the gate's).
     stream_bf16_epilogue<MODVEC, SMOD, G>(sx, i, V, sweeps, rs, sgate + V, p.scale + bb * p.scale_stride + ll * p.scale_stride_l,
