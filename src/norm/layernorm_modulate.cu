@@ -129,6 +129,13 @@
 // and initcheck clean (scripts/sanitizer-ln-warp-tree.py, sanitizer part 1a; bench/results/h100/
 // warp-tree-landed-cd4f7c8/); at 94 SMs layernorm_modulate 2x4096x2432 36.2 vs 40.3 us, GRLN 2x4096x2432 70.4 vs
 // 71.7 against efcee13 (the knobs DIFUSE_LNMOD_WARP_TREE=0 / DIFUSE_LNMOD_EQUAL_ROOTS=0 restore the general combines).
+// Since 13fa12b (fortieth session) GRLN's two-warp streamed rows push each slot's Welford state in the residual pass,
+// as its h1 vectors are formed (kPushInResidual; the same operations on the same values in the same order as
+// stream_row_stats' second pass, which the one-warp rows keep): exact on an H100 at 13fa12b in this file's, GRLN's and
+// test_wan_fp32.py's tests (939 passed, 0 failed, 0 skipped), the native smoke test (61 passed) and, under memcheck,
+// racecheck and initcheck, the smoke test on streamed knobs and scripts/sanitizer-ln-warp-tree.py: clean
+// (bench/results/h100/push-in-residual-landed-13fa12b/); at 94 SMs GRLN 1x4096x3072 44.5 vs 45.9 us, 2x4096x2432
+// 69.1 vs 70.9, 2x4096x1536 44.9 vs 45.1 against e8e1fb9.
 
 #include "norm/layernorm_modulate.h"
 
