@@ -821,50 +821,9 @@ __device__ __forceinline__ void stream_equal_tree(VecWelford (&st)[A], int i, co
   }
 }
 
-// A streamed consumer group's row statistics from its slot sx (V vectors of 4 bf16; two warps, the paired map): the
-// Welford pushes with the count set after them (the staged kernel's kCountAfter loop), aten's tree (equal-count
-// weights from the host where tree.uniform), the warp roots in `roots` and one thread's finalize into `stats`,
-// between the group's named barriers `bar_id`.
-// G = 32 (one-warp groups, DIFUSE_LNMOD_STREAM_WARP=1): the same paired map with four slots per thread (two pairs
-// of adjacent aten threads, 64 apart), __syncwarp instead of the named barrier.
-template <int G = 64>
-__device__ __forceinline__ RowStats stream_row_reduce(VecWelford (&st)[AtenThreadMap<G, true>::kSlots], int i, int V,
-                                                      int sweeps, const StreamTree tree, VecWelford (&roots)[4],
-                                                      RowStats& stats, int bar_id, int h, float eps);
-
-template <int G = 64>
-__device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int V, int sweeps, const StreamTree tree,
-                                                     VecWelford (&roots)[4], RowStats& stats, int bar_id, int h,
-                                                     float eps) {
-  using Map = AtenThreadMap<G, true>;
-  constexpr int A = Map::kSlots;
-  VecWelford st[A];
-#pragma unroll 2
-  for (int k = 0; k < sweeps; ++k) {
-    const float* r = c_rcp.v + 4 * k;
-    const int vi = Map::aten_thread(i, 0) + kAtenThreads * k;
-    if (vi < V) {  // slots 0, 1: aten threads t, t + 1, vectors vi, vi + 1
-      const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vi);
-      const uint2 w[2] = {make_uint2(w4.x, w4.y), make_uint2(w4.z, w4.w)};
-#pragma unroll
-      for (int j = 0; j < 2; ++j) st[j] = push4_uncounted(st[j], r, w[j]);
-    }
-    if constexpr (A == 4) {  // G = 32: slots 2, 3, aten threads t + 64, t + 65
-      const int vj = Map::aten_thread(i, 2) + kAtenThreads * k;
-      if (vj < V) {
-        const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vj);
-        const uint2 w[2] = {make_uint2(w4.x, w4.y), make_uint2(w4.z, w4.w)};
-#pragma unroll
-        for (int j = 0; j < 2; ++j) st[2 + j] = push4_uncounted(st[2 + j], r, w[j]);
-      }
-    }
-  }
-  return stream_row_reduce<G>(st, i, V, sweeps, tree, roots, stats, bar_id, h, eps);
-}
-
 // A streamed row's statistics from its slots' pushed states st (counts not set): aten's warp tree (equal-count or
 // general), the warp roots, the group's finalize, its broadcast.
-template <int G>
+template <int G = 64>
 __device__ __forceinline__ RowStats stream_row_reduce(VecWelford (&st)[AtenThreadMap<G, true>::kSlots], int i, int V,
                                                       int sweeps, const StreamTree tree, VecWelford (&roots)[4],
                                                       RowStats& stats, int bar_id, int h, float eps) {
@@ -908,6 +867,42 @@ __device__ __forceinline__ RowStats stream_row_reduce(VecWelford (&st)[AtenThrea
   }
   if constexpr (G == 64) group_sync(bar_id); else __syncwarp();
   return stats;
+}
+
+// A streamed consumer group's row statistics from its slot sx (V vectors of 4 bf16; two warps, the paired map): the
+// Welford pushes with the count set after them (the staged kernel's kCountAfter loop), then stream_row_reduce:
+// aten's tree (equal-count weights from the host where tree.uniform), the warp roots in `roots` and one thread's
+// finalize into `stats`, between the group's named barriers `bar_id`.
+// G = 32 (one-warp groups, DIFUSE_LNMOD_STREAM_WARP=1): the same paired map with four slots per thread (two pairs
+// of adjacent aten threads, 64 apart), __syncwarp instead of the named barrier.
+template <int G = 64>
+__device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int V, int sweeps, const StreamTree tree,
+                                                     VecWelford (&roots)[4], RowStats& stats, int bar_id, int h,
+                                                     float eps) {
+  using Map = AtenThreadMap<G, true>;
+  constexpr int A = Map::kSlots;
+  VecWelford st[A];
+#pragma unroll 2
+  for (int k = 0; k < sweeps; ++k) {
+    const float* r = c_rcp.v + 4 * k;
+    const int vi = Map::aten_thread(i, 0) + kAtenThreads * k;
+    if (vi < V) {  // slots 0, 1: aten threads t, t + 1, vectors vi, vi + 1
+      const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vi);
+      const uint2 w[2] = {make_uint2(w4.x, w4.y), make_uint2(w4.z, w4.w)};
+#pragma unroll
+      for (int j = 0; j < 2; ++j) st[j] = push4_uncounted(st[j], r, w[j]);
+    }
+    if constexpr (A == 4) {  // G = 32: slots 2, 3, aten threads t + 64, t + 65
+      const int vj = Map::aten_thread(i, 2) + kAtenThreads * k;
+      if (vj < V) {
+        const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vj);
+        const uint2 w[2] = {make_uint2(w4.x, w4.y), make_uint2(w4.z, w4.w)};
+#pragma unroll
+        for (int j = 0; j < 2; ++j) st[2 + j] = push4_uncounted(st[2 + j], r, w[j]);
+      }
+    }
+  }
+  return stream_row_reduce<G>(st, i, V, sweeps, tree, roots, stats, bar_id, h, eps);
 }
 
 // A streamed consumer's bf16 epilogue for its row: out = LN(x) * (1 + scale) + shift from the slot sx, KB = 2 sweeps'
