@@ -59,6 +59,29 @@ class DeviceCheckOutputsTest(unittest.TestCase):
         self.assertIn("the e2e records are packed into e2e-json.tgz", p.stdout)
         self.assertNotIn("will be left out", p.stderr)
 
+    def test_bench_runs_before_the_tests_whatever_the_order_given(self):
+        """--stage tests,bench runs bench first: ops.json is whole before the suite starts, so a suite cut at the
+        call's limit still leaves it (the order of the stages is the script's, not the argument's)."""
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp = Path(tmp)
+            root, bin_dir, out = tmp / "repo", tmp / "bin", tmp / "out"
+            (root / "scripts").mkdir(parents=True)
+            shutil.copy2(ROOT / "scripts" / "device-check.sh", root / "scripts" / "device-check.sh")
+            _exe(root / "scripts" / "test.sh", "#!/usr/bin/env bash\necho 'stub suite ran'\n")
+            write_build_stubs(bin_dir)
+            _exe(bin_dir / "python3", PYTHON)
+            env = {k: v for k, v in os.environ.items() if not k.startswith("DIFUSE_")}
+            env.update(PATH=f"{bin_dir}:{env['PATH']}", OUT=str(out), DIFUSE_GIT_SHA="abc", TMPDIR=str(tmp),
+                       DIFUSE_DEVICE_DEADLINE="120", DIFUSE_BUILD_DIR=str(tmp / "build"))
+            p = subprocess.run(["bash", str(root / "scripts" / "device-check.sh"), "--stage", "tests,bench"], env=env,
+                               capture_output=True, text=True, timeout=120)
+            self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
+            bench = p.stdout.find("] bench: python -m difuse bench ops")
+            tests = p.stdout.find("] tests: scripts/test.sh")
+            self.assertGreaterEqual(bench, 0, p.stdout)
+            self.assertGreaterEqual(tests, 0, p.stdout)
+            self.assertLess(bench, tests, p.stdout)
+
     def test_records_that_fit_stay_as_they_are(self):
         p, left, packed = self.run_e2e(["flux", "wan"])
         self.assertEqual(p.returncode, 0, p.stdout + p.stderr)
