@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
 """scripts/gpu-test-shards.py: the GPU test files split into parallel pytest processes, and their reports merged.
 
-  gpu-test-shards.py split --jobs N [--weights REPORT.json]... FILE...   one line per shard: its pytest arguments
+  gpu-test-shards.py split --jobs N [--weights REPORT.json]... [--against REPORT.json] FILE...
+                                                                         one line per shard: its pytest arguments
   gpu-test-shards.py merge OUT.json SHARD.json...                        one report of every shard's cases
   gpu-test-shards.py partial OUT.json CASES.jsonl...                     a report of a cut run's case logs
 
@@ -26,6 +27,13 @@ the cases whose index in collection order is i modulo K, so new or renamed cases
 test_rms_norm.py::test_streamed_variant, 16 cases of ~20 s, kept its shard busy 360+ s after the others had
 finished. Slices of one function that land in one shard join in one --case-slice; beside the rest of their file,
 they go back into it (no exclusion of the function there, the --case-slice keeps that shard's slices).
+
+With --against REPORT.json, `split` also prints (on stderr, so test.sh's reading of the shards is unchanged) the
+seconds of that report's cases each shard would run: a check of a new split against a finished run's timings, e.g.
+the next run's shards against the last whole suite's. A --case-slice takes its share of the function's seconds pro
+rata (which cases fall in a slice depends on the collection order, which a report does not keep): the split that ran
+at 5446e9b, against that run's own report, gives 271.0, 276.8, 268.4, 306.2, 322.0 and 311.1 s, where the shards'
+own reports sum to the same except the two sliced shards' 286.8 and 287.8.
 
 `merge` writes the report conftest.py writes for one process (git_sha, command, date, torch, gpu, diffusers, passed,
 failed, skipped, cases) with the counts summed and the cases of every shard, plus `shards` (how many processes ran). A
@@ -158,6 +166,33 @@ def _shard_tokens(shard: list) -> list:
     return [t for tokens in sorted(kept) for t in tokens]
 
 
+def shard_seconds(tokens: list, functions: dict) -> float:
+    """The seconds a shard's pytest arguments (one line of `split`) cover in a report, from its per-function seconds
+    ({(file name, fn): (seconds, node, cases)}, function_seconds): each file's functions less its --exclude-function
+    ones, each pulled-out function; a function under --case-slice=...=I,J/K counts len({I, J}) / K of its seconds."""
+    share = {}  # (file name, fn) -> fraction of its cases this shard runs, where a --case-slice names it
+    for t in tokens:
+        if t.startswith("--case-slice="):
+            name_fn, _, spec = t.split("=", 1)[1].rpartition("=")
+            name, fn = name_fn.split("::")
+            indices, k = spec.split("/")
+            share[(name, fn)] = len(indices.split(",")) / int(k)
+    total, i = 0.0, 0
+    while i < len(tokens):
+        item, i = tokens[i], i + 1
+        excluded = set()
+        while i < len(tokens) and tokens[i].startswith("--"):
+            if tokens[i].startswith("--exclude-function="):
+                excluded.add(tuple(tokens[i].split("=", 1)[1].split("::")))
+            i += 1
+        path, _, fn = item.partition("::")
+        name = Path(path).name
+        for (n, f), (sec, _, _) in functions.items():
+            if n == name and (f == fn if fn else (n, f) not in excluded):
+                total += sec * share.get((n, f), 1.0)
+    return total
+
+
 def _slice_option(name: str, fn: str, indices: set, slices: int) -> str:
     return f"--case-slice={name}::{fn}={','.join(map(str, sorted(indices)))}/{slices}"
 
@@ -210,6 +245,7 @@ def main(argv=None) -> int:
     sp.add_argument("--jobs", type=int, required=True)
     sp.add_argument("--weights", action="append", default=[],
                     help="an earlier test report (repeatable; per file the largest); unreadable ones are skipped")
+    sp.add_argument("--against", help="a finished run's report: print each shard's seconds of its cases (stderr)")
     sp.add_argument("files", nargs="+")
     mp = sub.add_parser("merge")
     mp.add_argument("--missing", type=int, default=0,
@@ -246,8 +282,18 @@ def main(argv=None) -> int:
             for key, (sec, node, cases) in per_function.items():
                 if sec >= functions.get(key, (-1.0, node, 0))[0]:
                     functions[key] = (sec, node, cases)
-        for shard in split(a.files, a.jobs, weights, functions):
+        against = None
+        if a.against:
+            try:
+                against = function_seconds(json.loads(Path(a.against).read_text()))
+            except (OSError, ValueError, KeyError, TypeError, AttributeError) as e:
+                print(f"gpu-test-shards: --against {a.against} unreadable ({e})", file=sys.stderr)
+                return 1
+        for i, shard in enumerate(split(a.files, a.jobs, weights, functions)):
             print(" ".join(shard))
+            if against is not None:
+                print(f"gpu-test-shards: shard {i}: {shard_seconds(shard, against):.1f} s of {a.against}'s cases",
+                      file=sys.stderr)
         return 0
     reports = []
     for path in a.shards:

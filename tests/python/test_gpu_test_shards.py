@@ -176,6 +176,49 @@ class MergeTest(unittest.TestCase):
             self.assertEqual((merged["passed"], merged["failed"], merged["shards_missing"]), (1, 1, 1))
             self.assertIn("wrote no report", p.stdout)
 
+    def test_shard_seconds_count_what_each_shard_runs(self):
+        def case(cid, sec):
+            return {"id": cid, "outcome": "passed", "seconds": sec}
+        rep = report("abc")
+        rep["cases"] = [case("tests/gpu/test_a.py::test_x[1]", 10.0), case("tests/gpu/test_a.py::test_x[2]", 30.0),
+                        case("tests/gpu/test_a.py::test_y", 5.0), case("tests/gpu/test_b.py::test_z", 7.0),
+                        case("tests/gpu/test_a.py::test_x_longer", 2.0)]
+        fns = shards.function_seconds(rep)
+        # a whole file; a file less a function (exactly that one, not test_x_longer); the pulled-out function whole
+        self.assertEqual(shards.shard_seconds(["tests/gpu/test_a.py"], fns), 47.0)
+        self.assertEqual(shards.shard_seconds(
+            ["tests/gpu/test_a.py", "--exclude-function=test_a.py::test_x", "tests/gpu/test_b.py"], fns), 14.0)
+        self.assertEqual(shards.shard_seconds(["tests/gpu/test_a.py::test_x"], fns), 40.0)
+        # slices pro rata: 1 of 4 and 2 of 4 (of test_x's 40 s), beside the rest of the file or alone
+        self.assertEqual(shards.shard_seconds(["tests/gpu/test_a.py::test_x", "--case-slice=test_a.py::test_x=1/4"],
+                                              fns), 10.0)
+        self.assertEqual(shards.shard_seconds(["tests/gpu/test_a.py", "--case-slice=test_a.py::test_x=0,2/4"],
+                                              fns), 27.0)
+        # a file no case of the report names counts nothing
+        self.assertEqual(shards.shard_seconds(["tests/gpu/test_new.py"], fns), 0.0)
+
+    def test_against_prints_each_shards_seconds_on_stderr_only(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            files = []
+            for name in ("test_a.py", "test_b.py"):
+                (Path(tmp) / name).write_text("def test_x():\n    pass\n")
+                files.append(str(Path(tmp) / name))
+            rep = report("abc", f"tests/gpu/test_a.py::test_x", f"tests/gpu/test_b.py::test_x")
+            rep["cases"][0]["seconds"] = 12.5
+            path = Path(tmp) / "r.json"
+            path.write_text(json.dumps(rep))
+            base = [sys.executable, str(SCRIPT), "split", "--jobs", "2", "--weights", str(path)]
+            plain = subprocess.run(base + files, capture_output=True, text=True)
+            p = subprocess.run(base + ["--against", str(path)] + files, capture_output=True, text=True)
+            self.assertEqual(p.returncode, 0, p.stderr)
+            self.assertEqual(p.stdout, plain.stdout)  # test.sh reads stdout: unchanged
+            self.assertEqual(sorted(re.findall(r"shard (\d): ([\d.]+) s of ", p.stderr)),
+                             [("0", "12.5"), ("1", "1.0")])
+            bad = subprocess.run(base + ["--against", str(Path(tmp) / "missing.json")] + files,
+                                 capture_output=True, text=True)
+            self.assertEqual(bad.returncode, 1)
+            self.assertIn("unreadable", bad.stderr)
+
     def test_the_committed_reports_split_the_real_files(self):
         files = [str(f) for f in sorted((ROOT / "tests" / "gpu").glob("test_*.py"))]
         h200, h100 = ROOT / "bench" / "results" / "h200", ROOT / "bench" / "results" / "h100"
