@@ -55,6 +55,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests" / "gpu"))
 import case_log  # noqa: E402  (torch-free)
+import case_slices  # noqa: E402  (torch-free: the --case-slice and --exclude-function syntax pytest reads)
 
 # What a report says of its run besides the counts and cases (conftest.py's report and case-log header).
 REPORT_FIELDS = ("git_sha", "command", "date", "torch", "gpu", "diffusers")
@@ -173,17 +174,15 @@ def shard_seconds(tokens: list, functions: dict) -> float:
     share = {}  # (file name, fn) -> fraction of its cases this shard runs, where a --case-slice names it
     for t in tokens:
         if t.startswith("--case-slice="):
-            name_fn, _, spec = t.split("=", 1)[1].rpartition("=")
-            name, fn = name_fn.split("::")
-            indices, k = spec.split("/")
-            share[(name, fn)] = len(indices.split(",")) / int(k)
+            name, fn, indices, slices = case_slices.parse(t.split("=", 1)[1])
+            share[(name, fn)] = len(indices) / slices
     total, i = 0.0, 0
     while i < len(tokens):
         item, i = tokens[i], i + 1
         excluded = set()
         while i < len(tokens) and tokens[i].startswith("--"):
             if tokens[i].startswith("--exclude-function="):
-                excluded.add(tuple(tokens[i].split("=", 1)[1].split("::")))
+                excluded.add(case_slices.parse_exclude(tokens[i].split("=", 1)[1]))
             i += 1
         path, _, fn = item.partition("::")
         name = Path(path).name
