@@ -76,12 +76,16 @@ case "${1:-}" in
     limit=${DIFUSE_REV_BENCH_TIMEOUT:-120}  # seconds one bench run may take: a hung kernel costs this, not the call
     budget=${DIFUSE_REV_BENCH_BUDGET:-540}  # seconds since the script began after which runs are skipped, so the
                                             # records are packed before the device's 600 s limit cuts the call
+    # Each build's PID, waited on by name: `$(jobs -p)` no longer lists a job that has already ended, so a build
+    # that failed at once was missed and every revision timed (forty-first session).
+    builds=()
     for n in "${names[@]}"; do
       (cmake -S "${src[$n]}" -B "/tmp/rev-build-$n" -G Ninja -DCMAKE_BUILD_TYPE=Release -DDIFUSE_BUILD_TORCH=ON &&
         cmake --build "/tmp/rev-build-$n" -j "$jobs" --target difuse difuse_torch) >"$OUT/revs/build-$n.log" 2>&1 &
+      builds+=($!)
     done
     fail=0
-    for j in $(jobs -p); do wait "$j" || fail=1; done
+    for j in "${builds[@]}"; do wait "$j" || fail=1; done
     echo "[rev-bench $((SECONDS - start))s] built ${names[*]} ($jobs jobs each)"
     [ $fail = 0 ] || { tail -n 30 "$OUT"/revs/build-*.log; pack; exit 1; }
     # --ncu OP:SHAPE: one launch of OP at SHAPE under Nsight Compute at each revision (scripts/ncu-op.sh, the working

@@ -52,10 +52,13 @@ def _exe(path: Path, text: str) -> None:
 
 
 class RevBenchRun(unittest.TestCase):
-    def run_script(self, *args, fail_tree="", hang_tree="", env_extra=None):
+    def run_script(self, *args, fail_tree="", hang_tree="", env_extra=None, more_trees=0):
         tmp = Path(tempfile.mkdtemp())
         self.addCleanup(shutil.rmtree, tmp)
         (tmp / "scripts").mkdir()
+        for i in range(more_trees):  # trees c0000.., after aaaaaaa and bbbbbbb in the script's order
+            (tmp / ".revs" / f"c{i:06d}" / "python").mkdir(parents=True)
+            (tmp / ".revs" / f"c{i:06d}" / ".sha").write_text(f"{i:040x}\n")
         shutil.copy(ROOT / "scripts" / "rev-bench.sh", tmp / "scripts" / "rev-bench.sh")
         shutil.copy(ROOT / "scripts" / "ncu-op.sh", tmp / "scripts" / "ncu-op.sh")
         for short, sha in (("aaaaaaa", "a" * 40), ("bbbbbbb", "b" * 40)):
@@ -124,6 +127,17 @@ class RevBenchRun(unittest.TestCase):
         self.assertFalse([l for l in lines if l.startswith("bench ")])
         self.assertIn("revs/build-bbbbbbb.log", names)
         self.assertIn("configure failed", r.stdout)
+
+    def test_a_build_that_fails_before_the_others_start_still_fails_the_run(self):
+        """The first tree's configure fails while 40 more builds are still being started: the script must see that
+        failure too. It waited on `$(jobs -p)`, which no longer lists a job that has already ended, so a fast failure
+        was lost (test_a_failed_build_... failed now and then in CI, the forty-first session: the run then timed every
+        tree). It waits on the PIDs it started."""
+        for _ in range(3):
+            r, lines, names, _, _ = self.run_script("op_a", "--rounds", "1", fail_tree="aaaaaaa", more_trees=40)
+            self.assertEqual(r.returncode, 1, r.stdout + r.stderr)
+            self.assertFalse([l for l in lines if l.startswith("bench ")])
+            self.assertIn("revs/build-aaaaaaa.log", names)
 
     def test_a_hung_bench_is_cut_and_the_others_still_run_and_pack(self):
         r, lines, names, _, _ = self.run_script("op_a", "--rounds", "1", hang_tree="aaaaaaa",
