@@ -386,7 +386,7 @@ KERNEL_KNOBS = ("DIFUSE_QK_ROWS_PER_WARP", "DIFUSE_QK_LANES_PER_ROW", "DIFUSE_QK
                 "DIFUSE_LNMOD_WARP_TREE", "DIFUSE_LNMOD_EQUAL_ROOTS",
                 "DIFUSE_STREAM_READ_FENCE", "DIFUSE_STREAM_GRAB", "DIFUSE_STREAM_PRODUCER_LANES",
                 "DIFUSE_STREAM_FULL_BARRIERS",
-                "DIFUSE_EW_GRID2D", "DIFUSE_GELU_PIPELINED", "DIFUSE_GELU_COMPUTED_WORDS")
+                "DIFUSE_EW_GRID2D", "DIFUSE_GELU_PIPELINED", "DIFUSE_GELU_COMPUTED_WORDS", "DIFUSE_GELU_TABLE")
 # Environment variables that change which path difuse.patch takes (read in Python); named in records likewise.
 PATCH_KNOBS = ("DIFUSE_ERNIE_FUSED_ROPE", "DIFUSE_FUSED_ACTIVATION_MUL", "DIFUSE_ERNIE_QK_NORM_ROPE")
 # Environment variables of the bench itself: DIFUSE_BENCH_SMS=N is `bench ops --sms N` (so a device-check sweep entry

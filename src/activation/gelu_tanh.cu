@@ -37,7 +37,9 @@
 // (knob-sweeps/d823c00/: 1x4608x12288 64.9 vs 66.7 us, 1x4096x12288 58.1 vs 60.1, 1x512x12288 10.9 vs 11.2, into the
 // concat slice 64.5 vs 66.4; predicted ~61-63; two words 67.8). One computed word is the default since then (dispatch
 // only: the kernel that ran exact there; as the default not yet run in this file's tests on the H200);
-// DIFUSE_GELU_COMPUTED_WORDS=0 keeps the table-only kernel.
+// DIFUSE_GELU_COMPUTED_WORDS=0 keeps the table-only kernel. DIFUSE_GELU_TABLE=0 (for measurement) skips the table at every
+// size: the computing kernel alone (test_table_off_variant), to time it against the table kernel on the H100, where
+// eager's computing kernel beat the table kernel (70.4 vs 76.8 us at 1x4096x12288, whole GPU, a1823fb).
 #include "activation/gelu_tanh.h"
 
 #include <cuda_runtime.h>
@@ -283,7 +285,11 @@ void gelu_tanh(const difuse_tensor_view& out, const difuse_tensor_view& x, cudaS
            (p.rows == 1 || (p.x_rs % vec == 0 && p.out_rs % vec == 0));
   };
   const int64_t total = p.rows * (p.cols / 8);
-  if (fits(8) && total >= (int64_t{1} << 16) && total < (int64_t{1} << 31)) {
+  // DIFUSE_GELU_TABLE=0 (for measurement) runs the computing kernel at every size: on an H100 (whole GPU, a1823fb)
+  // eager's computing kernel runs at copy speed (70.4 us at 1x4096x12288) while the table kernel takes 76.8, where on
+  // the H200 (f59b89a) eager's is ALU-bound (59.6 vs a 50.5 us stream) and the table's 59.2; the same bits either way.
+  static const int use_table = detail::env_knob_or("DIFUSE_GELU_TABLE", 1);
+  if (use_table != 0 && fits(8) && total >= (int64_t{1} << 16) && total < (int64_t{1} << 31)) {
     if (const uint16_t* table = gelu_table(x.device, stream)) {
       const int sms = detail::sm_count(x.device);  // one runtime call per device, not per launch
       const bool dense = (p.rows == 1 || p.x_rs == p.cols) && (p.rows == 1 || p.out_rs == p.cols);

@@ -159,3 +159,12 @@ def test_computed_words_variant(words):
     rolled = ("rolled = torch.cat([torch.roll(pats, k) for k in range(8)] * 2).view(torch.bfloat16).view(64, 16384)\n"
               "bad += count_mismatches(ops.gelu_tanh(rolled), ref(rolled))\n")
     assert_exact_under(table_path_script(2600, rolled), DIFUSE_GELU_COMPUTED_WORDS=words)
+
+
+def test_table_off_variant():
+    """DIFUSE_GELU_TABLE=0 (read once per process): no table at any size, the computing kernel alone, also for the
+    tensors that take the table kernel by default: the same bits for every bf16 pattern (shuffled, dense, into a
+    column slice, in place), the site shapes and a size that leaves the table kernel's last batch partly empty."""
+    from knob_run import assert_exact_under
+
+    assert_exact_under(table_path_script(2700), DIFUSE_GELU_TABLE="0")
