@@ -5,9 +5,10 @@
 // Replays: torch 2.11.0+cu130 GeluCUDAKernelImpl (numerics/activation.h has the formula and constants).
 // The output may be a column slice of a larger buffer (the single block writes the MLP half of its
 // [attention, mlp] concat directly), so rows of x and out each have their own stride.
-// Two paths, the same bits: tensors of >= 2^16 eight-element vectors with 16-byte-aligned rows read a 128 KB
-// table of all 65,536 results (built once per device by the computing kernel's own arithmetic, kept in shared
-// memory, one 1024-thread block per SM); smaller or misaligned ones, and calls captured before the table
+// Two paths, the same bits: on devices where DRAM outpaces the SMs' arithmetic (gelu_table_pays: the H200, not a
+// whole H100), tensors of >= 2^16 eight-element vectors with 16-byte-aligned rows read a 128 KB table of all
+// 65,536 results (built once per device by the computing kernel's own arithmetic, kept in shared memory, one
+// 1024-thread block per SM); other devices, smaller or misaligned tensors, and calls captured before the table
 // exists, run the computing kernel (8/4/2/1 elements per access by alignment).
 //
 // Guards (can_use_gelu_tanh; every violation is reported): x and out bf16 on one CUDA device, same sizes,
@@ -37,9 +38,14 @@
 // (knob-sweeps/d823c00/: 1x4608x12288 64.9 vs 66.7 us, 1x4096x12288 58.1 vs 60.1, 1x512x12288 10.9 vs 11.2, into the
 // concat slice 64.5 vs 66.4; predicted ~61-63; two words 67.8). One computed word is the default since then (dispatch
 // only: the kernel that ran exact there; as the default not yet run in this file's tests on the H200);
-// DIFUSE_GELU_COMPUTED_WORDS=0 keeps the table-only kernel. DIFUSE_GELU_TABLE=0 (for measurement) skips the table at every
-// size: the computing kernel alone (test_table_off_variant), to time it against the table kernel on the H100, where
-// eager's computing kernel beat the table kernel (70.4 vs 76.8 us at 1x4096x12288, whole GPU, a1823fb).
+// DIFUSE_GELU_COMPUTED_WORDS=0 keeps the table-only kernel.
+// The table by the device (since this note; predicted, not yet measured as the default): the table kernel only where
+// DRAM moves at least 15.5 bytes per SM cycle (gelu_table_pays in gelu_tanh.h; the H200 ~18.6, 94 of an H100's SMs
+// 18.0), the computing kernel at every size below (a whole H100 SXM, 12.8): there eager's computing kernel runs at
+// copy speed (70.4 us at 1x4096x12288, a1823fb) and the table kernel took 76.8 (bench/results/h100/
+// gelu-whole-gpu-a1823fb/). Predicted on a whole H100: ~70.5 us at 1x4096x12288 and ~79 at 1x4608x12288 and into
+// FLUX.1's concat slice (86.5 with the table); the H200 unchanged. DIFUSE_GELU_TABLE=1|0 forces the table or the
+// computing kernel (test_table_forced_variant; the table kernels' tests force the table).
 #include "activation/gelu_tanh.h"
 
 #include <cuda_runtime.h>
@@ -285,11 +291,11 @@ void gelu_tanh(const difuse_tensor_view& out, const difuse_tensor_view& x, cudaS
            (p.rows == 1 || (p.x_rs % vec == 0 && p.out_rs % vec == 0));
   };
   const int64_t total = p.rows * (p.cols / 8);
-  // DIFUSE_GELU_TABLE=0 (for measurement) runs the computing kernel at every size: on an H100 (whole GPU, a1823fb)
-  // eager's computing kernel runs at copy speed (70.4 us at 1x4096x12288) while the table kernel takes 76.8, where on
-  // the H200 (f59b89a) eager's is ALU-bound (59.6 vs a 50.5 us stream) and the table's 59.2; the same bits either way.
-  static const int use_table = detail::env_knob_or("DIFUSE_GELU_TABLE", 1);
-  if (use_table != 0 && fits(8) && total >= (int64_t{1} << 16) && total < (int64_t{1} << 31)) {
+  // The table only where it pays on this device (gelu_table_pays in gelu_tanh.h: DRAM's bytes per SM cycle, or
+  // DIFUSE_GELU_TABLE=1|0 to force either kernel for measurement); the same bits either way.
+  static const int table_knob = detail::env_knob_or("DIFUSE_GELU_TABLE", -1);
+  if (fits(8) && total >= (int64_t{1} << 16) && total < (int64_t{1} << 31) &&
+      gelu_table_pays(detail::dram_bytes_per_sm_cycle(x.device), table_knob)) {
     if (const uint16_t* table = gelu_table(x.device, stream)) {
       const int sms = detail::sm_count(x.device);  // one runtime call per device, not per launch
       const bool dense = (p.rows == 1 || p.x_rs == p.cols) && (p.rows == 1 || p.out_rs == p.cols);

@@ -1,10 +1,11 @@
 // Makes a CUDA device current for a scope and restores the previous one (checked calls); a device's SM count, read
-// once per device (or the benchmarks' SM partition's).
+// once per device (or the benchmarks' SM partition's), and its DRAM bytes per SM cycle.
 #pragma once
 
 #include <cuda_runtime_api.h>
 
 #include <atomic>
+#include <cstdint>
 #include <string>
 
 #include "core/error.h"
@@ -66,6 +67,34 @@ inline int device_sm_count(int device) {
 inline int sm_count(int device) {
   const int partition = launch_sm_override(device).load(std::memory_order_acquire);
   return partition > 0 ? partition : device_sm_count(device);
+}
+
+// Peak DRAM bytes per cycle of the whole chip's SM clock: (memory clock x 2, double data rate) x bus width / 8 over
+// the SM clock, both in kHz as the runtime reports them. An H100 SXM (2,619 MHz x 5,120 bits, 1,980 MHz) moves 1,693
+// bytes a cycle, 12.8 per SM of its 132. Host arithmetic only (CPU-tested).
+inline double dram_bytes_per_cycle(int64_t memory_clock_khz, int64_t bus_width_bits, int64_t sm_clock_khz) {
+  return sm_clock_khz <= 0 ? 0.0
+                           : static_cast<double>(memory_clock_khz) * 2.0 * static_cast<double>(bus_width_bits) / 8.0 /
+                                 static_cast<double>(sm_clock_khz);
+}
+
+// How many bytes DRAM can move per SM per SM cycle on `device` at its peak clocks: the arithmetic a memory-bound
+// kernel may spend per byte before its SMs, not DRAM, set the pace. The chip's bytes per cycle are read once per
+// device (three checked runtime calls); the SM count is sm_count()'s, so the benchmarks' SM partition counts as the
+// smaller device it stands in for (94 of an H100's SMs: 18.0, the H200's ~18.6).
+inline double dram_bytes_per_sm_cycle(int device) {
+  static std::atomic<double> cached[kMaxDevices];  // 0: not read yet
+  const int d = device_slot(device);
+  double per_cycle = cached[d].load(std::memory_order_acquire);
+  if (per_cycle == 0.0) {
+    int mem_khz = 0, bus_bits = 0, sm_khz = 0;
+    DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&mem_khz, cudaDevAttrMemoryClockRate, device));
+    DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
+    DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, device));
+    per_cycle = dram_bytes_per_cycle(mem_khz, bus_bits, sm_khz);
+    cached[d].store(per_cycle, std::memory_order_release);
+  }
+  return per_cycle / sm_count(device);
 }
 
 }  // namespace difuse::detail

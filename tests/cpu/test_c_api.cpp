@@ -9,6 +9,7 @@
 #include "core/device.h"
 #include "core/env_knob.h"
 #include "core/error.h"
+#include "activation/gelu_tanh.h"
 #include "difuse/difuse.hpp"
 #include "norm/layernorm_modulate.h"
 
@@ -176,6 +177,26 @@ TEST(DeviceSlots, DevicesOutsideTheCachesAreRefused) {
   EXPECT_EQ(difuse::detail::device_slot(63), 63);
   EXPECT_THROW(difuse::detail::device_slot(64), difuse::detail::Failure);
   EXPECT_THROW(difuse::detail::device_slot(-1), difuse::detail::Failure);
+}
+
+// DRAM bytes per SM cycle from the runtime's clocks (kHz) and bus width, and gelu_tanh's table policy on it: an H100
+// SXM (2,619 MHz HBM3 on 5,120 bits, 1,980 MHz SMs) computes on all 132 SMs and takes the table on 94 (the H200
+// proxy), an H200 (HBM3e ~3.2 GHz on 6,144 bits) takes the table; DIFUSE_GELU_TABLE=0|1 overrides either way.
+TEST(DevicePolicy, DramBytesPerSmCycleAndTheGeluTable) {
+  using difuse::activation::gelu_table_pays;
+  const double h100 = difuse::detail::dram_bytes_per_cycle(2619000, 5120, 1980000);
+  EXPECT_NEAR(h100, 1693.1, 0.1);
+  EXPECT_NEAR(h100 / 132, 12.83, 0.01);
+  const double h200 = difuse::detail::dram_bytes_per_cycle(3201000, 6144, 1980000);
+  EXPECT_NEAR(h200 / 132, 18.81, 0.01);
+  EXPECT_EQ(difuse::detail::dram_bytes_per_cycle(2619000, 5120, 0), 0.0);
+  EXPECT_FALSE(gelu_table_pays(h100 / 132, -1));
+  EXPECT_TRUE(gelu_table_pays(h100 / 94, -1));
+  EXPECT_TRUE(gelu_table_pays(h200 / 132, -1));
+  EXPECT_TRUE(gelu_table_pays(h100 / 132, 1));
+  EXPECT_FALSE(gelu_table_pays(h200 / 132, 0));
+  EXPECT_FALSE(gelu_table_pays(0.0, 2));  // an unknown knob value leaves the choice to the device
+  EXPECT_TRUE(gelu_table_pays(h200 / 132, 2));
 }
 
 TEST(DeviceSlots, PredicatesNameADevicePastTheCaches) {

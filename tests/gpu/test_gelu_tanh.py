@@ -32,9 +32,11 @@ def test_every_bf16_input():
     assert count_mismatches(buf[:, :40], torch.zeros(256, 40, device=DEV, dtype=BF)) == 0  # untouched
 
 
-def test_every_bf16_input_through_the_table_path():
-    """Large tensors take the shared-memory table (built once per device from the kernel's own arithmetic):
-    every pattern, tiled and shuffled into a tensor large enough, into a column slice and in place."""
+def test_every_bf16_input_at_the_table_paths_size():
+    """Large tensors take the shared-memory table (built once per device from the kernel's own arithmetic) on a
+    device where it pays (the H200), the computing kernel elsewhere (a whole H100; test_table_forced_variant
+    forces the table there): every pattern, tiled and shuffled into a tensor large enough, into a column slice and
+    in place."""
     g = torch.Generator(device=DEV).manual_seed(SEED)
     pats = torch.arange(65536, device=DEV, dtype=torch.int32).to(torch.int16)
     x = pats[torch.randperm(65536 * 16, device=DEV, generator=g) % 65536].view(BF).view(64, 16384)
@@ -138,18 +140,19 @@ def table_path_script(seed: int, patterns: str = "") -> str:
 
 @pytest.mark.parametrize("pipelined", ["0", "1"])
 def test_pipelined_table_variant(pipelined):
-    """DIFUSE_GELU_PIPELINED=1 (the default) / =0: the table kernel issues its next batch's loads before storing
-    the current one, or (=0) after:
+    """DIFUSE_GELU_PIPELINED=1 (the default) / =0, with DIFUSE_GELU_TABLE=1 (the table on any device): the table
+    kernel issues its next batch's loads before storing the current one, or (=0) after:
     the same bits for every bf16 pattern (tiled and shuffled, dense, into a column slice, in place), the site shapes
     and a size that leaves the last batch partly empty."""
     from knob_run import assert_exact_under
 
-    assert_exact_under(table_path_script(2500), DIFUSE_GELU_PIPELINED=pipelined)
+    assert_exact_under(table_path_script(2500), DIFUSE_GELU_PIPELINED=pipelined, DIFUSE_GELU_TABLE="1")
 
 
 @pytest.mark.parametrize("words", ["0", "1", "2"])
 def test_computed_words_variant(words):
-    """DIFUSE_GELU_COMPUTED_WORDS=0|1|2 (read once per process; 1 is the default): the pipelined table kernel maps the
+    """DIFUSE_GELU_COMPUTED_WORDS=0|1|2 (read once per process; 1 is the default), with DIFUSE_GELU_TABLE=1 (the
+    table on any device): the pipelined table kernel maps the
     first 0, 1 or 2 of each 16-byte vector's four words with the computing kernel's arithmetic and the rest through the
     table: the same bits for every bf16 pattern at every one of a vector's 8 places (the patterns rolled by 0..7
     elements, so each reaches the computed words and the looked-up ones), shuffled, into a column slice, in place, and
@@ -158,13 +161,15 @@ def test_computed_words_variant(words):
 
     rolled = ("rolled = torch.cat([torch.roll(pats, k) for k in range(8)] * 2).view(torch.bfloat16).view(64, 16384)\n"
               "bad += count_mismatches(ops.gelu_tanh(rolled), ref(rolled))\n")
-    assert_exact_under(table_path_script(2600, rolled), DIFUSE_GELU_COMPUTED_WORDS=words)
+    assert_exact_under(table_path_script(2600, rolled), DIFUSE_GELU_COMPUTED_WORDS=words, DIFUSE_GELU_TABLE="1")
 
 
-def test_table_off_variant():
-    """DIFUSE_GELU_TABLE=0 (read once per process): no table at any size, the computing kernel alone, also for the
-    tensors that take the table kernel by default: the same bits for every bf16 pattern (shuffled, dense, into a
-    column slice, in place), the site shapes and a size that leaves the table kernel's last batch partly empty."""
+@pytest.mark.parametrize("table", ["0", "1"])
+def test_table_forced_variant(table):
+    """DIFUSE_GELU_TABLE=0|1 (read once per process; by default the device decides, gelu_table_pays): =0 no table at
+    any size, the computing kernel alone; =1 the table kernel wherever the tensor qualifies, also on a device where it
+    does not pay (a whole H100): the same bits for every bf16 pattern (shuffled, dense, into a column slice, in
+    place), the site shapes and a size that leaves the table kernel's last batch partly empty."""
     from knob_run import assert_exact_under
 
-    assert_exact_under(table_path_script(2700), DIFUSE_GELU_TABLE="0")
+    assert_exact_under(table_path_script(2700), DIFUSE_GELU_TABLE=table)
