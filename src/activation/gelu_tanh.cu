@@ -39,13 +39,15 @@
 // concat slice 64.5 vs 66.4; predicted ~61-63; two words 67.8). One computed word is the default since then (dispatch
 // only: the kernel that ran exact there; as the default not yet run in this file's tests on the H200);
 // DIFUSE_GELU_COMPUTED_WORDS=0 keeps the table-only kernel.
-// The table by the device (since this note; predicted, not yet measured as the default): the table kernel only where
-// DRAM moves at least 15.5 bytes per SM cycle (gelu_table_pays in gelu_tanh.h; the H200 ~18.6, 94 of an H100's SMs
-// 18.0), the computing kernel at every size below (a whole H100 SXM, 12.8): there eager's computing kernel runs at
-// copy speed (70.4 us at 1x4096x12288, a1823fb) and the table kernel took 76.8 (bench/results/h100/
-// gelu-whole-gpu-a1823fb/). Predicted on a whole H100: ~70.5 us at 1x4096x12288 and ~79 at 1x4608x12288 and into
-// FLUX.1's concat slice (86.5 with the table); the H200 unchanged. DIFUSE_GELU_TABLE=1|0 forces the table or the
-// computing kernel (test_table_forced_variant; the table kernels' tests force the table).
+// The table by the device (since 0f6077d): the table kernel only where DRAM moves at least 15.5 bytes per SM cycle
+// (gelu_table_pays in gelu_tanh.h; the H200 ~18.8, 94 of an H100's SMs 18.0), the computing kernel at every size
+// below (a whole H100 SXM, 12.8): there eager's computing kernel runs at copy speed (70.4 us at 1x4096x12288, a1823fb)
+// and the table kernel took 76.8 (bench/results/h100/gelu-whole-gpu-a1823fb/). Predicted on a whole H100 ~70.5 us at
+// 1x4096x12288 and ~79 at 1x4608x12288 and FLUX.1's concat slice; measured at a07f842 (bench/results/h100/
+// gelu-table-by-device-a07f842/, two rounds): 72.5 vs 76.8-77.0 with the table (eager 71.0), 80.3-80.7 vs 86.2-86.3,
+// the concat slice 81.2 vs 86.8-87.0; this file's 226 tests passed there with the new default (gpu-tests.json). Not yet
+// run on an H200 (the table there, as before, if its clocks give the expected ratio). DIFUSE_GELU_TABLE=1|0 forces the
+// table or the computing kernel (test_table_forced_variant; the table kernels' tests force the table).
 #include "activation/gelu_tanh.h"
 
 #include <cuda_runtime.h>
