@@ -9,6 +9,7 @@
 #include "activation/gelu_tanh.h"
 #include "rope/rms_norm_rope_rotate_half.h"
 #include "rope/rope_rotate_half.h"
+#include "core/device.h"
 #include "core/error.h"
 #include "core/gate.h"
 #include "core/tensor.h"
@@ -683,6 +684,13 @@ difuse_status difuse_probe_sm_partition_stream(int32_t device, int32_t sms, void
 
 difuse_status difuse_probe_set_launch_sm_count(int32_t device, int32_t sms) {
   return guarded([&] { difuse::probe::set_launch_sm_count(device, sms); });
+}
+
+difuse_status difuse_device_dram_bytes_per_sm_cycle(int32_t device, double* out) {
+  return guarded([&] {
+    if (!out) throw Failure(DIFUSE_ERR_INVALID_ARGUMENT, "difuse_device_dram_bytes_per_sm_cycle: out is NULL");
+    *out = difuse::detail::dram_bytes_per_sm_cycle(device);
+  });
 }
 
 }  // extern "C"

@@ -80,6 +80,7 @@ def declare(lib: C.CDLL) -> C.CDLL:
         "difuse_probe_stream_copy": (st, [C.c_void_p, C.c_void_p, C.c_int64, C.c_int32, C.c_void_p]),
         "difuse_probe_sm_partition_stream": (st, [C.c_int32, C.c_int32, p(C.c_void_p), p(C.c_int32)]),
         "difuse_probe_set_launch_sm_count": (st, [C.c_int32, C.c_int32]),
+        "difuse_device_dram_bytes_per_sm_cycle": (st, [C.c_int32, p(C.c_double)]),
     }
     for name, (res, args) in sigs.items():
         fn = getattr(lib, name)

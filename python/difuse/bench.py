@@ -637,12 +637,30 @@ def main(args) -> int:
     return _run_ops(args, torch, specs, peer, peer_name, gpu, l2, command, {})
 
 
+def dram_bytes_per_sm_cycle() -> float:
+    """The current device's DRAM bytes per SM cycle at peak clocks, per SM of the count libdifuse's launchers size
+    grids for (the partition's under --sms): what gelu_tanh's choice of its table kernel reads (>= 15.5: the table)."""
+    import ctypes
+
+    import torch
+
+    from ._capi import OK
+    from ._loader import core, last_error
+
+    v = ctypes.c_double()
+    if core().difuse_device_dram_bytes_per_sm_cycle(torch.cuda.current_device(), ctypes.byref(v)) != OK:
+        raise RuntimeError("difuse_device_dram_bytes_per_sm_cycle: " + last_error())
+    return v.value
+
+
 def _run_ops(args, torch, specs, peer, peer_name, gpu, l2, command, partition) -> int:
-    """bench ops' loop over the ops and shapes on the current stream; `partition` ({} or sms / sm_total) goes into
-    every record."""
+    """bench ops' loop over the ops and shapes on the current stream; `partition` ({} or sms / sm_total) and the
+    device's DRAM bytes per SM cycle go into every record."""
     bw = copy_bandwidth()
-    print("platform: %s, torch %s; copy bandwidth %.2f TB/s; L2 %d MB; git %s" % (gpu, torch.__version__, bw / 1e12,
-                                                                                  l2 >> 20, git_sha()[:12]))
+    per_sm_cycle = dram_bytes_per_sm_cycle()
+    partition = dict(partition, dram_bytes_per_sm_cycle=round(per_sm_cycle, 2))
+    print("platform: %s, torch %s; copy bandwidth %.2f TB/s; L2 %d MB; DRAM %.1f bytes per SM cycle (gelu_tanh's "
+          "table at >= 15.5); git %s" % (gpu, torch.__version__, bw / 1e12, l2 >> 20, per_sm_cycle, git_sha()[:12]))
     records = []
     g = torch.Generator(device="cuda").manual_seed(0)
     for name, spec in specs.items():

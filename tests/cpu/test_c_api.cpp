@@ -833,6 +833,15 @@ TEST(SmPartitionProbe, RefusesMalformedCallsWithoutCuda) {
   EXPECT_EQ(difuse_probe_set_launch_sm_count(-1, 0), DIFUSE_ERR_INVALID_ARGUMENT);
 }
 
+TEST(DevicePolicy, DramBytesPerSmCycleRefusals) {
+  double v = -1.0;
+  EXPECT_EQ(difuse_device_dram_bytes_per_sm_cycle(0, nullptr), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(difuse_last_error()).find("out is NULL"), std::string::npos);
+  EXPECT_EQ(difuse_device_dram_bytes_per_sm_cycle(64, &v), DIFUSE_ERR_INVALID_ARGUMENT);
+  EXPECT_NE(std::string(difuse_last_error()).find("outside the devices 0..63"), std::string::npos);
+  EXPECT_EQ(v, -1.0);  // untouched on failure
+}
+
 TEST(SmPartitionProbe, LaunchSmCountFollowsTheOverride) {
   // Set through the detail hook (the C call also checks the count against the device, which needs a GPU).
   difuse::detail::launch_sm_override(5).store(93);

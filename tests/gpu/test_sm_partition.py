@@ -30,6 +30,27 @@ def test_bench_ops_on_a_partition_is_exact(tmp_path):
     for r in records:
         assert r["mismatches"] == 0, r
         assert SMS <= r["sms"] < total and r["sm_total"] == total, r
+        # the DRAM bytes per SM cycle of the partition: the whole device's over its SMs, times total / sms
+        assert r["dram_bytes_per_sm_cycle"] > 15.5 * 2, r  # 16 SMs of any Hopper part: well above the gelu table's
+    assert "bytes per SM cycle" in p.stdout
+
+
+def test_dram_bytes_per_sm_cycle_follows_the_launch_sm_count():
+    """difuse_device_dram_bytes_per_sm_cycle: the device's own at its own SM count, scaled by total / n under a
+    launch count of n (what gelu_tanh's table choice reads); a Hopper part lies between 8 and 40."""
+    import ctypes
+
+    lib = core()
+    total = torch.cuda.get_device_properties(0).multi_processor_count
+    whole, part = ctypes.c_double(), ctypes.c_double()
+    assert lib.difuse_device_dram_bytes_per_sm_cycle(0, ctypes.byref(whole)) == OK, last_error()
+    assert 8.0 < whole.value < 40.0, whole.value
+    assert lib.difuse_probe_set_launch_sm_count(0, total // 2) == OK, last_error()
+    try:
+        assert lib.difuse_device_dram_bytes_per_sm_cycle(0, ctypes.byref(part)) == OK, last_error()
+    finally:
+        assert lib.difuse_probe_set_launch_sm_count(0, 0) == OK, last_error()
+    assert abs(part.value - whole.value * total / (total // 2)) < 1e-9 * part.value, (whole.value, part.value)
 
 
 def test_malformed_partitions_name_the_device_count():
