@@ -11,14 +11,16 @@ namespace difuse::activation {
 // Whether the table kernel (lookups in shared memory instead of ~40 instructions of tanhf per element) pays on a
 // device moving `dram_bytes_per_sm_cycle` (detail::dram_bytes_per_sm_cycle): where DRAM feeds each SM fewer bytes a
 // cycle, the computing kernel keeps up with memory and the lookups only add MIO traffic. knob is DIFUSE_GELU_TABLE:
-// 1 the table, 0 the computing kernel, anything else (the default, -1) by the device. Both give the same bits.
+// 1 the table, 0 the computing kernel, anything else (the default, -1) by the device; a device whose clocks the runtime
+// does not report (0) keeps the table, the choice before this policy (0f6077d). Both give the same bits.
 // On a whole H100 SXM (12.8 bytes per SM cycle) eager's computing kernel runs at copy speed, 70.4 us at 1x4096x12288,
-// and the table kernel took 76.8 (bench/results/h100/gelu-whole-gpu-a1823fb/); on the H200 (~18.6) eager's is
+// and the table kernel took 76.8 (bench/results/h100/gelu-whole-gpu-a1823fb/); on the H200 (~18.8) eager's is
 // ALU-bound, 59.6 us against a 50.5 us stream, and the table kernel faster, 59.2 (f59b89a). On the whole H100 the
 // computing kernel then ran 72.5 us against the table's 76.8-77.0 (a07f842, bench/results/h100/gelu-table-by-device-a07f842/).
 constexpr double kGeluTableMinBytesPerSmCycle = 15.5;
 inline bool gelu_table_pays(double dram_bytes_per_sm_cycle, int knob) {
-  return knob == 1 || (knob != 0 && dram_bytes_per_sm_cycle >= kGeluTableMinBytesPerSmCycle);
+  return knob == 1 ||
+         (knob != 0 && (dram_bytes_per_sm_cycle <= 0.0 || dram_bytes_per_sm_cycle >= kGeluTableMinBytesPerSmCycle));
 }
 
 detail::Support can_use_gelu_tanh(const difuse_tensor_view& out, const difuse_tensor_view& x);

@@ -73,7 +73,7 @@ inline int sm_count(int device) {
 // the SM clock, both in kHz as the runtime reports them. An H100 SXM (2,619 MHz x 5,120 bits, 1,980 MHz) moves 1,693
 // bytes a cycle, 12.8 per SM of its 132. Host arithmetic only (CPU-tested).
 inline double dram_bytes_per_cycle(int64_t memory_clock_khz, int64_t bus_width_bits, int64_t sm_clock_khz) {
-  return sm_clock_khz <= 0 ? 0.0
+  return sm_clock_khz <= 0 || memory_clock_khz <= 0 || bus_width_bits <= 0 ? 0.0
                            : static_cast<double>(memory_clock_khz) * 2.0 * static_cast<double>(bus_width_bits) / 8.0 /
                                  static_cast<double>(sm_clock_khz);
 }
@@ -81,9 +81,10 @@ inline double dram_bytes_per_cycle(int64_t memory_clock_khz, int64_t bus_width_b
 // How many bytes DRAM can move per SM per SM cycle on `device` at its peak clocks: the arithmetic a memory-bound
 // kernel may spend per byte before its SMs, not DRAM, set the pace. The chip's bytes per cycle are read once per
 // device (three checked runtime calls); the SM count is sm_count()'s, so the benchmarks' SM partition counts as the
-// smaller device it stands in for (94 of an H100's SMs: 18.0, the H200's ~18.6).
+// smaller device it stands in for (94 of an H100's SMs: 18.0, the H200's ~18.8). 0 where the runtime reports no
+// clock or bus width (callers then keep their earlier choice).
 inline double dram_bytes_per_sm_cycle(int device) {
-  static std::atomic<double> cached[kMaxDevices];  // 0: not read yet
+  static std::atomic<double> cached[kMaxDevices];  // 0: not read yet; -1: read, unknown
   const int d = device_slot(device);
   double per_cycle = cached[d].load(std::memory_order_acquire);
   if (per_cycle == 0.0) {
@@ -92,9 +93,10 @@ inline double dram_bytes_per_sm_cycle(int device) {
     DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&bus_bits, cudaDevAttrGlobalMemoryBusWidth, device));
     DIFUSE_CUDA_CHECK(cudaDeviceGetAttribute(&sm_khz, cudaDevAttrClockRate, device));
     per_cycle = dram_bytes_per_cycle(mem_khz, bus_bits, sm_khz);
+    if (!(per_cycle > 0.0)) per_cycle = -1.0;
     cached[d].store(per_cycle, std::memory_order_release);
   }
-  return per_cycle / sm_count(device);
+  return per_cycle > 0.0 ? per_cycle / sm_count(device) : 0.0;
 }
 
 }  // namespace difuse::detail

@@ -189,14 +189,18 @@ TEST(DevicePolicy, DramBytesPerSmCycleAndTheGeluTable) {
   EXPECT_NEAR(h100 / 132, 12.83, 0.01);
   const double h200 = difuse::detail::dram_bytes_per_cycle(3201000, 6144, 1980000);
   EXPECT_NEAR(h200 / 132, 18.81, 0.01);
-  EXPECT_EQ(difuse::detail::dram_bytes_per_cycle(2619000, 5120, 0), 0.0);
+  EXPECT_EQ(difuse::detail::dram_bytes_per_cycle(2619000, 5120, 0), 0.0);  // a clock or width not reported
+  EXPECT_EQ(difuse::detail::dram_bytes_per_cycle(0, 5120, 1980000), 0.0);
+  EXPECT_EQ(difuse::detail::dram_bytes_per_cycle(2619000, 0, 1980000), 0.0);
   EXPECT_FALSE(gelu_table_pays(h100 / 132, -1));
   EXPECT_TRUE(gelu_table_pays(h100 / 94, -1));
   EXPECT_TRUE(gelu_table_pays(h200 / 132, -1));
   EXPECT_TRUE(gelu_table_pays(h100 / 132, 1));
   EXPECT_FALSE(gelu_table_pays(h200 / 132, 0));
-  EXPECT_FALSE(gelu_table_pays(0.0, 2));  // an unknown knob value leaves the choice to the device
+  EXPECT_FALSE(gelu_table_pays(h100 / 132, 2));  // an unknown knob value leaves the choice to the device
   EXPECT_TRUE(gelu_table_pays(h200 / 132, 2));
+  EXPECT_TRUE(gelu_table_pays(0.0, -1));  // clocks not reported: the table, as before the policy
+  EXPECT_FALSE(gelu_table_pays(0.0, 0));
 }
 
 TEST(DeviceSlots, PredicatesNameADevicePastTheCaches) {
