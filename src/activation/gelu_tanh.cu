@@ -9,7 +9,8 @@
 // whole H100), tensors of >= 2^16 eight-element vectors with 16-byte-aligned rows read a 128 KB table of all
 // 65,536 results (built once per device by the computing kernel's own arithmetic, kept in shared memory, one
 // 1024-thread block per SM); other devices, smaller or misaligned tensors, and calls captured before the table
-// exists, run the computing kernel (8/4/2/1 elements per access by alignment).
+// exists, run the computing kernel (dense 16-byte-aligned tensors flat, two vectors per thread; otherwise 8/4/2/1
+// elements per access by alignment, 128-thread blocks).
 //
 // Guards (can_use_gelu_tanh; every violation is reported): x and out bf16 on one CUDA device, same sizes,
 // rank 1-4, last dim contiguous, leading dims that collapse into one row stride each (any row stride of x; out's
@@ -48,6 +49,12 @@
 // the concat slice 81.2 vs 86.8-87.0; this file's 226 tests passed there with the new default (gpu-tests.json). Not yet
 // run on an H200 (the table there, as before, if its clocks give the expected ratio). DIFUSE_GELU_TABLE=1|0 forces the
 // table or the computing kernel (test_table_forced_variant; the table kernels' tests force the table).
+// The computing kernel with dense tensors flat, two 16-byte vectors per thread, 128-thread blocks (since this change;
+// bench/experiments/gelu-two-vectors.patch measured first): on a whole H100 at b556bfc 71.4-71.5 us at 1x4096x12288
+// vs 72.2-72.6 (eager 70.3-70.6), 79.2-79.4 vs 80.1-80.6 at 1x4608x12288, the concat slice 80.6 vs 80.9-81.3 (three
+// rounds, bench/results/h100/gelu-two-vectors-b556bfc/); the patch's tree passed this file's tests there (229 with
+// test_sm_partition.py, gpu-tests.json) and compute-sanitizer memcheck + racecheck of the smoke test under
+// DIFUSE_GELU_TABLE=0 (sanitizer-knobs.log). Still ~1 us slower than eager's on a whole H100.
 #include "activation/gelu_tanh.h"
 
 #include <cuda_runtime.h>
@@ -85,8 +92,12 @@ __device__ __forceinline__ uint32_t gelu2(uint32_t w) {
   return num::pack_bf16x2(num::gelu_tanh(num::bf16_lo(w)), num::gelu_tanh(num::bf16_hi(w)));
 }
 
+// The computing kernel's block: 128 threads (eager's GeluCUDAKernelImpl launches 128-thread blocks; with the dense
+// kernel below, measured on a whole H100 at b556bfc against 256: bench/results/h100/gelu-two-vectors-b556bfc/).
+constexpr int kComputeThreads = 128;
+
 template <int VEC>
-__global__ void __launch_bounds__(256) gelu_tanh_kernel(const Params p) {
+__global__ void __launch_bounds__(kComputeThreads) gelu_tanh_kernel(const Params p) {
   const int64_t nvec = p.cols / VEC;
   for (int64_t r = blockIdx.y; r < p.rows; r += gridDim.y) {
     const uint16_t* xr = p.x + r * p.x_rs;
@@ -105,6 +116,27 @@ __global__ void __launch_bounds__(256) gelu_tanh_kernel(const Params p) {
       }
     }
   }
+}
+
+// Dense tensors (one row, or both row strides equal to the width) as one flat run of 16-byte vectors: each
+// thread loads vectors v and v + 128 of its block's 256 before mapping either (two loads in flight per thread where
+// gelu_tanh_kernel has one), then stores both. Data movement only: gelu2's arithmetic per word, as above.
+// Measured on a whole H100 at b556bfc (three alternated rounds, bench/results/h100/gelu-two-vectors-b556bfc/):
+// 1x4096x12288 71.4-71.5 us vs 72.2-72.6 (the 2-D kernel, 256-thread blocks; eager 70.3-70.6), 1x4608x12288
+// 79.2-79.4 vs 80.1-80.6, 1x512x12288 13.5-13.8 vs 13.7-13.9; predicted ~70.5-71 at 1x4096x12288.
+constexpr int kDenseVectorsPerBlock = 2 * kComputeThreads;
+
+__global__ void __launch_bounds__(kComputeThreads) gelu_tanh_dense_kernel(const uint16_t* x, uint16_t* out,
+                                                                           int64_t nvec) {
+  const int64_t v0 = static_cast<int64_t>(blockIdx.x) * kDenseVectorsPerBlock + threadIdx.x;
+  const int64_t v1 = v0 + kComputeThreads;
+  const uint4* xv = reinterpret_cast<const uint4*>(x);
+  uint4* ov = reinterpret_cast<uint4*>(out);
+  uint4 a = make_uint4(0, 0, 0, 0), b = make_uint4(0, 0, 0, 0);
+  if (v0 < nvec) a = xv[v0];
+  if (v1 < nvec) b = xv[v1];
+  if (v0 < nvec) ov[v0] = make_uint4(gelu2(a.x), gelu2(a.y), gelu2(a.z), gelu2(a.w));
+  if (v1 < nvec) ov[v1] = make_uint4(gelu2(b.x), gelu2(b.y), gelu2(b.z), gelu2(b.w));
 }
 
 // ---- the table path --------------------------------------------------------------------------------------------
@@ -235,7 +267,8 @@ const uint16_t* gelu_table(int device, cudaStream_t stream) {
 
 template <int VEC>
 void launch(const Params& p, cudaStream_t stream) {
-  gelu_tanh_kernel<VEC><<<detail::elementwise_grid(p.rows, p.cols, VEC), detail::kElementwiseThreads, 0, stream>>>(p);
+  gelu_tanh_kernel<VEC><<<detail::elementwise_grid(p.rows, p.cols, VEC, kComputeThreads), kComputeThreads, 0, stream>>>(
+      p);
 }
 
 
@@ -293,6 +326,7 @@ void gelu_tanh(const difuse_tensor_view& out, const difuse_tensor_view& x, cudaS
            (p.rows == 1 || (p.x_rs % vec == 0 && p.out_rs % vec == 0));
   };
   const int64_t total = p.rows * (p.cols / 8);
+  const bool dense = (p.rows == 1 || p.x_rs == p.cols) && (p.rows == 1 || p.out_rs == p.cols);
   // The table only where it pays on this device (gelu_table_pays in gelu_tanh.h: DRAM's bytes per SM cycle, or
   // DIFUSE_GELU_TABLE=1|0 to force either kernel for measurement); the same bits either way.
   static const int table_knob = detail::env_knob_or("DIFUSE_GELU_TABLE", -1);
@@ -300,7 +334,6 @@ void gelu_tanh(const difuse_tensor_view& out, const difuse_tensor_view& x, cudaS
       gelu_table_pays(detail::dram_bytes_per_sm_cycle(x.device), table_knob)) {
     if (const uint16_t* table = gelu_table(x.device, stream)) {
       const int sms = detail::sm_count(x.device);  // one runtime call per device, not per launch
-      const bool dense = (p.rows == 1 || p.x_rs == p.cols) && (p.rows == 1 || p.out_rs == p.cols);
       // The pipelined table kernel by default (H200 at 132f46f, knob-sweeps/: 1x4608x12288 67.6 us vs 68.1,
       // 1x512x12288 11.5 vs 12.2, faster at every shape); DIFUSE_GELU_PIPELINED=0 (for measurement) keeps the other.
       static const int pipelined = detail::env_knob_or("DIFUSE_GELU_PIPELINED", 1);
@@ -318,7 +351,10 @@ void gelu_tanh(const difuse_tensor_view& out, const difuse_tensor_view& x, cudaS
       return;
     }
   }
-  if (fits(8))
+  const int64_t dense_blocks = (total + kDenseVectorsPerBlock - 1) / kDenseVectorsPerBlock;
+  if (fits(8) && dense && dense_blocks <= 0x7fffffff)
+    gelu_tanh_dense_kernel<<<static_cast<unsigned>(dense_blocks), kComputeThreads, 0, stream>>>(p.x, p.out, total);
+  else if (fits(8))
     launch<8>(p, stream);
   else if (fits(4))
     launch<4>(p, stream);

@@ -26,10 +26,10 @@ struct Bf16Access<2> {
 
 constexpr int kElementwiseThreads = 256;
 
-// Grid for `rows` rows of `cols / vec` accesses each.
-inline dim3 elementwise_grid(int64_t rows, int64_t cols, int vec) {
+// Grid for `rows` rows of `cols / vec` accesses each, `threads` per block.
+inline dim3 elementwise_grid(int64_t rows, int64_t cols, int vec, int threads = kElementwiseThreads) {
   const int64_t nvec = cols / vec;
-  return dim3(static_cast<unsigned>(std::min<int64_t>((nvec + kElementwiseThreads - 1) / kElementwiseThreads, 65535)),
+  return dim3(static_cast<unsigned>(std::min<int64_t>((nvec + threads - 1) / threads, 65535)),
               static_cast<unsigned>(std::min<int64_t>(rows, 65535)));
 }
 
