@@ -17,10 +17,11 @@ namespace difuse::activation {
 // and the table kernel took 76.8 (bench/results/h100/gelu-whole-gpu-a1823fb/); on the H200 (~18.8) eager's is
 // ALU-bound, 59.6 us against a 50.5 us stream, and the table kernel faster, 59.2 (f59b89a). On the whole H100 the
 // computing kernel then ran 72.5 us against the table's 76.8-77.0 (a07f842, bench/results/h100/gelu-table-by-device-a07f842/).
-// The ratios here are arithmetic on published clocks and bus widths (the H100's 2,619 MHz memory and 1,980 MHz SM
-// clocks as nvidia-smi showed them, 5,120 bits; the H200's 6,144 bits at an assumed 3,201 MHz), not yet values the
-// runtime returned on a GPU (test_sm_partition.py's test_dram_bytes_per_sm_cycle_follows_the_launch_sm_count and
-// bench's platform line will show them).
+// The H100's ratios were first arithmetic on its clocks and bus width (2,619 MHz memory, 1,980 MHz SM, 5,120 bits);
+// the runtime returned them on H100s at b556bfc and 67b5eeb: 12.83 on the whole GPU (bench's platform line and
+// records), 18.01 at 94 SMs (the sweep records in bench/results/h100/grrms-streamed-67b5eeb/), and
+// test_sm_partition.py's test_dram_bytes_per_sm_cycle_follows_the_launch_sm_count passed. The H200's ~18.8 (6,144
+// bits at an assumed 3,201 MHz) is still an estimate until an H200 run's platform line shows it.
 constexpr double kGeluTableMinBytesPerSmCycle = 15.5;
 inline bool gelu_table_pays(double dram_bytes_per_sm_cycle, int knob) {
   return knob == 1 ||

@@ -81,7 +81,8 @@ inline double dram_bytes_per_cycle(int64_t memory_clock_khz, int64_t bus_width_b
 // How many bytes DRAM can move per SM per SM cycle on `device` at its peak clocks: the arithmetic a memory-bound
 // kernel may spend per byte before its SMs, not DRAM, set the pace. The chip's bytes per cycle are read once per
 // device (three checked runtime calls); the SM count is sm_count()'s, so the benchmarks' SM partition counts as the
-// smaller device it stands in for (94 of an H100's SMs: 18.0, the H200's ~18.8). 0 where the runtime reports no
+// smaller device it stands in for (94 of an H100's SMs: 18.01 as read on an H100 at 67b5eeb, the whole H100 12.83;
+// the H200's ~18.8 an estimate from its specifications). 0 where the runtime reports no
 // clock or bus width (callers then keep their earlier choice).
 inline double dram_bytes_per_sm_cycle(int device) {
   static std::atomic<double> cached[kMaxDevices];  // 0: not read yet; -1: read, unknown
