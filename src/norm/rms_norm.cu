@@ -17,7 +17,8 @@
 // aligned rows: the streamed rows (one block per SM, a ring of bulk-copied rows, one warp per row on aten's paired
 // map; rms_norm_streamed, nineteenth session) behind DIFUSE_RMS_STREAMED=G, and by default (twenty-third session)
 // for rows of 136..2048 elements where there are at least 8192 of them (Wan 1.3B's 1x32760x1536), with 8 producer
-// lanes (STREAMED_DEFAULT below; DIFUSE_RMS_STREAMED=0 turns it off).
+// lanes, on devices where DRAM outpaces the SMs (the H200; not a whole H100: STREAMED_DEFAULT below;
+// DIFUSE_RMS_STREAMED=0 turns it off, =1 forces it).
 //
 // Guards (can_use_rms_norm; every violation is reported): x bf16 on a CUDA device, rank 1-4, last dim
 // contiguous, N % 4 == 0, N <= 2^24; a contiguous x must be 8-byte aligned (otherwise aten runs its
@@ -349,6 +350,11 @@ __global__ void __launch_bounds__(128) rms_norm_stream(const Params p) {
 // default against 63.0 / 63.0 through DIFUSE_RMS_STREAMED=0 (aten's layout) and 64.1 / 64.2 with one lane, 61.3 with
 // 4; ops.json at b9178f7: 56.3 us (bound 59.1, met). At 1x32760x5120 the streamed rows with 8 lanes stay slower
 // (179.3 / 179.1 against 175.6 / 176.4), so 5120 keeps aten's layout.
+// By the device (forty-third session): only where DRAM moves at least kRmsStreamedMinBytesPerSmCycle (15.5) bytes per
+// SM cycle (rms_norm.h; the H200 ~18.8, 94 of an H100's SMs 18.01). On a whole H100 SXM (12.83) the streamed rows ran
+// 1x32760x1536 in 81.2 / 81.3 us against aten's layout's 76.4 / 76.4 and eager's 77.2 (485a376, two alternated
+// rounds, bench/results/h100/rms-norm-streamed-485a376/), so there aten's layout is the default. The rule is host
+// dispatch between two kernels that both ran exact at these shapes (test_streamed_default's two runs).
 constexpr int kRmsStreamDefaultLanes = 8;
 constexpr int64_t kRmsStreamDefaultMaxWidth = 2048;
 constexpr int64_t kRmsStreamDefaultMinRows = 8192;
@@ -570,9 +576,10 @@ int streamed_knob() {
 }
 }  // namespace
 
-bool rms_norm_streamed_by_default(int64_t n, int64_t rows, int knob) {
+bool rms_norm_streamed_by_default(int64_t n, int64_t rows, int knob, double dram_bytes_per_sm_cycle) {
   if (knob >= 0) return knob > 0;
-  return n > 128 && n <= kRmsStreamDefaultMaxWidth && rows >= kRmsStreamDefaultMinRows;
+  return n > 128 && n <= kRmsStreamDefaultMaxWidth && rows >= kRmsStreamDefaultMinRows &&
+         (dram_bytes_per_sm_cycle <= 0.0 || dram_bytes_per_sm_cycle >= kRmsStreamedMinBytesPerSmCycle);
 }
 
 void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& weight, double eps,
@@ -605,7 +612,8 @@ void rms_norm(const difuse_tensor_view& out, const difuse_tensor_view& x, const 
       launch_small_rows<32, 2, 1>(p, stream);
     else
       launch_small_rows<32, 4, 1>(p, stream);
-  } else if (rms_norm_streamed_by_default(p.n, p.rows, streamed_knob()) && p.n % 8 == 0 && rows_aligned(x, 16) &&
+  } else if (rms_norm_streamed_by_default(p.n, p.rows, streamed_knob(), detail::dram_bytes_per_sm_cycle(x.device)) &&
+             p.n % 8 == 0 && rows_aligned(x, 16) &&
              detail::aligned(out.data, 16) &&
              launch_streamed(p, std::max(streamed_knob(), 1), x.device, stream)) {
     // The streamed rows (rms_norm_streamed) by default at STREAMED_DEFAULT's shapes, or wherever they can run under
