@@ -292,9 +292,12 @@ def _streamed_default_script(profiled_lines: str) -> str:
 def _streamed_rows_pay() -> bool:
     """rms_norm_streamed_by_default's device rule (src/norm/rms_norm.h, kRmsStreamedMinBytesPerSmCycle = 15.5): the
     streamed rows by default only where DRAM moves at least 15.5 bytes per SM cycle (the H200, 94 of an H100's SMs),
-    or where the runtime reports no clocks (0); a whole H100 (12.83) keeps aten's layout."""
+    or where the runtime reports no clocks (0); a whole H100 (12.83) keeps aten's layout. Without a GPU (the knob
+    specs' CPU dry run, tests/torch_cpu/test_knob_specs.py) True: both branches run the same scripts' shapes."""
     from difuse.bench import dram_bytes_per_sm_cycle
 
+    if not torch.cuda.is_available():
+        return True
     v = dram_bytes_per_sm_cycle()
     return v <= 0.0 or v >= 15.5
 
