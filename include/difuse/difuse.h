@@ -159,9 +159,10 @@ DIFUSE_API difuse_status difuse_probe_sm_partition_stream(int32_t device, int32_
  * device's own. A negative count or one above the device's SMs is DIFUSE_ERR_INVALID_ARGUMENT. */
 DIFUSE_API difuse_status difuse_probe_set_launch_sm_count(int32_t device, int32_t sms);
 /* *out: the bytes DRAM can move per SM per SM cycle on `device` at its peak clocks (memory clock x 2 x bus width / 8
- * over the SM clock, per SM of the count its launchers size grids for: the partition's where set). gelu_tanh takes
- * its table kernel at 15.5 and above (the H200 ~18.8), its computing kernel below (a whole H100 SXM, 12.8); bench
- * ops prints and records it. 0 where the runtime reports no clock or bus width (gelu_tanh then keeps its table).
+ * over the SM clock, per SM of the count its launchers size grids for: the partition's where set). gelu_tanh's
+ * table kernel and rms_norm's streamed rows are defaults at 15.5 and above (the H200 ~18.8), not below (a whole H100
+ * SXM, 12.83); bench ops prints and records it. 0 where the runtime reports no clock or bus width (both then keep
+ * their H200 defaults).
  * NULL out or a device outside 0..63 is DIFUSE_ERR_INVALID_ARGUMENT. */
 DIFUSE_API difuse_status difuse_device_dram_bytes_per_sm_cycle(int32_t device, double* out);
 

@@ -41,7 +41,8 @@
 // only: the kernel that ran exact there; as the default not yet run in this file's tests on the H200);
 // DIFUSE_GELU_COMPUTED_WORDS=0 keeps the table-only kernel.
 // The table by the device (since 0f6077d): the table kernel only where DRAM moves at least 15.5 bytes per SM cycle
-// (gelu_table_pays in gelu_tanh.h; the H200 ~18.8, 94 of an H100's SMs 18.0), the computing kernel at every size
+// (gelu_table_pays in gelu_tanh.h, detail::dram_outpaces_sms; the H200 ~18.8, 94 of an H100's SMs 18.01), the
+// computing kernel at every size
 // below (a whole H100 SXM, 12.8): there eager's computing kernel runs at copy speed (70.4 us at 1x4096x12288, a1823fb)
 // and the table kernel took 76.8 (bench/results/h100/gelu-whole-gpu-a1823fb/). Predicted on a whole H100 ~70.5 us at
 // 1x4096x12288 and ~79 at 1x4608x12288 and FLUX.1's concat slice; measured at a07f842 (bench/results/h100/
@@ -49,8 +50,8 @@
 // the concat slice 81.2 vs 86.8-87.0; this file's 226 tests passed there with the new default (gpu-tests.json). Not yet
 // run on an H200 (the table there, as before, if its clocks give the expected ratio). DIFUSE_GELU_TABLE=1|0 forces the
 // table or the computing kernel (test_table_forced_variant; the table kernels' tests force the table).
-// The computing kernel with dense tensors flat, two 16-byte vectors per thread, 128-thread blocks (since this change;
-// bench/experiments/gelu-two-vectors.patch measured first): on a whole H100 at b556bfc 71.4-71.5 us at 1x4096x12288
+// The computing kernel with dense tensors flat, two 16-byte vectors per thread, 128-thread blocks (since 67b5eeb;
+// measured first as gelu-two-vectors.patch, now beside its records): on a whole H100 at b556bfc 71.4-71.5 us at 1x4096x12288
 // vs 72.2-72.6 (eager 70.3-70.6), 79.2-79.4 vs 80.1-80.6 at 1x4608x12288, the concat slice 80.6 vs 80.9-81.3 (three
 // rounds, bench/results/h100/gelu-two-vectors-b556bfc/); the patch's tree passed this file's tests there (229 with
 // test_sm_partition.py, gpu-tests.json) and compute-sanitizer memcheck + racecheck of the smoke test under
@@ -326,7 +327,7 @@ void gelu_tanh(const difuse_tensor_view& out, const difuse_tensor_view& x, cudaS
            (p.rows == 1 || (p.x_rs % vec == 0 && p.out_rs % vec == 0));
   };
   const int64_t total = p.rows * (p.cols / 8);
-  const bool dense = (p.rows == 1 || p.x_rs == p.cols) && (p.rows == 1 || p.out_rs == p.cols);
+  const bool dense = p.rows == 1 || (p.x_rs == p.cols && p.out_rs == p.cols);
   // The table only where it pays on this device (gelu_table_pays in gelu_tanh.h: DRAM's bytes per SM cycle, or
   // DIFUSE_GELU_TABLE=1|0 to force either kernel for measurement); the same bits either way.
   static const int table_knob = detail::env_knob_or("DIFUSE_GELU_TABLE", -1);

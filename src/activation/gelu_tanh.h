@@ -3,14 +3,16 @@
 
 #include <cuda_runtime_api.h>
 
+#include "core/device.h"
 #include "core/error.h"
 #include "difuse/difuse.h"
 
 namespace difuse::activation {
 
 // Whether the table kernel (lookups in shared memory instead of ~40 instructions of tanhf per element) pays on a
-// device moving `dram_bytes_per_sm_cycle` (detail::dram_bytes_per_sm_cycle): where DRAM feeds each SM fewer bytes a
-// cycle, the computing kernel keeps up with memory and the lookups only add MIO traffic. knob is DIFUSE_GELU_TABLE:
+// device moving `dram_bytes_per_sm_cycle` (detail::dram_bytes_per_sm_cycle): only where DRAM outpaces the SMs
+// (detail::dram_outpaces_sms, 15.5 bytes per SM cycle); where DRAM feeds each SM fewer bytes a cycle, the computing
+// kernel keeps up with memory and the lookups only add MIO traffic. knob is DIFUSE_GELU_TABLE:
 // 1 the table, 0 the computing kernel, anything else (the default, -1) by the device; a device whose clocks the runtime
 // does not report (0) keeps the table, the choice before this policy (0f6077d). Both give the same bits.
 // On a whole H100 SXM (12.8 bytes per SM cycle) eager's computing kernel runs at copy speed, 70.4 us at 1x4096x12288,
@@ -22,10 +24,8 @@ namespace difuse::activation {
 // records), 18.01 at 94 SMs (the sweep records in bench/results/h100/grrms-streamed-67b5eeb/), and
 // test_sm_partition.py's test_dram_bytes_per_sm_cycle_follows_the_launch_sm_count passed. The H200's ~18.8 (6,144
 // bits at an assumed 3,201 MHz) is still an estimate until an H200 run's platform line shows it.
-constexpr double kGeluTableMinBytesPerSmCycle = 15.5;
 inline bool gelu_table_pays(double dram_bytes_per_sm_cycle, int knob) {
-  return knob == 1 ||
-         (knob != 0 && (dram_bytes_per_sm_cycle <= 0.0 || dram_bytes_per_sm_cycle >= kGeluTableMinBytesPerSmCycle));
+  return knob == 1 || (knob != 0 && detail::dram_outpaces_sms(dram_bytes_per_sm_cycle));
 }
 
 detail::Support can_use_gelu_tanh(const difuse_tensor_view& out, const difuse_tensor_view& x);

@@ -7,7 +7,7 @@
 
 namespace {
 
-using difuse::norm::kRmsStreamedMinBytesPerSmCycle;
+using difuse::detail::kDramOutpacesSmsBytesPerSmCycle;
 using difuse::norm::rms_norm_streamed_by_default;
 
 constexpr double kH200 = 18.8;      // estimated from its specifications
@@ -30,8 +30,8 @@ TEST(RmsNormSchedule, StreamedRowsByDefault) {
 TEST(RmsNormSchedule, StreamedRowsOnlyWhereDramOutpacesTheSms) {
   EXPECT_FALSE(rms_norm_streamed_by_default(1536, 32760, -1, kWholeH100));  // 81.2 us streamed vs 76.4 at 485a376
   EXPECT_FALSE(rms_norm_streamed_by_default(2048, 8192, -1, kWholeH100));
-  EXPECT_FALSE(rms_norm_streamed_by_default(1536, 32760, -1, kRmsStreamedMinBytesPerSmCycle - 0.01));
-  EXPECT_TRUE(rms_norm_streamed_by_default(1536, 32760, -1, kRmsStreamedMinBytesPerSmCycle));
+  EXPECT_FALSE(rms_norm_streamed_by_default(1536, 32760, -1, kDramOutpacesSmsBytesPerSmCycle - 0.01));
+  EXPECT_TRUE(rms_norm_streamed_by_default(1536, 32760, -1, kDramOutpacesSmsBytesPerSmCycle));
   EXPECT_TRUE(rms_norm_streamed_by_default(1536, 32760, -1, 0.0));  // clocks unknown: the choice before the rule
   EXPECT_FALSE(rms_norm_streamed_by_default(1536, 8191, -1, 0.0));
 }

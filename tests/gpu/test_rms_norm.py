@@ -290,7 +290,7 @@ def _streamed_default_script(profiled_lines: str) -> str:
 
 
 def _streamed_rows_pay() -> bool:
-    """rms_norm_streamed_by_default's device rule (src/norm/rms_norm.h, kRmsStreamedMinBytesPerSmCycle = 15.5): the
+    """rms_norm_streamed_by_default's device rule (detail::dram_outpaces_sms in src/core/device.h, 15.5): the
     streamed rows by default only where DRAM moves at least 15.5 bytes per SM cycle (the H200, 94 of an H100's SMs),
     or where the runtime reports no clocks (0); a whole H100 (12.83) keeps aten's layout. Without a GPU (the knob
     specs' CPU dry run, tests/torch_cpu/test_knob_specs.py) True: both branches run the same scripts' shapes."""
