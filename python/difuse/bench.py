@@ -639,8 +639,8 @@ def main(args) -> int:
 
 def dram_bytes_per_sm_cycle() -> float:
     """The current device's DRAM bytes per SM cycle at peak clocks, per SM of the count libdifuse's launchers size
-    grids for (the partition's under --sms): what gelu_tanh's table and rms_norm's streamed rows read
-    (detail::dram_outpaces_sms)."""
+    grids for (the partition's under --sms): what gelu_tanh's table, rms_norm's streamed rows and the plain
+    LayerNorms' streamed rows wider than 4096 read (detail::dram_outpaces_sms)."""
     import ctypes
 
     import torch
@@ -661,7 +661,7 @@ def _run_ops(args, torch, specs, peer, peer_name, gpu, l2, command, partition) -
     per_sm_cycle = dram_bytes_per_sm_cycle()
     partition = dict(partition, dram_bytes_per_sm_cycle=round(per_sm_cycle, 2))
     print("platform: %s, torch %s; copy bandwidth %.2f TB/s; L2 %d MB; DRAM %.1f bytes per SM cycle (what gelu_tanh's "
-          "table and rms_norm's streamed rows read); git %s" % (gpu, torch.__version__, bw / 1e12, l2 >> 20, per_sm_cycle,
+          "table and the streamed norms' defaults read); git %s" % (gpu, torch.__version__, bw / 1e12, l2 >> 20, per_sm_cycle,
                                                                git_sha()[:12]))
     records = []
     g = torch.Generator(device="cuda").manual_seed(0)

@@ -80,10 +80,12 @@ inline double dram_bytes_per_cycle(int64_t memory_clock_khz, int64_t bus_width_b
 
 // Whether DRAM outpaces the SMs' arithmetic on a device moving `dram_bytes_per_sm_cycle` (dram_bytes_per_sm_cycle
 // below): the one rule behind the defaults that were chosen on the H200 and lose on a whole H100 SXM, gelu_tanh's
-// table (gelu_table_pays) and rms_norm's streamed rows (rms_norm_streamed_by_default). At or above 15.5: the H200
-// (~18.8, an estimate) and 94 of an H100's SMs (18.01 as read); below: a whole H100 SXM (12.83 as read), where the
-// table kernel was 9 % slower than eager's gelu (a07f842) and the streamed rows 6 % slower than aten's layout
-// (485a376). 0 (the runtime reported no clocks) counts as outpacing: the choices made before the rule.
+// table (gelu_table_pays), rms_norm's streamed rows (rms_norm_streamed_by_default) and the plain LayerNorms' streamed
+// rows wider than 4096 (plain_layernorm_streamed_by_default). At or above 15.5: the H200 (~18.8, an estimate) and 94
+// of an H100's SMs (18.01 as read); below: a whole H100 SXM (12.83 as read), where the table kernel was 9 % slower
+// than eager's gelu (a07f842), rms_norm's streamed rows 6 % slower than aten's layout (485a376) and the LayerNorms'
+// at 1x32760x5120 5-9 % slower than their staged kernels (bf84066). 0 (the runtime reported no clocks) counts as
+// outpacing: the choices made before the rule.
 constexpr double kDramOutpacesSmsBytesPerSmCycle = 15.5;
 inline bool dram_outpaces_sms(double dram_bytes_per_sm_cycle) {
   return dram_bytes_per_sm_cycle <= 0.0 || dram_bytes_per_sm_cycle >= kDramOutpacesSmsBytesPerSmCycle;

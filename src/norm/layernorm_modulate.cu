@@ -113,6 +113,9 @@
 // knob-off tests at 83f6b5f, gpu-tests-83f6b5f.json), memcheck and racecheck clean (sanitizer-streamed-a140ba1.txt),
 // FLUX, Wan, Qwen-Image and SD3.5 md5 identical at every step (e2e-*-83f6b5f.json); layernorm_modulate 1x4608x3072 23.9 us vs 26.3, 1x32760x1536 65.4 vs 80.4,
 // layernorm_modulate_fp32 1x32760x5120 181.8 vs 209.8 (knob-sweeps/e831f9c/; see plain_streamed_by_default_or_knob).
+// Since the forty-fourth session rows wider than 4096 take them by default only where DRAM outpaces the SMs
+// (plain_layernorm_streamed_by_default): a whole H100 runs 1x32760x5120 5-9 % faster in the staged kernels (host
+// dispatch only: both kernels are the ones verified above; test_streamed_by_default_for_many_rows follows the rule).
 // Since the nineteenth session the streamed rows run on one-warp consumer groups (G = 32: 24 groups, four slots per
 // thread on the same paired map) up to H = 4096 for the plain LayerNorms and up to 1536 for GRLN
 // (stream_one_warp_groups; DIFUSE_LNMOD_STREAM_WARP=1|0 everywhere or nowhere): exact through the knob at e7993bf
@@ -1715,10 +1718,20 @@ bool staged_variant_knob() {
 // 1x32760x5120 181.8 vs 209.8, 1x32760x1536 81.5 vs 88.6. Per-token modulation rows (each row loading its own from
 // L2, as GRLN's first version did) were not measured: they keep the staged kernels. staged_epilogue: a knob forcing a
 // staged kernel's epilogue variant (DIFUSE_LNMOD_F32_ROW_EPILOGUE for the fp32 norms).
-bool plain_streamed_by_default_or_knob(int64_t rows, bool smod, bool staged_epilogue = false) {
+//
+// By the device (forty-fourth session): rows wider than kStreamWarpMaxWidth (the two-warp groups) only where DRAM
+// outpaces the SMs (plain_layernorm_streamed_by_default, detail::dram_outpaces_sms). A whole H100 SXM (12.83 bytes per
+// SM cycle) at bf84066, two alternated rounds, default against DIFUSE_LNMOD_STREAMED=0 (bench/results/h100/
+// streamed-norms-bf84066/): 1x32760x5120 layernorm_modulate_fp32 260.0-261.8 us vs 237.5-238.0, layernorm_affine_fp32
+// 259.2-259.4 vs 236.4-236.5, layernorm_modulate 246.4-247.0 vs 233.1-234.0, where the H200 runs the streamed rows
+// 13 % (fp32) and 5 % (bf16) faster; up to 4096 the streamed rows won or tied there too (1x32760x1536: the fp32
+// norms 79.3-80.5 vs 95.4-96.1, bf16 83.1-83.7 vs 83.5-84.4; 1x4096x3072 23.2 vs 28.0-28.4; 2x4096x3072 43.4-43.9 vs
+// 44.7-44.8; 1x4096x4096 31.1-31.5 vs 31.4-31.6; 1x27280x3072's per-token rows staged either way), so they keep them.
+bool plain_streamed_by_default_or_knob(int64_t rows, int64_t h, int device, bool smod, bool staged_epilogue = false) {
   const int knob = streamed_groups_knob();
   if (knob >= 0) return knob > 0;
-  return smod && rows >= kStreamMinRows && !staged_variant_knob() && !staged_epilogue;
+  return !staged_variant_knob() && !staged_epilogue &&
+         plain_layernorm_streamed_by_default(rows, h, smod, detail::dram_bytes_per_sm_cycle(device));
 }
 
 Params make_params(const difuse_tensor_view& out, const difuse_tensor_view& x, const difuse_tensor_view& scale,
@@ -1770,7 +1783,7 @@ void layernorm_modulate(const difuse_tensor_view& out, const difuse_tensor_view&
   const Params p = make_params(out, x, scale, shift, eps);
   const bool smod = p.mod_vec && p.scale_stride_l == 0 && p.shift_stride_l == 0 &&
                     staged_mod_batches(p) <= kStreamMaxModBatches;
-  if (plain_streamed_by_default_or_knob(p.rows, smod) && p.h % 8 == 0 && detail::aligned(x.data, 16) &&
+  if (plain_streamed_by_default_or_knob(p.rows, p.h, x.device, smod) && p.h % 8 == 0 && detail::aligned(x.data, 16) &&
       detail::aligned(out.data, 16)) {
     const detail::DeviceGuard device_guard(x.device);
     if (launch_streamed_ln_rows<false>(p, smod, p.mod_vec, x.device, stream)) {
@@ -1828,6 +1841,11 @@ bool stream_one_warp_groups(bool grln, int64_t h, int knob) {
   return h <= (grln ? kGrlnStreamWarpMaxWidth : kStreamWarpMaxWidth);
 }
 
+bool plain_layernorm_streamed_by_default(int64_t rows, int64_t h, bool smod, double dram_bytes_per_sm_cycle) {
+  return smod && rows >= kStreamMinRows &&
+         (h <= kStreamWarpMaxWidth || detail::dram_outpaces_sms(dram_bytes_per_sm_cycle));
+}
+
 namespace {
 void layernorm_modulate_fp32_impl(const difuse_tensor_view& out, const difuse_tensor_view& x,
                                   const difuse_tensor_view& scale, const difuse_tensor_view& shift, double eps,
@@ -1863,7 +1881,7 @@ void layernorm_modulate_fp32_impl(const difuse_tensor_view& out, const difuse_te
   const bool vec4 = layernorm_fp32_rows_vec4(scale, shift);
   const bool smod = vec4 && p.scale_stride_l == 0 && p.shift_stride_l == 0 &&
                     staged_mod_batches(p) <= kStreamMaxModBatches;
-  if (plain_streamed_by_default_or_knob(p.rows, smod, row_epilogue == 1) && aligned16 && p.h % 8 == 0) {
+  if (plain_streamed_by_default_or_knob(p.rows, p.h, x.device, smod, row_epilogue == 1) && aligned16 && p.h % 8 == 0) {
     if (launch_streamed_ln_rows<true>(p, smod, vec4, x.device, stream)) {
       DIFUSE_CUDA_CHECK(cudaGetLastError());
       return;

@@ -70,5 +70,13 @@ bool layernorm_fp32_rows_vec4(const difuse_tensor_view& scale, const difuse_tens
 // default, measured on the H200 at e7993bf (layernorm_modulate.cu, stream_warp_groups): the plain LayerNorms
 // (layernorm_modulate, layernorm_modulate_fp32, layernorm_affine_fp32) up to H = 4096, GRLN (grln) up to 1536.
 bool stream_one_warp_groups(bool grln, int64_t h, int knob);
+// Whether the plain LayerNorms (layernorm_modulate, layernorm_modulate_fp32, layernorm_affine_fp32) take the streamed
+// rows by default, no knob set: at least 4096 rows whose modulation (or affine) rows the ring stages (smod), and rows
+// up to H = 4096 anywhere, wider rows (the two-warp groups: Wan 14B's 5120) only where DRAM outpaces the SMs
+// (detail::dram_outpaces_sms on detail::dram_bytes_per_sm_cycle: 15.5 bytes per SM cycle; 0, unknown, keeps the
+// streamed rows, the choice before this rule). Measured at 1x32760x5120 (contract in layernorm_modulate.cu,
+// plain_streamed_by_default_or_knob): the H200 streamed 181.8 us vs 209.8 staged (fp32 chain, e831f9c), a whole H100
+// SXM (12.83) 260.0-261.8 vs 237.5-238.0 (bf84066, bench/results/h100/streamed-norms-bf84066/).
+bool plain_layernorm_streamed_by_default(int64_t rows, int64_t h, bool smod, double dram_bytes_per_sm_cycle);
 
 }  // namespace difuse::norm

@@ -297,6 +297,30 @@ TEST(LayernormModulateConfig, StreamedRowsTakeOneWarpGroupsUpToTheMeasuredWidths
   }
 }
 
+// The plain LayerNorms' streamed rows by default (no knob): >= 4096 rows with staged modulation rows, up to H = 4096
+// on every device, wider rows (the two-warp groups: Wan 14B's 5120) only where DRAM outpaces the SMs (a whole H100 SXM,
+// 12.83 bytes per SM cycle, ran 1x32760x5120 9 % faster staged at bf84066; the H200, ~18.8, 13 % faster streamed).
+TEST(LayernormModulateConfig, PlainStreamedRowsByDefaultByWidthAndDevice) {
+  using difuse::detail::kDramOutpacesSmsBytesPerSmCycle;
+  using difuse::norm::plain_layernorm_streamed_by_default;
+  constexpr double kH200 = 18.8, kH100At94 = 18.01, kWholeH100 = 12.83;
+  for (double device : {kH200, kH100At94, kWholeH100, 0.0}) {
+    for (int64_t h : {1536, 2432, 3072, 4096}) {
+      EXPECT_TRUE(plain_layernorm_streamed_by_default(32760, h, true, device)) << h << " " << device;
+      EXPECT_TRUE(plain_layernorm_streamed_by_default(4096, h, true, device)) << h << " " << device;
+      EXPECT_FALSE(plain_layernorm_streamed_by_default(4095, h, true, device)) << h << " " << device;  // few rows
+      EXPECT_FALSE(plain_layernorm_streamed_by_default(32760, h, false, device)) << h << " " << device;  // no smod
+    }
+    EXPECT_FALSE(plain_layernorm_streamed_by_default(32760, 5120, false, device)) << device;
+  }
+  for (int64_t h : {4104, 4224, 5120, 24576}) {
+    for (double device : {kH200, kH100At94, kDramOutpacesSmsBytesPerSmCycle, 0.0})
+      EXPECT_TRUE(plain_layernorm_streamed_by_default(32760, h, true, device)) << h << " " << device;
+    for (double device : {kWholeH100, kDramOutpacesSmsBytesPerSmCycle - 0.01})
+      EXPECT_FALSE(plain_layernorm_streamed_by_default(32760, h, true, device)) << h << " " << device;
+  }
+}
+
 // Many rows at <= 3 sweeps: one warp per row (layernorm_modulate and the fp32 norms), the width's schedule otherwise.
 TEST(LayernormModulateConfig, ManyNarrowRowsTakeOneWarp) {
   using difuse::norm::layernorm_fp32_rows_config;

@@ -1,6 +1,26 @@
 """Which streamed kernel a profiled call ran, read from the profiler's kernel names: the default-choice tests of the
-norms (the group width of the LayerNorms' streamed rows, rms_norm_modulate's template arguments)."""
+norms (the group width of the LayerNorms' streamed rows, rms_norm_modulate's template arguments), and the device rule
+those defaults follow (dram_outpaces_sms)."""
 import re
+
+# detail::kDramOutpacesSmsBytesPerSmCycle (src/core/device.h).
+DRAM_OUTPACES_SMS_BYTES_PER_SM_CYCLE = 15.5
+
+
+def dram_outpaces_sms() -> bool:
+    """detail::dram_outpaces_sms on this device (src/core/device.h): DRAM moves at least 15.5 bytes per SM cycle (the
+    H200, 94 of an H100's SMs), or the runtime reports no clocks (0). The defaults chosen on the H200 that lose on a
+    whole H100 SXM (12.83) follow it: rms_norm's streamed rows, the plain LayerNorms' streamed rows wider than 4096,
+    gelu_tanh's table. Without a GPU (the knob specs' CPU dry run, tests/torch_cpu/test_knob_specs.py) True: both
+    branches of a test run the same scripts' shapes."""
+    import torch
+
+    if not torch.cuda.is_available():
+        return True
+    from difuse.bench import dram_bytes_per_sm_cycle
+
+    v = dram_bytes_per_sm_cycle()
+    return v <= 0.0 or v >= DRAM_OUTPACES_SMS_BYTES_PER_SM_CYCLE
 
 
 def kernel_template_args(prof, kernel: str) -> set:

@@ -12,7 +12,7 @@ import torch
 import difuse
 from difuse import ops
 from difuse.gate import count_mismatches
-from streamed_kernels import streamed_group_width
+from streamed_kernels import dram_outpaces_sms, streamed_group_width
 
 DEV = "cuda"
 BF = torch.bfloat16
@@ -436,7 +436,11 @@ def test_streamed_by_default_for_many_rows(B, L, H, rows, group):
     modulation rows and H % 8 != 0; the two-pass kernel for rows wider than 24576 (more sweeps than the streamed
     rows' reciprocal table holds: they were streamed, reading past it, until the thirty-second session). The
     profiler shows which ran; each output bit for bit. 2432 (SD3.5), 1152, 640 and 4224: widths whose aten warps each
-    push equal counts but differ from each other (the warp-equal tree, thirty-eighth session)."""
+    push equal counts but differ from each other (the warp-equal tree, thirty-eighth session). Rows wider than 4096
+    (the two-warp groups) take the staged kernels where DRAM does not outpace the SMs (a whole H100: not
+    dram_outpaces_sms(), forty-fourth session; test_streamed_variant forces the streamed rows there)."""
+    if H > 4096 and not dram_outpaces_sms():
+        group = 0
     g = torch.Generator(device=DEV).manual_seed(SEED + 23 * L + H + B)
     x = (torch.randn(B, L, H, device=DEV, generator=g) * 3.0).to(BF)
     x[:, ::97] = 2.5  # constant rows

@@ -11,6 +11,7 @@ import torch.nn.functional as F
 import difuse
 from difuse import ops
 from difuse.gate import count_mismatches
+from streamed_kernels import dram_outpaces_sms
 
 DEV = "cuda"
 BF = torch.bfloat16
@@ -289,22 +290,9 @@ def _streamed_default_script(profiled_lines: str) -> str:
         "    bad += check(x, w)\n" + profiled_lines)
 
 
-def _streamed_rows_pay() -> bool:
-    """rms_norm_streamed_by_default's device rule (detail::dram_outpaces_sms in src/core/device.h, 15.5): the
-    streamed rows by default only where DRAM moves at least 15.5 bytes per SM cycle (the H200, 94 of an H100's SMs),
-    or where the runtime reports no clocks (0); a whole H100 (12.83) keeps aten's layout. Without a GPU (the knob
-    specs' CPU dry run, tests/torch_cpu/test_knob_specs.py) True: both branches run the same scripts' shapes."""
-    from difuse.bench import dram_bytes_per_sm_cycle
-
-    if not torch.cuda.is_available():
-        return True
-    v = dram_bytes_per_sm_cycle()
-    return v <= 0.0 or v >= 15.5
-
-
 def test_streamed_default():
     """The streamed rows with 8 producer lanes are rms_norm's default for >= 8192 rows of 136..2048 elements
-    (N % 8 == 0, 16-byte aligned rows; Wan 1.3B's 1x32760x1536) on devices where they pay (_streamed_rows_pay):
+    (N % 8 == 0, 16-byte aligned rows; Wan 1.3B's 1x32760x1536) on devices where they pay (dram_outpaces_sms()):
     same bits on those rows (contiguous, the chunks of a fused projection, a transposed view, adversarial values),
     and the profiler shows rms_norm_streamed ran; aten's two-pass layout (rms_norm_stream) ran for the 8191 rows.
     Elsewhere (a whole H100) the default never reaches rms_norm_streamed, and DIFUSE_RMS_STREAMED=1 (the default's
@@ -312,7 +300,7 @@ def test_streamed_default():
     same rows then never reach rms_norm_streamed."""
     from knob_run import assert_exact_under, every_kernel_ran, no_kernel_ran
 
-    if _streamed_rows_pay():
+    if dram_outpaces_sms():
         assert_exact_under(_streamed_default_script(every_kernel_ran(["rms_norm_streamed<false>", "rms_norm_stream<"])))
     else:
         assert_exact_under(_streamed_default_script(no_kernel_ran("rms_norm_streamed")))
@@ -326,7 +314,7 @@ def test_streamed_default_captured_first_and_compiled():
     captured into a CUDA graph (its one-time shared-memory opt-in and budget query then run during capture): the
     replays with fresh inputs are exact, and so is the op under torch.compile (fullgraph) at that shape; the profiler
     (over the compiled call, after the capture) shows rms_norm_streamed ran. Where the streamed rows are not the
-    default (_streamed_rows_pay: a whole H100), DIFUSE_RMS_STREAMED=1 takes the same launch path."""
+    default (not dram_outpaces_sms(): a whole H100), DIFUSE_RMS_STREAMED=1 takes the same launch path."""
     from knob_run import PROFILE_START, every_kernel_ran, mismatch_script, run_with_env
 
     script = mismatch_script(
@@ -348,7 +336,7 @@ def test_streamed_default_captured_first_and_compiled():
         + PROFILE_START +
         "bad += count_mismatches(compiled(xs, w), expect)\n"
         + every_kernel_ran(["rms_norm_streamed<false>"]))
-    r = run_with_env(script, **({} if _streamed_rows_pay() else {"DIFUSE_RMS_STREAMED": "1"}))
+    r = run_with_env(script, **({} if dram_outpaces_sms() else {"DIFUSE_RMS_STREAMED": "1"}))
     assert r.returncode == 0, r.stdout + r.stderr
 
 

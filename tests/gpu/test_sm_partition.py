@@ -37,7 +37,7 @@ def test_bench_ops_on_a_partition_is_exact(tmp_path):
 
 def test_dram_bytes_per_sm_cycle_follows_the_launch_sm_count():
     """difuse_device_dram_bytes_per_sm_cycle: the device's own at its own SM count, scaled by total / n under a
-    launch count of n (what gelu_tanh's table and rms_norm's streamed rows read); a Hopper part lies between 8 and 40."""
+    launch count of n (what gelu_tanh's table and the streamed norms' defaults read); a Hopper part lies between 8 and 40."""
     import ctypes
 
     lib = core()

@@ -12,7 +12,7 @@ import torch
 import difuse
 from difuse import ops
 from difuse.gate import count_mismatches
-from streamed_kernels import streamed_group_width
+from streamed_kernels import dram_outpaces_sms, streamed_group_width
 
 DEV = "cuda"
 BF = torch.bfloat16
@@ -224,8 +224,14 @@ def test_streamed_by_default_for_many_rows(B, L, H, kind, group):
     [B, 1, H] / [B, H] fp32 rows 16-byte aligned (B <= 2) or the affine norm's weight and bias, on one-warp groups up
     to H = 4096 and two-warp groups above (nineteenth session); fewer rows, B = 3, per-token and misaligned fp32 rows
     keep the staged kernels. The profiler shows which ran (the group width; 0: none); each output bit for bit.
-    2432, 1152 and 4224: aten warps that each push equal counts, different from each other (the warp-equal tree)."""
+    2432, 1152 and 4224: aten warps that each push equal counts, different from each other (the warp-equal tree).
+    Rows wider than 4096 (the two-warp groups: Wan 14B's 5120) take the staged kernels where DRAM does not outpace
+    the SMs (a whole H100: not dram_outpaces_sms(), forty-fourth session; test_streamed_variant forces the streamed
+    rows there)."""
     from torch.profiler import ProfilerActivity, profile
+
+    if H > 4096 and not dram_outpaces_sms():
+        group = 0
 
     g = torch.Generator(device=DEV).manual_seed(SEED + 31 * L + H + B)
     x = torch.randn(B, L, H, device=DEV, generator=g).to(BF)
