@@ -161,7 +161,7 @@ DIFUSE_API difuse_status difuse_probe_set_launch_sm_count(int32_t device, int32_
 /* *out: the bytes DRAM can move per SM per SM cycle on `device` at its peak clocks (memory clock x 2 x bus width / 8
  * over the SM clock, per SM of the count its launchers size grids for: the partition's where set). gelu_tanh's
  * table kernel, rms_norm's streamed rows and the plain LayerNorms' streamed rows wider than 4096 are defaults at 15.5
- * and above (the H200 ~18.8), not below (a whole H100 SXM, 12.83); bench ops prints and records it. 0 where the
+ * and above (the H200 18.42), not below (a whole H100 SXM, 12.83); bench ops prints and records it. 0 where the
  * runtime reports no clock or bus width (all three then keep their H200 defaults).
  * NULL out or a device outside 0..63 is DIFUSE_ERR_INVALID_ARGUMENT. */
 DIFUSE_API difuse_status difuse_device_dram_bytes_per_sm_cycle(int32_t device, double* out);

@@ -41,7 +41,7 @@
 // only: the kernel that ran exact there; as the default not yet run in this file's tests on the H200);
 // DIFUSE_GELU_COMPUTED_WORDS=0 keeps the table-only kernel.
 // The table by the device (since 0f6077d): the table kernel only where DRAM moves at least 15.5 bytes per SM cycle
-// (gelu_table_pays in gelu_tanh.h, detail::dram_outpaces_sms; the H200 ~18.8, 94 of an H100's SMs 18.01), the
+// (gelu_table_pays in gelu_tanh.h, detail::dram_outpaces_sms; the H200 18.42, 94 of an H100's SMs 18.01), the
 // computing kernel at every size
 // below (a whole H100 SXM, 12.8): there eager's computing kernel runs at copy speed (70.4 us at 1x4096x12288, a1823fb)
 // and the table kernel took 76.8 (bench/results/h100/gelu-whole-gpu-a1823fb/). Predicted on a whole H100 ~70.5 us at

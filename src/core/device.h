@@ -81,7 +81,7 @@ inline double dram_bytes_per_cycle(int64_t memory_clock_khz, int64_t bus_width_b
 // Whether DRAM outpaces the SMs' arithmetic on a device moving `dram_bytes_per_sm_cycle` (dram_bytes_per_sm_cycle
 // below): the one rule behind the defaults that were chosen on the H200 and lose on a whole H100 SXM, gelu_tanh's
 // table (gelu_table_pays), rms_norm's streamed rows (rms_norm_streamed_by_default) and the plain LayerNorms' streamed
-// rows wider than 4096 (plain_layernorm_streamed_by_default). At or above 15.5: the H200 (~18.8, an estimate) and 94
+// rows wider than 4096 (plain_layernorm_streamed_by_default). At or above 15.5: the H200 (18.42 read) and 94
 // of an H100's SMs (18.01 as read); below: a whole H100 SXM (12.83 as read), where the table kernel was 9 % slower
 // than eager's gelu (a07f842), rms_norm's streamed rows 6 % slower than aten's layout (485a376) and the LayerNorms'
 // at 1x32760x5120 5-9 % slower than their staged kernels (bf84066). 0 (the runtime reported no clocks) counts as
@@ -95,7 +95,7 @@ inline bool dram_outpaces_sms(double dram_bytes_per_sm_cycle) {
 // kernel may spend per byte before its SMs, not DRAM, set the pace. The chip's bytes per cycle are read once per
 // device (three checked runtime calls); the SM count is sm_count()'s, so the benchmarks' SM partition counts as the
 // smaller device it stands in for (94 of an H100's SMs: 18.01 as read on an H100 at 67b5eeb, the whole H100 12.83;
-// the H200's ~18.8 an estimate from its specifications). 0 where the runtime reports no
+// the H200 18.42 as read at fd5c83b). 0 where the runtime reports no
 // clock or bus width (callers then keep their earlier choice).
 inline double dram_bytes_per_sm_cycle(int device) {
   static std::atomic<double> cached[kMaxDevices];  // 0: not read yet; -1: read, unknown

@@ -351,7 +351,7 @@ __global__ void __launch_bounds__(128) rms_norm_stream(const Params p) {
 // 4; ops.json at b9178f7: 56.3 us (bound 59.1, met). At 1x32760x5120 the streamed rows with 8 lanes stay slower
 // (179.3 / 179.1 against 175.6 / 176.4), so 5120 keeps aten's layout.
 // By the device (forty-third session): only where DRAM outpaces the SMs (detail::dram_outpaces_sms, 15.5 bytes per
-// SM cycle; the H200 ~18.8, 94 of an H100's SMs 18.01). On a whole H100 SXM (12.83) the streamed rows ran
+// SM cycle; the H200 18.42, 94 of an H100's SMs 18.01). On a whole H100 SXM (12.83) the streamed rows ran
 // 1x32760x1536 in 81.2 / 81.3 us against aten's layout's 76.4 / 76.4 and eager's 77.2 (485a376, two alternated
 // rounds, bench/results/h100/rms-norm-streamed-485a376/), so there aten's layout is the default. The rule is host
 // dispatch between two kernels that both ran exact at these shapes (test_streamed_default's two runs); the rule and

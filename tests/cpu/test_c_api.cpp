@@ -299,11 +299,11 @@ TEST(LayernormModulateConfig, StreamedRowsTakeOneWarpGroupsUpToTheMeasuredWidths
 
 // The plain LayerNorms' streamed rows by default (no knob): >= 4096 rows with staged modulation rows, up to H = 4096
 // on every device, wider rows (the two-warp groups: Wan 14B's 5120) only where DRAM outpaces the SMs (a whole H100 SXM,
-// 12.83 bytes per SM cycle, ran 1x32760x5120 9 % faster staged at bf84066; the H200, ~18.8, 13 % faster streamed).
+// 12.83 bytes per SM cycle, ran 1x32760x5120 9 % faster staged at bf84066; the H200, 18.42, 13 % faster streamed).
 TEST(LayernormModulateConfig, PlainStreamedRowsByDefaultByWidthAndDevice) {
   using difuse::detail::kDramOutpacesSmsBytesPerSmCycle;
   using difuse::norm::plain_layernorm_streamed_by_default;
-  constexpr double kH200 = 18.8, kH100At94 = 18.01, kWholeH100 = 12.83;
+  constexpr double kH200 = 18.42, kH100At94 = 18.01, kWholeH100 = 12.83;  // as read
   for (double device : {kH200, kH100At94, kWholeH100, 0.0}) {
     for (int64_t h : {1536, 2432, 3072, 4096}) {
       EXPECT_TRUE(plain_layernorm_streamed_by_default(32760, h, true, device)) << h << " " << device;

@@ -10,7 +10,7 @@ namespace {
 using difuse::detail::kDramOutpacesSmsBytesPerSmCycle;
 using difuse::norm::rms_norm_streamed_by_default;
 
-constexpr double kH200 = 18.8;      // estimated from its specifications
+constexpr double kH200 = 18.42;     // as read at fd5c83b
 constexpr double kH100At94 = 18.01;  // 94 of an H100's 132 SMs, as read at 485a376
 constexpr double kWholeH100 = 12.83;  // as read at 485a376
 
