@@ -661,8 +661,8 @@ def _run_ops(args, torch, specs, peer, peer_name, gpu, l2, command, partition) -
     per_sm_cycle = dram_bytes_per_sm_cycle()
     partition = dict(partition, dram_bytes_per_sm_cycle=round(per_sm_cycle, 2))
     print("platform: %s, torch %s; copy bandwidth %.2f TB/s; L2 %d MB; DRAM %.1f bytes per SM cycle (what gelu_tanh's "
-          "table and the streamed norms' defaults read); git %s" % (gpu, torch.__version__, bw / 1e12, l2 >> 20, per_sm_cycle,
-                                                               git_sha()[:12]))
+          "table and the streamed norms' defaults read); git %s"
+          % (gpu, torch.__version__, bw / 1e12, l2 >> 20, per_sm_cycle, git_sha()[:12]))
     records = []
     g = torch.Generator(device="cuda").manual_seed(0)
     for name, spec in specs.items():

@@ -47,9 +47,11 @@
 // and the table kernel took 76.8 (bench/results/h100/gelu-whole-gpu-a1823fb/). Predicted on a whole H100 ~70.5 us at
 // 1x4096x12288 and ~79 at 1x4608x12288 and FLUX.1's concat slice; measured at a07f842 (bench/results/h100/
 // gelu-table-by-device-a07f842/, two rounds): 72.5 vs 76.8-77.0 with the table (eager 71.0), 80.3-80.7 vs 86.2-86.3,
-// the concat slice 81.2 vs 86.8-87.0; this file's 226 tests passed there with the new default (gpu-tests.json). Not yet
-// run on an H200 (the table there, as before, if its clocks give the expected ratio). DIFUSE_GELU_TABLE=1|0 forces the
-// table or the computing kernel (test_table_forced_variant; the table kernels' tests force the table).
+// the concat slice 81.2 vs 86.8-87.0; this file's 226 tests passed there with the new default (gpu-tests.json). The
+// H200 read 18.42 at fd5c83b and kept the table (ops.json there: 0 mismatches, 58.8 us at 1x4096x12288); the device
+// rule and 67b5eeb's computing kernel have run this file's tests on H100s only (the last whole suite on an H200:
+// 0319d48). DIFUSE_GELU_TABLE=1|0 forces the table or the computing kernel (test_table_forced_variant; the table
+// kernels' tests force the table).
 // The computing kernel with dense tensors flat, two 16-byte vectors per thread, 128-thread blocks (since 67b5eeb;
 // measured first as gelu-two-vectors.patch, now beside its records): on a whole H100 at b556bfc 71.4-71.5 us at 1x4096x12288
 // vs 72.2-72.6 (eager 70.3-70.6), 79.2-79.4 vs 80.1-80.6 at 1x4608x12288, the concat slice 80.6 vs 80.9-81.3 (three

@@ -118,7 +118,8 @@
 // dispatch only: both kernels are the ones verified above; test_streamed_by_default_for_many_rows follows the rule).
 // On a whole H100 at 7f96462 this file's and Wan fp32's tests passed with it (684, 0 failed, 0 skipped) and the
 // default ran 236.9-237.2 us at layernorm_modulate_fp32 1x32760x5120 against 259.1-259.7 streamed; at 94 SMs it kept
-// the streamed rows (bench/results/h100/plain-ln-by-device-7f96462/). Not yet run on an H200 (unchanged there).
+// the streamed rows (bench/results/h100/plain-ln-by-device-7f96462/). On the H200 at fd5c83b (18.42 bytes per SM
+// cycle) the default-choice tests passed with the streamed rows at 5120 (gpu-tests-fd5c83b-default-choice.json).
 // Since the nineteenth session the streamed rows run on one-warp consumer groups (G = 32: 24 groups, four slots per
 // thread on the same paired map) up to H = 4096 for the plain LayerNorms and up to 1536 for GRLN
 // (stream_one_warp_groups; DIFUSE_LNMOD_STREAM_WARP=1|0 everywhere or nowhere): exact through the knob at e7993bf
