@@ -143,6 +143,14 @@
 // racecheck and initcheck, the smoke test on streamed knobs and scripts/sanitizer-ln-warp-tree.py: clean
 // (bench/results/h100/push-in-residual-landed-13fa12b/); at 94 SMs GRLN 1x4096x3072 44.5 vs 45.9 us, 2x4096x2432
 // 69.1 vs 70.9, 2x4096x1536 44.9 vs 45.1 against e8e1fb9.
+// Since the forty-fifth session the one-warp streamed rows (G = 32, the plain LayerNorms up to 4096 and GRLN up to
+// 1536) hold their aten threads on the warp-local map (StreamRowMap = layernorm_schedule.h's AtenWarpLocalMap: a
+// lane's four aten threads all in one aten warp, lanes 2m, 2m + 1, 2m + 16, 2m + 17), so aten's offset-16 and
+// offset-1 steps are in-thread and only three steps shuffle, two slots each: per row 6 state shuffles and 9 combines a
+// lane instead of 16 and 18 (SASS of layernorm_streamed_rows<true, true, true, 32>: 3704 -> 2584 instructions, SHFL
+// 224 -> 84 over its three tree forms). The same combines on the same operands (tests/cpu: the schedules' emulation,
+// "32 warp-local"). Predicted from ~1,170 instructions a row at fp32 1x32760x1536 (~90 fewer, ~8 %): 68.7 -> ~65 us on
+// the H200, GRLN 2x4096x1536 32.5 -> ~31.
 
 #include "norm/layernorm_modulate.h"
 
@@ -154,6 +162,7 @@
 #include <atomic>
 #include <cstdlib>
 #include <string>
+#include <type_traits>
 
 #include "core/bulk_copy.cuh"
 #include "core/device.h"
@@ -792,6 +801,13 @@ struct StreamTree {
   int full_barriers;   // `full` mbarriers per slot (stream_full_barriers_for: 2; 1 under its knob where owned)
 };
 
+// The streamed rows' thread map: two-warp groups (G = 64) the paired map; one-warp groups (G = 32) the warp-local
+// map (layernorm_schedule.h's AtenWarpLocalMap: aten's offset-16 and offset-1 steps in-thread, three shuffle steps of
+// two slots), since the forty-fifth session; before it the paired map, whose tree shuffled all four slots at four
+// offsets. Both load 16-byte pairs of vectors; only which pairs a lane holds differs.
+template <int G>
+using StreamRowMap = std::conditional_t<G == 32, AtenWarpLocalMap, AtenThreadMap<G, true>>;
+
 // aten's intra-warp tree (offsets 16 .. 1) on states whose two sides are equal at every level (tree.uniform != 0):
 // num::vec_welford_combine_equal with the host's weights, no reciprocal, no count arithmetic, no count shuffle.
 // PER_WARP (kTreeWarpEqual): each slot takes its aten warp's weights (tree.level below tree.long_warps, else
@@ -812,6 +828,7 @@ __device__ __forceinline__ void stream_equal_tree(VecWelford (&st)[A], int i, co
     if (delta > 0) {
 #pragma unroll
       for (int j = 0; j < A; ++j) {
+        if (!Map::receives(o, j)) continue;  // AtenWarpLocalMap's slots 2, 3 after offset 16
         const num::EqualCombineWeights w = weights(j, lv);
         VecWelford in;
         in.mean = __shfl_down_sync(0xffffffffu, st[j].mean, delta);
@@ -831,10 +848,10 @@ __device__ __forceinline__ void stream_equal_tree(VecWelford (&st)[A], int i, co
 // A streamed row's statistics from its slots' pushed states st (counts not set): aten's warp tree (equal-count or
 // general), the warp roots, the group's finalize, its broadcast.
 template <int G = 64>
-__device__ __forceinline__ RowStats stream_row_reduce(VecWelford (&st)[AtenThreadMap<G, true>::kSlots], int i, int V,
+__device__ __forceinline__ RowStats stream_row_reduce(VecWelford (&st)[StreamRowMap<G>::kSlots], int i, int V,
                                                       int sweeps, const StreamTree tree, VecWelford (&roots)[4],
                                                       RowStats& stats, int bar_id, int h, float eps) {
-  using Map = AtenThreadMap<G, true>;
+  using Map = StreamRowMap<G>;
   constexpr int A = Map::kSlots;
   if (tree.uniform == kTreeEqual) {
     stream_equal_tree<Map, false>(st, i, tree);
@@ -842,17 +859,18 @@ __device__ __forceinline__ RowStats stream_row_reduce(VecWelford (&st)[AtenThrea
     stream_equal_tree<Map, true>(st, i, tree);
   } else {
 #pragma unroll
-    for (int j = 0; j < A; ++j) {
-      const int t = Map::aten_thread(i, j);
+    for (int jp = 0; jp < A; jp += 2) {  // slot jp + 1 is aten thread t + 1, with t's count (t and V are even)
+      const int t = Map::aten_thread(i, jp);
       const int n = t < V ? min(sweeps, (V - t + kAtenThreads - 1) / kAtenThreads) : 0;
-      st[j].count = static_cast<float>(4 * n);
+      st[jp].count = st[jp + 1].count = static_cast<float>(4 * n);
     }
 #pragma unroll
     for (int o = 16; o >= 1; o /= 2) {
       const int delta = Map::lane_delta(o);
       if (delta > 0) {
 #pragma unroll
-        for (int j = 0; j < A; ++j) st[j] = num::vec_welford_combine(st[j], shfl_down_state(st[j], delta));
+        for (int j = 0; j < A; ++j)
+          if (Map::receives(o, j)) st[j] = num::vec_welford_combine(st[j], shfl_down_state(st[j], delta));
       } else {
 #pragma unroll
         for (int j = 0; j < A; ++j)
@@ -880,13 +898,13 @@ __device__ __forceinline__ RowStats stream_row_reduce(VecWelford (&st)[AtenThrea
 // Welford pushes with the count set after them (the staged kernel's kCountAfter loop), then stream_row_reduce:
 // aten's tree (equal-count weights from the host where tree.uniform), the warp roots in `roots` and one thread's
 // finalize into `stats`, between the group's named barriers `bar_id`.
-// G = 32 (one-warp groups, DIFUSE_LNMOD_STREAM_WARP=1): the same paired map with four slots per thread (two pairs
-// of adjacent aten threads, 64 apart), __syncwarp instead of the named barrier.
+// G = 32 (one-warp groups): four slots per thread on the warp-local map (StreamRowMap: two pairs of adjacent aten
+// threads, 16 apart in one aten warp), __syncwarp instead of the named barrier.
 template <int G = 64>
 __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int V, int sweeps, const StreamTree tree,
                                                      VecWelford (&roots)[4], RowStats& stats, int bar_id, int h,
                                                      float eps) {
-  using Map = AtenThreadMap<G, true>;
+  using Map = StreamRowMap<G>;
   constexpr int A = Map::kSlots;
   VecWelford st[A];
 #pragma unroll 2
@@ -899,7 +917,7 @@ __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int
 #pragma unroll
       for (int j = 0; j < 2; ++j) st[j] = push4_uncounted(st[j], r, w[j]);
     }
-    if constexpr (A == 4) {  // G = 32: slots 2, 3, aten threads t + 64, t + 65
+    if constexpr (A == 4) {  // G = 32: slots 2, 3, aten threads t + 16, t + 17 (AtenWarpLocalMap)
       const int vj = Map::aten_thread(i, 2) + kAtenThreads * k;
       if (vj < V) {
         const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vj);
@@ -923,7 +941,7 @@ template <bool MODVEC, bool SMOD, int G = 64, bool FILL = true>
 __device__ __forceinline__ void stream_bf16_epilogue(const uint2* sx, int i, int V, int sweeps, RowStats rs,
                                                      const uint2* sa, const uint16_t* srow, const uint16_t* hrow,
                                                      uint2* orow) {
-  using Map = AtenThreadMap<G, true>;
+  using Map = StreamRowMap<G>;
   constexpr int KB = 2;
   auto pair_epilogue = [&](const int jp) {  // slots jp, jp + 1 (G = 32: 0 and 2)
     for (int k0 = 0; k0 < sweeps; k0 += KB) {
@@ -1000,7 +1018,7 @@ __device__ __forceinline__ void stage_bf16_mod_rows(uint2* mod, int64_t batches,
 // as the default in ops.json at 79a9492). Exact on the H200 at e7993bf (test_streamed_variant, its =1 cases).
 template <bool MODVEC, bool SMOD, int G = 64>
 __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_rows(const Params p, int slots, const StreamTree tree) {
-  using Map = AtenThreadMap<G, true>;
+  using Map = StreamRowMap<G>;
   constexpr int A = Map::kSlots;  // 2 (G = 64: one 16-byte vector per sweep and thread) or 4
   constexpr int KB = G == 64 ? 2 : 1;  // sweeps whose global loads are issued before their stores
   constexpr int kGroups = 64 * kStreamMaxGroups / G;
@@ -1191,7 +1209,7 @@ __device__ __forceinline__ void stream_f32_epilogue(const uint2* sx, int t, int 
 template <bool F32, bool VEC, bool SMOD, int G = 64>
 __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
     layernorm_streamed_rows(const Params p, int slots, const StreamTree tree) {
-  using Map = AtenThreadMap<G, true>;
+  using Map = StreamRowMap<G>;
   constexpr int kGroups = G == 64 ? kStreamMaxGroups : 64 * kStreamLnMaxGroups / G;  // G = 64: the verified layout
   // sweeps whose rows are read before their stores (2 spilled: fp32 from global memory; and at G = 32, 72 bytes)
   constexpr int KB = (SMOD || !F32) && G == 64 ? 2 : 1;
@@ -1402,8 +1420,8 @@ bool launch_streamed_ln(const Params& p, int device, cudaStream_t stream) {
                        stream, G);
 }
 
-// One-warp consumer groups (G = 32: 24 groups, GRLN up to 28, four slots per thread on the paired map) instead of
-// 12 two-warp groups, by width (stream_one_warp_groups, the default since the nineteenth session). H200 at e7993bf
+// One-warp consumer groups (G = 32: 24 groups, GRLN up to 28, four slots per thread; the warp-local map since the
+// forty-fifth session, StreamRowMap) instead of 12 two-warp groups, by width (stream_one_warp_groups, the default since the nineteenth session). H200 at e7993bf
 // (knob-sweeps/e7993bf/, DIFUSE_LNMOD_STREAM_WARP=1 against the default of the same run, both streamed):
 // layernorm_modulate 1x4096x3072 19.2 us vs 22.2, 1x4608x3072 22.1 vs 24.1, 2x4096x1536 22.5 vs 24.1, 2x4096x3072
 // 36.1 vs 36.7, 1x4096x4096 27.0 vs 27.4, 1x32760x1536 64.9 vs 65.2, but 1x32760x5120 183.6 vs 181.2;

@@ -9,7 +9,8 @@
 // We run G threads per row (G = 32, 64 or 128), each holding A = 128/G of aten's threads ("slots"):
 //   strided (8-byte loads): slot j of thread i is aten thread i + j*G;
 //   paired (16-byte loads): slots (s, h) of thread i are aten threads 2*(i + s*G) + h, h = 0, 1, whose
-//                            vectors are adjacent in memory, so one 16-byte load covers both.
+//                            vectors are adjacent in memory, so one 16-byte load covers both;
+//   warp-local (G = 32, AtenWarpLocalMap): paired vectors, thread i's four aten threads all in aten warp i / 8.
 // Every aten shuffle then maps to one shuffle of ours (or an in-thread combine) with the same operands.
 // The host emulation in tests/cpu runs these same functions for every (G, layout) and checks them bit for
 // bit against G = 128 strided, which is aten's own thread layout.
@@ -39,8 +40,29 @@ struct AtenThreadMap {
   // lane_delta == 0 means an in-thread combine.
   DIFUSE_HD static constexpr int lane_delta(int o) { return PAIRED ? o / 2 : o; }
   DIFUSE_HD static constexpr int partner_slot(int o, int j) { return (PAIRED && o == 1) ? j + 1 : j; }
-  // Slots that receive in an in-thread step (the others hold values aten never reads).
+  // Slots that combine at offset o (the others hold values aten never reads). Every slot of these maps takes part
+  // in every shuffle step; the paired maps' in-thread step (o = 1) combines into even slots only.
   DIFUSE_HD static constexpr bool receives(int o, int j) { return !(PAIRED && o == 1) || (j % 2 == 0); }
+};
+
+// One-warp rows with the tree kept local (G = 32, 16-byte loads): thread i holds aten warp w = i / 8's lanes
+// 2m, 2m + 1, 2m + 16, 2m + 17 (m = i % 8) as slots 0..3, so slots (0, 1) and (2, 3) are adjacent vectors (one
+// 16-byte load each, as in the paired map) and the partners of aten's first step (offset 16) sit in the same thread.
+// The tree: offset 16 in-thread (slots 0 <- 2, 1 <- 3), offsets 8, 4, 2 one shuffle by 4, 2, 1 lanes of slots 0
+// and 1 only (within the warp's 8 threads), offset 1 in-thread (slot 0 <- 1); aten warp w's root ends in thread
+// 8 w, slot 0. The paired map's tree shuffles all four slots at four offsets (state shuffles and combines a
+// thread: 16 and 18 there, 6 and 9 here) because its slots 2 and 3 belong to other aten warps.
+struct AtenWarpLocalMap {
+  static constexpr int kThreads = 32;
+  static constexpr int kSlots = 4;
+  static constexpr bool kPaired = true;  // slots (0, 1) and (2, 3) are adjacent vectors
+
+  DIFUSE_HD static constexpr int aten_thread(int i, int j) {
+    return kAtenWarp * (i / 8) + 2 * (i % 8) + (j % 2) + 16 * (j / 2);
+  }
+  DIFUSE_HD static constexpr int lane_delta(int o) { return o == 16 || o == 1 ? 0 : o / 2; }
+  DIFUSE_HD static constexpr int partner_slot(int o, int j) { return o == 16 ? j + 2 : o == 1 ? j + 1 : j; }
+  DIFUSE_HD static constexpr bool receives(int o, int j) { return o == 1 ? j == 0 : j < 2; }
 };
 
 // Push aten vector `k` (the thread's k-th, 0-based) of 4 elements: counts 4k+1 .. 4k+4.

@@ -28,9 +28,9 @@ struct Row {
 // WARP_EQUAL: the streamed kernels' tree where every aten warp's counts are equal (warp_equal_counts): each slot's
 // leaf count set from its aten warp (warp_leaf_count) and num::vec_welford_combine_equal with that warp's weights at
 // every level, as stream_equal_tree<Map, true> runs it; else the general combine.
-template <int G, bool PAIRED, bool WARP_EQUAL = false>
-std::vector<uint16_t> emulate(const Row& r, float eps) {
-  using Map = AtenThreadMap<G, PAIRED>;
+template <class Map, bool WARP_EQUAL = false>
+std::vector<uint16_t> emulate_map(const Row& r, float eps) {
+  constexpr int G = Map::kThreads;
   constexpr int A = Map::kSlots;
   const int H = static_cast<int>(r.x.size()), V = H / kVecElems;
   const int NS = (V + kAtenThreads - 1) / kAtenThreads;
@@ -68,7 +68,7 @@ std::vector<uint16_t> emulate(const Row& r, float eps) {
       for (int i = 0; i < G; ++i)
         for (int j = 0; j < A; ++j) {
           const int src = (i % 32) + delta < 32 ? i + delta : i;  // shfl_down: out of range -> own value
-          st[i][j] = combine(i, j, lv, st[i][j], snap[src][j]);
+          if (Map::receives(o, j)) st[i][j] = combine(i, j, lv, st[i][j], snap[src][j]);
         }
     } else {
       for (int i = 0; i < G; ++i)
@@ -90,6 +90,11 @@ std::vector<uint16_t> emulate(const Row& r, float eps) {
     out[c] = num::float_to_bf16_rne(layernorm_modulate_value(xf(c), rs, num::bf16_to_float(r.scale[c]),
                                                              num::bf16_to_float(r.shift[c])));
   return out;
+}
+
+template <int G, bool PAIRED, bool WARP_EQUAL = false>
+std::vector<uint16_t> emulate(const Row& r, float eps) {
+  return emulate_map<AtenThreadMap<G, PAIRED>, WARP_EQUAL>(r, eps);
 }
 
 uint16_t bf(float f) { return num::float_to_bf16_rne(f); }
@@ -135,11 +140,13 @@ void expect_all_schedules_equal_aten(const Row& r, float eps, const char* what) 
   same(emulate<64, false>(r, eps), "64 strided");
   if (H % 8 == 0) {
     same(emulate<32, true>(r, eps), "32 paired");
+    same(emulate_map<AtenWarpLocalMap>(r, eps), "32 warp-local");
     same(emulate<64, true>(r, eps), "64 paired");
   }
   same(emulate<128, false>(r, eps), "128 strided (determinism)");
   if (H % 8 == 0 && warp_equal_counts(H / kVecElems)) {  // the streamed kernels' paired maps with warp-equal trees
     same(emulate<32, true, true>(r, eps), "32 paired, warp-equal tree");
+    same(emulate_map<AtenWarpLocalMap, true>(r, eps), "32 warp-local, warp-equal tree");
     same(emulate<64, true, true>(r, eps), "64 paired, warp-equal tree");
   }
 }
@@ -156,12 +163,14 @@ TEST(LayernormModulateSchedule, ThreadMapsCoverAtenExactlyOnce) {
     for (int i = 0; i < Map::kThreads; ++i)
       for (int j = 0; j < Map::kSlots; ++j) seen[Map::aten_thread(i, j)]++;
     for (int t = 0; t < kAtenThreads; ++t) EXPECT_EQ(seen[t], 1) << t;
-    // Every aten shuffle the root depends on (aten lane < offset) finds its partner in the same warp of ours.
+    // Every aten shuffle the root depends on (aten lane < offset) is a combine of ours (its slot receives) and finds
+    // its partner in the same warp of ours.
     for (int o = 16; o >= 1; o /= 2)
       for (int i = 0; i < Map::kThreads; ++i)
         for (int j = 0; j < Map::kSlots; ++j) {
           const int t = Map::aten_thread(i, j);
-          if (t % kAtenWarp >= o || !Map::receives(o, j)) continue;
+          if (t % kAtenWarp >= o) continue;
+          EXPECT_TRUE(Map::receives(o, j)) << "offset " << o << " aten thread " << t;
           const int d = Map::lane_delta(o);
           const int pi = i + d, pj = Map::partner_slot(o, j);
           EXPECT_EQ(pi / 32, i / 32);
@@ -173,6 +182,7 @@ TEST(LayernormModulateSchedule, ThreadMapsCoverAtenExactlyOnce) {
   check(AtenThreadMap<64, false>{});
   check(AtenThreadMap<64, true>{});
   check(AtenThreadMap<128, false>{});
+  check(AtenWarpLocalMap{});
 }
 
 TEST(LayernormModulateSchedule, EverySchedulesMatchesAtenLayoutOnRandomRows) {
