@@ -154,7 +154,7 @@
 // same operands (tests/cpu: the schedules' emulation, "32 warp-local" and its warp-equal form; the map test now also
 // checks that every combine the root needs is made). Predicted from ~1,170 instructions a row at fp32 1x32760x1536
 // (~8 % fewer): 68.7 -> ~65 us on the H200, GRLN 2x4096x1536 32.5 -> ~31. NOT YET RUN ON A GPU: no machine came in
-// the forty-fifth session (ten calls refused); next: scripts/rev-bench.sh against b591df4 and this file's, GRLN's
+// the forty-fifth session (eleven calls refused); next: scripts/rev-bench.sh against b591df4 and this file's, GRLN's
 // and test_wan_fp32.py's GPU tests (the live gate checks each signature against eager meanwhile).
 
 #include "norm/layernorm_modulate.h"
