@@ -147,9 +147,11 @@
 // 1536) hold their aten threads on the warp-local map (StreamRowMap = layernorm_schedule.h's AtenWarpLocalMap: a
 // lane's four aten threads all in one aten warp, lanes 2m, 2m + 1, 2m + 16, 2m + 17), so aten's offset-16 and
 // offset-1 steps are in-thread and only three steps shuffle, two slots each: per row 6 state shuffles and 9 combines a
-// lane instead of 16 and 18 (~90 instructions fewer a row on the equal-count tree). Static SASS, all three tree forms
-// (scripts/sass-tools.sh): layernorm_streamed_rows<true, true, true, 32> (Wan's fp32 rows, staged) 4456 -> 3368
-// instructions, SHFL 224 -> 84; every one-warp kernel ~1,100 fewer; the two-warp kernels 8-24 fewer (their general
+// lane instead of 16 and 18 (~90 instructions fewer a row on the equal-count tree). Static SASS, all three tree forms:
+// `scripts/sass-ops-diff.sh b591df4 src/norm/layernorm_modulate.cu` has layernorm_streamed_rows<true, true, true, 32>
+// (Wan's fp32 rows, staged) with 140 SHFL.DOWN, 159 FMUL, 113 FADD, 112 FFMA and 9 MUFU.RCP fewer and 15 LDC more; by
+// a count of cuobjdump's output (not a repo script) 4456 -> 3368 instructions in all, every one-warp kernel ~1,100
+// fewer; the two-warp kernels 8-24 fewer (their general
 // tree's counts are now set per pair of slots: t and V are even, so t + 1 holds t's count). The same combines on the
 // same operands (tests/cpu: the schedules' emulation, "32 warp-local" and its warp-equal form; the map test now also
 // checks that every combine the root needs is made). Predicted from ~1,170 instructions a row at fp32 1x32760x1536
