@@ -158,6 +158,17 @@
 // (~8 % fewer): 68.7 -> ~65 us on the H200, GRLN 2x4096x1536 32.5 -> ~31. NOT YET RUN ON A GPU: no machine came in
 // the forty-fifth session (eleven calls refused); next: scripts/rev-bench.sh against b591df4 and this file's, GRLN's
 // and test_wan_fp32.py's GPU tests (the live gate checks each signature against eager meanwhile).
+// Since the forty-sixth session the one-warp streamed rows with staged modulation rows at H = 1536 (V = 384: three
+// full sweeps of aten's 128 threads; Wan 2.1 1.3B's fp32 LayerNorms, layernorm_modulate and GRLN at 1536) run
+// kernels compiled for that sweep count (layernorm_streamed_rows<..., 32, 3>, grln_streamed_rows<true, true, 32, 3>;
+// SW = kFullSweeps): no vector is tested against V, the Welford loop unrolls (reciprocals at constant offsets), the
+// epilogue loops run a constant trip count. The same operations in the same order per slot; the 75 kernels with SW = 0
+// compile to the same SASS as before, instruction for instruction (a comparison of cuobjdump's text against bf8a09f).
+// Static SASS of Wan's fp32 row: the Welford part 265 instructions straight-line against the loop's ~350 a row (221 per
+// two sweeps), the epilogue 61 per 8 elements against 66 plus the per-vector tests; ~175 fewer a row of ~1,080
+// (16 %). Predicted on the H200: fp32 1x32760x1536 ~65 (the warp-local map) -> ~60 us, GRLN 2x4096x1536 ~31 -> ~29.5.
+// DIFUSE_LNMOD_FULL_SWEEPS=0 keeps the SW = 0 kernels. NOT YET RUN ON A GPU when written (the tests: each file's
+// test_run_time_sweeps_variant and the default-choice tests, which now also check the SW the profiler saw).
 
 #include "norm/layernorm_modulate.h"
 
@@ -907,18 +918,19 @@ __device__ __forceinline__ RowStats stream_row_reduce(VecWelford (&st)[StreamRow
 // finalize into `stats`, between the group's named barriers `bar_id`.
 // G = 32 (one-warp groups): four slots per thread on the warp-local map (StreamRowMap: two pairs of adjacent aten
 // threads, 16 apart in one aten warp), __syncwarp instead of the named barrier.
-template <int G = 64>
+template <int G = 64, int SW = 0>
 __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int V, int sweeps, const StreamTree tree,
                                                      VecWelford (&roots)[4], RowStats& stats, int bar_id, int h,
                                                      float eps) {
   using Map = StreamRowMap<G>;
   constexpr int A = Map::kSlots;
+  if constexpr (SW > 0) V = SW * kAtenThreads, sweeps = SW;  // full sweeps: every vector of every sweep exists
   VecWelford st[A];
-#pragma unroll 2
+#pragma unroll (SW > 0 ? SW : 2)
   for (int k = 0; k < sweeps; ++k) {
     const float* r = c_rcp.v + 4 * k;
     const int vi = Map::aten_thread(i, 0) + kAtenThreads * k;
-    if (vi < V) {  // slots 0, 1: aten threads t, t + 1, vectors vi, vi + 1
+    if (SW > 0 || vi < V) {  // slots 0, 1 (SW: every vector of the SW sweeps exists): aten threads t, t + 1, vectors vi, vi + 1
       const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vi);
       const uint2 w[2] = {make_uint2(w4.x, w4.y), make_uint2(w4.z, w4.w)};
 #pragma unroll
@@ -926,7 +938,7 @@ __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int
     }
     if constexpr (A == 4) {  // G = 32: slots 2, 3, aten threads t + 16, t + 17 (AtenWarpLocalMap)
       const int vj = Map::aten_thread(i, 2) + kAtenThreads * k;
-      if (vj < V) {
+      if (SW > 0 || vj < V) {
         const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vj);
         const uint2 w[2] = {make_uint2(w4.x, w4.y), make_uint2(w4.z, w4.w)};
 #pragma unroll
@@ -944,19 +956,20 @@ __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int
 // it ptxas spills 8-24 bytes there, and in the plain LayerNorms without SMOD); the plain LayerNorms with SMOD leave them
 // unset (each is read only under the same test),
 // 12 CS2R fewer per loop iteration.
-template <bool MODVEC, bool SMOD, int G = 64, bool FILL = true>
+template <bool MODVEC, bool SMOD, int G = 64, bool FILL = true, int SW = 0>
 __device__ __forceinline__ void stream_bf16_epilogue(const uint2* sx, int i, int V, int sweeps, RowStats rs,
                                                      const uint2* sa, const uint16_t* srow, const uint16_t* hrow,
                                                      uint2* orow) {
   using Map = StreamRowMap<G>;
   constexpr int KB = 2;
+  if constexpr (SW > 0) V = SW * kAtenThreads, sweeps = SW;  // full sweeps: no vector test
   auto pair_epilogue = [&](const int jp) {  // slots jp, jp + 1 (G = 32: 0 and 2)
     for (int k0 = 0; k0 < sweeps; k0 += KB) {
       uint4 w[KB], sc[KB], sh[KB];
   #pragma unroll
       for (int kk = 0; kk < KB; ++kk) {
         const int vi = Map::aten_thread(i, jp) + kAtenThreads * (k0 + kk);
-        if (k0 + kk < sweeps && vi < V) {
+        if (k0 + kk < sweeps && (SW > 0 || vi < V)) {
           const int e = kVecElems * vi;
           w[kk] = *reinterpret_cast<const uint4*>(sx + vi);
           uint2 s0, s1, h0, h1;
@@ -978,7 +991,7 @@ __device__ __forceinline__ void stream_bf16_epilogue(const uint2* sx, int i, int
   #pragma unroll
       for (int kk = 0; kk < KB; ++kk) {
         const int vi = Map::aten_thread(i, jp) + kAtenThreads * (k0 + kk);
-        if (k0 + kk < sweeps && vi < V) {
+        if (k0 + kk < sweeps && (SW > 0 || vi < V)) {
           if constexpr (SMOD)  // sc holds bf16(1 + scale) already (staged)
             *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
                 layernorm_modulate_pair_a(w[kk].x, rs, sc[kk].x, sh[kk].x),
@@ -1023,7 +1036,7 @@ __device__ __forceinline__ void stage_bf16_mod_rows(uint2* mod, int64_t batches,
 // groups (four slots per thread: two 16-byte vectors per sweep), as layernorm_streamed_rows<..., 32>; for GRLN's
 // narrow rows (2x4096x1536 33.8 us against a 27.4 ceiling at 83f6b5f, site bound 29.5; 33.1 vs 34.5 at e7993bf, 32.4
 // as the default in ops.json at 79a9492). Exact on the H200 at e7993bf (test_streamed_variant, its =1 cases).
-template <bool MODVEC, bool SMOD, int G = 64>
+template <bool MODVEC, bool SMOD, int G = 64, int SW = 0>
 __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_rows(const Params p, int slots, const StreamTree tree) {
   using Map = StreamRowMap<G>;
   constexpr int A = Map::kSlots;  // 2 (G = 64: one 16-byte vector per sweep and thread) or 4
@@ -1037,8 +1050,8 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
   __shared__ RowStats stats[kGroups];
 
   const int tid = static_cast<int>(threadIdx.x);
-  const int V = p.v;
-  const int sweeps = (V + kAtenThreads - 1) / kAtenThreads;
+  const int V = SW > 0 ? SW * kAtenThreads : p.v;  // SW: the launcher's p.v, as a constant
+  const int sweeps = SW > 0 ? SW : (V + kAtenThreads - 1) / kAtenThreads;
   const uint32_t row_bytes = static_cast<uint32_t>(p.h) * 2u;
   uint2* const mod = reinterpret_cast<uint2*>(ring_smem);
   const int64_t batches = SMOD ? p.rows / p.seq : 0;
@@ -1095,7 +1108,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
 #pragma unroll
         for (int j = 0; j < A; ++j) {
           const int vi = Map::aten_thread(i, j) + kAtenThreads * (k0 + kk);
-          const bool in = k0 + kk < sweeps && vi < V;
+          const bool in = k0 + kk < sweeps && (SW > 0 || vi < V);
           gw[kk][j] = !in ? make_uint2(0, 0) : SMOD ? sgate[vi] : load_gate_words<MODVEC>(grow + kVecElems * vi);
         }
       }
@@ -1104,7 +1117,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
 #pragma unroll
         for (int jp = 0; jp < A; jp += 2) {
           const int vi = Map::aten_thread(i, jp) + kAtenThreads * (k0 + kk);  // slot jp + 1 is vi + 1 (V is even)
-          if (k0 + kk < sweeps && vi < V) {
+          if (k0 + kk < sweeps && (SW > 0 || vi < V)) {
             const uint4 h = *reinterpret_cast<const uint4*>(sx + vi);
             const uint4 a = *reinterpret_cast<const uint4*>(sa + vi);
             const uint2 h0 = modulate::gated_residual_vec4(make_uint2(h.x, h.y), make_uint2(a.x, a.y), gw[kk][jp]);
@@ -1125,10 +1138,10 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
 
     const RowStats rs = kPushInResidual
                             ? stream_row_reduce<G>(st, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps)
-                            : stream_row_stats<G>(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
+                            : stream_row_stats<G, SW>(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
 
     // The epilogue (SMOD: the staged bf16(1 + scale) and shift rows after the gate's).
-    stream_bf16_epilogue<MODVEC, SMOD, G>(sx, i, V, sweeps, rs, sgate + V, p.scale + bb * p.scale_stride + ll * p.scale_stride_l,
+    stream_bf16_epilogue<MODVEC, SMOD, G, true, SW>(sx, i, V, sweeps, rs, sgate + V, p.scale + bb * p.scale_stride + ll * p.scale_stride_l,
                                        p.shift + bb * p.shift_stride + ll * p.shift_stride_l,
                                        reinterpret_cast<uint2*>(p.out + row * p.h));
     stream_release(empty, s, use, groups, slots);  // every read and write of the slot by this thread is done
@@ -1179,30 +1192,44 @@ constexpr int kStreamLnMaxGroups = 12;  // 800 threads: 80 registers (at 14 grou
 // (VEC: the modulation rows are 8-byte aligned words, MODVEC), whose staged scale words hold bf16(1 + scale).
 // A streamed consumer's fp32 epilogue (Wan's chain, f32_chain4) for the vectors t + 128 k and t + 1 + 128 k of its
 // row (t = aten thread `t`, the first of a pair of adjacent slots), KB sweeps' fp32 rows loaded before their stores.
-template <bool VEC4, int KB, bool AFFINE, bool A_FORMED>
+template <bool VEC4, int KB, bool AFFINE, bool A_FORMED, int SW>
+__device__ __forceinline__ void stream_f32_epilogue_batch(const uint2* sx, int t, int k0, int V, int sweeps,
+                                                          RowStats rs, const float* s32, const float* h32,
+                                                          uint2* orow) {
+  uint4 w[KB];
+  float sc[KB][2][4], sh[KB][2][4];
+#pragma unroll
+  for (int kk = 0; kk < KB; ++kk) {
+    const int vi = t + kAtenThreads * (k0 + kk);  // and vi + 1 (V is even)
+    if (k0 + kk < sweeps && (SW > 0 || vi < V)) {
+      w[kk] = *reinterpret_cast<const uint4*>(sx + vi);
+      load_f32_rows4<VEC4>(s32, h32, kVecElems * vi, sc[kk][0], sh[kk][0]);
+      load_f32_rows4<VEC4>(s32, h32, kVecElems * (vi + 1), sc[kk][1], sh[kk][1]);
+    }
+  }
+#pragma unroll
+  for (int kk = 0; kk < KB; ++kk) {
+    const int vi = t + kAtenThreads * (k0 + kk);
+    if (k0 + kk < sweeps && (SW > 0 || vi < V)) {
+      const uint2 o0 = f32_chain4_t<AFFINE, A_FORMED>(make_uint2(w[kk].x, w[kk].y), rs, sc[kk][0], sh[kk][0]);
+      const uint2 o1 = f32_chain4_t<AFFINE, A_FORMED>(make_uint2(w[kk].z, w[kk].w), rs, sc[kk][1], sh[kk][1]);
+      *reinterpret_cast<uint4*>(orow + vi) = make_uint4(o0.x, o0.y, o1.x, o1.y);
+    }
+  }
+}
+
+// SW > 0 (the full-sweep kernels, kFullSweeps): V = SW x kAtenThreads, every vector of the SW sweeps exists, no
+// vector is tested; the loop is kept rolled (unrolled, layernorm_streamed_rows<true, true, true, 32, 3> spilled 4 B).
+template <bool VEC4, int KB, bool AFFINE, bool A_FORMED, int SW = 0>
 __device__ __forceinline__ void stream_f32_epilogue(const uint2* sx, int t, int V, int sweeps, RowStats rs,
                                                     const float* s32, const float* h32, uint2* orow) {
-  for (int k0 = 0; k0 < sweeps; k0 += KB) {
-    uint4 w[KB];
-    float sc[KB][2][4], sh[KB][2][4];
-#pragma unroll
-    for (int kk = 0; kk < KB; ++kk) {
-      const int vi = t + kAtenThreads * (k0 + kk);  // and vi + 1 (V is even)
-      if (k0 + kk < sweeps && vi < V) {
-        w[kk] = *reinterpret_cast<const uint4*>(sx + vi);
-        load_f32_rows4<VEC4>(s32, h32, kVecElems * vi, sc[kk][0], sh[kk][0]);
-        load_f32_rows4<VEC4>(s32, h32, kVecElems * (vi + 1), sc[kk][1], sh[kk][1]);
-      }
-    }
-#pragma unroll
-    for (int kk = 0; kk < KB; ++kk) {
-      const int vi = t + kAtenThreads * (k0 + kk);
-      if (k0 + kk < sweeps && vi < V) {
-        const uint2 o0 = f32_chain4_t<AFFINE, A_FORMED>(make_uint2(w[kk].x, w[kk].y), rs, sc[kk][0], sh[kk][0]);
-        const uint2 o1 = f32_chain4_t<AFFINE, A_FORMED>(make_uint2(w[kk].z, w[kk].w), rs, sc[kk][1], sh[kk][1]);
-        *reinterpret_cast<uint4*>(orow + vi) = make_uint4(o0.x, o0.y, o1.x, o1.y);
-      }
-    }
+  if constexpr (SW > 0) {
+#pragma unroll 1
+    for (int k0 = 0; k0 < SW; k0 += KB)
+      stream_f32_epilogue_batch<VEC4, KB, AFFINE, A_FORMED, SW>(sx, t, k0, SW * kAtenThreads, SW, rs, s32, h32, orow);
+  } else {
+    for (int k0 = 0; k0 < sweeps; k0 += KB)
+      stream_f32_epilogue_batch<VEC4, KB, AFFINE, A_FORMED, 0>(sx, t, k0, V, sweeps, rs, s32, h32, orow);
   }
 }
 
@@ -1213,7 +1240,7 @@ __device__ __forceinline__ void stream_f32_epilogue(const uint2* sx, int t, int 
 // 24.1 against 16.3, at 83f6b5f), where a row's fixed cost (two named-barrier waits, the finalize, the release)
 // weighs most, and the staged kernels' one-warp rows beat their two-warp rows there (80.2 vs 87.3 us at 132f46f).
 // Predicted ~58 and ~21 us.
-template <bool F32, bool VEC, bool SMOD, int G = 64>
+template <bool F32, bool VEC, bool SMOD, int G = 64, int SW = 0>
 __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
     layernorm_streamed_rows(const Params p, int slots, const StreamTree tree) {
   using Map = StreamRowMap<G>;
@@ -1227,8 +1254,8 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
   __shared__ RowStats stats[kGroups];
 
   const int tid = static_cast<int>(threadIdx.x);
-  const int V = p.v;
-  const int sweeps = (V + kAtenThreads - 1) / kAtenThreads;
+  const int V = SW > 0 ? SW * kAtenThreads : p.v;  // SW: the launcher's p.v, as a constant
+  const int sweeps = SW > 0 ? SW : (V + kAtenThreads - 1) / kAtenThreads;
   const uint32_t row_bytes = static_cast<uint32_t>(p.h) * 2u;
   float* const mod32 = reinterpret_cast<float*>(ring_smem);
   uint2* const mod16 = reinterpret_cast<uint2*>(ring_smem);
@@ -1281,11 +1308,11 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
   for (int64_t row = blockIdx.x + c * stride; row < p.rows; row += groups * stride) {
     stream_wait_full(full, s, use, tree.full_barriers);
     const uint2* const sx = ring + static_cast<int64_t>(s) * V;
-    const RowStats rs = stream_row_stats<G>(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
+    const RowStats rs = stream_row_stats<G, SW>(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
     const int64_t b = p.seq_div.div(row), l = row - b * p.seq;
     uint2* const orow = reinterpret_cast<uint2*>(p.out + row * p.h);
     if constexpr (!F32)  // bf16 (SMOD: this batch's staged bf16(1 + scale) and shift rows)
-      stream_bf16_epilogue<VEC, SMOD, G, !SMOD>(sx, i, V, sweeps, rs, mod16 + 2 * (nb == 1 ? 0 : b) * V,
+      stream_bf16_epilogue<VEC, SMOD, G, !SMOD, SW>(sx, i, V, sweeps, rs, mod16 + 2 * (nb == 1 ? 0 : b) * V,
                                       p.scale + b * p.scale_stride + l * p.scale_stride_l,
                                       p.shift + b * p.shift_stride + l * p.shift_stride_l, orow);
     if constexpr (F32) {  // Wan's fp32 epilogue
@@ -1294,11 +1321,11 @@ __global__ void __launch_bounds__(32 + 64 * kStreamLnMaxGroups, 1)
       const float* const h32 = SMOD ? s32 + p.h : p.shift32 + b * p.shift_stride + l * p.shift_stride_l;
       if constexpr (G == 32) {  // two pairs of slots; the chain chosen once per row
         if (p.affine32) {
-          stream_f32_epilogue<VEC || SMOD, KB, true, false>(sx, Map::aten_thread(i, 0), V, sweeps, rs, s32, h32, orow);
-          stream_f32_epilogue<VEC || SMOD, KB, true, false>(sx, Map::aten_thread(i, 2), V, sweeps, rs, s32, h32, orow);
+          stream_f32_epilogue<VEC || SMOD, KB, true, false, SW>(sx, Map::aten_thread(i, 0), V, sweeps, rs, s32, h32, orow);
+          stream_f32_epilogue<VEC || SMOD, KB, true, false, SW>(sx, Map::aten_thread(i, 2), V, sweeps, rs, s32, h32, orow);
         } else {
-          stream_f32_epilogue<VEC || SMOD, KB, false, SMOD>(sx, Map::aten_thread(i, 0), V, sweeps, rs, s32, h32, orow);
-          stream_f32_epilogue<VEC || SMOD, KB, false, SMOD>(sx, Map::aten_thread(i, 2), V, sweeps, rs, s32, h32, orow);
+          stream_f32_epilogue<VEC || SMOD, KB, false, SMOD, SW>(sx, Map::aten_thread(i, 0), V, sweeps, rs, s32, h32, orow);
+          stream_f32_epilogue<VEC || SMOD, KB, false, SMOD, SW>(sx, Map::aten_thread(i, 2), V, sweeps, rs, s32, h32, orow);
         }
       } else {  // the verified two-warp kernel's loop, kept inline (as a call its SASS changed and spilled 8 bytes)
         for (int k0 = 0; k0 < sweeps; k0 += KB) {
@@ -1406,22 +1433,22 @@ bool launch_stream(Kernel kernel, StreamLaunchOnce& once, int max_slots, int max
 }
 
 // GRLN's streamed kernel: slots of h's and a's rows; SMOD: 3 bf16 rows per batch.
-template <bool MODVEC, bool SMOD, int G = 64>
+template <bool MODVEC, bool SMOD, int G = 64, int SW = 0>
 bool launch_streamed(const Params& p, int device, cudaStream_t stream) {
   static StreamLaunchOnce once;
-  return launch_stream(grln_streamed_rows<MODVEC, SMOD, G>, once, kStreamMaxSlots, 64 * kStreamMaxGroups / G,
+  return launch_stream(grln_streamed_rows<MODVEC, SMOD, G, SW>, once, kStreamMaxSlots, 64 * kStreamMaxGroups / G,
                        int64_t{4} * p.h,
                        SMOD ? 3 * (p.rows / p.seq) * int64_t{2} * p.h : 0, p, device, stream, G);
 }
 
 // The plain LayerNorms' streamed kernel: slots of x's rows; SMOD: 2 rows per staged batch (fp32 or bf16).
-template <bool F32, bool VEC, bool SMOD, int G = 64>
+template <bool F32, bool VEC, bool SMOD, int G = 64, int SW = 0>
 bool launch_streamed_ln(const Params& p, int device, cudaStream_t stream) {
   // stream_row_stats takes its Welford reciprocals from c_rcp, which covers kMaxStagedSweeps sweeps (H <= 24576):
   // wider rows (the plain LayerNorm's predicate takes them) go to the two-pass kernel of launch<>
   if ((p.v + kAtenThreads - 1) / kAtenThreads > kMaxStagedSweeps) return false;
   static StreamLaunchOnce once;
-  return launch_stream(layernorm_streamed_rows<F32, VEC, SMOD, G>, once,
+  return launch_stream(layernorm_streamed_rows<F32, VEC, SMOD, G, SW>, once,
                        owned_stream_rings() ? kStreamLnMaxSlots : kStreamMaxSlots,
                        64 * kStreamLnMaxGroups / G, int64_t{2} * p.h, SMOD ? 2 * staged_mod_batches(p) * int64_t{F32 ? 4 : 2} * p.h : 0, p, device,
                        stream, G);
@@ -1444,12 +1471,25 @@ int stream_warp_knob() {
   return v;
 }
 
+// Full sweeps at compile time (forty-sixth session): the one-warp kernel with staged rows at H = 1536 (V = 384, three
+// full sweeps of aten's 128 threads: Wan 2.1 1.3B's LayerNorms, fp32 and bf16) is instantiated with SW = 3, so its
+// Welford and epilogue loops unroll with constant trip counts, its reciprocals come from constant offsets and no
+// vector is tested against V (each exists). The same operations in the same order per slot; only the tests and the
+// loop and index arithmetic go. DIFUSE_LNMOD_FULL_SWEEPS=0 (read once; for measurement) keeps the run-time kernel.
+constexpr int kFullSweeps = 3;
+constexpr int kFullSweepsV = kFullSweeps * kAtenThreads;
+inline bool full_sweeps_knob() {
+  static const int v = detail::env_knob_or("DIFUSE_LNMOD_FULL_SWEEPS", 1);
+  return v != 0;
+}
+
 // The plain LayerNorms' streamed kernel for these rows: smod (the staged rows) or vec (8-byte bf16 words / 16-byte
 // fp32 vectors) or neither, on two-warp groups or (stream_one_warp_groups) one-warp ones.
 template <bool F32>
 bool launch_streamed_ln_rows(const Params& p, bool smod, bool vec, int device, cudaStream_t stream) {
   if (stream_one_warp_groups(false, p.h, stream_warp_knob()))
-    return smod  ? launch_streamed_ln<F32, true, true, 32>(p, device, stream)
+    return smod && p.v == kFullSweepsV && full_sweeps_knob() ? launch_streamed_ln<F32, true, true, 32, kFullSweeps>(p, device, stream)
+           : smod                      ? launch_streamed_ln<F32, true, true, 32>(p, device, stream)
            : vec ? launch_streamed_ln<F32, true, false, 32>(p, device, stream)
                  : launch_streamed_ln<F32, false, false, 32>(p, device, stream);
   return smod  ? launch_streamed_ln<F32, true, true>(p, device, stream)
@@ -2055,6 +2095,7 @@ void gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difu
     const bool launched = !stream_one_warp_groups(true, p.h, stream_warp_knob()) ? smod        ? launch_streamed<true, true>(p, h.device, stream)
                                                   : p.mod_vec ? launch_streamed<true, false>(p, h.device, stream)
                                                               : launch_streamed<false, false>(p, h.device, stream)
+                          : smod && p.v == kFullSweepsV && full_sweeps_knob() ? launch_streamed<true, true, 32, kFullSweeps>(p, h.device, stream)
                           : smod        ? launch_streamed<true, true, 32>(p, h.device, stream)
                           : p.mod_vec ? launch_streamed<true, false, 32>(p, h.device, stream)
                                       : launch_streamed<false, false, 32>(p, h.device, stream);

@@ -113,9 +113,9 @@ def every_kernel_ran(wants) -> str:
 
 def streamed_ln_kernels_ran(f32: bool, warp: str) -> str:
     """every_kernel_ran lines for the plain LayerNorms' three streamed kernels (layernorm_streamed_rows<F32, VEC, SMOD,
-    G>: staged modulation rows, rows of 8-byte words or 16-byte fp32 vectors, neither) on one-warp groups (G = 32)
-    where DIFUSE_LNMOD_STREAM_WARP is "1", else two-warp groups."""
-    return every_kernel_ran("layernorm_streamed_rows<%s, %s, %s, %d>" % ("true" if f32 else "false", v, m,
+    G, SW>: staged modulation rows, rows of 8-byte words or 16-byte fp32 vectors, neither) on one-warp groups (G = 32)
+    where DIFUSE_LNMOD_STREAM_WARP is "1", else two-warp groups; any SW (full sweeps)."""
+    return every_kernel_ran("layernorm_streamed_rows<%s, %s, %s, %d, " % ("true" if f32 else "false", v, m,
                                                                          32 if warp == "1" else 64)
                             for v, m in (("true", "true"), ("true", "false"), ("false", "false")))
 

@@ -35,8 +35,15 @@ def kernel_template_args(prof, kernel: str) -> set:
 
 
 def streamed_group_width(prof, kernel: str) -> int:
-    """The group width (the last template argument: 32 or 64 threads) of the one streamed LayerNorm kernel `kernel`
-    that ran, 0 if none ran; fails if kernels of more than one width ran."""
-    widths = {int(args[-1]) for args in kernel_template_args(prof, kernel)}
+    """The group width (the first integer template argument, after the bools: 32 or 64 threads; the last is SW, the
+    full sweeps) of the one streamed LayerNorm kernel `kernel` that ran, 0 if none ran; fails if kernels of more than
+    one width ran."""
+    widths = {int(next(a for a in args if a.isdigit())) for args in kernel_template_args(prof, kernel)}
     assert len(widths) <= 1, "streamed kernels of several group widths ran: %s" % sorted(widths)
     return widths.pop() if widths else 0
+
+
+def streamed_full_sweeps(prof, kernel: str) -> set:
+    """The SW template arguments (the last: 0, the run-time sweeps; 3, the full-sweep kernels at H = 1536) of the
+    streamed LayerNorm kernels named `kernel` that ran."""
+    return {int(args[-1]) for args in kernel_template_args(prof, kernel)}
