@@ -158,17 +158,20 @@
 // (~8 % fewer): 68.7 -> ~65 us on the H200, GRLN 2x4096x1536 32.5 -> ~31. NOT YET RUN ON A GPU: no machine came in
 // the forty-fifth session (eleven calls refused); next: scripts/rev-bench.sh against b591df4 and this file's, GRLN's
 // and test_wan_fp32.py's GPU tests (the live gate checks each signature against eager meanwhile).
-// Since the forty-sixth session the one-warp streamed rows with staged modulation rows at H = 1536 (V = 384: three
-// full sweeps of aten's 128 threads; Wan 2.1 1.3B's fp32 LayerNorms, layernorm_modulate and GRLN at 1536) run
-// kernels compiled for that sweep count (layernorm_streamed_rows<..., 32, 3>, grln_streamed_rows<true, true, 32, 3>;
-// SW = kFullSweeps): no vector is tested against V, the Welford loop unrolls (reciprocals at constant offsets), the
-// epilogue loops run a constant trip count. The same operations in the same order per slot; the 75 kernels with SW = 0
-// compile to the same SASS as before, instruction for instruction (a comparison of cuobjdump's text against bf8a09f).
-// Static SASS of Wan's fp32 row: the Welford part 265 instructions straight-line against the loop's ~350 a row (221 per
-// two sweeps), the epilogue 61 per 8 elements against 66 plus the per-vector tests; ~175 fewer a row of ~1,080
-// (16 %). Predicted on the H200: fp32 1x32760x1536 ~65 (the warp-local map) -> ~60 us, GRLN 2x4096x1536 ~31 -> ~29.5.
-// DIFUSE_LNMOD_FULL_SWEEPS=0 keeps the SW = 0 kernels. NOT YET RUN ON A GPU when written (the tests: each file's
-// test_run_time_sweeps_variant and the default-choice tests, which now also check the SW the profiler saw).
+// Since the forty-sixth session the streamed rows with staged modulation rows at H = 1536 and 3072 (V = 384 and 768:
+// three and six full sweeps of aten's 128 threads) run kernels compiled for that sweep count (full_sweeps_for:
+// layernorm_streamed_rows<..., 32, 3 | 6> for the plain LayerNorms' one-warp rows, fp32 and bf16;
+// grln_streamed_rows<true, true, 32, 3> for GRLN's one-warp rows at 1536 and <true, true, 64, 6> for its two-warp rows
+// at 3072): no vector is tested against V, the Welford and residual loops unroll (reciprocals at constant offsets),
+// the epilogue loops run a constant trip count. The same operations in the same order per slot; the 75 kernels with
+// SW = 0 compile to the same SASS as before, instruction for instruction (cuobjdump's text against bf8a09f's). Static
+// SASS: Wan's fp32 row at 1536 runs its Welford part in 265 instructions straight-line against the loop's ~350 (221 per
+// two sweeps) and its epilogue at 61 per 8 elements plus no per-vector test: ~175 fewer a row of ~1,080 (16 %); GRLN's
+// two-warp row at 3072 its residual and Welford part in 554 against ~700 (207 per two sweeps, three times).
+// Predicted on the H200: fp32 1x32760x1536 ~65 (the warp-local map) -> ~60 us, GRLN 2x4096x1536 ~31 -> ~29.5,
+// GRLN 1x4096x3072 33.3 -> ~31.5. DIFUSE_LNMOD_FULL_SWEEPS=0 keeps the SW = 0 kernels. NOT YET RUN ON A GPU when
+// written (the tests: each file's test_run_time_sweeps_variant and the default-choice tests, which now also check the
+// SW the profiler saw).
 
 #include "norm/layernorm_modulate.h"
 
@@ -1218,7 +1221,7 @@ __device__ __forceinline__ void stream_f32_epilogue_batch(const uint2* sx, int t
   }
 }
 
-// SW > 0 (the full-sweep kernels, kFullSweeps): V = SW x kAtenThreads, every vector of the SW sweeps exists, no
+// SW > 0 (the full-sweep kernels, full_sweeps_for): V = SW x kAtenThreads, every vector of the SW sweeps exists, no
 // vector is tested; the loop is kept rolled (unrolled, layernorm_streamed_rows<true, true, true, 32, 3> spilled 4 B).
 template <bool VEC4, int KB, bool AFFINE, bool A_FORMED, int SW = 0>
 __device__ __forceinline__ void stream_f32_epilogue(const uint2* sx, int t, int V, int sweeps, RowStats rs,
@@ -1471,16 +1474,33 @@ int stream_warp_knob() {
   return v;
 }
 
-// Full sweeps at compile time (forty-sixth session): the one-warp kernel with staged rows at H = 1536 (V = 384, three
-// full sweeps of aten's 128 threads: Wan 2.1 1.3B's LayerNorms, fp32 and bf16) is instantiated with SW = 3, so its
-// Welford and epilogue loops unroll with constant trip counts, its reciprocals come from constant offsets and no
-// vector is tested against V (each exists). The same operations in the same order per slot; only the tests and the
-// loop and index arithmetic go. DIFUSE_LNMOD_FULL_SWEEPS=0 (read once; for measurement) keeps the run-time kernel.
-constexpr int kFullSweeps = 3;
-constexpr int kFullSweepsV = kFullSweeps * kAtenThreads;
+// Full sweeps at compile time (forty-sixth session): the streamed kernels with staged modulation rows at H = 1536
+// and 3072 (V = 384 and 768: three and six full sweeps of aten's 128 threads; Wan 2.1 1.3B's LayerNorms, fp32 and
+// bf16, and GRLN's one-warp rows at 1536; FLUX's and Qwen-Image's 3072, the plain LayerNorms' one-warp rows and GRLN's
+// two-warp rows) are instantiated with SW = 3 and 6, so their Welford and epilogue loops run constant trip counts
+// (unrolled where registers allow), their reciprocals come from constant offsets and no vector is tested against V
+// (each exists). The same operations in the same order per slot; only the tests and the loop and index arithmetic
+// go. DIFUSE_LNMOD_FULL_SWEEPS=0 (read once; for measurement) keeps the run-time kernels (SW = 0) everywhere.
 inline bool full_sweeps_knob() {
   static const int v = detail::env_knob_or("DIFUSE_LNMOD_FULL_SWEEPS", 1);
   return v != 0;
+}
+
+// The full-sweep count SW of the kernel for rows of V vectors with staged modulation rows (smod), 0 for the run-time
+// kernel: 3 at V = 384, 6 at V = 768 (the instantiated ones), unless DIFUSE_LNMOD_FULL_SWEEPS=0.
+inline int full_sweeps_for(int64_t v, bool smod) {
+  if (!smod || !full_sweeps_knob()) return 0;
+  return v == 3 * kAtenThreads ? 3 : v == 6 * kAtenThreads ? 6 : 0;
+}
+
+// f(std::integral_constant<int, SW>{}) for SW = 0, 3 or 6: the run-time count becomes the kernel's template argument.
+template <class F>
+decltype(auto) with_full_sweeps(int sw, F&& f) {
+  switch (sw) {
+    case 3: return f(std::integral_constant<int, 3>{});
+    case 6: return f(std::integral_constant<int, 6>{});
+    default: return f(std::integral_constant<int, 0>{});
+  }
 }
 
 // The plain LayerNorms' streamed kernel for these rows: smod (the staged rows) or vec (8-byte bf16 words / 16-byte
@@ -1488,8 +1508,9 @@ inline bool full_sweeps_knob() {
 template <bool F32>
 bool launch_streamed_ln_rows(const Params& p, bool smod, bool vec, int device, cudaStream_t stream) {
   if (stream_one_warp_groups(false, p.h, stream_warp_knob()))
-    return smod && p.v == kFullSweepsV && full_sweeps_knob() ? launch_streamed_ln<F32, true, true, 32, kFullSweeps>(p, device, stream)
-           : smod                      ? launch_streamed_ln<F32, true, true, 32>(p, device, stream)
+    return smod  ? with_full_sweeps(full_sweeps_for(p.v, true), [&](auto sw) {
+                     return launch_streamed_ln<F32, true, true, 32, decltype(sw)::value>(p, device, stream);
+                   })
            : vec ? launch_streamed_ln<F32, true, false, 32>(p, device, stream)
                  : launch_streamed_ln<F32, false, false, 32>(p, device, stream);
   return smod  ? launch_streamed_ln<F32, true, true>(p, device, stream)
@@ -2092,13 +2113,18 @@ void gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difu
     const detail::DeviceGuard device_guard(h.device);
     const bool smod = p.mod_vec && p.gate_stride_l == 0 && p.scale_stride_l == 0 && p.shift_stride_l == 0 &&
                       p.rows / p.seq <= kStreamMaxModBatches;
-    const bool launched = !stream_one_warp_groups(true, p.h, stream_warp_knob()) ? smod        ? launch_streamed<true, true>(p, h.device, stream)
-                                                  : p.mod_vec ? launch_streamed<true, false>(p, h.device, stream)
-                                                              : launch_streamed<false, false>(p, h.device, stream)
-                          : smod && p.v == kFullSweepsV && full_sweeps_knob() ? launch_streamed<true, true, 32, kFullSweeps>(p, h.device, stream)
-                          : smod        ? launch_streamed<true, true, 32>(p, h.device, stream)
-                          : p.mod_vec ? launch_streamed<true, false, 32>(p, h.device, stream)
-                                      : launch_streamed<false, false, 32>(p, h.device, stream);
+    // the full-sweep kernels: SW = 3 on one-warp groups (1536), 6 on two-warp groups (3072)
+    const int sw = full_sweeps_for(p.v, smod);
+    const bool launched =
+        !stream_one_warp_groups(true, p.h, stream_warp_knob())
+            ? smod ? (sw == 6 ? launch_streamed<true, true, 64, 6>(p, h.device, stream)
+                              : launch_streamed<true, true>(p, h.device, stream))
+              : p.mod_vec ? launch_streamed<true, false>(p, h.device, stream)
+                          : launch_streamed<false, false>(p, h.device, stream)
+        : smod ? (sw == 3 ? launch_streamed<true, true, 32, 3>(p, h.device, stream)
+                          : launch_streamed<true, true, 32>(p, h.device, stream))
+        : p.mod_vec ? launch_streamed<true, false, 32>(p, h.device, stream)
+                    : launch_streamed<false, false, 32>(p, h.device, stream);
     if (launched) {
       DIFUSE_CUDA_CHECK(cudaGetLastError());
       return;

@@ -274,8 +274,9 @@ def test_streamed_default_first_launched_in_a_cuda_graph():
 def test_streamed_group_width_by_default(B, L, H, group):
     """The default (no knob): GRLN's streamed rows on one-warp groups up to H = 1536 (nineteenth session), two-warp
     groups above; 5120 (four warps per row) keeps the staged kernel. [B, H] modulation and gate rows 8-byte aligned,
-    h and a 16-byte aligned; the profiler shows the group width (0: no streamed kernel) and, at 1536, the full-sweep
-    kernel (SW = 3, forty-sixth session; elsewhere SW = 0); both outputs bit for bit."""
+    h and a 16-byte aligned; the profiler shows the group width (0: no streamed kernel) and the full-sweep kernels
+    (forty-sixth session) at 1536 (one warp, SW = 3) and 3072 (two warps, SW = 6), elsewhere SW = 0; both outputs bit
+    for bit."""
     from torch.profiler import ProfilerActivity, profile
 
     from streamed_kernels import streamed_full_sweeps, streamed_group_width
@@ -287,28 +288,28 @@ def test_streamed_group_width_by_default(B, L, H, group):
         assert_exact(h, a, gate, scale, shift)
         torch.cuda.synchronize()
     assert streamed_group_width(prof, "grln_streamed_rows") == group
-    assert streamed_full_sweeps(prof, "grln_streamed_rows") == (set() if group == 0 else {3} if H == 1536 else {0})
+    assert streamed_full_sweeps(prof, "grln_streamed_rows") == (set() if group == 0 else {{1536: 3, 3072: 6}.get(H, 0)})
 
 
 def test_run_time_sweeps_variant():
-    """DIFUSE_LNMOD_FULL_SWEEPS=0 (read once per process): GRLN's one-warp streamed rows at 1536 with staged rows on
-    the run-time-sweep kernel (SW = 0, the form before the forty-sixth session): the same bits at 8192 rows (batch 2
-    and 1), adversarial h, [B, H] rows 8-byte aligned; the profiler shows that kernel ran and the full-sweep one did
-    not (the default's test, test_streamed_group_width_by_default, checks SW = 3)."""
+    """DIFUSE_LNMOD_FULL_SWEEPS=0 (read once per process): GRLN's streamed rows with staged rows at 1536 (one warp) and
+    3072 (two warps) on the run-time-sweep kernels (SW = 0, the form before the forty-sixth session): the same bits at
+    8192 rows (batch 2 and 1) and 4096, adversarial h, [B, H] rows 8-byte aligned; the profiler shows those kernels ran
+    and no full-sweep one (the default's test, test_streamed_group_width_by_default, checks SW = 3 and 6)."""
     from knob_run import PLACE_ADVERSARIAL, PROFILE_START, assert_exact_under, every_kernel_ran, mismatch_script
 
     script = mismatch_script(
         PLACE_ADVERSARIAL +
         "g = torch.Generator(device='cuda').manual_seed(4150)\n"
         + PROFILE_START +
-        "for B, L in ((2, 4096), (1, 8192)):\n"
-        "    hh = place(torch.randn(B, L, 1536, device='cuda', generator=g).to(torch.bfloat16), 0)\n"
-        "    aa = torch.randn(B, L, 1536, device='cuda', generator=g).to(torch.bfloat16)\n"
-        "    m = (torch.randn(B, 6 * 1536, device='cuda', generator=g) * 0.5).to(torch.bfloat16).chunk(6, dim=1)\n"
+        "for B, L, H in ((2, 4096, 1536), (1, 8192, 1536), (1, 4096, 3072)):\n"
+        "    hh = place(torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16), 0)\n"
+        "    aa = torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16)\n"
+        "    m = (torch.randn(B, 6 * H, device='cuda', generator=g) * 0.5).to(torch.bfloat16).chunk(6, dim=1)\n"
         "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(hh, aa, m[2], m[4], m[3], 1e-6)),\n"
         "                            list(ops.gated_residual_layernorm_modulate_eager(hh, aa, m[2], m[4], m[3], 1e-6)))\n"
-        + every_kernel_ran(["grln_streamed_rows<true, true, 32, 0>"]) +
-        "if any('grln_streamed_rows<true, true, 32, 3>' in n for n in names):\n"
+        + every_kernel_ran(["grln_streamed_rows<true, true, 32, 0>", "grln_streamed_rows<true, true, 64, 0>"]) +
+        "if any(k in n for n in names for k in ('rows<true, true, 32, 3>', 'rows<true, true, 64, 6>')):\n"
         "    bad += 1\n"
         "    print('the full-sweep kernel ran under DIFUSE_LNMOD_FULL_SWEEPS=0')\n")
     assert_exact_under(script, DIFUSE_LNMOD_FULL_SWEEPS="0")

@@ -248,20 +248,21 @@ def test_streamed_by_default_for_many_rows(B, L, H, kind, group):
             assert_ln(x, rows(B, L, H, kind, g), rows(B, L, H, kind, g))
         torch.cuda.synchronize()
     assert streamed_group_width(prof, "layernorm_streamed_rows") == group
-    # the full-sweep kernel (SW = 3, forty-sixth session) where the one-warp rows with staged rows are 1536 wide
+    # the full-sweep kernels (forty-sixth session) where the one-warp rows with staged rows are 1536 (SW = 3) or 3072
+    # (SW = 6) wide
     assert streamed_full_sweeps(prof, "layernorm_streamed_rows") == (
-        set() if group == 0 else {3} if group == 32 and H == 1536 else {0})
+        set() if group == 0 else {{1536: 3, 3072: 6}.get(H, 0) if group == 32 else 0})
 
 
 def test_run_time_sweeps_variant():
-    """DIFUSE_LNMOD_FULL_SWEEPS=0 (read once per process): Wan 2.1 1.3B's fp32 norms (modulated and affine) at 1536
-    with staged rows on the run-time-sweep kernel (SW = 0, the form before the forty-sixth session): the same bits at
-    32,760 rows and batch 2 at 4096; the profiler shows that kernel ran and the full-sweep one did not."""
+    """DIFUSE_LNMOD_FULL_SWEEPS=0 (read once per process): Wan 2.1 1.3B's fp32 norms (modulated and affine) at 1536,
+    and 3072, with staged rows on the run-time-sweep kernel (SW = 0, the form before the forty-sixth session): the
+    same bits at 32,760 rows and batch 2 at 4096; the profiler shows that kernel ran and no full-sweep one."""
     from knob_run import PROFILE_START, WAN_FP32_NORM_LINES, assert_exact_under, every_kernel_ran, mismatch_script
 
     script = mismatch_script(
         PROFILE_START +
-        "for i, (B, L, H) in enumerate([(1, 32760, 1536), (2, 4096, 1536)]):\n"
+        "for i, (B, L, H) in enumerate([(1, 32760, 1536), (2, 4096, 1536), (2, 4096, 3072)]):\n"
         "    g = torch.Generator(device='cuda').manual_seed(1250 + i)\n"
         "    x = torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16)\n"
         "    t6 = torch.randn(B, 6, H, device='cuda', generator=g)  # Wan's chunks: [B, 1, H] rows, 16-byte aligned\n"
@@ -269,7 +270,7 @@ def test_run_time_sweeps_variant():
         "                            ops.layernorm_modulate_fp32_eager(x, t6[:, 1:2], t6[:, 0:1]))\n"
         + WAN_FP32_NORM_LINES +
         every_kernel_ran(["layernorm_streamed_rows<true, true, true, 32, 0>"]) +
-        "if any('layernorm_streamed_rows<true, true, true, 32, 3>' in n for n in names):\n"
+        "if any(k in n for n in names for k in ('rows<true, true, true, 32, 3>', 'rows<true, true, true, 32, 6>')):\n"
         "    bad += 1\n"
         "    print('the full-sweep kernel ran under DIFUSE_LNMOD_FULL_SWEEPS=0')\n")
     assert_exact_under(script, DIFUSE_LNMOD_FULL_SWEEPS="0")
