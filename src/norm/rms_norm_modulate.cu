@@ -92,6 +92,15 @@
 // 2x126x2048 ltx2_tokens 12.3 us (16.2 at c14c296), ernie_tokens 53.3, exact (gpu-tests-9c75d86.json, this file's
 // and LayerNorm's tests, 729 passed) and in the whole suite at 5ee73e2 (tests.json).
 //
+// Full width (forty-sixth session): the streamed rows with staged rows at N = 3072 run kernels compiled for V = 768
+// (rms_norm_modulate_streamed<true, RESIDUAL, true, CHAIN, 768>, full_width_for): two_pass_row's mean and epilogue
+// loops run constant trip counts without per-vector tests; the same operations in the same order per lane, and the
+// kernels with VN = 0 compile to the same SASS as before (cuobjdump's text against bf8a09f's). Static SASS of ERNIE's
+// plain row: the mean loop 175 -> 111 instructions per batch of 8 vectors, the epilogue 274 -> 233 per 4: ~440 fewer
+// a row of ~2,300; the residual form's residual-and-mean loop 453 -> 274 per batch. Predicted on the H200:
+// 4352x2x3072 ernie 33.7 -> ~31.5 us (bound 31.4), the residual form 63.9 -> ~60 (62.8). NOT YET RUN ON A GPU when
+// written; DIFUSE_RMSMOD_FULL_WIDTH=0 keeps the VN = 0 kernels (test_run_time_width_variant).
+//
 // Verification status: bit-exact on the H200 at 5f8295d (torch 2.11.0+cu130, sm_90; its RowIndexers take the
 // 32-bit FastDivU32 path):
 // tests/gpu/test_rms_norm_modulate.py (377 cases, incl. the diffusers ERNIE-Image and LTX-2 blocks' own forward,
@@ -295,12 +304,14 @@ struct SmemRows {
 // CHAIN: 0 reads the chain from p (has_w, fp32_mod) at run time;
 // 1 + has_w + 2 fp32_mod fixes it at compile time (the streamed kernels with staged rows, the staged kernels with
 // 8-byte rows), so the epilogue holds one chain and no branches between them.
+// VN > 0 (the full-width kernels, full_width_for): V = VN vectors, a multiple of 32 kBatch and of 32 kOutBatch, so
+// every vector a lane's batches name exists: no vector is tested against V and the loops run constant trip counts.
 template <bool VEC, bool RESIDUAL, bool STAGED = false, int HALF = 4, bool SMEM_A = false, bool SMEM_MOD = false,
-          int CHAIN = 0>
+          int CHAIN = 0, int VN = 0>
 __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int lane, uint2* sx = nullptr,
                                              const SmemRows& sm = SmemRows{}) {
   constexpr int kBatch = 8;
-  const int V = p.v;
+  const int V = VN > 0 ? VN : p.v;
   const uint2* xr = STAGED ? sx : reinterpret_cast<const uint2*>(p.x + row * p.n);
   uint2* rr = RESIDUAL ? reinterpret_cast<uint2*>(p.residual + row * p.n) : nullptr;
   const uint16_t* grow = RESIDUAL && !SMEM_MOD ? p.gate + p.gate_rows.offset(row) : nullptr;
@@ -311,7 +322,7 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const int vi = lane + 32 * (kb + j);
-      xv[j] = vi < V ? xr[vi] : make_uint2(0, 0);
+      xv[j] = (VN > 0 || vi < V) ? xr[vi] : make_uint2(0, 0);
     }
     if constexpr (RESIDUAL) {
       // The a and gate loads of half a batch before its stores (as in the epilogue below: a load after a store
@@ -328,16 +339,16 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
 #pragma unroll
         for (int j = 0; j < kHalf; ++j) {
           const int vi = lane + 32 * (kb + j0 + j);
-          aw[j] = vi < V ? ar[vi] : make_uint2(0, 0);
+          aw[j] = (VN > 0 || vi < V) ? ar[vi] : make_uint2(0, 0);
           if constexpr (SMEM_MOD)
-            gw[j] = vi < V ? sm.gate[vi] : make_uint2(0, 0);
+            gw[j] = (VN > 0 || vi < V) ? sm.gate[vi] : make_uint2(0, 0);
           else
-            gw[j] = vi < V ? load4<VEC>(grow + 4 * vi) : make_uint2(0, 0);
+            gw[j] = (VN > 0 || vi < V) ? load4<VEC>(grow + 4 * vi) : make_uint2(0, 0);
         }
 #pragma unroll
         for (int j = 0; j < kHalf; ++j) {
           const int vi = lane + 32 * (kb + j0 + j);
-          if (vi < V) {
+          if (VN > 0 || vi < V) {
             xv[j0 + j] = modulate::gated_residual_vec4(xv[j0 + j], aw[j], gw[j]);
             rr[vi] = xv[j0 + j];
             if constexpr (STAGED) sx[vi] = xv[j0 + j];
@@ -347,7 +358,7 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
     }
 #pragma unroll
     for (int j = 0; j < kBatch; ++j)
-      if (lane + 32 * (kb + j) < V)
+      if (VN > 0 || lane + 32 * (kb + j) < V)
         mean_push_vec4(acc, num::bf16_lo(xv[j].x), num::bf16_hi(xv[j].x), num::bf16_lo(xv[j].y),
                        num::bf16_hi(xv[j].y));
   }
@@ -366,12 +377,13 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
   // store that may alias it): V / 32 = 24 round trips to L2 per 3072-element row, one after the other. The
   // arithmetic per element is unchanged.
   constexpr int kOutBatch = HALF == 2 ? 2 : 4;  // HALF = 2: see the residual pass above
-  for (int vb = lane; vb < V; vb += 32 * kOutBatch) {
+  static_assert(VN % (32 * kBatch) == 0 && VN % (32 * kOutBatch) == 0, "full-width rows come in whole batches");
+  for (int vb = lane; VN > 0 ? vb - lane < VN : vb < V; vb += 32 * kOutBatch) {
     uint2 xw[kOutBatch], ww[kOutBatch], sc[kOutBatch], sh[kOutBatch];
 #pragma unroll
     for (int j = 0; j < kOutBatch; ++j) {
       const int vi = vb + 32 * j;
-      const bool in = vi < V;
+      const bool in = VN > 0 || vi < V;
       xw[j] = in ? src[vi] : make_uint2(0, 0);
       if constexpr (SMEM_MOD) {
         ww[j] = in && (CHAIN ? (CHAIN - 1) & 1 : p.has_w) ? sm.w[vi] : make_uint2(0, 0);
@@ -386,7 +398,7 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
 #pragma unroll
     for (int j = 0; j < kOutBatch; ++j) {
       const int vi = vb + 32 * j;
-      if (vi < V) {
+      if (VN > 0 || vi < V) {
         if constexpr (CHAIN == 0) {
           orow[vi] = make_uint2(rms_modulate_pair(xw[j].x, rstd, p.has_w, ww[j].x, sc[j].x, sh[j].x, p.fp32_mod),
                                 rms_modulate_pair(xw[j].y, rstd, p.has_w, ww[j].y, sc[j].y, sh[j].y, p.fp32_mod));
@@ -538,14 +550,14 @@ struct StreamModRows {
 // in the whole suite at 97817d7 (tests.json: 3,384 passed, 0 failed, 0 skipped); one per slot where the slots are a
 // multiple of the warps only under DIFUSE_STREAM_FULL_BARRIERS=1 (twenty-fourth session; GPU tests pass at 5d3eadf).
 // DIFUSE_STREAM_PRODUCER_LANES (knob) since fc63727 (racecheck clean with 4 lanes at 45a2975; not timed on this op).
-template <bool VEC, bool RESIDUAL, bool SMOD = false, int CHAIN = 0>
+template <bool VEC, bool RESIDUAL, bool SMOD = false, int CHAIN = 0, int VN = 0>
 __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
     rms_norm_modulate_streamed(const Params p, int slots, const StreamModRows m) {
   // slot s: V 8-byte vectors of x (h) at s SV, the residual form's a row after them; the staged rows after the ring
   extern __shared__ uint4 staged_rows[];
   __shared__ uint64_t full[2 * kRmsStreamMaxSlots], empty[kRmsStreamMaxSlots];
   const int tid = static_cast<int>(threadIdx.x);
-  const int V = p.v;
+  const int V = VN > 0 ? VN : p.v;  // VN: the launcher's p.v, as a constant
   const int SV = RESIDUAL ? 2 * V : V;
   const uint32_t row_bytes = static_cast<uint32_t>(p.n) * 2u;
   uint2* const ring = reinterpret_cast<uint2*>(staged_rows);
@@ -598,7 +610,7 @@ __global__ void __launch_bounds__(32 + 32 * kRmsStreamMaxWarps, 1)
         sm.gate = mod + static_cast<int64_t>(m.nw + m.ns + m.nh + gi) * V;
       }
     }
-    two_pass_row<VEC, RESIDUAL, true, 4, RESIDUAL, SMOD, CHAIN>(p, row, lane, sx, sm);
+    two_pass_row<VEC, RESIDUAL, true, 4, RESIDUAL, SMOD, CHAIN, VN>(p, row, lane, sx, sm);
     stream_release(empty, s, use, groups, slots, RESIDUAL || m.read_fence);  // the residual form wrote h1 there
   }
 }
@@ -613,9 +625,9 @@ StreamModRows with_knobs(StreamModRows m, int slots, int warps) {
   return m;
 }
 
-template <bool VEC, bool RESIDUAL, bool SMOD, int CHAIN = 0>
+template <bool VEC, bool RESIDUAL, bool SMOD, int CHAIN = 0, int VN = 0>
 bool launch_streamed(const Params& p, const StreamModRows& m, int knob, int device, cudaStream_t stream) {
-  auto kernel = rms_norm_modulate_streamed<VEC, RESIDUAL, SMOD, CHAIN>;
+  auto kernel = rms_norm_modulate_streamed<VEC, RESIDUAL, SMOD, CHAIN, VN>;
   static std::atomic<int> budgets[detail::kMaxDevices];
   static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
   const int budget = stream_smem_budget(kernel, device, budgets);
@@ -630,6 +642,20 @@ bool launch_streamed(const Params& p, const StreamModRows& m, int knob, int devi
   kernel<<<static_cast<unsigned>(l.blocks), l.threads(), static_cast<size_t>(l.slots * slot_bytes + mod_bytes),
            stream>>>(p, l.slots, with_knobs(m, l.slots, l.warps));
   return true;
+}
+
+// Full width at compile time (forty-sixth session): the streamed kernels with staged rows at N = 3072 (V = 768 vectors
+// of 4, a lane's 24 in three mean batches of 8 and six epilogue batches of 4: ERNIE-Image's 3072 and LTX-2's audio-free
+// 3072 sites) are instantiated with VN = 768, so two_pass_row's loops run constant trip counts and no vector is tested
+// against V. The same operations in the same order per lane. Why: at 4352x2x3072 (ERNIE) each row's mean loop ran 175
+// SASS instructions per batch of 8 vectors, 80 of them the pushes and their unpacking, the rest the per-vector tests
+// (ISETP, BSSY / BSYNC), zero fills (CS2R) and index arithmetic; the epilogue 274 per 4 vectors with the same. The
+// kernels with VN = 0 compile to the same SASS as before. DIFUSE_RMSMOD_FULL_WIDTH=0 (read once; for measurement)
+// keeps the run-time kernels.
+constexpr int kFullWidthV = 768;
+int full_width_for(const Params& p) {
+  static const int knob = detail::env_knob_or("DIFUSE_RMSMOD_FULL_WIDTH", 1);
+  return knob != 0 && p.v == kFullWidthV ? kFullWidthV : 0;
 }
 
 // The staged rows of SMOD where every role has at most two distinct rows and the weight and modulation rows are
@@ -769,7 +795,11 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   if (streamed > 0 && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
       p.n % 8 == 0 && detail::aligned(p.x, 16) && (!RESIDUAL || p.a_rows16)) {  // whole rows bulk-copied
     if (smod ? with_chain(p, [&](auto chain) {
-                 return launch_streamed<true, RESIDUAL, true, decltype(chain)::value>(p, m, streamed, device, stream);
+                 return full_width_for(p) == kFullWidthV
+                            ? launch_streamed<true, RESIDUAL, true, decltype(chain)::value, kFullWidthV>(p, m, streamed,
+                                                                                                       device, stream)
+                            : launch_streamed<true, RESIDUAL, true, decltype(chain)::value>(p, m, streamed, device,
+                                                                                            stream);
                })
              : vec ? launch_streamed<true, RESIDUAL, false>(p, m, streamed, device, stream)
                    : launch_streamed<false, RESIDUAL, false>(p, m, streamed, device, stream)) {

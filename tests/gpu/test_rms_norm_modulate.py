@@ -537,9 +537,9 @@ def test_streamed_rows_variant(warps, blocks, smod, fence, lanes, fulls):
         "                                                                      residual=True)\n"
         "bad += count_mismatches(list(ops.gated_residual_rms_norm_modulate(h, a, gate, w, scale, shift, eps, fp32)),\n"
         "                        list(ops.gated_residual_rms_norm_modulate_eager(h, a, gate, w, scale, shift, eps, fp32)))\n"
-        # <VEC, RESIDUAL, SMOD, CHAIN>: the profiled calls are LTX-2's (no weight, bf16 modulation), whose chain the
-        # staged-rows kernels fix at compile time as 1; without SMOD it is read at run time (0).
-        + every_kernel_ran("rms_norm_modulate_streamed<true, %s, %s>(" % (r, "true, 1" if smod == "1" else "false, 0")
+        # <VEC, RESIDUAL, SMOD, CHAIN, VN>: the profiled calls are LTX-2's (no weight, bf16 modulation), whose chain
+        # the staged-rows kernels fix at compile time as 1; without SMOD it is read at run time (0); any VN.
+        + every_kernel_ran("rms_norm_modulate_streamed<true, %s, %s, " % (r, "true, 1" if smod == "1" else "false, 0")
                            for r in ("false", "true")) +
         "print('mismatches', bad)")
     assert_exact_under(script, DIFUSE_RMSMOD_STREAMED=warps, DIFUSE_RMSMOD_STREAMED_BLOCKS=blocks,
@@ -574,12 +574,39 @@ def test_streamed_by_default(shape, variant, residual, smod):
         else:
             assert_exact(*inputs)
         torch.cuda.synchronize()
-    # The last template argument is the chain (dc86343): fixed at compile time, 1 + has weight + 2 fp32 modulation,
-    # where the block stages its rows (SMOD), else 0 (read from the parameters at run time).
+    # The fourth template argument is the chain (dc86343): fixed at compile time, 1 + has weight + 2 fp32 modulation,
+    # where the block stages its rows (SMOD), else 0 (read from the parameters at run time); the fifth VN, the
+    # full-width kernels' vector count (forty-sixth session: 768 at N = 3072 with SMOD, else 0).
     has_w, fp32 = inputs[-5] is not None, bool(inputs[-1])
     chain = str(1 + has_w + 2 * fp32) if smod == "true" else "0"
+    vn = "768" if smod == "true" and shape[-1] == 3072 else "0"
     ran = {args[1:] for args in kernel_template_args(prof, "rms_norm_modulate_streamed")}
-    assert ran == ({("true" if residual else "false", smod, chain)} if smod else set())
+    assert ran == ({("true" if residual else "false", smod, chain, vn)} if smod else set())
+
+
+def test_run_time_width_variant():
+    """DIFUSE_RMSMOD_FULL_WIDTH=0 (read once per process): the streamed rows with staged rows at N = 3072 (ERNIE's
+    4352x2x3072 with weight and fp32 modulation, LTX-2's chain on the same layout without weight: chains 4 and 1,
+    both forms) on the run-time-width kernels (VN = 0, the form before the forty-sixth session) instead of the
+    full-width ones: the same bits; the profiler shows those kernels ran and no full-width one (the default's test,
+    test_streamed_by_default, checks VN = 768)."""
+    from knob_run import PROFILE_START, assert_exact_under, every_kernel_ran
+
+    script = _site_layouts_script(1360, [((4352, 2, 3072), 'ernie')]).replace(
+        "print('mismatches', bad)",
+        PROFILE_START +
+        "for res in (False, True):\n"
+        "    inputs = ops.rms_modulate_site_inputs((4352, 2, 3072), 'ernie', 'cuda', g, residual=res)\n"
+        "    f, ref = ((ops.gated_residual_rms_norm_modulate, ops.gated_residual_rms_norm_modulate_eager) if res\n"
+        "              else (ops.rms_norm_modulate, ops.rms_norm_modulate_eager))\n"
+        "    out, want = f(*inputs), ref(*inputs)\n"
+        "    bad += count_mismatches(list(out) if res else out, list(want) if res else want)\n"
+        + every_kernel_ran("rms_norm_modulate_streamed<true, %s, true, 4, 0>(" % r for r in ("false", "true")) +
+        "if any('rms_norm_modulate_streamed' in n and ', 768>' in n for n in names):\n"
+        "    bad += 1\n"
+        "    print('a full-width kernel ran under DIFUSE_RMSMOD_FULL_WIDTH=0')\n"
+        "print('mismatches', bad)")
+    assert_exact_under(script, DIFUSE_RMSMOD_FULL_WIDTH="0")
 
 
 def test_two_pass_rows_where_streamed_by_default():
