@@ -10,6 +10,11 @@
 # Not a proof of identical bits on its own (an operand could change): a refactor's evidence beside its source diff.
 # SASS_OPS_PAIRS="OLD_RE=NEW_RE;..." also compares, for each pair, the one kernel at REV whose name matches OLD_RE
 # with the one now matching NEW_RE (a kernel renamed by a new template parameter or argument).
+# SASS_OPS_RENAME="RE=REPL;..." (for a new template parameter with a default, which renames every instance of a
+# template): a kernel now whose name is not one at REV is compared under the name re.sub(RE, REPL, name) gives, the
+# first that names a kernel at REV (e.g. 'ELi0EEEv=EEEv': `<..., 32, 0>` now is `<..., 32>` at REV).
+# SASS_OPS_TEXT=1: compare each kernel's whole instruction text (opcodes, operands, predicates, branch targets) in
+# order instead of the data opcodes' counts: "same (N)" then means the same N instructions, a stronger claim.
 # cuobjdump and nvdisasm as scripts/sass-tools.sh finds them.
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 REV SRC.cu [KERNEL_REGEX]" >&2; exit 2; }
@@ -26,17 +31,23 @@ git -C "$ROOT" archive "$REV" include src | tar -x -C "$TMP/old"
 sass_of "$TMP/old" "$SRC" "$TMP/old.sass"
 sass_of "$ROOT" "$SRC" "$TMP/new.sass"
 PYTHONPATH="$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}" \
-  python3 - "$TMP/old.sass" "$TMP/new.sass" "$PATTERN" "$REV" "${SASS_OPS_PAIRS:-}" <<'PY'
+  python3 - "$TMP/old.sass" "$TMP/new.sass" "$PATTERN" "$REV" "${SASS_OPS_PAIRS:-}" "${SASS_OPS_RENAME:-}" \
+  "${SASS_OPS_TEXT:-0}" <<'PY'
 import collections, re, sys
 from sass_kernels import sass_kernels
 old_path, new_path, pattern, rev = sys.argv[1], sys.argv[2], re.compile(sys.argv[3]), sys.argv[4]
 pairs = [p.split("=", 1) for p in sys.argv[5].split(";") if p.strip()]
+renames = [p.split("=", 1) for p in sys.argv[6].split(";") if p.strip()]
+whole_text = sys.argv[7] == "1"
 DATA = re.compile(r"(F|H|MUFU|I2F|F2I|SHFL|BAR|LDS|STS|LDG|STG|LDC|LDGSTS|SYNCS|UBLKCP|UTMA|FENCE|MEMBAR|ATOM|RED)")
 def kernels(path):
     out = {}
     for mangled, ins in sass_kernels(path).items():
         name = re.sub(r"_GLOBAL__N__[0-9a-f_]+", "ANON", mangled)  # the file's path hash
         ops = out[name] = collections.Counter()
+        if whole_text:  # the instructions in order, each counted once under its position and text
+            ops.update("%05d %s" % (i, text) for i, (_, text, _) in enumerate(ins))
+            continue
         for _, text, _ in ins:
             body = re.sub(r"^@!?U?P\w+\s+", "", text)
             op = body.split()[0]
@@ -46,6 +57,14 @@ def kernels(path):
                 ops[op] += 1
     return out
 old, new = kernels(old_path), kernels(new_path)
+for name in list(new):
+    if name in old:
+        continue
+    for rx, repl in renames:
+        renamed = re.sub(rx, repl, name)
+        if renamed != name and renamed in old and renamed not in new:
+            new[renamed] = new.pop(name)
+            break
 for name in sorted(n for n in set(old) | set(new) if pattern.search(n)):
     short = name[:150]
     if name not in old:

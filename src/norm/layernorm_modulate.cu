@@ -164,10 +164,13 @@
 // grln_streamed_rows<true, true, 32, 3> for GRLN's one-warp rows at 1536 and <true, true, 64, 6> for its two-warp rows
 // at 3072): no vector is tested against V, the Welford and residual loops unroll (reciprocals at constant offsets),
 // the epilogue loops run a constant trip count. The same operations in the same order per slot; the 75 kernels with
-// SW = 0 compile to the same SASS as before, instruction for instruction (cuobjdump's text against bf8a09f's). Static
-// SASS: Wan's fp32 row at 1536 runs its Welford part in 265 instructions straight-line against the loop's ~350 (221 per
-// two sweeps) and its epilogue at 61 per 8 elements plus no per-vector test: ~175 fewer a row of ~1,080 (16 %); GRLN's
-// two-warp row at 3072 its residual and Welford part in 554 against ~700 (207 per two sweeps, three times).
+// SW = 0 compile to the same SASS as before, instruction for instruction (`SASS_OPS_TEXT=1 SASS_OPS_RENAME='ELi0EEEv=EEEv'
+// scripts/sass-ops-diff.sh bf8a09f src/norm/layernorm_modulate.cu`: 75 same, 6 only now). scripts/sass-loops.sh: Wan's
+// fp32 row at 1536 (layernorm_streamed_rows<true, true, true, 32, SW>) had a Welford loop of 221 instructions per two
+// sweeps and an epilogue loop of 132 per two sweeps, every vector tested; at SW = 3 the Welford part is straight-line
+// and the epilogue loop 61 per sweep, the row loop 1294 static instructions against 2032; estimated from these, ~175
+// fewer a row of ~1,080 (~16 %). GRLN's two-warp row at 3072: its residual loop (207 per two sweeps, three times) is
+// straight-line at SW = 6.
 // Predicted on the H200: fp32 1x32760x1536 ~65 (the warp-local map) -> ~60 us, GRLN 2x4096x1536 ~31 -> ~29.5,
 // GRLN 1x4096x3072 33.3 -> ~31.5. DIFUSE_LNMOD_FULL_SWEEPS=0 keeps the SW = 0 kernels. NOT YET RUN ON A GPU when
 // written (the tests: each file's test_run_time_sweeps_variant and the default-choice tests, which now also check the

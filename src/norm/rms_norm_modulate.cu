@@ -95,9 +95,11 @@
 // Full width (forty-sixth session): the streamed rows with staged rows at N = 3072 run kernels compiled for V = 768
 // (rms_norm_modulate_streamed<true, RESIDUAL, true, CHAIN, 768>, full_width_for): two_pass_row's mean and epilogue
 // loops run constant trip counts without per-vector tests; the same operations in the same order per lane, and the
-// kernels with VN = 0 compile to the same SASS as before (cuobjdump's text against bf8a09f's). Static SASS of ERNIE's
-// plain row: the mean loop 175 -> 111 instructions per batch of 8 vectors, the epilogue 274 -> 233 per 4: ~440 fewer
-// a row of ~2,300; the residual form's residual-and-mean loop 453 -> 274 per batch. Predicted on the H200:
+// kernels with VN = 0 compile to the same SASS as before (`SASS_OPS_TEXT=1 SASS_OPS_RENAME='ELi0EEEv=EEEv'
+// scripts/sass-ops-diff.sh bf8a09f src/norm/rms_norm_modulate.cu`: 65 same, 8 only now; tests/python/
+// test_sass_ops_diff.py checks it). scripts/sass-loops.sh on ERNIE's plain row (chain 4): the mean loop 175 -> 111
+// instructions per batch of 8 vectors, the epilogue loop 274 -> 233 per batch of 4; estimated from these, ~440 fewer a
+// row of ~2,300 (3 and 6 batches); the residual form's residual-and-mean loop 453 -> 274 per batch. Predicted on the H200:
 // 4352x2x3072 ernie 33.7 -> ~31.5 us (bound 31.4), the residual form 63.9 -> ~60 (62.8). NOT YET RUN ON A GPU when
 // written; DIFUSE_RMSMOD_FULL_WIDTH=0 keeps the VN = 0 kernels (test_run_time_width_variant).
 //
