@@ -97,10 +97,11 @@ def no_kernel_ran(part: str) -> str:
             "    print('kernels that should not have run:', ran)\n" % part)
 
 
-def every_kernel_ran(wants) -> str:
+def every_kernel_ran(wants, unwanted=()) -> str:
     """Script lines after PROFILE_START and the profiled calls: stop the profiler, and count a mismatch (printing the
     names that did run) for each name part in `wants` no kernel's name contains (a knob test must fail if its
-    launcher fell back to other kernels)."""
+    launcher fell back to other kernels), and for each part in `unwanted` some kernel's name contains (a knob that
+    turns kernels off must fail if they still ran)."""
     return ("if torch.cuda.is_available():\n"
             "    torch.cuda.synchronize()\n"
             "prof.__exit__(None, None, None)\n"
@@ -108,7 +109,11 @@ def every_kernel_ran(wants) -> str:
             "for want in %r:\n"
             "    if not any(want in n for n in names):\n"
             "        bad += 1\n"
-            "        print(want, 'did not run:', sorted(n for n in names if 'difuse' in n))\n" % (tuple(wants),))
+            "        print(want, 'did not run:', sorted(n for n in names if 'difuse' in n))\n"
+            "for part in %r:\n"
+            "    if any(part in n for n in names):\n"
+            "        bad += 1\n"
+            "        print(part, 'ran:', sorted(n for n in names if part in n))\n" % (tuple(wants), tuple(unwanted)))
 
 
 def streamed_ln_kernels_ran(f32: bool, warp: str) -> str:

@@ -601,10 +601,9 @@ def test_run_time_width_variant():
         "              else (ops.rms_norm_modulate, ops.rms_norm_modulate_eager))\n"
         "    out, want = f(*inputs), ref(*inputs)\n"
         "    bad += count_mismatches(list(out) if res else out, list(want) if res else want)\n"
-        + every_kernel_ran("rms_norm_modulate_streamed<true, %s, true, 4, 0>(" % r for r in ("false", "true")) +
-        "if any('rms_norm_modulate_streamed' in n and ', 768>' in n for n in names):\n"
-        "    bad += 1\n"
-        "    print('a full-width kernel ran under DIFUSE_RMSMOD_FULL_WIDTH=0')\n"
+        + every_kernel_ran(["rms_norm_modulate_streamed<true, %s, true, 4, 0>(" % r for r in ("false", "true")],
+                           unwanted=["rms_norm_modulate_streamed<true, %s, true, %d, 768>(" % (r, c)
+                                     for r in ("false", "true") for c in (1, 2, 3, 4)]) +
         "print('mismatches', bad)")
     assert_exact_under(script, DIFUSE_RMSMOD_FULL_WIDTH="0")
 

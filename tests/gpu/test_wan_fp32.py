@@ -269,10 +269,8 @@ def test_run_time_sweeps_variant():
         "    bad += count_mismatches(ops.layernorm_modulate_fp32(x, t6[:, 1:2], t6[:, 0:1]),\n"
         "                            ops.layernorm_modulate_fp32_eager(x, t6[:, 1:2], t6[:, 0:1]))\n"
         + WAN_FP32_NORM_LINES +
-        every_kernel_ran(["layernorm_streamed_rows<true, true, true, 32, 0>"]) +
-        "if any(k in n for n in names for k in ('rows<true, true, true, 32, 3>', 'rows<true, true, true, 32, 6>')):\n"
-        "    bad += 1\n"
-        "    print('the full-sweep kernel ran under DIFUSE_LNMOD_FULL_SWEEPS=0')\n")
+        every_kernel_ran(["layernorm_streamed_rows<true, true, true, 32, 0>"],
+                         unwanted=["layernorm_streamed_rows<true, true, true, 32, %d>" % sw for sw in (3, 6)]))
     assert_exact_under(script, DIFUSE_LNMOD_FULL_SWEEPS="0")
 
 
