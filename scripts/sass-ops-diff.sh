@@ -15,6 +15,8 @@
 # first that names a kernel at REV (e.g. 'ELi0EEEv=EEEv': `<..., 32, 0>` now is `<..., 32>` at REV).
 # SASS_OPS_TEXT=1: compare each kernel's whole instruction text (opcodes, operands, predicates, branch targets) in
 # order instead of the data opcodes' counts: "same (N)" then means the same N instructions, a stronger claim.
+# SASS_OPS_NEW_REV=REV2: the "now" side compiled from git revision REV2 instead of the working tree (a past change's
+# claim checked again later).
 # cuobjdump and nvdisasm as scripts/sass-tools.sh finds them.
 set -euo pipefail
 [ $# -ge 2 ] || { echo "usage: $0 REV SRC.cu [KERNEL_REGEX]" >&2; exit 2; }
@@ -29,7 +31,13 @@ trap 'rm -rf "$TMP"' EXIT
 mkdir -p "$TMP/old"
 git -C "$ROOT" archive "$REV" include src | tar -x -C "$TMP/old"
 sass_of "$TMP/old" "$SRC" "$TMP/old.sass"
-sass_of "$ROOT" "$SRC" "$TMP/new.sass"
+NEW_TREE=$ROOT
+if [ -n "${SASS_OPS_NEW_REV:-}" ]; then
+  mkdir -p "$TMP/new"
+  git -C "$ROOT" archive "$SASS_OPS_NEW_REV" include src | tar -x -C "$TMP/new"
+  NEW_TREE=$TMP/new
+fi
+sass_of "$NEW_TREE" "$SRC" "$TMP/new.sass"
 PYTHONPATH="$ROOT/scripts${PYTHONPATH:+:$PYTHONPATH}" \
   python3 - "$TMP/old.sass" "$TMP/new.sass" "$PATTERN" "$REV" "${SASS_OPS_PAIRS:-}" "${SASS_OPS_RENAME:-}" \
   "${SASS_OPS_TEXT:-0}" <<'PY'

@@ -24,8 +24,10 @@ def _unchanged_since_head() -> bool:
 @unittest.skipUnless(shutil.which("nvcc") and shutil.which("git") and (ROOT / ".git").exists(),
                      "needs nvcc and a git checkout")
 class SassOpsDiffTest(unittest.TestCase):
-    def run_script(self, *args):
-        p = subprocess.run(["bash", str(SCRIPT)] + list(args), cwd=ROOT, capture_output=True, text=True)
+    def run_script(self, *args, **env):
+        """The script's output lines (exit 0 expected; skipped without its tools); env: variables added for it."""
+        p = subprocess.run(["bash", str(SCRIPT)] + list(args), cwd=ROOT, capture_output=True, text=True,
+                           env=dict(os.environ, **env))
         if p.returncode == 3:
             self.skipTest(p.stderr.strip())
         self.assertEqual(p.returncode, 0, p.stderr)
@@ -64,33 +66,21 @@ class SassOpsDiffTest(unittest.TestCase):
         # SASS_OPS_TEXT=1 compares every instruction's text: a kernel with itself is the same, two instances differ.
         if not _unchanged_since_head():
             self.skipTest("src or include differ from HEAD in this checkout")
-        env = dict(os.environ, SASS_OPS_TEXT="1", SASS_OPS_PAIRS="residual_kernelILi8E=residual_kernelILi8E;"
-                                                                  "residual_kernelILi1E=residual_kernelILi8E")
-        p = subprocess.run(["bash", str(SCRIPT), "HEAD", "src/modulate/gated_residual.cu"], cwd=ROOT,
-                           capture_output=True, text=True, env=env)
-        if p.returncode == 3:
-            self.skipTest(p.stderr.strip())
-        self.assertEqual(p.returncode, 0, p.stderr)
-        lines = p.stdout.splitlines()
+        lines = self.run_script("HEAD", "src/modulate/gated_residual.cu", SASS_OPS_TEXT="1",
+                                SASS_OPS_PAIRS="residual_kernelILi8E=residual_kernelILi8E;"
+                                               "residual_kernelILi1E=residual_kernelILi8E")
         self.assertTrue(all(l.startswith("same (") for l in lines[:-2]), lines)
         self.assertIn(": same (", lines[-2])
         self.assertIn(": differs", lines[-1])
 
     def test_renamed_instances_keep_their_code(self):
         # 7a491b6 gave rms_norm_modulate_streamed a fifth template argument, VN (0 by default): under
-        # SASS_OPS_RENAME='ELi0EEEv=EEEv' each of bf8a09f's 65 kernels is found again and has the same instructions,
-        # and the 8 full-width kernels (VN = 768) are new.
+        # SASS_OPS_RENAME='ELi0EEEv=EEEv' each of bf8a09f's 65 kernels is found again at 7a491b6 (SASS_OPS_NEW_REV)
+        # with the same instructions, and the 8 full-width kernels (VN = 768) are new.
         if not _have_rev("bf8a09f") or not _have_rev("7a491b6"):
             self.skipTest("bf8a09f or 7a491b6 is not in this clone's history")
-        if subprocess.run(["git", "-C", str(ROOT), "diff", "--quiet", "7a491b6", "--", "src", "include"]).returncode:
-            self.skipTest("src or include changed since 7a491b6 (the comparison is of that tree)")
-        env = dict(os.environ, SASS_OPS_TEXT="1", SASS_OPS_RENAME="ELi0EEEv=EEEv")
-        p = subprocess.run(["bash", str(SCRIPT), "bf8a09f", "src/norm/rms_norm_modulate.cu"], cwd=ROOT,
-                           capture_output=True, text=True, env=env)
-        if p.returncode == 3:
-            self.skipTest(p.stderr.strip())
-        self.assertEqual(p.returncode, 0, p.stderr)
-        lines = p.stdout.splitlines()
+        lines = self.run_script("bf8a09f", "src/norm/rms_norm_modulate.cu", SASS_OPS_TEXT="1",
+                                SASS_OPS_RENAME="ELi0EEEv=EEEv", SASS_OPS_NEW_REV="7a491b6")
         self.assertEqual(sum(l.startswith("same (") for l in lines), 65, lines)
         now = [l for l in lines if l.startswith("only now")]
         self.assertEqual(len(now), 8, lines)
