@@ -102,13 +102,6 @@
 // row of ~2,300 (3 and 6 batches); the residual form's residual-and-mean loop 453 -> 274 per batch. Predicted on the H200:
 // 4352x2x3072 ernie 33.7 -> ~31.5 us (bound 31.4), the residual form 63.9 -> ~60 (62.8). NOT YET RUN ON A GPU when
 // written; DIFUSE_RMSMOD_FULL_WIDTH=0 keeps the VN = 0 kernels (test_run_time_width_variant).
-// The plain form's staged rows (fewer than 8192 rows at N <= 3072: LTX-2's 1x4096x3072, ERNIE's 4096x1x3072) take VN =
-// 768 too (forty-seventh session, rms_norm_modulate_staged<true, false, 4, CHAIN, 768>; 4 kernels, 40-56 registers, no
-// spill; the other 73 kernels' SASS unchanged against f0ac232 by the same sass-ops-diff command). Not the residual form:
-// its unrolled loops took 72 and 80 registers against 64 and 54 (one block fewer per SM) and spilled when held to
-// those. Predicted on the H200: 1x4096x3072 ltx2 19.1 -> ~18 us, 4096x1x3072 ernie 22.2 -> ~21 (both below the
-// streaming ceiling of their bounds). NOT YET RUN ON A GPU when written (test_staged_width_by_default,
-// test_run_time_width_variant).
 //
 // Verification status: bit-exact on the H200 at 5f8295d (torch 2.11.0+cu130, sm_90; its RowIndexers take the
 // 32-bit FastDivU32 path):
@@ -446,22 +439,19 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_two_pass(const Par
 // batches of 8 vectors per lane, each batch's loads returning before the next is issued, and re-reads it from
 // L1/L2 in pass 2 (ncu at e383706: 0.48 waves, 65 % of cycles with no eligible warp, DRAM 30 %: latency-bound);
 // here a row costs one DRAM round trip. 4 rows per block: 24 KB at N = 3072, 9 blocks per SM.
-// VN > 0 (full_width_for; the plain form with VEC and CHAIN): the row width fixed at compile time, as in the streamed
-// kernels. Not the residual form: there the unrolled loops took 72 and 80 registers where the run-time kernels take 64
-// and 54 (8 and 9 blocks of 4 rows per SM at N = 3072), and held to those by __launch_bounds__ they spilled 28-84 bytes.
-template <bool VEC, bool RESIDUAL, int HALF = 4, int CHAIN = 0, int VN = 0>
+template <bool VEC, bool RESIDUAL, int HALF = 4, int CHAIN = 0>
 __global__ void __launch_bounds__(kThreads) rms_norm_modulate_staged(const Params p) {
   extern __shared__ uint4 staged_rows[];  // kRowsPerBlock rows of V 8-byte vectors
   const int lane = static_cast<int>(threadIdx.x) % 32;
   const int wib = static_cast<int>(threadIdx.x) / 32;
   const int64_t row = static_cast<int64_t>(blockIdx.x) * kRowsPerBlock + wib;
   if (row >= p.rows) return;  // whole warp (no block barrier follows)
-  uint2* sx = reinterpret_cast<uint2*>(staged_rows) + static_cast<int64_t>(wib) * (VN > 0 ? VN : p.v);
+  uint2* sx = reinterpret_cast<uint2*>(staged_rows) + static_cast<int64_t>(wib) * p.v;
   const uint4* gx = reinterpret_cast<const uint4*>(p.x + row * p.n);
-  for (int c = lane; c < (VN > 0 ? VN : p.v) / 2; c += 32) cp_async(reinterpret_cast<uint4*>(sx) + c, gx + c, true);
+  for (int c = lane; c < p.v / 2; c += 32) cp_async(reinterpret_cast<uint4*>(sx) + c, gx + c, true);
   cp_async_wait_all();
   __syncwarp();  // every lane's copies of the row have landed
-  two_pass_row<VEC, RESIDUAL, true, HALF, false, false, CHAIN, VN>(p, row, lane, sx);
+  two_pass_row<VEC, RESIDUAL, true, HALF, false, false, CHAIN>(p, row, lane, sx);
 }
 
 // PIPELINED staged rows (DIFUSE_RMSMOD_PIPELINED=1, for measurement; where the staged kernel runs): a grid of the
@@ -687,9 +677,9 @@ bool stream_mod_rows(const Params& p, bool vec, StreamModRows& m) {
 
 // The staged kernel, its shared-memory opt-in and carveout set (once per device), and its dynamic shared memory
 // for this row width: what a launch and an occupancy query of it both need.
-template <bool VEC, bool RESIDUAL, int HALF, int CHAIN = 0, int VN = 0>
+template <bool VEC, bool RESIDUAL, int HALF, int CHAIN = 0>
 auto prepared_staged(const Params& p, int device, size_t& bytes) {
-  auto kernel = rms_norm_modulate_staged<VEC, RESIDUAL, HALF, CHAIN, VN>;
+  auto kernel = rms_norm_modulate_staged<VEC, RESIDUAL, HALF, CHAIN>;
   bytes = sizeof(uint16_t) * static_cast<size_t>(kRowsPerBlock) * p.n;  // <= 64 KB (N <= 8160)
   static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
   opt_in_shared_memory(kernel, device, static_cast<int>(sizeof(uint16_t) * kRowsPerBlock * kMaxWidth), opted_in);
@@ -697,10 +687,10 @@ auto prepared_staged(const Params& p, int device, size_t& bytes) {
   return kernel;
 }
 
-template <bool VEC, bool RESIDUAL, int HALF = 4, int CHAIN = 0, int VN = 0>
+template <bool VEC, bool RESIDUAL, int HALF = 4, int CHAIN = 0>
 void launch_staged(const Params& p, unsigned blocks, int device, cudaStream_t stream) {
   size_t bytes = 0;
-  auto kernel = prepared_staged<VEC, RESIDUAL, HALF, CHAIN, VN>(p, device, bytes);
+  auto kernel = prepared_staged<VEC, RESIDUAL, HALF, CHAIN>(p, device, bytes);
   kernel<<<blocks, kThreads, bytes, stream>>>(p);
 }
 
@@ -716,25 +706,11 @@ decltype(auto) with_chain(const Params& p, F&& f) {
   }
 }
 
-// f(std::integral_constant<int, VN>{}) with the full-width V for these parameters (full_width_for: 768 at N = 3072,
-// else 0); the plain form's staged kernels with 8-byte rows and their chain fixed take it.
-template <class F>
-decltype(auto) with_full_width(const Params& p, F&& f) {
-  if (full_width_for(p) == kFullWidthV) return f(std::integral_constant<int, kFullWidthV>{});
-  return f(std::integral_constant<int, 0>{});
-}
-
-// The staged kernel with 8-byte rows (VEC) and its chain fixed at compile time; the plain form's width too at N = 3072.
+// The staged kernel with 8-byte rows (VEC) and its chain fixed at compile time.
 template <bool RESIDUAL, int HALF = 4>
 void launch_staged_chain(const Params& p, unsigned blocks, int device, cudaStream_t stream) {
   with_chain(p, [&](auto chain) {
-    if constexpr (RESIDUAL) {
-      launch_staged<true, RESIDUAL, HALF, decltype(chain)::value>(p, blocks, device, stream);
-    } else {
-      with_full_width(p, [&](auto vn) {
-        launch_staged<true, RESIDUAL, HALF, decltype(chain)::value, decltype(vn)::value>(p, blocks, device, stream);
-      });
-    }
+    launch_staged<true, RESIDUAL, HALF, decltype(chain)::value>(p, blocks, device, stream);
   });
 }
 

@@ -587,14 +587,12 @@ def test_streamed_by_default(shape, variant, residual, smod):
 def test_run_time_width_variant():
     """DIFUSE_RMSMOD_FULL_WIDTH=0 (read once per process): the streamed rows with staged rows at N = 3072 (ERNIE's
     4352x2x3072 with weight and fp32 modulation, LTX-2's chain on the same layout without weight: chains 4 and 1,
-    both forms), and the plain form's staged rows at N = 3072 (LTX-2's 1x4096x3072 and ERNIE's 4096x1x3072, every
-    chain: forty-seventh session), on the run-time-width kernels (VN = 0, the form before the forty-sixth session)
-    instead of the full-width ones: the same bits; the profiler shows those kernels ran and no full-width one (the
-    defaults' tests, test_streamed_by_default and test_staged_width_by_default, check VN = 768)."""
+    both forms) on the run-time-width kernels (VN = 0, the form before the forty-sixth session) instead of the
+    full-width ones: the same bits; the profiler shows those kernels ran and no full-width one (the default's test,
+    test_streamed_by_default, checks VN = 768)."""
     from knob_run import PROFILE_START, assert_exact_under, every_kernel_ran
 
-    script = _site_layouts_script(1360, [((4352, 2, 3072), 'ernie'), ((1, 4096, 3072), 'ltx2'),
-                                         ((4096, 1, 3072), 'ernie')]).replace(
+    script = _site_layouts_script(1360, [((4352, 2, 3072), 'ernie')]).replace(
         "print('mismatches', bad)",
         PROFILE_START +
         "for res in (False, True):\n"
@@ -603,48 +601,11 @@ def test_run_time_width_variant():
         "              else (ops.rms_norm_modulate, ops.rms_norm_modulate_eager))\n"
         "    out, want = f(*inputs), ref(*inputs)\n"
         "    bad += count_mismatches(list(out) if res else out, list(want) if res else want)\n"
-        "x, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs((1, 4096, 3072), 'ltx2', 'cuda', g)\n"
-        "bad += count_mismatches(ops.rms_norm_modulate(x, w, scale, shift, eps, fp32),\n"
-        "                        ops.rms_norm_modulate_eager(x, w, scale, shift, eps, fp32))\n"
-        # LTX-2's profiled call: no weight, bf16 modulation, chain 1
-        + every_kernel_ran(["rms_norm_modulate_streamed<true, %s, true, 4, 0>(" % r for r in ("false", "true")] +
-                           ["rms_norm_modulate_staged<true, false, 4, 1, 0>("],
+        + every_kernel_ran(["rms_norm_modulate_streamed<true, %s, true, 4, 0>(" % r for r in ("false", "true")],
                            unwanted=["rms_norm_modulate_streamed<true, %s, true, %d, 768>(" % (r, c)
-                                     for r in ("false", "true") for c in (1, 2, 3, 4)] +
-                                    ["rms_norm_modulate_staged<true, false, 4, %d, 768>(" % c for c in (1, 2, 3, 4)]) +
+                                     for r in ("false", "true") for c in (1, 2, 3, 4)]) +
         "print('mismatches', bad)")
     assert_exact_under(script, DIFUSE_RMSMOD_FULL_WIDTH="0")
-
-
-@pytest.mark.parametrize("shape,variant,residual,weight,vn", [
-    ((1, 4096, 3072), "ltx2", False, False, "768"), ((1, 4096, 3072), "ltx2", False, True, "768"),
-    ((4096, 1, 3072), "ernie", False, True, "768"), ((4096, 1, 3072), "ernie", False, False, "768"),
-    ((1, 4096, 3072), "ltx2", True, False, "0"), ((1, 4096, 2048), "ltx2", False, False, "0")], ids=str)
-def test_staged_width_by_default(shape, variant, residual, weight, vn):
-    """The default (no knob): the plain form's staged rows (fewer than 8192 rows at N <= 3072, 8-byte rows) at
-    N = 3072 run the kernel compiled for V = 768 vectors (rms_norm_modulate_staged<true, false, 4, CHAIN, 768>,
-    forty-seventh session), every chain (the site's modulation dtype, with and without weight); the residual form
-    (VN = 0: its unrolled loops took more registers than its occupancy allows) and other widths keep the run-time
-    width. The profiler shows the one staged kernel that ran; each output bit for bit."""
-    from torch.profiler import ProfilerActivity, profile
-
-    from streamed_kernels import kernel_template_args
-
-    g = torch.Generator(device=DEV).manual_seed(SEED + 47 + shape[0] + shape[2] + weight)
-    inputs = list(ops.rms_modulate_site_inputs(shape, variant, DEV, g, residual=residual))
-    if weight and inputs[-5] is None:
-        inputs[-5] = torch.randn(shape[-1], generator=g, device=DEV).to(inputs[0].dtype)
-    elif not weight:
-        inputs[-5] = None
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        if residual:
-            assert_exact_residual(*inputs)
-        else:
-            assert_exact(*inputs)
-        torch.cuda.synchronize()
-    chain = str(1 + weight + 2 * bool(inputs[-1]))  # 1 + has weight + 2 fp32 modulation
-    ran = kernel_template_args(prof, "rms_norm_modulate_staged")
-    assert ran == {("true", "true" if residual else "false", "4", chain, vn)}
 
 
 def test_two_pass_rows_where_streamed_by_default():
