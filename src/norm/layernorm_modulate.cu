@@ -155,9 +155,10 @@
 // tree's counts are now set per pair of slots: t and V are even, so t + 1 holds t's count). The same combines on the
 // same operands (tests/cpu: the schedules' emulation, "32 warp-local" and its warp-equal form; the map test now also
 // checks that every combine the root needs is made). Predicted from ~1,170 instructions a row at fp32 1x32760x1536
-// (~8 % fewer): 68.7 -> ~65 us on the H200, GRLN 2x4096x1536 32.5 -> ~31. NOT YET RUN ON A GPU: no machine came in
-// the forty-fifth session (eleven calls refused); next: scripts/rev-bench.sh against b591df4 and this file's, GRLN's
-// and test_wan_fp32.py's GPU tests (the live gate checks each signature against eager meanwhile).
+// (~8 % fewer): 68.7 -> ~65 us on the H200, GRLN 2x4096x1536 32.5 -> ~31. First run on a GPU in the forty-seventh
+// session, an H100 at 94 SMs (bench/results/h100/full-sweeps-e945489/, with the full sweeps off): fp32 1x32760x1536
+// 92.6 -> 90.1 us (-2.7 %), layernorm_modulate 1x32760x1536 86.9 -> 84.7, GRLN 2x4096x1536 unchanged (45.0 / 45.2);
+// exact there (this file's, GRLN's and test_wan_fp32.py's GPU tests at e945489). Not yet on an H200.
 // Since the forty-sixth session the streamed rows with staged modulation rows at H = 1536 and 3072 (V = 384 and 768:
 // three and six full sweeps of aten's 128 threads) run kernels compiled for that sweep count (full_sweeps_for:
 // layernorm_streamed_rows<..., 32, 3 | 6> for the plain LayerNorms' one-warp rows, fp32 and bf16;
@@ -172,9 +173,12 @@
 // fewer a row of ~1,080 (~16 %). GRLN's two-warp row at 3072: its residual loop (207 per two sweeps, three times) is
 // straight-line at SW = 6.
 // Predicted on the H200: fp32 1x32760x1536 ~65 (the warp-local map) -> ~60 us, GRLN 2x4096x1536 ~31 -> ~29.5,
-// GRLN 1x4096x3072 33.3 -> ~31.5. DIFUSE_LNMOD_FULL_SWEEPS=0 keeps the SW = 0 kernels. NOT YET RUN ON A GPU when
-// written (the tests: each file's test_run_time_sweeps_variant and the default-choice tests, which now also check the
-// SW the profiler saw).
+// GRLN 1x4096x3072 33.3 -> ~31.5. DIFUSE_LNMOD_FULL_SWEEPS=0 keeps the SW = 0 kernels. First run in the
+// forty-seventh session, on an H100 at 94 SMs (bench/results/h100/full-sweeps-e945489/, against the same build with
+// DIFUSE_LNMOD_FULL_SWEEPS=0): fp32 1x32760x1536 90.1 -> 85.2 us (-5.4 %), layernorm_modulate 1x32760x1536 84.7 ->
+// 82.3, GRLN 2x4096x1536 45.2 -> 43.8, GRLN 1x4096x3072 44.3 -> 42.9; exact there (each file's
+// test_run_time_sweeps_variant and the default-choice tests with their SW check, in the four norm files' 1,359
+// passing cases at e945489). Not yet on an H200.
 
 #include "norm/layernorm_modulate.h"
 

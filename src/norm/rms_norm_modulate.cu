@@ -100,8 +100,14 @@
 // test_sass_ops_diff.py checks it). scripts/sass-loops.sh on ERNIE's plain row (chain 4): the mean loop 175 -> 111
 // instructions per batch of 8 vectors, the epilogue loop 274 -> 233 per batch of 4; estimated from these, ~440 fewer a
 // row of ~2,300 (3 and 6 batches); the residual form's residual-and-mean loop 453 -> 274 per batch. Predicted on the H200:
-// 4352x2x3072 ernie 33.7 -> ~31.5 us (bound 31.4), the residual form 63.9 -> ~60 (62.8). NOT YET RUN ON A GPU when
-// written; DIFUSE_RMSMOD_FULL_WIDTH=0 keeps the VN = 0 kernels (test_run_time_width_variant).
+// 4352x2x3072 ernie 33.7 -> ~31.5 us (bound 31.4), the residual form 63.9 -> ~60 (62.8). DIFUSE_RMSMOD_FULL_WIDTH=0
+// keeps the VN = 0 kernels (test_run_time_width_variant). First run in the forty-seventh session, on an H100 at 94 SMs
+// (bench/results/h100/full-sweeps-e945489/, against DIFUSE_RMSMOD_FULL_WIDTH=0 in the same build): the residual form
+// 4352x2x3072 92.2 -> 86.9 us (-5.7 %), the plain form 47.9 -> 47.1 (within noise); exact there (this file's GPU tests
+// at e945489). Not yet on an H200. The plain form's staged rows at V = 768 (e945489: fewer than 8192 rows at 3072) ran
+// exact but slower there (4096x1x3072 ernie 29.8 -> 30.8 us, 1x4096x3072 ltx2 26.9 -> 27.1) and were reverted; the
+// residual form's staged kernels at V = 768 took 72-80 registers against 54-64 (one block fewer per SM) and spilled
+// when held to those by __launch_bounds__, so they were not tried.
 //
 // Verification status: bit-exact on the H200 at 5f8295d (torch 2.11.0+cu130, sm_90; its RowIndexers take the
 // 32-bit FastDivU32 path):
