@@ -178,7 +178,9 @@
 // DIFUSE_LNMOD_FULL_SWEEPS=0): fp32 1x32760x1536 90.1 -> 85.2 us (-5.4 %), layernorm_modulate 1x32760x1536 84.7 ->
 // 82.3, GRLN 2x4096x1536 45.2 -> 43.8, GRLN 1x4096x3072 44.3 -> 42.9; exact there (each file's
 // test_run_time_sweeps_variant and the default-choice tests with their SW check, in the four norm files' 1,359
-// passing cases at e945489). Not yet on an H200.
+// passing cases at e945489). Not yet on an H200. GRLN's one-warp rows at 3072 (DIFUSE_LNMOD_STREAM_WARP=1, for
+// measurement: two-warp groups are the default there) take SW = 6 too since the forty-seventh session
+// (grln_streamed_rows<true, true, 32, 6>: 64 registers, no spill), to compare the two group widths each at full sweeps.
 
 #include "norm/layernorm_modulate.h"
 
@@ -2120,7 +2122,8 @@ void gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difu
     const detail::DeviceGuard device_guard(h.device);
     const bool smod = p.mod_vec && p.gate_stride_l == 0 && p.scale_stride_l == 0 && p.shift_stride_l == 0 &&
                       p.rows / p.seq <= kStreamMaxModBatches;
-    // the full-sweep kernels: SW = 3 on one-warp groups (1536), 6 on two-warp groups (3072)
+    // the full-sweep kernels: SW = 3 on one-warp groups (1536), 6 on two-warp groups (3072; on one-warp groups too,
+    // DIFUSE_LNMOD_STREAM_WARP=1, for measurement)
     const int sw = full_sweeps_for(p.v, smod);
     const bool launched =
         !stream_one_warp_groups(true, p.h, stream_warp_knob())
@@ -2128,8 +2131,9 @@ void gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difu
                               : launch_streamed<true, true>(p, h.device, stream))
               : p.mod_vec ? launch_streamed<true, false>(p, h.device, stream)
                           : launch_streamed<false, false>(p, h.device, stream)
-        : smod ? (sw == 3 ? launch_streamed<true, true, 32, 3>(p, h.device, stream)
-                          : launch_streamed<true, true, 32>(p, h.device, stream))
+        : smod ? (sw == 3   ? launch_streamed<true, true, 32, 3>(p, h.device, stream)
+                  : sw == 6 ? launch_streamed<true, true, 32, 6>(p, h.device, stream)
+                            : launch_streamed<true, true, 32>(p, h.device, stream))
         : p.mod_vec ? launch_streamed<true, false, 32>(p, h.device, stream)
                     : launch_streamed<false, false, 32>(p, h.device, stream);
     if (launched) {

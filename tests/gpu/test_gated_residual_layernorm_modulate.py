@@ -188,7 +188,8 @@ def streamed_kernels_ran(G: int) -> str:
     """Script lines: three calls under the profiler, each compared bit for bit: [B, H] modulation rows 8-byte aligned
     (the kernel that stages them in shared memory), the same with a per-token gate (8-byte aligned, read from global
     memory), and a gate, scale and shift only 2-byte aligned (the MODVEC = false kernel); a mismatch unless all three
-    streamed kernels of group width G ran (the knob test must fail if the launcher fell back to the staged kernels)."""
+    streamed kernels of group width G ran (the knob test must fail if the launcher fell back to the staged kernels),
+    the staged rows' with six full sweeps (SW = 6)."""
     from knob_run import PROFILE_START, every_kernel_ran
 
     return ("hh = place(torch.randn(2, 700, 3072, device='cuda', generator=g).to(torch.bfloat16), 0)\n"
@@ -202,7 +203,9 @@ def streamed_kernels_ran(G: int) -> str:
             "for m in (aligned, tok, odd):\n"
             "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(hh, aa, m[2], m[4], m[3], 1e-6)),\n"
             "                            list(ops.gated_residual_layernorm_modulate_eager(hh, aa, m[2], m[4], m[3], 1e-6)))\n"
-            + every_kernel_ran("grln_streamed_rows<%s, %s, %d, " % (v, m, G)
+            # the staged rows at 3072 on the full-sweep kernels (SW = 6) at either group width (one-warp: forty-seventh
+            # session), the other two on the run-time ones (SW = 0)
+            + every_kernel_ran("grln_streamed_rows<%s, %s, %d, %d>(" % (v, m, G, 6 if m == "true" else 0)
                                for v, m in (("true", "true"), ("true", "false"), ("false", "false"))))
 
 
@@ -309,7 +312,8 @@ def test_run_time_sweeps_variant():
         "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(hh, aa, m[2], m[4], m[3], 1e-6)),\n"
         "                            list(ops.gated_residual_layernorm_modulate_eager(hh, aa, m[2], m[4], m[3], 1e-6)))\n"
         + every_kernel_ran(["grln_streamed_rows<true, true, 32, 0>", "grln_streamed_rows<true, true, 64, 0>"],
-                           unwanted=["grln_streamed_rows<true, true, 32, 3>", "grln_streamed_rows<true, true, 64, 6>"]))
+                           unwanted=["grln_streamed_rows<true, true, 32, 3>", "grln_streamed_rows<true, true, 32, 6>",
+                                     "grln_streamed_rows<true, true, 64, 6>"]))
     assert_exact_under(script, DIFUSE_LNMOD_FULL_SWEEPS="0")
 
 
