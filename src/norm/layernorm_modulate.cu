@@ -181,6 +181,14 @@
 // passing cases at e945489). Not yet on an H200. GRLN's one-warp rows at 3072 (DIFUSE_LNMOD_STREAM_WARP=1, for
 // measurement: two-warp groups are the default there) take SW = 6 too since the forty-seventh session
 // (grln_streamed_rows<true, true, 32, 6>: 64 registers, no spill), to compare the two group widths each at full sweeps.
+// And the plain LayerNorms' two-warp rows at H = 5120 with staged rows (Wan 14B's fp32 norms, V = 1280: ten full
+// sweeps) take layernorm_streamed_rows<F32, true, true, 64, 10> since the forty-seventh session (fp32 62 registers
+// against 72 at SW = 0, bf16 48 against 64; no spill; the Welford loop of 113 instructions, run five times a row, is
+// straight-line, the epilogue loop 176 -> 151; the other 82 kernels' SASS unchanged, `SASS_OPS_TEXT=1
+// scripts/sass-ops-diff.sh 7451a79 src/norm/layernorm_modulate.cu`: 82 same, 2 only now). Predicted on the H200 from
+// the H100's -5.4 % at 1536: layernorm_modulate_fp32 1x32760x5120 182.0 -> ~174 us. NOT YET RUN ON A GPU when written
+// (test_wan_fp32.py's test_run_time_sweeps_two_warp_variant and test_full_sweeps_two_warp_forced_streamed, this file's
+// test_run_time_sweeps_variant, the default-choice tests' SW check).
 
 #include "norm/layernorm_modulate.h"
 
@@ -1496,13 +1504,15 @@ inline bool full_sweeps_knob() {
 }
 
 // The full-sweep count SW of the kernel for rows of V vectors with staged modulation rows (smod), 0 for the run-time
-// kernel: 3 at V = 384, 6 at V = 768 (the instantiated ones), unless DIFUSE_LNMOD_FULL_SWEEPS=0.
+// kernel: 3 at V = 384, 6 at V = 768, 10 at V = 1280 (the plain LayerNorms' two-warp rows only; elsewhere the callers
+// take the run-time kernel), unless DIFUSE_LNMOD_FULL_SWEEPS=0.
 inline int full_sweeps_for(int64_t v, bool smod) {
   if (!smod || !full_sweeps_knob()) return 0;
-  return v == 3 * kAtenThreads ? 3 : v == 6 * kAtenThreads ? 6 : 0;
+  return v == 3 * kAtenThreads ? 3 : v == 6 * kAtenThreads ? 6 : v == 10 * kAtenThreads ? 10 : 0;
 }
 
-// f(std::integral_constant<int, SW>{}) for SW = 0, 3 or 6: the run-time count becomes the kernel's template argument.
+// f(std::integral_constant<int, SW>{}) for SW = 0, 3 or 6 (any other count: 0): the run-time count becomes the
+// kernel's template argument (the one-warp rows').
 template <class F>
 decltype(auto) with_full_sweeps(int sw, F&& f) {
   switch (sw) {
@@ -1522,7 +1532,8 @@ bool launch_streamed_ln_rows(const Params& p, bool smod, bool vec, int device, c
                    })
            : vec ? launch_streamed_ln<F32, true, false, 32>(p, device, stream)
                  : launch_streamed_ln<F32, false, false, 32>(p, device, stream);
-  return smod  ? launch_streamed_ln<F32, true, true>(p, device, stream)
+  return smod  ? (full_sweeps_for(p.v, true) == 10 ? launch_streamed_ln<F32, true, true, 64, 10>(p, device, stream)
+                                                   : launch_streamed_ln<F32, true, true>(p, device, stream))
          : vec ? launch_streamed_ln<F32, true, false>(p, device, stream)
                : launch_streamed_ln<F32, false, false>(p, device, stream);
 }

@@ -410,26 +410,31 @@ def test_general_root_combines_variant():
 
 
 def test_run_time_sweeps_variant():
-    """DIFUSE_LNMOD_FULL_SWEEPS=0 (read once per process): the one-warp streamed rows at 1536 and 3072 with staged
-    modulation rows on the run-time-sweep kernel (SW = 0, the form before the forty-sixth session) instead of the
-    full-sweep ones: the same bits as eager at 8192 and 32,760 rows, batch 2, FLUX's 4608 rows, [B, H] chunks 8- and
-    2-byte aligned, per-token rows, adversarial values; the profiler shows no full-sweep kernel (the default's test,
-    test_streamed_by_default_for_many_rows, checks SW = 3 and 6)."""
+    """DIFUSE_LNMOD_FULL_SWEEPS=0 (read once per process): the one-warp streamed rows at 1536 and 3072 and the two-warp
+    ones at 5120 with staged modulation rows on the run-time-sweep kernels (SW = 0, the form before the forty-sixth
+    session) instead of the full-sweep ones: the same bits as eager at 8192 and 32,760 rows, batch 2, FLUX's 4608
+    rows, [B, H] chunks 8- and 2-byte aligned, per-token rows, adversarial values; the profiler shows no full-sweep
+    kernel (the default's test, test_streamed_by_default_for_many_rows, checks SW = 3, 6 and 10). With
+    DIFUSE_LNMOD_STREAMED=1, so that a whole H100 (staged kernels above 4096 by default) streams the 5120 rows too."""
     from knob_run import PLACE_ADVERSARIAL, PROFILE_START, assert_exact_under, every_kernel_ran, mismatch_script
 
     script = mismatch_script(
         PLACE_ADVERSARIAL + PROFILE_START +
-        _lnmod_cases_script([(1, 8192, 1536, 0), (1, 32760, 1536, 0), (2, 4096, 1536, 0), (1, 4608, 3072, 0)], 4050) +
-        every_kernel_ran(["layernorm_streamed_rows<false, true, true, 32, 0>"],
-                         unwanted=["layernorm_streamed_rows<false, true, true, 32, %d>" % sw for sw in (3, 6)]))
-    assert_exact_under(script, DIFUSE_LNMOD_FULL_SWEEPS="0")
+        _lnmod_cases_script([(1, 8192, 1536, 0), (1, 32760, 1536, 0), (2, 4096, 1536, 0), (1, 4608, 3072, 0),
+                             (1, 8192, 5120, 0)], 4050) +
+        every_kernel_ran(["layernorm_streamed_rows<false, true, true, 32, 0>",
+                          "layernorm_streamed_rows<false, true, true, 64, 0>"],
+                         unwanted=["layernorm_streamed_rows<false, true, true, 32, %d>" % sw for sw in (3, 6)] +
+                                  ["layernorm_streamed_rows<false, true, true, 64, 10>"]))
+    # DIFUSE_LNMOD_STREAMED=1: the streamed rows at 5120 on a whole H100 too (its default there is the staged kernels)
+    assert_exact_under(script, DIFUSE_LNMOD_FULL_SWEEPS="0", DIFUSE_LNMOD_STREAMED="1")
 
 
 def _streamed_ran(x, scale, shift):
     """The group width (32 or 64 threads) of the streamed kernel layernorm_modulate(x, scale, shift) ran, 0 if none
     (the profiler's kernel names); asserts its output bit for bit against eager, and that the full-sweep kernels
     (forty-sixth session) ran exactly where the one-warp rows with staged modulation rows are 1536 (SW = 3) or 3072
-    (SW = 6) wide."""
+    (SW = 6) wide, or (forty-seventh) the two-warp ones 5120 (SW = 10)."""
     from torch.profiler import ProfilerActivity, profile
 
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
@@ -439,7 +444,7 @@ def _streamed_ran(x, scale, shift):
     assert m == 0, "%d elements differ (x %s, scale stride %s)" % (m, tuple(x.shape), scale.stride())
     group = streamed_group_width(prof, "layernorm_streamed_rows")
     staged_rows = scale.dim() == 2 and scale.data_ptr() % 8 == 0
-    sw = {1536: 3, 3072: 6}.get(x.shape[-1], 0) if group == 32 and staged_rows else 0
+    sw = ({1536: 3, 3072: 6}.get(x.shape[-1], 0) if group == 32 else {5120: 10}.get(x.shape[-1], 0)) if staged_rows else 0
     want = set() if group == 0 else {sw}
     assert streamed_full_sweeps(prof, "layernorm_streamed_rows") == want
     return group
