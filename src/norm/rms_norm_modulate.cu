@@ -108,6 +108,14 @@
 // exact but slower there (4096x1x3072 ernie 29.8 -> 30.8 us, 1x4096x3072 ltx2 26.9 -> 27.1) and were reverted; the
 // residual form's staged kernels at V = 768 took 72-80 registers against 54-64 (one block fewer per SM) and spilled
 // when held to those by __launch_bounds__, so they were not tried.
+// Since the forty-seventh session the residual form's streamed rows with staged rows at N = 4096 (LTX-2's video rows,
+// 2x6144x4096) take VN = 1024 too (rms_norm_modulate_streamed<true, true, true, CHAIN, 1024>, full_width_for; 4
+// kernels, 56 registers, no spill; the other 73 kernels' SASS unchanged, `SASS_OPS_TEXT=1 scripts/sass-ops-diff.sh
+// e2f7c82 src/norm/rms_norm_modulate.cu`: 73 same, 4 only now). scripts/sass-loops.sh, chain 4: the residual-and-mean
+// loop 453 -> 274 instructions per batch of 8 vectors (4 batches a row), the epilogue 272 -> 233 per batch of 4 (8);
+// estimated ~1,000 fewer a row of ~4,600 (~22 %). Predicted on the H200 from the H100's -7 % at 3072: GRRMS
+// 2x6144x4096 ltx2 113.2 -> ~106 us. Not the plain form (no faster at 3072 on the H100). NOT YET RUN ON A GPU when
+// written (test_run_time_width_variant, test_streamed_by_default).
 //
 // Verification status: bit-exact on the H200 at 5f8295d (torch 2.11.0+cu130, sm_90; its RowIndexers take the
 // 32-bit FastDivU32 path):
@@ -660,10 +668,15 @@ bool launch_streamed(const Params& p, const StreamModRows& m, int knob, int devi
 // (ISETP, BSSY / BSYNC), zero fills (CS2R) and index arithmetic; the epilogue 274 per 4 vectors with the same. The
 // kernels with VN = 0 compile to the same SASS as before. DIFUSE_RMSMOD_FULL_WIDTH=0 (read once; for measurement)
 // keeps the run-time kernels.
+// Since the forty-seventh session the residual form's at N = 4096 too (V = 1024: LTX-2's video rows, 2x6144x4096), where
+// the H100 (94 SMs) had the residual form 7 % faster at 3072 (86.9 vs 92.2 us at 4352x2x3072) and the plain form no
+// faster (47.1 vs 47.9): 4 kernels, residual only.
 constexpr int kFullWidthV = 768;
-int full_width_for(const Params& p) {
+constexpr int kFullWidthResidualV = 1024;
+int full_width_for(const Params& p, bool residual) {
   static const int knob = detail::env_knob_or("DIFUSE_RMSMOD_FULL_WIDTH", 1);
-  return knob != 0 && p.v == kFullWidthV ? kFullWidthV : 0;
+  if (knob == 0) return 0;
+  return p.v == kFullWidthV ? kFullWidthV : residual && p.v == kFullWidthResidualV ? kFullWidthResidualV : 0;
 }
 
 // The staged rows of SMOD where every role has at most two distinct rows and the weight and modulation rows are
@@ -803,11 +816,16 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   if (streamed > 0 && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
       p.n % 8 == 0 && detail::aligned(p.x, 16) && (!RESIDUAL || p.a_rows16)) {  // whole rows bulk-copied
     if (smod ? with_chain(p, [&](auto chain) {
-                 return full_width_for(p) == kFullWidthV
-                            ? launch_streamed<true, RESIDUAL, true, decltype(chain)::value, kFullWidthV>(p, m, streamed,
-                                                                                                       device, stream)
-                            : launch_streamed<true, RESIDUAL, true, decltype(chain)::value>(p, m, streamed, device,
+                 constexpr int kChain = decltype(chain)::value;
+                 const int vn = full_width_for(p, RESIDUAL);
+                 if (vn == kFullWidthV)
+                   return launch_streamed<true, RESIDUAL, true, kChain, kFullWidthV>(p, m, streamed, device, stream);
+                 if constexpr (RESIDUAL) {
+                   if (vn == kFullWidthResidualV)
+                     return launch_streamed<true, true, true, kChain, kFullWidthResidualV>(p, m, streamed, device,
                                                                                             stream);
+                 }
+                 return launch_streamed<true, RESIDUAL, true, kChain>(p, m, streamed, device, stream);
                })
              : vec ? launch_streamed<true, RESIDUAL, false>(p, m, streamed, device, stream)
                    : launch_streamed<false, RESIDUAL, false>(p, m, streamed, device, stream)) {

@@ -576,10 +576,11 @@ def test_streamed_by_default(shape, variant, residual, smod):
         torch.cuda.synchronize()
     # The fourth template argument is the chain (dc86343): fixed at compile time, 1 + has weight + 2 fp32 modulation,
     # where the block stages its rows (SMOD), else 0 (read from the parameters at run time); the fifth VN, the
-    # full-width kernels' vector count (forty-sixth session: 768 at N = 3072 with SMOD, else 0).
+    # full-width kernels' vector count (forty-sixth session: 768 at N = 3072 with SMOD; forty-seventh: 1024 at 4096 with
+    # SMOD, the residual form only; else 0).
     has_w, fp32 = inputs[-5] is not None, bool(inputs[-1])
     chain = str(1 + has_w + 2 * fp32) if smod == "true" else "0"
-    vn = "768" if smod == "true" and shape[-1] == 3072 else "0"
+    vn = ("768" if shape[-1] == 3072 else "1024" if residual and shape[-1] == 4096 else "0") if smod == "true" else "0"
     ran = {args[1:] for args in kernel_template_args(prof, "rms_norm_modulate_streamed")}
     assert ran == ({("true" if residual else "false", smod, chain, vn)} if smod else set())
 
@@ -587,12 +588,13 @@ def test_streamed_by_default(shape, variant, residual, smod):
 def test_run_time_width_variant():
     """DIFUSE_RMSMOD_FULL_WIDTH=0 (read once per process): the streamed rows with staged rows at N = 3072 (ERNIE's
     4352x2x3072 with weight and fp32 modulation, LTX-2's chain on the same layout without weight: chains 4 and 1,
-    both forms) on the run-time-width kernels (VN = 0, the form before the forty-sixth session) instead of the
-    full-width ones: the same bits; the profiler shows those kernels ran and no full-width one (the default's test,
-    test_streamed_by_default, checks VN = 768)."""
+    both forms) and the residual form's at 4096 (LTX-2's layout, 8192 rows, every chain) on the run-time-width kernels
+    (VN = 0, the form before the forty-sixth session) instead of the full-width ones: the same bits; the profiler
+    shows those kernels ran and no full-width one (the default's test, test_streamed_by_default, checks VN = 768 and
+    1024)."""
     from knob_run import PROFILE_START, assert_exact_under, every_kernel_ran
 
-    script = _site_layouts_script(1360, [((4352, 2, 3072), 'ernie')]).replace(
+    script = _site_layouts_script(1360, [((4352, 2, 3072), 'ernie'), ((1, 8192, 4096), 'ltx2')]).replace(
         "print('mismatches', bad)",
         PROFILE_START +
         "for res in (False, True):\n"
@@ -601,9 +603,16 @@ def test_run_time_width_variant():
         "              else (ops.rms_norm_modulate, ops.rms_norm_modulate_eager))\n"
         "    out, want = f(*inputs), ref(*inputs)\n"
         "    bad += count_mismatches(list(out) if res else out, list(want) if res else want)\n"
-        + every_kernel_ran(["rms_norm_modulate_streamed<true, %s, true, 4, 0>(" % r for r in ("false", "true")],
+        "h, a, gate, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs((1, 8192, 4096), 'ltx2', 'cuda', g,\n"
+        "                                                                      residual=True)\n"
+        "bad += count_mismatches(list(ops.gated_residual_rms_norm_modulate(h, a, gate, w, scale, shift, eps, fp32)),\n"
+        "                        list(ops.gated_residual_rms_norm_modulate_eager(h, a, gate, w, scale, shift, eps, fp32)))\n"
+        # LTX-2's residual call at 4096: no weight, bf16 modulation, chain 1
+        + every_kernel_ran(["rms_norm_modulate_streamed<true, %s, true, 4, 0>(" % r for r in ("false", "true")] +
+                           ["rms_norm_modulate_streamed<true, true, true, 1, 0>("],
                            unwanted=["rms_norm_modulate_streamed<true, %s, true, %d, 768>(" % (r, c)
-                                     for r in ("false", "true") for c in (1, 2, 3, 4)]) +
+                                     for r in ("false", "true") for c in (1, 2, 3, 4)] +
+                                    ["rms_norm_modulate_streamed<true, true, true, %d, 1024>(" % c for c in (1, 2, 3, 4)]) +
         "print('mismatches', bad)")
     assert_exact_under(script, DIFUSE_RMSMOD_FULL_WIDTH="0")
 
