@@ -114,8 +114,9 @@
 // e2f7c82 src/norm/rms_norm_modulate.cu`: 73 same, 4 only now). scripts/sass-loops.sh, chain 4: the residual-and-mean
 // loop 453 -> 274 instructions per batch of 8 vectors (4 batches a row), the epilogue 272 -> 233 per batch of 4 (8);
 // estimated ~1,000 fewer a row of ~4,600 (~22 %). Predicted on the H200 from the H100's -7 % at 3072: GRRMS
-// 2x6144x4096 ltx2 113.2 -> ~106 us. Not the plain form (no faster at 3072 on the H100). NOT YET RUN ON A GPU when
-// written (test_run_time_width_variant, test_streamed_by_default).
+// 2x6144x4096 ltx2 113.2 -> ~106 us. Not the plain form (no faster at 3072 on the H100). Exact on a whole H100 at
+// c477bdb (test_streamed_by_default at (2, 6144, 4096) ltx2 residual requires VN = 1024; test_run_time_width_variant;
+// bench/results/h100/full-sweeps-5120-4096-c477bdb/); not yet timed.
 //
 // Verification status: bit-exact on the H200 at 5f8295d (torch 2.11.0+cu130, sm_90; its RowIndexers take the
 // 32-bit FastDivU32 path):
