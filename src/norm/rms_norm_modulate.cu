@@ -117,6 +117,19 @@
 // 2x6144x4096 ltx2 113.2 -> ~106 us. Not the plain form (no faster at 3072 on the H100). Exact on a whole H100 at
 // c477bdb (test_streamed_by_default at (2, 6144, 4096) ltx2 residual requires VN = 1024; test_run_time_width_variant;
 // bench/results/h100/full-sweeps-5120-4096-c477bdb/); not yet timed.
+// And since the forty-seventh session the residual form's staged rows at N = 3072 (fewer than 8192 rows: LTX-2's
+// 1x4096x3072, ERNIE's per-token 4352x1x3072) run rms_norm_modulate_staged<true, true, HALF, CHAIN, 768>: no vector
+// tested against V, but V and the trip counts from p, so the loops stay rolled as at VN = 0 (two_pass_row's VN without
+// SMEM_MOD; unrolled, these kernels took 72-80 registers and spilled when bounded). 48 registers against 64 (HALF = 4)
+// and 54 (HALF = 2), no spill; the 77 kernels before it compile to the same SASS (`SASS_OPS_TEXT=1
+// SASS_OPS_RENAME='ELi0EEEv=EEEv' scripts/sass-ops-diff.sh c477bdb src/norm/rms_norm_modulate.cu`: 77 same, 8 only
+// now). scripts/sass-loops.sh, chain 1: the residual-and-mean loop 427 -> 279 instructions per batch of 8 vectors (3
+// a row), the epilogue 137 -> 106 per batch of 4 (6); estimated ~630 fewer a row of ~2,200. The occupancy query of the
+// wave rule (staged_resident) asks the kernel that runs: at 48 registers HALF = 4 also fits 9 blocks per SM, so
+// ERNIE's per-token rows now take HALF = 4 (residual_quarter_batches: no wave saved). Predicted on the H200: GRRMS
+// 1x4096x3072 ltx2 30.6 -> ~29 us (bound 29.5); the plain form's V = 768 staged kernel (unrolled) ran slower on an
+// H100, so this one is the first thing to measure. NOT YET RUN ON A GPU when written (test_staged_width_by_default,
+// test_run_time_width_variant; DIFUSE_RMSMOD_FULL_WIDTH=0 keeps the VN = 0 kernels).
 //
 // Verification status: bit-exact on the H200 at 5f8295d (torch 2.11.0+cu130, sm_90; its RowIndexers take the
 // 32-bit FastDivU32 path):
@@ -328,7 +341,10 @@ template <bool VEC, bool RESIDUAL, bool STAGED = false, int HALF = 4, bool SMEM_
 __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int lane, uint2* sx = nullptr,
                                              const SmemRows& sm = SmemRows{}) {
   constexpr int kBatch = 8;
-  const int V = VN > 0 ? VN : p.v;
+  // VN with SMEM_MOD (the streamed kernels): V and the trip counts constant, loops unrolled; VN without it (the staged
+  // residual kernels, forty-seventh session): no vector tested, but V and the trip counts from p, loops rolled as at
+  // VN = 0 (unrolled, those kernels needed more registers than their occupancy allows).
+  const int V = VN > 0 && SMEM_MOD ? VN : p.v;
   const uint2* xr = STAGED ? sx : reinterpret_cast<const uint2*>(p.x + row * p.n);
   uint2* rr = RESIDUAL ? reinterpret_cast<uint2*>(p.residual + row * p.n) : nullptr;
   const uint16_t* grow = RESIDUAL && !SMEM_MOD ? p.gate + p.gate_rows.offset(row) : nullptr;
@@ -395,7 +411,7 @@ __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int l
   // arithmetic per element is unchanged.
   constexpr int kOutBatch = HALF == 2 ? 2 : 4;  // HALF = 2: see the residual pass above
   static_assert(VN % (32 * kBatch) == 0 && VN % (32 * kOutBatch) == 0, "full-width rows come in whole batches");
-  for (int vb = lane; VN > 0 ? vb - lane < VN : vb < V; vb += 32 * kOutBatch) {
+  for (int vb = lane; VN > 0 && SMEM_MOD ? vb - lane < VN : vb < V; vb += 32 * kOutBatch) {
     uint2 xw[kOutBatch], ww[kOutBatch], sc[kOutBatch], sh[kOutBatch];
 #pragma unroll
     for (int j = 0; j < kOutBatch; ++j) {
@@ -454,7 +470,9 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_two_pass(const Par
 // batches of 8 vectors per lane, each batch's loads returning before the next is issued, and re-reads it from
 // L1/L2 in pass 2 (ncu at e383706: 0.48 waves, 65 % of cycles with no eligible warp, DRAM 30 %: latency-bound);
 // here a row costs one DRAM round trip. 4 rows per block: 24 KB at N = 3072, 9 blocks per SM.
-template <bool VEC, bool RESIDUAL, int HALF = 4, int CHAIN = 0>
+// VN > 0 (full_width_for; the residual form with 8-byte rows and its chain fixed, forty-seventh session): two_pass_row
+// tests no vector against V but keeps its loops rolled (V from p), as at VN = 0.
+template <bool VEC, bool RESIDUAL, int HALF = 4, int CHAIN = 0, int VN = 0>
 __global__ void __launch_bounds__(kThreads) rms_norm_modulate_staged(const Params p) {
   extern __shared__ uint4 staged_rows[];  // kRowsPerBlock rows of V 8-byte vectors
   const int lane = static_cast<int>(threadIdx.x) % 32;
@@ -466,7 +484,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_staged(const Param
   for (int c = lane; c < p.v / 2; c += 32) cp_async(reinterpret_cast<uint4*>(sx) + c, gx + c, true);
   cp_async_wait_all();
   __syncwarp();  // every lane's copies of the row have landed
-  two_pass_row<VEC, RESIDUAL, true, HALF, false, false, CHAIN>(p, row, lane, sx);
+  two_pass_row<VEC, RESIDUAL, true, HALF, false, false, CHAIN, VN>(p, row, lane, sx);
 }
 
 // PIPELINED staged rows (DIFUSE_RMSMOD_PIPELINED=1, for measurement; where the staged kernel runs): a grid of the
@@ -697,9 +715,9 @@ bool stream_mod_rows(const Params& p, bool vec, StreamModRows& m) {
 
 // The staged kernel, its shared-memory opt-in and carveout set (once per device), and its dynamic shared memory
 // for this row width: what a launch and an occupancy query of it both need.
-template <bool VEC, bool RESIDUAL, int HALF, int CHAIN = 0>
+template <bool VEC, bool RESIDUAL, int HALF, int CHAIN = 0, int VN = 0>
 auto prepared_staged(const Params& p, int device, size_t& bytes) {
-  auto kernel = rms_norm_modulate_staged<VEC, RESIDUAL, HALF, CHAIN>;
+  auto kernel = rms_norm_modulate_staged<VEC, RESIDUAL, HALF, CHAIN, VN>;
   bytes = sizeof(uint16_t) * static_cast<size_t>(kRowsPerBlock) * p.n;  // <= 64 KB (N <= 8160)
   static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
   opt_in_shared_memory(kernel, device, static_cast<int>(sizeof(uint16_t) * kRowsPerBlock * kMaxWidth), opted_in);
@@ -707,10 +725,10 @@ auto prepared_staged(const Params& p, int device, size_t& bytes) {
   return kernel;
 }
 
-template <bool VEC, bool RESIDUAL, int HALF = 4, int CHAIN = 0>
+template <bool VEC, bool RESIDUAL, int HALF = 4, int CHAIN = 0, int VN = 0>
 void launch_staged(const Params& p, unsigned blocks, int device, cudaStream_t stream) {
   size_t bytes = 0;
-  auto kernel = prepared_staged<VEC, RESIDUAL, HALF, CHAIN>(p, device, bytes);
+  auto kernel = prepared_staged<VEC, RESIDUAL, HALF, CHAIN, VN>(p, device, bytes);
   kernel<<<blocks, kThreads, bytes, stream>>>(p);
 }
 
@@ -726,23 +744,34 @@ decltype(auto) with_chain(const Params& p, F&& f) {
   }
 }
 
-// The staged kernel with 8-byte rows (VEC) and its chain fixed at compile time.
+// Whether the residual form's staged rows take the full-width kernel (VN = 768 at N = 3072; forty-seventh session).
+bool staged_full_width(const Params& p) { return full_width_for(p, true) == kFullWidthV; }
+
+// The staged kernel with 8-byte rows (VEC) and its chain fixed at compile time; the residual form's at N = 3072 with
+// its width too (staged_full_width).
 template <bool RESIDUAL, int HALF = 4>
 void launch_staged_chain(const Params& p, unsigned blocks, int device, cudaStream_t stream) {
   with_chain(p, [&](auto chain) {
+    if constexpr (RESIDUAL) {
+      if (staged_full_width(p))
+        return launch_staged<true, true, HALF, decltype(chain)::value, kFullWidthV>(p, blocks, device, stream);
+    }
     launch_staged<true, RESIDUAL, HALF, decltype(chain)::value>(p, blocks, device, stream);
   });
 }
 
 // Blocks of the residual staged kernel (HALF) resident at once on the device, at this row width's shared memory
-// (VEC: the kernel of p's chain, the one launch_staged_chain runs).
+// (VEC: the kernel of p's chain and width, the one launch_staged_chain runs).
 template <bool VEC, int HALF>
 int64_t staged_resident(const Params& p, int device) {
   size_t bytes = 0;
   if constexpr (VEC) {
     return with_chain(p, [&](auto chain) {
-      return resident_blocks(prepared_staged<true, true, HALF, decltype(chain)::value>(p, device, bytes), kThreads,
-                             bytes, device);
+      return staged_full_width(p)
+                 ? resident_blocks(prepared_staged<true, true, HALF, decltype(chain)::value, kFullWidthV>(p, device, bytes),
+                                   kThreads, bytes, device)
+                 : resident_blocks(prepared_staged<true, true, HALF, decltype(chain)::value>(p, device, bytes), kThreads,
+                                   bytes, device);
     });
   } else {
     auto kernel = prepared_staged<false, true, HALF>(p, device, bytes);

@@ -588,13 +588,15 @@ def test_streamed_by_default(shape, variant, residual, smod):
 def test_run_time_width_variant():
     """DIFUSE_RMSMOD_FULL_WIDTH=0 (read once per process): the streamed rows with staged rows at N = 3072 (ERNIE's
     4352x2x3072 with weight and fp32 modulation, LTX-2's chain on the same layout without weight: chains 4 and 1,
-    both forms) and the residual form's at 4096 (LTX-2's layout, 8192 rows, every chain) on the run-time-width kernels
+    both forms) and the residual form's at 4096 (LTX-2's layout, 8192 rows, every chain), and the residual form's
+    staged rows at 3072 (LTX-2's 1x4096x3072, ERNIE's per-token 4352x1x3072, every chain) on the run-time-width kernels
     (VN = 0, the form before the forty-sixth session) instead of the full-width ones: the same bits; the profiler
-    shows those kernels ran and no full-width one (the default's test, test_streamed_by_default, checks VN = 768 and
-    1024)."""
+    shows those kernels ran and no full-width one (the defaults' tests, test_streamed_by_default and
+    test_staged_width_by_default, check VN = 768 and 1024)."""
     from knob_run import PROFILE_START, assert_exact_under, every_kernel_ran
 
-    script = _site_layouts_script(1360, [((4352, 2, 3072), 'ernie'), ((1, 8192, 4096), 'ltx2')]).replace(
+    script = _site_layouts_script(1360, [((4352, 2, 3072), 'ernie'), ((1, 8192, 4096), 'ltx2'), ((1, 4096, 3072), 'ltx2'),
+                                         ((4352, 1, 3072), 'ernie_tokens')]).replace(
         "print('mismatches', bad)",
         PROFILE_START +
         "for res in (False, True):\n"
@@ -607,14 +609,55 @@ def test_run_time_width_variant():
         "                                                                      residual=True)\n"
         "bad += count_mismatches(list(ops.gated_residual_rms_norm_modulate(h, a, gate, w, scale, shift, eps, fp32)),\n"
         "                        list(ops.gated_residual_rms_norm_modulate_eager(h, a, gate, w, scale, shift, eps, fp32)))\n"
-        # LTX-2's residual call at 4096: no weight, bf16 modulation, chain 1
+        "h, a, gate, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs((1, 4096, 3072), 'ltx2', 'cuda', g,\n"
+        "                                                                      residual=True)\n"
+        "bad += count_mismatches(list(ops.gated_residual_rms_norm_modulate(h, a, gate, w, scale, shift, eps, fp32)),\n"
+        "                        list(ops.gated_residual_rms_norm_modulate_eager(h, a, gate, w, scale, shift, eps, fp32)))\n"
+        # LTX-2's residual calls at 4096 (streamed) and 3072 (staged): no weight, bf16 modulation, chain 1
         + every_kernel_ran(["rms_norm_modulate_streamed<true, %s, true, 4, 0>(" % r for r in ("false", "true")] +
-                           ["rms_norm_modulate_streamed<true, true, true, 1, 0>("],
+                           ["rms_norm_modulate_streamed<true, true, true, 1, 0>(",
+                            "rms_norm_modulate_staged<true, true, 4, 1, 0>("],
                            unwanted=["rms_norm_modulate_streamed<true, %s, true, %d, 768>(" % (r, c)
                                      for r in ("false", "true") for c in (1, 2, 3, 4)] +
-                                    ["rms_norm_modulate_streamed<true, true, true, %d, 1024>(" % c for c in (1, 2, 3, 4)]) +
+                                    ["rms_norm_modulate_streamed<true, true, true, %d, 1024>(" % c for c in (1, 2, 3, 4)] +
+                                    ["rms_norm_modulate_staged<true, true, %d, %d, 768>(" % (hf, c)
+                                     for hf in (2, 4) for c in (1, 2, 3, 4)]) +
         "print('mismatches', bad)")
     assert_exact_under(script, DIFUSE_RMSMOD_FULL_WIDTH="0")
+
+
+@pytest.mark.parametrize("shape,variant,residual,weight,half,vn", [
+    ((1, 4096, 3072), "ltx2", True, False, "4", "768"), ((1, 4096, 3072), "ltx2", True, True, "4", "768"),
+    ((4352, 1, 3072), "ernie_tokens", True, True, None, "768"), ((1, 4096, 3072), "ltx2", False, False, "4", "0"),
+    ((1, 4096, 2048), "ltx2", True, False, "4", "0")], ids=str)
+def test_staged_width_by_default(shape, variant, residual, weight, half, vn):
+    """The default (no knob): the residual form's staged rows (fewer than 8192 rows at N <= 3072, 8-byte rows) at
+    N = 3072 run the kernel with no per-vector test (rms_norm_modulate_staged<true, true, HALF, CHAIN, 768>, its loops
+    rolled as at VN = 0; forty-seventh session), LTX-2's and ERNIE's per-token layout (HALF by the wave rule: any),
+    with and without weight; the plain form (its V = 768 kernel ran slower on an H100 and was dropped) and other
+    widths keep the run-time width. The profiler shows the one staged kernel that ran; each output bit for bit."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from streamed_kernels import kernel_template_args
+
+    g = torch.Generator(device=DEV).manual_seed(SEED + 47 + shape[0] + shape[2] + weight)
+    inputs = list(ops.rms_modulate_site_inputs(shape, variant, DEV, g, residual=residual))
+    if weight and inputs[-5] is None:
+        inputs[-5] = torch.randn(shape[-1], generator=g, device=DEV).to(inputs[0].dtype)
+    elif not weight:
+        inputs[-5] = None
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        if residual:
+            assert_exact_residual(*inputs)
+        else:
+            assert_exact(*inputs)
+        torch.cuda.synchronize()
+    chain = str(1 + weight + 2 * bool(inputs[-1]))  # 1 + has weight + 2 fp32 modulation
+    ran = kernel_template_args(prof, "rms_norm_modulate_staged")
+    assert len(ran) == 1, ran
+    args = next(iter(ran))
+    assert (args[:2], args[3:]) == (("true", "true" if residual else "false"), (chain, vn)), args
+    assert half is None or args[2] == half, args
 
 
 def test_two_pass_rows_where_streamed_by_default():
