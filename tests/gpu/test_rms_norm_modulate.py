@@ -547,6 +547,20 @@ def test_streamed_rows_variant(warps, blocks, smod, fence, lanes, fulls):
                        DIFUSE_STREAM_FULL_BARRIERS=fulls)
 
 
+def _profiled_exact(inputs, residual):
+    """The op (the gated-residual form where residual) on inputs under the profiler, each output bit for bit against
+    eager; returns the profile."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        if residual:
+            assert_exact_residual(*inputs)
+        else:
+            assert_exact(*inputs)
+        torch.cuda.synchronize()
+    return prof
+
+
 @pytest.mark.parametrize("shape,variant,residual,smod", [
     ((2, 6144, 4096), "ltx2", False, "true"), ((2, 6144, 4096), "ltx2_tokens", False, "false"),
     ((1, 4096, 8160), "ltx2", False, "true"), ((4096, 1, 4096), "ernie", False, "true"),
@@ -562,18 +576,11 @@ def test_streamed_by_default(shape, variant, residual, smod):
     per-token rows at N <= 3072, the residual form's per-token rows and N % 8 != 0 keep their kernels. The profiler
     shows which ran (RESIDUAL and SMOD of rms_norm_modulate_streamed; None: no streamed kernel); each output bit for
     bit."""
-    from torch.profiler import ProfilerActivity, profile
-
     from streamed_kernels import kernel_template_args
 
     g = torch.Generator(device=DEV).manual_seed(SEED + shape[0] + shape[1] + shape[2])
     inputs = ops.rms_modulate_site_inputs(shape, variant, DEV, g, residual=residual)
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        if residual:
-            assert_exact_residual(*inputs)
-        else:
-            assert_exact(*inputs)
-        torch.cuda.synchronize()
+    prof = _profiled_exact(inputs, residual)
     # The fourth template argument is the chain (dc86343): fixed at compile time, 1 + has weight + 2 fp32 modulation,
     # where the block stages its rows (SMOD), else 0 (read from the parameters at run time); the fifth VN, the
     # full-width kernels' vector count (forty-sixth session: 768 at N = 3072 with SMOD; forty-seventh: 1024 at 4096 with
@@ -636,8 +643,6 @@ def test_staged_width_by_default(shape, variant, residual, weight, half, vn):
     rolled as at VN = 0; forty-seventh session), LTX-2's and ERNIE's per-token layout (HALF by the wave rule: any),
     with and without weight; the plain form (its V = 768 kernel ran slower on an H100 and was dropped) and other
     widths keep the run-time width. The profiler shows the one staged kernel that ran; each output bit for bit."""
-    from torch.profiler import ProfilerActivity, profile
-
     from streamed_kernels import kernel_template_args
 
     g = torch.Generator(device=DEV).manual_seed(SEED + 47 + shape[0] + shape[2] + weight)
@@ -646,12 +651,7 @@ def test_staged_width_by_default(shape, variant, residual, weight, half, vn):
         inputs[-5] = torch.randn(shape[-1], generator=g, device=DEV).to(inputs[0].dtype)
     elif not weight:
         inputs[-5] = None
-    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-        if residual:
-            assert_exact_residual(*inputs)
-        else:
-            assert_exact(*inputs)
-        torch.cuda.synchronize()
+    prof = _profiled_exact(inputs, residual)
     chain = str(1 + weight + 2 * bool(inputs[-1]))  # 1 + has weight + 2 fp32 modulation
     ran = kernel_template_args(prof, "rms_norm_modulate_staged")
     assert len(ran) == 1, ran
