@@ -103,11 +103,12 @@
 // 4352x2x3072 ernie 33.7 -> ~31.5 us (bound 31.4), the residual form 63.9 -> ~60 (62.8). DIFUSE_RMSMOD_FULL_WIDTH=0
 // keeps the VN = 0 kernels (test_run_time_width_variant). First run in the forty-seventh session, on an H100 at 94 SMs
 // (bench/results/h100/full-sweeps-e945489/, against DIFUSE_RMSMOD_FULL_WIDTH=0 in the same build): the residual form
-// 4352x2x3072 92.2 -> 86.9 us (-5.7 %), the plain form 47.9 -> 47.1 (within noise); exact there (this file's GPU tests
+// 4352x2x3072 92.2 -> 86.9 us (-5.7 %; two calls on one machine, each beside b591df4: 92.9 and 93.8), the plain form
+// 47.9 -> 47.1 (within noise); exact there (this file's GPU tests
 // at e945489). Not yet on an H200. The plain form's staged rows at V = 768 (e945489: fewer than 8192 rows at 3072) ran
 // exact but slower there (4096x1x3072 ernie 29.8 -> 30.8 us, 1x4096x3072 ltx2 26.9 -> 27.1) and were reverted; the
 // residual form's staged kernels at V = 768 took 72-80 registers against 54-64 (one block fewer per SM) and spilled
-// when held to those by __launch_bounds__, so they were not tried.
+// when held to those by __launch_bounds__, so they were not tried unrolled (rolled: below).
 // Since the forty-seventh session the residual form's streamed rows with staged rows at N = 4096 (LTX-2's video rows,
 // 2x6144x4096) take VN = 1024 too (rms_norm_modulate_streamed<true, true, true, CHAIN, 1024>, full_width_for; 4
 // kernels, 56 registers, no spill; the other 73 kernels' SASS unchanged, `SASS_OPS_TEXT=1 scripts/sass-ops-diff.sh
@@ -334,8 +335,9 @@ struct SmemRows {
 // CHAIN: 0 reads the chain from p (has_w, fp32_mod) at run time;
 // 1 + has_w + 2 fp32_mod fixes it at compile time (the streamed kernels with staged rows, the staged kernels with
 // 8-byte rows), so the epilogue holds one chain and no branches between them.
-// VN > 0 (the full-width kernels, full_width_for): V = VN vectors, a multiple of 32 kBatch and of 32 kOutBatch, so
-// every vector a lane's batches name exists: no vector is tested against V and the loops run constant trip counts.
+// VN > 0 (the full-width kernels, with_full_width): V = VN vectors, a multiple of 32 kBatch and of 32 kOutBatch, so
+// every vector a lane's batches name exists: no vector is tested against V. With SMEM_MOD (the streamed kernels) the
+// loops also run constant trip counts; without it (the staged residual kernels) V and the trip counts stay p's.
 template <bool VEC, bool RESIDUAL, bool STAGED = false, int HALF = 4, bool SMEM_A = false, bool SMEM_MOD = false,
           int CHAIN = 0, int VN = 0>
 __device__ __forceinline__ void two_pass_row(const Params& p, int64_t row, int lane, uint2* sx = nullptr,
@@ -470,7 +472,7 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_two_pass(const Par
 // batches of 8 vectors per lane, each batch's loads returning before the next is issued, and re-reads it from
 // L1/L2 in pass 2 (ncu at e383706: 0.48 waves, 65 % of cycles with no eligible warp, DRAM 30 %: latency-bound);
 // here a row costs one DRAM round trip. 4 rows per block: 24 KB at N = 3072, 9 blocks per SM.
-// VN > 0 (full_width_for; the residual form with 8-byte rows and its chain fixed, forty-seventh session): two_pass_row
+// VN > 0 (with_full_width; the residual form with 8-byte rows and its chain fixed, forty-seventh session): two_pass_row
 // tests no vector against V but keeps its loops rolled (V from p), as at VN = 0.
 template <bool VEC, bool RESIDUAL, int HALF = 4, int CHAIN = 0, int VN = 0>
 __global__ void __launch_bounds__(kThreads) rms_norm_modulate_staged(const Params p) {
@@ -698,6 +700,21 @@ int full_width_for(const Params& p, bool residual) {
   return p.v == kFullWidthV ? kFullWidthV : residual && p.v == kFullWidthResidualV ? kFullWidthResidualV : 0;
 }
 
+// f(std::integral_constant<int, VN>{}) with the full-width VN of the kernel for these rows (0: the run-time width):
+// the streamed kernels with staged rows take 768 (both forms) and 1024 (the residual form); the staged kernels with
+// 8-byte rows only the residual form's 768 (STAGED; the plain form's ran slower on an H100, forty-seventh session).
+template <bool RESIDUAL, bool STAGED, class F>
+decltype(auto) with_full_width(const Params& p, F&& f) {
+  const int vn = full_width_for(p, RESIDUAL);
+  if constexpr (RESIDUAL || !STAGED) {
+    if (vn == kFullWidthV) return f(std::integral_constant<int, kFullWidthV>{});
+  }
+  if constexpr (RESIDUAL && !STAGED) {
+    if (vn == kFullWidthResidualV) return f(std::integral_constant<int, kFullWidthResidualV>{});
+  }
+  return f(std::integral_constant<int, 0>{});
+}
+
 // The staged rows of SMOD where every role has at most two distinct rows and the weight and modulation rows are
 // 8-byte words (vec); false (per-token rows, B > 2, unaligned rows): the streamed kernel reads them from global memory.
 bool stream_mod_rows(const Params& p, bool vec, StreamModRows& m) {
@@ -744,19 +761,14 @@ decltype(auto) with_chain(const Params& p, F&& f) {
   }
 }
 
-// Whether the residual form's staged rows take the full-width kernel (VN = 768 at N = 3072; forty-seventh session).
-bool staged_full_width(const Params& p) { return full_width_for(p, true) == kFullWidthV; }
-
 // The staged kernel with 8-byte rows (VEC) and its chain fixed at compile time; the residual form's at N = 3072 with
-// its width too (staged_full_width).
+// its width too (with_full_width).
 template <bool RESIDUAL, int HALF = 4>
 void launch_staged_chain(const Params& p, unsigned blocks, int device, cudaStream_t stream) {
   with_chain(p, [&](auto chain) {
-    if constexpr (RESIDUAL) {
-      if (staged_full_width(p))
-        return launch_staged<true, true, HALF, decltype(chain)::value, kFullWidthV>(p, blocks, device, stream);
-    }
-    launch_staged<true, RESIDUAL, HALF, decltype(chain)::value>(p, blocks, device, stream);
+    with_full_width<RESIDUAL, true>(p, [&](auto vn) {
+      launch_staged<true, RESIDUAL, HALF, decltype(chain)::value, decltype(vn)::value>(p, blocks, device, stream);
+    });
   });
 }
 
@@ -767,11 +779,11 @@ int64_t staged_resident(const Params& p, int device) {
   size_t bytes = 0;
   if constexpr (VEC) {
     return with_chain(p, [&](auto chain) {
-      return staged_full_width(p)
-                 ? resident_blocks(prepared_staged<true, true, HALF, decltype(chain)::value, kFullWidthV>(p, device, bytes),
-                                   kThreads, bytes, device)
-                 : resident_blocks(prepared_staged<true, true, HALF, decltype(chain)::value>(p, device, bytes), kThreads,
-                                   bytes, device);
+      return with_full_width<true, true>(p, [&](auto vn) {
+        return resident_blocks(prepared_staged<true, true, HALF, decltype(chain)::value, decltype(vn)::value>(
+                                   p, device, bytes),
+                               kThreads, bytes, device);
+      });
     });
   } else {
     auto kernel = prepared_staged<false, true, HALF>(p, device, bytes);
@@ -846,16 +858,10 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   if (streamed > 0 && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
       p.n % 8 == 0 && detail::aligned(p.x, 16) && (!RESIDUAL || p.a_rows16)) {  // whole rows bulk-copied
     if (smod ? with_chain(p, [&](auto chain) {
-                 constexpr int kChain = decltype(chain)::value;
-                 const int vn = full_width_for(p, RESIDUAL);
-                 if (vn == kFullWidthV)
-                   return launch_streamed<true, RESIDUAL, true, kChain, kFullWidthV>(p, m, streamed, device, stream);
-                 if constexpr (RESIDUAL) {
-                   if (vn == kFullWidthResidualV)
-                     return launch_streamed<true, true, true, kChain, kFullWidthResidualV>(p, m, streamed, device,
-                                                                                            stream);
-                 }
-                 return launch_streamed<true, RESIDUAL, true, kChain>(p, m, streamed, device, stream);
+                 return with_full_width<RESIDUAL, false>(p, [&](auto vn) {
+                   return launch_streamed<true, RESIDUAL, true, decltype(chain)::value, decltype(vn)::value>(
+                       p, m, streamed, device, stream);
+                 });
                })
              : vec ? launch_streamed<true, RESIDUAL, false>(p, m, streamed, device, stream)
                    : launch_streamed<false, RESIDUAL, false>(p, m, streamed, device, stream)) {
