@@ -2144,9 +2144,9 @@ void gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difu
                               : launch_streamed<true, true>(p, h.device, stream))
               : p.mod_vec ? launch_streamed<true, false>(p, h.device, stream)
                           : launch_streamed<false, false>(p, h.device, stream)
-        : smod ? (sw == 3   ? launch_streamed<true, true, 32, 3>(p, h.device, stream)
-                  : sw == 6 ? launch_streamed<true, true, 32, 6>(p, h.device, stream)
-                            : launch_streamed<true, true, 32>(p, h.device, stream))
+        : smod ? with_full_sweeps(sw, [&](auto k) {
+                   return launch_streamed<true, true, 32, decltype(k)::value>(p, h.device, stream);
+                 })
         : p.mod_vec ? launch_streamed<true, false, 32>(p, h.device, stream)
                     : launch_streamed<false, false, 32>(p, h.device, stream);
     if (launched) {
