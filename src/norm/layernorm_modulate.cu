@@ -188,7 +188,8 @@
 // scripts/sass-ops-diff.sh 7451a79 src/norm/layernorm_modulate.cu`: 82 same, 2 only now). Predicted on the H200 from
 // the H100's -5.4 % at 1536: layernorm_modulate_fp32 1x32760x5120 182.0 -> ~174 us. The fp32 kernel ran exact on a
 // whole H100 at c477bdb (test_wan_fp32.py's test_full_sweeps_two_warp_forced_streamed and
-// test_run_time_sweeps_two_warp_variant, this file's test_run_time_sweeps_variant: 50 passed,
+// test_run_time_sweeps_two_warp_variant, since one parametrized test_two_warp_sweeps_forced_streamed; this file's
+// test_run_time_sweeps_variant: 50 passed,
 // bench/results/h100/full-sweeps-5120-4096-c477bdb/); the bf16 one not yet run (a whole H100 takes the staged kernels at
 // 5120); neither timed.
 

@@ -274,14 +274,17 @@ def test_run_time_sweeps_variant():
     assert_exact_under(script, DIFUSE_LNMOD_FULL_SWEEPS="0")
 
 
-def test_run_time_sweeps_two_warp_variant():
-    """DIFUSE_LNMOD_FULL_SWEEPS=0 with DIFUSE_LNMOD_STREAMED=1 (the streamed rows wherever they can run: a whole H100
-    takes the staged kernels above 4096 by default): Wan 14B's fp32 norms (modulated and affine) at 5120 with staged
-    rows on the two-warp run-time-sweep kernel (SW = 0, the form before the forty-seventh session) instead of the
-    full-sweep one (SW = 10): the same bits at 8192 rows and batch 2; the profiler shows that kernel ran and no
-    full-sweep one."""
+@pytest.mark.parametrize("full_sweeps", ["1", "0"])
+def test_two_warp_sweeps_forced_streamed(full_sweeps):
+    """DIFUSE_LNMOD_STREAMED=1 (the streamed rows wherever they can run: a whole H100 takes the staged kernels above
+    4096 by default): Wan 14B's fp32 norms (modulated and affine) at 5120 with staged rows on the two-warp full-sweep
+    kernel (SW = 10, forty-seventh session; DIFUSE_LNMOD_FULL_SWEEPS=1, the default) or, under
+    DIFUSE_LNMOD_FULL_SWEEPS=0, the run-time-sweep one (SW = 0): the same bits as eager at 8192 rows and batch 2,
+    constant rows; the profiler shows that kernel ran and not the other. (At c477bdb these were two tests,
+    test_full_sweeps_two_warp_forced_streamed and test_run_time_sweeps_two_warp_variant.)"""
     from knob_run import PROFILE_START, WAN_FP32_NORM_LINES, assert_exact_under, every_kernel_ran, mismatch_script
 
+    sw, other = ("10", "0") if full_sweeps == "1" else ("0", "10")
     script = mismatch_script(
         PROFILE_START +
         "for i, (B, L, H) in enumerate([(1, 8192, 5120), (2, 2048, 5120)]):\n"
@@ -292,29 +295,9 @@ def test_run_time_sweeps_two_warp_variant():
         "    bad += count_mismatches(ops.layernorm_modulate_fp32(x, t6[:, 1:2], t6[:, 0:1]),\n"
         "                            ops.layernorm_modulate_fp32_eager(x, t6[:, 1:2], t6[:, 0:1]))\n"
         + WAN_FP32_NORM_LINES +
-        every_kernel_ran(["layernorm_streamed_rows<true, true, true, 64, 0>"],
-                         unwanted=["layernorm_streamed_rows<true, true, true, 64, 10>"]))
-    assert_exact_under(script, DIFUSE_LNMOD_FULL_SWEEPS="0", DIFUSE_LNMOD_STREAMED="1")
-
-
-def test_full_sweeps_two_warp_forced_streamed():
-    """DIFUSE_LNMOD_STREAMED=1 (the streamed rows wherever they can run, so a whole H100 runs them above 4096 too): Wan
-    14B's fp32 norms at 5120 with staged rows on the two-warp full-sweep kernel (SW = 10, forty-seventh session), the
-    same bits as eager at 8192 rows and batch 2, constant rows; the profiler shows it ran."""
-    from knob_run import PROFILE_START, WAN_FP32_NORM_LINES, assert_exact_under, every_kernel_ran, mismatch_script
-
-    script = mismatch_script(
-        PROFILE_START +
-        "for i, (B, L, H) in enumerate([(1, 8192, 5120), (2, 2048, 5120)]):\n"
-        "    g = torch.Generator(device='cuda').manual_seed(1270 + i)\n"
-        "    x = torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16)\n"
-        "    x[:, ::97] = -1.5  # constant rows\n"
-        "    t6 = torch.randn(B, 6, H, device='cuda', generator=g)\n"
-        "    bad += count_mismatches(ops.layernorm_modulate_fp32(x, t6[:, 1:2], t6[:, 0:1]),\n"
-        "                            ops.layernorm_modulate_fp32_eager(x, t6[:, 1:2], t6[:, 0:1]))\n"
-        + WAN_FP32_NORM_LINES +
-        every_kernel_ran(["layernorm_streamed_rows<true, true, true, 64, 10>"]))
-    assert_exact_under(script, DIFUSE_LNMOD_STREAMED="1")
+        every_kernel_ran(["layernorm_streamed_rows<true, true, true, 64, %s>" % sw],
+                         unwanted=["layernorm_streamed_rows<true, true, true, 64, %s>" % other]))
+    assert_exact_under(script, DIFUSE_LNMOD_FULL_SWEEPS=full_sweeps, DIFUSE_LNMOD_STREAMED="1")
 
 
 def test_staged_kernels_where_streamed_by_default():
