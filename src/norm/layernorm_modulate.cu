@@ -181,17 +181,15 @@
 // passing cases at e945489). Not yet on an H200. GRLN's one-warp rows at 3072 (DIFUSE_LNMOD_STREAM_WARP=1, for
 // measurement: two-warp groups are the default there) take SW = 6 too since the forty-seventh session
 // (grln_streamed_rows<true, true, 32, 6>: 64 registers, no spill), to compare the two group widths each at full sweeps.
-// And the plain LayerNorms' two-warp rows at H = 5120 with staged rows (Wan 14B's fp32 norms, V = 1280: ten full
-// sweeps) take layernorm_streamed_rows<F32, true, true, 64, 10> since the forty-seventh session (fp32 62 registers
-// against 72 at SW = 0, bf16 48 against 64; no spill; the Welford loop of 113 instructions, run five times a row, is
-// straight-line, the epilogue loop 176 -> 151; the other 82 kernels' SASS unchanged, `SASS_OPS_TEXT=1
-// scripts/sass-ops-diff.sh 7451a79 src/norm/layernorm_modulate.cu`: 82 same, 2 only now). Predicted on the H200 from
-// the H100's -5.4 % at 1536: layernorm_modulate_fp32 1x32760x5120 182.0 -> ~174 us. The fp32 kernel ran exact on a
-// whole H100 at c477bdb (test_wan_fp32.py's test_full_sweeps_two_warp_forced_streamed and
-// test_run_time_sweeps_two_warp_variant, since one parametrized test_two_warp_sweeps_forced_streamed; this file's
-// test_run_time_sweeps_variant: 50 passed,
-// bench/results/h100/full-sweeps-5120-4096-c477bdb/); the bf16 one not yet run (a whole H100 takes the staged kernels at
-// 5120); neither timed.
+// And the bf16 LayerNorm's two-warp rows at H = 5120 with staged rows (Wan 14B's shape, V = 1280: ten full sweeps)
+// take layernorm_streamed_rows<false, true, true, 64, 10> since the forty-seventh session (48 registers against 64;
+// no spill; the Welford loop straight-line). Measured in the forty-eighth session on an H100 at 94 SMs
+// (bench/results/h100/full-sweeps-5120-4096-4e080ff/, against 9e37db8, two alternated rounds, and a knob sweep in one
+// build): layernorm_modulate 1x32760x5120 265.2 -> 253.9 us (-4.3 %; knob 0: 265.5); exact there (this file's and
+// test_layernorm_modulate.py's tests, 1,360 passed at 4e080ff). The fp32 kernel of the same form (62 registers
+// against 72) was slower: layernorm_modulate_fp32 1x32760x5120 247.5 -> 268.3 us (+8.4 %; knob 0: 252.1), so since
+// the forty-eighth session Wan's fp32 rows at 5120 keep the run-time-sweep kernel (SW = 0) and the fp32 SW = 10
+// kernel is no longer compiled (test_wan_fp32.py's test_two_warp_run_time_sweeps_forced_streamed checks which ran).
 
 #include "norm/layernorm_modulate.h"
 
@@ -1507,7 +1505,7 @@ inline bool full_sweeps_knob() {
 }
 
 // The full-sweep count SW of the kernel for rows of V vectors with staged modulation rows (smod), 0 for the run-time
-// kernel: 3 at V = 384, 6 at V = 768, 10 at V = 1280 (the plain LayerNorms' two-warp rows only; elsewhere the callers
+// kernel: 3 at V = 384, 6 at V = 768, 10 at V = 1280 (the bf16 LayerNorm's two-warp rows only; elsewhere the callers
 // take the run-time kernel), unless DIFUSE_LNMOD_FULL_SWEEPS=0.
 inline int full_sweeps_for(int64_t v, bool smod) {
   if (!smod || !full_sweeps_knob()) return 0;
@@ -1535,8 +1533,12 @@ bool launch_streamed_ln_rows(const Params& p, bool smod, bool vec, int device, c
                    })
            : vec ? launch_streamed_ln<F32, true, false, 32>(p, device, stream)
                  : launch_streamed_ln<F32, false, false, 32>(p, device, stream);
-  return smod  ? (full_sweeps_for(p.v, true) == 10 ? launch_streamed_ln<F32, true, true, 64, 10>(p, device, stream)
-                                                   : launch_streamed_ln<F32, true, true>(p, device, stream))
+  // SW = 10 (5120) for bf16 only: the fp32 kernel was slower (H100 at 94 SMs, forty-eighth session: 1x32760x5120
+  // 268.5 us against 247.9 before it and 252.1 under DIFUSE_LNMOD_FULL_SWEEPS=0), so fp32 rows take SW = 0 there.
+  if constexpr (!F32) {
+    if (smod && full_sweeps_for(p.v, true) == 10) return launch_streamed_ln<false, true, true, 64, 10>(p, device, stream);
+  }
+  return smod  ? launch_streamed_ln<F32, true, true>(p, device, stream)
          : vec ? launch_streamed_ln<F32, true, false>(p, device, stream)
                : launch_streamed_ln<F32, false, false>(p, device, stream);
 }

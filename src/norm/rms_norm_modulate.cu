@@ -117,7 +117,8 @@
 // estimated ~1,000 fewer a row of ~4,600 (~22 %). Predicted on the H200 from the H100's -7 % at 3072: GRRMS
 // 2x6144x4096 ltx2 113.2 -> ~106 us. Not the plain form (no faster at 3072 on the H100). Exact on a whole H100 at
 // c477bdb (test_streamed_by_default at (2, 6144, 4096) ltx2 residual requires VN = 1024; test_run_time_width_variant;
-// bench/results/h100/full-sweeps-5120-4096-c477bdb/); not yet timed.
+// bench/results/h100/full-sweeps-5120-4096-c477bdb/). Timed in the forty-eighth session on an H100 at 94 SMs against
+// 9e37db8 (bench/results/h100/full-sweeps-5120-4096-4e080ff/, two alternated rounds): 160.8 -> 152.2 us (-5.3 %).
 // And since the forty-seventh session the residual form's staged rows at N = 3072 (fewer than 8192 rows: LTX-2's
 // 1x4096x3072, ERNIE's per-token 4352x1x3072) run rms_norm_modulate_staged<true, true, HALF, CHAIN, 768>: no vector
 // tested against V, but V and the trip counts from p, so the loops stay rolled as at VN = 0 (two_pass_row's VN without
@@ -129,8 +130,12 @@
 // wave rule (staged_resident) asks the kernel that runs: at 48 registers HALF = 4 also fits 9 blocks per SM, so
 // ERNIE's per-token rows now take HALF = 4 (residual_quarter_batches: no wave saved). Predicted on the H200: GRRMS
 // 1x4096x3072 ltx2 30.6 -> ~29 us (bound 29.5); the plain form's V = 768 staged kernel (unrolled) ran slower on an
-// H100, so this one is the first thing to measure. NOT YET RUN ON A GPU when written (test_staged_width_by_default,
-// test_run_time_width_variant; DIFUSE_RMSMOD_FULL_WIDTH=0 keeps the VN = 0 kernels).
+// H100, so this one is the first thing to measure. Measured in the forty-eighth session on an H100 at 94 SMs against
+// 9e37db8 (bench/results/h100/full-sweeps-5120-4096-4e080ff/): 1x4096x3072 ltx2 45.0 -> 44.8 us, 4352x1x3072 ernie
+// 72.9 -> 72.7: within noise, not the predicted -5 % (~630 fewer instructions a row bought nothing: a guess, not
+// measured, is that these staged rows wait on memory, not on issue; ncu would say). Kept: no slower, fewer registers.
+// Exact there (test_staged_width_by_default, test_run_time_width_variant among the 1,360 norm tests passed at 4e080ff;
+// DIFUSE_RMSMOD_FULL_WIDTH=0 keeps the VN = 0 kernels).
 //
 // Verification status: bit-exact on the H200 at 5f8295d (torch 2.11.0+cu130, sm_90; its RowIndexers take the
 // 32-bit FastDivU32 path):
