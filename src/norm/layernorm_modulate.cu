@@ -190,6 +190,21 @@
 // against 72) was slower: layernorm_modulate_fp32 1x32760x5120 247.5 -> 268.3 us (+8.4 %; knob 0: 252.1), so since
 // the forty-eighth session Wan's fp32 rows at 5120 keep the run-time-sweep kernel (SW = 0) and the fp32 SW = 10
 // kernel is no longer compiled (test_wan_fp32.py's test_two_warp_run_time_sweeps_forced_streamed checks which ran).
+// Partial last sweep (forty-eighth session): GRLN's two-warp rows with staged rows at SD3.5-large's H = 2432 (V = 608:
+// four full sweeps and 96 vectors of a fifth; 2x4096x2432 ran 49.7 us against a site bound of 46.8 on the H200 at
+// fd5c83b) take grln_streamed_rows<true, true, 64, 4, 96> (partial_sweeps_2432): the template's PV, the vectors of a
+// partial last sweep after SW full ones, makes V and the trip counts constants; the four full sweeps go untested, the
+// fifth keeps the run-time kernel's `vi < V` test (`(SW > 0 && (PV == 0 || k < SW)) || vi < V`, which is the old
+// `SW > 0 || vi < V` at PV = 0). The same operations in the same order per slot. 60 registers (as the run-time
+// kernel), no spill; the residual loop (207 SASS instructions per two sweeps, three times a row) becomes straight
+// line, the row loop 1150 -> 1447 static instructions with the epilogue loop 124 -> 115 per two sweeps (scripts/
+// sass-loops.sh): estimated ~1,810 -> ~1,680 instructions a row (-7 %). The other 84 kernels' SASS unchanged
+// (`SASS_OPS_TEXT=1 SASS_OPS_RENAME='(grln_streamed_rowsILb[01]ELb[01]ELi[0-9]+ELi[0-9]+E)Li0EEEv=\1EEv'
+// scripts/sass-ops-diff.sh 726ca12 src/norm/layernorm_modulate.cu`: every GRLN kernel's name gains PV = 0). Predicted
+// from the 3072 kernel's -4 % on the H100: GRLN 2x4096x2432 67.6 -> ~65.5 us there at 94 SMs, 49.7 -> ~48 on the
+// H200 (the bound, 46.8, still out of reach). DIFUSE_LNMOD_FULL_SWEEPS=0 keeps the run-time kernel. Not yet run on a
+// GPU when written (test_streamed_group_width_by_default checks SW = 4 and PV = 96 at 2432, test_run_time_sweeps_variant
+// the knob, test_adversarial the values, test_streamed_variant's 2x37x2432 the ring under the streamed knobs).
 
 #include "norm/layernorm_modulate.h"
 
@@ -939,19 +954,20 @@ __device__ __forceinline__ RowStats stream_row_reduce(VecWelford (&st)[StreamRow
 // finalize into `stats`, between the group's named barriers `bar_id`.
 // G = 32 (one-warp groups): four slots per thread on the warp-local map (StreamRowMap: two pairs of adjacent aten
 // threads, 16 apart in one aten warp), __syncwarp instead of the named barrier.
-template <int G = 64, int SW = 0>
+template <int G = 64, int SW = 0, int PV = 0>
 __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int V, int sweeps, const StreamTree tree,
                                                      VecWelford (&roots)[4], RowStats& stats, int bar_id, int h,
                                                      float eps) {
   using Map = StreamRowMap<G>;
   constexpr int A = Map::kSlots;
-  if constexpr (SW > 0) V = SW * kAtenThreads, sweeps = SW;  // full sweeps: every vector of every sweep exists
+  // full sweeps: every vector of the SW sweeps exists; PV > 0: then one partial sweep of PV vectors (tested)
+  if constexpr (SW > 0) V = SW * kAtenThreads + PV, sweeps = SW + (PV > 0 ? 1 : 0);
   VecWelford st[A];
-#pragma unroll (SW > 0 ? SW : 2)
+#pragma unroll (SW > 0 ? SW + (PV > 0 ? 1 : 0) : 2)
   for (int k = 0; k < sweeps; ++k) {
     const float* r = c_rcp.v + 4 * k;
     const int vi = Map::aten_thread(i, 0) + kAtenThreads * k;
-    if (SW > 0 || vi < V) {  // slots 0, 1 (SW: every vector of the SW sweeps exists): aten threads t, t + 1, vectors vi, vi + 1
+    if ((SW > 0 && (PV == 0 || k < SW)) || vi < V) {  // slots 0, 1 (SW: every vector of the SW sweeps exists): aten threads t, t + 1, vectors vi, vi + 1
       const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vi);
       const uint2 w[2] = {make_uint2(w4.x, w4.y), make_uint2(w4.z, w4.w)};
 #pragma unroll
@@ -959,7 +975,7 @@ __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int
     }
     if constexpr (A == 4) {  // G = 32: slots 2, 3, aten threads t + 16, t + 17 (AtenWarpLocalMap)
       const int vj = Map::aten_thread(i, 2) + kAtenThreads * k;
-      if (SW > 0 || vj < V) {
+      if ((SW > 0 && (PV == 0 || k < SW)) || vj < V) {
         const uint4 w4 = *reinterpret_cast<const uint4*>(sx + vj);
         const uint2 w[2] = {make_uint2(w4.x, w4.y), make_uint2(w4.z, w4.w)};
 #pragma unroll
@@ -977,20 +993,21 @@ __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int
 // it ptxas spills 8-24 bytes there, and in the plain LayerNorms without SMOD); the plain LayerNorms with SMOD leave them
 // unset (each is read only under the same test),
 // 12 CS2R fewer per loop iteration.
-template <bool MODVEC, bool SMOD, int G = 64, bool FILL = true, int SW = 0>
+template <bool MODVEC, bool SMOD, int G = 64, bool FILL = true, int SW = 0, int PV = 0>
 __device__ __forceinline__ void stream_bf16_epilogue(const uint2* sx, int i, int V, int sweeps, RowStats rs,
                                                      const uint2* sa, const uint16_t* srow, const uint16_t* hrow,
                                                      uint2* orow) {
   using Map = StreamRowMap<G>;
   constexpr int KB = 2;
-  if constexpr (SW > 0) V = SW * kAtenThreads, sweeps = SW;  // full sweeps: no vector test
+  // full sweeps: no vector test; PV > 0: then one partial sweep of PV vectors, tested
+  if constexpr (SW > 0) V = SW * kAtenThreads + PV, sweeps = SW + (PV > 0 ? 1 : 0);
   auto pair_epilogue = [&](const int jp) {  // slots jp, jp + 1 (G = 32: 0 and 2)
     for (int k0 = 0; k0 < sweeps; k0 += KB) {
       uint4 w[KB], sc[KB], sh[KB];
   #pragma unroll
       for (int kk = 0; kk < KB; ++kk) {
         const int vi = Map::aten_thread(i, jp) + kAtenThreads * (k0 + kk);
-        if (k0 + kk < sweeps && (SW > 0 || vi < V)) {
+        if (k0 + kk < sweeps && ((SW > 0 && (PV == 0 || k0 + kk < SW)) || vi < V)) {
           const int e = kVecElems * vi;
           w[kk] = *reinterpret_cast<const uint4*>(sx + vi);
           uint2 s0, s1, h0, h1;
@@ -1012,7 +1029,7 @@ __device__ __forceinline__ void stream_bf16_epilogue(const uint2* sx, int i, int
   #pragma unroll
       for (int kk = 0; kk < KB; ++kk) {
         const int vi = Map::aten_thread(i, jp) + kAtenThreads * (k0 + kk);
-        if (k0 + kk < sweeps && (SW > 0 || vi < V)) {
+        if (k0 + kk < sweeps && ((SW > 0 && (PV == 0 || k0 + kk < SW)) || vi < V)) {
           if constexpr (SMOD)  // sc holds bf16(1 + scale) already (staged)
             *reinterpret_cast<uint4*>(orow + vi) = make_uint4(
                 layernorm_modulate_pair_a(w[kk].x, rs, sc[kk].x, sh[kk].x),
@@ -1057,7 +1074,7 @@ __device__ __forceinline__ void stage_bf16_mod_rows(uint2* mod, int64_t batches,
 // groups (four slots per thread: two 16-byte vectors per sweep), as layernorm_streamed_rows<..., 32>; for GRLN's
 // narrow rows (2x4096x1536 33.8 us against a 27.4 ceiling at 83f6b5f, site bound 29.5; 33.1 vs 34.5 at e7993bf, 32.4
 // as the default in ops.json at 79a9492). Exact on the H200 at e7993bf (test_streamed_variant, its =1 cases).
-template <bool MODVEC, bool SMOD, int G = 64, int SW = 0>
+template <bool MODVEC, bool SMOD, int G = 64, int SW = 0, int PV = 0>
 __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_rows(const Params p, int slots, const StreamTree tree) {
   using Map = StreamRowMap<G>;
   constexpr int A = Map::kSlots;  // 2 (G = 64: one 16-byte vector per sweep and thread) or 4
@@ -1071,8 +1088,8 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
   __shared__ RowStats stats[kGroups];
 
   const int tid = static_cast<int>(threadIdx.x);
-  const int V = SW > 0 ? SW * kAtenThreads : p.v;  // SW: the launcher's p.v, as a constant
-  const int sweeps = SW > 0 ? SW : (V + kAtenThreads - 1) / kAtenThreads;
+  const int V = SW > 0 ? SW * kAtenThreads + PV : p.v;  // SW (and PV): the launcher's p.v, as a constant
+  const int sweeps = SW > 0 ? SW + (PV > 0 ? 1 : 0) : (V + kAtenThreads - 1) / kAtenThreads;
   const uint32_t row_bytes = static_cast<uint32_t>(p.h) * 2u;
   uint2* const mod = reinterpret_cast<uint2*>(ring_smem);
   const int64_t batches = SMOD ? p.rows / p.seq : 0;
@@ -1129,7 +1146,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
 #pragma unroll
         for (int j = 0; j < A; ++j) {
           const int vi = Map::aten_thread(i, j) + kAtenThreads * (k0 + kk);
-          const bool in = k0 + kk < sweeps && (SW > 0 || vi < V);
+          const bool in = k0 + kk < sweeps && ((SW > 0 && (PV == 0 || k0 + kk < SW)) || vi < V);
           gw[kk][j] = !in ? make_uint2(0, 0) : SMOD ? sgate[vi] : load_gate_words<MODVEC>(grow + kVecElems * vi);
         }
       }
@@ -1138,7 +1155,7 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
 #pragma unroll
         for (int jp = 0; jp < A; jp += 2) {
           const int vi = Map::aten_thread(i, jp) + kAtenThreads * (k0 + kk);  // slot jp + 1 is vi + 1 (V is even)
-          if (k0 + kk < sweeps && (SW > 0 || vi < V)) {
+          if (k0 + kk < sweeps && ((SW > 0 && (PV == 0 || k0 + kk < SW)) || vi < V)) {
             const uint4 h = *reinterpret_cast<const uint4*>(sx + vi);
             const uint4 a = *reinterpret_cast<const uint4*>(sa + vi);
             const uint2 h0 = modulate::gated_residual_vec4(make_uint2(h.x, h.y), make_uint2(a.x, a.y), gw[kk][jp]);
@@ -1159,10 +1176,10 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
 
     const RowStats rs = kPushInResidual
                             ? stream_row_reduce<G>(st, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps)
-                            : stream_row_stats<G, SW>(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
+                            : stream_row_stats<G, SW, PV>(sx, i, V, sweeps, tree, roots[c], stats[c], 1 + c, p.h, p.eps);
 
     // The epilogue (SMOD: the staged bf16(1 + scale) and shift rows after the gate's).
-    stream_bf16_epilogue<MODVEC, SMOD, G, true, SW>(sx, i, V, sweeps, rs, sgate + V, p.scale + bb * p.scale_stride + ll * p.scale_stride_l,
+    stream_bf16_epilogue<MODVEC, SMOD, G, true, SW, PV>(sx, i, V, sweeps, rs, sgate + V, p.scale + bb * p.scale_stride + ll * p.scale_stride_l,
                                        p.shift + bb * p.shift_stride + ll * p.shift_stride_l,
                                        reinterpret_cast<uint2*>(p.out + row * p.h));
     stream_release(empty, s, use, groups, slots);  // every read and write of the slot by this thread is done
@@ -1454,10 +1471,10 @@ bool launch_stream(Kernel kernel, StreamLaunchOnce& once, int max_slots, int max
 }
 
 // GRLN's streamed kernel: slots of h's and a's rows; SMOD: 3 bf16 rows per batch.
-template <bool MODVEC, bool SMOD, int G = 64, int SW = 0>
+template <bool MODVEC, bool SMOD, int G = 64, int SW = 0, int PV = 0>
 bool launch_streamed(const Params& p, int device, cudaStream_t stream) {
   static StreamLaunchOnce once;
-  return launch_stream(grln_streamed_rows<MODVEC, SMOD, G, SW>, once, kStreamMaxSlots, 64 * kStreamMaxGroups / G,
+  return launch_stream(grln_streamed_rows<MODVEC, SMOD, G, SW, PV>, once, kStreamMaxSlots, 64 * kStreamMaxGroups / G,
                        int64_t{4} * p.h,
                        SMOD ? 3 * (p.rows / p.seq) * int64_t{2} * p.h : 0, p, device, stream, G);
 }
@@ -1511,6 +1528,12 @@ inline int full_sweeps_for(int64_t v, bool smod) {
   if (!smod || !full_sweeps_knob()) return 0;
   return v == 3 * kAtenThreads ? 3 : v == 6 * kAtenThreads ? 6 : v == 10 * kAtenThreads ? 10 : 0;
 }
+
+// Whether GRLN's two-warp rows of V vectors with staged modulation rows take the kernel of four full sweeps and a
+// partial fifth of 96 vectors (grln_streamed_rows<true, true, 64, 4, 96>): SD3.5-large's H = 2432, V = 608 (forty-eighth
+// session), unless DIFUSE_LNMOD_FULL_SWEEPS=0. The first four sweeps untested, the fifth tested as in the run-time
+// kernel; the same operations in the same order per slot.
+inline bool partial_sweeps_2432(int64_t v) { return v == 4 * kAtenThreads + 96 && full_sweeps_knob(); }
 
 // f(std::integral_constant<int, SW>{}) for SW = 0, 3 or 6 (any other count: 0): the run-time count becomes the
 // kernel's template argument (the one-warp rows').
@@ -2143,8 +2166,9 @@ void gated_residual_layernorm_modulate(const difuse_tensor_view& out, const difu
     const int sw = full_sweeps_for(p.v, smod);
     const bool launched =
         !stream_one_warp_groups(true, p.h, stream_warp_knob())
-            ? smod ? (sw == 6 ? launch_streamed<true, true, 64, 6>(p, h.device, stream)
-                              : launch_streamed<true, true>(p, h.device, stream))
+            ? smod ? (sw == 6                    ? launch_streamed<true, true, 64, 6>(p, h.device, stream)
+                      : partial_sweeps_2432(p.v) ? launch_streamed<true, true, 64, 4, 96>(p, h.device, stream)
+                                                 : launch_streamed<true, true>(p, h.device, stream))
               : p.mod_vec ? launch_streamed<true, false>(p, h.device, stream)
                           : launch_streamed<false, false>(p, h.device, stream)
         : smod ? with_full_sweeps(sw, [&](auto k) {

@@ -43,7 +43,20 @@ def streamed_group_width(prof, kernel: str) -> int:
     return widths.pop() if widths else 0
 
 
+def _after_group_width(args: tuple, n: int) -> int:
+    """The integer template argument n places after the group width (the first integer), 0 where there is none."""
+    g = next(i for i, a in enumerate(args) if a.isdigit())
+    return int(args[g + n]) if g + n < len(args) else 0
+
+
 def streamed_full_sweeps(prof, kernel: str) -> set:
-    """The SW template arguments (the last: 0, the run-time sweeps; 3, the full-sweep kernels at H = 1536) of the
-    streamed LayerNorm kernels named `kernel` that ran."""
-    return {int(args[-1]) for args in kernel_template_args(prof, kernel)}
+    """The SW template arguments (the one after the group width: 0, the run-time sweeps; 3, the full-sweep kernels at
+    H = 1536) of the streamed LayerNorm kernels named `kernel` that ran."""
+    return {_after_group_width(args, 1) for args in kernel_template_args(prof, kernel)}
+
+
+def streamed_partial_sweeps(prof, kernel: str) -> set:
+    """The PV template arguments (after SW: the vectors of a partial last sweep after SW full ones; 0 where there is
+    none or the kernel has no such argument, as layernorm_streamed_rows) of the streamed kernels named `kernel` that
+    ran (GRLN's 96 at SD3.5's 2432 since the forty-eighth session)."""
+    return {_after_group_width(args, 2) for args in kernel_template_args(prof, kernel)}

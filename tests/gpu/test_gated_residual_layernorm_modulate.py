@@ -59,10 +59,14 @@ def test_random_shapes(i):
                        scale=r.choice([1.0, 30.0, 1e-3])))
 
 
+@pytest.mark.parametrize("shape", [(2, 37, 3072), (2, 4096, 2432)], ids=str)
 @pytest.mark.parametrize("kind", ["cancel", "huge", "tiny", "nan", "inf_gate"])
-def test_adversarial(kind):
+def test_adversarial(kind, shape):
+    """Adversarial values on the staged kernel (2x37x3072) and on SD3.5's 2x4096x2432, whose default is the streamed
+    kernel with four full sweeps and a partial fifth (grln_streamed_rows<true, true, 64, 4, 96>, forty-eighth session;
+    test_streamed_group_width_by_default checks it is the one that runs there)."""
     g = torch.Generator(device=DEV).manual_seed(SEED)
-    h, a, gate, scale, shift = (t.clone() for t in make(2, 37, 3072, gen=g))
+    h, a, gate, scale, shift = (t.clone() for t in make(*shape, gen=g))
     if kind == "cancel":  # h1 == 0 rows: zero variance
         gate.fill_(-1.0)
         a.copy_(h)
@@ -204,8 +208,8 @@ def streamed_kernels_ran(G: int) -> str:
             "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(hh, aa, m[2], m[4], m[3], 1e-6)),\n"
             "                            list(ops.gated_residual_layernorm_modulate_eager(hh, aa, m[2], m[4], m[3], 1e-6)))\n"
             # the staged rows at 3072 on the full-sweep kernels (SW = 6) at either group width (one-warp: forty-seventh
-            # session), the other two on the run-time ones (SW = 0)
-            + every_kernel_ran("grln_streamed_rows<%s, %s, %d, %d>(" % (v, m, G, 6 if m == "true" else 0)
+            # session), the other two on the run-time ones (SW = 0); no partial sweep (PV = 0) at 3072
+            + every_kernel_ran("grln_streamed_rows<%s, %s, %d, %d, 0>(" % (v, m, G, 6 if m == "true" else 0)
                                for v, m in (("true", "true"), ("true", "false"), ("false", "false"))))
 
 
@@ -278,11 +282,11 @@ def test_streamed_group_width_by_default(B, L, H, group):
     """The default (no knob): GRLN's streamed rows on one-warp groups up to H = 1536 (nineteenth session), two-warp
     groups above; 5120 (four warps per row) keeps the staged kernel. [B, H] modulation and gate rows 8-byte aligned,
     h and a 16-byte aligned; the profiler shows the group width (0: no streamed kernel) and the full-sweep kernels
-    (forty-sixth session) at 1536 (one warp, SW = 3) and 3072 (two warps, SW = 6), elsewhere SW = 0; both outputs bit
-    for bit."""
+    (forty-sixth session) at 1536 (one warp, SW = 3) and 3072 (two warps, SW = 6), and (forty-eighth) at SD3.5's 2432
+    four full sweeps and a partial fifth of 96 vectors (SW = 4, PV = 96), elsewhere SW = 0; both outputs bit for bit."""
     from torch.profiler import ProfilerActivity, profile
 
-    from streamed_kernels import streamed_full_sweeps, streamed_group_width
+    from streamed_kernels import streamed_full_sweeps, streamed_group_width, streamed_partial_sweeps
 
     g = torch.Generator(device=DEV).manual_seed(SEED + 29 * L + H + B)
     h, a, gate, scale, shift = make(B, L, H, gen=g)
@@ -291,29 +295,32 @@ def test_streamed_group_width_by_default(B, L, H, group):
         assert_exact(h, a, gate, scale, shift)
         torch.cuda.synchronize()
     assert streamed_group_width(prof, "grln_streamed_rows") == group
-    assert streamed_full_sweeps(prof, "grln_streamed_rows") == (set() if group == 0 else {{1536: 3, 3072: 6}.get(H, 0)})
+    assert streamed_full_sweeps(prof, "grln_streamed_rows") == (
+        set() if group == 0 else {{1536: 3, 3072: 6, 2432: 4}.get(H, 0)})
+    assert streamed_partial_sweeps(prof, "grln_streamed_rows") == (set() if group == 0 else {{2432: 96}.get(H, 0)})
 
 
 def test_run_time_sweeps_variant():
-    """DIFUSE_LNMOD_FULL_SWEEPS=0 (read once per process): GRLN's streamed rows with staged rows at 1536 (one warp) and
-    3072 (two warps) on the run-time-sweep kernels (SW = 0, the form before the forty-sixth session): the same bits at
-    8192 rows (batch 2 and 1) and 4096, adversarial h, [B, H] rows 8-byte aligned; the profiler shows those kernels ran
-    and no full-sweep one (the default's test, test_streamed_group_width_by_default, checks SW = 3 and 6)."""
+    """DIFUSE_LNMOD_FULL_SWEEPS=0 (read once per process): GRLN's streamed rows with staged rows at 1536 (one warp),
+    3072 and 2432 (two warps) on the run-time-sweep kernels (SW = 0, the form before the forty-sixth session): the same
+    bits at 8192 rows (batch 2 and 1) and 4096, adversarial h, [B, H] rows 8-byte aligned; the profiler shows those
+    kernels ran and no full-sweep one (the default's test, test_streamed_group_width_by_default, checks SW = 3, 6 and
+    at 2432 SW = 4 with PV = 96)."""
     from knob_run import PLACE_ADVERSARIAL, PROFILE_START, assert_exact_under, every_kernel_ran, mismatch_script
 
     script = mismatch_script(
         PLACE_ADVERSARIAL +
         "g = torch.Generator(device='cuda').manual_seed(4150)\n"
         + PROFILE_START +
-        "for B, L, H in ((2, 4096, 1536), (1, 8192, 1536), (1, 4096, 3072)):\n"
+        "for B, L, H in ((2, 4096, 1536), (1, 8192, 1536), (1, 4096, 3072), (2, 4096, 2432)):\n"
         "    hh = place(torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16), 0)\n"
         "    aa = torch.randn(B, L, H, device='cuda', generator=g).to(torch.bfloat16)\n"
         "    m = (torch.randn(B, 6 * H, device='cuda', generator=g) * 0.5).to(torch.bfloat16).chunk(6, dim=1)\n"
         "    bad += count_mismatches(list(ops.gated_residual_layernorm_modulate(hh, aa, m[2], m[4], m[3], 1e-6)),\n"
         "                            list(ops.gated_residual_layernorm_modulate_eager(hh, aa, m[2], m[4], m[3], 1e-6)))\n"
-        + every_kernel_ran(["grln_streamed_rows<true, true, 32, 0>", "grln_streamed_rows<true, true, 64, 0>"],
-                           unwanted=["grln_streamed_rows<true, true, 32, 3>", "grln_streamed_rows<true, true, 32, 6>",
-                                     "grln_streamed_rows<true, true, 64, 6>"]))
+        + every_kernel_ran(["grln_streamed_rows<true, true, 32, 0, 0>", "grln_streamed_rows<true, true, 64, 0, 0>"],
+                           unwanted=["grln_streamed_rows<true, true, 32, 3, 0>", "grln_streamed_rows<true, true, 32, 6, 0>",
+                                     "grln_streamed_rows<true, true, 64, 6, 0>", "grln_streamed_rows<true, true, 64, 4, 96>"]))
     assert_exact_under(script, DIFUSE_LNMOD_FULL_SWEEPS="0")
 
 
