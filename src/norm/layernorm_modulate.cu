@@ -202,9 +202,12 @@
 // (`SASS_OPS_TEXT=1 SASS_OPS_RENAME='(grln_streamed_rowsILb[01]ELb[01]ELi[0-9]+ELi[0-9]+E)Li0EEEv=\1EEv'
 // scripts/sass-ops-diff.sh 726ca12 src/norm/layernorm_modulate.cu`: every GRLN kernel's name gains PV = 0). Predicted
 // from the 3072 kernel's -4 % on the H100: GRLN 2x4096x2432 67.6 -> ~65.5 us there at 94 SMs, 49.7 -> ~48 on the
-// H200 (the bound, 46.8, still out of reach). DIFUSE_LNMOD_FULL_SWEEPS=0 keeps the run-time kernel. Not yet run on a
-// GPU when written (test_streamed_group_width_by_default checks SW = 4 and PV = 96 at 2432, test_run_time_sweeps_variant
-// the knob, test_adversarial the values, test_streamed_variant's 2x37x2432 the ring under the streamed knobs).
+// H200 (the bound, 46.8, still out of reach). DIFUSE_LNMOD_FULL_SWEEPS=0 keeps the run-time kernel. Measured on an
+// H100 at 94 SMs at b4d4d1b (bench/results/h100/grln-partial-sweeps-b4d4d1b/, against the knob in the same build, two
+// alternated rounds): 68.1 -> 64.8 us (-4.8 %; scaled to the H200, 49.7 -> ~47.3); exact there
+// (test_gated_residual_layernorm_modulate.py, 261 passed: test_streamed_group_width_by_default checks SW = 4 and
+// PV = 96 at 2432, test_run_time_sweeps_variant the knob, test_adversarial the values at 2x4096x2432,
+// test_streamed_variant's 2x37x2432 the ring under the streamed knobs). Not yet on an H200.
 
 #include "norm/layernorm_modulate.h"
 
