@@ -8,7 +8,9 @@ so every call reads from HBM; each call's output is held for one rotation, so ou
 one had freed); and a busy-wait queued before each timed call so host launch latency never shows up as GPU time. Also counts mismatching elements (bit patterns)
 between difuse and eager on one input of each shape. Two references per shape move the same bytes in the same
 rotation: the driver's device-to-device copy (copy_us) and the fastest of libdifuse's streaming copy kernels
-(stream_us, src/probe/stream_copy.cu): what any kernel that only moves those bytes needs there.
+(stream_us, src/probe/stream_copy.cu): what any kernel that only moves those bytes needs there. Each record also
+names the kernels one fused call launched (`kernels`, from torch.profiler after the timings; since the forty-eighth
+session), so a time can be tied to the variant that made it.
 """
 from __future__ import annotations
 
@@ -448,6 +450,52 @@ def op_mismatches(fused, eager, args) -> int:
     return count_mismatches(_copied(fused(*args)), eager(*args))
 
 
+def kernel_label(name: str) -> str:
+    """A profiler kernel name without its return type, namespaces and parameter list: "void difuse::norm::(anonymous
+    namespace)::grln_streamed_rows<true, true, 64, 4, 96>(difuse::norm::(anonymous namespace)::Params, int, ...)"
+    becomes "grln_streamed_rows<true, true, 64, 4, 96>"; template arguments are kept whole. Names that are not a
+    kernel's demangled signature (no "void " first: a memcpy, an undemangled name) are kept as they are."""
+    if not name.startswith("void "):
+        return name
+    depth, end = 0, len(name)
+    for i, ch in enumerate(name):  # the parameter list: the first '(' outside the template arguments
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif ch == "(" and depth == 0 and not name.startswith("(anonymous", i):
+            end = i
+            break
+    head = name[len("void "):end].strip()
+    depth, cut = 0, 0
+    for i, ch in enumerate(head):  # the last '::' outside the template arguments
+        if ch == "<":
+            depth += 1
+        elif ch == ">":
+            depth -= 1
+        elif depth == 0 and head.startswith("::", i):
+            cut = i + 2
+    return head[cut:]
+
+
+def launched_kernels(torch, fn, args):
+    """The labels (kernel_label) of the CUDA kernels one call fn(*args) launches, sorted, from torch.profiler, after
+    the shape's timings: which of an op's kernels the timed default ran. Forty-eighth session: four H100s timed one
+    build's defaults, two at the knob-off kernels' times, and nothing recorded which kernel had run. None (with a
+    line on stderr) where the profiler fails."""
+    try:
+        from torch.profiler import ProfilerActivity, profile
+
+        with profile(activities=[ProfilerActivity.CUDA]) as prof:
+            fn(*args)
+            torch.cuda.synchronize()
+        names = {e.name for e in prof.events() if str(getattr(e, "device_type", "")).endswith("CUDA")}
+        return sorted({kernel_label(n) for n in names if n})
+    except Exception as e:  # the record is still made, without the names
+        print("launched_kernels: the profiler failed (%s); no kernel names in this record" % e, file=sys.stderr)
+        return None
+
+
 def _copied(out):
     """A copy of an op's result (a tensor, or a tuple / list of them)."""
     if isinstance(out, (tuple, list)):
@@ -701,6 +749,7 @@ def _run_ops(args, torch, specs, peer, peer_name, gpu, l2, command, partition) -
             copy_us = copy_time_us(nbytes, sets, args.reps)
             stream_us, stream_variant = (None, None) if getattr(args, "no_stream", False) else \
                 stream_time_us(nbytes, sets, args.reps)
+            kernels = launched_kernels(torch, fused, inputs[0])
             rec = dict(op=name, variant=spec["variant"](chunks), shape=list(shape), bytes=nbytes,
                        floor_us=round(floor_us, 3), copy_us=round(copy_us, 3), stream_us=None if stream_us is None else round(stream_us, 3),
                        stream_variant=stream_variant, eager_us=round(eager_us, 3),
@@ -710,7 +759,7 @@ def _run_ops(args, torch, specs, peer, peer_name, gpu, l2, command, partition) -
                        x_stream=None if stream_us is None else round(difuse_us / stream_us, 2),
                        speedup_vs_eager=round(eager_us / difuse_us, 2), mismatches=mism, git_sha=git_sha(),
                        command=command, torch=torch.__version__, gpu=gpu, copy_bw_tbs=round(bw / 1e12, 3),
-                       input_sets=sets, outputs_rotated=True, reps=args.reps, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       input_sets=sets, outputs_rotated=True, reps=args.reps, kernels=kernels, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        **partition)
             records.append(rec)
             print("%-20s %14s %8.1f %9.1f %9.1f %9s %9.1f %9.1f %9s %7.0f%% %8s %8.2f %10d" % (
