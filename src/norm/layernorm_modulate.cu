@@ -196,9 +196,9 @@
 // partial last sweep after SW full ones, makes V and the trip counts constants; the four full sweeps go untested, the
 // fifth keeps the run-time kernel's `vi < V` test (`(SW > 0 && (PV == 0 || k < SW)) || vi < V`, which is the old
 // `SW > 0 || vi < V` at PV = 0). The same operations in the same order per slot. 60 registers (as the run-time
-// kernel), no spill; the residual loop (207 SASS instructions per two sweeps, three times a row) becomes straight
-// line, the row loop 1150 -> 1447 static instructions with the epilogue loop 124 -> 115 per two sweeps (scripts/
-// sass-loops.sh): estimated ~1,810 -> ~1,680 instructions a row (-7 %). The other 84 kernels' SASS unchanged
+// kernel), no spill; the row's two inner loops, the residual one (207 SASS instructions per two sweeps) and the
+// epilogue (124), each run three times a row, become straight line: the row loop 1150 static instructions (inner
+// loops once) -> 1447 with none (scripts/sass-loops.sh), estimated ~1,810 -> ~1,450 instructions a row (-20 %). The other 84 kernels' SASS unchanged
 // (`SASS_OPS_TEXT=1 SASS_OPS_RENAME='(grln_streamed_rowsILb[01]ELb[01]ELi[0-9]+ELi[0-9]+E)Li0EEEv=\1EEv'
 // scripts/sass-ops-diff.sh 726ca12 src/norm/layernorm_modulate.cu`: every GRLN kernel's name gains PV = 0). Predicted
 // from the 3072 kernel's -4 % on the H100: GRLN 2x4096x2432 67.6 -> ~65.5 us there at 94 SMs, 49.7 -> ~48 on the
