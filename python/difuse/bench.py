@@ -9,8 +9,8 @@ one had freed); and a busy-wait queued before each timed call so host launch lat
 between difuse and eager on one input of each shape. Two references per shape move the same bytes in the same
 rotation: the driver's device-to-device copy (copy_us) and the fastest of libdifuse's streaming copy kernels
 (stream_us, src/probe/stream_copy.cu): what any kernel that only moves those bytes needs there. Each record also
-names the kernels one fused call launched (`kernels`, from torch.profiler after the timings; since the forty-eighth
-session), so a time can be tied to the variant that made it.
+names the kernels one fused call launched (`kernels`, from torch.profiler after all of the run's timings, one call on a
+fresh input of the record's shape; since the forty-eighth session), so a time can be tied to the variant that made it.
 """
 from __future__ import annotations
 
@@ -479,8 +479,9 @@ def kernel_label(name: str) -> str:
 
 
 def launched_kernels(torch, fn, args):
-    """The labels (kernel_label) of the CUDA kernels one call fn(*args) launches, sorted, from torch.profiler, after
-    the shape's timings: which of an op's kernels the timed default ran. Forty-eighth session: four H100s timed one
+    """The labels (kernel_label) of the CUDA kernels one call fn(*args) launches, sorted, from torch.profiler (bench
+    ops calls it after all its timings, on a fresh input of each record's shape): which of an op's kernels the timed
+    default ran. Forty-eighth session: four H100s timed one
     build's defaults, two at the knob-off kernels' times, and nothing recorded which kernel had run. None (with a
     line on stderr) where the profiler fails."""
     try:
@@ -714,6 +715,7 @@ def _run_ops(args, torch, specs, peer, peer_name, gpu, l2, command, partition) -
           "table and the streamed norms' defaults read); git %s"
           % (gpu, torch.__version__, bw / 1e12, l2 >> 20, per_sm_cycle, git_sha()[:12]))
     records = []
+    profiled = []  # (record, fused, make, shape, chunks): the kernels of each record's call, named after every timing
     g = torch.Generator(device="cuda").manual_seed(0)
     for name, spec in specs.items():
         if args.op and name not in args.op:
@@ -749,7 +751,6 @@ def _run_ops(args, torch, specs, peer, peer_name, gpu, l2, command, partition) -
             copy_us = copy_time_us(nbytes, sets, args.reps)
             stream_us, stream_variant = (None, None) if getattr(args, "no_stream", False) else \
                 stream_time_us(nbytes, sets, args.reps)
-            kernels = launched_kernels(torch, fused, inputs[0])
             rec = dict(op=name, variant=spec["variant"](chunks), shape=list(shape), bytes=nbytes,
                        floor_us=round(floor_us, 3), copy_us=round(copy_us, 3), stream_us=None if stream_us is None else round(stream_us, 3),
                        stream_variant=stream_variant, eager_us=round(eager_us, 3),
@@ -759,9 +760,10 @@ def _run_ops(args, torch, specs, peer, peer_name, gpu, l2, command, partition) -
                        x_stream=None if stream_us is None else round(difuse_us / stream_us, 2),
                        speedup_vs_eager=round(eager_us / difuse_us, 2), mismatches=mism, git_sha=git_sha(),
                        command=command, torch=torch.__version__, gpu=gpu, copy_bw_tbs=round(bw / 1e12, 3),
-                       input_sets=sets, outputs_rotated=True, reps=args.reps, kernels=kernels, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
+                       input_sets=sets, outputs_rotated=True, reps=args.reps, kernels=None, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        **partition)
             records.append(rec)
+            profiled.append((rec, fused, spec["make"], shape, chunks))
             print("%-20s %14s %8.1f %9.1f %9.1f %9s %9.1f %9.1f %9s %7.0f%% %8s %8.2f %10d" % (
                 "x".join(map(str, shape)), rec["variant"], nbytes / 1e6, floor_us, copy_us,
                 "-" if stream_us is None else "%.1f" % stream_us, eager_us, difuse_us,
@@ -769,6 +771,13 @@ def _run_ops(args, torch, specs, peer, peer_name, gpu, l2, command, partition) -
                 "-" if stream_us is None else "%.2f" % rec["x_stream"], rec["speedup_vs_eager"], mism))
             del inputs
             torch.cuda.empty_cache()
+    # Which kernels each timed call ran (`kernels`): one profiled call per record on a fresh input of its shape, after
+    # all the timings, so the profiler's setup touches no timed call.
+    for rec, fused, make, shape, chunks in profiled:
+        args1 = make(torch, shape, chunks, g)
+        rec["kernels"] = launched_kernels(torch, fused, args1)
+        del args1
+    torch.cuda.empty_cache()
     from . import targets
 
     text, met, judged = targets.table(records)
