@@ -773,10 +773,15 @@ def _run_ops(args, torch, specs, peer, peer_name, gpu, l2, command, partition) -
             torch.cuda.empty_cache()
     # Which kernels each timed call ran (`kernels`): one profiled call per record on a fresh input of its shape, after
     # all the timings, so the profiler's setup touches no timed call.
+    if profiled:
+        print("\nkernels one call of each launched (profiled after every timing above):")
     for rec, fused, make, shape, chunks in profiled:
         args1 = make(torch, shape, chunks, g)
         rec["kernels"] = launched_kernels(torch, fused, args1)
         del args1
+        # the shape first, so device-check's sweep stage (which keeps lines starting with a shape) shows it too
+        print("%s %s %s: %s" % ("x".join(map(str, shape)), rec["variant"], rec["op"],
+                               "(profiler failed)" if rec["kernels"] is None else ", ".join(rec["kernels"])))
     torch.cuda.empty_cache()
     from . import targets
 
