@@ -951,6 +951,16 @@ __device__ __forceinline__ RowStats stream_row_reduce(VecWelford (&st)[StreamRow
   return stats;
 }
 
+// The compile-time row shape of the full-sweep kernels (SW > 0): SW full sweeps of kAtenThreads vectors, then (PV > 0)
+// one partial sweep of PV vectors (GRLN at 2432: SW = 4, PV = 96). SW = 0: the run-time kernels (V and sweeps from p).
+template <int SW, int PV>
+constexpr int kSweepRowV = SW * kAtenThreads + PV;
+template <int SW, int PV>
+constexpr int kSweepCount = SW + (PV > 0 ? 1 : 0);
+// The kernels' vector tests stay written out, `(SW > 0 && (PV == 0 || k < SW)) || vi < V` (the old `SW > 0 || vi < V`
+// at PV = 0): the same expression as a __forceinline__ helper changed the SASS of the run-time GRLN kernels too
+// (scripts/sass-ops-diff.sh, forty-eighth session), kernels verified on GPUs in their present form.
+
 // A streamed consumer group's row statistics from its slot sx (V vectors of 4 bf16; two warps, the paired map): the
 // Welford pushes with the count set after them (the staged kernel's kCountAfter loop), then stream_row_reduce:
 // aten's tree (equal-count weights from the host where tree.uniform), the warp roots in `roots` and one thread's
@@ -964,9 +974,9 @@ __device__ __forceinline__ RowStats stream_row_stats(const uint2* sx, int i, int
   using Map = StreamRowMap<G>;
   constexpr int A = Map::kSlots;
   // full sweeps: every vector of the SW sweeps exists; PV > 0: then one partial sweep of PV vectors (tested)
-  if constexpr (SW > 0) V = SW * kAtenThreads + PV, sweeps = SW + (PV > 0 ? 1 : 0);
+  if constexpr (SW > 0) V = kSweepRowV<SW, PV>, sweeps = kSweepCount<SW, PV>;
   VecWelford st[A];
-#pragma unroll (SW > 0 ? SW + (PV > 0 ? 1 : 0) : 2)
+#pragma unroll (SW > 0 ? kSweepCount<SW, PV> : 2)
   for (int k = 0; k < sweeps; ++k) {
     const float* r = c_rcp.v + 4 * k;
     const int vi = Map::aten_thread(i, 0) + kAtenThreads * k;
@@ -1003,7 +1013,7 @@ __device__ __forceinline__ void stream_bf16_epilogue(const uint2* sx, int i, int
   using Map = StreamRowMap<G>;
   constexpr int KB = 2;
   // full sweeps: no vector test; PV > 0: then one partial sweep of PV vectors, tested
-  if constexpr (SW > 0) V = SW * kAtenThreads + PV, sweeps = SW + (PV > 0 ? 1 : 0);
+  if constexpr (SW > 0) V = kSweepRowV<SW, PV>, sweeps = kSweepCount<SW, PV>;
   auto pair_epilogue = [&](const int jp) {  // slots jp, jp + 1 (G = 32: 0 and 2)
     for (int k0 = 0; k0 < sweeps; k0 += KB) {
       uint4 w[KB], sc[KB], sh[KB];
@@ -1091,8 +1101,8 @@ __global__ void __launch_bounds__(32 + 64 * kStreamMaxGroups, 1) grln_streamed_r
   __shared__ RowStats stats[kGroups];
 
   const int tid = static_cast<int>(threadIdx.x);
-  const int V = SW > 0 ? SW * kAtenThreads + PV : p.v;  // SW (and PV): the launcher's p.v, as a constant
-  const int sweeps = SW > 0 ? SW + (PV > 0 ? 1 : 0) : (V + kAtenThreads - 1) / kAtenThreads;
+  const int V = SW > 0 ? kSweepRowV<SW, PV> : p.v;  // SW (and PV): the launcher's p.v, as a constant
+  const int sweeps = SW > 0 ? kSweepCount<SW, PV> : (V + kAtenThreads - 1) / kAtenThreads;
   const uint32_t row_bytes = static_cast<uint32_t>(p.h) * 2u;
   uint2* const mod = reinterpret_cast<uint2*>(ring_smem);
   const int64_t batches = SMOD ? p.rows / p.seq : 0;
@@ -1536,7 +1546,7 @@ inline int full_sweeps_for(int64_t v, bool smod) {
 // partial fifth of 96 vectors (grln_streamed_rows<true, true, 64, 4, 96>): SD3.5-large's H = 2432, V = 608 (forty-eighth
 // session), unless DIFUSE_LNMOD_FULL_SWEEPS=0. The first four sweeps untested, the fifth tested as in the run-time
 // kernel; the same operations in the same order per slot.
-inline bool partial_sweeps_2432(int64_t v) { return v == 4 * kAtenThreads + 96 && full_sweeps_knob(); }
+inline bool partial_sweeps_2432(int64_t v) { return v == kSweepRowV<4, 96> && full_sweeps_knob(); }
 
 // f(std::integral_constant<int, SW>{}) for SW = 0, 3 or 6 (any other count: 0): the run-time count becomes the
 // kernel's template argument (the one-warp rows').
