@@ -61,7 +61,8 @@
 // DIFUSE_RMSMOD_PIPELINED=1 runs the staged rows on a grid of the resident blocks with two buffers per warp, the
 // next row's copies in flight during the current row's passes: exact at 5d35cbc and slower (1x4096x3072 29.3 vs
 // 22.4 us, knob-sweeps/5d35cbc/); kept for measurement only. Streamed rows (eighteenth session; the default for
-// the plain form at N > 3072 and >= 4096 rows, DIFUSE_RMSMOD_STREAMED=G everywhere, =0 never): the same rows on the
+// the plain form at N > 3072 and >= 4096 rows, and since the fiftieth session for both forms from 4096 rows where
+// the full-width kernel runs, below; DIFUSE_RMSMOD_STREAMED=G everywhere, =0 never): the same rows on the
 // streamed schedule (norm/stream_rows.cuh: a producer warp bulk-copies each row into a ring of slots, G consumer
 // warps compute; rms_norm_modulate_streamed): exact through its knob at e831f9c (gpu-tests-e831f9c.json: this file's
 // tests) and as the default at a140ba1 (gpu-tests-a140ba1.json; the default-choice and knob-off tests at 83f6b5f,
@@ -136,6 +137,16 @@
 // measured, is that these staged rows wait on memory, not on issue; ncu would say). Kept: no slower, fewer registers.
 // Exact there (test_staged_width_by_default, test_run_time_width_variant among the 1,360 norm tests passed at 4e080ff;
 // DIFUSE_RMSMOD_FULL_WIDTH=0 keeps the VN = 0 kernels).
+// Fiftieth session: the full-width streamed kernels by default from 4096 rows (kRmsStreamFullWidthMinRows,
+// rms_streamed_by_default's full_width), where 8192 rows were needed before. On an H100 at 94 SMs at 2b64b30
+// (bench/results/h100/knob-sweeps-2b64b30/, DIFUSE_RMSMOD_STREAMED=1 against the default of the same build, alternated
+// twice) the streamed rows beat the staged ones wherever the full-width kernel runs: rms_norm_modulate 1x4096x3072 ltx2
+// 26.8 -> 23.8 us (-11 %), 4096x1x3072 ernie 29.9 -> 24.7 (-18 %), the residual form 1x4096x3072 ltx2 44.9 -> 42.4
+// (-6 %); without it they lost (per-token rows, 252 rows) and those keep their kernels. Host dispatch only: no kernel's
+// code changed. This file's 405 GPU tests passed with every call on the streamed rows (DIFUSE_RMSMOD_STREAMED=1; the 11
+// failures were the default-choice tests, which name the kernel the knob replaces: gpu-tests-rmsmod-streamed-knob.json).
+// Predicted on the H200 from the ratios: GRRMS 1x4096x3072 30.6 -> ~28.9 us (bound 29.5), rms_norm_modulate
+// 1x4096x3072 19.1 -> ~17 (15.0), 4096x1x3072 22.2 -> ~18.3 (15.8). Not yet run on an H200.
 //
 // Verification status: bit-exact on the H200 at 5f8295d (torch 2.11.0+cu130, sm_90; its RowIndexers take the
 // 32-bit FastDivU32 path):
@@ -542,7 +553,8 @@ void launch_staged_pipelined(const Params& p, int max_blocks, int device, cudaSt
   kernel<<<static_cast<unsigned>(blocks), kThreads, bytes, stream>>>(p);
 }
 
-// STREAMED rows (the plain form's default at N > 3072 and >= 4096 rows; DIFUSE_RMSMOD_STREAMED=G, see launch):
+// STREAMED rows (the plain form's default at N > 3072 and >= 4096 rows, both forms' with staged modulation rows from
+// 8192 rows, or from 4096 at the full-width kernels' N; DIFUSE_RMSMOD_STREAMED=G, see launch):
 // GRLN's streamed schedule (norm/stream_rows.cuh) for these rows. One block per SM;
 // warp 0's lane 0 bulk-copies each row's x (h for the residual form) into a ring slot; G consumer warps run
 // two_pass_row's staged arithmetic from the slot, one row at a time, unchanged (the residual form's a and gate, and
@@ -567,6 +579,15 @@ constexpr int64_t kRmsStreamMinRows = 4096;
 // them; the residual form 4352x2x3072 66.6 vs 69.5, 2x6144x4096 116.9 vs 122.9. At 4096 rows they lose (1x4096x3072
 // 19.4 vs 18.9 staged, the residual form 33.6 vs 32.4): the threshold lies between 4096 and 8704 measured rows.
 constexpr int64_t kRmsStreamSmodMinRows = 8192;
+// Fiftieth session: where the streamed kernel with staged rows is compiled for the rows' width (full_width_for: VN =
+// 768 at N = 3072, both forms; the residual form's 1024 at 4096; forty-sixth and forty-seventh sessions), it wins from
+// 4096 rows too. H100 at 94 SMs at 2b64b30 (bench/results/h100/rmsmod-streamed-2b64b30/, DIFUSE_RMSMOD_STREAMED=1
+// against the default of the same build, alternated twice): rms_norm_modulate 1x4096x3072 ltx2 26.7 / 26.8 us staged
+// -> 23.7 / 23.8 streamed, 4096x1x3072 ernie 30.0 / 29.8 -> 24.7 / 24.6, the residual form 1x4096x3072 ltx2 44.8 /
+// 44.9 / 45.0 -> 42.6 / 42.6 / 42.0. The e7993bf loss at 4096 rows (above) was the run-time-width kernel. Without the
+// full-width kernel (per-token rows: ernie_tokens 4352x1x3072 43.7 -> 44.5, the residual form 73.2 -> 77.0) and at
+// 252 rows (2x126x2048: 7.9 -> 8.3) the streamed rows still lose, and those keep their kernels. Not yet timed on an H200.
+constexpr int64_t kRmsStreamFullWidthMinRows = 4096;
 
 // SMOD (eighteenth session; the default since the nineteenth wherever stream_mod_rows allows it): the block's weight
 // row and its at most two distinct scale, shift (and gate) rows are copied into shared memory once, behind the ring
@@ -849,7 +870,8 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   // the default of the same run: 1x6144x4096 ltx2_tokens 55.8 us on 24 warps vs 65.4 two-pass, 2x6144x4096 ltx2 69.8
   // vs 75.2; without staged modulation rows it lost where the staged rows run, 1x4096x3072 22.5 vs 18.9, 4352x2x3072
   // 42.8 vs 40.8, and so did the residual form everywhere, 2x6144x4096 139.7 vs 123.6 on 16 warps), and both forms for
-  // at least kRmsStreamSmodMinRows rows with staged modulation rows (SMOD), since the nineteenth. DIFUSE_RMSMOD_STREAMED=G
+  // at least kRmsStreamSmodMinRows rows with staged modulation rows (SMOD), since the nineteenth, and from
+  // kRmsStreamFullWidthMinRows such rows where the full-width kernel runs (full_width_for), since the fiftieth. DIFUSE_RMSMOD_STREAMED=G
   // everywhere it can run (G consumer warps; 1: kRmsStreamDefaultWarps), =0 nowhere.
   static const int streamed_knob = detail::env_knob_or("DIFUSE_RMSMOD_STREAMED", -1);
   static const int stream_smod = detail::env_knob_or("DIFUSE_RMSMOD_STREAM_SMOD", -1);
@@ -858,8 +880,10 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   const bool other_kernel_knob = staged >= 0 || pipelined != 0 || one_pass == 1 || rows_per_warp >= 2 ||
                                  (RESIDUAL && residual_half >= 0);
   const int streamed = streamed_knob >= 0                                                       ? streamed_knob
-                       : !other_kernel_knob && rms_streamed_by_default(RESIDUAL, p.n, p.rows, smod) ? 1
-                                                                                                  : 0;
+                       : !other_kernel_knob &&
+                               rms_streamed_by_default(RESIDUAL, p.n, p.rows, smod, full_width_for(p, RESIDUAL) != 0)
+                           ? 1
+                           : 0;
   if (streamed > 0 && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
       p.n % 8 == 0 && detail::aligned(p.x, 16) && (!RESIDUAL || p.a_rows16)) {  // whole rows bulk-copied
     if (smod ? with_chain(p, [&](auto chain) {
@@ -923,8 +947,9 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
 
 }  // namespace
 
-bool rms_streamed_by_default(bool residual, int64_t n, int64_t rows, bool staged_mod_rows) {
+bool rms_streamed_by_default(bool residual, int64_t n, int64_t rows, bool staged_mod_rows, bool full_width) {
   if (staged_mod_rows && rows >= kRmsStreamSmodMinRows) return true;
+  if (staged_mod_rows && full_width && rows >= kRmsStreamFullWidthMinRows) return true;
   return !residual && n > 3072 && rows >= kRmsStreamMinRows;
 }
 

@@ -259,24 +259,29 @@ TEST(RmsModulateSchedule, QuarterBatchesOnlyWhereTheySaveAWave) {
   EXPECT_FALSE(residual_quarter_batches(true, 1088, 0, 8 * 132));
 }
 
-// The streamed rows by default: >= 8192 rows with staged modulation rows (both forms, any width), or the plain form's
-// >= 4096 rows wider than 3072; the bench's site shapes on either side.
+// The streamed rows by default: >= 8192 rows with staged modulation rows (both forms, any width), >= 4096 such rows
+// where the streamed kernel is compiled for their width (full_width: N = 3072, the residual form's 4096), or the plain
+// form's >= 4096 rows wider than 3072; the bench's site shapes on either side.
 TEST(RmsModulateSchedule, StreamedRowsByDefault) {
   using difuse::norm::rms_streamed_by_default;
-  EXPECT_TRUE(rms_streamed_by_default(false, 3072, 4352 * 2, true));    // ERNIE 4352x2x3072
-  EXPECT_TRUE(rms_streamed_by_default(true, 3072, 4352 * 2, true));     // its residual form
-  EXPECT_TRUE(rms_streamed_by_default(true, 4096, 2 * 6144, true));     // LTX-2 2x6144x4096, residual
-  EXPECT_TRUE(rms_streamed_by_default(false, 4096, 6144, false));       // 1x6144x4096 per-token rows
-  EXPECT_TRUE(rms_streamed_by_default(false, 4096, 4096, false));       // ERNIE's layout at 4096
-  EXPECT_FALSE(rms_streamed_by_default(false, 3072, 4096, true));       // LTX-2 1x4096x3072: the staged rows
-  EXPECT_FALSE(rms_streamed_by_default(true, 3072, 4096, true));
-  EXPECT_FALSE(rms_streamed_by_default(false, 3072, 4352, false));      // ernie_tokens: per-token rows
-  EXPECT_FALSE(rms_streamed_by_default(true, 3072, 4352, false));
-  EXPECT_FALSE(rms_streamed_by_default(true, 4096, 2 * 6144, false));   // the residual form, rows not staged
-  EXPECT_FALSE(rms_streamed_by_default(false, 3072, 8191, true));
-  EXPECT_TRUE(rms_streamed_by_default(false, 3072, 8192, true));
-  EXPECT_FALSE(rms_streamed_by_default(false, 4096, 4095, false));
-  EXPECT_FALSE(rms_streamed_by_default(false, 2048, 252, true));        // 2x126x2048
+  EXPECT_TRUE(rms_streamed_by_default(false, 3072, 4352 * 2, true, true));   // ERNIE 4352x2x3072
+  EXPECT_TRUE(rms_streamed_by_default(true, 3072, 4352 * 2, true, true));    // its residual form
+  EXPECT_TRUE(rms_streamed_by_default(false, 3072, 4352 * 2, true, false));  // ... under DIFUSE_RMSMOD_FULL_WIDTH=0
+  EXPECT_TRUE(rms_streamed_by_default(true, 4096, 2 * 6144, true, true));    // LTX-2 2x6144x4096, residual
+  EXPECT_TRUE(rms_streamed_by_default(false, 4096, 6144, false, false));     // 1x6144x4096 per-token rows
+  EXPECT_TRUE(rms_streamed_by_default(false, 4096, 4096, false, false));     // ERNIE's layout at 4096
+  EXPECT_TRUE(rms_streamed_by_default(false, 3072, 4096, true, true));       // LTX-2 1x4096x3072, ERNIE 4096x1x3072
+  EXPECT_TRUE(rms_streamed_by_default(true, 3072, 4096, true, true));        // GRRMS LTX-2 1x4096x3072
+  EXPECT_FALSE(rms_streamed_by_default(false, 3072, 4096, true, false));     // ... the run-time width: staged rows
+  EXPECT_FALSE(rms_streamed_by_default(true, 3072, 4096, true, false));
+  EXPECT_FALSE(rms_streamed_by_default(true, 3072, 4095, true, true));       // fewer rows than measured
+  EXPECT_FALSE(rms_streamed_by_default(false, 3072, 4352, false, false));    // ernie_tokens: per-token rows
+  EXPECT_FALSE(rms_streamed_by_default(true, 3072, 4352, false, false));
+  EXPECT_FALSE(rms_streamed_by_default(true, 4096, 2 * 6144, false, false)); // the residual form, rows not staged
+  EXPECT_FALSE(rms_streamed_by_default(false, 3072, 8191, true, false));
+  EXPECT_TRUE(rms_streamed_by_default(false, 3072, 8192, true, false));
+  EXPECT_FALSE(rms_streamed_by_default(false, 4096, 4095, false, false));
+  EXPECT_FALSE(rms_streamed_by_default(false, 2048, 252, true, false));      // 2x126x2048
 }
 
 // The streamed kernel stages a modulation role in shared memory only where its rows take at most two offsets.

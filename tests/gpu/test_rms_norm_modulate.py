@@ -566,12 +566,16 @@ def _profiled_exact(inputs, residual):
     ((1, 4096, 8160), "ltx2", False, "true"), ((4096, 1, 4096), "ernie", False, "true"),
     ((4352, 2, 3072), "ernie", False, "true"), ((2, 6144, 4096), "ltx2", True, "true"),
     ((4352, 2, 3072), "ernie", True, "true"), ((1, 4095, 4096), "ltx2", False, None),
-    ((1, 4096, 3072), "ltx2", False, None), ((1, 4096, 3072), "ltx2", True, None),
+    ((1, 4096, 3072), "ltx2", False, "true"), ((1, 4096, 3072), "ltx2", True, "true"),
+    ((4096, 1, 3072), "ernie", False, "true"), ((1, 4095, 3072), "ltx2", False, None),
+    ((1, 4095, 3072), "ltx2", True, None),
     ((4352, 1, 3072), "ernie_tokens", False, None), ((4352, 1, 3072), "ernie_tokens", True, None),
     ((1, 4096, 4100), "ltx2", False, None)], ids=str)
 def test_streamed_by_default(shape, variant, residual, smod):
     """The default (no knob): the streamed rows for >= 8192 rows whose weight and modulation rows the block stages
-    (SMOD: at most two distinct rows per role; nineteenth session), both forms, and the plain form's >= 4096 rows
+    (SMOD: at most two distinct rows per role; nineteenth session), both forms, for >= 4096 such rows where the
+    streamed kernel is compiled for their width (N = 3072 both forms, the residual form's 4096: LTX-2's 1x4096x3072,
+    ERNIE's 4096x1x3072; fiftieth session), and the plain form's >= 4096 rows
     wider than 3072 (eighteenth session; SMOD where the rows allow it), N % 8 == 0, x 16-byte aligned; fewer rows,
     per-token rows at N <= 3072, the residual form's per-token rows and N % 8 != 0 keep their kernels. The profiler
     shows which ran (RESIDUAL and SMOD of rms_norm_modulate_streamed; None: no streamed kernel); each output bit for
@@ -634,11 +638,12 @@ def test_run_time_width_variant():
 
 
 @pytest.mark.parametrize("shape,variant,residual,weight,half,vn", [
-    ((1, 4096, 3072), "ltx2", True, False, "4", "768"), ((1, 4096, 3072), "ltx2", True, True, "4", "768"),
-    ((4352, 1, 3072), "ernie_tokens", True, True, None, "768"), ((1, 4096, 3072), "ltx2", False, False, "4", "0"),
+    ((1, 4095, 3072), "ltx2", True, False, "4", "768"), ((1, 4095, 3072), "ltx2", True, True, "4", "768"),
+    ((4352, 1, 3072), "ernie_tokens", True, True, None, "768"), ((1, 4095, 3072), "ltx2", False, False, "4", "0"),
     ((1, 4096, 2048), "ltx2", True, False, "4", "0")], ids=str)
 def test_staged_width_by_default(shape, variant, residual, weight, half, vn):
-    """The default (no knob): the residual form's staged rows (fewer than 8192 rows at N <= 3072, 8-byte rows) at
+    """The default (no knob): the residual form's staged rows (fewer than 4096 rows at N = 3072 with [B, H] modulation
+    rows, since the fiftieth session; per-token rows at any count; 8-byte rows) at
     N = 3072 run the kernel with no per-vector test (rms_norm_modulate_staged<true, true, HALF, CHAIN, 768>, its loops
     rolled as at VN = 0; forty-seventh session), LTX-2's and ERNIE's per-token layout (HALF by the wave rule: any),
     with and without weight; the plain form (its V = 768 kernel ran slower on an H100 and was dropped) and other
