@@ -62,7 +62,7 @@
 // next row's copies in flight during the current row's passes: exact at 5d35cbc and slower (1x4096x3072 29.3 vs
 // 22.4 us, knob-sweeps/5d35cbc/); kept for measurement only. Streamed rows (eighteenth session; the default for
 // the plain form at N > 3072 and >= 4096 rows, and since the fiftieth session for both forms from 4096 rows where
-// the full-width kernel runs, below; DIFUSE_RMSMOD_STREAMED=G everywhere, =0 never): the same rows on the
+// the full-width kernel at N = 3072 runs, below; DIFUSE_RMSMOD_STREAMED=G everywhere, =0 never): the same rows on the
 // streamed schedule (norm/stream_rows.cuh: a producer warp bulk-copies each row into a ring of slots, G consumer
 // warps compute; rms_norm_modulate_streamed): exact through its knob at e831f9c (gpu-tests-e831f9c.json: this file's
 // tests) and as the default at a140ba1 (gpu-tests-a140ba1.json; the default-choice and knob-off tests at 83f6b5f,
@@ -137,8 +137,8 @@
 // measured, is that these staged rows wait on memory, not on issue; ncu would say). Kept: no slower, fewer registers.
 // Exact there (test_staged_width_by_default, test_run_time_width_variant among the 1,360 norm tests passed at 4e080ff;
 // DIFUSE_RMSMOD_FULL_WIDTH=0 keeps the VN = 0 kernels).
-// Fiftieth session: the full-width streamed kernels by default from 4096 rows (kRmsStreamFullWidthMinRows,
-// rms_streamed_by_default's full_width), where 8192 rows were needed before. On an H100 at 94 SMs at 2b64b30
+// Fiftieth session: the full-width streamed kernels at N = 3072 (VN = 768) by default from 4096 rows
+// (kRmsStreamFullWidthMinRows, rms_streamed_by_default's full_width_v), where 8192 rows were needed before. On an H100 at 94 SMs at 2b64b30
 // (bench/results/h100/knob-sweeps-2b64b30/, DIFUSE_RMSMOD_STREAMED=1 against the default of the same build, alternated
 // twice) the streamed rows beat the staged ones wherever the full-width kernel runs: rms_norm_modulate 1x4096x3072 ltx2
 // 26.8 -> 23.8 us (-11 %), 4096x1x3072 ernie 29.9 -> 24.7 (-18 %), the residual form 1x4096x3072 ltx2 44.9 -> 42.4
@@ -554,7 +554,7 @@ void launch_staged_pipelined(const Params& p, int max_blocks, int device, cudaSt
 }
 
 // STREAMED rows (the plain form's default at N > 3072 and >= 4096 rows, both forms' with staged modulation rows from
-// 8192 rows, or from 4096 at the full-width kernels' N; DIFUSE_RMSMOD_STREAMED=G, see launch):
+// 8192 rows, or from 4096 at N = 3072 (the full-width kernel); DIFUSE_RMSMOD_STREAMED=G, see launch):
 // GRLN's streamed schedule (norm/stream_rows.cuh) for these rows. One block per SM;
 // warp 0's lane 0 bulk-copies each row's x (h for the residual form) into a ring slot; G consumer warps run
 // two_pass_row's staged arithmetic from the slot, one row at a time, unchanged (the residual form's a and gate, and
@@ -579,14 +579,11 @@ constexpr int64_t kRmsStreamMinRows = 4096;
 // them; the residual form 4352x2x3072 66.6 vs 69.5, 2x6144x4096 116.9 vs 122.9. At 4096 rows they lose (1x4096x3072
 // 19.4 vs 18.9 staged, the residual form 33.6 vs 32.4): the threshold lies between 4096 and 8704 measured rows.
 constexpr int64_t kRmsStreamSmodMinRows = 8192;
-// Fiftieth session: where the streamed kernel with staged rows is compiled for the rows' width (full_width_for: VN =
-// 768 at N = 3072, both forms; the residual form's 1024 at 4096; forty-sixth and forty-seventh sessions), it wins from
-// 4096 rows too. H100 at 94 SMs at 2b64b30 (bench/results/h100/rmsmod-streamed-2b64b30/, DIFUSE_RMSMOD_STREAMED=1
-// against the default of the same build, alternated twice): rms_norm_modulate 1x4096x3072 ltx2 26.7 / 26.8 us staged
-// -> 23.7 / 23.8 streamed, 4096x1x3072 ernie 30.0 / 29.8 -> 24.7 / 24.6, the residual form 1x4096x3072 ltx2 44.8 /
-// 44.9 / 45.0 -> 42.6 / 42.6 / 42.0. The e7993bf loss at 4096 rows (above) was the run-time-width kernel. Without the
-// full-width kernel (per-token rows: ernie_tokens 4352x1x3072 43.7 -> 44.5, the residual form 73.2 -> 77.0) and at
-// 252 rows (2x126x2048: 7.9 -> 8.3) the streamed rows still lose, and those keep their kernels. Not yet timed on an H200.
+// Fiftieth session: where the streamed kernel with staged rows is compiled for N = 3072 (full_width_for's VN = 768,
+// both forms; forty-sixth session), it wins from 4096 rows too (numbers in the file's contract above; H100 at 94 SMs,
+// bench/results/h100/knob-sweeps-2b64b30/). The e7993bf loss at 4096 rows (above) was the run-time-width kernel.
+// Only VN = 768 was timed there: the residual form's VN = 1024 (N = 4096) keeps the 8192-row rule until it is timed
+// between 4096 and 8191 rows (no site shape falls there: LTX-2's video rows are 2x6144).
 constexpr int64_t kRmsStreamFullWidthMinRows = 4096;
 
 // SMOD (eighteenth session; the default since the nineteenth wherever stream_mod_rows allows it): the block's weight
@@ -871,7 +868,7 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   // vs 75.2; without staged modulation rows it lost where the staged rows run, 1x4096x3072 22.5 vs 18.9, 4352x2x3072
   // 42.8 vs 40.8, and so did the residual form everywhere, 2x6144x4096 139.7 vs 123.6 on 16 warps), and both forms for
   // at least kRmsStreamSmodMinRows rows with staged modulation rows (SMOD), since the nineteenth, and from
-  // kRmsStreamFullWidthMinRows such rows where the full-width kernel runs (full_width_for), since the fiftieth. DIFUSE_RMSMOD_STREAMED=G
+  // kRmsStreamFullWidthMinRows such rows where the full-width kernel at N = 3072 runs (full_width_for), since the fiftieth. DIFUSE_RMSMOD_STREAMED=G
   // everywhere it can run (G consumer warps; 1: kRmsStreamDefaultWarps), =0 nowhere.
   static const int streamed_knob = detail::env_knob_or("DIFUSE_RMSMOD_STREAMED", -1);
   static const int stream_smod = detail::env_knob_or("DIFUSE_RMSMOD_STREAM_SMOD", -1);
@@ -881,7 +878,7 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
                                  (RESIDUAL && residual_half >= 0);
   const int streamed = streamed_knob >= 0                                                       ? streamed_knob
                        : !other_kernel_knob &&
-                               rms_streamed_by_default(RESIDUAL, p.n, p.rows, smod, full_width_for(p, RESIDUAL) != 0)
+                               rms_streamed_by_default(RESIDUAL, p.n, p.rows, smod, full_width_for(p, RESIDUAL))
                            ? 1
                            : 0;
   if (streamed > 0 && one_pass != 1 && rows_per_warp < 2 && rms_norm_modulate_lane_vectors(p.n) != 0 &&
@@ -947,9 +944,9 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
 
 }  // namespace
 
-bool rms_streamed_by_default(bool residual, int64_t n, int64_t rows, bool staged_mod_rows, bool full_width) {
-  if (staged_mod_rows && rows >= kRmsStreamSmodMinRows) return true;
-  if (staged_mod_rows && full_width && rows >= kRmsStreamFullWidthMinRows) return true;
+bool rms_streamed_by_default(bool residual, int64_t n, int64_t rows, bool staged_mod_rows, int full_width_v) {
+  const int64_t smod_min_rows = full_width_v == kFullWidthV ? kRmsStreamFullWidthMinRows : kRmsStreamSmodMinRows;
+  if (staged_mod_rows && rows >= smod_min_rows) return true;
   return !residual && n > 3072 && rows >= kRmsStreamMinRows;
 }
 

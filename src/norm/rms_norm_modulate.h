@@ -57,9 +57,10 @@ int staged_row_offsets(const detail::RowIndexer& r, int64_t rows, int64_t offset
 // Whether rms_norm_modulate (residual: gated_residual_rms_norm_modulate) takes its streamed rows by default, where no
 // measurement knob forces another kernel: at least 8192 rows whose weight and modulation rows the block stages
 // (staged_mod_rows: at most two distinct rows per role, 8-byte words), at least 4096 such rows where the streamed
-// kernel for them is compiled for their width (full_width: full_width_for, N = 3072 in both forms, the residual
-// form's 4096; fiftieth session), or the plain form at least 4096 rows wider than 3072 (where the staged rows are not
-// the default). Measured on the H200 and, the full-width rule, on an H100 at 94 SMs (rms_norm_modulate.cu, launch).
-bool rms_streamed_by_default(bool residual, int64_t n, int64_t rows, bool staged_mod_rows, bool full_width);
+// kernel for them is compiled for N = 3072 (full_width_v: full_width_for's vector count, 768 there; 0 for the run-time
+// width; fiftieth session; the residual form's 1024 keeps 8192, not yet timed below it), or the plain form at least
+// 4096 rows wider than 3072 (where the staged rows are not the default). Measured on the H200 and, the N = 3072 rule,
+// on an H100 at 94 SMs (rms_norm_modulate.cu, launch).
+bool rms_streamed_by_default(bool residual, int64_t n, int64_t rows, bool staged_mod_rows, int full_width_v);
 
 }  // namespace difuse::norm

@@ -260,28 +260,30 @@ TEST(RmsModulateSchedule, QuarterBatchesOnlyWhereTheySaveAWave) {
 }
 
 // The streamed rows by default: >= 8192 rows with staged modulation rows (both forms, any width), >= 4096 such rows
-// where the streamed kernel is compiled for their width (full_width: N = 3072, the residual form's 4096), or the plain
-// form's >= 4096 rows wider than 3072; the bench's site shapes on either side.
+// where the streamed kernel is compiled for N = 3072 (full_width_v = 768), or the plain form's >= 4096 rows wider than
+// 3072; the bench's site shapes on either side.
 TEST(RmsModulateSchedule, StreamedRowsByDefault) {
   using difuse::norm::rms_streamed_by_default;
-  EXPECT_TRUE(rms_streamed_by_default(false, 3072, 4352 * 2, true, true));   // ERNIE 4352x2x3072
-  EXPECT_TRUE(rms_streamed_by_default(true, 3072, 4352 * 2, true, true));    // its residual form
-  EXPECT_TRUE(rms_streamed_by_default(false, 3072, 4352 * 2, true, false));  // ... under DIFUSE_RMSMOD_FULL_WIDTH=0
-  EXPECT_TRUE(rms_streamed_by_default(true, 4096, 2 * 6144, true, true));    // LTX-2 2x6144x4096, residual
-  EXPECT_TRUE(rms_streamed_by_default(false, 4096, 6144, false, false));     // 1x6144x4096 per-token rows
-  EXPECT_TRUE(rms_streamed_by_default(false, 4096, 4096, false, false));     // ERNIE's layout at 4096
-  EXPECT_TRUE(rms_streamed_by_default(false, 3072, 4096, true, true));       // LTX-2 1x4096x3072, ERNIE 4096x1x3072
-  EXPECT_TRUE(rms_streamed_by_default(true, 3072, 4096, true, true));        // GRRMS LTX-2 1x4096x3072
-  EXPECT_FALSE(rms_streamed_by_default(false, 3072, 4096, true, false));     // ... the run-time width: staged rows
-  EXPECT_FALSE(rms_streamed_by_default(true, 3072, 4096, true, false));
-  EXPECT_FALSE(rms_streamed_by_default(true, 3072, 4095, true, true));       // fewer rows than measured
-  EXPECT_FALSE(rms_streamed_by_default(false, 3072, 4352, false, false));    // ernie_tokens: per-token rows
-  EXPECT_FALSE(rms_streamed_by_default(true, 3072, 4352, false, false));
-  EXPECT_FALSE(rms_streamed_by_default(true, 4096, 2 * 6144, false, false)); // the residual form, rows not staged
-  EXPECT_FALSE(rms_streamed_by_default(false, 3072, 8191, true, false));
-  EXPECT_TRUE(rms_streamed_by_default(false, 3072, 8192, true, false));
-  EXPECT_FALSE(rms_streamed_by_default(false, 4096, 4095, false, false));
-  EXPECT_FALSE(rms_streamed_by_default(false, 2048, 252, true, false));      // 2x126x2048
+  EXPECT_TRUE(rms_streamed_by_default(false, 3072, 4352 * 2, true, 768));    // ERNIE 4352x2x3072
+  EXPECT_TRUE(rms_streamed_by_default(true, 3072, 4352 * 2, true, 768));     // its residual form
+  EXPECT_TRUE(rms_streamed_by_default(false, 3072, 4352 * 2, true, 0));      // ... under DIFUSE_RMSMOD_FULL_WIDTH=0
+  EXPECT_TRUE(rms_streamed_by_default(true, 4096, 2 * 6144, true, 1024));    // LTX-2 2x6144x4096, residual
+  EXPECT_TRUE(rms_streamed_by_default(false, 4096, 6144, false, 0));         // 1x6144x4096 per-token rows
+  EXPECT_TRUE(rms_streamed_by_default(false, 4096, 4096, false, 0));         // ERNIE's layout at 4096
+  EXPECT_TRUE(rms_streamed_by_default(false, 3072, 4096, true, 768));        // LTX-2 1x4096x3072, ERNIE 4096x1x3072
+  EXPECT_TRUE(rms_streamed_by_default(true, 3072, 4096, true, 768));         // GRRMS LTX-2 1x4096x3072
+  EXPECT_FALSE(rms_streamed_by_default(false, 3072, 4096, true, 0));         // ... the run-time width: staged rows
+  EXPECT_FALSE(rms_streamed_by_default(true, 3072, 4096, true, 0));
+  EXPECT_FALSE(rms_streamed_by_default(true, 3072, 4095, true, 768));        // fewer rows than measured
+  EXPECT_FALSE(rms_streamed_by_default(true, 4096, 4096, true, 1024));       // VN = 1024 not timed below 8192 rows
+  EXPECT_TRUE(rms_streamed_by_default(true, 4096, 8192, true, 1024));
+  EXPECT_FALSE(rms_streamed_by_default(false, 3072, 4352, false, 0));        // ernie_tokens: per-token rows
+  EXPECT_FALSE(rms_streamed_by_default(true, 3072, 4352, false, 0));
+  EXPECT_FALSE(rms_streamed_by_default(true, 4096, 2 * 6144, false, 0));     // the residual form, rows not staged
+  EXPECT_FALSE(rms_streamed_by_default(false, 3072, 8191, true, 0));
+  EXPECT_TRUE(rms_streamed_by_default(false, 3072, 8192, true, 0));
+  EXPECT_FALSE(rms_streamed_by_default(false, 4096, 4095, false, 0));
+  EXPECT_FALSE(rms_streamed_by_default(false, 2048, 252, true, 0));          // 2x126x2048
 }
 
 // The streamed kernel stages a modulation role in shared memory only where its rows take at most two offsets.

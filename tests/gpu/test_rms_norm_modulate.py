@@ -574,8 +574,8 @@ def _profiled_exact(inputs, residual):
 def test_streamed_by_default(shape, variant, residual, smod):
     """The default (no knob): the streamed rows for >= 8192 rows whose weight and modulation rows the block stages
     (SMOD: at most two distinct rows per role; nineteenth session), both forms, for >= 4096 such rows where the
-    streamed kernel is compiled for their width (N = 3072 both forms, the residual form's 4096: LTX-2's 1x4096x3072,
-    ERNIE's 4096x1x3072; fiftieth session), and the plain form's >= 4096 rows
+    streamed kernel is compiled for N = 3072 (both forms: LTX-2's 1x4096x3072, ERNIE's 4096x1x3072; fiftieth
+    session), and the plain form's >= 4096 rows
     wider than 3072 (eighteenth session; SMOD where the rows allow it), N % 8 == 0, x 16-byte aligned; fewer rows,
     per-token rows at N <= 3072, the residual form's per-token rows and N % 8 != 0 keep their kernels. The profiler
     shows which ran (RESIDUAL and SMOD of rms_norm_modulate_streamed; None: no streamed kernel); each output bit for
