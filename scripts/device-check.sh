@@ -14,7 +14,9 @@
 # runners' own logs, each GPU shard's with its case log (gpu-I.cases.jsonl: scripts/gpu-test-shards.py partial makes a
 # report of a cut run's), go in as test-logs/; at DIFUSE_DEVICE_DEADLINE s, default 575, a watchdog packs
 # what there is, so a call cut at its limit still returns them). Set DIFUSE_GIT_SHA to the
-# commit being tested (the device copy's .git may be an earlier call's: at 05542dc it named f7695c6). Exit status: non-zero when any stage fails. The stages
+# commit being tested (the device copy's .git may be an earlier call's: at 05542dc it named f7695c6). With
+# DIFUSE_REQUIRE_GPU=TEXT the stages run only on a GPU whose name contains TEXT (exit 3 otherwise, nothing run).
+# Exit status: non-zero when any stage fails. The stages
 # run as build, bench, tests, gputests, sanitizer, e2e, ncu, sweep, whatever the order given. "all" is
 # tests,sanitizer,bench: more than one 10-minute device call holds; run bench,tests, then sanitizer.
 set -uo pipefail
@@ -37,6 +39,17 @@ for s in ${STAGE//,/ }; do  # every item: a typo must not leave its stage silent
 done
 OUT=${OUT:-$ROOT/device-out}
 mkdir -p "$OUT"
+# DIFUSE_REQUIRE_GPU=TEXT: run the stages only where the GPU's name contains TEXT (case-insensitive), else say so and
+# exit 3 with nothing run: a call asked for as nvidia-h200 may bring an H100, where H200-only work (the issues' record)
+# would cost a build and a bench for nothing. `DIFUSE_REQUIRE_GPU=H200 scripts/device-check.sh --stage build,bench ||
+# [ $? -ne 3 ] || <H100 work>` gives such a call other work.
+if [ -n "${DIFUSE_REQUIRE_GPU:-}" ]; then
+  gpu_name=$(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null | head -n 1)
+  if ! printf '%s\n' "$gpu_name" | grep -qiF -- "$DIFUSE_REQUIRE_GPU"; then
+    echo "device-check: the GPU here is '${gpu_name:-none found}', not $DIFUSE_REQUIRE_GPU (DIFUSE_REQUIRE_GPU): stages $STAGE not run"
+    exit 3
+  fi
+fi
 BUILD=${DIFUSE_BUILD_DIR:-$ROOT/build-device}
 export PYTHONUNBUFFERED=1 DIFUSE_BUILD_DIR=$BUILD DIFUSE_LIB_DIR=$BUILD PYTHONPATH=$ROOT/python${PYTHONPATH:+:$PYTHONPATH}
 # The commit every record names: pass it (DIFUSE_GIT_SHA=<the 40 hex digits of the checkout that was carried>); the
