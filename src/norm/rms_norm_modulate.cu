@@ -185,13 +185,17 @@ namespace {
 const detail::KernelRegistration kRegistration{{
     "rms_norm_modulate", "cuda", "bit_exact",
     "diffusers RMSNorm(x, w, eps) * (1 + scale) + shift  (bf16 chain: LTX-2; fp32 modulate: ERNIE-Image)",
-    "verified bit-exact on H200 at eb1307d (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at eb1307d, the defaults since then on H100 at c941232 "
+    "(torch 2.11.0+cu130, sm_90)",
+    90, 90,
     "RMSNorm-based adaLN in one pass, replaying aten's mean reduction order (rows >= 16, 32 <= N <= 8160)"}};
 
 const detail::KernelRegistration kResidualRegistration{{
     "gated_residual_rms_norm_modulate", "cuda", "bit_exact",
     "h1 = h + gate * a;  diffusers RMSNorm(h1, w, eps) * (1 + scale) + shift  (LTX-2 bf16 / ERNIE-Image fp32)",
-    "verified bit-exact on H200 at eb1307d (torch 2.11.0+cu130, sm_90)", 90, 90,
+    "verified bit-exact on H200 at eb1307d, the defaults since then on H100 at c941232 "
+    "(torch 2.11.0+cu130, sm_90)",
+    90, 90,
     "gated residual, then RMSNorm-based adaLN of the new residual, one pass"}};
 
 constexpr int kRowsPerBlock = 4;  // one warp per row
