@@ -511,6 +511,47 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_staged(const Param
   two_pass_row<VEC, RESIDUAL, true, HALF, false, false, CHAIN, VN>(p, row, lane, sx);
 }
 
+// STAGE_ALL rows (fifty-second session; DIFUSE_RMSMOD_STAGE_ALL=1, for measurement; 8-byte modulation rows, N % 8 ==
+// 0, x 16-byte aligned): one warp per block, which copies into shared memory, in one burst of cp.async copies, its x
+// (h) row and every other row its arithmetic reads: the residual form's a row and gate row, the weight, the scale and
+// the shift rows (V 8-byte words each, in that order after x), then runs two_pass_row's arithmetic with SMEM_A and
+// SMEM_MOD from there, as the streamed kernels do with their slots and staged rows. Why: where the rows fit the SMs
+// many times over (LTX-2's audio rows, 2x126x2048: 252 rows, 63 blocks of the staged kernel on 132 SMs) each row's
+// time is its chain of round trips, not bytes: the staged kernel copies x in one burst but then waits on global
+// memory once per batch for the epilogue's scale and shift words (4 batches at N = 2048) and, in the residual form,
+// once per half batch for a and the gate (4 more, from DRAM: a is read once). Here a row waits on one burst. The same
+// words, the same operations in the same order per lane (two_pass_row). Predicted on the H200: rms_norm_modulate
+// 2x126x2048 ltx2 8.0 -> ~6.5 us, the residual form 2x126x2048 ltx2_tokens 11.7 -> ~8.5.
+template <bool RESIDUAL, int CHAIN>
+__global__ void __launch_bounds__(32) rms_norm_modulate_staged_all(const Params p) {
+  extern __shared__ uint4 staged_rows[];  // x (h), then a, gate (residual form), weight (if any), scale, shift
+  const int lane = static_cast<int>(threadIdx.x);
+  const int64_t row = blockIdx.x;
+  const int V = p.v;
+  constexpr bool kHasW = CHAIN ? ((CHAIN - 1) & 1) != 0 : true;
+  uint2* const sx = reinterpret_cast<uint2*>(staged_rows);
+  const uint4* gx = reinterpret_cast<const uint4*>(p.x + row * p.n);
+  for (int c = lane; c < V / 2; c += 32) cp_async(reinterpret_cast<uint4*>(sx) + c, gx + c, true);
+  SmemRows sm;
+  uint2* next = sx + V;
+  auto stage = [&](const uint16_t* src) {  // one row of V 8-byte words (8-byte aligned: vec, a's rows)
+    for (int vi = lane; vi < V; vi += 32) cp_async(next + vi, src + 4 * vi, false);
+    const uint2* at = next;
+    next += V;
+    return at;
+  };
+  if constexpr (RESIDUAL) {
+    sm.a = stage(p.a + p.a_rows.offset(row));
+    sm.gate = stage(p.gate + p.gate_rows.offset(row));
+  }
+  if (kHasW && p.has_w) sm.w = stage(p.w);
+  sm.scale = stage(p.scale + p.scale_rows.offset(row));
+  sm.shift = stage(p.shift + p.shift_rows.offset(row));
+  cp_async_wait_all();
+  __syncwarp();  // every lane's copies have landed
+  two_pass_row<true, RESIDUAL, true, 4, RESIDUAL, true, CHAIN>(p, row, lane, sx, sm);
+}
+
 // PIPELINED staged rows (DIFUSE_RMSMOD_PIPELINED=1, for measurement; where the staged kernel runs): a grid of the
 // resident blocks, each warp taking rows row, row + G, ... (G = the grid's warps) with two shared-memory buffers: the
 // next row's cp.async copies are issued before the current row's two passes, so they are in flight while it
@@ -801,6 +842,20 @@ void launch_staged_chain(const Params& p, unsigned blocks, int device, cudaStrea
   });
 }
 
+// The STAGE_ALL kernel for p's chain (vec rows only): one block of one warp per row, its shared memory the rows it
+// stages (x, a and gate for the residual form, the weight where there is one, scale and shift: <= 96 KB at N = 8160).
+template <bool RESIDUAL>
+void launch_staged_all(const Params& p, int device, cudaStream_t stream) {
+  const size_t bytes = sizeof(uint16_t) * static_cast<size_t>(p.n) * (3 + (RESIDUAL ? 2 : 0) + (p.has_w ? 1 : 0));
+  with_chain(p, [&](auto chain) {
+    auto kernel = rms_norm_modulate_staged_all<RESIDUAL, decltype(chain)::value>;
+    static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
+    opt_in_shared_memory(kernel, device, static_cast<int>(sizeof(uint16_t) * 6 * kMaxWidth), opted_in);
+    prefer_max_shared_carveout(kernel, device, carveout_set);
+    kernel<<<static_cast<unsigned>(p.rows), 32, bytes, stream>>>(p);
+  });
+}
+
 // Blocks of the residual staged kernel (HALF) resident at once on the device, at this row width's shared memory
 // (VEC: the kernel of p's chain and width, the one launch_staged_chain runs).
 template <bool VEC, int HALF>
@@ -867,6 +922,15 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
     const int64_t quarter = v ? staged_resident<true, 2>(p, device) : staged_resident<false, 2>(p, device);
     return residual_quarter_batches(true, blocks, quarter, full);
   };
+  // DIFUSE_RMSMOD_STAGE_ALL=1 (read once; for measurement, fifty-second session): every row with 8-byte modulation
+  // rows, N % 8 == 0 and x 16-byte aligned on the STAGE_ALL kernel (rms_norm_modulate_staged_all: one warp per block
+  // stages x and every row it reads in one burst); other rows keep their kernels.
+  static const int stage_all = detail::env_knob_or("DIFUSE_RMSMOD_STAGE_ALL", -1);
+  if (stage_all == 1 && vec && rms_norm_modulate_lane_vectors(p.n) != 0 && p.n % 8 == 0 && detail::aligned(p.x, 16)) {
+    launch_staged_all<RESIDUAL>(p, device, stream);
+    DIFUSE_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   // Streamed rows by default (rms_streamed_by_default) where no measurement knob forces another kernel
   // (DIFUSE_RMSMOD_STAGED, _PIPELINED, _ONE_PASS, _ROWS_PER_WARP, _RESIDUAL_HALF): the plain form for at least
   // kRmsStreamMinRows rows wider than 3072, since the eighteenth session (H200 at e831f9c, knob-sweeps/e831f9c/, against

@@ -501,6 +501,35 @@ def test_residual_quarter_batch_variant(half):
                        DIFUSE_RMSMOD_STAGED="1")
 
 
+def test_staged_all_rows_variant():
+    """DIFUSE_RMSMOD_STAGE_ALL=1 (read once per process): one warp per block, which copies its x (h) row and every row
+    its arithmetic reads (the residual form's a and gate, the weight, scale and shift) into shared memory in one burst
+    and runs the two passes from there: same bits at every site layout ([B, H] chunks, [B, 1, D] views, per-token
+    rows and gates, ERNIE's permuted a rows), both modulate chains, with and without weight, and the gated-residual
+    form; the widest row (8160: 96 KB of shared memory with the residual form's five rows and a weight), 136 (17
+    vectors, a partial batch); widths not a multiple of 8 and rows of N < 128 keep their kernels. The profiler shows
+    the plain and the residual kernel ran (LTX-2's chain, 1: no weight, bf16 modulation)."""
+    from knob_run import PROFILE_START, assert_exact_under, every_kernel_ran
+
+    layouts = [((1, 4096, 3072), 'ltx2'), ((4352, 2, 3072), 'ernie'), ((4352, 1, 3072), 'ernie_tokens'),
+               ((2, 126, 2048), 'ltx2'), ((2, 126, 2048), 'ltx2_tokens'), ((2, 301, 4096), 'ltx2'),
+               ((1, 17, 8160), 'ltx2'), ((6, 3, 8160), 'ernie_tokens'), ((3, 23, 136), 'ltx2'), ((3, 23, 132), 'ltx2'),
+               ((1, 19, 96), 'ltx2')]
+    script = _site_layouts_script(1370, layouts).replace(
+        "print('mismatches', bad)",
+        PROFILE_START +
+        "x, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs((2, 126, 2048), 'ltx2', 'cuda', g)\n"
+        "bad += count_mismatches(ops.rms_norm_modulate(x, w, scale, shift, eps, fp32),\n"
+        "                        ops.rms_norm_modulate_eager(x, w, scale, shift, eps, fp32))\n"
+        "h, a, gate, w, scale, shift, eps, fp32 = ops.rms_modulate_site_inputs((2, 126, 2048), 'ltx2_tokens', 'cuda', g,\n"
+        "                                                                      residual=True)\n"
+        "bad += count_mismatches(list(ops.gated_residual_rms_norm_modulate(h, a, gate, w, scale, shift, eps, fp32)),\n"
+        "                        list(ops.gated_residual_rms_norm_modulate_eager(h, a, gate, w, scale, shift, eps, fp32)))\n"
+        + every_kernel_ran(["rms_norm_modulate_staged_all<%s, 1>(" % r for r in ("false", "true")]) +
+        "print('mismatches', bad)")
+    assert_exact_under(script, DIFUSE_RMSMOD_STAGE_ALL="1")
+
+
 @pytest.mark.parametrize("warps,blocks,smod,fence,lanes,fulls",
                          [("1", "", "0", "", "", ""), ("5", "2", "0", "", "", ""), ("1", "", "1", "", "", ""),
                           ("5", "2", "1", "", "", ""), ("1", "", "1", "0", "", ""), ("5", "2", "0", "0", "", ""),
