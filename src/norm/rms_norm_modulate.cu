@@ -60,7 +60,10 @@
 // 4352x2x3072 47.1 vs 53.6 (bench-partial-eb1307d.log, knob-sweeps/eb1307d/; target 15: not met; 23.1 at f1e1d95);
 // DIFUSE_RMSMOD_PIPELINED=1 runs the staged rows on a grid of the resident blocks with two buffers per warp, the
 // next row's copies in flight during the current row's passes: exact at 5d35cbc and slower (1x4096x3072 29.3 vs
-// 22.4 us, knob-sweeps/5d35cbc/); kept for measurement only. Streamed rows (eighteenth session; the default for
+// 22.4 us, knob-sweeps/5d35cbc/); kept for measurement only. DIFUSE_RMSMOD_STAGE_ALL=1 (fifty-second session, for
+// measurement; not yet run on a GPU): one warp per block stages its x (h) row and every other row it reads (a, gate,
+// weight, scale, shift) in one burst (rms_norm_modulate_staged_all), for few rows whose time is their chain of round
+// trips. Streamed rows (eighteenth session; the default for
 // the plain form at N > 3072 and >= 4096 rows, and since the fiftieth session for both forms from 4096 rows where
 // the full-width kernel at N = 3072 runs, below; DIFUSE_RMSMOD_STREAMED=G everywhere, =0 never): the same rows on the
 // streamed schedule (norm/stream_rows.cuh: a producer warp bulk-copies each row into a ring of slots, G consumer
