@@ -274,6 +274,8 @@ SANITIZER_RUNS=(
   "2b racecheck|DIFUSE_RMS_STAGED_HEADS=1 DIFUSE_RMSD_STAGED_ROWS=1 DIFUSE_RMSMOD_STAGED=1 DIFUSE_LNMOD_PREFETCH_A=1 DIFUSE_GELU_PIPELINED=1 DIFUSE_GELU_TABLE=1|the staged per-head rms_norm and rms_norm_diffusers and rms_norm_modulate, GRLN's prefetched a, gelu's pipelined table kernel (forced: a whole H100 computes by default)"
   "3 memcheck|DIFUSE_QK_WAN_OCCUPANCY=0|Wan's prologue's 10-block kernels, the default before the 12 / 16-block ones (the smoke test's 1536- and 1024-wide rows)"
   "3 racecheck|DIFUSE_QK_WAN_OCCUPANCY=0|Wan's prologue's 10-block kernels, the default before the 12 / 16-block ones (the smoke test's 1536- and 1024-wide rows)"
+  "3 memcheck|DIFUSE_RMSMOD_STAGE_ALL=1|rms_norm_modulate's one-warp blocks staging every row they read (both forms, per-token gate, 8160)"
+  "3 racecheck|DIFUSE_RMSMOD_STAGE_ALL=1|rms_norm_modulate's one-warp blocks staging every row they read (both forms, per-token gate, 8160)"
   "3 memcheck|DIFUSE_STREAM_FULL_BARRIERS=1|one full barrier per slot where the slots are a multiple of the groups, the default groups"
   "3 racecheck|DIFUSE_STREAM_FULL_BARRIERS=1|one full barrier per slot where the slots are a multiple of the groups, the default groups"
   "3 memcheck|DIFUSE_STREAM_FULL_BARRIERS=1 DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=4 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=1 DIFUSE_RMSMOD_STREAMED=4 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=4 DIFUSE_RMS_STREAMED_BLOCKS=2|one full barrier per slot, 4 groups on 2 blocks (every ring of 4k slots owned), 4 producer lanes"
