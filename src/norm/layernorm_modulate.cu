@@ -58,7 +58,9 @@
 // gated_residual_layernorm_modulate since 2cecf55: four warps per row for at most 1024 rows at H in (2560, 3584]
 // (gated_residual_layernorm_modulate_config): 1x512x3072 12.0 us vs 12.8 on two warps in the same run, 2x300x3072
 // 12.2 vs 14.4 (DIFUSE_LNMOD_THREADS_PER_ROW=64, knob-sweeps/2cecf55/); exact there (GRLN's tests incl.
-// test_two_warp_schedule_for_few_rows, gpu-tests-2cecf55.json). Since 0385466 its residual pass issues 2-3 sweeps' a
+// test_two_warp_schedule_for_few_rows, gpu-tests-2cecf55.json); since the fifty-second session (2048, 3584]: SD3.5-large's
+// 2x333x2432 12.5 us vs 14.1-14.4 on an H100 at 94 SMs (bench/results/h100/stage-all-a4fd151/; the four-warp kernel at
+// 2432 ran 0 mismatches in the bench; its default has not run on a GPU). Since 0385466 its residual pass issues 2-3 sweeps' a
 // and gate loads before their stores (residual_sweep_batch; before, SASS showed each vector's loads waiting on the
 // previous vector's stores: 12 DRAM round trips in turn per lane at 3072): 1x4096x3072 39.6-39.8 us vs 42.8
 // (predicted 33-36; target 30: not met); 64 registers on two warps, 4 blocks per SM instead of 5. Exact at 0385466
@@ -1760,12 +1762,16 @@ LayernormModulateConfig layernorm_fp32_rows_config(int64_t h, bool aligned16, in
 }
 
 LayernormModulateConfig gated_residual_layernorm_modulate_config(int64_t h, bool aligned16, int64_t rows) {
-  // Few rows at 6-7 sweeps (H in (2560, 3584]): four warps per row, one row per block. Two warps take 4 rows per
+  // Few rows at 5-7 sweeps (H in (2048, 3584]; 6-7 before the fifty-second session): four warps per row, one row per
+  // block. Two warps take 4 rows per
   // block, so 512 rows fill 128 blocks, one per SM, 8 warps each; four warps give 512 blocks, ~16 warps per SM.
   // H200 at 5d35cbc (knob-sweeps/5d35cbc/, DIFUSE_LNMOD_THREADS_PER_ROW=128 against ops.json in the same run):
   // 1x512x3072 11.8 vs 13.3 us, 2x300x3072 12.0 vs 14.8; but 1x4096x3072 44.0 vs 43.1 and 2x4096x1536 46.6 vs
   // 44.7, so many rows keep two warps. Plain layernorm_modulate does not gain (1x512x3072 9.4 us on four warps at
-  // 132f46f vs 8.7 on two at 5d35cbc). The bits do not change (every schedule replays the same tree).
+  // 132f46f vs 8.7 on two at 5d35cbc). The bits do not change (every schedule replays the same tree). 5 sweeps since
+  // the fifty-second session: SD3.5-large's 2x333x2432 on an H100 at 94 SMs (bench/results/h100/stage-all-a4fd151/,
+  // DIFUSE_LNMOD_THREADS_PER_ROW=128 against the default of the same build, alternated twice) 12.5 us vs 14.1-14.4,
+  // 0 mismatches; 3-4 sweeps (H <= 2048) not measured, they keep two warps.
   // Many narrow rows (>= kOneWarpMinRows at <= 3 sweeps): two warps on the 32-register kernel, 8 blocks per SM
   // (MINB = 8: modulation rows and a from global memory, one vector at a time, the unpaired map). H200, forced by
   // DIFUSE_LNMOD_BLOCKS_PER_SM=8 against ops.json of the same run: 2x4096x1536 41.8 us vs 45.1 at 132f46f
@@ -1774,7 +1780,7 @@ LayernormModulateConfig gated_residual_layernorm_modulate_config(int64_t h, bool
   // (test_eight_blocks_per_sm_variant[8]). The default since be1cdc5; timed as the default at d3185fc: 2x4096x1536
   // 42.0 vs 44.7 (knob-sweeps/d3185fc/), its tests passed there (gpu-tests-d3185fc.json).
   // DIFUSE_LNMOD_THREADS_PER_ROW=64 keeps the MINB = 1 two-warp kernel.
-  LayernormModulateConfig c = four_warps_for_few_rows(h, aligned16, rows, 6);
+  LayernormModulateConfig c = four_warps_for_few_rows(h, aligned16, rows, 5);
   if (many_narrow_rows(c, rows)) {
     c.dense = true;
     c.paired = false;

@@ -52,7 +52,7 @@ struct LayernormModulateConfig {
 };
 LayernormModulateConfig layernorm_modulate_config(int64_t h, bool aligned16);
 // gated_residual_layernorm_modulate's schedule: layernorm_modulate_config's, except four warps per row for at most
-// 1024 rows at 6-7 sweeps (H in (2560, 3584]), where the two-warp blocks leave SMs with one block each, and the
+// 1024 rows at 5-7 sweeps (H in (2048, 3584]), where the two-warp blocks leave SMs with one block each, and the
 // 32-register two-warp kernel (`dense`) for at least 8192 rows at 1-3 sweeps (H <= 1536).
 LayernormModulateConfig gated_residual_layernorm_modulate_config(int64_t h, bool aligned16, int64_t rows);
 // layernorm_modulate's schedule: layernorm_modulate_config's, except four warps per row (with the batched epilogue)

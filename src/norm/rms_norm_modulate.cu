@@ -60,10 +60,13 @@
 // 4352x2x3072 47.1 vs 53.6 (bench-partial-eb1307d.log, knob-sweeps/eb1307d/; target 15: not met; 23.1 at f1e1d95);
 // DIFUSE_RMSMOD_PIPELINED=1 runs the staged rows on a grid of the resident blocks with two buffers per warp, the
 // next row's copies in flight during the current row's passes: exact at 5d35cbc and slower (1x4096x3072 29.3 vs
-// 22.4 us, knob-sweeps/5d35cbc/); kept for measurement only. DIFUSE_RMSMOD_STAGE_ALL=1 (fifty-second session, for
-// measurement; not yet run on a GPU): one warp per block stages its x (h) row and every other row it reads (a, gate,
+// 22.4 us, knob-sweeps/5d35cbc/); kept for measurement only. STAGE_ALL rows (fifty-second session; the default for at
+// most 1024 rows whose one-warp blocks all fit the device at once, rms_stage_all_by_default; DIFUSE_RMSMOD_STAGE_ALL=1
+// everywhere it can run, =0 never): one warp per block stages its x (h) row and every other row it reads (a, gate,
 // weight, scale, shift) in one burst (rms_norm_modulate_staged_all), for few rows whose time is their chain of round
-// trips. Streamed rows (eighteenth session; the default for
+// trips. Exact through the knob on an H100 at a4fd151 (test_staged_all_rows_variant, gpu-tests.json in
+// bench/results/h100/stage-all-a4fd151/); at 94 SMs 2x126x2048 ltx2 6.6 us vs 8.0, the residual form's ltx2_tokens 9.5
+// vs 12.8, and slower with more rows (1x4096x3072 30.5 vs 24.0). The default rule has not run on a GPU. Streamed rows (eighteenth session; the default for
 // the plain form at N > 3072 and >= 4096 rows, and since the fiftieth session for both forms from 4096 rows where
 // the full-width kernel at N = 3072 runs, below; DIFUSE_RMSMOD_STREAMED=G everywhere, =0 never): the same rows on the
 // streamed schedule (norm/stream_rows.cuh: a producer warp bulk-copies each row into a ring of slots, G consumer
@@ -188,16 +191,16 @@ namespace {
 const detail::KernelRegistration kRegistration{{
     "rms_norm_modulate", "cuda", "bit_exact",
     "diffusers RMSNorm(x, w, eps) * (1 + scale) + shift  (bf16 chain: LTX-2; fp32 modulate: ERNIE-Image)",
-    "verified bit-exact on H200 at eb1307d, the defaults since then on H100 at c941232 "
-    "(torch 2.11.0+cu130, sm_90)",
+    "verified bit-exact on H200 at eb1307d, the defaults since then on H100 at c941232, the STAGE_ALL few rows "
+    "through their knob on H100 at a4fd151 (torch 2.11.0+cu130, sm_90)",
     90, 90,
     "RMSNorm-based adaLN in one pass, replaying aten's mean reduction order (rows >= 16, 32 <= N <= 8160)"}};
 
 const detail::KernelRegistration kResidualRegistration{{
     "gated_residual_rms_norm_modulate", "cuda", "bit_exact",
     "h1 = h + gate * a;  diffusers RMSNorm(h1, w, eps) * (1 + scale) + shift  (LTX-2 bf16 / ERNIE-Image fp32)",
-    "verified bit-exact on H200 at eb1307d, the defaults since then on H100 at c941232 "
-    "(torch 2.11.0+cu130, sm_90)",
+    "verified bit-exact on H200 at eb1307d, the defaults since then on H100 at c941232, the STAGE_ALL few rows "
+    "through their knob on H100 at a4fd151 (torch 2.11.0+cu130, sm_90)",
     90, 90,
     "gated residual, then RMSNorm-based adaLN of the new residual, one pass"}};
 
@@ -514,8 +517,8 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_staged(const Param
   two_pass_row<VEC, RESIDUAL, true, HALF, false, false, CHAIN, VN>(p, row, lane, sx);
 }
 
-// STAGE_ALL rows (fifty-second session; DIFUSE_RMSMOD_STAGE_ALL=1, for measurement; 8-byte modulation rows, N % 8 ==
-// 0, x 16-byte aligned): one warp per block, which copies into shared memory, in one burst of cp.async copies, its x
+// STAGE_ALL rows (fifty-second session; by default for few rows, rms_stage_all_by_default; 8-byte modulation rows,
+// N % 8 == 0, x 16-byte aligned): one warp per block, which copies into shared memory, in one burst of cp.async copies, its x
 // (h) row and every other row its arithmetic reads: the residual form's a row and gate row, the weight, the scale and
 // the shift rows (V 8-byte words each, in that order after x), then runs two_pass_row's arithmetic with SMEM_A and
 // SMEM_MOD from there, as the streamed kernels do with their slots and staged rows. Why: where the rows fit the SMs
@@ -524,7 +527,8 @@ __global__ void __launch_bounds__(kThreads) rms_norm_modulate_staged(const Param
 // memory once per batch for the epilogue's scale and shift words (4 batches at N = 2048) and, in the residual form,
 // once per half batch for a and the gate (4 more, from DRAM: a is read once). Here a row waits on one burst. The same
 // words, the same operations in the same order per lane (two_pass_row). Predicted on the H200: rms_norm_modulate
-// 2x126x2048 ltx2 8.0 -> ~6.5 us, the residual form 2x126x2048 ltx2_tokens 11.7 -> ~8.5.
+// 2x126x2048 ltx2 8.0 -> ~6.5 us, the residual form 2x126x2048 ltx2_tokens 11.7 -> ~8.5 (-19 %, -27 %). Measured on an
+// H100 at 94 SMs (bench/results/h100/stage-all-a4fd151/): 8.0 -> 6.6-6.7 and 12.7-13.0 -> 9.4-9.6 (-17 %, -26 %).
 template <bool RESIDUAL, int CHAIN>
 __global__ void __launch_bounds__(32) rms_norm_modulate_staged_all(const Params p) {
   extern __shared__ uint4 staged_rows[];  // x (h), then a, gate (residual form), weight (if any), scale, shift
@@ -845,18 +849,34 @@ void launch_staged_chain(const Params& p, unsigned blocks, int device, cudaStrea
   });
 }
 
-// The STAGE_ALL kernel for p's chain (vec rows only): one block of one warp per row, its shared memory the rows it
-// stages (x, a and gate for the residual form, the weight where there is one, scale and shift: <= 96 KB at N = 8160).
-template <bool RESIDUAL>
-void launch_staged_all(const Params& p, int device, cudaStream_t stream) {
+// The STAGE_ALL kernel for p's chain (vec rows only), its shared-memory opt-in and carveout set (once per device), and
+// its dynamic shared memory: the rows it stages (x, a and gate for the residual form, the weight where there is one,
+// scale and shift: <= 96 KB at N = 8160). f(kernel, bytes): what a launch and an occupancy query both need.
+template <bool RESIDUAL, class F>
+decltype(auto) with_staged_all(const Params& p, int device, F&& f) {
   const size_t bytes = sizeof(uint16_t) * static_cast<size_t>(p.n) * (3 + (RESIDUAL ? 2 : 0) + (p.has_w ? 1 : 0));
-  with_chain(p, [&](auto chain) {
+  return with_chain(p, [&](auto chain) {
     auto kernel = rms_norm_modulate_staged_all<RESIDUAL, decltype(chain)::value>;
     static std::atomic<uint64_t> opted_in{0}, carveout_set{0};
     opt_in_shared_memory(kernel, device, static_cast<int>(sizeof(uint16_t) * 6 * kMaxWidth), opted_in);
     prefer_max_shared_carveout(kernel, device, carveout_set);
+    return f(kernel, bytes);
+  });
+}
+
+// One block of one warp per row.
+template <bool RESIDUAL>
+void launch_staged_all(const Params& p, int device, cudaStream_t stream) {
+  with_staged_all<RESIDUAL>(p, device, [&](auto kernel, size_t bytes) {
     kernel<<<static_cast<unsigned>(p.rows), 32, bytes, stream>>>(p);
   });
+}
+
+// The STAGE_ALL kernel's one-warp blocks resident on the device at once, at this row width's shared memory.
+template <bool RESIDUAL>
+int64_t staged_all_resident(const Params& p, int device) {
+  return with_staged_all<RESIDUAL>(p, device,
+                                   [&](auto kernel, size_t bytes) { return resident_blocks(kernel, 32, bytes, device); });
 }
 
 // Blocks of the residual staged kernel (HALF) resident at once on the device, at this row width's shared memory
@@ -925,15 +945,6 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
     const int64_t quarter = v ? staged_resident<true, 2>(p, device) : staged_resident<false, 2>(p, device);
     return residual_quarter_batches(true, blocks, quarter, full);
   };
-  // DIFUSE_RMSMOD_STAGE_ALL=1 (read once; for measurement, fifty-second session): every row with 8-byte modulation
-  // rows, N % 8 == 0 and x 16-byte aligned on the STAGE_ALL kernel (rms_norm_modulate_staged_all: one warp per block
-  // stages x and every row it reads in one burst); other rows keep their kernels.
-  static const int stage_all = detail::env_knob_or("DIFUSE_RMSMOD_STAGE_ALL", -1);
-  if (stage_all == 1 && vec && rms_norm_modulate_lane_vectors(p.n) != 0 && p.n % 8 == 0 && detail::aligned(p.x, 16)) {
-    launch_staged_all<RESIDUAL>(p, device, stream);
-    DIFUSE_CUDA_CHECK(cudaGetLastError());
-    return;
-  }
   // Streamed rows by default (rms_streamed_by_default) where no measurement knob forces another kernel
   // (DIFUSE_RMSMOD_STAGED, _PIPELINED, _ONE_PASS, _ROWS_PER_WARP, _RESIDUAL_HALF): the plain form for at least
   // kRmsStreamMinRows rows wider than 3072, since the eighteenth session (H200 at e831f9c, knob-sweeps/e831f9c/, against
@@ -949,6 +960,21 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   const bool smod = stream_smod != 0 && stream_mod_rows(p, vec, m);
   const bool other_kernel_knob = staged >= 0 || pipelined != 0 || one_pass == 1 || rows_per_warp >= 2 ||
                                  (RESIDUAL && residual_half >= 0);
+  // STAGE_ALL rows by default (fifty-second session; rms_stage_all_by_default: at most kRmsStageAllMaxRows rows whose
+  // one-warp blocks are all resident at once) where no measurement knob forces another kernel (the ones above and
+  // DIFUSE_RMSMOD_STREAMED); H100 at 94 SMs (bench/results/h100/stage-all-a4fd151/, DIFUSE_RMSMOD_STAGE_ALL=1 against
+  // the default of the same build, alternated twice): 2x126x2048 ltx2 6.6-6.7 us vs 8.0, the residual form's
+  // ltx2_tokens 9.4-9.6 vs 12.7-13.0; with more rows than fit at once it lost (1x4096x3072 30.5 vs 24.0, 4352x1x3072
+  // ernie_tokens 47.7 vs 43.7; the residual form 55.2 vs 42.5 and 80.4 vs 72.8). DIFUSE_RMSMOD_STAGE_ALL=1 (read once;
+  // for measurement) everywhere it can run (8-byte modulation rows, N % 8 == 0, x 16-byte aligned), =0 nowhere.
+  static const int stage_all = detail::env_knob_or("DIFUSE_RMSMOD_STAGE_ALL", -1);
+  if (stage_all != 0 && vec && rms_norm_modulate_lane_vectors(p.n) != 0 && p.n % 8 == 0 && detail::aligned(p.x, 16) &&
+      (stage_all == 1 || (!other_kernel_knob && streamed_knob < 0 && p.rows <= kRmsStageAllMaxRows &&
+                          rms_stage_all_by_default(p.rows, staged_all_resident<RESIDUAL>(p, device))))) {
+    launch_staged_all<RESIDUAL>(p, device, stream);
+    DIFUSE_CUDA_CHECK(cudaGetLastError());
+    return;
+  }
   const int streamed = streamed_knob >= 0                                                       ? streamed_knob
                        : !other_kernel_knob &&
                                rms_streamed_by_default(RESIDUAL, p.n, p.rows, smod, full_width_for(p, RESIDUAL))
@@ -1021,6 +1047,10 @@ bool rms_streamed_by_default(bool residual, int64_t n, int64_t rows, bool staged
   const int64_t smod_min_rows = full_width_v == kFullWidthV ? kRmsStreamFullWidthMinRows : kRmsStreamSmodMinRows;
   if (staged_mod_rows && rows >= smod_min_rows) return true;
   return !residual && n > 3072 && rows >= kRmsStreamMinRows;
+}
+
+bool rms_stage_all_by_default(int64_t rows, int64_t resident) {
+  return rows > 0 && rows <= kRmsStageAllMaxRows && resident > 0 && rows <= resident;
 }
 
 bool residual_quarter_batches(bool per_token_gate, int64_t blocks, int64_t resident_quarter, int64_t resident_default) {

@@ -63,4 +63,15 @@ int staged_row_offsets(const detail::RowIndexer& r, int64_t rows, int64_t offset
 // on an H100 at 94 SMs (rms_norm_modulate.cu, launch).
 bool rms_streamed_by_default(bool residual, int64_t n, int64_t rows, bool staged_mod_rows, int full_width_v);
 
+// The most rows rms_norm_modulate's STAGE_ALL rows take by default (the LayerNorms' few-row bound; 252 rows measured).
+constexpr int64_t kRmsStageAllMaxRows = 1024;
+
+// Whether rms_norm_modulate (either form) takes its STAGE_ALL rows by default (fifty-second session; the rows that
+// kernel can run: 8-byte modulation rows, N % 8 == 0, x 16-byte aligned), where no measurement knob forces another
+// kernel: at most kRmsStageAllMaxRows rows, all of whose one-warp blocks are resident at once (resident: the device's
+// SMs times the kernel's blocks per SM at the row's shared memory). There a row's time is its chain of round trips,
+// which the kernel cuts to one burst; with more rows than fit at once it lost. Measured on an H100 at 94 SMs
+// (rms_norm_modulate.cu, launch).
+bool rms_stage_all_by_default(int64_t rows, int64_t resident);
+
 }  // namespace difuse::norm

@@ -346,7 +346,7 @@ TEST(LayernormModulateConfig, ManyNarrowRowsTakeOneWarp) {
   EXPECT_EQ(layernorm_fp32_rows_config(1536, true, 8191).threads_per_row, 64);
 }
 
-// GRLN: four warps per row for few rows at 6-7 sweeps, the plain schedule otherwise.
+// GRLN: four warps per row for few rows at 5-7 sweeps, the plain schedule otherwise.
 TEST(LayernormModulateConfig, GatedResidualTakesFourWarpsForFewRowsAt3072) {
   using difuse::norm::gated_residual_layernorm_modulate_config;
   using difuse::norm::layernorm_modulate_config;
@@ -360,7 +360,11 @@ TEST(LayernormModulateConfig, GatedResidualTakesFourWarpsForFewRowsAt3072) {
   EXPECT_TRUE(gated_residual_layernorm_modulate_config(3072, true, 4096).paired);
   EXPECT_EQ(gated_residual_layernorm_modulate_config(3584, true, 600).threads_per_row, 128);  // 7 sweeps
   EXPECT_EQ(gated_residual_layernorm_modulate_config(2564, true, 600).threads_per_row, 128);  // 6 sweeps, partial
-  EXPECT_EQ(gated_residual_layernorm_modulate_config(2560, true, 600).threads_per_row, 64);   // 5 sweeps
+  EXPECT_EQ(gated_residual_layernorm_modulate_config(2560, true, 600).threads_per_row, 128);  // 5 sweeps
+  EXPECT_EQ(gated_residual_layernorm_modulate_config(2432, true, 666).threads_per_row, 128);  // SD3.5-large's context
+  EXPECT_EQ(gated_residual_layernorm_modulate_config(2052, true, 600).threads_per_row, 128);  // 5 sweeps, partial
+  EXPECT_EQ(gated_residual_layernorm_modulate_config(2048, true, 600).threads_per_row, 64);   // 4 sweeps
+  EXPECT_EQ(gated_residual_layernorm_modulate_config(2432, true, 8192).threads_per_row, 64);  // SD3.5's image rows
   // many narrow rows: the 32-register two-warp kernel, unpaired
   c = gated_residual_layernorm_modulate_config(1536, true, 8192);  // 2x4096x1536
   EXPECT_EQ(c.threads_per_row, 64);

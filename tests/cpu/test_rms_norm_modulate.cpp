@@ -286,6 +286,21 @@ TEST(RmsModulateSchedule, StreamedRowsByDefault) {
   EXPECT_FALSE(rms_streamed_by_default(false, 2048, 252, true, 0));          // 2x126x2048
 }
 
+// The STAGE_ALL rows by default: at most 1024 rows, all of whose one-warp blocks fit the device at once.
+TEST(RmsModulateSchedule, StageAllRowsByDefault) {
+  using difuse::norm::rms_stage_all_by_default;
+  EXPECT_TRUE(rms_stage_all_by_default(252, 18 * 132));     // 2x126x2048 ltx2: 12 KB blocks, 18 per SM
+  EXPECT_TRUE(rms_stage_all_by_default(252, 11 * 132));     // its residual form: 20 KB blocks
+  EXPECT_TRUE(rms_stage_all_by_default(1024, 12 * 132));
+  EXPECT_FALSE(rms_stage_all_by_default(1025, 32 * 132));   // more rows than measured
+  EXPECT_FALSE(rms_stage_all_by_default(4096, 12 * 132));   // 1x4096x3072: lost on an H100
+  EXPECT_FALSE(rms_stage_all_by_default(4352, 9 * 132));    // 4352x1x3072 ernie_tokens: lost
+  EXPECT_FALSE(rms_stage_all_by_default(1000, 7 * 132));    // 924 resident: more than one wave
+  EXPECT_TRUE(rms_stage_all_by_default(924, 7 * 132));
+  EXPECT_FALSE(rms_stage_all_by_default(0, 132));
+  EXPECT_FALSE(rms_stage_all_by_default(16, 0));
+}
+
 // The streamed kernel stages a modulation role in shared memory only where its rows take at most two offsets.
 TEST(RmsModulateSchedule, StagedRowOffsets) {
   using difuse::detail::RowIndexer;

@@ -36,7 +36,7 @@ def assert_exact(h, a, gate, scale, shift, eps=1e-6):
 
 @pytest.mark.parametrize("shape,chunks", [((1, 4096, 3072), 6), ((1, 512, 3072), 6), ((2, 300, 3072), 6),
                                           ((2, 4096, 1536), 6), ((2, 333, 1536), 6), ((1, 4096, 5120), 6),
-                                          ((2, 4096, 2432), 6)], ids=str)
+                                          ((2, 4096, 2432), 6), ((2, 333, 2432), 6)], ids=str)
 def test_site_shapes(shape, chunks):
     g = torch.Generator(device=DEV).manual_seed(SEED)
     assert_exact(*make(*shape, chunks=chunks, gen=g))
@@ -149,14 +149,16 @@ def test_prefetched_a_variant():
 
 
 def test_four_warp_schedule_at_3072():
-    """DIFUSE_LNMOD_THREADS_PER_ROW=128 (read once per process) puts GRLN on four warps per row at 6-7 sweeps (H >
-    2560) for any row count; by default only up to 1024 rows take them (gated_residual_layernorm_modulate_config),
+    """DIFUSE_LNMOD_THREADS_PER_ROW=128 (read once per process) puts GRLN on four warps per row at 5-7 sweeps (H >
+    2048) for any row count; by default only up to 1024 rows take them (gated_residual_layernorm_modulate_config),
     more keep two warps: both outputs bit for bit at FLUX's and Qwen's 3072 (batch 1 and 2, 4096, 512 and 300 rows), 2564 (6 sweeps, the last
-    partial), 4096, per-token gates, strided modulation chunks and adversarial values."""
+    partial), SD3.5-large's 2432 (5 sweeps, 666 rows), 2052 (5, the last partial), 4096, per-token gates, strided
+    modulation chunks and adversarial values."""
     from knob_run import assert_exact_under
 
     script = _knob_script(2700, [((1, 4096, 3072), 0, 0, False, False), ((1, 512, 3072), 0, 0, False, False),
                                  ((2, 300, 3072), 0, 0, True, False), ((2, 37, 2564), 0, 0, False, False),
+                                 ((2, 333, 2432), 0, 0, True, False), ((2, 37, 2052), 0, 0, False, False),
                                  ((1, 77, 4096), 0, 0, False, False)])
     assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="128")
 
@@ -387,12 +389,31 @@ def test_two_warp_schedule_for_many_narrow_rows():
 
 def test_two_warp_schedule_for_few_rows():
     """DIFUSE_LNMOD_THREADS_PER_ROW=64 (read once per process) keeps GRLN on two warps per row for the few-row
-    shapes the default puts on four (at most 1024 rows, H in (2560, 3584]): both outputs bit for bit at FLUX's and
-    Qwen's 512 text rows, 2x300 with a per-token gate, 1024 rows, 7 sweeps (3584), 6 partial ones (2564), a part
-    last block (37 rows) and adversarial values."""
+    shapes the default puts on four (at most 1024 rows, H in (2048, 3584]): both outputs bit for bit at FLUX's and
+    Qwen's 512 text rows, 2x300 with a per-token gate, 1024 rows, 7 sweeps (3584), 6 partial ones (2564), SD3.5-large's
+    2x333x2432 (5 sweeps), a part last block (37 rows) and adversarial values."""
     from knob_run import assert_exact_under
 
     script = _knob_script(2710, [((1, 512, 3072), 0, 0, False, False), ((2, 300, 3072), 0, 0, True, False),
                                  ((1, 1024, 3072), 0, 0, False, False), ((1, 77, 3584), 0, 0, False, False),
-                                 ((2, 37, 2564), 0, 0, False, False), ((1, 5, 3072), 0, 0, True, False)])
+                                 ((2, 37, 2564), 0, 0, False, False), ((1, 5, 3072), 0, 0, True, False),
+                                 ((2, 333, 2432), 0, 0, False, False)])
     assert_exact_under(script, DIFUSE_LNMOD_THREADS_PER_ROW="64")
+
+
+@pytest.mark.parametrize("shape,threads", [((2, 333, 2432), "128"), ((1, 512, 3072), "128"), ((2, 37, 2052), "128"),
+                                           ((2, 333, 2048), "64"), ((2, 1025, 2432), "64")], ids=str)
+def test_few_row_schedule_by_default(shape, threads):
+    """The default (no knob): GRLN's few rows (at most 1024) at 5-7 sweeps on four warps per row (5 since the
+    fifty-second session: SD3.5-large's 2x333x2432), 4 sweeps (2048) and more rows on two; the profiler shows the
+    staged kernel's group width (the first template argument of layernorm_modulate_rows); both outputs bit for bit."""
+    from torch.profiler import ProfilerActivity, profile
+    from streamed_kernels import kernel_template_args
+
+    g = torch.Generator(device=DEV).manual_seed(SEED + shape[1] + shape[2])
+    inputs = make(*shape, chunks=6, gen=g)
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        assert_exact(*inputs)
+        torch.cuda.synchronize()
+    ran = {args[0] for args in kernel_template_args(prof, "layernorm_modulate_rows")}
+    assert ran == {threads}, ran

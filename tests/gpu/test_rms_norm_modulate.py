@@ -530,6 +530,39 @@ def test_staged_all_rows_variant():
     assert_exact_under(script, DIFUSE_RMSMOD_STAGE_ALL="1")
 
 
+@pytest.mark.parametrize("shape,variant,residual,want", [
+    ((2, 126, 2048), "ltx2", False, ("false", "1")), ((2, 126, 2048), "ltx2_tokens", True, ("true", "1")),
+    ((2, 126, 2048), "ltx2", True, ("true", "1")), ((17, 2, 3072), "ernie", False, ("false", "4")),
+    ((17, 2, 3072), "ernie_tokens", True, ("true", "4")), ((1, 1024, 2048), "ltx2", False, ("false", "1")),
+    ((1, 1025, 2048), "ltx2", False, None), ((1, 1025, 2048), "ltx2_tokens", True, None)], ids=str)
+def test_staged_all_rows_by_default(shape, variant, residual, want):
+    """The default (no knob; fifty-second session): the STAGE_ALL rows (one warp per block staging every row it reads)
+    for at most 1024 rows whose one-warp blocks all fit the device at once, both forms, both chains (LTX-2's audio
+    rows, [B, 1, D] and per-token; ERNIE's layouts with weight and fp32 modulation); more rows keep their kernels. The
+    profiler shows which ran (<RESIDUAL, CHAIN> of rms_norm_modulate_staged_all; None: none); each output bit for
+    bit."""
+    from streamed_kernels import kernel_template_args
+
+    g = torch.Generator(device=DEV).manual_seed(SEED + 52 + shape[0] + shape[1])
+    inputs = ops.rms_modulate_site_inputs(shape, variant, DEV, g, residual=residual)
+    prof = _profiled_exact(inputs, residual)
+    ran = kernel_template_args(prof, "rms_norm_modulate_staged_all")
+    assert ran == ({want} if want else set()), ran
+
+
+def test_no_staged_all_rows_where_default():
+    """DIFUSE_RMSMOD_STAGE_ALL=0 (read once per process): the few rows that take the STAGE_ALL rows by default (LTX-2's
+    2x126x2048, both forms, ERNIE's layouts at 34 rows) on their kernels before the fifty-second session: the same
+    bits, and the profiler shows no STAGE_ALL kernel ran."""
+    from knob_run import PROFILE_START, assert_exact_under, no_kernel_ran
+
+    layouts = [((2, 126, 2048), 'ltx2'), ((2, 126, 2048), 'ltx2_tokens'), ((17, 2, 3072), 'ernie'),
+               ((17, 2, 3072), 'ernie_tokens')]
+    script = _site_layouts_script(1380, layouts).replace("bad = 0\n", "bad = 0\n" + PROFILE_START, 1).replace(
+        "print('mismatches', bad)", no_kernel_ran("staged_all") + "print('mismatches', bad)")
+    assert_exact_under(script, DIFUSE_RMSMOD_STAGE_ALL="0")
+
+
 @pytest.mark.parametrize("warps,blocks,smod,fence,lanes,fulls",
                          [("1", "", "0", "", "", ""), ("5", "2", "0", "", "", ""), ("1", "", "1", "", "", ""),
                           ("5", "2", "1", "", "", ""), ("1", "", "1", "0", "", ""), ("5", "2", "0", "0", "", ""),
