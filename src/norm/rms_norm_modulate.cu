@@ -535,7 +535,8 @@ __global__ void __launch_bounds__(32) rms_norm_modulate_staged_all(const Params 
   const int lane = static_cast<int>(threadIdx.x);
   const int64_t row = blockIdx.x;
   const int V = p.v;
-  constexpr bool kHasW = CHAIN ? ((CHAIN - 1) & 1) != 0 : true;
+  static_assert(CHAIN >= 1 && CHAIN <= 4, "the chain is fixed at compile time (with_chain)");
+  constexpr bool kHasW = ((CHAIN - 1) & 1) != 0;  // 1 + has_w + 2 fp32_mod
   uint2* const sx = reinterpret_cast<uint2*>(staged_rows);
   const uint4* gx = reinterpret_cast<const uint4*>(p.x + row * p.n);
   for (int c = lane; c < V / 2; c += 32) cp_async(reinterpret_cast<uint4*>(sx) + c, gx + c, true);
@@ -967,6 +968,7 @@ void launch(const Params& p, bool vec, int device, cudaStream_t stream) {
   // ltx2_tokens 9.4-9.6 vs 12.7-13.0; with more rows than fit at once it lost (1x4096x3072 30.5 vs 24.0, 4352x1x3072
   // ernie_tokens 47.7 vs 43.7; the residual form 55.2 vs 42.5 and 80.4 vs 72.8). DIFUSE_RMSMOD_STAGE_ALL=1 (read once;
   // for measurement) everywhere it can run (8-byte modulation rows, N % 8 == 0, x 16-byte aligned), =0 nowhere.
+  // The row bound is tested before the rule so that more rows make no occupancy query.
   static const int stage_all = detail::env_knob_or("DIFUSE_RMSMOD_STAGE_ALL", -1);
   if (stage_all != 0 && vec && rms_norm_modulate_lane_vectors(p.n) != 0 && p.n % 8 == 0 && detail::aligned(p.x, 16) &&
       (stage_all == 1 || (!other_kernel_knob && streamed_knob < 0 && p.rows <= kRmsStageAllMaxRows &&
