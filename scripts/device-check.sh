@@ -379,11 +379,10 @@ Registers Per Thread|Block Limit|Warp Cycles Per Issued|Issued Warp Per Schedule
 }
 
 # Knob sweeps: each entry of $DIFUSE_SWEEPS (';'-separated) is "VAR=VALUE[,VAR=VALUE...]:op[:SHAPE[+SHAPE...]]";
-# bench ops --op op (--shape SHAPE for each one given; SHAPE@VARIANT for a probe outside the site list) runs with
-# those variables set (read once per process by the launchers; the records' commands name them) into
+# bench ops --op op (--shape SHAPE for each one given; SHAPE@VARIANT for an off-site shape) runs with those
+# variables set (read once per process by the launchers; the records' commands name them) into
 # sweeps/<op>-<tag>.json (-<tag>-2.json, ... when an entry repeats, so alternating entries time each setting more
-# than once in one run), packed into sweeps.tgz. DIFUSE_NOOP=1 as the
-# variable times the defaults. The default list times the alternatives to each default.
+# than once in one run), packed into sweeps.tgz. DIFUSE_NOOP=1 as the variable times the defaults. The default list times the alternatives to each default.
 DEFAULT_SWEEPS="DIFUSE_QK_LANES_PER_ROW=32,DIFUSE_QK_ROWS_PER_WARP=3:qk_norm_rope_flux;\
 DIFUSE_QK_ROWS_PER_WARP=2:qk_norm_rope_flux;DIFUSE_QK_UNSTAGED=1:qk_norm_rope_flux;DIFUSE_QK_PIPELINED=1:qk_norm_rope_flux;\
 DIFUSE_QK_VCOPY=1:qk_norm_rope_flux;DIFUSE_QK_VCOPY=1:qk_norm_rope_qwen;\

@@ -672,15 +672,14 @@ def main(args) -> int:
 
         bad = unknown_shapes(getattr(args, "shape", None),
                              {n: [s for s, _ in spec["shapes"]] for n, spec in specs.items() if not args.op or n in args.op})
-    probes = {}
+    off_site = {}
     if not bad:
-        from .cli import probe_shapes
+        from .cli import off_site_shapes
 
-        probes, bad = probe_shapes(getattr(args, "shape", None),
-                                   {n: dict({spec["variant"](c): c for _, c in spec["shapes"]},
-                                            __rank__=len(spec["shapes"][0][0]))
-                                    for n, spec in specs.items() if not args.op or n in args.op})
-    args.probes = probes
+        off_site, bad = off_site_shapes(getattr(args, "shape", None),
+                                        {n: (len(spec["shapes"][0][0]), {spec["variant"](c): c for _, c in spec["shapes"]})
+                                         for n, spec in specs.items() if not args.op or n in args.op})
+    args.off_site = off_site
     if bad:
         print("difuse bench: " + bad, file=sys.stderr)
         return 2
@@ -733,10 +732,10 @@ def _run_ops(args, torch, specs, peer, peer_name, gpu, l2, command, partition) -
             name, "shape", "variant", "MB", "floor us", "copy us", "stream us", "eager us", "difuse us", "peer us",
             "% floor", "x stream", "x eager", "mismatch"))
         peer_fn = getattr(peer, spec["peer"], None) if peer else None
-        probes = getattr(args, "probes", {}).get(name, [])
-        for shape, chunks in list(spec["shapes"]) + [c for c in probes if c not in spec["shapes"]]:
-            probe = (shape, chunks) not in spec["shapes"]  # SHAPE@VARIANT of a case the site list lacks
-            asked = (shape, chunks) in probes
+        extra = getattr(args, "off_site", {}).get(name, [])  # --shape SHAPE@VARIANT
+        for shape, chunks in list(spec["shapes"]) + [c for c in extra if c not in spec["shapes"]]:
+            off_site = (shape, chunks) not in spec["shapes"]
+            asked = (shape, chunks) in extra
             if args.quick and (shape, chunks) not in QUICK and not asked:
                 continue
             if getattr(args, "shape", None) and "x".join(map(str, shape)) not in args.shape and not asked:
@@ -774,8 +773,8 @@ def _run_ops(args, torch, specs, peer, peer_name, gpu, l2, command, partition) -
                        command=command, torch=torch.__version__, gpu=gpu, copy_bw_tbs=round(bw / 1e12, 3),
                        input_sets=sets, outputs_rotated=True, reps=args.reps, kernels=None, date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                        **partition)
-            if probe:
-                rec["probe"] = True  # a shape outside the site list (--shape SHAPE@VARIANT): no issue bounds it
+            if off_site:
+                rec["off_site"] = True  # a shape outside the site list (--shape SHAPE@VARIANT): no issue bounds it
             records.append(rec)
             profiled.append((rec, fused, spec["make"], shape, chunks))
             print("%-20s %14s %8.1f %9.1f %9.1f %9s %9.1f %9.1f %9s %7.0f%% %8s %8.2f %10d" % (

@@ -59,7 +59,7 @@ def unknown_shapes(requested, op_shapes) -> str:
     shapes as tuples), else one error line naming the ones that match none and each op's shapes: a shape outside the
     lists must not time nothing and exit 0."""
     have = {"x".join(map(str, s)) for shapes in op_shapes.values() for s in shapes}
-    bad = [s for s in (requested or []) if "@" not in s and s not in have]  # SHAPE@VARIANT: probe_shapes
+    bad = [s for s in (requested or []) if "@" not in s and s not in have]  # SHAPE@VARIANT: off_site_shapes
     if not bad:
         return ""
     lists = "; ".join("%s: %s" % (op, " ".join(dict.fromkeys("x".join(map(str, s)) for s in shapes)))
@@ -67,13 +67,13 @@ def unknown_shapes(requested, op_shapes) -> str:
     return "--shape %s is no shape of the ops asked for; their shapes: %s" % (", ".join(bad), lists)
 
 
-def probe_shapes(requested, op_variants) -> tuple[dict, str]:
-    """The probe shapes among --shape: "2x512x2048@ltx2" times a shape outside an op's site list with the inputs of
-    one of its variants (a threshold between site shapes; its records say probe: true and no issue bounds them).
-    op_variants: op -> {variant label: the value its input maker takes}. Returns ({op: [(shape, value), ...]}, '')
-    or ({}, one error line): a probe whose variant no selected op has, or whose shape is malformed or of another
-    rank than the op's site shapes, must not time nothing and exit 0."""
-    probes, bad = {}, []
+def off_site_shapes(requested, op_variants) -> tuple[dict, str]:
+    """The off-site shapes among --shape: "2x512x2048@ltx2" times a shape outside an op's site list with the inputs
+    of one of its variants (a threshold between site shapes; its records say off_site: true and no issue bounds
+    them). op_variants: op -> (the rank of its site shapes, {variant label: the value its input maker takes}).
+    Returns ({op: [(shape, value), ...]}, '') or ({}, one error line): one whose variant no selected op has at its
+    rank, or whose shape is malformed, must not time nothing and exit 0."""
+    found, bad = {}, []
     for req in requested or []:
         if "@" not in req:
             continue
@@ -82,17 +82,16 @@ def probe_shapes(requested, op_variants) -> tuple[dict, str]:
             shape = tuple(int(d) for d in text.split("x"))
         except ValueError:
             shape = ()
-        hits = [(op, labels[label]) for op, labels in sorted(op_variants.items())
-                if shape and all(d > 0 for d in shape) and label in labels and label != "__rank__"
-                and len(shape) == labels["__rank__"]]
+        hits = [(op, labels[label]) for op, (rank, labels) in sorted(op_variants.items())
+                if shape and min(shape) > 0 and len(shape) == rank and label in labels]
         if not hits:
             bad.append(req)
         for op, value in hits:
-            probes.setdefault(op, []).append((shape, value))
+            found.setdefault(op, []).append((shape, value))
     if not bad:
-        return probes, ""
-    lists = "; ".join("%s: %s (rank %d)" % (op, " ".join(sorted(k for k in labels if k != "__rank__")),
-                                            labels["__rank__"]) for op, labels in sorted(op_variants.items()))
+        return found, ""
+    lists = "; ".join("%s: %s (rank %d)" % (op, " ".join(sorted(labels)), rank)
+                      for op, (rank, labels) in sorted(op_variants.items()))
     return {}, "--shape %s: no op asked for has that variant at that rank; their variants: %s" % (", ".join(bad),
                                                                                                   lists)
 
@@ -203,7 +202,7 @@ def main(argv=None) -> int:
     b.add_argument("--shape", action="append",
                    help="ops: only this site shape, written as in the table (e.g. 4096x1x3072; repeatable); "
                         "SHAPE@VARIANT (e.g. 2x512x2048@ltx2) times a shape outside the site list with that "
-                        "variant's inputs (a probe: its record says probe: true and no issue bounds it)")
+                        "variant's inputs (an off-site shape: its record says off_site: true and no issue bounds it)")
     b.add_argument("--no-stream", action="store_true",
                    help="ops: skip stream_us (the fastest plain streaming kernel of the same bytes; ~0.3 s a shape)")
     b.add_argument("--sms", type=int, metavar="N",

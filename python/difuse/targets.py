@@ -59,10 +59,10 @@ def on_target_gpu(rec: dict) -> bool:
 
 def judge(rec: dict) -> dict | None:
     """The bound a `bench ops` record is held to and whether it meets it: {issue, kind ("target" or
-    "site_bound"), bound_us, met}; None for a record no issue bounds (a probe's among them). On another GPU than the H200 the absolute
-    bounds in µs (and the 50 µs caps of issue 4) do not apply: a named target in µs gives met None (not judged),
+    "site_bound"), bound_us, met}; None for a record no issue bounds (an off-site shape's among them). On another
+    GPU than the H200 the absolute bounds in µs (and the 50 µs caps of issue 4) do not apply: a named target in µs gives met None (not judged),
     a floor multiple is judged without its cap, and the site bound (relative to the run's own floor) as usual."""
-    if rec.get("probe"):  # bench ops --shape SHAPE@VARIANT: a shape outside the site lists
+    if rec.get("off_site"):  # bench ops --shape SHAPE@VARIANT: a shape outside the site lists
         return None
     op, shape, variant = rec["op"], tuple(rec["shape"]), rec.get("variant")
     floor, us = float(rec["floor_us"]), float(rec["difuse_us"])

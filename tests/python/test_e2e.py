@@ -632,31 +632,31 @@ class CliTest(unittest.TestCase):
         self.assertIn("layernorm_modulate: 1x4096x3072 1x512x3072", msg)
         self.assertNotIn("2x4096x2432,", msg)
 
-    def test_probe_shapes(self):
+    def test_off_site_shapes(self):
         # fifty-third session: a threshold between site shapes (rms_norm_modulate's STAGE_ALL rows between 252 and
         # 1024 rows) had no way to be timed; SHAPE@VARIANT times one outside the list, never judged by a bound
-        from difuse.cli import probe_shapes, unknown_shapes
+        from difuse.cli import off_site_shapes, unknown_shapes
         from difuse.targets import judge
 
-        variants = {"rms_norm_modulate": {"ltx2": "ltx2", "ernie": "ernie", "__rank__": 3},
-                    "gated_residual_layernorm_modulate": {"chunk6": 6, "__rank__": 3},
-                    "rms_norm": {"weight": True, "no_weight": False, "__rank__": 4}}
-        self.assertEqual(probe_shapes(None, variants), ({}, ""))
-        self.assertEqual(probe_shapes(["2x126x2048"], variants), ({}, ""))  # a site shape: not a probe
-        self.assertEqual(probe_shapes(["2x512x2048@ltx2", "1x1024x3072@chunk6", "1x64x24x128@no_weight"], variants),
+        variants = {"rms_norm_modulate": (3, {"ltx2": "ltx2", "ernie": "ernie"}),
+                    "gated_residual_layernorm_modulate": (3, {"chunk6": 6}),
+                    "rms_norm": (4, {"weight": True, "no_weight": False})}
+        self.assertEqual(off_site_shapes(None, variants), ({}, ""))
+        self.assertEqual(off_site_shapes(["2x126x2048"], variants), ({}, ""))  # a site shape: not off-site
+        self.assertEqual(off_site_shapes(["2x512x2048@ltx2", "1x1024x3072@chunk6", "1x64x24x128@no_weight"], variants),
                          ({"rms_norm_modulate": [((2, 512, 2048), "ltx2")],
                            "gated_residual_layernorm_modulate": [((1, 1024, 3072), 6)],
                            "rms_norm": [((1, 64, 24, 128), False)]}, ""))
-        for bad in ("2x512x2048@tokens", "2x512@ltx2", "2x0x2048@ltx2", "2xax2048@ltx2", "1x1x1@__rank__"):
-            probes, msg = probe_shapes([bad, "2x512x2048@ltx2"], variants)
-            self.assertEqual(probes, {}, bad)
+        for bad in ("2x512x2048@tokens", "2x512@ltx2", "2x0x2048@ltx2", "2xax2048@ltx2", "1x64x24x128@ltx2"):
+            found, msg = off_site_shapes([bad, "2x512x2048@ltx2"], variants)
+            self.assertEqual(found, {}, bad)
             self.assertIn("--shape %s: no op asked for has that variant at that rank" % bad, msg)
             self.assertIn("rms_norm_modulate: ernie ltx2 (rank 3)", msg)
         self.assertEqual(unknown_shapes(["2x512x2048@ltx2"], {"rms_norm_modulate": [(2, 126, 2048)]}), "")
         rec = dict(op="rms_norm_modulate", shape=[2, 512, 2048], variant="ltx2", floor_us=1.0, difuse_us=99.0,
                    gpu="NVIDIA H200")
         self.assertEqual(judge(rec)["met"], False)  # the same record as a site shape is held to the site bound
-        self.assertIsNone(judge(dict(rec, probe=True)))
+        self.assertIsNone(judge(dict(rec, off_site=True)))
 
     def test_check_covers_every_registered_op(self):
         import difuse
