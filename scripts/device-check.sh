@@ -276,6 +276,8 @@ SANITIZER_RUNS=(
   "3 racecheck|DIFUSE_QK_WAN_OCCUPANCY=0|Wan's prologue's 10-block kernels, the default before the 12 / 16-block ones (the smoke test's 1536- and 1024-wide rows)"
   "3 memcheck|DIFUSE_RMSMOD_STAGE_ALL=1|rms_norm_modulate's one-warp blocks staging every row they read (both forms, per-token gate, 8160)"
   "3 racecheck|DIFUSE_RMSMOD_STAGE_ALL=1|rms_norm_modulate's one-warp blocks staging every row they read (both forms, per-token gate, 8160)"
+  "3 memcheck|DIFUSE_LNMOD_STAGE_ALL=1|GRLN's four-warp rows staging h, a, the gate, scale and shift (the smoke test's 3072 and 2432 rows)"
+  "3 racecheck|DIFUSE_LNMOD_STAGE_ALL=1|GRLN's four-warp rows staging h, a, the gate, scale and shift (the smoke test's 3072 and 2432 rows)"
   "3 memcheck|DIFUSE_STREAM_FULL_BARRIERS=1|one full barrier per slot where the slots are a multiple of the groups, the default groups"
   "3 racecheck|DIFUSE_STREAM_FULL_BARRIERS=1|one full barrier per slot where the slots are a multiple of the groups, the default groups"
   "3 memcheck|DIFUSE_STREAM_FULL_BARRIERS=1 DIFUSE_STREAM_PRODUCER_LANES=4 DIFUSE_LNMOD_STREAMED=4 DIFUSE_LNMOD_STREAMED_BLOCKS=2 DIFUSE_LNMOD_STREAM_WARP=1 DIFUSE_RMSMOD_STREAMED=4 DIFUSE_RMSMOD_STREAMED_BLOCKS=2 DIFUSE_RMS_STREAMED=4 DIFUSE_RMS_STREAMED_BLOCKS=2|one full barrier per slot, 4 groups on 2 blocks (every ring of 4k slots owned), 4 producer lanes"
@@ -403,7 +405,7 @@ DIFUSE_RMSMOD_STAGED=1:rms_norm_modulate;DIFUSE_RMSMOD_STAGED=1:gated_residual_r
 DIFUSE_RMSMOD_STAGED=0:rms_norm_modulate;DIFUSE_RMSMOD_STAGED=0:gated_residual_rms_norm_modulate;\
 DIFUSE_RMSMOD_ROWS_PER_WARP=2:gated_residual_rms_norm_modulate;\
 DIFUSE_LNMOD_F32_ROW_EPILOGUE=1:layernorm_modulate_fp32;DIFUSE_LNMOD_EPILOGUE_BATCH=1:layernorm_modulate_fp32;\
-DIFUSE_LNMOD_EPILOGUE_BATCH=1:layernorm_modulate;DIFUSE_RMS_STREAM_BATCH=1:rms_norm;DIFUSE_RMS_STREAM_BATCH=0:rms_norm;DIFUSE_LNMOD_EPILOGUE_BATCH=0:gated_residual_layernorm_modulate;DIFUSE_LNMOD_STAGE_A=1:gated_residual_layernorm_modulate;\
+DIFUSE_LNMOD_EPILOGUE_BATCH=1:layernorm_modulate;DIFUSE_RMS_STREAM_BATCH=1:rms_norm;DIFUSE_RMS_STREAM_BATCH=0:rms_norm;DIFUSE_LNMOD_EPILOGUE_BATCH=0:gated_residual_layernorm_modulate;DIFUSE_LNMOD_STAGE_A=1:gated_residual_layernorm_modulate;DIFUSE_LNMOD_STAGE_ALL=1:gated_residual_layernorm_modulate;\
 DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate_fp32;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate_fp32;DIFUSE_LNMOD_THREADS_PER_ROW=64:layernorm_modulate_fp32;\
 DIFUSE_LNMOD_THREADS_PER_ROW=128:gated_residual_layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=64:gated_residual_layernorm_modulate;DIFUSE_LNMOD_PREFETCH_A=1:gated_residual_layernorm_modulate;\
 DIFUSE_LNMOD_THREADS_PER_ROW=32:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=128:layernorm_modulate;DIFUSE_LNMOD_THREADS_PER_ROW=64:layernorm_modulate;\

@@ -443,9 +443,19 @@ constexpr int residual_sweep_batch() {
 // the wait for h's copies (three DRAM round trips in turn per row at 3072 instead of four). Exact on the H200 at
 // d3185fc (861 tests of this family), no faster: 1x4096x3072 39.7 vs 39.6 us (predicted 36-37: wrong), 2x4096x1536
 // 41.3 vs 42.0, within the noise (knob-sweeps/d3185fc/). The wait for h is not what a row waits on.
+// SALL (DIFUSE_LNMOD_STAGE_ALL=1, for measurement; fifty-fourth session; gated_residual_layernorm_modulate on four
+// warps per row with 8-byte gate and modulation rows (MODVEC), where the five rows fit kMaxStagedBytes: H <= 7372):
+// each row's h, a, gate, scale and shift rows are copied into shared memory in one burst (the same vectors per thread
+// as h's), and the residual pass and the epilogue read them from there. Why: rms_norm_modulate's STAGE_ALL rows,
+// which do the same, ran 17-26 % faster at 252 rows on an H100 (bench/results/h100/stage-all-a4fd151/), while SA
+// alone did nothing here (1x512x3072 11.0 vs 11.1 us): SA's rows still wait on the gate's loads in each residual
+// batch (2 at 3072) and on scale and shift in each epilogue batch (2), from L2; with SALL a row waits on one burst.
+// The same words and the same operations per thread; only where they are read from changes.
 template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, bool F32MOD = false, int MINB = 1, int EPB = 1,
-          bool SA = false>
+          bool SA = false, bool SALL = false>
 __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Params p) {
+  static_assert(!SALL || (G == 128 && MODVEC && RESIDUAL && !F32MOD && MINB < 8),
+                "SALL: GRLN's four-warp rows with 8-byte gate and modulation rows");
   using Map = AtenThreadMap<G, PAIRED>;
   constexpr int A = Map::kSlots;
   constexpr int ROWS = G == 128 ? 1 : 256 / G;
@@ -492,7 +502,7 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
     if constexpr (RESIDUAL && MINB < 8) {  // (not in the 32-register variant: it would spill)
       if (p.prefetch_a && i == 0) prefetch_l2(p.a + row * p.h, static_cast<uint32_t>(p.h) * 2u);
     }
-    if constexpr (RESIDUAL && SA) {  // a's row after the modulation rows' region: the same vectors as h's
+    if constexpr (RESIDUAL && (SA || SALL)) {  // a's row after the modulation rows' region: the same vectors as h's
       uint2* sa = staged + static_cast<int64_t>(ROWS + (STAGE_MOD ? 2 : 0) + rb) * V;
       const uint2* ga = reinterpret_cast<const uint2*>(p.a + row * p.h);
       for (int k = 0; k < sweeps; ++k) {
@@ -503,6 +513,21 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
         }
       }
     }
+    if constexpr (SALL) {  // then the gate, scale and shift rows (rows 2-4 of the one-row block), 8-byte words
+      const int64_t bb = p.seq_div.div(row), ll = row - bb * p.seq;
+      const uint16_t* const src[3] = {p.gate + bb * p.gate_stride + ll * p.gate_stride_l,
+                                      p.scale + bb * p.scale_stride + ll * p.scale_stride_l,
+                                      p.shift + bb * p.shift_stride + ll * p.shift_stride_l};
+#pragma unroll
+      for (int q = 0; q < 3; ++q) {
+        uint2* const dst = staged + static_cast<int64_t>(2 + q) * V;
+        const uint2* const g = reinterpret_cast<const uint2*>(src[q]);
+        for (int k = 0; k < sweeps; ++k) {
+          const int vi = Map::aten_thread(i, 0) + kAtenThreads * k;
+          if (vi < V) cp_async(dst + vi, g + vi, false);
+        }
+      }
+    }
   }
   cp_async_wait_all();
   if constexpr (STAGE_MOD) __syncthreads();  // the modulation rows were copied by the whole block
@@ -510,9 +535,10 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
   if constexpr (RESIDUAL) {  // h1 = h + gate * a, rounded as eager, written out and normalised from here on
     if (active) {
       const int64_t bb = p.seq_div.div(row), ll = row - bb * p.seq;
-      const uint16_t* grow = p.gate + bb * p.gate_stride + ll * p.gate_stride_l;
-      const uint2* ar = SA ? staged + static_cast<int64_t>(ROWS + (STAGE_MOD ? 2 : 0) + rb) * V
-                           : reinterpret_cast<const uint2*>(p.a + row * p.h);  // SA: this thread's own copies
+      const uint16_t* grow = SALL ? reinterpret_cast<const uint16_t*>(staged + 2 * static_cast<int64_t>(V))
+                                  : p.gate + bb * p.gate_stride + ll * p.gate_stride_l;
+      const uint2* ar = SA || SALL ? staged + static_cast<int64_t>(ROWS + (STAGE_MOD ? 2 : 0) + rb) * V
+                                   : reinterpret_cast<const uint2*>(p.a + row * p.h);  // this thread's own copies
       uint2* rr = reinterpret_cast<uint2*>(p.residual + row * p.h);
       // KB sweeps' a and gate loads are issued before any of their stores. One vector at a time (before), each
       // load waited for the previous vector's store (the compiler does not move a load above a store that may
@@ -684,8 +710,11 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
     }
     return;
   }
-  const uint16_t* srow = p.scale + b * p.scale_stride + l * p.scale_stride_l;
-  const uint16_t* hrow = p.shift + b * p.shift_stride + l * p.shift_stride_l;
+  // SALL: this thread's own copies, at the same element offsets as in the global rows
+  const uint16_t* srow = SALL ? reinterpret_cast<const uint16_t*>(staged + 3 * static_cast<int64_t>(V))
+                              : p.scale + b * p.scale_stride + l * p.scale_stride_l;
+  const uint16_t* hrow = SALL ? reinterpret_cast<const uint16_t*>(staged + 4 * static_cast<int64_t>(V))
+                              : p.shift + b * p.shift_stride + l * p.shift_stride_l;
   uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.h);
   if (stage_mod && b == b0) {
 #pragma unroll 2
@@ -1583,16 +1612,17 @@ bool launch_streamed_ln_rows(const Params& p, bool smod, bool vec, int device, c
 
 constexpr size_t kMaxStagedBytes = 72 * 1024;  // dynamic staging per block: (8+2) x 6 KB, (4+2) x 12 KB, 1 x 48 KB
 
-template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, int MINB = 1, int EPB = 1, bool SA = false>
+template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, int MINB = 1, int EPB = 1, bool SA = false,
+          bool SALL = false>
 void launch_rows(const Params& p, int device, cudaStream_t stream) {
   constexpr int ROWS = G == 128 ? 1 : 256 / G;
-  auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC, RESIDUAL, false, MINB, EPB, SA>;
+  auto kernel = layernorm_modulate_rows<G, PAIRED, MODVEC, RESIDUAL, false, MINB, EPB, SA, SALL>;
   // 48 KB of dynamic shared memory plus the kernel's static part needs the opt-in, once per device.
   static std::atomic<uint64_t> opted_in{0};
   opt_in_shared_memory(kernel, device, static_cast<int>(kMaxStagedBytes), opted_in);
   const int64_t blocks = (p.rows + ROWS - 1) / ROWS;
-  // x rows, then (staging kernels) the scale and shift rows
-  const int staged_rows = ROWS + (ROWS > 1 && MODVEC && MINB < 8 ? 2 : 0) + (SA ? ROWS : 0);
+  // x rows, then (staging kernels) the scale and shift rows; a's rows (SA, SALL); SALL's gate, scale and shift rows
+  const int staged_rows = ROWS + (ROWS > 1 && MODVEC && MINB < 8 ? 2 : 0) + (SA || SALL ? ROWS : 0) + (SALL ? 3 : 0);
   const size_t smem = static_cast<size_t>(staged_rows) * p.v * sizeof(uint2);
   kernel<<<static_cast<unsigned>(blocks), G * ROWS, smem, stream>>>(p);
 }
@@ -1654,6 +1684,16 @@ bool stage_a_fits(const LayernormModulateConfig& cfg, bool modvec, int v) {
   return static_cast<size_t>(staged_rows) * v * sizeof(uint2) <= kMaxStagedBytes;
 }
 
+// DIFUSE_LNMOD_STAGE_ALL=1 (for measurement; SALL above): GRLN on four warps per row with 8-byte gate and modulation
+// rows, when the row's h, a, gate, scale and shift fit kMaxStagedBytes (H <= 7372). Before DIFUSE_LNMOD_STAGE_A.
+// Read once.
+bool stage_all_fits(const LayernormModulateConfig& cfg, bool modvec, int v) {
+  static const int knob = detail::positive_env_knob("DIFUSE_LNMOD_STAGE_ALL");
+  static const int dense = detail::positive_env_knob("DIFUSE_LNMOD_BLOCKS_PER_SM");
+  return knob == 1 && dense != 8 && modvec && cfg.threads_per_row == 128 &&
+         size_t{5} * static_cast<size_t>(v) * sizeof(uint2) <= kMaxStagedBytes;
+}
+
 template <bool MODVEC, bool RESIDUAL>
 void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, cudaStream_t s) {
   static const int dense = detail::positive_env_knob("DIFUSE_LNMOD_BLOCKS_PER_SM");
@@ -1663,6 +1703,11 @@ void launch_staged(const LayernormModulateConfig& cfg, const Params& p, int d, c
     return cfg.paired ? launch_rows<64, true, MODVEC, RESIDUAL, 5>(p, d, s)
                       : launch_rows<64, false, MODVEC, RESIDUAL, 5>(p, d, s);
   const bool epb = epilogue_batched(cfg, p.rows);
+  if constexpr (RESIDUAL && MODVEC) {
+    if (stage_all_fits(cfg, MODVEC, p.v))
+      return epb ? launch_rows<128, false, true, true, 1, kEpilogueBatch, false, true>(p, d, s)
+                 : launch_rows<128, false, true, true, 1, 1, false, true>(p, d, s);
+  }
   if constexpr (RESIDUAL) {
     if (stage_a_fits(cfg, MODVEC, p.v)) {
       switch (cfg.threads_per_row * 2 + (cfg.paired ? 1 : 0)) {
@@ -1861,6 +1906,7 @@ constexpr int64_t kStreamMinRows = 4096;
 bool staged_variant_knob() {
   static const bool v = forced_threads_per_row() != 0 || detail::positive_env_knob("DIFUSE_LNMOD_BLOCKS_PER_SM") != 0 ||
                         detail::positive_env_knob("DIFUSE_LNMOD_STAGE_A") != 0 ||
+                        detail::positive_env_knob("DIFUSE_LNMOD_STAGE_ALL") != 0 ||
                         detail::positive_env_knob("DIFUSE_LNMOD_PREFETCH_A") != 0;
   return v;
 }

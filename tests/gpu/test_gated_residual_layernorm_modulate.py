@@ -190,6 +190,29 @@ def test_staged_a_variant(epilogue_batch):
     assert_exact_under(script, DIFUSE_LNMOD_STAGE_A="1", DIFUSE_LNMOD_EPILOGUE_BATCH=epilogue_batch)
 
 
+@pytest.mark.parametrize("epilogue_batch", ["0", "1"])
+def test_staged_all_variant(epilogue_batch):
+    """DIFUSE_LNMOD_STAGE_ALL=1 (read once per process): GRLN's four-warp rows with 8-byte gate and modulation rows
+    copy their h, a, gate, scale and shift rows into shared memory in one burst and read them from there: both outputs
+    bit for bit at few rows (512 at 3072, 300 with per-token gates and modulation rows, SD3.5-large's 666 at 2432, 2564
+    with h and a 8- but not 16-byte aligned, 5120), the widest row that stages all five (7372: 72 KB), one too wide
+    for them (7376: the default kernel), rows on two warps (4096 at 3072: the default kernel), adversarial values;
+    with DIFUSE_LNMOD_EPILOGUE_BATCH=0 (each sweep's loads after the previous store) and =1. The profiler shows the
+    kernel ran (the test fails if the launcher fell back)."""
+    from knob_run import PROFILE_START, assert_exact_under, every_kernel_ran
+
+    script = _knob_script(3300, [((1, 512, 3072), 0, 0, False, False), ((2, 300, 3072), 0, 0, True, True),
+                                 ((2, 333, 2432), 0, 0, False, False), ((2, 37, 2564), 4, 4, True, False),
+                                 ((1, 77, 5120), 0, 4, False, True), ((1, 19, 7372), 0, 0, True, True),
+                                 ((1, 19, 7376), 0, 0, False, False), ((1, 4096, 3072), 0, 0, False, False)])
+    epb = 1 if epilogue_batch == "0" else 4
+    script = script.replace("bad = 0\n", "bad = 0\n" + PROFILE_START, 1).replace(
+        "print('mismatches', bad)",
+        every_kernel_ran(["layernorm_modulate_rows<128, false, true, true, false, 1, %d, false, true>(" % epb]) +
+        "print('mismatches', bad)")
+    assert_exact_under(script, DIFUSE_LNMOD_STAGE_ALL="1", DIFUSE_LNMOD_EPILOGUE_BATCH=epilogue_batch)
+
+
 def streamed_kernels_ran(G: int) -> str:
     """Script lines: three calls under the profiler, each compared bit for bit: [B, H] modulation rows 8-byte aligned
     (the kernel that stages them in shared memory), the same with a per-token gate (8-byte aligned, read from global
