@@ -89,11 +89,13 @@ class SassOpsDiffTest(unittest.TestCase):
 
     def test_a_change_of_loads_and_arithmetic_differs(self):
         # 26d5552: GRLN's two-warp row reads its gate as 8-byte words (was 16 LDG.U16 per two sweeps) and sets the
-        # Welford count after its pushes (no FADD per push): both show up against the revision before it.
+        # Welford count after its pushes (no FADD per push): both show up against the revision before it. 26d5552
+        # itself is the "now" side (SASS_OPS_NEW_REV): the kernel's name there, not the working tree's (b569a02 added
+        # a template parameter, which renames it).
         if not _have_rev("26d5552~1"):
             self.skipTest("26d5552 is not in this clone's history")
         lines = self.run_script("26d5552~1", "src/norm/layernorm_modulate.cu",
-                                "layernorm_modulate_rowsILi64ELb1ELb1ELb1ELb0ELi1ELi1ELb0E")
+                                "layernorm_modulate_rowsILi64ELb1ELb1ELb1ELb0ELi1ELi1ELb0E", SASS_OPS_NEW_REV="26d5552")
         self.assertEqual(len(lines), 1, lines)
         self.assertTrue(lines[0].startswith("differs"), lines)
         self.assertIn("LDG.E.U16", lines[0])
