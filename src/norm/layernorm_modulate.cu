@@ -451,6 +451,12 @@ constexpr int residual_sweep_batch() {
 // alone did nothing here (1x512x3072 11.0 vs 11.1 us): SA's rows still wait on the gate's loads in each residual
 // batch (2 at 3072) and on scale and shift in each epilogue batch (2), from L2; with SALL a row waits on one burst.
 // The same words and the same operations per thread; only where they are read from changes.
+// The block's shared-memory rows under SALL: h (0), a (1), then the gate, scale and shift rows.
+constexpr int kStageAllGateRow = 2, kStageAllRows = 5;
+// SALL's staged row k (0 gate, 1 scale, 2 shift) as bf16 elements: the same element offsets as the global row's.
+__device__ __forceinline__ const uint16_t* stage_all_row(const uint2* staged, int v, int k) {
+  return reinterpret_cast<const uint16_t*>(staged + static_cast<int64_t>(kStageAllGateRow + k) * v);
+}
 template <int G, bool PAIRED, bool MODVEC, bool RESIDUAL, bool F32MOD = false, int MINB = 1, int EPB = 1,
           bool SA = false, bool SALL = false>
 __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Params p) {
@@ -520,7 +526,7 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
                                       p.shift + bb * p.shift_stride + ll * p.shift_stride_l};
 #pragma unroll
       for (int q = 0; q < 3; ++q) {
-        uint2* const dst = staged + static_cast<int64_t>(2 + q) * V;
+        uint2* const dst = staged + static_cast<int64_t>(kStageAllGateRow + q) * V;
         const uint2* const g = reinterpret_cast<const uint2*>(src[q]);
         for (int k = 0; k < sweeps; ++k) {
           const int vi = Map::aten_thread(i, 0) + kAtenThreads * k;
@@ -535,8 +541,7 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
   if constexpr (RESIDUAL) {  // h1 = h + gate * a, rounded as eager, written out and normalised from here on
     if (active) {
       const int64_t bb = p.seq_div.div(row), ll = row - bb * p.seq;
-      const uint16_t* grow = SALL ? reinterpret_cast<const uint16_t*>(staged + 2 * static_cast<int64_t>(V))
-                                  : p.gate + bb * p.gate_stride + ll * p.gate_stride_l;
+      const uint16_t* grow = SALL ? stage_all_row(staged, V, 0) : p.gate + bb * p.gate_stride + ll * p.gate_stride_l;
       const uint2* ar = SA || SALL ? staged + static_cast<int64_t>(ROWS + (STAGE_MOD ? 2 : 0) + rb) * V
                                    : reinterpret_cast<const uint2*>(p.a + row * p.h);  // this thread's own copies
       uint2* rr = reinterpret_cast<uint2*>(p.residual + row * p.h);
@@ -711,10 +716,8 @@ __global__ void __launch_bounds__(256, MINB) layernorm_modulate_rows(const Param
     return;
   }
   // SALL: this thread's own copies, at the same element offsets as in the global rows
-  const uint16_t* srow = SALL ? reinterpret_cast<const uint16_t*>(staged + 3 * static_cast<int64_t>(V))
-                              : p.scale + b * p.scale_stride + l * p.scale_stride_l;
-  const uint16_t* hrow = SALL ? reinterpret_cast<const uint16_t*>(staged + 4 * static_cast<int64_t>(V))
-                              : p.shift + b * p.shift_stride + l * p.shift_stride_l;
+  const uint16_t* srow = SALL ? stage_all_row(staged, V, 1) : p.scale + b * p.scale_stride + l * p.scale_stride_l;
+  const uint16_t* hrow = SALL ? stage_all_row(staged, V, 2) : p.shift + b * p.shift_stride + l * p.shift_stride_l;
   uint2* orow = reinterpret_cast<uint2*>(p.out + row * p.h);
   if (stage_mod && b == b0) {
 #pragma unroll 2
@@ -1621,8 +1624,9 @@ void launch_rows(const Params& p, int device, cudaStream_t stream) {
   static std::atomic<uint64_t> opted_in{0};
   opt_in_shared_memory(kernel, device, static_cast<int>(kMaxStagedBytes), opted_in);
   const int64_t blocks = (p.rows + ROWS - 1) / ROWS;
-  // x rows, then (staging kernels) the scale and shift rows; a's rows (SA, SALL); SALL's gate, scale and shift rows
-  const int staged_rows = ROWS + (ROWS > 1 && MODVEC && MINB < 8 ? 2 : 0) + (SA || SALL ? ROWS : 0) + (SALL ? 3 : 0);
+  // x rows, then (staging kernels) the scale and shift rows and (SA) a's rows; SALL's one row each of h, a, gate,
+  // scale and shift
+  const int staged_rows = SALL ? kStageAllRows : ROWS + (ROWS > 1 && MODVEC && MINB < 8 ? 2 : 0) + (SA ? ROWS : 0);
   const size_t smem = static_cast<size_t>(staged_rows) * p.v * sizeof(uint2);
   kernel<<<static_cast<unsigned>(blocks), G * ROWS, smem, stream>>>(p);
 }
@@ -1691,7 +1695,7 @@ bool stage_all_fits(const LayernormModulateConfig& cfg, bool modvec, int v) {
   static const int knob = detail::positive_env_knob("DIFUSE_LNMOD_STAGE_ALL");
   static const int dense = detail::positive_env_knob("DIFUSE_LNMOD_BLOCKS_PER_SM");
   return knob == 1 && dense != 8 && modvec && cfg.threads_per_row == 128 &&
-         size_t{5} * static_cast<size_t>(v) * sizeof(uint2) <= kMaxStagedBytes;
+         static_cast<size_t>(kStageAllRows) * v * sizeof(uint2) <= kMaxStagedBytes;
 }
 
 template <bool MODVEC, bool RESIDUAL>
