@@ -50,6 +50,10 @@
 // bulk-prefetch instruction while its h is copied; the residual kernels' PTX gains that untaken branch by default,
 // the others only a larger Params; test_prefetched_a_variant): exact on the H200 at 132f46f (tests.json, 3,225
 // passed), no faster (knob-sweeps/: 1x4096x3072 45.3 vs 43.5 us).
+// DIFUSE_LNMOD_STAGE_ALL=1 (fifty-fourth session, for measurement; SALL at the kernel: GRLN's four-warp rows with
+// 8-byte gate and modulation rows, H <= 7372, copy h, a, gate, scale and shift into shared memory in one burst):
+// NOT YET RUN ON A GPU; test_staged_all_variant and sanitizer part 3's two runs are written for it. The defaults'
+// kernels compile to the same SASS text as before it (scripts/sass-ops-diff.sh with SASS_OPS_TEXT=1).
 // Four warps per row above H = 3584 (7 sweeps) since eb1307d, where they were faster in two sweeps (5f8295d and
 // 132f46f; see layernorm_modulate_config): exact there in this file's tests, GRLN's and test_wan_fp32.py (836 cases,
 // the two-warp schedule at 3588-6144 through DIFUSE_LNMOD_THREADS_PER_ROW=64, gpu-tests-eb1307d.json);
